@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# iop's one entry point. See README.md.
+#   ./run.sh            the main job: build, dev PKI, backend, edge + node, a chat answer
+#   ./run.sh test       go vet, go test -race ./..., generated-code and import checks
+#   ./run.sh build      static binaries into bin/
+#   ./run.sh proto      regenerate proto/gen/iop from proto/iop/runtime.proto
+#   ./run.sh e2e        built binaries + backend + official SDK clients
+#   ./run.sh bench      benchmarks (see BENCHMARKS.md)
+set -euo pipefail
+cd "$(dirname "$0")"
+ROOT=$(pwd)
+PROTOC_GEN_GO_VERSION=v1.36.12
+export PATH="$PATH:$(go env GOPATH)/bin"
+
+log() { printf '[run.sh] %s\n' "$*" >&2; }
+
+ensure_protoc() {
+  if ! command -v protoc >/dev/null 2>&1; then
+    log "installing protoc (Debian protobuf-compiler)"
+    if [ "$(id -u)" = 0 ]; then apt-get update -qq >/dev/null && apt-get install -y -qq protobuf-compiler >/dev/null
+    else sudo apt-get update -qq >/dev/null && sudo apt-get install -y -qq protobuf-compiler >/dev/null; fi
+  fi
+  local want="protoc-gen-go $PROTOC_GEN_GO_VERSION"
+  if [ "$(protoc-gen-go --version 2>/dev/null || true)" != "$want" ]; then
+    log "installing protoc-gen-go $PROTOC_GEN_GO_VERSION"
+    (cd /tmp && go install "google.golang.org/protobuf/cmd/protoc-gen-go@$PROTOC_GEN_GO_VERSION")
+  fi
+}
+
+gen_proto() { # $1 = output dir
+  local out=$1
+  mkdir -p "$out"
+  protoc -I proto --go_out="$out" --go_opt=paths=source_relative iop/runtime.proto
+}
+
+cmd_proto() {
+  ensure_protoc
+  local tmp; tmp=$(mktemp -d)
+  gen_proto "$tmp"
+  mkdir -p proto/gen
+  rm -rf proto/gen/iop && cp -r "$tmp/iop" proto/gen/iop
+  rm -rf "$tmp"
+  log "regenerated proto/gen/iop"
+}
+
+check_proto() {
+  ensure_protoc
+  local tmp; tmp=$(mktemp -d)
+  gen_proto "$tmp"
+  if ! diff -r "$tmp/iop" proto/gen/iop >/dev/null; then
+    diff -r "$tmp/iop" proto/gen/iop | head -20 >&2 || true
+    rm -rf "$tmp"
+    log "FAIL: proto/gen/iop does not match proto/iop/runtime.proto; run ./run.sh proto (never hand-edit proto/gen)"
+    return 1
+  fi
+  rm -rf "$tmp"
+  log "generated code matches the schema"
+}
+
+check_imports() {
+  # internal/edge/** and internal/node/** never import each other (DESIGN.md).
+  local bad=0 pkg deps
+  for pkg in $(go list ./internal/edge/... 2>/dev/null); do
+    deps=$(go list -deps "$pkg" | grep -E '^iop/internal/node(/|$)' || true)
+    if [ -n "$deps" ]; then log "FAIL: $pkg imports $deps"; bad=1; fi
+  done
+  for pkg in $(go list ./internal/node/... 2>/dev/null); do
+    deps=$(go list -deps "$pkg" | grep -E '^iop/internal/edge(/|$)' || true)
+    if [ -n "$deps" ]; then log "FAIL: $pkg imports $deps"; bad=1; fi
+  done
+  # go.mod requires only google.golang.org/protobuf.
+  local extra
+  extra=$(go list -m all | awk 'NR>1{print $1}' | grep -v '^google.golang.org/protobuf$' || true)
+  if [ -n "$extra" ]; then log "FAIL: go.mod requires more than protobuf: $extra"; bad=1; fi
+  [ $bad = 0 ] && log "import direction ok"
+  return $bad
+}
+
+cmd_build() {
+  mkdir -p bin
+  local ver; ver=$(git describe --always --dirty 2>/dev/null || echo dev)
+  for b in edge node; do
+    CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$ver" -o "bin/$b" "./$b"
+  done
+  if [ -d internal/demo/backendcmd ]; then
+    CGO_ENABLED=0 go build -trimpath -o bin/demo-backend ./internal/demo/backendcmd
+  fi
+  log "built bin/edge bin/node"
+}
+
+cmd_test() {
+  check_proto
+  check_imports
+  log "go vet ./..."
+  go vet ./...
+  log "go test -race ./..."
+  go test -race -count=1 -timeout 15m ./...
+}
+
+case "${1:-main}" in
+  main) shift || true; source "$ROOT/scripts/demo.sh"; demo_main "$@" ;;
+  test) cmd_test ;;
+  build) cmd_build ;;
+  proto) cmd_proto ;;
+  e2e) shift; source "$ROOT/scripts/e2e.sh"; e2e_main "$@" ;;
+  bench) shift; source "$ROOT/scripts/bench.sh"; bench_main "$@" ;;
+  *) echo "usage: ./run.sh [test|build|proto|e2e|bench]" >&2; exit 2 ;;
+esac
