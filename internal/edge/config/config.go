@@ -1,0 +1,584 @@
+// Package config is the Edge's configuration: the JSON file's shape,
+// defaults, validation and the projections other packages need (the
+// NodeConfigPayload a node receives, resolved protocol profiles, effective
+// stall timeouts). It performs no I/O beyond Load reading the file, and never
+// logs.
+//
+// Every key is documented in README.md ("Edge config"). Unknown keys are
+// errors naming their path; validate reports every problem at once.
+package config
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"net"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"iop/internal/jsonconfig"
+	iop "iop/proto/gen/iop"
+
+	"google.golang.org/protobuf/proto"
+)
+
+// Defaults (DESIGN.md "Defaults").
+const (
+	DefaultHTTPListen           = "127.0.0.1:8080"
+	DefaultNodeListen           = "127.0.0.1:7443"
+	DefaultAdminListen          = "127.0.0.1:9090"
+	DefaultTrustDomain          = "iop.local"
+	DefaultHeartbeatIntervalMs  = 5000
+	DefaultHeartbeatTimeoutMs   = 20000  // the Edge fences a silent ready node
+	DefaultNodeHeartbeatTimeout = 15000  // the Node gives up on a silent Edge first
+	DefaultMaxWaiters           = 1024   // queue.max_waiters
+	DefaultWaitTimeoutMs        = 30000  // queue.wait_timeout_ms
+	DefaultStallTimeoutMs       = 300000 // SPEC E2
+	DefaultCapacity             = 4
+	DefaultMaxBodyBytes         = 8 << 20 // http.max_body_bytes
+	MaxBodyBytesLimit           = 15 << 20
+	// MaxStallTimeoutMs is the largest stall timeout that is still a
+	// time.Duration (SPEC E2).
+	MaxStallTimeoutMs = math.MaxInt64 / int64(time.Millisecond)
+)
+
+// Adapter types.
+const (
+	TypeOllama       = "ollama"
+	TypeOpenAICompat = "openai_compat"
+)
+
+// Provider categories (SPEC N3).
+const (
+	CategoryAPI            = "api"
+	CategoryLocalInference = "local_inference"
+)
+
+// Config is the Edge config file.
+type Config struct {
+	HTTPListen  string      `json:"http_listen"`
+	NodeListen  string      `json:"node_listen"`
+	AdminListen string      `json:"admin_listen"`
+	TLS         TLS         `json:"tls"`
+	Heartbeat   Heartbeat   `json:"heartbeat"`
+	APIKeys     []APIKey    `json:"api_keys"`
+	Nodes       []Node      `json:"nodes"`
+	Models      []Model     `json:"models"`
+	Queue       Queue       `json:"queue"`
+	Credentials Credentials `json:"credentials"`
+	HTTP        HTTP        `json:"http"`
+	Admin       Admin       `json:"admin"`
+}
+
+// TLS holds the Edge's workload certificate for the node listener (SPEC I1).
+// Relative paths are resolved against the config file's directory.
+type TLS struct {
+	CertFile    string `json:"cert_file"`
+	KeyFile     string `json:"key_file"`
+	CAFile      string `json:"ca_file"`
+	TrustDomain string `json:"trust_domain"`
+}
+
+// Heartbeat settings in ms (SPEC L7).
+type Heartbeat struct {
+	IntervalMs int64 `json:"interval_ms"`
+	// TimeoutMs: the Edge fences a ready node silent this long.
+	TimeoutMs int64 `json:"timeout_ms"`
+	// NodeTimeoutMs: sent to nodes; a node gives up on a silent Edge after
+	// this long. Must be below TimeoutMs so the node notices first.
+	NodeTimeoutMs int64 `json:"node_timeout_ms"`
+}
+
+// APIKey is one client credential: the hex SHA-256 of the key a client sends
+// as "Authorization: Bearer <key>" (or x-api-key on /v1/messages).
+type APIKey struct {
+	Principal string `json:"principal"`
+	KeySHA256 string `json:"key_sha256"`
+}
+
+// Node is one configured node and its adapter instances.
+type Node struct {
+	ID string `json:"id"`
+	// Base64 of the node's 32-byte X25519 lease recipient key (SPEC C2).
+	LeaseRecipientPublicKey string    `json:"lease_recipient_public_key"`
+	Adapters                []Adapter `json:"adapters"`
+}
+
+// Adapter is one provider resource on a node (SPEC E1).
+type Adapter struct {
+	Name         string `json:"name"`
+	Type         string `json:"type"`
+	Profile      string `json:"profile"`
+	Category     string `json:"category"`
+	Capacity     int    `json:"capacity"`
+	LongCapacity *int   `json:"long_capacity"`
+	BaseURL      string `json:"base_url"`
+	// APIKeyEnv names an environment variable on the node holding the
+	// upstream key; the key never travels (SPEC C5).
+	APIKeyEnv              string            `json:"api_key_env"`
+	ResponseStallTimeoutMs int64             `json:"response_stall_timeout_ms"`
+	ProfileOverrides       *ProfileOverrides `json:"profile_overrides"`
+}
+
+// ProfileOverrides replaces single fields of a named profile. A path set to
+// "" disables that operation.
+type ProfileOverrides struct {
+	AuthHeader          *string `json:"auth_header"`
+	AuthScheme          *string `json:"auth_scheme"`
+	ModelsPath          *string `json:"models_path"`
+	ChatCompletionsPath *string `json:"chat_completions_path"`
+	MessagesPath        *string `json:"messages_path"`
+	CountTokensPath     *string `json:"count_tokens_path"`
+	ResponsesPath       *string `json:"responses_path"`
+	HealthPath          *string `json:"health_path"`
+	NativeTools         *bool   `json:"native_tools"`
+}
+
+// Model is one client-visible model group and its dispatch targets (SPEC Q1).
+type Model struct {
+	Name string `json:"name"`
+	// Requests whose estimated prompt reaches this many tokens are long
+	// (SPEC Q7); 0 = never long.
+	LongContextTokens int             `json:"long_context_tokens"`
+	Providers         []ModelProvider `json:"providers"`
+}
+
+// ModelProvider is one (node, provider, target) candidate.
+type ModelProvider struct {
+	Node     string `json:"node"`
+	Provider string `json:"provider"`
+	Target   string `json:"target"`
+	// 0 = the adapter's value, else 300000 (SPEC E2, Q6).
+	ResponseStallTimeoutMs int64 `json:"response_stall_timeout_ms"`
+}
+
+// Queue bounds waiting (SPEC Q4). Omitted values take the defaults; an
+// explicit max_waiters of 0 disables queueing.
+type Queue struct {
+	MaxWaiters    *int  `json:"max_waiters"`
+	WaitTimeoutMs int64 `json:"wait_timeout_ms"`
+}
+
+// Credentials switches the managed credential plane (SPEC C1–C6).
+type Credentials struct {
+	Enabled bool `json:"enabled"`
+}
+
+// HTTP tunes the client surface.
+type HTTP struct {
+	// Request bodies over this many bytes get 413.
+	MaxBodyBytes int64 `json:"max_body_bytes"`
+}
+
+// Admin tunes the admin surface.
+type Admin struct {
+	// Pprof exposes net/http/pprof under /debug/pprof/ on admin_listen.
+	Pprof bool `json:"pprof"`
+}
+
+// Load reads, decodes strictly, applies defaults and validates the file at
+// path. Relative TLS paths are resolved against the file's directory. The
+// error lists every problem, one per line, each naming its key path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("edge config: %w", err)
+	}
+	c, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("edge config %s:\n%w", path, err)
+	}
+	c.resolvePaths(dirOf(path))
+	return c, nil
+}
+
+// Parse decodes data strictly, applies defaults and validates.
+func Parse(data []byte) (*Config, error) {
+	var c Config
+	if err := jsonconfig.Decode(data, &c); err != nil {
+		return nil, err
+	}
+	c.applyDefaults()
+	if errs := c.validate(); len(errs) > 0 {
+		return nil, errs
+	}
+	return &c, nil
+}
+
+func dirOf(path string) string {
+	if i := strings.LastIndexByte(path, '/'); i >= 0 {
+		return path[:i+1]
+	}
+	return ""
+}
+
+func (c *Config) resolvePaths(dir string) {
+	for _, p := range []*string{&c.TLS.CertFile, &c.TLS.KeyFile, &c.TLS.CAFile} {
+		if *p != "" && !strings.HasPrefix(*p, "/") {
+			*p = dir + *p
+		}
+	}
+}
+
+func (c *Config) applyDefaults() {
+	def := func(s *string, v string) {
+		if *s == "" {
+			*s = v
+		}
+	}
+	def(&c.HTTPListen, DefaultHTTPListen)
+	def(&c.NodeListen, DefaultNodeListen)
+	def(&c.AdminListen, DefaultAdminListen)
+	def(&c.TLS.TrustDomain, DefaultTrustDomain)
+	if c.Heartbeat.IntervalMs == 0 {
+		c.Heartbeat.IntervalMs = DefaultHeartbeatIntervalMs
+	}
+	if c.Heartbeat.TimeoutMs == 0 {
+		c.Heartbeat.TimeoutMs = DefaultHeartbeatTimeoutMs
+	}
+	if c.Heartbeat.NodeTimeoutMs == 0 {
+		c.Heartbeat.NodeTimeoutMs = DefaultNodeHeartbeatTimeout
+	}
+	if c.Queue.MaxWaiters == nil {
+		n := DefaultMaxWaiters
+		c.Queue.MaxWaiters = &n
+	}
+	if c.Queue.WaitTimeoutMs == 0 {
+		c.Queue.WaitTimeoutMs = DefaultWaitTimeoutMs
+	}
+	if c.HTTP.MaxBodyBytes == 0 {
+		c.HTTP.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	for i := range c.Nodes {
+		for j := range c.Nodes[i].Adapters {
+			a := &c.Nodes[i].Adapters[j]
+			if a.Name == "" {
+				a.Name = a.Type
+			}
+			if a.Type == TypeOpenAICompat && a.Profile == "" {
+				a.Profile = ProfileOpenAI
+			}
+			if a.Category == "" {
+				a.Category = CategoryLocalInference
+				if a.Type == TypeOpenAICompat && a.Profile == ProfileOpenAI {
+					a.Category = CategoryAPI
+				}
+			}
+			if a.Capacity == 0 {
+				a.Capacity = DefaultCapacity
+			}
+			if a.LongCapacity == nil {
+				n := a.Capacity
+				a.LongCapacity = &n
+			}
+			if a.BaseURL == "" && a.Type == TypeOpenAICompat {
+				if d, ok := namedProfile(a.Profile); ok {
+					a.BaseURL = d.defaultBaseURL
+				}
+			}
+		}
+	}
+}
+
+// Read-only patterns.
+var (
+	nameRE  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+	tdRE    = regexp.MustCompile(`^[a-z0-9][a-z0-9.-]{0,252}$`)
+	hex64RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
+)
+
+// validate reports every problem, each prefixed by its key path.
+func (c *Config) validate() jsonconfig.Errors {
+	var errs jsonconfig.Errors
+	add := func(path, format string, args ...any) {
+		errs = append(errs, path+": "+fmt.Sprintf(format, args...))
+	}
+	for _, l := range []struct{ path, v string }{{"http_listen", c.HTTPListen}, {"node_listen", c.NodeListen}, {"admin_listen", c.AdminListen}} {
+		if _, _, err := net.SplitHostPort(l.v); err != nil {
+			add(l.path, "want host:port, got %q", l.v)
+		}
+	}
+	for _, f := range []struct{ path, v string }{{"tls.cert_file", c.TLS.CertFile}, {"tls.key_file", c.TLS.KeyFile}, {"tls.ca_file", c.TLS.CAFile}} {
+		if f.v == "" {
+			add(f.path, "required (mutual TLS with nodes is mandatory; `edge pki init` makes the files)")
+		}
+	}
+	if !tdRE.MatchString(c.TLS.TrustDomain) {
+		add("tls.trust_domain", "invalid trust domain %q (lowercase letters, digits, '.', '-')", c.TLS.TrustDomain)
+	}
+	hb := c.Heartbeat
+	if hb.IntervalMs < 0 {
+		add("heartbeat.interval_ms", "must be positive, got %d", hb.IntervalMs)
+	}
+	if hb.TimeoutMs <= hb.IntervalMs {
+		add("heartbeat.timeout_ms", "must exceed heartbeat.interval_ms (%d), got %d", hb.IntervalMs, hb.TimeoutMs)
+	}
+	if hb.NodeTimeoutMs <= hb.IntervalMs || hb.NodeTimeoutMs >= hb.TimeoutMs {
+		add("heartbeat.node_timeout_ms", "must be between heartbeat.interval_ms (%d) and heartbeat.timeout_ms (%d) exclusive, so the node notices a dead link first; got %d", hb.IntervalMs, hb.TimeoutMs, hb.NodeTimeoutMs)
+	}
+	principals := map[string]bool{}
+	for i, k := range c.APIKeys {
+		p := fmt.Sprintf("api_keys[%d]", i)
+		if k.Principal == "" {
+			add(p+".principal", "required")
+		} else if principals[k.Principal] {
+			add(p+".principal", "duplicate principal %q", k.Principal)
+		}
+		principals[k.Principal] = true
+		if !hex64RE.MatchString(k.KeySHA256) {
+			add(p+".key_sha256", "want 64 lowercase hex characters (SHA-256 of the key)")
+		}
+	}
+	if len(c.Nodes) == 0 {
+		add("nodes", "at least one node is required")
+	}
+	adapters := map[string]map[string]*Adapter{}
+	for i := range c.Nodes {
+		n := &c.Nodes[i]
+		p := fmt.Sprintf("nodes[%d]", i)
+		if !nameRE.MatchString(n.ID) {
+			add(p+".id", "invalid node id %q (1-63 of letters, digits, '.', '_', '-')", n.ID)
+		}
+		if _, dup := adapters[n.ID]; dup {
+			add(p+".id", "duplicate node id %q", n.ID)
+		}
+		byName := map[string]*Adapter{}
+		adapters[n.ID] = byName
+		if n.LeaseRecipientPublicKey != "" {
+			if b, err := base64.StdEncoding.DecodeString(n.LeaseRecipientPublicKey); err != nil || len(b) != 32 {
+				add(p+".lease_recipient_public_key", "want base64 of a 32-byte X25519 public key")
+			}
+		} else if c.Credentials.Enabled {
+			add(p+".lease_recipient_public_key", "required when credentials.enabled is true")
+		}
+		if len(n.Adapters) == 0 {
+			add(p+".adapters", "at least one adapter is required")
+		}
+		for j := range n.Adapters {
+			a := &n.Adapters[j]
+			ap := fmt.Sprintf("%s.adapters[%d]", p, j)
+			c.validateAdapter(ap, a, add)
+			if _, dup := byName[a.Name]; dup {
+				add(ap+".name", "duplicate adapter name %q on node %q", a.Name, n.ID)
+			}
+			byName[a.Name] = a
+		}
+	}
+	if len(c.Models) == 0 {
+		add("models", "at least one model is required")
+	}
+	models := map[string]bool{}
+	for i, m := range c.Models {
+		p := fmt.Sprintf("models[%d]", i)
+		if m.Name == "" || strings.TrimSpace(m.Name) != m.Name {
+			add(p+".name", "required, without surrounding spaces")
+		} else if models[m.Name] {
+			add(p+".name", "duplicate model %q", m.Name)
+		}
+		models[m.Name] = true
+		if m.LongContextTokens < 0 {
+			add(p+".long_context_tokens", "must be ≥ 0, got %d", m.LongContextTokens)
+		}
+		if len(m.Providers) == 0 {
+			add(p+".providers", "at least one provider is required")
+		}
+		seen := map[[2]string]bool{}
+		for j, mp := range m.Providers {
+			pp := fmt.Sprintf("%s.providers[%d]", p, j)
+			byName, ok := adapters[mp.Node]
+			switch {
+			case mp.Node == "":
+				add(pp+".node", "required")
+			case !ok:
+				add(pp+".node", "no configured node %q", mp.Node)
+			case byName[mp.Provider] == nil:
+				add(pp+".provider", "node %q has no adapter %q", mp.Node, mp.Provider)
+			}
+			if seen[[2]string{mp.Node, mp.Provider}] {
+				add(pp, "provider %s/%s listed twice in model %q", mp.Node, mp.Provider, m.Name)
+			}
+			seen[[2]string{mp.Node, mp.Provider}] = true
+			if mp.Target == "" {
+				add(pp+".target", "required (the backend's own model name)")
+			}
+			if mp.ResponseStallTimeoutMs < 0 || mp.ResponseStallTimeoutMs > MaxStallTimeoutMs {
+				add(pp+".response_stall_timeout_ms", "must be between 0 and %d, got %d", MaxStallTimeoutMs, mp.ResponseStallTimeoutMs)
+			}
+		}
+	}
+	if *c.Queue.MaxWaiters < 0 {
+		add("queue.max_waiters", "must be ≥ 0, got %d", *c.Queue.MaxWaiters)
+	}
+	if c.Queue.WaitTimeoutMs < 0 {
+		add("queue.wait_timeout_ms", "must be positive, got %d", c.Queue.WaitTimeoutMs)
+	}
+	if c.HTTP.MaxBodyBytes < 0 || c.HTTP.MaxBodyBytes > MaxBodyBytesLimit {
+		add("http.max_body_bytes", "must be between 1 and %d (a tunnel frame carries the whole body), got %d", MaxBodyBytesLimit, c.HTTP.MaxBodyBytes)
+	}
+	return errs
+}
+
+func (c *Config) validateAdapter(ap string, a *Adapter, add func(string, string, ...any)) {
+	if !nameRE.MatchString(a.Name) {
+		add(ap+".name", "invalid adapter name %q", a.Name)
+	}
+	switch a.Type {
+	case TypeOllama:
+		if a.Profile != "" {
+			add(ap+".profile", "only openai_compat adapters have a profile")
+		}
+		if a.ProfileOverrides != nil {
+			add(ap+".profile_overrides", "only openai_compat adapters have a profile")
+		}
+	case TypeOpenAICompat:
+		if _, ok := namedProfile(a.Profile); !ok {
+			add(ap+".profile", "unknown profile %q (want openai, vllm, llamacpp or ollama)", a.Profile)
+		}
+		if o := a.ProfileOverrides; o != nil {
+			for _, f := range []struct {
+				name string
+				v    *string
+			}{{"models_path", o.ModelsPath}, {"chat_completions_path", o.ChatCompletionsPath}, {"messages_path", o.MessagesPath},
+				{"count_tokens_path", o.CountTokensPath}, {"responses_path", o.ResponsesPath}, {"health_path", o.HealthPath}} {
+				if f.v != nil && *f.v != "" && !validPath(*f.v) {
+					add(ap+".profile_overrides."+f.name, "want a path starting with '/', without a host, query or '..', got %q", *f.v)
+				}
+			}
+			if o.AuthHeader != nil && *o.AuthHeader != "" && !tokenRE.MatchString(*o.AuthHeader) {
+				add(ap+".profile_overrides.auth_header", "invalid header name %q", *o.AuthHeader)
+			}
+		}
+	case "":
+		add(ap+".type", "required (ollama or openai_compat)")
+	default:
+		add(ap+".type", "unknown adapter type %q (want ollama or openai_compat)", a.Type)
+	}
+	switch a.Category {
+	case CategoryAPI, CategoryLocalInference:
+	default:
+		add(ap+".category", "want api or local_inference, got %q", a.Category)
+	}
+	if a.Capacity < 1 {
+		add(ap+".capacity", "must be ≥ 1, got %d", a.Capacity)
+	}
+	if lc := *a.LongCapacity; lc < 0 || lc > a.Capacity {
+		add(ap+".long_capacity", "must be between 0 and capacity (%d), got %d", a.Capacity, lc)
+	}
+	if u, err := url.Parse(a.BaseURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		add(ap+".base_url", "want an http(s) URL with a host and no query, got %q", a.BaseURL)
+	}
+	if a.APIKeyEnv != "" && !envRE.MatchString(a.APIKeyEnv) {
+		add(ap+".api_key_env", "invalid environment variable name %q", a.APIKeyEnv)
+	}
+	if a.ResponseStallTimeoutMs < 0 || a.ResponseStallTimeoutMs > MaxStallTimeoutMs {
+		add(ap+".response_stall_timeout_ms", "must be between 0 and %d, got %d", MaxStallTimeoutMs, a.ResponseStallTimeoutMs)
+	}
+}
+
+var (
+	tokenRE = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+	envRE   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+)
+
+func validPath(p string) bool {
+	if !strings.HasPrefix(p, "/") || strings.HasPrefix(p, "//") || strings.ContainsAny(p, "?#\\") || strings.Contains(p, "://") {
+		return false
+	}
+	for _, seg := range strings.Split(p, "/") {
+		if seg == ".." || seg == "." {
+			return false
+		}
+	}
+	return true
+}
+
+// NodeIndex returns the configured node with that id, or nil.
+func (c *Config) NodeByID(id string) *Node {
+	for i := range c.Nodes {
+		if c.Nodes[i].ID == id {
+			return &c.Nodes[i]
+		}
+	}
+	return nil
+}
+
+// Adapter returns the named adapter of node, or nil.
+func (n *Node) Adapter(name string) *Adapter {
+	for i := range n.Adapters {
+		if n.Adapters[i].Name == name {
+			return &n.Adapters[i]
+		}
+	}
+	return nil
+}
+
+// ModelByName returns the model group with that name, or nil.
+func (c *Config) ModelByName(name string) *Model {
+	for i := range c.Models {
+		if c.Models[i].Name == name {
+			return &c.Models[i]
+		}
+	}
+	return nil
+}
+
+// EffectiveStallTimeoutMs is the stall timeout a request dispatched to mp
+// carries (SPEC Q6): the provider entry's value, else its adapter's, else
+// 300000 ms.
+func (c *Config) EffectiveStallTimeoutMs(mp ModelProvider) int64 {
+	if mp.ResponseStallTimeoutMs > 0 {
+		return mp.ResponseStallTimeoutMs
+	}
+	if n := c.NodeByID(mp.Node); n != nil {
+		if a := n.Adapter(mp.Provider); a != nil && a.ResponseStallTimeoutMs > 0 {
+			return a.ResponseStallTimeoutMs
+		}
+	}
+	return DefaultStallTimeoutMs
+}
+
+// NodePayload builds the NodeConfigPayload a node receives at registration
+// and on refresh (SPEC L3, N2, N5): its adapters with resolved profiles and
+// the runtime settings. It carries no secret, store path or work directory.
+// Revision is the hex SHA-256 of the payload's deterministic encoding.
+// It returns nil for an unknown node id.
+func (c *Config) NodePayload(nodeID string) *iop.NodeConfigPayload {
+	n := c.NodeByID(nodeID)
+	if n == nil {
+		return nil
+	}
+	p := &iop.NodeConfigPayload{
+		Runtime: &iop.NodeRuntimeConfig{
+			HeartbeatIntervalMs: c.Heartbeat.IntervalMs,
+			HeartbeatTimeoutMs:  c.Heartbeat.NodeTimeoutMs,
+			CredentialsEnabled:  c.Credentials.Enabled,
+		},
+	}
+	for i := range n.Adapters {
+		a := &n.Adapters[i]
+		ac := &iop.AdapterConfig{
+			Name:                   a.Name,
+			Type:                   a.Type,
+			Category:               a.Category,
+			Capacity:               int32(a.Capacity),
+			LongCapacity:           int32(*a.LongCapacity),
+			BaseUrl:                a.BaseURL,
+			ResponseStallTimeoutMs: a.ResponseStallTimeoutMs,
+			ApiKeyEnv:              a.APIKeyEnv,
+		}
+		if a.Type == TypeOpenAICompat {
+			ac.OpenaiCompat = &iop.OpenAICompatAdapterConfig{ProtocolProfile: ResolveProfile(a)}
+		}
+		p.Adapters = append(p.Adapters, ac)
+		p.Runtime.Concurrency += int32(a.Capacity)
+	}
+	b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(p)
+	sum := sha256.Sum256(b)
+	p.Revision = hex.EncodeToString(sum[:])
+	return p
+}

@@ -1,0 +1,121 @@
+package config
+
+import iop "iop/proto/gen/iop"
+
+// Named protocol profiles of openai_compat adapters (issue 4, SPEC T1).
+const (
+	ProfileOpenAI   = "openai"
+	ProfileVLLM     = "vllm"
+	ProfileLlamaCpp = "llamacpp"
+	ProfileOllama   = "ollama"
+)
+
+// Operations a profile may support (SPEC T1).
+const (
+	OpModels          = "models"
+	OpChatCompletions = "chat_completions"
+	OpMessages        = "messages"
+	OpCountTokens     = "count_tokens"
+	OpResponses       = "responses"
+)
+
+// profileDefaults is one named profile before overrides.
+type profileDefaults struct {
+	defaultBaseURL                                                                        string
+	authHeader, authScheme                                                                string
+	modelsPath, chatCompletionsPath, messagesPath, countTokensPath, responsesPath, health string
+	nativeTools                                                                           bool
+}
+
+// namedProfile returns the defaults of a named profile. Paths follow each
+// server's documentation: OpenAI's API reference; vLLM's OpenAI-compatible
+// server; llama.cpp's llama-server (which also serves Anthropic /v1/messages
+// and /v1/messages/count_tokens); Ollama's /v1 compatibility layer (which
+// also serves /v1/messages and /v1/responses).
+func namedProfile(name string) (profileDefaults, bool) {
+	d := profileDefaults{authHeader: "Authorization", authScheme: "Bearer",
+		modelsPath: "/v1/models", chatCompletionsPath: "/v1/chat/completions", nativeTools: true}
+	switch name {
+	case ProfileOpenAI:
+		d.defaultBaseURL = "https://api.openai.com"
+		d.responsesPath = "/v1/responses"
+		d.health = "/v1/models"
+	case ProfileVLLM:
+		d.responsesPath = "/v1/responses"
+		d.health = "/health"
+	case ProfileLlamaCpp:
+		d.messagesPath = "/v1/messages"
+		d.countTokensPath = "/v1/messages/count_tokens"
+		d.health = "/health"
+	case ProfileOllama:
+		d.messagesPath = "/v1/messages"
+		d.responsesPath = "/v1/responses"
+		d.health = "/api/tags"
+	default:
+		return profileDefaults{}, false
+	}
+	return d, true
+}
+
+// ResolveProfile turns an openai_compat adapter's named profile plus its
+// overrides into the ConcreteProtocolProfile the node receives. It returns
+// nil for other adapter types or an unknown profile (validate rejects both).
+func ResolveProfile(a *Adapter) *iop.ConcreteProtocolProfile {
+	if a.Type != TypeOpenAICompat {
+		return nil
+	}
+	d, ok := namedProfile(a.Profile)
+	if !ok {
+		return nil
+	}
+	p := &iop.ConcreteProtocolProfile{
+		Name: a.Profile, BaseUrl: a.BaseURL,
+		AuthHeader: d.authHeader, AuthScheme: d.authScheme,
+		ModelsPath: d.modelsPath, ChatCompletionsPath: d.chatCompletionsPath,
+		MessagesPath: d.messagesPath, CountTokensPath: d.countTokensPath,
+		ResponsesPath: d.responsesPath, NativeTools: d.nativeTools, HealthPath: d.health,
+	}
+	if o := a.ProfileOverrides; o != nil {
+		set := func(dst *string, v *string) {
+			if v != nil {
+				*dst = *v
+			}
+		}
+		set(&p.AuthHeader, o.AuthHeader)
+		set(&p.AuthScheme, o.AuthScheme)
+		set(&p.ModelsPath, o.ModelsPath)
+		set(&p.ChatCompletionsPath, o.ChatCompletionsPath)
+		set(&p.MessagesPath, o.MessagesPath)
+		set(&p.CountTokensPath, o.CountTokensPath)
+		set(&p.ResponsesPath, o.ResponsesPath)
+		set(&p.HealthPath, o.HealthPath)
+		if o.NativeTools != nil {
+			p.NativeTools = *o.NativeTools
+		}
+	}
+	return p
+}
+
+// Operations lists the operations adapter a serves: an ollama adapter serves
+// chat_completions (through the normalized run path) and models; an
+// openai_compat adapter serves each operation its resolved profile has a
+// path for.
+func Operations(a *Adapter) []string {
+	if a.Type == TypeOllama {
+		return []string{OpChatCompletions, OpModels}
+	}
+	p := ResolveProfile(a)
+	if p == nil {
+		return nil
+	}
+	var ops []string
+	for _, o := range []struct {
+		op, path string
+	}{{OpModels, p.ModelsPath}, {OpChatCompletions, p.ChatCompletionsPath}, {OpMessages, p.MessagesPath},
+		{OpCountTokens, p.CountTokensPath}, {OpResponses, p.ResponsesPath}} {
+		if o.path != "" {
+			ops = append(ops, o.op)
+		}
+	}
+	return ops
+}

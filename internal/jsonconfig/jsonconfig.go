@@ -1,0 +1,165 @@
+// Package jsonconfig decodes JSON configuration files strictly: every unknown
+// key is an error naming its full path (e.g.
+// "nodes[0].adapters[1].capacty: unknown field"), and all of them are
+// reported at once. It owns decoding only; validation of values belongs to
+// each config package.
+package jsonconfig
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"sort"
+	"strings"
+)
+
+// Errors is a list of problems found in one config, each naming its key
+// path. It implements error; its message has one problem per line.
+type Errors []string
+
+func (e Errors) Error() string { return strings.Join(e, "\n") }
+
+// Decode parses data into v (a pointer to a struct) strictly. Syntax errors
+// report line and column; unknown keys and type mismatches report their key
+// path. The returned error is an Errors value.
+func Decode(data []byte, v any) error {
+	var tree any
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	if err := dec.Decode(&tree); err != nil {
+		return Errors{syntaxMessage(data, err)}
+	}
+	if dec.More() {
+		return Errors{"config: trailing data after the top-level JSON value"}
+	}
+	if _, ok := tree.(map[string]any); !ok {
+		return Errors{"config: top level must be a JSON object"}
+	}
+	var errs Errors
+	walk(reflect.TypeOf(v).Elem(), tree, "", &errs)
+	if len(errs) > 0 {
+		return errs
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return Errors{fmt.Sprintf("%s: want %s, got JSON %s", te.Field, te.Type, te.Value)}
+		}
+		return Errors{err.Error()}
+	}
+	return nil
+}
+
+func syntaxMessage(data []byte, err error) string {
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		line, col := position(data, se.Offset)
+		return fmt.Sprintf("config: invalid JSON at line %d, column %d: %v", line, col, err)
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		return "config: invalid JSON: unexpected end of input"
+	}
+	return "config: invalid JSON: " + err.Error()
+}
+
+func position(data []byte, off int64) (line, col int) {
+	line, col = 1, 1
+	for i := int64(0); i < off && i < int64(len(data)); i++ {
+		if data[i] == '\n' {
+			line, col = line+1, 1
+		} else {
+			col++
+		}
+	}
+	return line, col
+}
+
+// walk reports keys in node that t (after pointer indirection) does not
+// declare. Values whose Go type is not a struct, slice or map are left to
+// json.Unmarshal's type checks.
+func walk(t reflect.Type, node any, path string, errs *Errors) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		obj, ok := node.(map[string]any)
+		if !ok {
+			return
+		}
+		fields := jsonFields(t)
+		keys := make([]string, 0, len(obj))
+		for k := range obj {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			ft, ok := fields[k]
+			if !ok {
+				*errs = append(*errs, join(path, k)+": unknown field")
+				continue
+			}
+			walk(ft, obj[k], join(path, k), errs)
+		}
+	case reflect.Slice, reflect.Array:
+		arr, ok := node.([]any)
+		if !ok {
+			return
+		}
+		for i, el := range arr {
+			walk(t.Elem(), el, fmt.Sprintf("%s[%d]", path, i), errs)
+		}
+	case reflect.Map:
+		obj, ok := node.(map[string]any)
+		if !ok {
+			return
+		}
+		for k, el := range obj {
+			walk(t.Elem(), el, join(path, k), errs)
+		}
+	}
+}
+
+func join(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+// jsonFields maps JSON names to field types, following encoding/json's rules
+// for tags and exported fields (embedded structs are flattened).
+func jsonFields(t reflect.Type) map[string]reflect.Type {
+	out := make(map[string]reflect.Type)
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		tag := f.Tag.Get("json")
+		if tag == "-" {
+			continue
+		}
+		name, _, _ := strings.Cut(tag, ",")
+		if f.Anonymous && name == "" {
+			ft := f.Type
+			if ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			if ft.Kind() == reflect.Struct {
+				for k, v := range jsonFields(ft) {
+					out[k] = v
+				}
+				continue
+			}
+		}
+		if !f.IsExported() {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		out[name] = f.Type
+	}
+	return out
+}

@@ -1,0 +1,160 @@
+// Package config is the Node's own configuration file: who the node is, where
+// the Edge is, its workload certificate and its reconnect policy. Adapter
+// settings are not here: they arrive from the Edge in NodeConfigPayload
+// (SPEC N2). The package reads the file in Load and does nothing else.
+package config
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"iop/internal/jsonconfig"
+)
+
+// Defaults (SPEC S2, DESIGN.md).
+const (
+	DefaultTrustDomain      = "iop.local"
+	DefaultExpectedEdgeName = "edge-1"
+	DefaultIntervalSec      = 10
+	DefaultMaxAttempts      = 10
+)
+
+// Config is the Node config file.
+type Config struct {
+	NodeID      string      `json:"node_id"`
+	EdgeAddr    string      `json:"edge_addr"`
+	TLS         TLS         `json:"tls"`
+	Reconnect   Reconnect   `json:"reconnect"`
+	Credentials Credentials `json:"credentials"`
+}
+
+// TLS holds the node's workload certificate and the Edge identity it expects
+// (SPEC I1, I2). Relative paths are resolved against the config file's
+// directory.
+type TLS struct {
+	CertFile         string `json:"cert_file"`
+	KeyFile          string `json:"key_file"`
+	CAFile           string `json:"ca_file"`
+	TrustDomain      string `json:"trust_domain"`
+	ExpectedEdgeName string `json:"expected_edge_name"`
+}
+
+// Reconnect is the one dial/reconnect policy (SPEC S2). Pointers tell an
+// omitted key from an explicit 0.
+type Reconnect struct {
+	// Seconds between attempts; omitted = 10; must be positive in unlimited
+	// mode, ≥ 0 otherwise.
+	IntervalSec *int `json:"interval_sec"`
+	// Consecutive failed attempts before exit 1; omitted = 10; 0 = unlimited
+	// until local shutdown; negative = invalid.
+	MaxAttempts *int `json:"max_attempts"`
+}
+
+// Credentials locates the node's lease keys (SPEC C3). Both optional while
+// the credential plane is off.
+type Credentials struct {
+	RecipientPrivateKeyFile string `json:"recipient_private_key_file"`
+	// Base64 or PEM file path of the Edge's Ed25519 lease issuer public key.
+	IssuerPublicKey string `json:"issuer_public_key"`
+}
+
+// Interval is the reconnect interval.
+func (c *Config) Interval() time.Duration {
+	return time.Duration(*c.Reconnect.IntervalSec) * time.Second
+}
+
+// MaxAttempts is the finite attempt limit, or 0 for unlimited.
+func (c *Config) MaxAttempts() int { return *c.Reconnect.MaxAttempts }
+
+// Load reads, decodes strictly, applies defaults and validates the file at
+// path. The error lists every problem, one per line, each naming its key path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("node config: %w", err)
+	}
+	c, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("node config %s:\n%w", path, err)
+	}
+	dir := ""
+	if i := strings.LastIndexByte(path, '/'); i >= 0 {
+		dir = path[:i+1]
+	}
+	for _, p := range []*string{&c.TLS.CertFile, &c.TLS.KeyFile, &c.TLS.CAFile, &c.Credentials.RecipientPrivateKeyFile} {
+		if *p != "" && !strings.HasPrefix(*p, "/") {
+			*p = dir + *p
+		}
+	}
+	return c, nil
+}
+
+// Parse decodes data strictly, applies defaults and validates.
+func Parse(data []byte) (*Config, error) {
+	var c Config
+	if err := jsonconfig.Decode(data, &c); err != nil {
+		return nil, err
+	}
+	if c.TLS.TrustDomain == "" {
+		c.TLS.TrustDomain = DefaultTrustDomain
+	}
+	if c.TLS.ExpectedEdgeName == "" {
+		c.TLS.ExpectedEdgeName = DefaultExpectedEdgeName
+	}
+	if c.Reconnect.IntervalSec == nil {
+		n := DefaultIntervalSec
+		c.Reconnect.IntervalSec = &n
+	}
+	if c.Reconnect.MaxAttempts == nil {
+		n := DefaultMaxAttempts
+		c.Reconnect.MaxAttempts = &n
+	}
+	if errs := c.validate(); len(errs) > 0 {
+		return nil, errs
+	}
+	return &c, nil
+}
+
+// Read-only patterns.
+var (
+	nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+	tdRE   = regexp.MustCompile(`^[a-z0-9][a-z0-9.-]{0,252}$`)
+)
+
+func (c *Config) validate() jsonconfig.Errors {
+	var errs jsonconfig.Errors
+	add := func(path, format string, args ...any) {
+		errs = append(errs, path+": "+fmt.Sprintf(format, args...))
+	}
+	if !nameRE.MatchString(c.NodeID) {
+		add("node_id", "invalid node id %q (1-63 of letters, digits, '.', '_', '-')", c.NodeID)
+	}
+	if _, port, err := net.SplitHostPort(c.EdgeAddr); err != nil || port == "" {
+		add("edge_addr", "want host:port, got %q", c.EdgeAddr)
+	}
+	for _, f := range []struct{ path, v string }{{"tls.cert_file", c.TLS.CertFile}, {"tls.key_file", c.TLS.KeyFile}, {"tls.ca_file", c.TLS.CAFile}} {
+		if f.v == "" {
+			add(f.path, "required (mutual TLS with the edge is mandatory)")
+		}
+	}
+	if !tdRE.MatchString(c.TLS.TrustDomain) {
+		add("tls.trust_domain", "invalid trust domain %q", c.TLS.TrustDomain)
+	}
+	if !nameRE.MatchString(c.TLS.ExpectedEdgeName) {
+		add("tls.expected_edge_name", "invalid edge name %q", c.TLS.ExpectedEdgeName)
+	}
+	iv, ma := *c.Reconnect.IntervalSec, *c.Reconnect.MaxAttempts
+	if ma < 0 {
+		add("reconnect.max_attempts", "must be ≥ 0 (0 = unlimited), got %d", ma)
+	}
+	if iv < 0 {
+		add("reconnect.interval_sec", "must be ≥ 0, got %d", iv)
+	} else if iv == 0 && ma == 0 {
+		add("reconnect.interval_sec", "must be positive when reconnect.max_attempts is 0 (unlimited)")
+	}
+	return errs
+}
