@@ -1,0 +1,214 @@
+package config
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/encoding/protojson"
+)
+
+const valid = `{
+  "tls": {"cert_file": "e.crt", "key_file": "e.key", "ca_file": "ca.crt"},
+  "api_keys": [{"principal": "team-a", "key_sha256": "` + "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08" + `"}],
+  "nodes": [{"id": "gpu-1", "adapters": [
+    {"name": "ollama", "type": "ollama", "capacity": 4, "long_capacity": 1, "base_url": "http://127.0.0.1:11434"},
+    {"name": "llama-server", "type": "openai_compat", "profile": "llamacpp", "capacity": 8, "base_url": "http://127.0.0.1:8081", "api_key_env": "LLAMA_KEY"}
+  ]}],
+  "models": [{"name": "tiny", "long_context_tokens": 8192, "providers": [
+    {"node": "gpu-1", "provider": "ollama", "target": "tiny", "response_stall_timeout_ms": 60000},
+    {"node": "gpu-1", "provider": "llama-server", "target": "tiny"}
+  ]}]
+}`
+
+func mustParse(t *testing.T, s string) *Config {
+	t.Helper()
+	c, err := Parse([]byte(s))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	return c
+}
+
+func TestDefaults(t *testing.T) {
+	c := mustParse(t, valid)
+	checks := []struct {
+		name string
+		got  any
+		want any
+	}{
+		{"http_listen", c.HTTPListen, DefaultHTTPListen},
+		{"node_listen", c.NodeListen, DefaultNodeListen},
+		{"admin_listen", c.AdminListen, DefaultAdminListen},
+		{"trust_domain", c.TLS.TrustDomain, "iop.local"},
+		{"L7 heartbeat interval", c.Heartbeat.IntervalMs, int64(5000)},
+		{"L7 edge timeout", c.Heartbeat.TimeoutMs, int64(20000)},
+		{"L7 node timeout", c.Heartbeat.NodeTimeoutMs, int64(15000)},
+		{"Q4 max_waiters", *c.Queue.MaxWaiters, 1024},
+		{"Q4 wait_timeout_ms", c.Queue.WaitTimeoutMs, int64(30000)},
+		{"category ollama", c.Nodes[0].Adapters[0].Category, CategoryLocalInference},
+		{"long_capacity default = capacity", *c.Nodes[0].Adapters[1].LongCapacity, 8},
+		{"max body", c.HTTP.MaxBodyBytes, int64(DefaultMaxBodyBytes)},
+	}
+	for _, ck := range checks {
+		if ck.got != ck.want {
+			t.Errorf("%s: got %v, want %v", ck.name, ck.got, ck.want)
+		}
+	}
+}
+
+func TestUnknownKeyNamesPath(t *testing.T) {
+	var m map[string]any
+	if err := json.Unmarshal([]byte(valid), &m); err != nil {
+		t.Fatal(err)
+	}
+	m["nodes"].([]any)[0].(map[string]any)["adapters"].([]any)[1].(map[string]any)["capacty"] = 3
+	m["queue"] = map[string]any{"max_waiter": 1}
+	b, _ := json.Marshal(m)
+	_, err := Parse(b)
+	if err == nil {
+		t.Fatal("got nil error, want unknown-field errors")
+	}
+	for _, want := range []string{"nodes[0].adapters[1].capacty: unknown field", "queue.max_waiter: unknown field"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not contain %q", err, want)
+		}
+	}
+}
+
+func TestValidateReportsEveryProblem(t *testing.T) {
+	bad := `{
+  "http_listen": "nope",
+  "tls": {"trust_domain": "Bad Domain"},
+  "heartbeat": {"interval_ms": 5000, "timeout_ms": 10000, "node_timeout_ms": 12000},
+  "api_keys": [{"principal": "", "key_sha256": "xyz"}],
+  "nodes": [{"id": "gpu 1", "adapters": [
+     {"name": "a", "type": "vllm", "base_url": "ftp://x"},
+     {"name": "a", "type": "openai_compat", "profile": "mystery", "capacity": -1, "base_url": "http://h",
+      "profile_overrides": {"chat_completions_path": "http://evil/x"}},
+     {"name": "o", "type": "ollama", "capacity": 2, "long_capacity": 3, "base_url": "http://h", "response_stall_timeout_ms": -1}
+  ]}],
+  "models": [
+    {"name": "m", "providers": [{"node": "gpu-9", "provider": "x", "target": ""}]},
+    {"name": "m", "providers": [{"node": "gpu 1", "provider": "nope", "target": "t", "response_stall_timeout_ms": -5}]},
+    {"name": "empty", "providers": []}
+  ],
+  "queue": {"max_waiters": -1},
+  "http": {"max_body_bytes": 999999999}
+}`
+	_, err := Parse([]byte(bad))
+	if err == nil {
+		t.Fatal("got nil error")
+	}
+	wants := []string{
+		"http_listen: want host:port",
+		"tls.cert_file: required", "tls.key_file: required", "tls.ca_file: required",
+		"tls.trust_domain: invalid",
+		"heartbeat.node_timeout_ms: must be between",
+		"api_keys[0].principal: required", "api_keys[0].key_sha256: want 64",
+		"nodes[0].id: invalid node id",
+		"nodes[0].adapters[0].type: unknown adapter type \"vllm\"",
+		"nodes[0].adapters[0].base_url: want an http(s) URL",
+		"nodes[0].adapters[1].profile: unknown profile \"mystery\"",
+		"nodes[0].adapters[1].capacity: must be ≥ 1",
+		"nodes[0].adapters[1].name: duplicate adapter name",
+		"nodes[0].adapters[1].profile_overrides.chat_completions_path: want a path",
+		"nodes[0].adapters[2].long_capacity: must be between 0 and capacity",
+		"nodes[0].adapters[2].response_stall_timeout_ms: must be between",
+		"models[0].providers[0].node: no configured node \"gpu-9\"",
+		"models[0].providers[0].target: required",
+		"models[1].name: duplicate model",
+		"models[1].providers[0].provider: node \"gpu 1\" has no adapter \"nope\"",
+		"models[1].providers[0].response_stall_timeout_ms: must be between",
+		"models[2].providers: at least one provider",
+		"queue.max_waiters: must be ≥ 0",
+		"http.max_body_bytes: must be between",
+	}
+	for _, w := range wants {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("missing %q in:\n%v", w, err)
+		}
+	}
+}
+
+func TestCredentialsNeedRecipientKey(t *testing.T) {
+	s := strings.Replace(valid, `"models"`, `"credentials": {"enabled": true}, "models"`, 1)
+	if _, err := Parse([]byte(s)); err == nil || !strings.Contains(err.Error(), "nodes[0].lease_recipient_public_key: required when credentials.enabled") {
+		t.Fatalf("got %v, want a lease_recipient_public_key error", err)
+	}
+}
+
+// Q6: the winning candidate's effective stall timeout: provider entry, else
+// adapter, else 300000 ms.
+func TestEffectiveStallTimeout(t *testing.T) {
+	c := mustParse(t, strings.Replace(valid, `"api_key_env": "LLAMA_KEY"`, `"api_key_env": "LLAMA_KEY", "response_stall_timeout_ms": 7000`, 1))
+	if got := c.EffectiveStallTimeoutMs(c.Models[0].Providers[0]); got != 60000 {
+		t.Errorf("provider entry: got %d, want 60000", got)
+	}
+	if got := c.EffectiveStallTimeoutMs(c.Models[0].Providers[1]); got != 7000 {
+		t.Errorf("adapter value: got %d, want 7000", got)
+	}
+	c2 := mustParse(t, valid)
+	if got := c2.EffectiveStallTimeoutMs(c2.Models[0].Providers[1]); got != DefaultStallTimeoutMs {
+		t.Errorf("default: got %d, want %d", got, DefaultStallTimeoutMs)
+	}
+}
+
+// N5, C5: the payload carries adapters and runtime settings, never a secret,
+// store path or work directory; its revision is stable and content-derived.
+func TestNodePayload(t *testing.T) {
+	c := mustParse(t, valid)
+	p := c.NodePayload("gpu-1")
+	if p == nil || len(p.Adapters) != 2 {
+		t.Fatalf("got %v, want 2 adapters", p)
+	}
+	ls := p.Adapters[1]
+	prof := ls.GetOpenaiCompat().GetProtocolProfile()
+	if prof.GetName() != "llamacpp" || prof.GetMessagesPath() != "/v1/messages" || prof.GetBaseUrl() != "http://127.0.0.1:8081" || prof.GetResponsesPath() != "" {
+		t.Errorf("resolved profile: got %v", prof)
+	}
+	if ls.ApiKeyEnv != "LLAMA_KEY" {
+		t.Errorf("api_key_env: got %q", ls.ApiKeyEnv)
+	}
+	if p.Runtime.HeartbeatTimeoutMs != 15000 || p.Runtime.HeartbeatIntervalMs != 5000 {
+		t.Errorf("runtime heartbeat: got %v", p.Runtime)
+	}
+	js := protojson.Format(p)
+	for _, banned := range []string{"store", "work_dir", "directory", "key_sha256", "private"} {
+		if strings.Contains(strings.ToLower(js), banned) {
+			t.Errorf("N5: payload mentions %q: %s", banned, js)
+		}
+	}
+	if again := c.NodePayload("gpu-1"); again.Revision != p.Revision || len(p.Revision) != 64 {
+		t.Errorf("revision not stable: %q vs %q", again.Revision, p.Revision)
+	}
+	c2 := mustParse(t, strings.Replace(valid, `"capacity": 8`, `"capacity": 9`, 1))
+	if c2.NodePayload("gpu-1").Revision == p.Revision {
+		t.Error("N2: revision unchanged after a capacity change")
+	}
+	if c.NodePayload("nope") != nil {
+		t.Error("unknown node: got a payload")
+	}
+}
+
+func TestProfileOverridesAndOperations(t *testing.T) {
+	a := &Adapter{Type: TypeOpenAICompat, Profile: ProfileVLLM, BaseURL: "http://v"}
+	empty, hdr, no := "", "x-api-key", false
+	a.ProfileOverrides = &ProfileOverrides{ResponsesPath: &empty, AuthHeader: &hdr, NativeTools: &no}
+	p := ResolveProfile(a)
+	if p.ResponsesPath != "" || p.AuthHeader != "x-api-key" || p.NativeTools {
+		t.Errorf("overrides not applied: %v", p)
+	}
+	if got := strings.Join(Operations(a), ","); got != "models,chat_completions" {
+		t.Errorf("vllm ops with responses disabled: got %s", got)
+	}
+	if got := strings.Join(Operations(&Adapter{Type: TypeOllama}), ","); got != "chat_completions,models" {
+		t.Errorf("ollama ops: got %s", got)
+	}
+	for _, name := range []string{ProfileOpenAI, ProfileVLLM, ProfileLlamaCpp, ProfileOllama} {
+		p := ResolveProfile(&Adapter{Type: TypeOpenAICompat, Profile: name})
+		if p == nil || p.ChatCompletionsPath == "" || p.HealthPath == "" || p.AuthHeader == "" {
+			t.Errorf("profile %s incomplete: %v", name, p)
+		}
+	}
+}

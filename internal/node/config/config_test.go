@@ -1,0 +1,95 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+const base = `"node_id":"gpu-1","edge_addr":"127.0.0.1:7443","tls":{"cert_file":"n.crt","key_file":"n.key","ca_file":"ca.crt"}`
+
+// S2: the reconnect rules exactly — omitted max_attempts = 10, 0 = unlimited,
+// negative = error; interval omitted = 10, must be positive when unlimited.
+func TestReconnectRules(t *testing.T) {
+	tests := []struct {
+		name         string
+		reconnect    string
+		wantErr      string
+		wantInterval time.Duration
+		wantAttempts int
+	}{
+		{"S2 omitted both", ``, "", 10 * time.Second, 10},
+		{"S2 empty object", `,"reconnect":{}`, "", 10 * time.Second, 10},
+		{"S2 zero attempts is unlimited", `,"reconnect":{"max_attempts":0}`, "", 10 * time.Second, 0},
+		{"S2 positive attempts exact", `,"reconnect":{"max_attempts":2,"interval_sec":1}`, "", time.Second, 2},
+		{"S2 negative attempts rejected", `,"reconnect":{"max_attempts":-1}`, "reconnect.max_attempts: must be ≥ 0", 0, 0},
+		{"S2 unlimited needs positive interval", `,"reconnect":{"max_attempts":0,"interval_sec":0}`, "reconnect.interval_sec: must be positive when reconnect.max_attempts is 0", 0, 0},
+		{"S2 finite allows zero interval", `,"reconnect":{"max_attempts":3,"interval_sec":0}`, "", 0, 3},
+		{"S2 negative interval rejected", `,"reconnect":{"interval_sec":-5}`, "reconnect.interval_sec: must be ≥ 0", 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Parse([]byte("{" + base + tt.reconnect + "}"))
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("got err %v, want it to contain %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("got err %v, want nil", err)
+			}
+			if c.Interval() != tt.wantInterval || c.MaxAttempts() != tt.wantAttempts {
+				t.Fatalf("got interval %v attempts %d, want %v %d", c.Interval(), c.MaxAttempts(), tt.wantInterval, tt.wantAttempts)
+			}
+		})
+	}
+}
+
+func TestStrictDecoding(t *testing.T) {
+	tests := []struct {
+		name, json string
+		want       []string
+	}{
+		{"unknown top-level key", `{` + base + `,"edge_adress":"x"}`, []string{"edge_adress: unknown field"}},
+		{"unknown nested key with path", `{` + base + `,"reconnect":{"max_attemps":3}}`, []string{"reconnect.max_attemps: unknown field"}},
+		{"every problem at once", `{"node_id":"","edge_addr":"nohost","tls":{}}`, []string{"node_id:", "edge_addr:", "tls.cert_file: required", "tls.key_file: required", "tls.ca_file: required"}},
+		{"wrong type names the key", `{` + base + `,"reconnect":{"max_attempts":"ten"}}`, []string{"reconnect.max_attempts"}},
+		{"syntax error gives position", "{\n  \"node_id\": \"a\",,\n}", []string{"line 2"}},
+		{"truncated", `{"node_id":`, []string{"unexpected end"}},
+		{"not an object", `[1]`, []string{"top level must be a JSON object"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse([]byte(tt.json))
+			if err == nil {
+				t.Fatal("got nil error, want one")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestLoadResolvesRelativePaths(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "node.json")
+	if err := os.WriteFile(p, []byte("{"+base+"}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(dir, "n.crt"); c.TLS.CertFile != want {
+		t.Fatalf("got cert_file %q, want %q", c.TLS.CertFile, want)
+	}
+	if _, err := Load(filepath.Join(dir, "missing.json")); err == nil {
+		t.Fatal("got nil error for a missing file")
+	}
+}
