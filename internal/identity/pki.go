@@ -1,0 +1,496 @@
+package identity
+
+import (
+	"crypto"
+	"crypto/ecdh"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/big"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Dev PKI file names inside the PKI directory.
+const (
+	CACertFile    = "ca.crt"     // CA certificate, PEM
+	CAKeyFile     = "ca.key"     // CA private key, PKCS #8 PEM, mode 0600
+	IssuerKeyFile = "issuer.key" // lease issuer Ed25519 private key, PKCS #8 PEM, mode 0600
+	IssuerPubFile = "issuer.pub" // lease issuer Ed25519 public key, PKIX PEM
+)
+
+// CertFileName is the certificate file of the edge or node name: "<name>.crt".
+func CertFileName(name string) string { return name + ".crt" }
+
+// KeyFileName is the private key file of the edge or node name: "<name>.key".
+func KeyFileName(name string) string { return name + ".key" }
+
+// RecipientKeyFileName is node's lease recipient private key file:
+// "<node>.recipient.key" (X25519, PKCS #8 PEM, mode 0600).
+func RecipientKeyFileName(node string) string { return node + ".recipient.key" }
+
+// RecipientPubFileName is node's lease recipient public key file:
+// "<node>.recipient.pub" (X25519, PKIX PEM).
+func RecipientPubFileName(node string) string { return node + ".recipient.pub" }
+
+// Default validity periods of generated certificates.
+const (
+	DefaultLeafValidity = 365 * 24 * time.Hour
+	DefaultCAValidity   = 10 * 365 * 24 * time.Hour
+	// notBeforeSkew backdates NotBefore so hosts with slightly slow clocks
+	// accept a fresh certificate.
+	notBeforeSkew = 5 * time.Minute
+)
+
+const (
+	modePrivate = 0o600
+	modePublic  = 0o644
+	modeDir     = 0o700
+)
+
+// PKIOptions configure InitPKI.
+type PKIOptions struct {
+	TrustDomain string   // empty means DefaultTrustDomain
+	Edge        string   // edge name; required
+	Nodes       []string // node ids; at least one
+	Force       bool     // overwrite existing files
+	Now         func() time.Time
+	// Validity of the edge and node certificates; 0 means
+	// DefaultLeafValidity. The CA gets DefaultCAValidity or Validity,
+	// whichever is longer.
+	Validity time.Duration
+}
+
+// IssueOptions configure IssueNode.
+type IssueOptions struct {
+	Node string // node id; required
+	// TrustDomain; empty means the one recorded in ca.crt's URI SAN. If both
+	// are present they must agree.
+	TrustDomain string
+	Force       bool // overwrite the node's existing files
+	Now         func() time.Time
+	Validity    time.Duration // 0 means DefaultLeafValidity; capped at the CA's NotAfter
+}
+
+// outFile is one file InitPKI or IssueNode writes.
+type outFile struct {
+	name string // base name in the PKI directory
+	what string // for errors
+	data []byte // PEM; cleared after writing when private
+	mode fs.FileMode
+}
+
+// InitPKI writes a development PKI into dir (created with mode 0700 if
+// missing), without openssl (DESIGN: edge pki init):
+//   - ca.crt, ca.key: an ECDSA P-256 CA with URI SAN spiffe://<td> and a
+//     name constraint limiting URI SANs to the trust domain;
+//   - <edge>.crt/.key: URI SAN spiffe://<td>/edge/<edge>, DNS SAN localhost,
+//     IP SAN 127.0.0.1, extended key usage serverAuth;
+//   - <node>.crt/.key for each node: URI SAN spiffe://<td>/node/<node>,
+//     extended key usage clientAuth;
+//   - issuer.key/issuer.pub: the Ed25519 lease issuer pair;
+//   - <node>.recipient.key/.pub: each node's X25519 lease recipient pair.
+//
+// Private keys get mode 0600, the rest 0644. Unless o.Force is set, it
+// writes nothing if any target exists and returns a *FileError naming it
+// that wraps ErrFileExists. Bad names fail with ErrInvalidOptions.
+func InitPKI(dir string, o PKIOptions) error {
+	td, err := optionTrustDomain(o.TrustDomain)
+	if err != nil {
+		return err
+	}
+	if o.Edge == "" {
+		return fmt.Errorf("%w: edge name is empty", ErrInvalidOptions)
+	}
+	if len(o.Nodes) == 0 {
+		return fmt.Errorf("%w: no node names", ErrInvalidOptions)
+	}
+	for _, n := range append([]string{o.Edge}, o.Nodes...) {
+		if err := ValidateName(n); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+		}
+	}
+	now := clock(o.Now)()
+	leafValidity := o.Validity
+	if leafValidity <= 0 {
+		leafValidity = DefaultLeafValidity
+	}
+	ca, caKey, caFiles, err := newCA(td, now, max(DefaultCAValidity, leafValidity))
+	if err != nil {
+		return err
+	}
+	files := caFiles
+	edge, err := newLeaf(ca, caKey, ID{TrustDomain: td, Role: RoleEdge, Name: o.Edge}, now, leafValidity)
+	if err != nil {
+		return err
+	}
+	files = append(files, edge...)
+	for _, n := range o.Nodes {
+		nf, err := newNodeFiles(ca, caKey, ID{TrustDomain: td, Role: RoleNode, Name: n}, now, leafValidity)
+		if err != nil {
+			return err
+		}
+		files = append(files, nf...)
+	}
+	issuer, err := newIssuerFiles()
+	if err != nil {
+		return err
+	}
+	files = append(files, issuer...)
+	return writeFiles(dir, files, o.Force)
+}
+
+// IssueNode adds one node to an existing PKI directory: <node>.crt/.key
+// signed by dir's ca.crt/ca.key and a new <node>.recipient.key/.pub. With
+// Force it replaces an existing node's files (certificate rotation). Errors:
+// *FileError for unreadable or invalid CA files or a refused overwrite
+// (ErrFileExists); ErrInvalidOptions for a bad name or a trust domain that
+// disagrees with the CA's.
+func IssueNode(dir string, o IssueOptions) error {
+	if err := ValidateName(o.Node); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+	}
+	ca, caKey, err := loadCA(dir)
+	if err != nil {
+		return err
+	}
+	td, err := issueTrustDomain(ca, o.TrustDomain)
+	if err != nil {
+		return err
+	}
+	now := clock(o.Now)()
+	validity := o.Validity
+	if validity <= 0 {
+		validity = DefaultLeafValidity
+	}
+	files, err := newNodeFiles(ca, caKey, ID{TrustDomain: td, Role: RoleNode, Name: o.Node}, now, validity)
+	if err != nil {
+		return err
+	}
+	return writeFiles(dir, files, o.Force)
+}
+
+func clock(now func() time.Time) func() time.Time {
+	if now == nil {
+		return time.Now
+	}
+	return now
+}
+
+func newCA(td string, now time.Time, validity time.Duration) (*x509.Certificate, crypto.Signer, []outFile, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("generate CA key: %w", err)
+	}
+	serial, err := newSerial()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:                serial,
+		Subject:                     pkix.Name{Organization: []string{"iop"}, CommonName: "iop dev CA " + td},
+		NotBefore:                   now.Add(-notBeforeSkew),
+		NotAfter:                    now.Add(validity),
+		KeyUsage:                    x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		BasicConstraintsValid:       true,
+		IsCA:                        true,
+		MaxPathLenZero:              true,
+		URIs:                        []*url.URL{{Scheme: "spiffe", Host: td}},
+		PermittedURIDomains:         []string{td},
+		PermittedDNSDomainsCritical: true, // marks the name constraints extension critical (RFC 5280 §4.2.1.10)
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("create CA certificate: %w", err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("parse new CA certificate: %w", err)
+	}
+	keyPEM, err := privateKeyPEM(key)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return cert, key, []outFile{
+		{name: CACertFile, what: "CA certificate", data: certPEM(der), mode: modePublic},
+		{name: CAKeyFile, what: "CA private key", data: keyPEM, mode: modePrivate},
+	}, nil
+}
+
+// newLeaf makes the certificate and key files of an edge or node id.
+func newLeaf(ca *x509.Certificate, caKey crypto.Signer, id ID, now time.Time, validity time.Duration) ([]outFile, error) {
+	if err := id.validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generate key for %s: %w", id, err)
+	}
+	serial, err := newSerial()
+	if err != nil {
+		return nil, err
+	}
+	notAfter := now.Add(validity)
+	if notAfter.After(ca.NotAfter) {
+		notAfter = ca.NotAfter
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial,
+		Subject:               pkix.Name{Organization: []string{"iop"}, CommonName: id.Name},
+		NotBefore:             now.Add(-notBeforeSkew),
+		NotAfter:              notAfter,
+		KeyUsage:              x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		URIs:                  []*url.URL{id.URL()},
+	}
+	if id.Role == RoleEdge {
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+		tmpl.DNSNames = []string{"localhost"}
+		tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
+	} else {
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, key.Public(), caKey)
+	if err != nil {
+		return nil, fmt.Errorf("create certificate for %s: %w", id, err)
+	}
+	keyPEM, err := privateKeyPEM(key)
+	if err != nil {
+		return nil, err
+	}
+	return []outFile{
+		{name: CertFileName(id.Name), what: id.Role + " certificate", data: certPEM(der), mode: modePublic},
+		{name: KeyFileName(id.Name), what: id.Role + " private key", data: keyPEM, mode: modePrivate},
+	}, nil
+}
+
+// newNodeFiles makes a node's certificate, key and lease recipient pair.
+func newNodeFiles(ca *x509.Certificate, caKey crypto.Signer, id ID, now time.Time, validity time.Duration) ([]outFile, error) {
+	files, err := newLeaf(ca, caKey, id, now, validity)
+	if err != nil {
+		return nil, err
+	}
+	rk, err := ecdh.X25519().GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generate recipient key for %s: %w", id.Name, err)
+	}
+	privPEM, err := privateKeyPEM(rk)
+	if err != nil {
+		return nil, err
+	}
+	pubPEM, err := publicKeyPEM(rk.PublicKey())
+	if err != nil {
+		return nil, err
+	}
+	return append(files,
+		outFile{name: RecipientKeyFileName(id.Name), what: "recipient private key", data: privPEM, mode: modePrivate},
+		outFile{name: RecipientPubFileName(id.Name), what: "recipient public key", data: pubPEM, mode: modePublic},
+	), nil
+}
+
+func newIssuerFiles() ([]outFile, error) {
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generate issuer key: %w", err)
+	}
+	privPEM, err := privateKeyPEM(priv)
+	clear(priv)
+	if err != nil {
+		return nil, err
+	}
+	pubPEM, err := publicKeyPEM(pub)
+	if err != nil {
+		return nil, err
+	}
+	return []outFile{
+		{name: IssuerKeyFile, what: "issuer private key", data: privPEM, mode: modePrivate},
+		{name: IssuerPubFile, what: "issuer public key", data: pubPEM, mode: modePublic},
+	}, nil
+}
+
+// loadCA reads dir's ca.crt and ca.key and checks that they belong together.
+func loadCA(dir string) (*x509.Certificate, crypto.Signer, error) {
+	certPath, keyPath := filepath.Join(dir, CACertFile), filepath.Join(dir, CAKeyFile)
+	data, err := os.ReadFile(certPath)
+	if err != nil {
+		return nil, nil, &FileError{What: "CA certificate", Path: certPath, Err: err}
+	}
+	certs, err := parseCertificatesPEM(data)
+	if err != nil {
+		return nil, nil, &FileError{What: "CA certificate", Path: certPath, Err: err}
+	}
+	ca := certs[0]
+	if !ca.BasicConstraintsValid || !ca.IsCA {
+		return nil, nil, &FileError{What: "CA certificate", Path: certPath, Err: fmt.Errorf("%w: not a CA", ErrBadPEM)}
+	}
+	der, err := readPEMBlock(keyPath, "PRIVATE KEY", "CA private key")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer clear(der)
+	k, err := x509.ParsePKCS8PrivateKey(der)
+	if err != nil {
+		return nil, nil, &FileError{What: "CA private key", Path: keyPath, Err: fmt.Errorf("%w: not PKCS #8", ErrBadPEM)}
+	}
+	signer, ok := k.(crypto.Signer)
+	if !ok {
+		return nil, nil, &FileError{What: "CA private key", Path: keyPath, Err: fmt.Errorf("%w: %T cannot sign", ErrKeyMismatch, k)}
+	}
+	type equaler interface{ Equal(crypto.PublicKey) bool }
+	if pub, ok := signer.Public().(equaler); !ok || !pub.Equal(ca.PublicKey) {
+		return nil, nil, &FileError{What: "CA private key", Path: keyPath,
+			Err: fmt.Errorf("%w: does not match %s", ErrKeyMismatch, certPath)}
+	}
+	return ca, signer, nil
+}
+
+// issueTrustDomain picks the trust domain for IssueNode: the option, the
+// CA's spiffe://<td> URI SAN, or both if they agree.
+func issueTrustDomain(ca *x509.Certificate, opt string) (string, error) {
+	var fromCA string
+	for _, u := range ca.URIs {
+		if u.Scheme == "spiffe" && (u.Path == "" || u.Path == "/") && ValidateTrustDomain(u.Host) == nil {
+			fromCA = u.Host
+		}
+	}
+	switch {
+	case opt == "" && fromCA == "":
+		return "", fmt.Errorf("%w: CA certificate records no trust domain; set TrustDomain", ErrInvalidOptions)
+	case opt == "":
+		return fromCA, nil
+	case ValidateTrustDomain(opt) != nil:
+		return "", fmt.Errorf("%w: TrustDomain: %w", ErrInvalidOptions, ValidateTrustDomain(opt))
+	case fromCA != "" && opt != fromCA:
+		return "", fmt.Errorf("%w: TrustDomain %q, but the CA is for %q", ErrInvalidOptions, opt, fromCA)
+	}
+	return opt, nil
+}
+
+// writeFiles writes files into dir. Without force it first checks that no
+// target exists, then creates each with O_EXCL; with force each file is
+// replaced atomically (temp file + rename) so a process re-reading it for
+// rotation never sees half a file. Private key bytes are cleared after.
+func writeFiles(dir string, files []outFile, force bool) error {
+	defer func() {
+		for _, f := range files {
+			if f.mode == modePrivate {
+				clear(f.data)
+			}
+		}
+	}()
+	seen := make(map[string]bool, len(files))
+	for _, f := range files {
+		if seen[f.name] {
+			return fmt.Errorf("%w: two outputs would both be written to %s; choose distinct names", ErrInvalidOptions, f.name)
+		}
+		seen[f.name] = true
+	}
+	if err := os.MkdirAll(dir, modeDir); err != nil {
+		return &FileError{What: "PKI directory", Path: dir, Err: err}
+	}
+	if !force {
+		for _, f := range files {
+			p := filepath.Join(dir, f.name)
+			if _, err := os.Lstat(p); err == nil {
+				return &FileError{What: f.what, Path: p, Err: ErrFileExists}
+			} else if !errors.Is(err, fs.ErrNotExist) {
+				return &FileError{What: f.what, Path: p, Err: err}
+			}
+		}
+	}
+	for _, f := range files {
+		p := filepath.Join(dir, f.name)
+		var err error
+		if force {
+			err = replaceFile(dir, p, f.data, f.mode)
+		} else {
+			err = createFile(p, f.data, f.mode)
+		}
+		if err != nil {
+			if errors.Is(err, fs.ErrExist) {
+				err = ErrFileExists
+			}
+			return &FileError{What: f.what, Path: p, Err: err}
+		}
+	}
+	return nil
+}
+
+func createFile(path string, data []byte, mode fs.FileMode) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+	if err != nil {
+		return err
+	}
+	return finishFile(f, data, mode)
+}
+
+func replaceFile(dir, path string, data []byte, mode fs.FileMode) error {
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	if err := finishFile(f, data, mode); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return nil
+}
+
+// finishFile sets mode (independent of umask), writes, syncs and closes f.
+func finishFile(f *os.File, data []byte, mode fs.FileMode) error {
+	err := f.Chmod(mode)
+	if err == nil {
+		_, err = f.Write(data)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func newSerial() (*big.Int, error) {
+	s, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 128))
+	if err != nil {
+		return nil, fmt.Errorf("generate serial number: %w", err)
+	}
+	return s.Add(s, big.NewInt(1)), nil // never zero (RFC 5280 §4.1.2.2)
+}
+
+func certPEM(der []byte) []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+func privateKeyPEM(key any) ([]byte, error) {
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("encode private key: %w", err)
+	}
+	defer clear(der)
+	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
+}
+
+func publicKeyPEM(key any) ([]byte, error) {
+	der, err := x509.MarshalPKIXPublicKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("encode public key: %w", err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), nil
+}
