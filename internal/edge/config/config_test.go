@@ -212,3 +212,26 @@ func TestProfileOverridesAndOperations(t *testing.T) {
 		}
 	}
 }
+
+// The committed demo config is a working example (README).
+func TestDemoConfigParses(t *testing.T) {
+	c, err := Load("../../../testdata/demo/edge.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Models) != 6 || c.ModelByName("tiny-tool-oa") == nil {
+		t.Fatalf("got %d models, want the six demo groups", len(c.Models))
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(valid))
+	f.Add([]byte(`{"nodes":[{"adapters":[{}]}]}`))
+	f.Add([]byte(`{"queue":{"max_waiters":null}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := Parse(data)
+		if err == nil && (c.Queue.MaxWaiters == nil || len(c.Nodes) == 0) {
+			t.Fatalf("accepted config without defaults applied: %s", data)
+		}
+	})
+}

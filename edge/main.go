@@ -1,0 +1,98 @@
+// Command edge is iop's gateway: it serves the OpenAI- and Anthropic-compatible
+// HTTP API, queues requests per model group, leases providers on nodes that
+// dial in over mutual TLS, and reports status on its admin listener.
+//
+//	edge -config edge.json          serve
+//	edge -config edge.json -check   validate the config and exit 0 or 1
+//	edge -version
+//	edge pki init -dir DIR [-trust-domain iop.local] -edge NAME -node NAME…
+//	edge pki issue -dir DIR -node NAME
+//
+// SIGINT/SIGTERM drain and exit 0; SIGHUP reloads the config (SPEC N2).
+// A fatal config or credential error prints the message on stderr and exits 1.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"iop/internal/edge"
+	"iop/internal/edge/config"
+	"iop/internal/edge/pkicmd"
+)
+
+// version is set at build time with -ldflags "-X main.version=…".
+var version = "dev"
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "pki" {
+		return pkicmd.Main(args[1:], stdout, stderr)
+	}
+	fs := flag.NewFlagSet("edge", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfgPath := fs.String("config", "", "path of the edge config file (JSON)")
+	check := fs.Bool("check", false, "validate the config and exit")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *showVersion {
+		fmt.Fprintln(stdout, "edge", version)
+		return 0
+	}
+	if *cfgPath == "" {
+		fmt.Fprintln(stderr, "edge: -config FILE is required (see README.md)")
+		return 2
+	}
+	cfg, err := config.Load(*cfgPath)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	if *check {
+		fmt.Fprintf(stdout, "%s: ok\n", *cfgPath)
+		return 0
+	}
+	logger := slog.New(slog.NewJSONHandler(stderr, nil))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	reload := make(chan *config.Config)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				c, err := config.Load(*cfgPath)
+				if err != nil {
+					logger.Error("config reload rejected; keeping the running config", "err", err)
+					continue
+				}
+				select {
+				case reload <- c:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}()
+	if err := edge.Run(ctx, cfg, edge.Options{Logger: logger, Version: version, Reload: reload}); err != nil {
+		logger.Error("edge stopped", "err", err)
+		fmt.Fprintln(stderr, "edge:", err)
+		return 1
+	}
+	return 0
+}

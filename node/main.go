@@ -1,0 +1,70 @@
+// Command node is iop's agent on an inference host. It dials out to the edge
+// over mutual TLS (so it may sit behind NAT), registers, receives its adapter
+// config, says ready and executes requests against local backends.
+//
+//	node -config node.json          run until SIGINT/SIGTERM
+//	node -config node.json -check   validate the config and exit 0 or 1
+//	node -version
+//
+// Exit codes (SPEC S4): 0 on SIGINT/SIGTERM; 1 when reconnect attempts are
+// exhausted or on a fatal local config or credential error.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"iop/internal/node"
+	"iop/internal/node/config"
+)
+
+// version is set at build time with -ldflags "-X main.version=…".
+var version = "dev"
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("node", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	cfgPath := fs.String("config", "", "path of the node config file (JSON)")
+	check := fs.Bool("check", false, "validate the config and exit")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *showVersion {
+		fmt.Fprintln(stdout, "node", version)
+		return 0
+	}
+	if *cfgPath == "" {
+		fmt.Fprintln(stderr, "node: -config FILE is required (see README.md)")
+		return 2
+	}
+	cfg, err := config.Load(*cfgPath)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	if *check {
+		fmt.Fprintf(stdout, "%s: ok\n", *cfgPath)
+		return 0
+	}
+	logger := slog.New(slog.NewJSONHandler(stderr, nil))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err = node.Run(ctx, cfg, node.Options{Logger: logger, Version: version, LookupEnv: os.LookupEnv})
+	if err != nil {
+		logger.Error("node stopped", "err", err)
+		fmt.Fprintln(stderr, "node:", err)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,145 @@
+# shellcheck shell=bash
+# The main job (./run.sh with no arguments): build, mint dev PKI, start an
+# inference backend, the edge and one node, wait until the node is ready,
+# send one chat completion and one streamed chat completion, print both
+# answers, then keep serving until Ctrl-C. Sourced by run.sh.
+#
+# Backend choice:
+#   IOP_OLLAMA_URL   a real Ollama (native /api/chat and its /v1 layer)
+#   IOP_OPENAI_URL   a real OpenAI-compatible server (llama-server, vLLM…);
+#                    IOP_OPENAI_PROFILE picks its profile (default llamacpp)
+#   otherwise, if an Ollama answers at 127.0.0.1:11434, that one;
+#   otherwise the project's demo backend, a deterministic stand-in.
+#   IOP_DEMO_TARGET (default tiny), IOP_DEMO_TOOL_TARGET (tiny-tool) and
+#   IOP_DEMO_LOOP_TARGET (tiny-loop) name the backend models.
+# Addresses: IOP_HTTP_ADDR (127.0.0.1:8080), IOP_ADMIN_ADDR (127.0.0.1:9090),
+# IOP_NODE_ADDR (127.0.0.1:7443), IOP_DEMO_BACKEND_ADDR (127.0.0.1:18434).
+
+DEMO_KEY=iop-demo-key
+DEMO_KEY_SHA256=$(printf '%s' "$DEMO_KEY" | sha256sum | cut -d' ' -f1)
+RUN_DIR="$ROOT/.run"
+
+demo_pids=()
+demo_cleanup() {
+  local pid
+  for pid in "${demo_pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${demo_pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  demo_pids=()
+}
+
+# demo_start_stack: build, PKI, backend, configs, edge, node; waits for ready.
+# Sets DEMO_HTTP, DEMO_ADMIN. Logs go to .run/*.log.
+demo_start_stack() {
+  DEMO_HTTP=${IOP_HTTP_ADDR:-127.0.0.1:8080}
+  DEMO_ADMIN=${IOP_ADMIN_ADDR:-127.0.0.1:9090}
+  local node_addr=${IOP_NODE_ADDR:-127.0.0.1:7443}
+  local backend_addr=${IOP_DEMO_BACKEND_ADDR:-127.0.0.1:18434}
+  local t_tiny=${IOP_DEMO_TARGET:-tiny} t_tool=${IOP_DEMO_TOOL_TARGET:-tiny-tool} t_loop=${IOP_DEMO_LOOP_TARGET:-tiny-loop}
+  cmd_build
+  mkdir -p "$RUN_DIR"
+  if [ ! -f "$RUN_DIR/pki/ca.crt" ]; then
+    ./bin/edge pki init -dir "$RUN_DIR/pki" -edge edge-1 -node gpu-1 >/dev/null
+    log "minted dev PKI in .run/pki"
+  fi
+
+  local ollama_url="" openai_url="" openai_profile=${IOP_OPENAI_PROFILE:-llamacpp}
+  if [ -n "${IOP_OLLAMA_URL:-}" ] || [ -n "${IOP_OPENAI_URL:-}" ]; then
+    ollama_url=${IOP_OLLAMA_URL:-}
+    openai_url=${IOP_OPENAI_URL:-}
+    if [ -z "$openai_url" ]; then openai_url=$ollama_url; openai_profile=ollama; fi
+    log "backend: real server(s): ollama=${ollama_url:-none} openai_compat=$openai_url ($openai_profile)"
+  elif curl -fsS -m 2 http://127.0.0.1:11434/api/tags >/dev/null 2>&1; then
+    ollama_url=http://127.0.0.1:11434; openai_url=$ollama_url; openai_profile=ollama
+    log "backend: the Ollama answering at 127.0.0.1:11434"
+  else
+    log "backend: DEMO BACKEND (a deterministic stand-in for a real model server, not a model) on $backend_addr"
+    ./bin/demo-backend -listen "$backend_addr" -token-delay "${IOP_DEMO_TOKEN_DELAY:-20ms}" >"$RUN_DIR/backend.log" 2>&1 &
+    demo_pids+=($!)
+    ollama_url="http://$backend_addr"; openai_url="http://$backend_addr"; openai_profile=llamacpp
+    wait_http "http://$backend_addr/api/tags" 50 || { log "demo backend did not start; see .run/backend.log"; return 1; }
+  fi
+
+  local native=ollama
+  [ -z "$ollama_url" ] && native=oa   # no native Ollama: every group uses the OpenAI-compatible provider
+  local ollama_adapter=""
+  [ -n "$ollama_url" ] && ollama_adapter="{\"name\": \"ollama\", \"type\": \"ollama\", \"capacity\": 8, \"long_capacity\": 2, \"base_url\": \"$ollama_url\"},"
+  cat >"$RUN_DIR/edge.json" <<JSON
+{
+  "http_listen": "$DEMO_HTTP",
+  "node_listen": "$node_addr",
+  "admin_listen": "$DEMO_ADMIN",
+  "tls": {"cert_file": "pki/edge-1.crt", "key_file": "pki/edge-1.key", "ca_file": "pki/ca.crt", "trust_domain": "iop.local"},
+  "api_keys": [{"principal": "demo", "key_sha256": "$DEMO_KEY_SHA256"}],
+  "nodes": [{"id": "gpu-1", "adapters": [
+    $ollama_adapter
+    {"name": "oa", "type": "openai_compat", "profile": "$openai_profile", "capacity": 8, "long_capacity": 2, "base_url": "$openai_url"}
+  ]}],
+  "models": [
+    {"name": "tiny",         "providers": [{"node": "gpu-1", "provider": "$native", "target": "$t_tiny"}]},
+    {"name": "tiny-tool",    "providers": [{"node": "gpu-1", "provider": "$native", "target": "$t_tool"}]},
+    {"name": "tiny-loop",    "providers": [{"node": "gpu-1", "provider": "$native", "target": "$t_loop"}]},
+    {"name": "tiny-oa",      "providers": [{"node": "gpu-1", "provider": "oa", "target": "$t_tiny"}]},
+    {"name": "tiny-tool-oa", "providers": [{"node": "gpu-1", "provider": "oa", "target": "$t_tool"}]},
+    {"name": "tiny-loop-oa", "providers": [{"node": "gpu-1", "provider": "oa", "target": "$t_loop"}]}
+  ]
+}
+JSON
+  sed -e "s#@EDGE_ADDR@#$node_addr#" "$ROOT/testdata/demo/node.json" >"$RUN_DIR/node.json"
+
+  ./bin/edge -config "$RUN_DIR/edge.json" >"$RUN_DIR/edge.log" 2>&1 &
+  demo_pids+=($!)
+  ./bin/node -config "$RUN_DIR/node.json" >"$RUN_DIR/node.log" 2>&1 &
+  demo_pids+=($!)
+  log "edge: http://$DEMO_HTTP (admin http://$DEMO_ADMIN), node gpu-1; logs in .run/"
+  local i
+  for i in $(seq 1 150); do
+    if curl -fsS -m 1 "http://$DEMO_ADMIN/status" 2>/dev/null | grep -q '"connected":true'; then
+      log "node gpu-1 is ready"
+      return 0
+    fi
+    sleep 0.2
+  done
+  log "node did not become ready in 30 s; last log lines:"
+  tail -n 5 "$RUN_DIR/edge.log" "$RUN_DIR/node.log" >&2 || true
+  return 1
+}
+
+wait_http() { # url tries(×0.1 s)
+  local i
+  for i in $(seq 1 "$2"); do curl -fsS -m 1 "$1" >/dev/null 2>&1 && return 0; sleep 0.1; done
+  return 1
+}
+
+demo_main() {
+  trap 'demo_cleanup; exit 130' INT
+  trap 'demo_cleanup; exit 143' TERM
+  trap demo_cleanup EXIT
+  demo_start_stack || exit 1
+  echo
+  echo "API key (demo): $DEMO_KEY"
+  echo "Models: tiny, tiny-tool, tiny-loop (native Ollama path); tiny-oa, tiny-tool-oa, tiny-loop-oa (OpenAI-compatible tunnel)"
+  echo
+  echo "== chat completion (model tiny) =="
+  curl -sS -m 60 "http://$DEMO_HTTP/v1/chat/completions" \
+    -H "Authorization: Bearer $DEMO_KEY" -H 'Content-Type: application/json' \
+    -d '{"model":"tiny","messages":[{"role":"user","content":"Say hello."}]}' \
+    | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["choices"][0]["message"]["content"] if "choices" in r else r)' 2>/dev/null \
+    || echo "(request failed; see .run/edge.log)"
+  echo
+  echo "== streamed chat completion (model tiny-oa) =="
+  curl -sSN -m 60 "http://$DEMO_HTTP/v1/chat/completions" \
+    -H "Authorization: Bearer $DEMO_KEY" -H 'Content-Type: application/json' \
+    -d '{"model":"tiny-oa","stream":true,"messages":[{"role":"user","content":"Say hello."}]}' \
+    | while IFS= read -r line; do
+        case "$line" in
+          "data: [DONE]") echo; break ;;
+          data:*) printf '%s' "$(printf '%s' "${line#data: }" | python3 -c 'import json,sys; c=json.load(sys.stdin).get("choices") or [{}]; print(((c[0].get("delta") or {}).get("content") or ""), end="")' 2>/dev/null)" ;;
+        esac
+      done
+  echo
+  echo "Serving. Try:"
+  echo "  curl http://$DEMO_HTTP/v1/chat/completions -H 'Authorization: Bearer $DEMO_KEY' -H 'Content-Type: application/json' -d '{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'"
+  echo "  curl http://$DEMO_ADMIN/status"
+  echo "Ctrl-C stops everything."
+  wait "${demo_pids[@]}" 2>/dev/null || true
+}
