@@ -1,0 +1,492 @@
+package pool
+
+import (
+	"fmt"
+	"time"
+)
+
+// state is the pool's state machine. Its methods are the transitions; none
+// does I/O, blocks, or reads a clock. Effects for the wrapper collect in fx
+// and are drained by the caller after each transition.
+type state struct {
+	nodes     map[string]*nodeState
+	nodeOrder []*nodeState // configured nodes in config order
+	resources map[Key]*resource
+	groups    map[string]*group
+	groupList []*group // config order
+
+	maxWaiters  int
+	waitTimeout time.Duration
+
+	seq     uint64  // arrival number of the last waiter
+	waiters int     // queued waiters, all groups
+	leases  int     // held leases, all resources
+	all     wlist   // every queued waiter in arrival order
+	fx      effects // effects of the current transition
+}
+
+// effects are what a transition asks the wrapper to carry out.
+type effects struct {
+	grants []grant   // hand lease to waiter
+	failed []failure // fail waiter with err
+	fenced []*Lease  // close Fenced()
+}
+
+type grant struct {
+	w *waiter
+	l *Lease
+}
+
+type failure struct {
+	w   *waiter
+	err error
+}
+
+func (fx *effects) reset() {
+	clear(fx.grants)
+	clear(fx.failed)
+	clear(fx.fenced)
+	fx.grants, fx.failed, fx.fenced = fx.grants[:0], fx.failed[:0], fx.fenced[:0]
+}
+
+// nodeState tracks one node id's generation high-water mark. gen only
+// rises; a ready or fence for a lower generation is stale (SPEC L9).
+type nodeState struct {
+	id         string
+	gen        uint64
+	ready      bool // gen is the live, ready generation
+	fenced     bool // gen was fenced; it cannot become ready again
+	readySince time.Time
+	configured bool
+	resources  []*resource // configured, in config order
+	all        []*resource // every resource ever known on this node
+}
+
+// resource is one provider resource's live state. The struct survives
+// Reconfigure (leases point at it); configured says whether it is in the
+// current config.
+type resource struct {
+	cfg          Resource
+	configured   bool
+	node         *nodeState
+	inFlight     int
+	longInFlight int
+	leases       *Lease // head of held leases
+
+	// Runtime-unavailable overlay (SPEC H8–H10), effective only while
+	// overlayGen is the node's current generation (no inheritance, H9).
+	overlaid   bool
+	overlayGen uint64
+	seqGen     uint64 // generation lastSeq belongs to
+	lastSeq    uint64 // highest health_observation_seq accepted for seqGen
+}
+
+func (r *resource) isOverlaid() bool {
+	return r.overlaid && r.overlayGen == r.node.gen
+}
+
+// live reports whether r may be a candidate (SPEC Q3, P3): configured, its
+// node ready at the current generation, no overlay, some capacity.
+func (r *resource) live() bool {
+	return r.configured && r.node.ready && !r.isOverlaid() && r.cfg.Capacity > 0
+}
+
+func (r *resource) free(long bool) bool {
+	return r.inFlight < r.cfg.Capacity && (!long || r.longInFlight < r.cfg.LongCapacity)
+}
+
+func (r *resource) supports(op string) bool {
+	for _, o := range r.cfg.Operations {
+		if o == op {
+			return true
+		}
+	}
+	return false
+}
+
+type group struct {
+	name       string
+	longTokens int
+	classes    []*class
+}
+
+func (g *group) isLong(promptTokens int) bool {
+	return g.longTokens > 0 && promptTokens >= g.longTokens
+}
+
+func (g *group) class(op string, long bool) *class {
+	for _, c := range g.classes {
+		if c.long == long && c.op == op {
+			return c
+		}
+	}
+	return nil
+}
+
+// class is the FIFO of one group's waiters that want the same operation and
+// the same long-ness, so they share one candidate list.
+type class struct {
+	g     *group
+	op    string
+	long  bool
+	cands []cand // supporting, capacity > 0, deduplicated by Key, config order
+	q     wlist
+}
+
+type cand struct {
+	res    *resource
+	target string
+	stall  int64
+}
+
+// pick returns the candidate to grant now, or nil: live, free, least loaded
+// by in_flight/capacity, then config order.
+func (c *class) pick() *cand {
+	var best *cand
+	for i := range c.cands {
+		cd := &c.cands[i]
+		r := cd.res
+		if !r.live() || !r.free(c.long) {
+			continue
+		}
+		if best == nil || r.inFlight*best.res.cfg.Capacity < best.res.inFlight*r.cfg.Capacity {
+			best = cd
+		}
+	}
+	return best
+}
+
+// waiter is one queued request. Its links are owned by the state; ch and
+// stop by the wrapper.
+type waiter struct {
+	seq          uint64
+	model        string
+	op           string
+	promptTokens int
+	cls          *class
+	queued       bool
+	timeout      time.Duration
+	prev, next   *waiter // class FIFO
+	aprev, anext *waiter // state.all
+	ch           chan result
+	stop         func() bool
+}
+
+type result struct {
+	l   *Lease
+	err error
+}
+
+// wlist is an intrusive FIFO of waiters; byAll selects the links.
+type wlist struct {
+	head, tail *waiter
+	n          int
+}
+
+func (q *wlist) push(w *waiter, byAll bool) {
+	if byAll {
+		w.aprev, w.anext = q.tail, nil
+		if q.tail != nil {
+			q.tail.anext = w
+		} else {
+			q.head = w
+		}
+	} else {
+		w.prev, w.next = q.tail, nil
+		if q.tail != nil {
+			q.tail.next = w
+		} else {
+			q.head = w
+		}
+	}
+	q.tail = w
+	q.n++
+}
+
+func (q *wlist) remove(w *waiter, byAll bool) {
+	prev, next := w.prev, w.next
+	if byAll {
+		prev, next = w.aprev, w.anext
+	}
+	if prev != nil {
+		if byAll {
+			prev.anext = next
+		} else {
+			prev.next = next
+		}
+	} else {
+		q.head = next
+	}
+	if next != nil {
+		if byAll {
+			next.aprev = prev
+		} else {
+			next.prev = prev
+		}
+	} else {
+		q.tail = prev
+	}
+	if byAll {
+		w.aprev, w.anext = nil, nil
+	} else {
+		w.prev, w.next = nil, nil
+	}
+	q.n--
+}
+
+func newState(cfg Config) *state {
+	s := &state{
+		nodes:     make(map[string]*nodeState),
+		resources: make(map[Key]*resource),
+	}
+	s.reconfigure(cfg)
+	return s
+}
+
+// admit is the first step of Acquire (SPEC Q3, Q4, Q7). It returns a lease
+// when a candidate is free and no waiter of the same class is ahead; the
+// class to enqueue on when the request must wait; or an error.
+func (s *state) admit(r Request) (*Lease, *class, error) {
+	g := s.groups[r.Model]
+	if g == nil {
+		return nil, nil, fmt.Errorf("model %q: %w", r.Model, ErrUnknownModel)
+	}
+	long := g.isLong(r.PromptTokens)
+	c := g.class(r.Operation, long)
+	if c == nil {
+		return nil, nil, &NoCandidateError{Model: r.Model, Operation: r.Operation, Long: long}
+	}
+	if c.q.n == 0 {
+		if cd := c.pick(); cd != nil {
+			return s.grant(c, cd), nil, nil
+		}
+	}
+	if s.waiters >= s.maxWaiters {
+		return nil, nil, &QueueFullError{Model: r.Model, MaxWaiters: s.maxWaiters, RetryAfter: QueueFullRetryAfter}
+	}
+	return nil, c, nil
+}
+
+// enqueue appends w (with model, op and promptTokens set) to c, the class
+// admit returned in the same critical section; timeout is the wait timeout
+// the wrapper arms for w, kept for the error text.
+func (s *state) enqueue(c *class, w *waiter, timeout time.Duration) {
+	s.seq++
+	w.seq = s.seq
+	w.cls = c
+	w.queued = true
+	w.timeout = timeout
+	c.q.push(w, false)
+	s.all.push(w, true)
+	s.waiters++
+}
+
+// dequeue removes a queued waiter from its class and from the arrival list.
+func (s *state) dequeue(w *waiter) {
+	w.cls.q.remove(w, false)
+	s.all.remove(w, true)
+	w.queued = false
+	s.waiters--
+}
+
+// cancel removes w if still queued (SPEC Q4: a client leaving while queued
+// removes the waiter). It reports whether w was queued; if not, its result
+// is already in its channel. Removing a waiter frees nothing, so no pump.
+func (s *state) cancel(w *waiter) bool {
+	if !w.queued {
+		return false
+	}
+	s.dequeue(w)
+	return true
+}
+
+// timeout fails w with a WaitTimeoutError if it is still queued.
+func (s *state) timeout(w *waiter) {
+	if !w.queued {
+		return
+	}
+	s.dequeue(w)
+	err := &WaitTimeoutError{Model: w.model, Waited: w.timeout, Reason: w.cls.why()}
+	s.fx.failed = append(s.fx.failed, failure{w, err})
+}
+
+func (s *state) grant(c *class, cd *cand) *Lease {
+	r := cd.res
+	l := &Lease{
+		Key:            r.cfg.Key,
+		Model:          c.g.name,
+		Generation:     r.node.gen,
+		Target:         cd.target,
+		Type:           r.cfg.Type,
+		StallTimeoutMs: cd.stall,
+		Long:           c.long,
+		res:            r,
+		fenced:         make(chan struct{}),
+	}
+	r.inFlight++
+	if c.long {
+		r.longInFlight++
+	}
+	l.next = r.leases
+	if r.leases != nil {
+		r.leases.prev = l
+	}
+	r.leases = l
+	s.leases++
+	return l
+}
+
+// unhold takes l off its resource and marks it returned.
+func (s *state) unhold(l *Lease) {
+	r := l.res
+	r.inFlight--
+	if l.Long {
+		r.longInFlight--
+	}
+	if l.prev != nil {
+		l.prev.next = l.next
+	} else {
+		r.leases = l.next
+	}
+	if l.next != nil {
+		l.next.prev = l.prev
+	}
+	l.prev, l.next = nil, nil
+	l.returned = true
+	s.leases--
+}
+
+// release returns l exactly once (SPEC Q2) and pumps (Q5). A second call,
+// or a call after a fence returned it, reports false and changes nothing.
+func (s *state) release(l *Lease) bool {
+	if l == nil || l.res == nil || l.returned {
+		return false
+	}
+	s.unhold(l)
+	s.pump()
+	return true
+}
+
+// pump grants waiters until no queued waiter can be served: each round the
+// servable class head with the lowest arrival number wins (see doc.go).
+func (s *state) pump() {
+	for s.waiters > 0 {
+		var best *class
+		var bestCand *cand
+		for _, g := range s.groupList {
+			for _, c := range g.classes {
+				if c.q.head == nil || (best != nil && c.q.head.seq > best.q.head.seq) {
+					continue
+				}
+				if cd := c.pick(); cd != nil {
+					best, bestCand = c, cd
+				}
+			}
+		}
+		if best == nil {
+			return
+		}
+		w := best.q.head
+		s.dequeue(w)
+		s.fx.grants = append(s.fx.grants, grant{w, s.grant(best, bestCand)})
+	}
+}
+
+func (s *state) node(id string) *nodeState {
+	n := s.nodes[id]
+	if n == nil {
+		n = &nodeState{id: id}
+		s.nodes[id] = n
+	}
+	return n
+}
+
+// ready activates generation gen of node (SPEC L5): its resources become
+// live and waiters are pumped. A generation below the high-water mark, or
+// the current one already ready or fenced, is a no-op (L5 duplicate, L9
+// stale). A newer generation first fences every lease of older ones: they
+// belong to a superseded connection (L4, L8). It reports whether anything
+// changed.
+func (s *state) ready(id string, gen uint64, now time.Time) bool {
+	n := s.node(id)
+	if gen < n.gen || (gen == n.gen && (n.ready || n.fenced)) {
+		return false
+	}
+	if gen > n.gen {
+		s.fenceLeases(n, gen-1)
+	}
+	n.gen, n.ready, n.fenced, n.readySince = gen, true, false, now
+	s.pump()
+	return true
+}
+
+// fence ends generation gen of node in one step (SPEC L8): every lease of
+// that generation (or an older one) is returned exactly once and listed in
+// fx.fenced, the node's resources go offline, and waiters stay queued
+// against the remaining live candidates. A generation below the high-water
+// mark, or one already fenced, is a no-op (L9). It returns the number of
+// leases returned.
+func (s *state) fence(id string, gen uint64) int {
+	n := s.node(id)
+	if gen < n.gen || (gen == n.gen && n.fenced) {
+		return 0
+	}
+	n.gen, n.ready, n.fenced, n.readySince = gen, false, true, time.Time{}
+	return s.fenceLeases(n, gen)
+}
+
+func (s *state) fenceLeases(n *nodeState, upTo uint64) int {
+	count := 0
+	for _, r := range n.all {
+		for l := r.leases; l != nil; {
+			next := l.next
+			if l.Generation <= upTo {
+				s.unhold(l)
+				s.fx.fenced = append(s.fx.fenced, l)
+				count++
+			}
+			l = next
+		}
+	}
+	return count
+}
+
+// setOverlay records a fresh runtime-unavailable observation for k (SPEC
+// H8): only for the node's current ready generation and only when seq is
+// above every seq accepted for (k, gen). seq 0 (absent) is never fresh.
+func (s *state) setOverlay(k Key, gen, seq uint64) bool {
+	r := s.overlayTarget(k, gen, seq)
+	if r == nil {
+		return false
+	}
+	r.seqGen, r.lastSeq = gen, seq
+	r.overlaid, r.overlayGen = true, gen
+	return true
+}
+
+// clearOverlay lifts the overlay of k after a recovery probe (SPEC H10):
+// only when k is overlaid at gen and seq is fresh. It pumps (Q5).
+func (s *state) clearOverlay(k Key, gen, seq uint64) bool {
+	r := s.overlayTarget(k, gen, seq)
+	if r == nil || !r.isOverlaid() {
+		return false
+	}
+	r.seqGen, r.lastSeq = gen, seq
+	r.overlaid = false
+	s.pump()
+	return true
+}
+
+func (s *state) overlayTarget(k Key, gen, seq uint64) *resource {
+	r := s.resources[k]
+	if r == nil || !r.configured || seq == 0 {
+		return nil
+	}
+	if !r.node.ready || r.node.gen != gen {
+		return nil
+	}
+	if r.seqGen == gen && seq <= r.lastSeq {
+		return nil
+	}
+	return r
+}

@@ -1,0 +1,48 @@
+// Package pool owns the Edge's provider pool: provider resources
+// (node_id, provider_id) with their capacity and long-context capacity, the
+// lease each admitted request holds, the FIFO waiters of every model group,
+// the runtime-unavailable overlay, and the projections of all of that into
+// ProviderSnapshots (SPEC Q1–Q8, L8–L10, P3, H8–H10, N3).
+//
+// It must never do I/O, start goroutines of its own, read the wall clock
+// directly, log, build HTTP responses, or depend on any event fan-out: lease
+// return, fencing and queue settlement happen inside the call that causes
+// them (SPEC L10). Time arrives through an injected Clock.
+//
+// # Structure
+//
+// core.go is the state machine: a plain value (state) whose methods are the
+// transitions (admit, enqueue, release, ready, fence, overlay, reconfigure,
+// timeout, cancel). They do no I/O and collect their effects — leases handed
+// to waiters, waiters failed, leases fenced — in state.fx. pool.go is the
+// thin concurrency wrapper: it takes the mutex, runs one transition, carries
+// out its effects and unlocks.
+//
+// # Scheduling rule (SPEC Q4, Q5)
+//
+// Waiters of a model group wait in FIFO order per class; a class is the pair
+// (operation, long) because every waiter of one class can be served by
+// exactly the same providers. A pump repeatedly grants the waiter with the
+// lowest arrival number among the heads of all classes (of all groups) that
+// can be served now, until no head can be served. So a freed slot always goes
+// to the earliest waiter that can use it, and a waiter that cannot be served
+// (say a long request while long capacity is full, or an operation only a
+// busy provider has) never blocks a later waiter that can. After every
+// transition no queued waiter is servable; that is why a new request whose
+// class has no waiters may take free capacity at once without overtaking
+// anybody who could have used it.
+//
+// The choice among servable candidates: free capacity (and free long
+// capacity for a long request), then least loaded by in_flight/capacity, then
+// config order (SPEC Q1, Q3). Provider type never excludes a candidate.
+//
+// # Concurrency
+//
+// One mutex (Pool.mu) guards all state. It is held only for one transition
+// and its effects, which are non-blocking: a send on a waiter's channel that
+// has a free buffer slot, and close of a lease's Fenced channel. Pool never
+// calls out of the package while holding it (Clock.AfterFunc is called after
+// unlocking), so callers may hold their own locks when calling in: Pool.mu is
+// a leaf in every lock order. The only goroutines involved are the callers'
+// and the Clock's timer callbacks.
+package pool

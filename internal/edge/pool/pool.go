@@ -1,0 +1,204 @@
+package pool
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Clock is the pool's source of time. AfterFunc must run f later on some
+// goroutine, never synchronously inside AfterFunc; stop reports whether it
+// prevented f from running (like time.Timer.Stop).
+type Clock interface {
+	Now() time.Time
+	AfterFunc(d time.Duration, f func()) (stop func() bool)
+}
+
+// SystemClock returns the Clock backed by package time.
+func SystemClock() Clock { return systemClock{} }
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+func (systemClock) AfterFunc(d time.Duration, f func()) func() bool {
+	return time.AfterFunc(d, f).Stop
+}
+
+// Pool is the concurrency-safe provider pool. All methods may be called from
+// any goroutine; none blocks except Acquire while it waits.
+type Pool struct {
+	clk Clock
+	mu  sync.Mutex
+	s   *state // guarded by mu
+}
+
+// New returns a pool for cfg. No node is ready yet: nothing is admitted
+// until NodeReady (SPEC P3).
+func New(cfg Config, clk Clock) *Pool {
+	if clk == nil {
+		clk = SystemClock()
+	}
+	return &Pool{clk: clk, s: newState(cfg)}
+}
+
+// apply carries out the effects of the transition just run and resets
+// them. Called with mu held; every step is non-blocking: each waiter's
+// channel has one buffer slot and receives exactly one result.
+func (p *Pool) apply() {
+	fx := &p.s.fx
+	for _, g := range fx.grants {
+		g.w.ch <- result{l: g.l}
+	}
+	for _, f := range fx.failed {
+		f.w.ch <- result{err: f.err}
+	}
+	for _, l := range fx.fenced {
+		close(l.fenced)
+	}
+	fx.reset()
+}
+
+// Reconfigure installs a new config (SPEC Q5): leases, generations and
+// overlays are kept, waiters are moved to the new groups (or failed with
+// ErrUnknownModel / ErrNoCandidate when their group or operation is gone),
+// and the queue is pumped. MaxWaiters and WaitTimeout apply to requests that
+// arrive afterwards.
+func (p *Pool) Reconfigure(cfg Config) {
+	p.mu.Lock()
+	p.s.reconfigure(cfg)
+	p.apply()
+	p.mu.Unlock()
+}
+
+// Acquire admits r and returns its lease (SPEC Q2–Q4, Q6, Q7). With no free
+// live candidate it waits as a FIFO waiter of r.Model's group until a lease
+// is granted, ctx ends (the waiter is removed and nothing leaks: a lease
+// granted in the same instant is returned), or the wait timeout expires.
+//
+// Errors: ErrUnknownModel; *NoCandidateError (ErrNoCandidate) when no
+// configured provider of the group supports r.Operation (with long capacity
+// if r is long); *QueueFullError (ErrQueueFull) when MaxWaiters requests
+// already wait; *WaitTimeoutError (ErrWaitTimeout) naming the model and
+// why; ctx.Err().
+func (p *Pool) Acquire(ctx context.Context, r Request) (*Lease, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	l, c, err := p.s.admit(r)
+	if c == nil {
+		p.mu.Unlock()
+		return l, err
+	}
+	w := &waiter{model: r.Model, op: r.Operation, promptTokens: r.PromptTokens, ch: make(chan result, 1)}
+	timeout := p.s.waitTimeout
+	p.s.enqueue(c, w, timeout)
+	p.mu.Unlock()
+
+	if timeout > 0 {
+		stop := p.clk.AfterFunc(timeout, func() {
+			p.mu.Lock()
+			p.s.timeout(w)
+			p.apply()
+			p.mu.Unlock()
+		})
+		defer stop()
+	}
+	select {
+	case res := <-w.ch:
+		return res.l, res.err
+	case <-ctx.Done():
+		p.mu.Lock()
+		queued := p.s.cancel(w)
+		p.mu.Unlock()
+		if !queued {
+			// A result was handed over under mu before we got it: take it
+			// and give back a lease we will not use.
+			if res := <-w.ch; res.l != nil {
+				p.Release(res.l)
+			}
+		}
+		return nil, ctx.Err()
+	}
+}
+
+// Release returns l to the pool exactly once (SPEC Q2) and pumps waiters
+// (Q5). It reports true for the call that returned it; a later call, a call
+// after NodeFenced already returned it, or a nil lease reports false and
+// changes nothing.
+func (p *Pool) Release(l *Lease) bool {
+	p.mu.Lock()
+	ok := p.s.release(l)
+	p.apply()
+	p.mu.Unlock()
+	return ok
+}
+
+// NodeReady makes generation gen of node live (SPEC L5): its configured
+// resources become candidates and waiters are pumped at once. A duplicate
+// or stale (lower) generation is a no-op (L5, L9); a newer generation first
+// fences every lease of older ones (their Fenced channels close). It
+// reports whether the call activated gen.
+func (p *Pool) NodeReady(node string, gen uint64) bool {
+	now := p.clk.Now()
+	p.mu.Lock()
+	ok := p.s.ready(node, gen, now)
+	p.apply()
+	p.mu.Unlock()
+	return ok
+}
+
+// NodeFenced fences generation gen of node in one step (SPEC L8): every
+// lease of that generation is returned exactly once and its Fenced channel
+// closed, the node's resources go offline, and waiters stay queued against
+// the remaining live candidates. A stale generation, or one already fenced,
+// is a no-op (L9). It returns the number of leases returned.
+func (p *Pool) NodeFenced(node string, gen uint64) int {
+	p.mu.Lock()
+	n := p.s.fence(node, gen)
+	p.apply()
+	p.mu.Unlock()
+	return n
+}
+
+// SetOverlay marks provider k of node generation gen runtime-unavailable
+// (SPEC H8, H9): excluded from candidates and projected as unavailable. It
+// applies only to the node's current ready generation and only when seq
+// (health_observation_seq, H5) is above every seq accepted for (k, gen); it
+// reports whether it applied. A later generation starts without overlay.
+func (p *Pool) SetOverlay(k Key, gen, seq uint64) bool {
+	p.mu.Lock()
+	ok := p.s.setOverlay(k, gen, seq)
+	p.mu.Unlock()
+	return ok
+}
+
+// ClearOverlay lifts k's overlay after an available recovery probe (SPEC
+// H10) and pumps waiters (Q5). It applies only when k is overlaid at the
+// current ready generation gen and seq is above every seq accepted for
+// (k, gen); anything else changes nothing. It reports whether it applied.
+func (p *Pool) ClearOverlay(k Key, gen, seq uint64) bool {
+	p.mu.Lock()
+	ok := p.s.clearOverlay(k, gen, seq)
+	p.apply()
+	p.mu.Unlock()
+	return ok
+}
+
+// Snapshot returns every configured node in config order with its
+// providers as ProviderSnapshots (SPEC N3, Q8, H9). The result is a copy
+// the caller owns.
+func (p *Pool) Snapshot() []NodeSnapshot {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.s.snapshot()
+}
+
+// Stats returns the number of leases held and of waiters queued, over all
+// resources and groups.
+func (p *Pool) Stats() (leases, waiters int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.s.leases, p.s.waiters
+}

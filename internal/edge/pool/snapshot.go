@@ -1,0 +1,94 @@
+package pool
+
+import (
+	"time"
+
+	iop "iop/proto/gen/iop"
+)
+
+// Snapshot values for ProviderSnapshot.status and .health (SPEC N3, H9).
+const (
+	StatusAvailable   = "available"
+	StatusUnavailable = "unavailable"
+	HealthHealthy     = "healthy"
+	HealthOffline     = "offline"
+	HealthUnavailable = "unavailable"
+)
+
+// NodeSnapshot is one configured node as the Edge sees it (SPEC N3).
+// Connected is true only while a generation is ready (P3); ReadySince is
+// the zero time otherwise. Providers are in config order.
+type NodeSnapshot struct {
+	Node       string
+	Connected  bool
+	ReadySince time.Time
+	Providers  []*iop.ProviderSnapshot
+}
+
+// snapshot projects the state (SPEC N3, Q8, H9):
+//   - node not ready (disconnected, pending or fenced): connected=false and
+//     every provider status=unavailable, health=offline, all numbers 0;
+//   - overlaid provider: status=unavailable, health=unavailable, all numbers
+//     0 (identity and category kept);
+//   - otherwise status=available, health=healthy, configured capacity and
+//     long capacity, in_flight/long_in_flight = leases held, and
+//     queued/long_queued = queued requests that count it as a live
+//     candidate (each request once per provider, possibly under several).
+func (s *state) snapshot() []NodeSnapshot {
+	type counts struct{ queued, longQueued int }
+	var pressure map[*resource]*counts
+	if s.waiters > 0 {
+		pressure = make(map[*resource]*counts)
+		for _, g := range s.groupList {
+			for _, c := range g.classes {
+				if c.q.n == 0 {
+					continue
+				}
+				for i := range c.cands {
+					r := c.cands[i].res
+					if !r.live() {
+						continue
+					}
+					pc := pressure[r]
+					if pc == nil {
+						pc = &counts{}
+						pressure[r] = pc
+					}
+					pc.queued += c.q.n
+					if c.long {
+						pc.longQueued += c.q.n
+					}
+				}
+			}
+		}
+	}
+
+	out := make([]NodeSnapshot, 0, len(s.nodeOrder))
+	for _, n := range s.nodeOrder {
+		ns := NodeSnapshot{Node: n.id, Connected: n.ready, Providers: make([]*iop.ProviderSnapshot, 0, len(n.resources))}
+		if n.ready {
+			ns.ReadySince = n.readySince
+		}
+		for _, r := range n.resources {
+			ps := &iop.ProviderSnapshot{ProviderId: r.cfg.Provider, Category: r.cfg.Category}
+			switch {
+			case !n.ready:
+				ps.Status, ps.Health = StatusUnavailable, HealthOffline
+			case r.isOverlaid():
+				ps.Status, ps.Health = StatusUnavailable, HealthUnavailable
+			default:
+				ps.Status, ps.Health = StatusAvailable, HealthHealthy
+				ps.Capacity = int32(r.cfg.Capacity)
+				ps.LongCapacity = int32(r.cfg.LongCapacity)
+				ps.InFlight = int32(r.inFlight)
+				ps.LongInFlight = int32(r.longInFlight)
+				if pc := pressure[r]; pc != nil {
+					ps.Queued, ps.LongQueued = int32(pc.queued), int32(pc.longQueued)
+				}
+			}
+			ns.Providers = append(ns.Providers, ps)
+		}
+		out = append(out, ns)
+	}
+	return out
+}

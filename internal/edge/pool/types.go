@@ -1,0 +1,182 @@
+package pool
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Key identifies a provider resource fleet-wide: the node id and the adapter
+// instance name on that node (SPEC terms: provider_id).
+type Key struct {
+	Node     string
+	Provider string
+}
+
+func (k Key) String() string { return k.Node + "/" + k.Provider }
+
+// Operations a provider profile can support (SPEC T1). An Ollama resource
+// supports OpChatCompletions only.
+const (
+	OpModels          = "models"
+	OpChatCompletions = "chat_completions"
+	OpMessages        = "messages"
+	OpCountTokens     = "count_tokens"
+	OpResponses       = "responses"
+)
+
+// Resource is one configured provider resource (one adapter instance of a
+// node). Capacity and LongCapacity are request counts; a resource with
+// Capacity <= 0 never admits, one with LongCapacity <= 0 never admits a long
+// request (SPEC Q2, Q7).
+type Resource struct {
+	Key
+	// Type is "ollama" or "openai_compat"; carried into the Lease so the
+	// caller picks run or tunnel. It never excludes a candidate (SPEC Q3).
+	Type string
+	// Category is "api" or "local_inference" (SPEC N3).
+	Category     string
+	Capacity     int
+	LongCapacity int
+	// Operations the resource's profile supports (OpChatCompletions, …).
+	Operations []string
+}
+
+// Candidate is one models[].providers entry (SPEC Q1): a resource and the
+// backend's own model name. StallTimeoutMs is the effective
+// response_stall_timeout_ms in milliseconds copied into the lease (SPEC Q6);
+// 0 means the Node default.
+type Candidate struct {
+	Key
+	Target         string
+	StallTimeoutMs int64
+}
+
+// Group is one configured model: the external model name clients send, the
+// long-context threshold in estimated prompt tokens (0 = no request is long,
+// SPEC Q7) and the candidates in config order.
+type Group struct {
+	Name              string
+	LongContextTokens int
+	Candidates        []Candidate
+}
+
+// Config is the pool's part of the Edge config. The config layer validates
+// it; the pool ignores a candidate whose Key names no Resource and lets the
+// last of duplicate Resources win.
+type Config struct {
+	// Nodes lists configured node ids in config order for Snapshot; nodes
+	// that appear only in Resources are appended in their order there.
+	Nodes     []string
+	Resources []Resource
+	Groups    []Group
+	// MaxWaiters bounds the waiters of all groups together
+	// (queue.max_waiters); one more gets a QueueFullError. <= 0 means no
+	// request may wait: one with no free candidate fails at once.
+	MaxWaiters int
+	// WaitTimeout bounds how long a waiter waits (queue.wait_timeout_ms);
+	// <= 0 means until the caller's context ends.
+	WaitTimeout time.Duration
+}
+
+// Request is what the HTTP layer asks for. PromptTokens is the estimated
+// prompt size in tokens (see EstimatePromptTokens); the request is long when
+// it reaches the group's LongContextTokens (SPEC Q7).
+type Request struct {
+	Model        string
+	Operation    string
+	PromptTokens int
+}
+
+// QueueFullRetryAfter is the Retry-After a QueueFullError suggests.
+const QueueFullRetryAfter = time.Second
+
+// Errors returned by Acquire; test with errors.Is (and errors.As for the
+// typed ones). The HTTP layer maps them: ErrUnknownModel → 404,
+// ErrNoCandidate → 400 (the model cannot serve that operation or size),
+// ErrQueueFull → 429 with Retry-After, ErrWaitTimeout → 503 (SPEC Q4).
+var (
+	// ErrUnknownModel: no configured model group has that name (or the
+	// group was removed by Reconfigure while the request waited).
+	ErrUnknownModel = errors.New("pool: unknown model")
+	// ErrNoCandidate: the group has no configured provider that supports the
+	// operation (and, for a long request, has long capacity). Liveness plays
+	// no part: a configured but offline provider makes the request wait.
+	ErrNoCandidate = errors.New("pool: no configured provider for the request")
+	// ErrQueueFull: no free candidate and MaxWaiters requests already wait.
+	ErrQueueFull = errors.New("pool: queue full")
+	// ErrWaitTimeout: the request waited WaitTimeout without a lease.
+	ErrWaitTimeout = errors.New("pool: wait timeout")
+)
+
+// NoCandidateError wraps ErrNoCandidate.
+type NoCandidateError struct {
+	Model     string
+	Operation string
+	Long      bool
+}
+
+func (e *NoCandidateError) Error() string {
+	if e.Long {
+		return fmt.Sprintf("model %q: no configured provider supports %s with long-context capacity", e.Model, e.Operation)
+	}
+	return fmt.Sprintf("model %q: no configured provider supports operation %q", e.Model, e.Operation)
+}
+
+func (e *NoCandidateError) Unwrap() error { return ErrNoCandidate }
+
+// QueueFullError wraps ErrQueueFull. RetryAfter is the suggested
+// Retry-After (whole seconds on the wire, RFC 9110 §10.2.3).
+type QueueFullError struct {
+	Model      string
+	MaxWaiters int
+	RetryAfter time.Duration
+}
+
+func (e *QueueFullError) Error() string {
+	return fmt.Sprintf("model %q: queue full (%d waiters), retry after %s", e.Model, e.MaxWaiters, e.RetryAfter)
+}
+
+func (e *QueueFullError) Unwrap() error { return ErrQueueFull }
+
+// WaitTimeoutError wraps ErrWaitTimeout. Reason says why no lease was
+// granted, e.g. "no live provider: node gpu-1 not ready" or "all 3 live
+// providers at capacity".
+type WaitTimeoutError struct {
+	Model  string
+	Waited time.Duration
+	Reason string
+}
+
+func (e *WaitTimeoutError) Error() string {
+	return fmt.Sprintf("model %q: no provider within %s: %s", e.Model, e.Waited, e.Reason)
+}
+
+func (e *WaitTimeoutError) Unwrap() error { return ErrWaitTimeout }
+
+// Lease is one admitted request's hold on a provider resource (SPEC Q2). The
+// exported fields are fixed at grant: Key and Generation say which node
+// connection must carry the request, Target and Type how (tunnel for
+// "openai_compat", normalized run otherwise, SPEC Q3), StallTimeoutMs the
+// response_stall_timeout_ms in ms to put on the wire (SPEC Q6), Long whether
+// it also holds long capacity (SPEC Q7). Return it with Pool.Release.
+type Lease struct {
+	Key
+	Model          string
+	Generation     uint64
+	Target         string
+	Type           string
+	StallTimeoutMs int64
+	Long           bool
+
+	// Owned by the pool's state; read and written under Pool.mu only.
+	res        *resource
+	prev, next *Lease // the resource's list of held leases
+	returned   bool
+	fenced     chan struct{} // closed when fenced; immutable after grant
+}
+
+// Fenced is closed when the lease's generation was fenced (SPEC L8): the
+// pool has already returned the lease, and the request must end with exactly
+// one terminal. A lease returned by Release is never fenced.
+func (l *Lease) Fenced() <-chan struct{} { return l.fenced }
