@@ -1,0 +1,149 @@
+package backend
+
+import (
+	"strconv"
+	"time"
+)
+
+// Ollama 0.17.4 native formats (samples ollama_api_*).
+
+// ollamaFormat renders /api/chat: NDJSON lines when streaming, one object
+// (no trailing newline, as Ollama's c.JSON) when not.
+type ollamaFormat struct{}
+
+func (ollamaFormat) contentType() string { return "application/x-ndjson" }
+
+func (ollamaFormat) begin(_ *call, dst []byte) []byte { return dst }
+
+// head appends `{"model":M,"created_at":"T","message":{"role":"assistant","content":`.
+func (ollamaFormat) head(c *call, dst []byte) []byte {
+	dst = append(dst, `{"model":`...)
+	dst = append(dst, c.modelJSON...)
+	dst = append(dst, `,"created_at":`...)
+	dst = appendTime(dst, c.b.now())
+	return append(dst, `,"message":{"role":"assistant","content":`...)
+}
+
+// toolCalls appends `,"tool_calls":[…]` with Ollama's native shape.
+func (ollamaFormat) toolCalls(c *call, dst []byte) []byte {
+	dst = append(dst, `,"tool_calls":[{"id":"call_`...)
+	dst = appendID(dst, c.b.opts.Seed, c.seq*4+2, lower36, 8)
+	dst = append(dst, `","function":{"index":0,"name":"`+toolName+`","arguments":`+toolArgsOllamaJSON+`}}]`...)
+	return dst
+}
+
+func (o ollamaFormat) chunk(c *call, dst []byte, i int) []byte {
+	dst = o.head(c, dst)
+	if c.plan.kind == kindTool {
+		dst = append(dst, `""`...)
+		dst = o.toolCalls(c, dst)
+	} else {
+		dst = append(dst, '"')
+		dst = append(dst, c.plan.token(i)...)
+		dst = append(dst, '"')
+	}
+	return append(dst, "},\"done\":false}\n"...)
+}
+
+func (o ollamaFormat) end(c *call, dst []byte) []byte {
+	dst = o.head(c, dst)
+	dst = append(dst, `""}`...)
+	dst = o.done(c, dst)
+	return append(dst, '\n')
+}
+
+// done appends `,"done":true,"done_reason":…,"total_duration":…}` with
+// durations in nanoseconds.
+func (ollamaFormat) done(c *call, dst []byte) []byte {
+	now := c.b.now()
+	first := c.firstTok
+	if first.IsZero() {
+		first = now
+	}
+	reason := `stop`
+	if c.plan.finish == finishLength {
+		reason = `length`
+	}
+	dst = append(dst, `,"done":true,"done_reason":"`...)
+	dst = append(dst, reason...)
+	dst = append(dst, `","total_duration":`...)
+	dst = strconv.AppendInt(dst, int64(now.Sub(c.start)), 10)
+	dst = append(dst, `,"load_duration":`...)
+	dst = strconv.AppendInt(dst, int64(c.decoded.Sub(c.start)), 10)
+	dst = append(dst, `,"prompt_eval_count":`...)
+	dst = strconv.AppendInt(dst, int64(c.prompt), 10)
+	dst = append(dst, `,"prompt_eval_duration":`...)
+	dst = strconv.AppendInt(dst, int64(first.Sub(c.decoded)), 10)
+	dst = append(dst, `,"eval_count":`...)
+	dst = strconv.AppendInt(dst, int64(c.plan.completion), 10)
+	dst = append(dst, `,"eval_duration":`...)
+	dst = strconv.AppendInt(dst, int64(now.Sub(first)), 10)
+	return append(dst, '}')
+}
+
+func (o ollamaFormat) whole(c *call, dst []byte, pad int) []byte {
+	dst = o.head(c, dst)
+	dst = append(dst, '"')
+	if c.plan.kind == kindTool {
+		dst = append(dst, '"')
+		dst = o.toolCalls(c, dst)
+	} else {
+		for i := range c.plan.n {
+			dst = append(dst, c.plan.token(i)...)
+		}
+		dst = appendPadding(dst, pad)
+		dst = append(dst, '"')
+	}
+	dst = append(dst, '}')
+	return o.done(c, dst)
+}
+
+// renderTags renders /api/tags for the served models.
+func (b *Backend) renderTags() []byte {
+	dst := []byte(`{"models":[`)
+	for i, m := range b.models {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, `{"name":"`+m.name+`:latest","model":"`+m.name+`:latest","modified_at":"`+m.modified+`","size":`...)
+		dst = strconv.AppendInt(dst, m.size, 10)
+		dst = append(dst, `,"digest":"`+m.digest+`","details":`...)
+		dst = appendDetails(dst, m)
+		dst = append(dst, '}')
+	}
+	return append(dst, `]}`...)
+}
+
+func appendDetails(dst []byte, m *model) []byte {
+	return append(dst, `{"parent_model":"","format":"gguf","family":"llama","families":["llama"],"parameter_size":"`+
+		m.paramSize+`","quantization_level":"unknown"}`...)
+}
+
+// psKeepAlive is how long Ollama keeps a model loaded after its last use.
+const psKeepAlive = 5 * time.Minute
+
+// renderPS renders /api/ps: the models used since New, sorted by name.
+func (b *Backend) renderPS(dst []byte) []byte {
+	dst = append(dst, `{"models":[`...)
+	first := true
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, m := range b.models { // catalogue order is name order
+		at, ok := b.loaded[m.name]
+		if !ok {
+			continue
+		}
+		if !first {
+			dst = append(dst, ',')
+		}
+		first = false
+		dst = append(dst, `{"name":"`+m.name+`:latest","model":"`+m.name+`:latest","size":`...)
+		dst = strconv.AppendInt(dst, m.psSize, 10)
+		dst = append(dst, `,"digest":"`+m.digest+`","details":`...)
+		dst = appendDetails(dst, m)
+		dst = append(dst, `,"expires_at":`...)
+		dst = appendTime(dst, at.Add(psKeepAlive))
+		dst = append(dst, `,"size_vram":0,"context_length":4096}`...)
+	}
+	return append(dst, `]}`...)
+}

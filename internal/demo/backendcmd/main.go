@@ -1,0 +1,70 @@
+// Command demo-backend runs the project's demo backend: a DETERMINISTIC
+// STAND-IN for a model server (Ollama native /api/* and llama-server-style
+// /v1/*), not a model. See package iop/internal/demo/backend for routes,
+// models and the fault suffixes.
+//
+//	demo-backend -listen 127.0.0.1:11434 [-token-delay 20ms] [-pad-bytes 1024] [-seed N] [-loop-tokens 64]
+//
+// It logs JSON lines to stderr: one at startup saying it is a stand-in, one
+// per request start and end. SIGINT or SIGTERM shut it down with exit code 0;
+// bad flags exit 2, a listen or serve failure exits 1.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"iop/internal/demo/backend"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stderr))
+}
+
+func run(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("demo-backend", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	listen := fs.String("listen", "127.0.0.1:11434", "TCP address to listen on (host:port)")
+	delay := fs.Duration("token-delay", 0, "wait before each content token, e.g. 20ms")
+	pad := fs.Int("pad-bytes", 0, "pad non-stream text answers to this many body bytes (0 = off)")
+	seed := fs.Uint64("seed", 0, "seed of the generated ids")
+	loop := fs.Int("loop-tokens", backend.DefaultLoopTokens, "tiny-loop's token limit when a request sets none")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "demo-backend: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, nil))
+	b, err := backend.New(backend.Options{
+		Logger: log, TokenDelay: *delay, PadBytes: *pad, Seed: *seed, LoopTokens: *loop,
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "demo-backend: %v\n", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		log.Error("listen failed", "addr", *listen, "error", err)
+		return 1
+	}
+	log.Info("demo-backend listening: a deterministic demo stand-in for a model server, not a model",
+		"addr", ln.Addr().String(), "models", []string{"tiny", "tiny-tool", "tiny-loop"},
+		"token_delay", delay.String(), "pad_bytes", *pad)
+	if err := b.Serve(ctx, ln); err != nil {
+		log.Error("serve failed", "error", err)
+		return 1
+	}
+	log.Info("demo-backend stopped")
+	return 0
+}
