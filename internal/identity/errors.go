@@ -58,7 +58,7 @@ type FileError struct {
 }
 
 func (e *FileError) Error() string {
-	return fmt.Sprintf("identity: %s file %s: %v", e.What, e.Path, e.Err)
+	return fmt.Sprintf("%s file %s: %v", e.What, e.Path, e.Err)
 }
 
 // Unwrap returns the cause.
