@@ -1,0 +1,40 @@
+// Package api is the Edge's client HTTP surface: the OpenAI-compatible and
+// Anthropic-compatible endpoints, client authentication, and every
+// conversion between client requests/responses and the node wire (SPEC T5,
+// Q3, T3, T4; DESIGN.md "HTTP surface").
+//
+// It owns: routing and error shapes (OpenAI {"error":{...}}, Anthropic
+// {"type":"error","error":{...}}); API-key checks; reading bodies under
+// http.max_body_bytes; admission through the provider pool; building the
+// ProviderTunnelRequest (openai_compat providers: the client's body with only
+// "model" replaced by the target) or the normalized RunRequest (ollama
+// providers); turning tunnel frames and run events into the client response;
+// cancelling node work when the client leaves.
+//
+// It must never: touch a node socket (it talks to internal/edge/dispatch
+// only), forward client credentials, hop-by-hop or X-Iop-* headers upstream
+// (T4), log keys or bodies (P4), or let a lease go back more or less than
+// exactly once (Q2).
+//
+// # Request lifecycle
+//
+// ServeHTTP → authenticate → read body (413 over the cap) → parseHead (400
+// naming the field) → Pool.Acquire (404/400/429/503) → StartTunnel or
+// StartRun by lease type → relay → Stream.Close → Pool.Release. relay is the
+// only loop: it calls Stream.Recv with a context that ends when the client
+// disconnects, the lease is fenced (one watcher goroutine per request, gone
+// when relay returns) or the response-wait timer fires (time.AfterFunc, reset
+// per envelope); each of those, and a failed write, calls Stream.Cancel at
+// once. Exactly one terminal outcome is written per request: a success, an
+// error response before any byte, or an error event after bytes.
+//
+// # Statuses
+//
+// 400 bad input (the message names the field), 401 missing or wrong key,
+// 404 unknown model or path, 405 wrong method, 413 body over the cap, 429
+// queue full (Retry-After), 502 provider failure before any byte, 503 no
+// live provider before the wait timeout (names the model and why) or the
+// node's capacity gate, 504 response stalled (failure_code
+// response_stalled) or the Edge's response-wait timeout. On the tunnel path
+// an upstream status passes through with its body.
+package api

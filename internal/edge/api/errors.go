@@ -1,0 +1,218 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"iop/internal/edge/pool"
+	iop "iop/proto/gen/iop"
+)
+
+// Errors the surface reports through Options.Logger and uses as context
+// causes; test with errors.Is.
+var (
+	// ErrFenced: the lease's node generation was fenced mid-request (SPEC L8).
+	ErrFenced = errors.New("api: provider lease fenced")
+	// ErrResponseWait: no frame or event arrived within the response-wait
+	// timeout (the lease's stall timeout plus Options.ResponseWaitGrace).
+	ErrResponseWait = errors.New("api: response wait timeout")
+	// ErrClientGone: the client went away or a write to it failed (SPEC T3).
+	ErrClientGone = errors.New("api: client gone")
+)
+
+// surface is the API shape a request's errors take.
+type surface uint8
+
+const (
+	surfaceOpenAI    surface = iota // {"error":{"message","type","param","code"}}
+	surfaceAnthropic                // {"type":"error","error":{"type","message"}}
+)
+
+// apiError is one client-visible failure. typ and code are the OpenAI
+// error type and code; the Anthropic type derives from status.
+type apiError struct {
+	status     int
+	typ        string
+	code       string
+	param      string
+	msg        string
+	retryAfter time.Duration
+}
+
+func (e *apiError) Error() string { return strconv.Itoa(e.status) + " " + e.msg }
+
+func badRequest(param, format string, args ...any) *apiError {
+	return &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", param: param, msg: fmt.Sprintf(format, args...)}
+}
+
+func badGateway(code, msg string) *apiError {
+	return &apiError{status: http.StatusBadGateway, typ: "server_error", code: code, msg: msg}
+}
+
+// anthropicType maps a status to Anthropic's error types (Anthropic API
+// reference, "Errors").
+func anthropicType(status int) string {
+	switch status {
+	case 400:
+		return "invalid_request_error"
+	case 401:
+		return "authentication_error"
+	case 403:
+		return "permission_error"
+	case 404:
+		return "not_found_error"
+	case 413:
+		return "request_too_large"
+	case 429:
+		return "rate_limit_error"
+	case 503, 529:
+		return "overloaded_error"
+	case 504:
+		return "timeout_error"
+	default:
+		if status >= 400 && status < 500 {
+			return "invalid_request_error"
+		}
+		return "api_error"
+	}
+}
+
+// appendErrorBody appends e as a JSON error object in the surface's shape.
+func appendErrorBody(dst []byte, s surface, e *apiError) []byte {
+	if s == surfaceAnthropic {
+		dst = append(dst, `{"type":"error","error":{"type":`...)
+		dst = appendJSONString(dst, anthropicType(e.status))
+		dst = append(dst, `,"message":`...)
+		dst = appendJSONString(dst, e.msg)
+		return append(dst, "}}"...)
+	}
+	dst = append(dst, `{"error":{"message":`...)
+	dst = appendJSONString(dst, e.msg)
+	dst = append(dst, `,"type":`...)
+	dst = appendJSONString(dst, e.typ)
+	dst = append(dst, `,"param":`...)
+	dst = appendNullable(dst, e.param)
+	dst = append(dst, `,"code":`...)
+	dst = appendNullable(dst, e.code)
+	return append(dst, "}}"...)
+}
+
+func appendNullable(dst []byte, s string) []byte {
+	if s == "" {
+		return append(dst, "null"...)
+	}
+	return appendJSONString(dst, s)
+}
+
+// writeError writes e as a complete HTTP error response in the surface's
+// shape, with Retry-After in whole seconds (RFC 9110 §10.2.3) when set.
+func writeError(w http.ResponseWriter, s surface, e *apiError) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	if e.retryAfter > 0 {
+		secs := int64((e.retryAfter + time.Second - 1) / time.Second)
+		h.Set("Retry-After", strconv.FormatInt(secs, 10))
+	}
+	w.WriteHeader(e.status)
+	var buf [256]byte
+	_, _ = w.Write(appendErrorBody(buf[:0], s, e))
+}
+
+// appendErrorEvent appends the SSE event that ends a stream which already
+// sent bytes: OpenAI `data: {"error":{...}}`, Anthropic `event: error` with
+// the error object as data.
+func appendErrorEvent(dst []byte, s surface, e *apiError) []byte {
+	if s == surfaceAnthropic {
+		dst = append(dst, "event: error\n"...)
+	}
+	dst = append(dst, "data: "...)
+	dst = appendErrorBody(dst, s, e)
+	return append(dst, '\n', '\n')
+}
+
+// poolError maps an Acquire error to the client-visible one (SPEC Q4):
+// unknown model 404, no candidate for the operation 400, queue full 429
+// with Retry-After, wait timeout 503 naming the model and the reason.
+func poolError(model string, err error) *apiError {
+	var qf *pool.QueueFullError
+	var wt *pool.WaitTimeoutError
+	var nc *pool.NoCandidateError
+	switch {
+	case errors.Is(err, pool.ErrUnknownModel):
+		return &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "model_not_found", param: "model",
+			msg: fmt.Sprintf("the model %q does not exist", model)}
+	case errors.As(err, &qf):
+		ra := qf.RetryAfter
+		if ra <= 0 {
+			ra = time.Second
+		}
+		return &apiError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "queue_full", retryAfter: ra,
+			msg: fmt.Sprintf("model %q: too many requests waiting; retry later", model)}
+	case errors.Is(err, pool.ErrQueueFull):
+		return &apiError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "queue_full", retryAfter: time.Second,
+			msg: fmt.Sprintf("model %q: too many requests waiting; retry later", model)}
+	case errors.As(err, &wt):
+		return &apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: "no_provider_available",
+			msg: fmt.Sprintf("model %q: no live provider within %s: %s", wt.Model, wt.Waited, wt.Reason)}
+	case errors.Is(err, pool.ErrWaitTimeout):
+		return &apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: "no_provider_available",
+			msg: fmt.Sprintf("model %q: no live provider in time", model)}
+	case errors.As(err, &nc):
+		return &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", code: "operation_not_supported", param: "model",
+			msg: nc.Error()}
+	case errors.Is(err, pool.ErrNoCandidate):
+		return &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", code: "operation_not_supported", param: "model",
+			msg: fmt.Sprintf("model %q has no provider for this endpoint", model)}
+	default:
+		return &apiError{status: http.StatusInternalServerError, typ: "server_error", msg: "internal error while selecting a provider"}
+	}
+}
+
+// Failure codes a node puts on RunEvent/ProviderTunnelFrame ERROR.
+const (
+	failureStalled      = "response_stalled"
+	failureOverCapacity = "over_capacity"
+	failureInvalid      = "invalid_request"
+)
+
+// nodeFailure maps a node's ERROR terminal to the client-visible error: a
+// stall is 504 (SPEC H1); the node's capacity gate 503; a request the node
+// or the upstream rejected as invalid passes through as 4xx; anything else is
+// a provider failure, 502. upstreamStatus is the upstream's HTTP status when
+// it answered one (run path only).
+func nodeFailure(code, msg string, upstreamStatus int32, failure *iop.ExecutionFailure) *apiError {
+	switch {
+	case code == failureStalled:
+		m := "the provider stopped responding (response stalled)"
+		if failure != nil && failure.IdleMs > 0 {
+			m = fmt.Sprintf("the provider stopped responding: no output for %d ms (response stalled)", failure.IdleMs)
+		}
+		return &apiError{status: http.StatusGatewayTimeout, typ: "server_error", code: failureStalled, msg: m}
+	case code == failureOverCapacity:
+		return &apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: failureOverCapacity, retryAfter: time.Second,
+			msg: "the provider is at capacity; retry later"}
+	case passThroughStatus(int(upstreamStatus)):
+		return &apiError{status: int(upstreamStatus), typ: "invalid_request_error", code: code, msg: "provider rejected the request: " + msg}
+	case code == failureInvalid:
+		return &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", code: code, msg: "invalid request: " + msg}
+	default:
+		if msg == "" {
+			msg = "unknown error"
+		}
+		return badGateway("provider_error", "provider failure: "+msg)
+	}
+}
+
+// passThroughStatus says which upstream statuses on the run path reach the
+// client as they are: client errors that describe the client's request. 401,
+// 403, 404 and 407 describe the provider's own setup and become 502.
+func passThroughStatus(s int) bool {
+	switch s {
+	case 401, 403, 404, 407:
+		return false
+	}
+	return s >= 400 && s < 500
+}

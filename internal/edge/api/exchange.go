@@ -1,0 +1,362 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"time"
+
+	"iop/internal/edge/config"
+	"iop/internal/edge/dispatch"
+	"iop/internal/edge/pool"
+	iop "iop/proto/gen/iop"
+)
+
+// head is what the surface reads from a request body before it queues:
+// enough to validate, admit and route it. Nested values are not decoded.
+type head struct {
+	model        string
+	modelSpans   []span // every top-level "model" value, ascending
+	spanBuf      [2]span
+	stream       bool
+	includeUsage bool
+}
+
+// parseHead validates body as one JSON object and reads its top level:
+// "model" (required, a non-empty string), "stream" (boolean), for chat
+// "stream_options.include_usage" (boolean), and the endpoint's required
+// array field. Errors are 400s naming the field.
+func parseHead(body []byte, ep *endpoint, hd *head) *apiError {
+	if !json.Valid(body) {
+		var v struct{}
+		return jsonFieldError(json.Unmarshal(body, &v))
+	}
+	all := span{0, len(body)}
+	it, ok := newMembers(body, all)
+	if !ok {
+		return badRequest("", "request body must be a JSON object")
+	}
+	hd.modelSpans = hd.spanBuf[:0]
+	var modelOK, haveField bool
+	for {
+		key, val, more := it.next()
+		if !more {
+			break
+		}
+		switch {
+		case keyIs(key, "model"):
+			s, ok := jsonString(body, val)
+			if !ok {
+				return badRequest("model", "field \"model\" must be a string")
+			}
+			hd.model, modelOK = s, true
+			hd.modelSpans = append(hd.modelSpans, val)
+		case keyIs(key, "stream"):
+			switch kind(body, val) {
+			case 't':
+				hd.stream = true
+			case 'f', 'n':
+				hd.stream = false
+			default:
+				return badRequest("stream", "field \"stream\" must be a boolean")
+			}
+		case ep.chat && keyIs(key, "stream_options"):
+			switch kind(body, val) {
+			case 'n':
+			case '{':
+				so, _ := newMembers(body, val)
+				for {
+					k, v, more := so.next()
+					if !more {
+						break
+					}
+					if keyIs(k, "include_usage") {
+						switch kind(body, v) {
+						case 't':
+							hd.includeUsage = true
+						case 'f', 'n':
+							hd.includeUsage = false
+						default:
+							return badRequest("stream_options.include_usage", "field \"stream_options.include_usage\" must be a boolean")
+						}
+					}
+				}
+			default:
+				return badRequest("stream_options", "field \"stream_options\" must be an object")
+			}
+		case ep.field != "" && keyIs(key, ep.field):
+			if kind(body, val) != '[' {
+				return badRequest(ep.field, "field %q must be an array of message objects", ep.field)
+			}
+			haveField = true
+		}
+	}
+	switch {
+	case !modelOK:
+		return badRequest("model", "missing required field \"model\"")
+	case hd.model == "":
+		return badRequest("model", "field \"model\" must not be empty")
+	case ep.field != "" && !haveField:
+		return badRequest(ep.field, "missing required field %q", ep.field)
+	}
+	return nil
+}
+
+// exchange is one admitted request: its response, lease and outcome.
+type exchange struct {
+	r         *http.Request
+	out       *output
+	ep        *endpoint
+	lease     *pool.Lease
+	model     string
+	principal string
+	abort     bool // end the response by aborting the connection
+}
+
+// sink turns one stream's envelopes into the client response. handle's err
+// is a write error (the client is gone); fail ends the response with e
+// unless a terminal outcome was already written; failure reports the error
+// outcome written, if any.
+type sink interface {
+	handle(env *iop.Envelope) (done bool, err error)
+	fail(e *apiError) error
+	failure() *apiError
+}
+
+// serveModel runs one model request: read and validate the body, acquire a
+// lease (waiting in the queue), dispatch by lease type (SPEC Q3) and relay
+// the result. The lease is released exactly once, after the stream closed.
+func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request, v *view, ep *endpoint) {
+	body, e := readBody(w, r, v.maxBody)
+	if e != nil {
+		writeError(w, ep.surface, e)
+		return
+	}
+	var hd head
+	if e := parseHead(body, ep, &hd); e != nil {
+		writeError(w, ep.surface, e)
+		return
+	}
+	lease, err := h.o.Pool.Acquire(r.Context(), pool.Request{Model: hd.model, Operation: ep.operation,
+		PromptTokens: pool.EstimatePromptTokens(len(body))})
+	if err != nil {
+		if r.Context().Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+			h.log.Debug("client left while queued", "model", hd.model) // SPEC Q4, T3: the pool removed the waiter
+			return
+		}
+		e := poolError(hd.model, err)
+		h.log.Info("request not admitted", "model", hd.model, "operation", ep.operation, "status", e.status, "err", err)
+		writeError(w, ep.surface, e)
+		return
+	}
+	principal, _ := PrincipalFromContext(r.Context())
+	x := &exchange{r: r, out: newOutput(w), ep: ep, lease: lease, model: hd.model, principal: principal}
+	defer func() {
+		if x.abort {
+			panic(http.ErrAbortHandler) // after the lease went back
+		}
+	}()
+	defer h.o.Pool.Release(lease)
+
+	switch {
+	case lease.Type == config.TypeOpenAICompat:
+		h.tunnel(x, body, &hd)
+	case lease.Type == config.TypeOllama && ep.chat:
+		h.run(x, body, &hd)
+	default:
+		writeError(w, ep.surface, badGateway("operation_not_supported", "provider "+lease.Provider+" of type "+
+			lease.Type+" cannot serve "+ep.path))
+	}
+}
+
+// tunnel sends the client's body with only "model" replaced by the lease's
+// target (SPEC Q3: one splice, every other byte unchanged) and relays the
+// provider's response frames.
+func (h *Handler) tunnel(x *exchange, body []byte, hd *head) {
+	l := x.lease
+	out := body
+	if len(hd.modelSpans) != 1 || hd.model != l.Target {
+		out = spliceModel(body, hd.modelSpans, l.Target)
+	}
+	req := &iop.ProviderTunnelRequest{
+		Adapter: l.Provider, Target: l.Target, Method: http.MethodPost, Path: x.ep.path,
+		Headers: forwardHeaders(x.r.Header), Body: out, Stream: hd.stream,
+		Operation: x.ep.operation, ResponseStallTimeoutMs: l.StallTimeoutMs,
+	}
+	st, err := h.o.Dispatcher.StartTunnel(dispatch.Target{Node: l.Node, Generation: l.Generation}, req)
+	if err != nil {
+		h.startFailed(x, err)
+		return
+	}
+	h.relay(x, st, &tunnelSink{h: h, x: x})
+}
+
+// run sends the normalized RunRequest (SPEC Q3) and converts its events to
+// the OpenAI chat completion response (SPEC T5).
+func (h *Handler) run(x *exchange, body []byte, hd *head) {
+	in, tools, e := runInput(body)
+	if e != nil {
+		writeError(x.out.w, x.ep.surface, e)
+		return
+	}
+	l := x.lease
+	req := &iop.RunRequest{Adapter: l.Provider, Target: l.Target, Input: in, ResponseStallTimeoutMs: l.StallTimeoutMs}
+	st, err := h.o.Dispatcher.StartRun(dispatch.Target{Node: l.Node, Generation: l.Generation}, req)
+	if err != nil {
+		h.startFailed(x, err)
+		return
+	}
+	conv := newChatConv(x.out, hd.model, "chatcmpl-"+h.o.NewID(), h.o.Now().Unix(), hd.stream, hd.includeUsage,
+		tools, len(tools) > 0, h.o.NewID)
+	h.relay(x, st, &runSink{h: h, x: x, conv: conv})
+}
+
+func (h *Handler) startFailed(x *exchange, err error) {
+	msg := "the provider's node could not take the request"
+	if errors.Is(err, dispatch.ErrNotReady) {
+		msg = "the provider's node is no longer connected"
+	}
+	h.log.Warn("dispatch failed", "model", x.model, "node", x.lease.Node, "provider", x.lease.Provider, "err", err)
+	writeError(x.out.w, x.ep.surface, badGateway("provider_unavailable", msg))
+}
+
+// responseWait is the Edge's response-wait timeout between two envelopes:
+// the lease's stall timeout (0 = the node default) plus the grace.
+func (h *Handler) responseWait(l *pool.Lease) time.Duration {
+	ms := l.StallTimeoutMs
+	if ms <= 0 {
+		ms = config.DefaultStallTimeoutMs
+	}
+	grace := h.o.ResponseWaitGrace
+	if ms > (math.MaxInt64-int64(grace))/int64(time.Millisecond) {
+		return math.MaxInt64
+	}
+	return time.Duration(ms)*time.Millisecond + grace
+}
+
+// relay reads st until its terminal and hands each envelope to s. It
+// watches, concurrently with Recv, the client (r.Context: a disconnect
+// while a long prefill produces nothing is noticed at once), the lease's
+// fence and the response-wait timer; any of them, or a failed write, sends
+// Cancel to the node at once (SPEC T3) and ends the response with exactly
+// one outcome. st is closed before relay returns.
+func (h *Handler) relay(x *exchange, st dispatch.Stream, s sink) {
+	ctx, cancel := context.WithCancelCause(x.r.Context())
+	defer cancel(nil)
+	if f := x.lease.Fenced(); f != nil {
+		go func() {
+			select {
+			case <-f:
+				cancel(ErrFenced)
+			case <-ctx.Done():
+			}
+		}()
+	}
+	wait := h.responseWait(x.lease)
+	timer := time.AfterFunc(wait, func() { cancel(ErrResponseWait) })
+	defer timer.Stop()
+	defer st.Close()
+	for {
+		env, err := st.Recv(ctx)
+		if err != nil {
+			h.recvFailed(x, st, s, ctx, err)
+			return
+		}
+		timer.Reset(wait)
+		done, err := s.handle(env)
+		if err != nil {
+			st.Cancel("write_failed")
+			h.log.Debug("client write failed", "model", x.model, "run_id", st.RunID(), "err", err)
+			return
+		}
+		if done {
+			if e := s.failure(); e != nil {
+				h.logFailure(x, st, e)
+			}
+			return
+		}
+	}
+}
+
+func (h *Handler) recvFailed(x *exchange, st dispatch.Stream, s sink, ctx context.Context, err error) {
+	var e *apiError
+	switch {
+	case ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
+		cause := context.Cause(ctx)
+		switch {
+		case errors.Is(cause, ErrFenced):
+			st.Cancel("fenced")
+			e = badGateway("provider_lost", "the provider's node connection was lost")
+		case errors.Is(cause, ErrResponseWait):
+			st.Cancel("response_wait_timeout")
+			e = &apiError{status: http.StatusGatewayTimeout, typ: "server_error", code: "response_timeout",
+				msg: "no response from the provider in time"}
+		default:
+			st.Cancel("client_disconnected")
+			h.log.Debug("client left", "model", x.model, "run_id", st.RunID())
+			return
+		}
+	case errors.Is(err, dispatch.ErrSessionLost):
+		e = badGateway("provider_lost", "the provider's node connection was lost")
+	case errors.Is(err, io.EOF):
+		e = badGateway("provider_error", "the provider's stream ended without a result")
+	default:
+		st.Cancel("stream_error")
+		e = badGateway("provider_error", "the provider's stream failed")
+	}
+	h.logFailure(x, st, e)
+	_ = s.fail(e)
+}
+
+func (h *Handler) logFailure(x *exchange, st dispatch.Stream, e *apiError) {
+	h.log.LogAttrs(x.r.Context(), slog.LevelWarn, "request failed",
+		slog.String("model", x.model), slog.String("node", x.lease.Node), slog.String("provider", x.lease.Provider),
+		slog.String("run_id", st.RunID()), slog.Int("status", e.status), slog.String("code", e.code), slog.String("error", e.msg))
+}
+
+// runSink feeds RunEvents to a chatConv.
+type runSink struct {
+	h    *Handler
+	x    *exchange
+	conv *chatConv
+}
+
+func (s *runSink) handle(env *iop.Envelope) (bool, error) {
+	ev := env.GetRunEvent()
+	if ev == nil {
+		return false, nil
+	}
+	if ev.Type == iop.RunEventType_RUN_EVENT_COMPLETE && ev.Usage != nil && s.h.o.OnUsage != nil {
+		s.h.o.OnUsage(s.x.principal, s.x.model, ev.Usage)
+	}
+	return s.conv.event(ev)
+}
+
+func (s *runSink) fail(e *apiError) error { return s.conv.fail(e) }
+
+func (s *runSink) failure() *apiError { return s.conv.failed }
+
+// Client request headers a tunnel forwards (SPEC T4). Everything else —
+// Authorization, x-api-key, cookies, hop-by-hop and X-Iop-* headers — stays
+// at the Edge; upstream auth comes from the adapter config or a lease.
+var forwardedRequestHeaders = [...]struct{ canon, wire string }{
+	{"Content-Type", "Content-Type"},
+	{"Accept", "Accept"},
+	{"Anthropic-Version", "anthropic-version"},
+	{"Anthropic-Beta", "anthropic-beta"},
+	{"Openai-Beta", "OpenAI-Beta"},
+}
+
+func forwardHeaders(h http.Header) []*iop.Header {
+	var out []*iop.Header
+	for _, f := range forwardedRequestHeaders {
+		for _, v := range h[f.canon] {
+			out = append(out, &iop.Header{Name: f.wire, Value: v})
+		}
+	}
+	return out
+}

@@ -1,0 +1,309 @@
+package api
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"iop/internal/edge/config"
+	"iop/internal/edge/dispatch"
+	"iop/internal/edge/pool"
+	iop "iop/proto/gen/iop"
+)
+
+// Pool is the provider pool as the surface uses it; *pool.Pool satisfies it.
+// Acquire admits a request and returns its lease (SPEC Q2–Q4, Q6, Q7);
+// Release returns it exactly once.
+type Pool interface {
+	Acquire(ctx context.Context, r pool.Request) (*pool.Lease, error)
+	Release(l *pool.Lease) bool
+}
+
+// DefaultResponseWaitGrace is added to a lease's stall timeout to make the
+// Edge's own response-wait timeout: the node's stall watchdog (stall timeout,
+// 2 s close grace, 2 s health probe) always ends a stalled request first, so
+// the Edge's timer fires only when a node goes silent without a terminal.
+const DefaultResponseWaitGrace = 15 * time.Second
+
+// Options configure a Handler. Config, Pool and Dispatcher are required.
+type Options struct {
+	// Config returns the current Edge config; it may return a new value
+	// after a reload, which the Handler picks up on the next request.
+	Config     func() *config.Config
+	Pool       Pool
+	Dispatcher dispatch.Dispatcher
+	// Logger gets one line per failed request; nil discards. Keys and
+	// request bodies are never logged (SPEC P4).
+	Logger *slog.Logger
+	// Now is the wall clock for "created" fields; nil means time.Now.
+	Now func() time.Time
+	// NewID returns a fresh random token for "chatcmpl-<token>" and
+	// "call_<token>" ids; nil means crypto/rand text.
+	NewID func() string
+	// ResponseWaitGrace: see DefaultResponseWaitGrace; 0 means the default.
+	ResponseWaitGrace time.Duration
+	// OnUsage, when set, observes token usage reported by a run's COMPLETE
+	// event or a tunnel's USAGE frames (observation only; never merged into
+	// a body, SPEC T2). principal is "" in open mode.
+	OnUsage func(principal, model string, u *iop.Usage)
+}
+
+// Handler is the Edge's client HTTP surface (an http.Handler): GET
+// /v1/models, POST /v1/chat/completions, /v1/responses, /v1/messages,
+// /v1/messages/count_tokens, GET /healthz. Safe for concurrent use.
+type Handler struct {
+	o    Options
+	log  *slog.Logger
+	view atomic.Pointer[view]
+}
+
+// New returns the Handler for o.
+func New(o Options) *Handler {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.NewID == nil {
+		o.NewID = rand.Text
+	}
+	if o.ResponseWaitGrace <= 0 {
+		o.ResponseWaitGrace = DefaultResponseWaitGrace
+	}
+	return &Handler{o: o, log: o.Logger}
+}
+
+// view is what the Handler derives from one config value, rebuilt when
+// Options.Config returns a different pointer.
+type view struct {
+	cfg     *config.Config
+	keys    []apiKey
+	maxBody int64
+	models  []byte // the GET /v1/models body
+}
+
+type apiKey struct {
+	sum       [sha256.Size]byte
+	principal string
+}
+
+func (h *Handler) current() *view {
+	cfg := h.o.Config()
+	if v := h.view.Load(); v != nil && v.cfg == cfg {
+		return v
+	}
+	v := &view{cfg: cfg, maxBody: config.DefaultMaxBodyBytes}
+	if cfg != nil {
+		for _, k := range cfg.APIKeys {
+			var ak apiKey
+			if n, err := hex.Decode(ak.sum[:], []byte(k.KeySHA256)); err == nil && n == sha256.Size {
+				ak.principal = k.Principal
+				v.keys = append(v.keys, ak)
+			}
+		}
+		if cfg.HTTP.MaxBodyBytes > 0 {
+			v.maxBody = cfg.HTTP.MaxBodyBytes
+		}
+		v.models = modelList(cfg, h.o.Now().Unix())
+	}
+	h.view.Store(v)
+	return v
+}
+
+// OpenMode reports whether no API keys are configured: every request is
+// then admitted without a principal. The caller logs the startup warning.
+func (h *Handler) OpenMode() bool { return len(h.current().keys) == 0 }
+
+type principalKey struct{}
+
+// PrincipalFromContext returns the authenticated principal (the api_keys
+// entry's name) of the request whose context ctx is; ok is false in open
+// mode.
+func PrincipalFromContext(ctx context.Context) (principal string, ok bool) {
+	p, ok := ctx.Value(principalKey{}).(string)
+	return p, ok
+}
+
+// endpoint describes one model-serving route.
+type endpoint struct {
+	surface   surface
+	operation string // pool/profile operation (SPEC T1)
+	path      string // the tunnel's fallback path
+	chat      bool   // /v1/chat/completions: the run path is possible
+	field     string // the required array field ("messages"), if any
+}
+
+var (
+	epChat        = endpoint{surfaceOpenAI, config.OpChatCompletions, "/v1/chat/completions", true, "messages"}
+	epResponses   = endpoint{surfaceOpenAI, config.OpResponses, "/v1/responses", false, ""}
+	epMessages    = endpoint{surfaceAnthropic, config.OpMessages, "/v1/messages", false, "messages"}
+	epCountTokens = endpoint{surfaceAnthropic, config.OpCountTokens, "/v1/messages/count_tokens", false, "messages"}
+)
+
+// ServeHTTP routes one request. Unknown paths get 404 and known paths with
+// another method 405, both in OpenAI shape (Anthropic shape under
+// /v1/messages).
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var ep *endpoint
+	method := http.MethodPost
+	switch r.URL.Path {
+	case "/healthz":
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			methodNotAllowed(w, surfaceOpenAI, "GET")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"status":"ok"}`)
+		return
+	case "/v1/models":
+		method = http.MethodGet
+	case "/v1/chat/completions":
+		ep = &epChat
+	case "/v1/responses":
+		ep = &epResponses
+	case "/v1/messages":
+		ep = &epMessages
+	case "/v1/messages/count_tokens":
+		ep = &epCountTokens
+	default:
+		s := surfaceOpenAI
+		if strings.HasPrefix(r.URL.Path, "/v1/messages/") {
+			s = surfaceAnthropic
+		}
+		writeError(w, s, &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "unknown_url",
+			msg: "unknown endpoint: " + r.Method + " " + r.URL.Path})
+		return
+	}
+	s := surfaceOpenAI
+	if ep != nil {
+		s = ep.surface
+	}
+	if r.Method != method {
+		methodNotAllowed(w, s, method)
+		return
+	}
+	v := h.current()
+	if v.cfg == nil {
+		writeError(w, s, &apiError{status: http.StatusServiceUnavailable, typ: "server_error", msg: "the edge has no configuration loaded"})
+		return
+	}
+	principal, ok := v.authenticate(r, s == surfaceAnthropic)
+	if !ok {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="iop"`)
+		writeError(w, s, &apiError{status: http.StatusUnauthorized, typ: "authentication_error", code: "invalid_api_key",
+			msg: "missing or invalid API key (send Authorization: Bearer <key>)"})
+		return
+	}
+	if principal != "" {
+		r = r.WithContext(context.WithValue(r.Context(), principalKey{}, principal))
+	}
+	if ep == nil {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(len(v.models)))
+		_, _ = w.Write(v.models)
+		return
+	}
+	h.serveModel(w, r, v, ep)
+}
+
+func methodNotAllowed(w http.ResponseWriter, s surface, allow string) {
+	w.Header().Set("Allow", allow)
+	writeError(w, s, &apiError{status: http.StatusMethodNotAllowed, typ: "invalid_request_error", code: "method_not_allowed",
+		msg: "method not allowed; use " + allow})
+}
+
+// authenticate checks the request's key: "Authorization: Bearer <key>", or
+// on Anthropic routes also "x-api-key: <key>". The key's SHA-256 is compared
+// in constant time with every configured key_sha256 (no early exit, so the
+// time does not depend on which entry matched). With no keys configured
+// every request passes with principal "".
+func (v *view) authenticate(r *http.Request, anthropic bool) (string, bool) {
+	if len(v.keys) == 0 {
+		return "", true
+	}
+	var key string
+	if anthropic {
+		key = r.Header.Get("X-Api-Key")
+	}
+	if key == "" {
+		auth := r.Header.Get("Authorization")
+		if len(auth) > 7 && strings.EqualFold(auth[:7], "bearer ") {
+			key = strings.TrimSpace(auth[7:])
+		}
+	}
+	if key == "" {
+		return "", false
+	}
+	sum := sha256.Sum256([]byte(key))
+	match := -1
+	for i := range v.keys {
+		if subtle.ConstantTimeCompare(sum[:], v.keys[i].sum[:]) == 1 {
+			match = i
+		}
+	}
+	if match < 0 {
+		return "", false
+	}
+	return v.keys[match].principal, true
+}
+
+// modelList is the GET /v1/models body: the configured model groups in the
+// OpenAI list shape (OpenAI API reference, "List models").
+func modelList(cfg *config.Config, created int64) []byte {
+	b := []byte(`{"object":"list","data":[`)
+	for i, m := range cfg.Models {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"id":`...)
+		b = appendJSONString(b, m.Name)
+		b = append(b, `,"object":"model","created":`...)
+		b = strconv.AppendInt(b, created, 10)
+		b = append(b, `,"owned_by":"iop"}`...)
+	}
+	return append(b, "]}"...)
+}
+
+// readBody reads the request body, at most max bytes; a larger body is a
+// 413 (http.MaxBytesReader). With a Content-Length the body is read into one
+// buffer of exactly that size.
+func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, *apiError) {
+	tooLarge := &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "request_too_large",
+		msg: "request body exceeds " + strconv.FormatInt(max, 10) + " bytes"}
+	if r.ContentLength > max {
+		return nil, tooLarge
+	}
+	body := http.MaxBytesReader(w, r.Body, max)
+	var buf []byte
+	if r.ContentLength > 0 {
+		buf = make([]byte, r.ContentLength)
+		if _, err := io.ReadFull(body, buf); err != nil {
+			return nil, readError(err, tooLarge)
+		}
+		return buf, nil
+	}
+	buf, err := io.ReadAll(body)
+	if err != nil {
+		return nil, readError(err, tooLarge)
+	}
+	return buf, nil
+}
+
+func readError(err error, tooLarge *apiError) *apiError {
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return tooLarge
+	}
+	return badRequest("", "could not read the request body: %v", err)
+}

@@ -1,0 +1,152 @@
+package api
+
+import (
+	"net/http"
+	"strings"
+
+	iop "iop/proto/gen/iop"
+)
+
+// tunnelSink relays one tunnel's ProviderTunnelFrames to the client (SPEC
+// T2, T5):
+//
+//   - RESPONSE_START: the upstream status and the allowed response headers
+//     (Content-Type, Retry-After; never Set-Cookie or hop-by-hop ones) are
+//     kept until the first BODY, so an ERROR before any byte can still
+//     become a proper 502/504;
+//   - BODY: written and flushed as it arrives, bytes unchanged; an upstream
+//     4xx/5xx thus reaches the client with its own status and body;
+//   - USAGE: observation only (Options.OnUsage), never written;
+//   - END: done (a response with no body gets the upstream status);
+//   - ERROR: before any byte an error response in the surface's shape;
+//     after bytes an SSE error event (OpenAI `data: {"error":…}`,
+//     Anthropic `event: error`) when the body is an event stream, else the
+//     connection is aborted so the client sees a truncated response, never
+//     a complete-looking one.
+type tunnelSink struct {
+	h *Handler
+	x *exchange
+
+	started    bool // RESPONSE_START seen
+	status     int
+	ctype      string
+	retryAfter string
+
+	committed bool // status line written
+	finished  bool // terminal outcome written
+	failed    *apiError
+	sse       bool
+	tail      [2]byte // last two body bytes written
+	buf       []byte
+}
+
+func (s *tunnelSink) handle(env *iop.Envelope) (bool, error) {
+	f := env.GetTunnelFrame()
+	if f == nil {
+		return false, nil
+	}
+	switch f.Kind {
+	case iop.TunnelFrameKind_TUNNEL_FRAME_RESPONSE_START:
+		if !s.started {
+			s.started = true
+			s.status = int(f.Status)
+			for _, hd := range f.Headers {
+				switch {
+				case strings.EqualFold(hd.Name, "Content-Type"):
+					s.ctype = hd.Value
+				case strings.EqualFold(hd.Name, "Retry-After"):
+					s.retryAfter = hd.Value
+				}
+			}
+		}
+	case iop.TunnelFrameKind_TUNNEL_FRAME_BODY:
+		if len(f.Body) == 0 {
+			return false, nil
+		}
+		if !s.committed {
+			if !s.commit() {
+				return true, nil
+			}
+		}
+		if _, err := s.x.out.w.Write(f.Body); err != nil {
+			return true, err
+		}
+		s.noteTail(f.Body)
+		if err := s.x.out.rc.Flush(); err != nil {
+			return true, err
+		}
+	case iop.TunnelFrameKind_TUNNEL_FRAME_USAGE:
+		if f.Usage != nil && s.h.o.OnUsage != nil {
+			s.h.o.OnUsage(s.x.principal, s.x.model, f.Usage)
+		}
+	case iop.TunnelFrameKind_TUNNEL_FRAME_END:
+		if !s.committed && !s.commit() {
+			return true, nil
+		}
+		s.finished = true
+		return true, nil
+	case iop.TunnelFrameKind_TUNNEL_FRAME_ERROR:
+		return true, s.fail(nodeFailure(f.FailureCode, f.Error, 0, f.Failure))
+	}
+	return false, nil
+}
+
+// commit writes the status line and the allowed headers. It fails the
+// response with a 502 instead when the node sent no valid RESPONSE_START.
+func (s *tunnelSink) commit() bool {
+	if !s.started || s.status < 200 || s.status > 599 {
+		_ = s.fail(badGateway("provider_error", "the provider's response had no valid status"))
+		return false
+	}
+	s.committed = true
+	h := s.x.out.w.Header()
+	if s.ctype != "" {
+		h.Set("Content-Type", s.ctype)
+		s.sse = strings.HasPrefix(strings.ToLower(s.ctype), "text/event-stream")
+		if s.sse {
+			h.Set("Cache-Control", "no-cache")
+			h.Set("X-Accel-Buffering", "no")
+		}
+	}
+	if s.retryAfter != "" {
+		h.Set("Retry-After", s.retryAfter)
+	}
+	s.x.out.w.WriteHeader(s.status)
+	return true
+}
+
+func (s *tunnelSink) noteTail(b []byte) {
+	if len(b) >= 2 {
+		s.tail = [2]byte{b[len(b)-2], b[len(b)-1]}
+	} else {
+		s.tail = [2]byte{s.tail[1], b[0]}
+	}
+}
+
+func (s *tunnelSink) fail(e *apiError) error {
+	if s.finished {
+		return nil
+	}
+	s.finished, s.failed = true, e
+	if !s.committed {
+		s.committed = true
+		writeError(s.x.out.w, s.x.ep.surface, e)
+		return nil
+	}
+	if !s.sse {
+		s.x.abort = true
+		return nil
+	}
+	s.buf = s.buf[:0]
+	if s.tail != [2]byte{'\n', '\n'} {
+		// The last BODY frame may have ended inside an event: close it so
+		// the error is an event of its own.
+		s.buf = append(s.buf, '\n', '\n')
+	}
+	s.buf = appendErrorEvent(s.buf, s.x.ep.surface, e)
+	return s.x.out.send(s.buf)
+}
+
+func (s *tunnelSink) failure() *apiError { return s.failed }
+
+var _ http.Handler = (*Handler)(nil)
