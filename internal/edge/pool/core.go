@@ -27,9 +27,10 @@ type state struct {
 
 // effects are what a transition asks the wrapper to carry out.
 type effects struct {
-	grants []grant   // hand lease to waiter
-	failed []failure // fail waiter with err
-	fenced []*Lease  // close Fenced()
+	grants []grant         // hand lease to waiter
+	failed []failure       // fail waiter with err
+	fenced []*Lease        // leases the fence returned (for tests and counts)
+	closes []chan struct{} // fence channels of generations that ended
 }
 
 type grant struct {
@@ -43,10 +44,14 @@ type failure struct {
 }
 
 func (fx *effects) reset() {
+	if cap(fx.grants) > 1024 { // do not keep one huge pump's buffer
+		fx.grants = nil
+	}
 	clear(fx.grants)
 	clear(fx.failed)
 	clear(fx.fenced)
-	fx.grants, fx.failed, fx.fenced = fx.grants[:0], fx.failed[:0], fx.fenced[:0]
+	clear(fx.closes)
+	fx.grants, fx.failed, fx.fenced, fx.closes = fx.grants[:0], fx.failed[:0], fx.fenced[:0], fx.closes[:0]
 }
 
 // nodeState tracks one node id's generation high-water mark. gen only
@@ -57,6 +62,10 @@ type nodeState struct {
 	ready      bool // gen is the live, ready generation
 	fenced     bool // gen was fenced; it cannot become ready again
 	readySince time.Time
+	// fence is shared by every lease of the ready generation and closed
+	// when that generation ends (one allocation per generation, not per
+	// lease); nil while no generation is ready.
+	fence      chan struct{}
 	configured bool
 	resources  []*resource // configured, in config order
 	all        []*resource // every resource ever known on this node
@@ -321,7 +330,7 @@ func (s *state) grant(c *class, cd *cand) *Lease {
 		StallTimeoutMs: cd.stall,
 		Long:           c.long,
 		res:            r,
-		fenced:         make(chan struct{}),
+		fenced:         r.node.fence,
 	}
 	r.inFlight++
 	if c.long {
@@ -413,9 +422,11 @@ func (s *state) ready(id string, gen uint64, now time.Time) bool {
 		return false
 	}
 	if gen > n.gen {
+		s.endGeneration(n)
 		s.fenceLeases(n, gen-1)
 	}
 	n.gen, n.ready, n.fenced, n.readySince = gen, true, false, now
+	n.fence = make(chan struct{})
 	s.pump()
 	return true
 }
@@ -431,8 +442,18 @@ func (s *state) fence(id string, gen uint64) int {
 	if gen < n.gen || (gen == n.gen && n.fenced) {
 		return 0
 	}
+	s.endGeneration(n)
 	n.gen, n.ready, n.fenced, n.readySince = gen, false, true, time.Time{}
 	return s.fenceLeases(n, gen)
+}
+
+// endGeneration schedules the close of the ready generation's fence
+// channel, if a generation was ready.
+func (s *state) endGeneration(n *nodeState) {
+	if n.fence != nil {
+		s.fx.closes = append(s.fx.closes, n.fence)
+		n.fence = nil
+	}
 }
 
 func (s *state) fenceLeases(n *nodeState, upTo uint64) int {

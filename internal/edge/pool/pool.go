@@ -53,8 +53,8 @@ func (p *Pool) apply() {
 	for _, f := range fx.failed {
 		f.w.ch <- result{err: f.err}
 	}
-	for _, l := range fx.fenced {
-		close(l.fenced)
+	for _, ch := range fx.closes {
+		close(ch)
 	}
 	fx.reset()
 }
@@ -150,8 +150,8 @@ func (p *Pool) NodeReady(node string, gen uint64) bool {
 }
 
 // NodeFenced fences generation gen of node in one step (SPEC L8): every
-// lease of that generation is returned exactly once and its Fenced channel
-// closed, the node's resources go offline, and waiters stay queued against
+// lease of that generation still held is returned exactly once, the
+// generation's Fenced channel is closed, the node's resources go offline, and waiters stay queued against
 // the remaining live candidates. A stale generation, or one already fenced,
 // is a no-op (L9). It returns the number of leases returned.
 func (p *Pool) NodeFenced(node string, gen uint64) int {

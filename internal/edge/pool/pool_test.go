@@ -186,6 +186,27 @@ func TestPool(t *testing.T) {
 			}
 			wantStats(t, p, 0, 0)
 		}},
+		{"L4 L8 a newer generation's NodeReady fences leases of the older one", func(t *testing.T, p *Pool, clk *fakeClock) {
+			p.NodeReady("gpu-2", 1)
+			a := mustAcquire(t, p, chat("big", 0))
+			p.NodeReady("gpu-2", 2)
+			select {
+			case <-a.Fenced():
+			default:
+				t.Fatal("Fenced() of the generation-1 lease is open after generation 2 became ready")
+			}
+			if p.Release(a) {
+				t.Fatal("Release of the superseded lease = true, want false")
+			}
+			b := mustAcquire(t, p, chat("big", 0))
+			select {
+			case <-b.Fenced():
+				t.Fatal("Fenced() of the generation-2 lease is closed")
+			default:
+			}
+			p.Release(b)
+			wantStats(t, p, 0, 0)
+		}},
 		{"L9 a stale NodeReady does not activate an old generation", func(t *testing.T, p *Pool, clk *fakeClock) {
 			if !p.NodeReady("gpu-2", 2) || p.NodeReady("gpu-2", 1) || p.NodeReady("gpu-2", 2) {
 				t.Fatal("want NodeReady gen 2 true, stale gen 1 false, duplicate gen 2 false")

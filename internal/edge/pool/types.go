@@ -173,10 +173,13 @@ type Lease struct {
 	res        *resource
 	prev, next *Lease // the resource's list of held leases
 	returned   bool
-	fenced     chan struct{} // closed when fenced; immutable after grant
+	fenced     chan struct{} // the generation's fence channel; immutable
 }
 
-// Fenced is closed when the lease's generation was fenced (SPEC L8): the
-// pool has already returned the lease, and the request must end with exactly
-// one terminal. A lease returned by Release is never fenced.
+// Fenced is closed when the node generation the lease was granted on is
+// fenced (SPEC L8). If that happens while the lease is held, the pool has
+// already returned it (Release will report false) and the request must end
+// with exactly one terminal. The channel is shared by all leases of the
+// generation, so it may also close after the lease was released; only a
+// held lease needs to watch it.
 func (l *Lease) Fenced() <-chan struct{} { return l.fenced }
