@@ -1,0 +1,379 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	iop "iop/proto/gen/iop"
+
+	"google.golang.org/protobuf/proto"
+)
+
+// Failure codes the session itself puts on error terminals.
+const (
+	failureDuplicateRun   = "invalid_request"
+	failureUnknownAdapter = "unknown_adapter"
+)
+
+// Result keys of NodeCommandResponse (SPEC N1, H10).
+const (
+	keyAdapterKey   = "adapter_key"
+	keyTarget       = "target"
+	keyStatus       = "provider_status"
+	keyObsSeq       = "health_observation_seq"
+	keyAdapter      = "adapter"      // diagnostic
+	keyInstanceKey  = "instance_key" // diagnostic
+	metaObsSeq      = "health_observation_seq"
+	failureStalled  = "response_stalled"
+	statusUnknown   = "unknown"
+	refreshNoChange = "unchanged revision"
+)
+
+// dispatch routes one inbound envelope on the read loop: one type switch
+// over the closed set, unknown kinds logged and ignored (SPEC W5). It never
+// blocks on I/O; work that can take time gets its own goroutine.
+func (s *session) dispatch(env *iop.Envelope) {
+	switch k := env.Kind.(type) {
+	case *iop.Envelope_Ping:
+		s.sendFromReader(&iop.Envelope{Kind: &iop.Envelope_Pong{Pong: &iop.HeartbeatPong{
+			SentUnixMs: time.Now().UnixMilli(), Nonce: k.Ping.GetNonce(),
+		}}}, false)
+	case *iop.Envelope_Pong:
+		// Liveness only: the read deadline already moved.
+	case *iop.Envelope_RunRequest:
+		s.startRun(env.GetRunId(), k.RunRequest)
+	case *iop.Envelope_TunnelRequest:
+		s.startTunnel(env.GetRunId(), k.TunnelRequest)
+	case *iop.Envelope_CancelRequest:
+		s.cancelRun(env.GetRunId(), k.CancelRequest.GetReason())
+	case *iop.Envelope_CommandRequest:
+		s.startCommand(env.GetRequestId(), k.CommandRequest)
+	case *iop.Envelope_RefreshRequest:
+		s.refresh(env.GetRequestId(), k.RefreshRequest)
+	default:
+		s.log.Warn("ignoring envelope not expected by a ready node", "kind", fmt.Sprintf("%T", env.Kind))
+	}
+}
+
+// acquire claims the current Executor for one piece of work.
+func (s *session) acquire() *execRef {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.exec.refs++
+	return s.exec
+}
+
+// release returns a claim; the last release of a replaced Executor closes it.
+func (s *session) release(r *execRef) {
+	s.mu.Lock()
+	r.refs--
+	closeNow := r.retired && r.refs == 0
+	s.mu.Unlock()
+	if closeNow {
+		r.ex.Close()
+	}
+}
+
+// claimRun registers run_id with a fresh context under the session context
+// (SPEC E6) and the current Executor. ok is false for an empty or duplicate
+// run_id.
+func (s *session) claimRun(runID string) (ctx context.Context, ex *execRef, ok bool) {
+	if runID == "" {
+		return nil, nil, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, dup := s.runs[runID]; dup {
+		return nil, nil, false
+	}
+	ctx, cancel := context.WithCancel(s.ctx)
+	s.runs[runID] = cancel
+	s.exec.refs++
+	s.work.Add(1)
+	return ctx, s.exec, true
+}
+
+// finishRun drops run_id from the table, cancels its context and releases the
+// Executor claim.
+func (s *session) finishRun(runID string, ex *execRef) {
+	s.mu.Lock()
+	cancel := s.runs[runID]
+	delete(s.runs, runID)
+	s.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	s.release(ex)
+	s.work.Done()
+}
+
+// startRun starts one normalized run on its own goroutine (SPEC E1–E6). A
+// duplicate run_id gets an error terminal and does not disturb the first.
+func (s *session) startRun(runID string, req *iop.RunRequest) {
+	ctx, ex, ok := s.claimRun(runID)
+	if !ok {
+		s.rejectRun(runID, req)
+		return
+	}
+	go func() {
+		defer s.finishRun(runID, ex)
+		ex.ex.Run(ctx, runID, req, func(ev *iop.RunEvent) {
+			s.stampObservation(ev.GetFailure(), &ev.Metadata)
+			s.sendFromWork(&iop.Envelope{RunId: runID, Kind: &iop.Envelope_RunEvent{RunEvent: ev}})
+		})
+	}()
+}
+
+// startTunnel starts one provider raw tunnel on its own goroutine (SPEC T1–T3).
+func (s *session) startTunnel(runID string, req *iop.ProviderTunnelRequest) {
+	ctx, ex, ok := s.claimRun(runID)
+	if !ok {
+		s.rejectTunnel(runID, req)
+		return
+	}
+	go func() {
+		defer s.finishRun(runID, ex)
+		ex.ex.Tunnel(ctx, runID, req, func(fr *iop.ProviderTunnelFrame) {
+			s.stampObservation(fr.GetFailure(), &fr.Metadata)
+			s.sendFromWork(&iop.Envelope{RunId: runID, Kind: &iop.Envelope_TunnelFrame{TunnelFrame: fr}})
+		})
+	}()
+}
+
+func (s *session) rejectRun(runID string, req *iop.RunRequest) {
+	if runID == "" {
+		s.log.Warn("ignoring RunRequest without run_id")
+		return
+	}
+	s.log.Warn("duplicate run_id; rejecting the duplicate", "run_id", runID)
+	s.sendFromReader(&iop.Envelope{RunId: runID, Kind: &iop.Envelope_RunEvent{RunEvent: &iop.RunEvent{
+		Seq: 1, Type: iop.RunEventType_RUN_EVENT_ERROR,
+		Error: "duplicate run_id " + strconv.Quote(runID), FailureCode: failureDuplicateRun,
+		Adapter: req.GetAdapter(), Target: req.GetTarget(),
+	}}}, true)
+}
+
+func (s *session) rejectTunnel(runID string, req *iop.ProviderTunnelRequest) {
+	if runID == "" {
+		s.log.Warn("ignoring ProviderTunnelRequest without run_id")
+		return
+	}
+	s.log.Warn("duplicate run_id; rejecting the duplicate tunnel", "run_id", runID)
+	s.sendFromReader(&iop.Envelope{RunId: runID, Kind: &iop.Envelope_TunnelFrame{TunnelFrame: &iop.ProviderTunnelFrame{
+		Seq: 1, Kind: iop.TunnelFrameKind_TUNNEL_FRAME_ERROR,
+		Error: "duplicate run_id " + strconv.Quote(runID), FailureCode: failureDuplicateRun,
+		Adapter: req.GetAdapter(), Target: req.GetTarget(),
+	}}}, true)
+}
+
+// stampObservation gives a stall terminal the next health observation
+// sequence of this connection (SPEC H5) unless the Executor already set one:
+// ExecutionFailure.health_observation_seq and the allow-listed metadata key
+// of the same name (SPEC H3).
+func (s *session) stampObservation(f *iop.ExecutionFailure, meta *map[string]string) {
+	if f == nil || f.GetHealthObservationSeq() != 0 {
+		return
+	}
+	f.HealthObservationSeq = s.obsSeq.Add(1)
+	if *meta == nil {
+		*meta = make(map[string]string, 1)
+	}
+	(*meta)[metaObsSeq] = strconv.FormatUint(f.HealthObservationSeq, 10)
+}
+
+// cancelRun cancels one run or tunnel (SPEC E5, T3); unknown ids are ignored.
+func (s *session) cancelRun(runID, reason string) {
+	s.mu.Lock()
+	cancel := s.runs[runID]
+	s.mu.Unlock()
+	if cancel == nil {
+		s.log.Debug("cancel for unknown run_id ignored (E5)", "run_id", runID)
+		return
+	}
+	s.log.Info("run cancelled by edge", "run_id", runID, "reason", reason)
+	cancel()
+}
+
+// startCommand answers a NodeCommandRequest on its own goroutine (the
+// CAPABILITIES probe takes up to Timeouts.Probe).
+func (s *session) startCommand(requestID string, req *iop.NodeCommandRequest) {
+	ex := s.acquire()
+	s.work.Add(1)
+	go func() {
+		defer s.work.Done()
+		defer s.release(ex)
+		resp := s.command(ex, req)
+		s.sendFromWork(&iop.Envelope{RequestId: requestID, Kind: &iop.Envelope_CommandResponse{CommandResponse: resp}})
+	}()
+}
+
+// command builds the response to one command (SPEC N1).
+func (s *session) command(ex *execRef, req *iop.NodeCommandRequest) *iop.NodeCommandResponse {
+	switch req.GetType() {
+	case iop.NodeCommandType_NODE_COMMAND_CAPABILITIES:
+		return s.capabilities(ex, req)
+	case iop.NodeCommandType_NODE_COMMAND_TRANSPORT:
+		return s.transportFacts(ex)
+	case iop.NodeCommandType_NODE_COMMAND_PROVIDER_LIFECYCLE:
+		return lifecycle(ex.cfg)
+	default:
+		return &iop.NodeCommandResponse{Error: "unknown command type " + req.GetType().String()}
+	}
+}
+
+// capabilities resolves the adapter instance, runs one bounded exact-target
+// probe and returns the recovery evidence with the next observation sequence
+// of this connection (SPEC H5, H10). An unresolvable instance or an empty
+// target is not probed and takes no sequence number.
+func (s *session) capabilities(ex *execRef, req *iop.NodeCommandRequest) *iop.NodeCommandResponse {
+	inst, ok := resolveInstance(ex.cfg, req.GetAdapter())
+	if !ok {
+		return &iop.NodeCommandResponse{Error: failureUnknownAdapter + ": no adapter instance " + strconv.Quote(req.GetAdapter())}
+	}
+	if req.GetTarget() == "" {
+		return &iop.NodeCommandResponse{Error: "invalid_request: CAPABILITIES needs a target"}
+	}
+	key := instanceName(inst)
+	ctx, cancel := context.WithTimeout(s.ctx, s.o.Timeouts.Probe)
+	status := ex.ex.Probe(ctx, key, req.GetTarget())
+	cancel()
+	switch status {
+	case "available", "unavailable", statusUnknown:
+	default:
+		status = statusUnknown // fail closed
+	}
+	seq := s.obsSeq.Add(1)
+	return &iop.NodeCommandResponse{Ok: true, Result: map[string]string{
+		keyAdapterKey:  key,
+		keyTarget:      req.GetTarget(),
+		keyStatus:      status,
+		keyObsSeq:      strconv.FormatUint(seq, 10),
+		keyAdapter:     req.GetAdapter(),
+		keyInstanceKey: inst.GetType() + "/" + key,
+	}}
+}
+
+// transportFacts reports basic session facts: no address, certificate or
+// secret (SPEC N3, P4).
+func (s *session) transportFacts(ex *execRef) *iop.NodeCommandResponse {
+	s.mu.Lock()
+	active := len(s.runs)
+	s.mu.Unlock()
+	return &iop.NodeCommandResponse{Ok: true, Result: map[string]string{
+		"node_id":               s.o.NodeID,
+		"ready":                 "true",
+		"protocol":              "tls1.3",
+		"ready_since_unix_ms":   strconv.FormatInt(s.readySince.UnixMilli(), 10),
+		"heartbeat_interval_ms": strconv.FormatInt(s.heartbeatInterval().Milliseconds(), 10),
+		"heartbeat_timeout_ms":  strconv.FormatInt(s.heartbeatTimeout().Milliseconds(), 10),
+		"frames_received":       strconv.FormatUint(s.framesIn.Load(), 10),
+		"frames_sent":           strconv.FormatUint(s.framesOut.Load(), 10),
+		"pongs_dropped":         strconv.FormatUint(s.pongsDropped.Load(), 10),
+		"send_queue_len":        strconv.Itoa(len(s.sendq)),
+		"send_queue_cap":        strconv.Itoa(cap(s.sendq)),
+		"active_runs":           strconv.Itoa(active),
+		"config_revision":       ex.cfg.GetRevision(),
+	}}
+}
+
+// lifecycle lists the adapter instances of the applied config: "instances"
+// is their comma-separated sorted names, and "<name>.type", "<name>.category",
+// "<name>.capacity", "<name>.long_capacity" and "<name>.state" describe each.
+func lifecycle(cfg *iop.NodeConfigPayload) *iop.NodeCommandResponse {
+	res := map[string]string{"config_revision": cfg.GetRevision()}
+	var names []string
+	for _, a := range cfg.GetAdapters() {
+		n := instanceName(a)
+		names = append(names, n)
+		res[n+".type"] = a.GetType()
+		res[n+".category"] = a.GetCategory()
+		res[n+".capacity"] = strconv.Itoa(int(a.GetCapacity()))
+		res[n+".long_capacity"] = strconv.Itoa(int(a.GetLongCapacity()))
+		res[n+".state"] = "started"
+	}
+	sort.Strings(names)
+	res["instances"] = strings.Join(names, ",")
+	return &iop.NodeCommandResponse{Ok: true, Result: res}
+}
+
+// instanceName is an adapter instance's id: its name, or its type for the
+// legacy unnamed instance (SPEC E1).
+func instanceName(a *iop.AdapterConfig) string {
+	if a.GetName() != "" {
+		return a.GetName()
+	}
+	return a.GetType()
+}
+
+// resolveInstance finds the instance a command names; an empty name means the
+// only configured instance (SPEC E1).
+func resolveInstance(cfg *iop.NodeConfigPayload, name string) (*iop.AdapterConfig, bool) {
+	ads := cfg.GetAdapters()
+	if name == "" {
+		if len(ads) == 1 {
+			return ads[0], true
+		}
+		return nil, false
+	}
+	for _, a := range ads {
+		if instanceName(a) == name {
+			return a, true
+		}
+	}
+	return nil, false
+}
+
+// refresh applies a pushed NodeConfigPayload (SPEC N2) on the read loop, so
+// refreshes apply in arrival order. The same revision (or, without revisions,
+// an equal payload) is APPLIED without change; a payload the factory rejects
+// is FAILED and the previous Executor stays; otherwise new work goes to the
+// new Executor while running work finishes on the old one, which is closed
+// after its last run.
+func (s *session) refresh(requestID string, req *iop.NodeConfigRefreshRequest) {
+	respond := func(st iop.RefreshStatus, reason string) {
+		s.sendFromReader(&iop.Envelope{RequestId: requestID, Kind: &iop.Envelope_RefreshResponse{
+			RefreshResponse: &iop.NodeConfigRefreshResponse{Status: st, Reason: reason},
+		}}, true)
+	}
+	cfg := req.GetConfig()
+	if cfg == nil {
+		respond(iop.RefreshStatus_REFRESH_FAILED, "refresh carries no config")
+		return
+	}
+	s.mu.Lock()
+	cur := s.exec.cfg
+	s.mu.Unlock()
+	if sameConfig(cur, cfg) {
+		respond(iop.RefreshStatus_REFRESH_APPLIED, refreshNoChange)
+		return
+	}
+	e, err := s.o.NewExecutor(cfg)
+	if err != nil {
+		s.log.Warn("config refresh failed; keeping the previous config", "revision", cfg.GetRevision(), "err", err)
+		respond(iop.RefreshStatus_REFRESH_FAILED, err.Error())
+		return
+	}
+	s.mu.Lock()
+	old := s.exec
+	s.exec = &execRef{ex: e, cfg: cfg}
+	old.retired = true
+	closeOld := old.refs == 0
+	s.mu.Unlock()
+	if closeOld {
+		old.ex.Close()
+	}
+	s.setHeartbeat(cfg.GetRuntime())
+	s.log.Info("config refreshed", "revision", cfg.GetRevision(), "adapters", len(cfg.GetAdapters()))
+	respond(iop.RefreshStatus_REFRESH_APPLIED, "")
+}
+
+func sameConfig(a, b *iop.NodeConfigPayload) bool {
+	if a.GetRevision() != "" || b.GetRevision() != "" {
+		return a.GetRevision() == b.GetRevision()
+	}
+	return proto.Equal(a, b)
+}

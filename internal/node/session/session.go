@@ -1,0 +1,358 @@
+// Package session owns one connected Edge session of the Node: TCP dial, TLS
+// handshake, registration, config apply, ready (SPEC L3, L5, L6), heartbeats
+// (L7), and the dispatch of runs, tunnels, cancels, commands and config
+// refreshes to an Executor (E1–E6, N1, N2, H5).
+//
+// It never reconnects (the supervisor does, SPEC S1), never reads files or
+// the environment, never talks to a backend itself (the Executor does) and
+// never logs a payload or a secret.
+//
+// # Goroutines
+//
+// Connect's caller is the session's only reader: it runs the pre-ready
+// exchange and then the read loop. Once ready, one writer goroutine (sendLoop)
+// owns the write side of the connection: it drains the bounded send queue
+// and sends heartbeat pings; nobody else writes to the socket. Every run,
+// tunnel and CAPABILITIES probe is one goroutine whose context the session's
+// lifetime context parents (SPEC E6). When the session ends, for whatever
+// reason, that context is cancelled with the cause, the connection is closed,
+// and Connect returns only after the writer and every work goroutine have
+// returned and the Executors are closed.
+//
+// # Send queue policy (STYLE 3)
+//
+//   - Pongs are droppable: when the queue is full they are dropped and
+//     counted (the Node's own pings keep the Edge's view of it alive).
+//   - Run events, tunnel frames, command and refresh responses and the error
+//     terminal of a duplicate run are must-deliver. The read loop never
+//     blocks on the queue: a must-deliver frame it cannot queue at once ends
+//     the session with ErrSendQueueFull. A run, tunnel or command goroutine
+//     waits up to Timeouts.Write for room (backpressure on the upstream
+//     read), then ends the session with ErrSendQueueFull.
+//   - Pings are written by the writer itself on its ticker, never queued.
+//
+// # Lock order
+//
+// session.mu guards the run table and the Executor pointers only; it is never
+// held across I/O, a channel send or an Executor call.
+package session
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"time"
+
+	"iop/internal/wire"
+	iop "iop/proto/gen/iop"
+)
+
+// Errors that end a session; test with errors.Is. All of them are remote
+// failures in the sense of SPEC S3: the supervisor retries after any of them.
+var (
+	// ErrDial: the TCP dial failed or timed out (Timeouts.Dial).
+	ErrDial = errors.New("session: dial edge")
+	// ErrHandshake: the TLS handshake failed (wrong CA, role or name, SPEC
+	// I2) or exceeded Timeouts.Handshake.
+	ErrHandshake = errors.New("session: TLS handshake")
+	// ErrRegisterRejected: RegisterResponse{accepted=false}; the error text
+	// carries the Edge's reason (SPEC L1, L2, I3).
+	ErrRegisterRejected = errors.New("session: registration rejected")
+	// ErrConfig: the Executor could not be built from the registration's
+	// NodeConfigPayload; no ready was sent.
+	ErrConfig = errors.New("session: apply node config")
+	// ErrNotReady: NodeReadyResponse{ready=false}; the error text carries the
+	// reason (SPEC L6).
+	ErrNotReady = errors.New("session: edge answered ready=false")
+	// ErrReadyTimeout: registration and ready did not complete within
+	// Timeouts.Ready.
+	ErrReadyTimeout = errors.New("session: register/ready timed out")
+	// ErrProtocol: a malformed or oversized frame, or a message that is not
+	// allowed at this point (SPEC W1, W5).
+	ErrProtocol = errors.New("session: protocol error")
+	// ErrHeartbeatTimeout: no frame at all from the Edge for the heartbeat
+	// timeout (SPEC L7; default 15000 ms).
+	ErrHeartbeatTimeout = errors.New("session: edge silent past heartbeat timeout")
+	// ErrEdgeClosed: the Edge closed the connection.
+	ErrEdgeClosed = errors.New("session: edge closed the connection")
+	// ErrConnLost: reading from the connection failed.
+	ErrConnLost = errors.New("session: connection lost")
+	// ErrWrite: writing a frame failed or exceeded Timeouts.Write.
+	ErrWrite = errors.New("session: write to edge")
+	// ErrSendQueueFull: a must-deliver frame could not be queued (see the
+	// package comment).
+	ErrSendQueueFull = errors.New("session: send queue full for a must-deliver frame")
+)
+
+// Executor runs work on the adapter instances of one NodeConfigPayload. The
+// Node's adapter set (internal/node/adapter) implements it; the session only
+// sees this interface.
+type Executor interface {
+	// Run executes one normalized run and blocks until it has emitted
+	// exactly one terminal event (SPEC E3). Cancelling ctx aborts it (E5,
+	// E6). emit may be called from the calling goroutine only; it never
+	// blocks for long (see the package comment).
+	Run(ctx context.Context, runID string, req *iop.RunRequest, emit func(*iop.RunEvent))
+	// Tunnel executes one provider raw tunnel and blocks until it has
+	// emitted exactly one END or ERROR frame (SPEC T2).
+	Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelRequest, emit func(*iop.ProviderTunnelFrame))
+	// Probe runs one bounded, fail-closed exact-target health probe of an
+	// adapter instance and returns "available", "unavailable" or "unknown"
+	// (SPEC H2, H10).
+	Probe(ctx context.Context, adapter, target string) string
+	// Close releases the instances; called once, after every Run, Tunnel
+	// and Probe on this Executor has returned.
+	Close()
+}
+
+// NewExecutorFunc builds an Executor from a NodeConfigPayload (never nil).
+// Its error message is sent to the Edge in a FAILED refresh response, so it
+// must not contain secrets.
+type NewExecutorFunc func(*iop.NodeConfigPayload) (Executor, error)
+
+// Timeouts bound each step; a zero field means the DESIGN.md default.
+type Timeouts struct {
+	Dial      time.Duration // TCP dial; default 10 s
+	Handshake time.Duration // TLS handshake; default 5 s
+	Ready     time.Duration // register sent → ready acknowledged; default 30 s
+	Write     time.Duration // per frame, and a producer's wait for queue room; default 10 s
+	Probe     time.Duration // CAPABILITIES health probe; default 2 s
+}
+
+// Defaults (DESIGN.md).
+const (
+	DefaultDialTimeout       = 10 * time.Second
+	DefaultHandshakeTimeout  = 5 * time.Second
+	DefaultReadyTimeout      = 30 * time.Second
+	DefaultWriteTimeout      = 10 * time.Second
+	DefaultProbeTimeout      = 2 * time.Second
+	DefaultHeartbeatInterval = 5000 * time.Millisecond  // NodeRuntimeConfig.heartbeat_interval_ms = 0
+	DefaultHeartbeatTimeout  = 15000 * time.Millisecond // NodeRuntimeConfig.heartbeat_timeout_ms = 0
+	DefaultSendQueue         = 256                      // frames
+)
+
+// Options configure Connect.
+type Options struct {
+	// NodeID is sent in RegisterRequest and NodeReadyRequest; it must be
+	// the name in the Node's certificate (SPEC I3).
+	NodeID string
+	// Addr is the Edge's node listener, host:port.
+	Addr string
+	// TLS is the client config from identity.ClientConfig; used as built
+	// (ServerName is filled from Addr when empty).
+	TLS *tls.Config
+	// NewExecutor applies a config payload (registration and refresh).
+	NewExecutor NewExecutorFunc
+	// Version is reported in RegisterRequest.version.
+	Version  string
+	Logger   *slog.Logger // nil: discard
+	Timeouts Timeouts
+	// SendQueue is the send queue length in frames; 0 = DefaultSendQueue.
+	SendQueue int
+}
+
+func (o *Options) applyDefaults() {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&o.Timeouts.Dial, DefaultDialTimeout)
+	def(&o.Timeouts.Handshake, DefaultHandshakeTimeout)
+	def(&o.Timeouts.Ready, DefaultReadyTimeout)
+	def(&o.Timeouts.Write, DefaultWriteTimeout)
+	def(&o.Timeouts.Probe, DefaultProbeTimeout)
+	if o.SendQueue <= 0 {
+		o.SendQueue = DefaultSendQueue
+	}
+}
+
+// Connect runs one session attempt on the calling goroutine: dial (SPEC W1),
+// TLS handshake (I1, I2), RegisterRequest{node_id}, apply the accepted
+// NodeConfigPayload through NewExecutor, NodeReadyRequest{node_id} (L5) and,
+// after ready=true, the live session until it ends. Frames are capped at 64
+// KiB until ready and 16 MiB after.
+//
+// reachedReady reports whether the Edge answered ready=true. The error says
+// why the session ended: one of the sentinels above, or ctx's cause when ctx
+// was done (local shutdown). Connect returns only after every goroutine it
+// started has returned. It matches supervisor.ConnectFunc when closed over
+// its Options.
+func Connect(ctx context.Context, o Options) (reachedReady bool, err error) {
+	o.applyDefaults()
+	if o.TLS == nil || o.NewExecutor == nil {
+		return false, errors.New("session: Options.TLS and Options.NewExecutor are required")
+	}
+	log := o.Logger.With("node_id", o.NodeID)
+
+	d := net.Dialer{Timeout: o.Timeouts.Dial}
+	raw, err := d.DialContext(ctx, "tcp", o.Addr)
+	if err != nil {
+		if ctx.Err() != nil {
+			return false, context.Cause(ctx)
+		}
+		return false, fmt.Errorf("%w %s: %w", ErrDial, o.Addr, err)
+	}
+	cfg := o.TLS
+	if cfg.ServerName == "" {
+		if host, _, err := net.SplitHostPort(o.Addr); err == nil {
+			cfg = cfg.Clone()
+			cfg.ServerName = host
+		}
+	}
+	conn := tls.Client(raw, cfg)
+
+	// The session's lifetime context: cancelled with the cause when the
+	// session ends. Closing the TCP connection (not the TLS one, whose Close
+	// may wait up to 5 s to send close_notify to a peer that stopped
+	// reading) unblocks the reader and the writer.
+	sctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(sctx, func() { raw.Close() })
+	defer func() {
+		stop()
+		raw.Close()
+	}()
+
+	hctx, hcancel := context.WithTimeout(sctx, o.Timeouts.Handshake)
+	err = conn.HandshakeContext(hctx)
+	hcancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return false, context.Cause(ctx)
+		}
+		return false, fmt.Errorf("%w: %w", ErrHandshake, err)
+	}
+
+	s := newSession(sctx, cancel, conn, o, log)
+	ex, err := s.register()
+	if err != nil {
+		if ctx.Err() != nil {
+			return false, context.Cause(ctx)
+		}
+		return false, err
+	}
+	log.Info("session ready")
+	return true, s.live(ex)
+}
+
+// register runs the pre-ready exchange on the reader's goroutine: Register →
+// RegisterResponse → apply config → NodeReadyRequest → NodeReadyResponse, all
+// under one Timeouts.Ready deadline. The Edge may ping meanwhile; pings are
+// answered here. On success the reader's cap moves to 16 MiB and the applied
+// Executor is returned; on failure it is closed.
+func (s *session) register() (*execRef, error) {
+	if err := s.conn.SetDeadline(time.Now().Add(s.o.Timeouts.Ready)); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConnLost, err)
+	}
+	w := wire.NewWriter(s.conn, wire.DefaultPreReadyCap)
+	send := func(env *iop.Envelope) error {
+		if err := w.WriteEnvelope(env); err != nil {
+			return s.readErr(err, ErrWrite)
+		}
+		return nil
+	}
+	if err := send(&iop.Envelope{Kind: &iop.Envelope_RegisterRequest{RegisterRequest: &iop.RegisterRequest{
+		NodeId: s.o.NodeID, Version: s.o.Version,
+	}}}); err != nil {
+		return nil, err
+	}
+	var ex *execRef
+	fail := func(err error) (*execRef, error) {
+		if ex != nil {
+			ex.ex.Close()
+		}
+		return nil, err
+	}
+	for {
+		env := new(iop.Envelope)
+		if err := s.r.ReadEnvelope(env); err != nil {
+			if errors.Is(err, wire.ErrNoPayload) {
+				s.log.Warn("ignoring envelope of unknown kind before ready (W5)")
+				continue
+			}
+			return fail(s.readErr(err, ErrConnLost))
+		}
+		s.framesIn.Add(1)
+		switch k := env.Kind.(type) {
+		case *iop.Envelope_Ping:
+			pong := &iop.Envelope{Kind: &iop.Envelope_Pong{Pong: &iop.HeartbeatPong{
+				SentUnixMs: time.Now().UnixMilli(), Nonce: k.Ping.GetNonce(),
+			}}}
+			if err := send(pong); err != nil {
+				return fail(err)
+			}
+		case *iop.Envelope_Pong:
+		case *iop.Envelope_RegisterResponse:
+			if ex != nil {
+				return fail(fmt.Errorf("%w: second RegisterResponse", ErrProtocol))
+			}
+			resp := k.RegisterResponse
+			if !resp.GetAccepted() {
+				return fail(fmt.Errorf("%w: %q", ErrRegisterRejected, resp.GetReason()))
+			}
+			cfg := resp.GetConfig()
+			if cfg == nil {
+				cfg = &iop.NodeConfigPayload{}
+			}
+			e, err := s.o.NewExecutor(cfg)
+			if err != nil {
+				return fail(fmt.Errorf("%w (revision %q): %w", ErrConfig, cfg.GetRevision(), err))
+			}
+			ex = &execRef{ex: e, cfg: cfg}
+			s.log.Info("registered; config applied", "revision", cfg.GetRevision(), "adapters", len(cfg.GetAdapters()))
+			if err := send(&iop.Envelope{Kind: &iop.Envelope_ReadyRequest{ReadyRequest: &iop.NodeReadyRequest{
+				NodeId: s.o.NodeID,
+			}}}); err != nil {
+				return fail(err)
+			}
+		case *iop.Envelope_ReadyResponse:
+			if ex == nil {
+				return fail(fmt.Errorf("%w: NodeReadyResponse before RegisterResponse", ErrProtocol))
+			}
+			if !k.ReadyResponse.GetReady() {
+				return fail(fmt.Errorf("%w: %q", ErrNotReady, k.ReadyResponse.GetReason()))
+			}
+			if err := s.conn.SetDeadline(time.Time{}); err != nil {
+				return fail(fmt.Errorf("%w: %w", ErrConnLost, err))
+			}
+			s.r.SetMaxFrame(wire.DefaultMaxFrame)
+			s.setHeartbeat(ex.cfg.GetRuntime())
+			return ex, nil
+		default:
+			return fail(fmt.Errorf("%w: %T before ready", ErrProtocol, env.Kind))
+		}
+	}
+}
+
+// readErr maps an I/O or framing error to a session error: the session's
+// cause if it already ended, ErrReadyTimeout or ErrHeartbeatTimeout for a
+// deadline, ErrEdgeClosed for a clean EOF, ErrProtocol for a bad frame and
+// ioKind otherwise.
+func (s *session) readErr(err error, ioKind error) error {
+	if s.ctx.Err() != nil {
+		return context.Cause(s.ctx)
+	}
+	var fe *wire.FrameError
+	var ne net.Error
+	switch {
+	case errors.As(err, &fe):
+		return fmt.Errorf("%w: %w", ErrProtocol, err)
+	case errors.As(err, &ne) && ne.Timeout():
+		if s.isLive.Load() {
+			return fmt.Errorf("%w (%v)", ErrHeartbeatTimeout, s.heartbeatTimeout())
+		}
+		return fmt.Errorf("%w (%v): %w", ErrReadyTimeout, s.o.Timeouts.Ready, err)
+	case errors.Is(err, io.EOF):
+		return ErrEdgeClosed
+	default:
+		return fmt.Errorf("%w: %w", ioKind, err)
+	}
+}
