@@ -1,0 +1,385 @@
+// Package adapter executes the work an Edge sends to a Node against the
+// Node's inference backends (SPEC E1–E9, T1, T2, T4): a Set holds the adapter
+// instances of one NodeConfigPayload, each an "ollama" or an "openai_compat"
+// backend with its own capacity gate, and runs normalized runs (RunRequest →
+// RunEvent stream), raw provider tunnels (ProviderTunnelRequest →
+// ProviderTunnelFrame stream) and exact-target health probes on them.
+//
+// Guarantees, per request:
+//   - Run emits START (seq 1), DELTA*, then exactly one COMPLETE, ERROR or
+//     CANCELLED, seq strictly increasing, all from the calling goroutine,
+//     and returns after the terminal (SPEC E3). Rejections at the boundary
+//     (unknown adapter, bad stall timeout, over capacity…) are START + ERROR.
+//   - Tunnel emits RESPONSE_START? (BODY | USAGE)* (END | ERROR), seq from 1,
+//     BODY frames of at most 32 KiB sent as read, body bytes unchanged, usage
+//     observed beside them (SPEC T2).
+//   - Cancelling ctx aborts the upstream HTTP request; the stream still ends
+//     with one terminal (SPEC E5, E6, T3).
+//
+// The package never queues (over capacity is an immediate error, SPEC E4),
+// never treats RunRequest.metadata as control input (SPEC E7), never parses
+// assistant text into tool calls (SPEC E9), never forwards client auth,
+// hop-by-hop or Edge-internal headers upstream (SPEC T4), never reads the
+// environment itself (Options.LookupEnv) and never logs a secret or a body.
+//
+// Goroutines: none of its own. Run, Tunnel and Probe run on the caller's
+// goroutine; the HTTP client may start its own connection goroutines, which
+// Close releases when idle.
+package adapter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"iop/internal/node/adapter/ollama"
+	"iop/internal/node/adapter/openaicompat"
+	"iop/internal/node/adapter/upstream"
+	iop "iop/proto/gen/iop"
+)
+
+// Adapter types of AdapterConfig.type.
+const (
+	TypeOllama       = "ollama"
+	TypeOpenAICompat = "openai_compat"
+)
+
+// Failure codes of ERROR terminals (RunEvent.failure_code,
+// ProviderTunnelFrame.failure_code). "response_stalled" belongs to the stall
+// watchdog (SPEC H1).
+const (
+	CodeUnknownAdapter       = "unknown_adapter"
+	CodeOverCapacity         = "over_capacity"
+	CodeInvalidRequest       = "invalid_request"
+	CodeUnsupportedOperation = "unsupported_operation"
+	CodeCredentialRequired   = "credential_required"
+	CodeCredentialInvalid    = "credential_invalid"
+	CodeUpstreamStatus       = "upstream_status" // run path: non-2xx; upstream_status set
+	CodeUpstreamError        = "upstream_error"  // transport failure, reset, malformed stream
+	CodeTimeout              = "timeout"         // the request's timeout_sec expired
+	CodeCancelled            = "cancelled"       // ctx cancelled (SPEC E5, E6, T3)
+	CodeInternal             = "internal_error"
+)
+
+// Probe results (SPEC H2).
+const (
+	HealthAvailable   = "available"
+	HealthUnavailable = "unavailable"
+	HealthUnknown     = "unknown"
+)
+
+// Defaults.
+const (
+	DefaultStallTimeout = 300000 * time.Millisecond // SPEC E2
+	DefaultProbeTimeout = 2 * time.Second           // DESIGN.md health probe timeout
+	DefaultOllamaURL    = "http://127.0.0.1:11434"  // Ollama's own default
+	MaxBodyFrame        = 32 << 10                  // bytes per BODY frame (SPEC T2)
+)
+
+// Errors of NewSet (each wrapped with the adapter's name) and StallTimeout;
+// test with errors.Is.
+var (
+	ErrNoConfig         = errors.New("adapter: no node config")
+	ErrUnknownType      = errors.New("unknown adapter type")
+	ErrDuplicateName    = errors.New("duplicate adapter name")
+	ErrBadBaseURL       = errors.New("bad base_url")
+	ErrNoProfile        = errors.New("openai_compat adapter without protocol_profile")
+	ErrBadProfile       = errors.New("bad protocol_profile")
+	ErrBadCapacity      = errors.New("bad capacity")
+	ErrBadStallTimeout  = errors.New("bad response_stall_timeout_ms")
+	ErrMissingAPIKey    = errors.New("api_key_env names no set environment variable")
+	ErrBadAuthHeader    = errors.New("bad upstream auth header")
+	errRunDeadline      = errors.New("request timeout_sec expired")
+	errUnknownOperation = errors.New("unknown operation")
+)
+
+// Options for NewSet; zero values get defaults.
+type Options struct {
+	// HTTPClient is the shared upstream client (keep-alive pooling). nil = a
+	// client tuned for many long streams to few hosts, with no proxy and no
+	// overall timeout. Its Timeout must be 0: streams last long.
+	HTTPClient *http.Client
+	// Logger; nil = slog.Default().
+	Logger *slog.Logger
+	// LookupEnv resolves AdapterConfig.api_key_env (os.LookupEnv in main);
+	// nil = no variables, so an adapter with api_key_env fails NewSet.
+	LookupEnv func(string) (string, bool)
+	// DefaultStallTimeout applies when neither the request nor the adapter
+	// sets response_stall_timeout_ms; 0 = 300000 ms (SPEC E2).
+	DefaultStallTimeout time.Duration
+	// ProbeTimeout bounds one Probe; 0 = 2 s.
+	ProbeTimeout time.Duration
+	// ReuseBodyBuffers lets Tunnel reuse the Body slice of a BODY frame after
+	// emit returns (1 allocation per frame instead of 2). Set it only when
+	// emit serializes or copies the frame before returning.
+	ReuseBodyBuffers bool
+}
+
+// Set is the adapter instances of one NodeConfigPayload. Its methods are safe
+// for concurrent use.
+type Set struct {
+	instances map[string]*instance
+	names     []string
+	client    *http.Client
+	ownClient bool
+	log       *slog.Logger
+	stallDef  time.Duration
+	probeTO   time.Duration
+	reuseBody bool
+	creds     bool // NodeRuntimeConfig.credentials_enabled (SPEC C4)
+	bufs      sync.Pool
+}
+
+// instance is one adapter instance.
+type instance struct {
+	name     string
+	typ      string
+	ep       *upstream.Endpoint
+	profile  *iop.ConcreteProtocolProfile // never nil; built in for ollama
+	gate     gate
+	stallMs  int64 // AdapterConfig.response_stall_timeout_ms; 0 = Set default
+	runner   runner
+	category string
+}
+
+// runner is what the two adapter types implement for runs and probes.
+type runner interface {
+	Run(ctx context.Context, target string, in *iop.RunInput, h upstream.Hooks) (upstream.Result, error)
+	Probe(ctx context.Context, target string) string
+}
+
+// NewSet builds the adapter instances of cfg (SPEC E1): an empty name is the
+// type name; names are unique. It fails, naming the adapter, on an unknown
+// type, a duplicate name, a negative capacity, a bad
+// response_stall_timeout_ms, a base URL that is not absolute http(s) (or has
+// user info, a query or a fragment), an openai_compat adapter without
+// protocol_profile or with an unsafe profile path, or an api_key_env that
+// LookupEnv cannot resolve. Capacity 0 means no local limit.
+func NewSet(cfg *iop.NodeConfigPayload, o Options) (*Set, error) {
+	if cfg == nil {
+		return nil, ErrNoConfig
+	}
+	s := &Set{
+		instances: map[string]*instance{},
+		client:    o.HTTPClient,
+		log:       o.Logger,
+		stallDef:  o.DefaultStallTimeout,
+		probeTO:   o.ProbeTimeout,
+		reuseBody: o.ReuseBodyBuffers,
+		creds:     cfg.GetRuntime().GetCredentialsEnabled(),
+	}
+	if s.client == nil {
+		s.client, s.ownClient = defaultClient(), true
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if s.stallDef <= 0 {
+		s.stallDef = DefaultStallTimeout
+	}
+	if s.probeTO <= 0 {
+		s.probeTO = DefaultProbeTimeout
+	}
+	s.bufs.New = func() any { b := make([]byte, MaxBodyFrame); return &b }
+	for i, ac := range cfg.GetAdapters() {
+		inst, err := s.build(ac, o.LookupEnv)
+		if err != nil {
+			if s.ownClient {
+				s.client.CloseIdleConnections()
+			}
+			return nil, fmt.Errorf("adapters[%d]: %w", i, err)
+		}
+		if _, dup := s.instances[inst.name]; dup {
+			return nil, fmt.Errorf("adapters[%d]: adapter %q: %w", i, inst.name, ErrDuplicateName)
+		}
+		s.instances[inst.name] = inst
+		s.names = append(s.names, inst.name)
+	}
+	return s, nil
+}
+
+func (s *Set) build(ac *iop.AdapterConfig, lookupEnv func(string) (string, bool)) (*instance, error) {
+	name := ac.GetName()
+	if name == "" {
+		name = ac.GetType()
+	}
+	inst := &instance{name: name, typ: ac.GetType(), stallMs: ac.GetResponseStallTimeoutMs(), category: ac.GetCategory()}
+	fail := func(err error, format string, args ...any) error {
+		if format == "" {
+			return fmt.Errorf("adapter %q: %w", name, err)
+		}
+		return fmt.Errorf("adapter %q: %w: %s", name, err, fmt.Sprintf(format, args...))
+	}
+	if ac.GetCapacity() < 0 {
+		return nil, fail(ErrBadCapacity, "%d is negative", ac.GetCapacity())
+	}
+	inst.gate.limit = int64(ac.GetCapacity())
+	if _, err := StallTimeout(ac.GetResponseStallTimeoutMs(), DefaultStallTimeout); err != nil {
+		return nil, fail(err, "")
+	}
+	var base string
+	switch ac.GetType() {
+	case TypeOllama:
+		base = ac.GetBaseUrl()
+		if base == "" {
+			base = DefaultOllamaURL
+		}
+		inst.profile = ollamaProfile(base)
+	case TypeOpenAICompat:
+		p := ac.GetOpenaiCompat().GetProtocolProfile()
+		if p == nil {
+			return nil, fail(ErrNoProfile, "")
+		}
+		if err := checkProfile(p); err != nil {
+			return nil, fail(err, "")
+		}
+		inst.profile = p
+		base = p.GetBaseUrl()
+		if base == "" {
+			base = ac.GetBaseUrl()
+		}
+	default:
+		return nil, fail(ErrUnknownType, "%q (want %q or %q)", ac.GetType(), TypeOllama, TypeOpenAICompat)
+	}
+	u, err := parseBaseURL(base)
+	if err != nil {
+		return nil, fail(err, "")
+	}
+	inst.ep = &upstream.Endpoint{Client: s.client, Base: u}
+	if env := ac.GetApiKeyEnv(); env != "" {
+		if err := setAuth(inst, env, lookupEnv); err != nil {
+			return nil, fail(err, "")
+		}
+	}
+	switch inst.typ {
+	case TypeOllama:
+		inst.runner = &ollama.Driver{EP: inst.ep}
+	default:
+		inst.runner = &openaicompat.Driver{EP: inst.ep, Profile: inst.profile}
+	}
+	return inst, nil
+}
+
+// setAuth resolves the upstream key named by api_key_env and the header that
+// carries it: the profile's auth_header/auth_scheme for openai_compat,
+// "Authorization: Bearer" for ollama (a server behind an auth proxy).
+func setAuth(inst *instance, env string, lookupEnv func(string) (string, bool)) error {
+	key, ok := "", false
+	if lookupEnv != nil {
+		key, ok = lookupEnv(env)
+	}
+	if !ok || key == "" {
+		return fmt.Errorf("%w: %s", ErrMissingAPIKey, env)
+	}
+	header, scheme := "Authorization", "Bearer"
+	if inst.typ == TypeOpenAICompat {
+		header, scheme = inst.profile.GetAuthHeader(), inst.profile.GetAuthScheme()
+	}
+	if !validToken(header) {
+		return fmt.Errorf("%w: %q (api_key_env is set, so protocol_profile.auth_header must name a header)", ErrBadAuthHeader, header)
+	}
+	if strings.ContainsAny(key+scheme, "\r\n\x00") {
+		return fmt.Errorf("%w: the key in %s or the scheme contains a line break", ErrBadAuthHeader, env)
+	}
+	inst.ep.AuthHeader = header
+	inst.ep.AuthValue = key
+	if scheme != "" {
+		inst.ep.AuthValue = scheme + " " + key
+	}
+	return nil
+}
+
+// parseBaseURL accepts an absolute http(s) URL with a host and without user
+// info, query or fragment.
+func parseBaseURL(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %q: %v", ErrBadBaseURL, raw, err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("%w: %q is not an absolute http or https URL", ErrBadBaseURL, raw)
+	}
+	if u.User != nil || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "" {
+		return nil, fmt.Errorf("%w: %q has user info, a query or a fragment", ErrBadBaseURL, u.Redacted())
+	}
+	return u, nil
+}
+
+// StallTimeout returns the effective response-stall timeout of a request
+// (SPEC E2): ms > 0 as milliseconds, 0 → def. Negative values and values too
+// large for a time.Duration return ErrBadStallTimeout.
+func StallTimeout(ms int64, def time.Duration) (time.Duration, error) {
+	switch {
+	case ms < 0:
+		return 0, fmt.Errorf("%w: %d ms is negative", ErrBadStallTimeout, ms)
+	case ms > math.MaxInt64/int64(time.Millisecond):
+		return 0, fmt.Errorf("%w: %d ms is too large for a duration", ErrBadStallTimeout, ms)
+	case ms == 0:
+		return def, nil
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
+
+// Names lists the instance names in config order.
+func (s *Set) Names() []string { return append([]string(nil), s.names...) }
+
+// Close releases the upstream client's idle connections. In-flight requests
+// are not affected; call Close after they returned.
+func (s *Set) Close() { s.client.CloseIdleConnections() }
+
+// lookup resolves an adapter name (SPEC E1). An empty name is the legacy
+// single instance: the only instance of the set, or else the one named after
+// legacyType.
+func (s *Set) lookup(name, legacyType string) (*instance, error) {
+	if name == "" {
+		if len(s.names) == 1 {
+			return s.instances[s.names[0]], nil
+		}
+		if inst := s.instances[legacyType]; inst != nil {
+			return inst, nil
+		}
+		return nil, fmt.Errorf("no adapter named: %d instances configured and none is named %q", len(s.names), legacyType)
+	}
+	if inst := s.instances[name]; inst != nil {
+		return inst, nil
+	}
+	return nil, fmt.Errorf("unknown adapter %q", name)
+}
+
+// defaultClient returns an HTTP client for long streams to few hosts. It
+// uses no proxy (reading proxy settings from the environment is main's job).
+func defaultClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          256,
+		MaxIdleConnsPerHost:   64,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		DisableCompression:    true,
+	}}
+}
+
+// validToken reports whether s is a non-empty RFC 9110 token (a header name).
+func validToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0 {
+			continue
+		}
+		return false
+	}
+	return true
+}

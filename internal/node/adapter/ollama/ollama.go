@@ -1,0 +1,199 @@
+// Package ollama drives an Ollama server's native API for the node's
+// normalized runs (SPEC E8): POST /api/chat with NDJSON streaming, and the
+// exact-target health probe on GET /api/tags.
+//
+// It converts the OpenAI-shaped RunInput to Ollama's message format and
+// Ollama's answer back to the OpenAI shape (tool calls with string arguments
+// and ids, finish reason "tool_calls" whenever there are tool calls). It owns
+// no capacity, emits no run events (the adapter Set does, from Hooks and the
+// Result) and never parses assistant text into tool calls.
+package ollama
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"iop/internal/ndjson"
+	"iop/internal/node/adapter/upstream"
+	iop "iop/proto/gen/iop"
+)
+
+// Paths of the Ollama API used here (Ollama docs/api.md).
+const (
+	ChatPath = "/api/chat"
+	TagsPath = "/api/tags"
+)
+
+// Driver runs chats against one Ollama server.
+type Driver struct {
+	EP *upstream.Endpoint
+}
+
+// Run streams one chat for target and returns the finished result. Text
+// deltas go to h as they are read. Errors: upstream.ErrInvalidInput for an
+// input that cannot be converted, *upstream.StatusError for a non-2xx answer
+// (Ollama's {"error":"…"} message), upstream.ErrProtocol for a malformed or
+// unfinished stream or an error line mid-stream, or the transport's error
+// (including ctx's) as is.
+func (d *Driver) Run(ctx context.Context, target string, in *iop.RunInput, h upstream.Hooks) (upstream.Result, error) {
+	body, err := BuildChatRequest(target, in)
+	if err != nil {
+		return upstream.Result{}, err
+	}
+	resp, err := d.EP.PostJSON(ctx, ChatPath, body, "application/x-ndjson")
+	if err != nil {
+		return upstream.Result{}, err
+	}
+	defer resp.Body.Close()
+	return readChatStream(h.Body(resp.Body), h)
+}
+
+// chatLine is one line of the /api/chat stream.
+type chatLine struct {
+	Message struct {
+		Content   string         `json:"content"`
+		ToolCalls []chatToolCall `json:"tool_calls"`
+	} `json:"message"`
+	Done            bool   `json:"done"`
+	DoneReason      string `json:"done_reason"`
+	PromptEvalCount int64  `json:"prompt_eval_count"`
+	EvalCount       int64  `json:"eval_count"`
+	Error           string `json:"error"`
+}
+
+type chatToolCall struct {
+	ID       string `json:"id"`
+	Function struct {
+		Name      string          `json:"name"`
+		Arguments json.RawMessage `json:"arguments"`
+	} `json:"function"`
+}
+
+func readChatStream(r io.Reader, h upstream.Hooks) (upstream.Result, error) {
+	lines := ndjson.NewReader(r, 0)
+	var (
+		content strings.Builder
+		calls   []upstream.ToolCall
+	)
+	for n := 1; ; n++ {
+		raw, err := lines.Next()
+		if err == io.EOF {
+			return upstream.Result{}, fmt.Errorf("%w: ollama stream ended before its done line", upstream.ErrProtocol)
+		}
+		if err != nil {
+			return upstream.Result{}, err
+		}
+		var line chatLine
+		if err := json.Unmarshal(raw, &line); err != nil {
+			return upstream.Result{}, fmt.Errorf("%w: ollama stream line %d is not JSON: %v", upstream.ErrProtocol, n, err)
+		}
+		if line.Error != "" {
+			return upstream.Result{}, fmt.Errorf("%w: ollama error mid-stream: %s", upstream.ErrProtocol, line.Error)
+		}
+		if line.Message.Content != "" {
+			content.WriteString(line.Message.Content)
+			h.Delta(line.Message.Content)
+		}
+		for _, tc := range line.Message.ToolCalls {
+			call, err := toOpenAIToolCall(tc)
+			if err != nil {
+				return upstream.Result{}, fmt.Errorf("%w: ollama stream line %d: %v", upstream.ErrProtocol, n, err)
+			}
+			calls = append(calls, call)
+		}
+		if line.Done {
+			res := upstream.Result{
+				Content:      content.String(),
+				FinishReason: finishReason(line.DoneReason),
+				Usage: &iop.Usage{
+					PromptTokens:     line.PromptEvalCount,
+					CompletionTokens: line.EvalCount,
+					TotalTokens:      line.PromptEvalCount + line.EvalCount,
+				},
+			}
+			res.SetToolCalls(calls)
+			return res, nil
+		}
+	}
+}
+
+// finishReason maps Ollama's done_reason to OpenAI's finish_reason: "length"
+// stays, everything else ("stop", "load", "unload") is "stop".
+func finishReason(doneReason string) string {
+	if doneReason == "length" {
+		return "length"
+	}
+	return "stop"
+}
+
+// toOpenAIToolCall converts a native tool call (arguments a JSON object) to
+// the OpenAI shape (arguments the same JSON text, as a string), generating an
+// id when Ollama sent none.
+func toOpenAIToolCall(tc chatToolCall) (upstream.ToolCall, error) {
+	if tc.Function.Name == "" {
+		return upstream.ToolCall{}, errors.New("tool call without a function name")
+	}
+	args := strings.TrimSpace(string(tc.Function.Arguments))
+	switch {
+	case args == "" || args == "null":
+		args = "{}"
+	case args[0] == '"': // a JSON string holding the JSON text
+		var s string
+		if err := json.Unmarshal(tc.Function.Arguments, &s); err != nil {
+			return upstream.ToolCall{}, fmt.Errorf("tool call arguments: %v", err)
+		}
+		args = s
+	}
+	id := tc.ID
+	if id == "" {
+		id = upstream.NewToolCallID()
+	}
+	return upstream.ToolCall{ID: id, Type: "function", Function: upstream.ToolFunction{Name: tc.Function.Name, Arguments: args}}, nil
+}
+
+// Probe reports whether target is served: "available" when GET /api/tags
+// lists it (tag-aware: "tiny" matches "tiny:latest"), "unavailable" when the
+// list lacks it, the server answers non-2xx or cannot be reached, and
+// "unknown" when ctx ended first or the answer is not a tag list. The caller
+// bounds ctx.
+func (d *Driver) Probe(ctx context.Context, target string) string {
+	req, err := d.EP.NewRequest(ctx, http.MethodGet, TagsPath, nil)
+	if err != nil {
+		return "unknown"
+	}
+	resp, err := d.EP.Client.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return "unknown"
+		}
+		return "unavailable"
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return "unavailable"
+	}
+	var tags struct {
+		Models []struct {
+			Name  string `json:"name"`
+			Model string `json:"model"`
+		} `json:"models"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 4<<20)).Decode(&tags); err != nil {
+		return "unknown"
+	}
+	for _, m := range tags.Models {
+		if upstream.SameModel(m.Name, target) || upstream.SameModel(m.Model, target) {
+			return "available"
+		}
+	}
+	return "unavailable"
+}
+
+// NormalizeTag returns an Ollama model name with its tag; see
+// upstream.NormalizeTag.
+func NormalizeTag(name string) string { return upstream.NormalizeTag(name) }

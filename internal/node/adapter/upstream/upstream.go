@@ -1,0 +1,314 @@
+// Package upstream holds what the node's adapter drivers (ollama,
+// openaicompat) share to talk to one backend over HTTP: the Endpoint (base
+// URL and upstream auth), the Hooks of one attempt (text deltas, read
+// activity for the stall watchdog of SPEC H1), the Result of a normalized run,
+// the OpenAI tool-call shape of SPEC E8/E9, and the typed errors that the
+// adapter Set maps to failure codes.
+//
+// The package never emits run events or tunnel frames, never holds capacity,
+// never reads the environment and never logs: the secret in Endpoint.AuthValue
+// goes only into outgoing request headers, never into an error or a message.
+package upstream
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+
+	iop "iop/proto/gen/iop"
+)
+
+// Errors a driver returns; the adapter Set maps them to failure codes (test
+// with errors.Is / errors.As).
+var (
+	// ErrInvalidInput: the RunRequest cannot be turned into a provider
+	// request (bad tools JSON, bad tool-call arguments…) → "invalid_request".
+	ErrInvalidInput = errors.New("invalid run input")
+	// ErrProtocol: the provider's answer broke its own format (malformed
+	// JSON line, stream ended before it finished, error object mid-stream)
+	// → "upstream_error".
+	ErrProtocol = errors.New("upstream protocol error")
+)
+
+// StatusError: the provider answered a non-2xx HTTP status before any
+// output. Message is the provider's own error message (from its JSON error
+// object when it sent one), at most 1 KiB. → "upstream_status".
+type StatusError struct {
+	Status  int
+	Message string
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("upstream status %d: %s", e.Status, e.Message)
+}
+
+// Metadata keys of a COMPLETE run event (SPEC E8, E9).
+const (
+	// MetaToolCalls holds a JSON array of ToolCall.
+	MetaToolCalls = "openai_tool_calls"
+	// MetaTextToolFallback is "true" when the run used the text tool-call
+	// fallback of SPEC E9.
+	MetaTextToolFallback = "openai_text_tool_fallback"
+)
+
+// Endpoint is where and how to reach one backend.
+type Endpoint struct {
+	Client *http.Client
+	// Base is scheme://host[:port][/path] without query, fragment or user
+	// info; operation paths are joined below its path.
+	Base *url.URL
+	// AuthHeader and AuthValue: the upstream auth header, e.g.
+	// "Authorization" and "Bearer sk-…"; empty = no auth. AuthValue is a
+	// secret.
+	AuthHeader string
+	AuthValue  string
+}
+
+// URL returns the absolute URL of rel, a path already validated as relative
+// (see adapter's path rules), optionally with a query.
+func (e *Endpoint) URL(rel string) string {
+	p, q, _ := strings.Cut(rel, "?")
+	var b strings.Builder
+	b.WriteString(e.Base.Scheme)
+	b.WriteString("://")
+	b.WriteString(e.Base.Host)
+	b.WriteString(strings.TrimSuffix(e.Base.EscapedPath(), "/"))
+	b.WriteByte('/')
+	b.WriteString(strings.TrimPrefix(p, "/"))
+	if q != "" {
+		b.WriteByte('?')
+		b.WriteString(q)
+	}
+	return b.String()
+}
+
+// NewRequest builds a request to rel with the endpoint's auth, a fixed
+// User-Agent and "Accept-Encoding: identity" (so bodies stream as sent,
+// without transparent decompression buffering them).
+func (e *Endpoint) NewRequest(ctx context.Context, method, rel string, body io.Reader) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, method, e.URL(rel), body)
+	if err != nil {
+		return nil, fmt.Errorf("build upstream request: %w", err)
+	}
+	req.Header.Set("User-Agent", "iop-node")
+	req.Header.Set("Accept-Encoding", "identity")
+	if e.AuthHeader != "" && e.AuthValue != "" {
+		req.Header.Set(e.AuthHeader, e.AuthValue)
+	}
+	return req, nil
+}
+
+// PostJSON sends body as application/json to rel and returns the response
+// when its status is 2xx. A non-2xx response is read (at most 64 KiB),
+// closed and returned as *StatusError.
+func (e *Endpoint) PostJSON(ctx context.Context, rel string, body []byte, accept string) (*http.Response, error) {
+	req, err := e.NewRequest(ctx, http.MethodPost, rel, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if accept != "" {
+		req.Header.Set("Accept", accept)
+	}
+	resp, err := e.Client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return nil, ReadStatusError(resp)
+	}
+	return resp, nil
+}
+
+// ReadStatusError reads at most 64 KiB of a non-2xx response body, closes it
+// and returns the provider's error message as a *StatusError.
+func ReadStatusError(resp *http.Response) *StatusError {
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	return &StatusError{Status: resp.StatusCode, Message: ErrorMessage(b, resp.Status)}
+}
+
+// ErrorMessage extracts the human message of a provider error body: OpenAI
+// and llama-server {"error":{"message":…}}, Ollama {"error":"…"}, Anthropic
+// {"type":"error","error":{"message":…}}, or {"message":…}. Otherwise it is
+// the trimmed body, or fallback when the body is empty. At most 1 KiB.
+func ErrorMessage(body []byte, fallback string) string {
+	var doc struct {
+		Error   json.RawMessage `json:"error"`
+		Message string          `json:"message"`
+	}
+	msg := ""
+	if json.Unmarshal(body, &doc) == nil {
+		var s string
+		var obj struct {
+			Message string `json:"message"`
+		}
+		switch {
+		case json.Unmarshal(doc.Error, &s) == nil && s != "":
+			msg = s
+		case json.Unmarshal(doc.Error, &obj) == nil && obj.Message != "":
+			msg = obj.Message
+		case doc.Message != "":
+			msg = doc.Message
+		}
+	}
+	if msg == "" {
+		msg = strings.TrimSpace(string(body))
+	}
+	if msg == "" {
+		msg = fallback
+	}
+	if len(msg) > 1024 {
+		msg = msg[:1024]
+	}
+	return msg
+}
+
+// Hooks observe one attempt. Nil fields are ignored.
+type Hooks struct {
+	// OnDelta receives each piece of assistant text as it is read.
+	OnDelta func(text string)
+	// OnActivity is called after every upstream read that returned bytes;
+	// the stall watchdog (SPEC H1) measures idleness from it.
+	OnActivity func()
+}
+
+// Delta calls OnDelta when set and text is non-empty.
+func (h Hooks) Delta(text string) {
+	if h.OnDelta != nil && text != "" {
+		h.OnDelta(text)
+	}
+}
+
+// Body wraps r so that every read returning bytes calls OnActivity.
+func (h Hooks) Body(r io.Reader) io.Reader {
+	if h.OnActivity == nil {
+		return r
+	}
+	return &activityReader{r: r, fn: h.OnActivity}
+}
+
+type activityReader struct {
+	r  io.Reader
+	fn func()
+}
+
+func (a *activityReader) Read(p []byte) (int, error) {
+	n, err := a.r.Read(p)
+	if n > 0 {
+		a.fn()
+	}
+	return n, err
+}
+
+// Result is a finished normalized run (the COMPLETE event of SPEC E3).
+type Result struct {
+	// Content is the whole assistant text.
+	Content string
+	// FinishReason is "stop", "length" or "tool_calls" ("tool_calls"
+	// whenever the message carries tool calls).
+	FinishReason string
+	// Usage in tokens; nil when the backend reported none.
+	Usage *iop.Usage
+	// Metadata holds MetaToolCalls and MetaTextToolFallback when set.
+	Metadata map[string]string
+}
+
+// ToolCall is one tool call in the OpenAI chat-completions shape (OpenAI API
+// reference, "tool_calls"): arguments are a JSON text in a string, passed
+// through as the server wrote them.
+type ToolCall struct {
+	ID       string       `json:"id"`
+	Type     string       `json:"type"`
+	Function ToolFunction `json:"function"`
+}
+
+// ToolFunction is the function of a ToolCall.
+type ToolFunction struct {
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
+}
+
+// SetToolCalls stores calls in r.Metadata[MetaToolCalls] and makes the
+// finish reason "tool_calls"; no-op for none.
+func (r *Result) SetToolCalls(calls []ToolCall) {
+	if len(calls) == 0 {
+		return
+	}
+	b, _ := json.Marshal(calls) // plain strings: cannot fail
+	if r.Metadata == nil {
+		r.Metadata = map[string]string{}
+	}
+	r.Metadata[MetaToolCalls] = string(b)
+	r.FinishReason = "tool_calls"
+}
+
+// NewToolCallID returns a fresh tool-call id, "call_" and 24 lowercase hex
+// digits, for providers that send calls without one (SPEC E8).
+func NewToolCallID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go ≥ 1.24)
+	return "call_" + hex.EncodeToString(b[:])
+}
+
+// DecodeToolCalls parses an OpenAI-shaped tool_calls array (a ChatMessage's
+// tool_calls_json). Empty input or "null" is no calls.
+func DecodeToolCalls(raw []byte) ([]ToolCall, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var calls []ToolCall
+	if err := json.Unmarshal(raw, &calls); err != nil {
+		return nil, fmt.Errorf("%w: tool_calls is not an OpenAI tool_calls array: %v", ErrInvalidInput, err)
+	}
+	return calls, nil
+}
+
+// Tools returns raw when it is a non-empty JSON array (an OpenAI "tools"
+// value), nil when it is empty, "null" or "[]", and ErrInvalidInput
+// otherwise.
+func Tools(raw []byte) (json.RawMessage, error) {
+	s := strings.TrimSpace(string(raw))
+	if s == "" || s == "null" {
+		return nil, nil
+	}
+	var arr []json.RawMessage
+	if err := json.Unmarshal(raw, &arr); err != nil {
+		return nil, fmt.Errorf("%w: tools is not a JSON array: %v", ErrInvalidInput, err)
+	}
+	if len(arr) == 0 {
+		return nil, nil
+	}
+	return json.RawMessage(raw), nil
+}
+
+// NormalizeTag returns a model name with its tag, adding ":latest" when the
+// name (after its last "/") has none, as Ollama does: "tiny" →
+// "tiny:latest", "ns/tiny:q4" unchanged. Empty stays empty.
+func NormalizeTag(name string) string {
+	if name == "" {
+		return ""
+	}
+	base := name[strings.LastIndexByte(name, '/')+1:]
+	if strings.Contains(base, ":") {
+		return name
+	}
+	return name + ":latest"
+}
+
+// SameModel reports whether a listed model name serves target: equal, or
+// equal once both carry a tag (NormalizeTag). An empty name never matches.
+func SameModel(listed, target string) bool {
+	if listed == "" || target == "" {
+		return false
+	}
+	return listed == target || NormalizeTag(listed) == NormalizeTag(target)
+}
