@@ -1,0 +1,125 @@
+// Package node runs the Node daemon: it builds the mutual-TLS client config
+// from the node's own files, then lets one supervisor goroutine dial the Edge
+// and keep a session with it for as long as the process runs (SPEC S1–S5).
+//
+// It never reads flags or the environment (main passes LookupEnv), never
+// exits the process (main maps Run's result to an exit code, SPEC S4) and
+// never listens: the Node only dials out (SPEC P1).
+package node
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+
+	"iop/internal/identity"
+	"iop/internal/node/config"
+	"iop/internal/node/session"
+	"iop/internal/node/supervisor"
+	iop "iop/proto/gen/iop"
+)
+
+// Options are Run's dependencies, injected by main or a test.
+type Options struct {
+	Logger  *slog.Logger // nil: discard
+	Version string       // reported in RegisterRequest.version
+	// LookupEnv resolves AdapterConfig.api_key_env (os.LookupEnv in main).
+	LookupEnv func(string) (string, bool)
+	// HTTPClient is the upstream client shared by the adapter instances;
+	// nil = the adapter package's default.
+	HTTPClient *http.Client
+	// NewExecutor overrides how a NodeConfigPayload becomes an Executor
+	// (tests); nil = the adapter set.
+	NewExecutor session.NewExecutorFunc
+	// Timeouts override the session's DESIGN.md defaults (tests).
+	Timeouts session.Timeouts
+}
+
+// Run runs the Node until ctx is done or it stops for good. It first builds
+// the TLS client config from cfg.TLS; an unreadable or invalid certificate,
+// key or CA file is fatal at once, before any dial (SPEC S3). Then one
+// supervisor dials cfg.EdgeAddr and reconnects with cfg's reconnect policy
+// (SPEC S2). It returns
+//   - nil after ctx is done (SIGINT/SIGTERM), promptly even mid-backoff;
+//   - an error wrapping supervisor.ErrFatal (and an *identity.FileError for a
+//     credential file) for a local error;
+//   - an error wrapping supervisor.ErrExhausted after
+//     reconnect.max_attempts consecutive failed attempts.
+func Run(ctx context.Context, cfg *config.Config, o Options) error {
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("node_id", cfg.NodeID)
+	tc, err := identity.ClientConfig(identity.ClientOptions{
+		CertFile:         cfg.TLS.CertFile,
+		KeyFile:          cfg.TLS.KeyFile,
+		CAFile:           cfg.TLS.CAFile,
+		TrustDomain:      cfg.TLS.TrustDomain,
+		ExpectedEdgeName: cfg.TLS.ExpectedEdgeName,
+		NodeName:         cfg.NodeID,
+	})
+	if err != nil {
+		return fmt.Errorf("node %s: TLS credentials: %w", cfg.NodeID, supervisor.MarkFatal(err))
+	}
+	newExec := o.NewExecutor
+	if newExec == nil {
+		newExec = adapterExecutor(o, log)
+	}
+	so := session.Options{
+		NodeID:      cfg.NodeID,
+		Addr:        cfg.EdgeAddr,
+		TLS:         tc,
+		NewExecutor: newExec,
+		Version:     o.Version,
+		Logger:      log,
+		Timeouts:    o.Timeouts,
+	}
+	p := supervisor.Policy{Interval: cfg.Interval(), MaxAttempts: cfg.MaxAttempts()}
+	log.Info("node starting", "edge_addr", cfg.EdgeAddr, "reconnect_interval", p.Interval, "max_attempts", p.MaxAttempts)
+	return supervisor.Run(ctx, p, func(ctx context.Context) (bool, error) {
+		return session.Connect(ctx, so)
+	}, log)
+}
+
+// adapterExecutor returns the factory that turns a NodeConfigPayload into the
+// Node's adapter set.
+//
+// TODO(lead): wire internal/node/adapter here once its Set has Tunnel and
+// Probe (it must satisfy session.Executor), i.e.
+//
+//	return func(p *iop.NodeConfigPayload) (session.Executor, error) {
+//		return adapter.NewSet(p, adapter.Options{HTTPClient: o.HTTPClient, Logger: log, LookupEnv: o.LookupEnv})
+//	}
+//
+// Leave adapter.Options.ReuseBodyBuffers false: the session's emit queues the
+// frame and the writer serializes it later. Until then every run and tunnel
+// ends with an error terminal.
+func adapterExecutor(o Options, log *slog.Logger) session.NewExecutorFunc {
+	_ = o
+	return func(*iop.NodeConfigPayload) (session.Executor, error) {
+		log.Warn("adapters are not wired into this build yet; every run will fail")
+		return noAdapters{}, nil
+	}
+}
+
+// noAdapters is the placeholder Executor until the adapter set is wired: it
+// fails every run and tunnel with one error terminal. TODO(lead): delete.
+type noAdapters struct{}
+
+const noAdaptersMsg = "adapters are not wired into this node build"
+
+func (noAdapters) Run(_ context.Context, _ string, req *iop.RunRequest, emit func(*iop.RunEvent)) {
+	emit(&iop.RunEvent{Seq: 1, Type: iop.RunEventType_RUN_EVENT_ERROR, Error: noAdaptersMsg,
+		FailureCode: "unknown_adapter", Adapter: req.GetAdapter(), Target: req.GetTarget()})
+}
+
+func (noAdapters) Tunnel(_ context.Context, _ string, req *iop.ProviderTunnelRequest, emit func(*iop.ProviderTunnelFrame)) {
+	emit(&iop.ProviderTunnelFrame{Seq: 1, Kind: iop.TunnelFrameKind_TUNNEL_FRAME_ERROR, Error: noAdaptersMsg,
+		FailureCode: "unknown_adapter", Adapter: req.GetAdapter(), Target: req.GetTarget()})
+}
+
+func (noAdapters) Probe(context.Context, string, string) string { return "unknown" }
+
+func (noAdapters) Close() {}
