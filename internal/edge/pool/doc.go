@@ -14,7 +14,7 @@
 // core.go is the state machine: a plain value (state) whose methods are the
 // transitions (admit, enqueue, release, ready, fence, overlay, reconfigure,
 // timeout, cancel). They do no I/O and collect their effects — leases handed
-// to waiters, waiters failed, leases fenced — in state.fx. pool.go is the
+// to waiters, waiters failed, fence channels to close — in state.fx. pool.go is the
 // thin concurrency wrapper: it takes the mutex, runs one transition, carries
 // out its effects and unlocks.
 //
@@ -40,9 +40,16 @@
 //
 // One mutex (Pool.mu) guards all state. It is held only for one transition
 // and its effects, which are non-blocking: a send on a waiter's channel that
-// has a free buffer slot, and close of a lease's Fenced channel. Pool never
+// has a free buffer slot, and close of a generation's Fenced channel. Pool never
 // calls out of the package while holding it (Clock.AfterFunc is called after
 // unlocking), so callers may hold their own locks when calling in: Pool.mu is
 // a leaf in every lock order. The only goroutines involved are the callers'
-// and the Clock's timer callbacks.
+// and the Clock's timer callbacks (one per queued Acquire, stopped when it
+// returns).
+//
+// # Cost
+//
+// An uncontended Acquire+Release allocates only the Lease; the Fenced
+// channel is one per node generation. A pump does O(classes × candidates)
+// work per grant, and nothing when no request waits.
 package pool

@@ -123,8 +123,8 @@ func (p *Pool) Acquire(ctx context.Context, r Request) (*Lease, error) {
 	}
 }
 
-// Release returns l to the pool exactly once (SPEC Q2) and pumps waiters
-// (Q5). It reports true for the call that returned it; a later call, a call
+// Release returns l, a lease this pool granted, exactly once (SPEC Q2) and
+// pumps waiters (Q5). It reports true for the call that returned it; a later call, a call
 // after NodeFenced already returned it, or a nil lease reports false and
 // changes nothing.
 func (p *Pool) Release(l *Lease) bool {

@@ -11,7 +11,7 @@ type snap struct {
 	provider, category     string
 }
 
-var offline = func(provider string) snap {
+func offline(provider string) snap {
 	return snap{status: StatusUnavailable, health: HealthOffline, provider: provider, category: "local_inference"}
 }
 
