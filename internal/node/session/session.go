@@ -90,12 +90,20 @@ var (
 
 // Executor runs work on the adapter instances of one NodeConfigPayload. The
 // Node's adapter set (internal/node/adapter) implements it; the session only
-// sees this interface.
+// sees this interface. Its methods are called concurrently.
+//
+// emit queues the event or frame for the Edge without copying it: the
+// Executor must not touch it after emit returns. emit is safe for concurrent
+// use, but its call order is the wire order, so emits of one run must be
+// serialized. It may block up to Timeouts.Write waiting for queue room
+// (backpressure) and returns at once after the session ended. The session
+// stamps ExecutionFailure.health_observation_seq (and the metadata key of the
+// same name) on every event or frame that carries an ExecutionFailure and
+// has seq 0, from its per-connection counter (SPEC H5).
 type Executor interface {
 	// Run executes one normalized run and blocks until it has emitted
 	// exactly one terminal event (SPEC E3). Cancelling ctx aborts it (E5,
-	// E6). emit may be called from the calling goroutine only; it never
-	// blocks for long (see the package comment).
+	// E6): the session cancels it on CancelRequest and on session end.
 	Run(ctx context.Context, runID string, req *iop.RunRequest, emit func(*iop.RunEvent))
 	// Tunnel executes one provider raw tunnel and blocks until it has
 	// emitted exactly one END or ERROR frame (SPEC T2).
