@@ -14,6 +14,7 @@ import (
 	"net/http"
 
 	"iop/internal/identity"
+	"iop/internal/node/adapter"
 	"iop/internal/node/config"
 	"iop/internal/node/session"
 	"iop/internal/node/supervisor"
@@ -84,42 +85,19 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 }
 
 // adapterExecutor returns the factory that turns a NodeConfigPayload into the
-// Node's adapter set.
-//
-// TODO(lead): wire internal/node/adapter here once its Set has Tunnel and
-// Probe (it must satisfy session.Executor), i.e.
-//
-//	return func(p *iop.NodeConfigPayload) (session.Executor, error) {
-//		return adapter.NewSet(p, adapter.Options{HTTPClient: o.HTTPClient, Logger: log, LookupEnv: o.LookupEnv})
-//	}
-//
-// Leave adapter.Options.ReuseBodyBuffers false: the session's emit queues the
-// frame and the writer serializes it later. Until then every run and tunnel
-// ends with an error terminal.
+// Node's adapter set (SPEC N2). ReuseBodyBuffers stays false: the session's
+// emit queues a tunnel frame and the writer serializes it later, so the body
+// must stay valid after emit returns.
 func adapterExecutor(o Options, log *slog.Logger) session.NewExecutorFunc {
-	_ = o
-	return func(*iop.NodeConfigPayload) (session.Executor, error) {
-		log.Warn("adapters are not wired into this build yet; every run will fail")
-		return noAdapters{}, nil
+	return func(p *iop.NodeConfigPayload) (session.Executor, error) {
+		set, err := adapter.NewSet(p, adapter.Options{
+			HTTPClient: o.HTTPClient,
+			Logger:     log,
+			LookupEnv:  o.LookupEnv,
+		})
+		if err != nil {
+			return nil, err
+		}
+		return set, nil
 	}
 }
-
-// noAdapters is the placeholder Executor until the adapter set is wired: it
-// fails every run and tunnel with one error terminal. TODO(lead): delete.
-type noAdapters struct{}
-
-const noAdaptersMsg = "adapters are not wired into this node build"
-
-func (noAdapters) Run(_ context.Context, _ string, req *iop.RunRequest, emit func(*iop.RunEvent)) {
-	emit(&iop.RunEvent{Seq: 1, Type: iop.RunEventType_RUN_EVENT_ERROR, Error: noAdaptersMsg,
-		FailureCode: "unknown_adapter", Adapter: req.GetAdapter(), Target: req.GetTarget()})
-}
-
-func (noAdapters) Tunnel(_ context.Context, _ string, req *iop.ProviderTunnelRequest, emit func(*iop.ProviderTunnelFrame)) {
-	emit(&iop.ProviderTunnelFrame{Seq: 1, Kind: iop.TunnelFrameKind_TUNNEL_FRAME_ERROR, Error: noAdaptersMsg,
-		FailureCode: "unknown_adapter", Adapter: req.GetAdapter(), Target: req.GetTarget()})
-}
-
-func (noAdapters) Probe(context.Context, string, string) string { return "unknown" }
-
-func (noAdapters) Close() {}
