@@ -28,7 +28,6 @@ const (
 	keyAdapter      = "adapter"      // diagnostic
 	keyInstanceKey  = "instance_key" // diagnostic
 	metaObsSeq      = "health_observation_seq"
-	failureStalled  = "response_stalled"
 	statusUnknown   = "unknown"
 	refreshNoChange = "unchanged revision"
 )
