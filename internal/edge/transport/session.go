@@ -1,0 +1,393 @@
+package transport
+
+import (
+	"bufio"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"iop/internal/edge/config"
+	"iop/internal/edge/dispatch"
+	"iop/internal/edge/registry"
+	"iop/internal/identity"
+	"iop/internal/wire"
+	iop "iop/proto/gen/iop"
+)
+
+// session is one node connection.
+type session struct {
+	s   *Server
+	id  registry.ConnID
+	raw net.Conn
+	tc  *tls.Conn // set before the writer starts
+	// peer is the certificate's node name (SPEC I3); set before the read
+	// loop starts.
+	peer string
+
+	sendq chan *iop.Envelope // bounded; drained only by writeLoop
+	done  chan struct{}      // closed by fail: the session is ending
+	quit  chan struct{}      // closed by closeAfterFlush: send what is queued, then close
+	fOnce sync.Once
+	qOnce sync.Once
+	err   error // first cause; written in fOnce, read after done is closed
+	wdone chan struct{}
+
+	lastSeen  atomic.Int64 // Server.mono() of the last inbound frame
+	activated atomic.Bool  // a ready was accepted; stops the register→ready timer
+
+	// revision of the NodeConfigPayload last applied by the node; guarded
+	// by Server.mu (RefreshAll compares it).
+	revision string
+
+	mu      sync.Mutex // guards the fields below; after Server.mu, before stream.mu
+	lost    bool       // streams and waiters have been failed; no new ones
+	lostCh  chan struct{}
+	streams map[string]*stream    // by run id
+	waiters map[string]chan reply // by request id, buffer 1
+	nextID  uint64                // run and request ids
+}
+
+func (s *Server) newSession(raw net.Conn) *session {
+	return &session{s: s, raw: raw,
+		sendq:   make(chan *iop.Envelope, s.o.SendQueue),
+		done:    make(chan struct{}),
+		quit:    make(chan struct{}),
+		wdone:   make(chan struct{}),
+		lostCh:  make(chan struct{}),
+		streams: make(map[string]*stream),
+		waiters: make(map[string]chan reply)}
+}
+
+// serveConn is the connection goroutine: handshake, then the read loop,
+// then teardown.
+func (s *Server) serveConn(raw net.Conn) {
+	defer s.wg.Done()
+	c := s.newSession(raw)
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		raw.Close()
+		return
+	}
+	s.lastConn++
+	c.id = s.lastConn
+	s.sessions[c.id] = c
+	hb := heartbeatOf(s.o.Config())
+	s.mu.Unlock()
+
+	err := c.run(hb)
+	select {
+	case <-c.quit: // our own clean close after a refusal ended the read loop
+		err = ErrRefusedRegistration
+	default:
+	}
+	c.fail(err)
+	if c.tc != nil {
+		<-c.wdone
+	}
+	c.lose()
+	if f := s.beforeConnClosed; f != nil {
+		f(c.id)
+	}
+	node := ""
+	s.step(func(now time.Time) []registry.Effect {
+		node, _, _ = s.reg.Binding(c.id)
+		delete(s.sessions, c.id)
+		return s.reg.ConnClosed(c.id, now)
+	})
+	if f := s.afterConnClosed; f != nil {
+		f(c.id)
+	}
+	c.logEnd(node)
+}
+
+func (c *session) logEnd(node string) {
+	err := c.err
+	switch {
+	case errors.Is(err, io.EOF), errors.Is(err, ErrServerClosed), errors.Is(err, registry.ErrSuperseded),
+		errors.Is(err, ErrRefusedRegistration):
+		c.s.log.Info("node session closed", "node", node, "cert_name", c.peer, "reason", err)
+	case errors.Is(err, wire.ErrEmptyFrame), errors.Is(err, wire.ErrFrameTooLarge),
+		errors.Is(err, wire.ErrTruncated), errors.Is(err, wire.ErrMalformed):
+		c.s.log.Warn("node protocol error; connection closed", "node", node, "cert_name", c.peer, "err", err) // SPEC W5
+	default:
+		c.s.log.Warn("node session ended", "node", node, "cert_name", c.peer, "reason", err)
+	}
+}
+
+type heartbeat struct{ interval, timeout time.Duration }
+
+// heartbeatOf reads heartbeat.interval_ms and heartbeat.timeout_ms (SPEC L7).
+func heartbeatOf(cfg *config.Config) heartbeat {
+	hb := heartbeat{interval: config.DefaultHeartbeatIntervalMs * time.Millisecond,
+		timeout: config.DefaultHeartbeatTimeoutMs * time.Millisecond}
+	if cfg != nil && cfg.Heartbeat.IntervalMs > 0 {
+		hb.interval = time.Duration(cfg.Heartbeat.IntervalMs) * time.Millisecond
+	}
+	if cfg != nil && cfg.Heartbeat.TimeoutMs > 0 {
+		hb.timeout = time.Duration(cfg.Heartbeat.TimeoutMs) * time.Millisecond
+	}
+	return hb
+}
+
+// run does the handshake and the read loop; it returns why the session
+// ended.
+func (c *session) run(hb heartbeat) error {
+	o := &c.s.o
+	c.raw.SetDeadline(time.Now().Add(o.HandshakeTimeout))
+	tc := tls.Server(c.raw, o.TLS)
+	if err := tc.Handshake(); err != nil {
+		// SPEC I2: no certificate, wrong CA, role or name end here.
+		c.s.log.Warn("node TLS handshake refused", "remote", c.raw.RemoteAddr().String(), "err", err)
+		return fmt.Errorf("handshake: %w", err)
+	}
+	c.raw.SetDeadline(time.Time{})
+	id, err := identity.PeerID(tc.ConnectionState())
+	if err == nil && id.Role != identity.RoleNode {
+		err = fmt.Errorf("%w: %s", ErrNotNodeRole, id)
+	}
+	if err != nil {
+		c.s.log.Warn("node identity refused", "err", err)
+		return err
+	}
+	c.peer = id.Name
+	c.lastSeen.Store(c.s.mono())
+	select {
+	case <-c.done: // failed during the handshake (shutdown)
+		return c.err
+	default:
+	}
+	c.tc = tc
+	go c.writeLoop(hb)
+	return c.readLoop(bufio.NewReader(tc))
+}
+
+// fail ends the session: the first cause wins; the socket is closed at
+// once, which unblocks the reader and the writer. Safe from any goroutine,
+// never blocks.
+func (c *session) fail(err error) {
+	c.fOnce.Do(func() {
+		c.err = err
+		close(c.done)
+		c.raw.Close()
+	})
+}
+
+// closeAfterFlush asks the writer to send what is queued, close the TLS
+// connection cleanly and end the session.
+func (c *session) closeAfterFlush() { c.qOnce.Do(func() { close(c.quit) }) }
+
+// send queues a refusable or droppable envelope; false when the queue is
+// full or the session is ending.
+func (c *session) send(env *iop.Envelope) bool {
+	select {
+	case <-c.done:
+		return false
+	default:
+	}
+	select {
+	case c.sendq <- env:
+		return true
+	default:
+		return false
+	}
+}
+
+// sendMust queues a must-deliver envelope; a full queue fails the session.
+func (c *session) sendMust(env *iop.Envelope) {
+	if !c.send(env) {
+		c.fail(fmt.Errorf("%w (%T)", ErrSendOverflow, env.Kind))
+	}
+}
+
+// lose fails every stream and waiter with ErrSessionLost, once; frames and
+// responses arriving later are dropped (SPEC E6, L9).
+func (c *session) lose() {
+	c.mu.Lock()
+	if c.lost {
+		c.mu.Unlock()
+		return
+	}
+	c.lost = true
+	close(c.lostCh)
+	streams := c.streams
+	c.streams = nil
+	clear(c.waiters)
+	c.mu.Unlock()
+	for _, st := range streams {
+		st.end(dispatch.ErrSessionLost)
+	}
+}
+
+// phase of a connection as its read loop sees it.
+type phase uint8
+
+const (
+	phaseNew phase = iota
+	phasePending
+	phaseReady
+)
+
+// readLoop decodes frames until the connection fails. It never blocks on a
+// consumer: streams buffer (bounded) and the send queue is non-blocking.
+func (c *session) readLoop(br *bufio.Reader) error {
+	rd := wire.NewReader(br, wire.DefaultPreReadyCap)
+	ph := phaseNew
+	var env *iop.Envelope
+	for {
+		body, err := rd.ReadFrame()
+		if err != nil {
+			return err
+		}
+		c.lastSeen.Store(c.s.mono()) // any inbound frame is liveness (SPEC L7)
+		if env == nil {
+			env = new(iop.Envelope)
+		}
+		if err := wire.Decode(body, env); err != nil {
+			if errors.Is(err, wire.ErrNoPayload) { // SPEC W5: log and ignore
+				c.s.log.Debug("unknown envelope kind from node ignored", "node", c.peer, "bytes", len(body))
+				continue
+			}
+			return err
+		}
+		kept := false
+		switch k := env.Kind.(type) {
+		case *iop.Envelope_Ping:
+			c.send(&iop.Envelope{Kind: &iop.Envelope_Pong{Pong: &iop.HeartbeatPong{
+				SentUnixMs: c.s.now().UnixMilli(), Nonce: k.Ping.GetNonce()}}})
+		case *iop.Envelope_Pong:
+		case *iop.Envelope_RegisterRequest:
+			if c.register(k.RegisterRequest) && ph == phaseNew {
+				ph = phasePending
+			}
+		case *iop.Envelope_ReadyRequest:
+			if c.ready(k.ReadyRequest) && ph == phasePending {
+				ph = phaseReady
+				rd.SetMaxFrame(wire.DefaultMaxFrame)
+				c.activated.Store(true)
+			}
+		case *iop.Envelope_RunEvent:
+			if ph == phaseReady {
+				kept = c.route(env, len(body), isRunTerminal(k.RunEvent.GetType()))
+			}
+		case *iop.Envelope_TunnelFrame:
+			if ph == phaseReady {
+				kept = c.route(env, len(body), isTunnelTerminal(k.TunnelFrame.GetKind()))
+			}
+		case *iop.Envelope_CommandResponse, *iop.Envelope_RefreshResponse:
+			if ph == phaseReady {
+				kept = c.answer(env)
+			}
+		default:
+			c.s.log.Debug("envelope kind not expected from a node ignored", "node", c.peer, "kind", fmt.Sprintf("%T", k))
+		}
+		if kept {
+			env = nil
+		}
+	}
+}
+
+func isRunTerminal(t iop.RunEventType) bool {
+	return t == iop.RunEventType_RUN_EVENT_COMPLETE || t == iop.RunEventType_RUN_EVENT_ERROR ||
+		t == iop.RunEventType_RUN_EVENT_CANCELLED
+}
+
+func isTunnelTerminal(k iop.TunnelFrameKind) bool {
+	return k == iop.TunnelFrameKind_TUNNEL_FRAME_END || k == iop.TunnelFrameKind_TUNNEL_FRAME_ERROR
+}
+
+// register runs the Register transition and queues the answer; true when
+// accepted.
+func (c *session) register(req *iop.RegisterRequest) bool {
+	s := c.s
+	var res registry.Result
+	s.step(func(now time.Time) []registry.Effect {
+		var fx []registry.Effect
+		res, fx = s.reg.Register(c.id, req.GetNodeId(), c.peer, now)
+		resp := &iop.RegisterResponse{Accepted: res.OK, Reason: res.Reason()}
+		if res.OK {
+			resp.Config = s.cfg.NodePayload(res.Node) // SPEC L3, N5
+			c.revision = resp.Config.GetRevision()
+		}
+		c.sendMust(&iop.Envelope{Kind: &iop.Envelope_RegisterResponse{RegisterResponse: resp}})
+		return fx
+	})
+	switch {
+	case res.OK:
+		s.log.Info("node registered", "node", res.Node, "generation", res.Gen)
+	case res.CloseAfterReply:
+		s.log.Warn("node registration refused", "node", req.GetNodeId(), "cert_name", c.peer, "reason", res.Err)
+		c.closeAfterFlush()
+	default:
+		s.log.Warn("duplicate node registration refused", "node", req.GetNodeId(), "reason", res.Err)
+	}
+	return res.OK
+}
+
+// ready runs the Ready transition and queues the answer before any
+// dispatch can reach the session (SPEC L5, L6); true when ready.
+func (c *session) ready(req *iop.NodeReadyRequest) bool {
+	s := c.s
+	var res registry.Result
+	s.step(func(now time.Time) []registry.Effect {
+		var fx []registry.Effect
+		res, fx = s.reg.Ready(c.id, req.GetNodeId(), now)
+		c.sendMust(&iop.Envelope{Kind: &iop.Envelope_ReadyResponse{ReadyResponse: &iop.NodeReadyResponse{
+			Ready: res.OK, Reason: res.Reason()}}})
+		return fx
+	})
+	if !res.OK {
+		s.log.Warn("node ready refused", "node", req.GetNodeId(), "reason", res.Err)
+	}
+	return res.OK
+}
+
+// route hands a run event or tunnel frame to its stream; frames for
+// unknown or finished run ids are dropped. It reports whether env was kept.
+func (c *session) route(env *iop.Envelope, size int, terminal bool) bool {
+	c.mu.Lock()
+	st := c.streams[env.GetRunId()]
+	if st == nil {
+		c.mu.Unlock()
+		return false
+	}
+	r := st.deliver(env, size, terminal, c.s.o.StreamBuffer)
+	if r != delivered {
+		delete(c.streams, st.id)
+	}
+	c.mu.Unlock()
+	if r == overflowed {
+		c.s.log.Warn("stream reader too slow; stream cancelled", "node", c.peer, "run_id", st.id)
+		c.sendMust(cancelEnvelope(st.id, "slow_consumer"))
+	}
+	return r == delivered || r == finished
+}
+
+// answer hands a command or refresh response to its waiter.
+func (c *session) answer(env *iop.Envelope) bool {
+	c.mu.Lock()
+	ch := c.waiters[env.GetRequestId()]
+	delete(c.waiters, env.GetRequestId())
+	c.mu.Unlock()
+	if ch == nil {
+		return false
+	}
+	ch <- reply{env: env} // buffer 1, one response per waiter
+	return true
+}
+
+// newID returns a per-connection id with the given prefix: "r1", "q2", ….
+func (c *session) newIDLocked(prefix byte) string {
+	c.nextID++
+	return string(strconv.AppendUint([]byte{prefix}, c.nextID, 36))
+}
+
+func cancelEnvelope(runID, reason string) *iop.Envelope {
+	return &iop.Envelope{RunId: runID, Kind: &iop.Envelope_CancelRequest{CancelRequest: &iop.CancelRequest{Reason: reason}}}
+}

@@ -1,0 +1,367 @@
+package transport
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"iop/internal/edge/dispatch"
+	"iop/internal/edge/registry"
+	iop "iop/proto/gen/iop"
+)
+
+var _ dispatch.Dispatcher = (*Server)(nil)
+
+// stream is one run or tunnel in flight; it implements dispatch.Stream.
+// The read loop delivers into a queue bounded by bytes; Recv takes from it.
+type stream struct {
+	c  *session
+	id string
+
+	mu        sync.Mutex // after session.mu
+	q         []item     // q[head:] unread, in arrival order
+	head      int
+	bytes     int   // encoded size of q[head:]
+	err       error // set once: what Recv returns after q is drained
+	cancelled bool  // CancelRequest queued (or not wanted any more)
+	closed    bool
+	wake      chan struct{} // buffer 1: something to Recv
+}
+
+type item struct {
+	env  *iop.Envelope
+	size int
+}
+
+type deliverResult uint8
+
+const (
+	delivered  deliverResult = iota
+	finished                 // the terminal was delivered: unregister
+	overflowed               // the reader fell behind: unregister and cancel
+	gone                     // the stream already ended: unregister
+)
+
+// deliver queues env (size bytes on the wire). Called by the read loop
+// with session.mu held; never blocks.
+func (st *stream) deliver(env *iop.Envelope, size int, terminal bool, limit int) deliverResult {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.err != nil {
+		return gone
+	}
+	if st.bytes > 0 && st.bytes+size > limit {
+		clear(st.q)
+		st.q, st.head, st.bytes = st.q[:0], 0, 0
+		st.err = dispatch.ErrSlowConsumer
+		st.cancelled = true // the read loop queues the CancelRequest
+		st.signal()
+		return overflowed
+	}
+	st.q = append(st.q, item{env, size})
+	st.bytes += size
+	st.signal()
+	if terminal {
+		st.err = io.EOF
+		return finished
+	}
+	return delivered
+}
+
+// end fails the stream with err unless it already ended (once: a stream
+// gets exactly one terminal outcome). Frames already queued are still
+// returned first.
+func (st *stream) end(err error) {
+	st.mu.Lock()
+	if st.err == nil {
+		st.err = err
+		st.signal()
+	}
+	st.mu.Unlock()
+}
+
+func (st *stream) signal() {
+	select {
+	case st.wake <- struct{}{}:
+	default:
+	}
+}
+
+// RunID implements dispatch.Stream.
+func (st *stream) RunID() string { return st.id }
+
+// Recv implements dispatch.Stream: the next RunEvent or ProviderTunnelFrame
+// envelope; io.EOF after the terminal one; dispatch.ErrSessionLost when the
+// session ended first; dispatch.ErrSlowConsumer when the buffer overflowed
+// (queued frames are dropped then); ErrStreamClosed after Close; ctx.Err()
+// when ctx ends first (the stream stays usable).
+func (st *stream) Recv(ctx context.Context) (*iop.Envelope, error) {
+	for {
+		st.mu.Lock()
+		if st.head < len(st.q) {
+			it := st.q[st.head]
+			st.q[st.head] = item{}
+			st.head++
+			st.bytes -= it.size
+			if st.head == len(st.q) {
+				st.q, st.head = st.q[:0], 0
+			}
+			st.mu.Unlock()
+			return it.env, nil
+		}
+		err := st.err
+		st.mu.Unlock()
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case <-st.wake:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// Cancel implements dispatch.Stream: CancelRequest{reason} is queued once,
+// as a must-deliver message (SPEC T3, E5); a no-op after the terminal,
+// session loss or a previous Cancel.
+func (st *stream) Cancel(reason string) {
+	st.mu.Lock()
+	send := st.err == nil && !st.cancelled
+	st.cancelled = true
+	st.mu.Unlock()
+	if send {
+		st.c.sendMust(cancelEnvelope(st.id, reason))
+	}
+}
+
+// Close implements dispatch.Stream: unregisters the stream, cancelling it
+// first when no terminal was seen; later frames are dropped. Idempotent.
+func (st *stream) Close() {
+	st.c.mu.Lock()
+	if st.c.streams[st.id] == st {
+		delete(st.c.streams, st.id)
+	}
+	st.c.mu.Unlock()
+	st.mu.Lock()
+	if st.closed {
+		st.mu.Unlock()
+		return
+	}
+	st.closed = true
+	send := st.err == nil && !st.cancelled
+	st.cancelled = true
+	clear(st.q)
+	st.q, st.head, st.bytes = nil, 0, 0
+	st.err = ErrStreamClosed
+	st.mu.Unlock()
+	if send {
+		st.c.sendMust(cancelEnvelope(st.id, "stream closed"))
+	}
+}
+
+// readySession returns the session of the current ready owner (node, gen),
+// or nil (SPEC L3, P3, N1).
+func (s *Server) readySession(node string, gen uint64) *session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id, ok := s.reg.Current(node, gen)
+	if !ok {
+		return nil
+	}
+	return s.sessions[id]
+}
+
+// StartRun implements dispatch.Dispatcher: it assigns a run id, registers
+// the stream and queues RunRequest. Errors: dispatch.ErrNotReady when t is
+// not the current ready owner, dispatch.ErrSendQueueFull when the request
+// could not be queued (nothing was sent).
+func (s *Server) StartRun(t dispatch.Target, req *iop.RunRequest) (dispatch.Stream, error) {
+	st, err := s.start(t, func(env *iop.Envelope) { env.Kind = &iop.Envelope_RunRequest{RunRequest: req} })
+	if err != nil {
+		return nil, fmt.Errorf("start run on node %s generation %d: %w", t.Node, t.Generation, err)
+	}
+	return st, nil
+}
+
+// StartTunnel implements dispatch.Dispatcher for ProviderTunnelRequest;
+// errors as StartRun.
+func (s *Server) StartTunnel(t dispatch.Target, req *iop.ProviderTunnelRequest) (dispatch.Stream, error) {
+	st, err := s.start(t, func(env *iop.Envelope) { env.Kind = &iop.Envelope_TunnelRequest{TunnelRequest: req} })
+	if err != nil {
+		return nil, fmt.Errorf("start tunnel on node %s generation %d: %w", t.Node, t.Generation, err)
+	}
+	return st, nil
+}
+
+func (s *Server) start(t dispatch.Target, set func(*iop.Envelope)) (*stream, error) {
+	c := s.readySession(t.Node, t.Generation)
+	if c == nil {
+		return nil, dispatch.ErrNotReady
+	}
+	c.mu.Lock()
+	if c.lost {
+		c.mu.Unlock()
+		return nil, dispatch.ErrNotReady
+	}
+	st := &stream{c: c, id: c.newIDLocked('r'), wake: make(chan struct{}, 1)}
+	c.streams[st.id] = st
+	c.mu.Unlock()
+	env := &iop.Envelope{RunId: st.id}
+	set(env)
+	if !c.send(env) {
+		c.mu.Lock()
+		delete(c.streams, st.id)
+		c.mu.Unlock()
+		return nil, dispatch.ErrSendQueueFull
+	}
+	return st, nil
+}
+
+// reply is a command or refresh answer, or why none will come.
+type reply struct {
+	env *iop.Envelope
+	err error
+}
+
+// request queues env with a new request id to the ready session (node,
+// gen) and waits for the envelope answering it.
+func (s *Server) request(ctx context.Context, node string, gen uint64, env *iop.Envelope) (*iop.Envelope, error) {
+	c := s.readySession(node, gen)
+	if c == nil {
+		return nil, dispatch.ErrNotReady
+	}
+	ch := make(chan reply, 1)
+	c.mu.Lock()
+	if c.lost {
+		c.mu.Unlock()
+		return nil, dispatch.ErrNotReady
+	}
+	id := c.newIDLocked('q')
+	c.waiters[id] = ch
+	c.mu.Unlock()
+	drop := func() {
+		c.mu.Lock()
+		delete(c.waiters, id)
+		c.mu.Unlock()
+	}
+	env.RequestId = id
+	if !c.send(env) {
+		drop()
+		return nil, dispatch.ErrSendQueueFull
+	}
+	select {
+	case r := <-ch:
+		return r.env, r.err
+	case <-c.lostCh:
+		select {
+		case r := <-ch: // answered just before the loss
+			return r.env, r.err
+		default:
+		}
+		return nil, dispatch.ErrSessionLost
+	case <-ctx.Done():
+		drop()
+		return nil, ctx.Err()
+	}
+}
+
+// Command sends NodeCommandRequest to the ready session (node, gen) and
+// returns its NodeCommandResponse (SPEC N1), correlated by request_id.
+// Errors: dispatch.ErrNotReady (not the current ready owner: commands never
+// go to pending nodes), dispatch.ErrSendQueueFull, dispatch.ErrSessionLost,
+// ErrUnexpectedResponse, ErrUnencodable, ctx.Err().
+func (s *Server) Command(ctx context.Context, node string, gen uint64, req *iop.NodeCommandRequest) (*iop.NodeCommandResponse, error) {
+	env, err := s.request(ctx, node, gen, &iop.Envelope{Kind: &iop.Envelope_CommandRequest{CommandRequest: req}})
+	if err != nil {
+		return nil, fmt.Errorf("command %s to node %s generation %d: %w", req.GetType(), node, gen, err)
+	}
+	r, ok := env.Kind.(*iop.Envelope_CommandResponse)
+	if !ok {
+		return nil, fmt.Errorf("command %s to node %s: %w %T", req.GetType(), node, ErrUnexpectedResponse, env.Kind)
+	}
+	return r.CommandResponse, nil
+}
+
+// Refresh pushes payload to the ready session (node, gen) as
+// NodeConfigRefreshRequest and returns the node's answer (SPEC N2). When the
+// node answers APPLIED or RESTART_REQUIRED, payload.revision becomes the
+// session's known revision (RefreshAll skips it next time); FAILED keeps the
+// old one. Errors as Command.
+func (s *Server) Refresh(ctx context.Context, node string, gen uint64, payload *iop.NodeConfigPayload) (*iop.NodeConfigRefreshResponse, error) {
+	env, err := s.request(ctx, node, gen, &iop.Envelope{Kind: &iop.Envelope_RefreshRequest{
+		RefreshRequest: &iop.NodeConfigRefreshRequest{Config: payload}}})
+	if err != nil {
+		return nil, fmt.Errorf("config refresh of node %s generation %d: %w", node, gen, err)
+	}
+	r, ok := env.Kind.(*iop.Envelope_RefreshResponse)
+	if !ok {
+		return nil, fmt.Errorf("config refresh of node %s: %w %T", node, ErrUnexpectedResponse, env.Kind)
+	}
+	if st := r.RefreshResponse.GetStatus(); st == iop.RefreshStatus_REFRESH_APPLIED || st == iop.RefreshStatus_REFRESH_RESTART_REQUIRED {
+		s.mu.Lock()
+		if id, ok := s.reg.Current(node, gen); ok && s.sessions[id] != nil {
+			s.sessions[id].revision = payload.GetRevision()
+		}
+		s.mu.Unlock()
+	}
+	return r.RefreshResponse, nil
+}
+
+// RefreshResult is the outcome of one node's refresh in RefreshAll.
+type RefreshResult struct {
+	Node       string
+	Generation uint64
+	// Revision pushed.
+	Revision string
+	// Status answered by the node; unset when Err is not nil.
+	Status iop.RefreshStatus
+	Reason string
+	Err    error
+}
+
+// RefreshAll is the reload step (SPEC N2, P3): it reconciles the registry
+// with the current config (a node removed from it is fenced and closed),
+// then pushes NodePayload, concurrently, to every ready node whose payload
+// revision differs from the one it last accepted, and waits for all
+// answers (or ctx). Pending nodes are never refreshed: they get the current
+// payload at registration. Results are in config order.
+func (s *Server) RefreshAll(ctx context.Context) []RefreshResult {
+	var todo []RefreshResult
+	var payloads []*iop.NodeConfigPayload
+	s.step(func(time.Time) []registry.Effect {
+		for _, n := range s.reg.Nodes() {
+			id, ok := s.reg.Current(n.ID, n.Gen)
+			if !ok || s.sessions[id] == nil {
+				continue
+			}
+			p := s.cfg.NodePayload(n.ID)
+			if p == nil || p.GetRevision() == s.sessions[id].revision {
+				continue
+			}
+			todo = append(todo, RefreshResult{Node: n.ID, Generation: n.Gen, Revision: p.GetRevision()})
+			payloads = append(payloads, p)
+		}
+		return nil
+	})
+	var wg sync.WaitGroup
+	for i := range todo {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := &todo[i]
+			resp, err := s.Refresh(ctx, r.Node, r.Generation, payloads[i])
+			if err != nil {
+				r.Err = err
+				s.log.Warn("node config refresh failed", "node", r.Node, "err", err)
+				return
+			}
+			r.Status, r.Reason = resp.GetStatus(), resp.GetReason()
+			s.log.Info("node config refreshed", "node", r.Node, "status", r.Status, "reason", r.Reason)
+		}()
+	}
+	wg.Wait()
+	return todo
+}
