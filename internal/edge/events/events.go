@@ -39,8 +39,8 @@ type Event struct {
 // must not be copied after first use. All methods are safe for concurrent
 // use.
 type Bus struct {
-	mu     sync.RWMutex // guards subs; held for reading during Publish's non-blocking sends
-	subs   map[*subscriber]struct{}
+	mu   sync.RWMutex // guards subs; held for reading during Publish's non-blocking sends
+	subs map[*subscriber]struct{}
 	lost atomic.Uint64 // one per (event, subscriber) drop, ever
 }
 
