@@ -130,12 +130,20 @@ demo_main() {
   curl -sSN -m 60 "http://$DEMO_HTTP/v1/chat/completions" \
     -H "Authorization: Bearer $DEMO_KEY" -H 'Content-Type: application/json' \
     -d '{"model":"tiny-oa","stream":true,"messages":[{"role":"user","content":"Say hello."}]}' \
-    | while IFS= read -r line; do
-        case "$line" in
-          "data: [DONE]") echo; break ;;
-          data:*) printf '%s' "$(printf '%s' "${line#data: }" | python3 -c 'import json,sys; c=json.load(sys.stdin).get("choices") or [{}]; print(((c[0].get("delta") or {}).get("content") or ""), end="")' 2>/dev/null)" ;;
-        esac
-      done
+    | python3 -u -c '
+import json, sys
+for line in sys.stdin:
+    line = line.strip()
+    if line == "data: [DONE]":
+        break
+    if line.startswith("data: "):
+        ev = json.loads(line[6:])
+        if "error" in ev:
+            print("(error: %s)" % ev["error"].get("message")); break
+        for c in ev.get("choices") or []:
+            print((c.get("delta") or {}).get("content") or "", end="", flush=True)
+print()
+' || echo "(request failed; see .run/edge.log)"
   echo
   echo "Serving. Try:"
   echo "  curl http://$DEMO_HTTP/v1/chat/completions -H 'Authorization: Bearer $DEMO_KEY' -H 'Content-Type: application/json' -d '{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'"

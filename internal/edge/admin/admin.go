@@ -1,0 +1,224 @@
+// Package admin serves the Edge's operator surface on admin_listen:
+//
+//	GET /status   JSON: configured nodes and their ProviderSnapshots (SPEC N3)
+//	GET /metrics  Prometheus text exposition format 0.0.4
+//	GET /events   SSE of node.connected / node.disconnected events (SPEC N4)
+//	/debug/pprof/ net/http/pprof, only when Options.Pprof is set
+//
+// It reads state through small interfaces and never changes it. It never
+// shows node addresses, tokens, keys or transport internals (SPEC N3, P4).
+package admin
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/pprof"
+	"sort"
+	"strconv"
+	"time"
+
+	"iop/internal/edge/events"
+	"iop/internal/edge/pool"
+
+	"google.golang.org/protobuf/encoding/protojson"
+)
+
+// StatusSource gives the node and provider projection (the pool).
+type StatusSource interface {
+	Snapshot() []pool.NodeSnapshot
+	Stats() (leases, waiters int)
+}
+
+// EventSource is the droppable node-event fan-out.
+type EventSource interface {
+	Subscribe(buf int) (<-chan events.Event, func())
+	Dropped() uint64
+}
+
+// Counter is one extra metric family other packages export: name, help, and
+// samples keyed by a pre-rendered, bounded label set (e.g. `code="200"`).
+type Counter struct {
+	Name, Help, Type string
+	Samples          func() map[string]float64
+}
+
+// Options configures the admin handler.
+type Options struct {
+	Status  StatusSource
+	Events  EventSource
+	Metrics []Counter
+	Pprof   bool
+	Version string
+}
+
+// New returns the admin http.Handler.
+func New(o Options) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) { serveStatus(w, o.Status) })
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) { serveMetrics(w, o) })
+	mux.HandleFunc("GET /events", func(w http.ResponseWriter, r *http.Request) { serveEvents(w, r, o.Events) })
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
+	if o.Pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	return mux
+}
+
+var providerJSON = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}
+
+// serveStatus writes {"nodes":[{"id","connected","ready_since","providers":[…]}]}.
+// ready_since is RFC 3339 and present only while connected.
+func serveStatus(w http.ResponseWriter, src StatusSource) {
+	var buf bytes.Buffer
+	buf.WriteString(`{"nodes":[`)
+	for i, n := range src.Snapshot() {
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		id, _ := json.Marshal(n.Node)
+		fmt.Fprintf(&buf, `{"id":%s,"connected":%t`, id, n.Connected)
+		if n.Connected {
+			fmt.Fprintf(&buf, `,"ready_since":%q`, n.ReadySince.UTC().Format(time.RFC3339))
+		}
+		buf.WriteString(`,"providers":[`)
+		for j, p := range n.Providers {
+			if j > 0 {
+				buf.WriteByte(',')
+			}
+			b, err := providerJSON.Marshal(p)
+			if err != nil {
+				http.Error(w, "status: "+err.Error(), http.StatusInternalServerError)
+				return
+			}
+			buf.Write(compactJSON(b))
+		}
+		buf.WriteString(`]}`)
+	}
+	buf.WriteString("]}\n")
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(buf.Bytes())
+}
+
+func compactJSON(b []byte) []byte {
+	var out bytes.Buffer
+	if json.Compact(&out, b) != nil {
+		return b
+	}
+	return out.Bytes()
+}
+
+func serveMetrics(w http.ResponseWriter, o Options) {
+	var buf bytes.Buffer
+	family := func(name, typ, help string) {
+		fmt.Fprintf(&buf, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
+	}
+	snaps := o.Status.Snapshot()
+	family("iop_edge_node_connected", "gauge", "1 while the configured node has a ready session (SPEC N3).")
+	for _, n := range snaps {
+		v := 0
+		if n.Connected {
+			v = 1
+		}
+		fmt.Fprintf(&buf, "iop_edge_node_connected{node=%s} %d\n", strconv.Quote(n.Node), v)
+	}
+	gauges := []struct {
+		name, help string
+		get        func(n pool.NodeSnapshot, i int) int32
+	}{
+		{"iop_edge_provider_capacity", "Effective capacity of the provider, requests.", func(n pool.NodeSnapshot, i int) int32 { return n.Providers[i].Capacity }},
+		{"iop_edge_provider_in_flight", "Leases held on the provider (SPEC Q8).", func(n pool.NodeSnapshot, i int) int32 { return n.Providers[i].InFlight }},
+		{"iop_edge_provider_long_in_flight", "Long-context leases held on the provider (SPEC Q8).", func(n pool.NodeSnapshot, i int) int32 { return n.Providers[i].LongInFlight }},
+		{"iop_edge_provider_queued", "Pending requests counting the provider as a live candidate (SPEC Q8).", func(n pool.NodeSnapshot, i int) int32 { return n.Providers[i].Queued }},
+	}
+	for _, g := range gauges {
+		family(g.name, "gauge", g.help)
+		for _, n := range snaps {
+			for i, p := range n.Providers {
+				fmt.Fprintf(&buf, "%s{node=%s,provider=%s} %d\n", g.name, strconv.Quote(n.Node), strconv.Quote(p.ProviderId), g.get(n, i))
+			}
+		}
+	}
+	leases, waiters := o.Status.Stats()
+	family("iop_edge_leases", "gauge", "Provider leases held.")
+	fmt.Fprintf(&buf, "iop_edge_leases %d\n", leases)
+	family("iop_edge_waiters", "gauge", "Requests waiting for a provider.")
+	fmt.Fprintf(&buf, "iop_edge_waiters %d\n", waiters)
+	if o.Events != nil {
+		family("iop_edge_events_dropped_total", "counter", "Node events dropped by the droppable fan-out (SPEC N4).")
+		fmt.Fprintf(&buf, "iop_edge_events_dropped_total %d\n", o.Events.Dropped())
+	}
+	for _, c := range o.Metrics {
+		typ := c.Type
+		if typ == "" {
+			typ = "counter"
+		}
+		family(c.Name, typ, c.Help)
+		samples := c.Samples()
+		keys := make([]string, 0, len(samples))
+		for k := range samples {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			if k == "" {
+				fmt.Fprintf(&buf, "%s %v\n", c.Name, samples[k])
+			} else {
+				fmt.Fprintf(&buf, "%s{%s} %v\n", c.Name, k, samples[k])
+			}
+		}
+	}
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	w.Write(buf.Bytes())
+}
+
+// serveEvents streams node events as SSE until the client leaves. Events a
+// slow client cannot take are dropped by the bus, never queued (SPEC N4).
+func serveEvents(w http.ResponseWriter, r *http.Request, src EventSource) {
+	if src == nil {
+		http.Error(w, "events unavailable", http.StatusNotFound)
+		return
+	}
+	ch, cancel := src.Subscribe(64)
+	defer cancel()
+	rc := http.NewResponseController(w)
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	rc.Flush()
+	ctx := r.Context()
+	keepalive := time.NewTicker(15 * time.Second)
+	defer keepalive.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-keepalive.C:
+			if _, err := w.Write([]byte(": keepalive\n\n")); err != nil {
+				return
+			}
+			rc.Flush()
+		case ev, ok := <-ch:
+			if !ok {
+				return
+			}
+			b, _ := json.Marshal(struct {
+				Type   string `json:"type"`
+				Node   string `json:"node"`
+				Time   string `json:"time"`
+				Reason string `json:"reason,omitempty"`
+			}{ev.Type, ev.Node, ev.Time.UTC().Format(time.RFC3339Nano), ev.Reason})
+			if _, err := fmt.Fprintf(w, "event: %s\ndata: %s\n\n", ev.Type, b); err != nil {
+				return
+			}
+			if rc.Flush() != nil {
+				return
+			}
+		}
+	}
+}

@@ -1,0 +1,225 @@
+// Package edge assembles the Edge daemon: the node transport (mutual TLS,
+// registry, heartbeats), the provider pool, the client HTTP surface and the
+// admin surface, wired so that node readiness and fencing drive the pool
+// (SPEC L5, L8, Q5) and config reloads reach pool, surface and ready nodes
+// (SPEC N2). It owns process-level lifecycle only; every decision lives in
+// the packages it wires.
+package edge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"iop/internal/edge/admin"
+	"iop/internal/edge/api"
+	"iop/internal/edge/config"
+	"iop/internal/edge/events"
+	"iop/internal/edge/pool"
+	"iop/internal/edge/transport"
+	"iop/internal/identity"
+)
+
+// Options for Run.
+type Options struct {
+	Logger  *slog.Logger
+	Version string
+	// Reload delivers validated configs (SIGHUP in main); nil = never.
+	Reload <-chan *config.Config
+	// Listeners, when set, are used instead of listening on the config's
+	// addresses (tests pass 127.0.0.1:0 listeners).
+	HTTPListener, NodeListener, AdminListener net.Listener
+	// Started, when set, is called once every listener is serving.
+	Started func(Addrs)
+	// ShutdownGrace bounds the HTTP drain on shutdown; 0 = 10 s.
+	ShutdownGrace time.Duration
+}
+
+// Addrs are the bound listener addresses.
+type Addrs struct{ HTTP, Node, Admin net.Addr }
+
+// PoolConfig projects the Edge config onto the provider pool's config
+// (SPEC Q1: dispatch targets are exactly models[].providers).
+func PoolConfig(c *config.Config) pool.Config {
+	pc := pool.Config{MaxWaiters: *c.Queue.MaxWaiters, WaitTimeout: time.Duration(c.Queue.WaitTimeoutMs) * time.Millisecond}
+	for _, n := range c.Nodes {
+		pc.Nodes = append(pc.Nodes, n.ID)
+		for i := range n.Adapters {
+			a := &n.Adapters[i]
+			pc.Resources = append(pc.Resources, pool.Resource{
+				Key:  pool.Key{Node: n.ID, Provider: a.Name},
+				Type: a.Type, Category: a.Category,
+				Capacity: a.Capacity, LongCapacity: *a.LongCapacity,
+				Operations: config.Operations(a),
+			})
+		}
+	}
+	for _, m := range c.Models {
+		g := pool.Group{Name: m.Name, LongContextTokens: m.LongContextTokens}
+		for _, mp := range m.Providers {
+			g.Candidates = append(g.Candidates, pool.Candidate{
+				Key:            pool.Key{Node: mp.Node, Provider: mp.Provider},
+				Target:         mp.Target,
+				StallTimeoutMs: c.EffectiveStallTimeoutMs(mp),
+			})
+		}
+		pc.Groups = append(pc.Groups, g)
+	}
+	return pc
+}
+
+// Run serves until ctx is done, then drains HTTP (bounded), closes node
+// sessions and returns nil. It returns an error at once when the TLS
+// material is unusable or a listener cannot be opened.
+func Run(ctx context.Context, cfg *config.Config, o Options) error {
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	var cur atomic.Pointer[config.Config]
+	cur.Store(cfg)
+	current := func() *config.Config { return cur.Load() }
+
+	tlsCfg, err := identity.ServerConfig(identity.ServerOptions{
+		CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, CAFile: cfg.TLS.CAFile,
+		TrustDomain: cfg.TLS.TrustDomain,
+		AllowNode:   func(name string) bool { return current().NodeByID(name) != nil },
+	})
+	if err != nil {
+		return fmt.Errorf("edge tls: %w", err)
+	}
+
+	p := pool.New(PoolConfig(cfg), pool.SystemClock())
+	bus := &events.Bus{}
+	tr := transport.New(transport.Options{
+		TLS: tlsCfg, Config: current, Logger: log.With("component", "transport"), Events: bus,
+		Hooks: transport.Hooks{
+			OnReady: func(node string, gen uint64) { p.NodeReady(node, gen) },
+			OnFence: func(node string, gen uint64) { p.NodeFenced(node, gen) },
+		},
+	})
+	h := api.New(api.Options{Config: current, Pool: p, Dispatcher: tr, Logger: log.With("component", "api")})
+	if h.OpenMode() {
+		log.Warn("no api_keys configured: the HTTP API is open to anyone who can reach it")
+	}
+	adm := admin.New(admin.Options{Status: p, Events: bus, Pprof: cfg.Admin.Pprof, Version: o.Version})
+
+	listen := func(given net.Listener, addr string) (net.Listener, error) {
+		if given != nil {
+			return given, nil
+		}
+		return net.Listen("tcp", addr)
+	}
+	var lns []net.Listener
+	closeAll := func() {
+		for _, l := range lns {
+			l.Close()
+		}
+	}
+	nodeLn, err := listen(o.NodeListener, cfg.NodeListen)
+	if err != nil {
+		return fmt.Errorf("node_listen: %w", err)
+	}
+	lns = append(lns, nodeLn)
+	httpLn, err := listen(o.HTTPListener, cfg.HTTPListen)
+	if err != nil {
+		closeAll()
+		return fmt.Errorf("http_listen: %w", err)
+	}
+	lns = append(lns, httpLn)
+	adminLn, err := listen(o.AdminListener, cfg.AdminListen)
+	if err != nil {
+		closeAll()
+		return fmt.Errorf("admin_listen: %w", err)
+	}
+
+	httpSrv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	adminSrv := &http.Server{Handler: adm, ReadHeaderTimeout: 10 * time.Second}
+
+	trCtx, stopTransport := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	errc := make(chan error, 3)
+	wg.Add(3)
+	go func() {
+		defer wg.Done()
+		if err := tr.Serve(trCtx, nodeLn); err != nil && !errors.Is(err, transport.ErrServerClosed) {
+			errc <- fmt.Errorf("node transport: %w", err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		if err := httpSrv.Serve(httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("http: %w", err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		if err := adminSrv.Serve(adminLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("admin: %w", err)
+		}
+	}()
+	log.Info("edge serving", "version", o.Version, "http", httpLn.Addr().String(),
+		"node", nodeLn.Addr().String(), "admin", adminLn.Addr().String())
+	if o.Started != nil {
+		o.Started(Addrs{HTTP: httpLn.Addr(), Node: nodeLn.Addr(), Admin: adminLn.Addr()})
+	}
+
+	var runErr error
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case err := <-errc:
+			runErr = err
+			break loop
+		case nc, ok := <-o.Reload:
+			if !ok {
+				o.Reload = nil
+				continue
+			}
+			reload(ctx, log, cfg, nc, &cur, p, tr)
+		}
+	}
+
+	grace := o.ShutdownGrace
+	if grace <= 0 {
+		grace = 10 * time.Second
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	httpSrv.Shutdown(sctx) // in-flight requests finish while nodes are still connected
+	cancel()
+	httpSrv.Close()
+	adminSrv.Close()
+	stopTransport()
+	wg.Wait()
+	log.Info("edge stopped")
+	return runErr
+}
+
+// reload applies a new config: listener and TLS changes need a restart; the
+// rest reaches the pool (Q5 pump), the surface and ready nodes (N2).
+func reload(ctx context.Context, log *slog.Logger, boot, nc *config.Config, cur *atomic.Pointer[config.Config], p *pool.Pool, tr *transport.Server) {
+	if nc.HTTPListen != boot.HTTPListen || nc.NodeListen != boot.NodeListen || nc.AdminListen != boot.AdminListen || nc.TLS != boot.TLS {
+		log.Warn("config reload: listen addresses and tls settings take effect only after a restart")
+	}
+	cur.Store(nc)
+	p.Reconfigure(PoolConfig(nc))
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for _, r := range tr.RefreshAll(rctx) {
+		if r.Err != nil {
+			log.Warn("config refresh failed", "node", r.Node, "revision", r.Revision, "err", r.Err)
+			continue
+		}
+		log.Info("config refresh", "node", r.Node, "revision", r.Revision, "status", r.Status.String(), "reason", r.Reason)
+	}
+	log.Info("config reloaded")
+}
