@@ -77,6 +77,7 @@ func (h hookCall) String() string { return fmt.Sprintf("%s(%s,%d)", h.kind, h.no
 // harness is an edge transport serving on a listener with a dev PKI.
 type harness struct {
 	t      testing.TB
+	logs   *logBuffer
 	pki    string
 	cfg    atomic.Pointer[config.Config]
 	srv    *Server
@@ -93,13 +94,14 @@ type harnessOpts struct {
 	ln     net.Listener // nil = TCP on 127.0.0.1:0
 	dial   func() (net.Conn, error)
 	modify func(*Options)
+	setup  func(*Server) // runs before Serve starts (test hooks)
 }
 
 // newHarness starts a Server. PKI: CA, edge-1, and nodes gpu-1, gpu-2,
 // gpu-3 (gpu-3 is allowed by TLS but not configured).
 func newHarness(t testing.TB, ho harnessOpts) *harness {
 	t.Helper()
-	h := &harness{t: t, pki: t.TempDir(), hooks: make(chan hookCall, 64), bus: &events.Bus{}}
+	h := &harness{t: t, logs: &logBuffer{}, pki: t.TempDir(), hooks: make(chan hookCall, 64), bus: &events.Bus{}}
 	if err := identity.InitPKI(h.pki, identity.PKIOptions{Edge: "edge-1", Nodes: []string{"gpu-1", "gpu-2", "gpu-3"}}); err != nil {
 		t.Fatalf("InitPKI: %v", err)
 	}
@@ -119,7 +121,7 @@ func newHarness(t testing.TB, ho harnessOpts) *harness {
 	o := Options{
 		TLS:    tlsCfg,
 		Config: h.cfg.Load,
-		Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Logger: slog.New(slog.NewTextHandler(testWriter{t, h.logs}, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Events: h.bus,
 		Hooks: Hooks{
 			OnReady: func(n string, g uint64) { h.hooks <- hookCall{"ready", n, g} },
@@ -130,6 +132,9 @@ func newHarness(t testing.TB, ho harnessOpts) *harness {
 		ho.modify(&o)
 	}
 	h.srv = New(o)
+	if ho.setup != nil {
+		ho.setup(h.srv)
+	}
 	h.ln, h.dialer = ho.ln, ho.dial
 	if h.ln == nil {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -161,11 +166,29 @@ func newHarness(t testing.TB, ho harnessOpts) *harness {
 	return h
 }
 
-type testWriter struct{ t testing.TB }
+// testWriter sends log lines to the test log and keeps them for asserts.
+type testWriter struct {
+	t    testing.TB
+	keep *logBuffer
+}
 
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	w.keep.mu.Lock()
+	w.keep.b.Write(p)
+	w.keep.mu.Unlock()
 	return len(p), nil
+}
+
+type logBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func (h *harness) file(name string) string { return filepath.Join(h.pki, name) }

@@ -1,9 +1,14 @@
 package transport
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/binary"
+	"math/big"
+	"net/url"
 	"os"
 	"strings"
 	"testing"
@@ -11,6 +16,7 @@ import (
 
 	"iop/internal/edge/events"
 	"iop/internal/edge/registry"
+	"iop/internal/identity"
 	iop "iop/proto/gen/iop"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -101,37 +107,85 @@ func TestRegistrationRefused(t *testing.T) {
 }
 
 // I2: a certificate with role edge dialing as a node is refused in the
-// handshake: its RegisterRequest is never answered.
+// handshake, before registration: its RegisterRequest is never answered.
+// Both the edge certificate as issued (serverAuth only) and a role-edge
+// certificate that does carry clientAuth (so only the SPIFFE role check can
+// refuse it) are tried.
 func TestEdgeRoleCertificateRefusedBeforeRegistration(t *testing.T) {
-	checkNoLeaks(t)
-	h := newHarness(t, harnessOpts{})
-	pair, err := tls.LoadX509KeyPair(h.file("edge-1.crt"), h.file("edge-1.key"))
+	tests := []struct {
+		name    string
+		cert    func(h *harness) tls.Certificate
+		wantLog string
+	}{
+		{"I2 edge certificate as issued", func(h *harness) tls.Certificate {
+			pair, err := tls.LoadX509KeyPair(h.file("edge-1.crt"), h.file("edge-1.key"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return pair
+		}, "handshake refused"},
+		{"I2 role edge with clientAuth", func(h *harness) tls.Certificate {
+			return issueFromCA(t, h, "spiffe://iop.local/edge/gpu-1", x509.ExtKeyUsageClientAuth)
+		}, identity.ErrWrongRole.Error()},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			checkNoLeaks(t)
+			h := newHarness(t, harnessOpts{})
+			caPEM, err := os.ReadFile(h.file("ca.crt"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			roots := x509.NewCertPool()
+			roots.AppendCertsFromPEM(caPEM)
+			// The edge's certificate has no DNS name for Go's host check;
+			// the server's identity is not what this test is about, so the
+			// client skips verifying it (this test proves the connection fails).
+			n := h.dialTLS(&tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{tc.cert(h)},
+				RootCAs: roots, InsecureSkipVerify: true})
+			n.conn.Handshake() // TLS 1.3: the client may finish before the server refuses
+			n.conn.Write([]byte{0, 0, 0, 2, 0x52, 0})
+			if env, err := n.next(); err == nil {
+				t.Fatalf("edge-role peer got %v, want the connection refused", env)
+			}
+			h.stop()
+			for _, st := range h.srv.Nodes() {
+				if st.Connected || st.Pending {
+					t.Fatalf("%s = %+v after an edge-role peer", st.ID, st)
+				}
+			}
+			h.noHooks()
+			if logs := h.logs.String(); !strings.Contains(logs, tc.wantLog) || strings.Contains(logs, "registered") {
+				t.Fatalf("edge log lacks %q or shows a registration:\n%s", tc.wantLog, logs)
+			}
+		})
+	}
+}
+
+// issueFromCA signs a leaf certificate with the dev CA's key for a URI SAN
+// and extended key usage that InitPKI would never issue.
+func issueFromCA(t *testing.T, h *harness, uri string, eku x509.ExtKeyUsage) tls.Certificate {
+	t.Helper()
+	caPair, err := tls.LoadX509KeyPair(h.file("ca.crt"), h.file("ca.key"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	caPEM, err := os.ReadFile(h.file("ca.crt"))
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(caPEM)
-	// The edge's certificate has no DNS name for Go's host check; the
-	// server's identity is not what this test is about, so the client
-	// skips verifying it (this test proves the connection fails).
-	n := h.dialTLS(&tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{pair},
-		RootCAs: roots, InsecureSkipVerify: true})
-	n.conn.Handshake() // TLS 1.3: the client may finish before the server refuses
-	n.conn.Write([]byte{0, 0, 0, 2, 0x52, 0})
-	if env, err := n.next(); err == nil {
-		t.Fatalf("edge-role peer got %v, want the connection refused", env)
+	u, err := url.Parse(uri)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, st := range h.srv.Nodes() {
-		if st.Connected || st.Pending {
-			t.Fatalf("%s = %+v after an edge-role peer", st.ID, st)
-		}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(4242), URIs: []*url.URL{u},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{eku}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, caPair.Leaf, &key.PublicKey, caPair.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
 	}
-	h.stop()
-	h.noHooks()
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
 
 // L1: a second registration on one connection, same id or another, is
@@ -209,18 +263,19 @@ func TestTakeoverFencesOldGenerationOnce(t *testing.T) {
 func TestLateCloseOfOldGenerationAfterNewReady(t *testing.T) {
 	checkNoLeaks(t)
 	release, reached, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	h := newHarness(t, harnessOpts{})
-	h.srv.beforeConnClosed = func(id registry.ConnID) {
-		if id == connID(1) {
-			close(reached)
-			<-release
+	h := newHarness(t, harnessOpts{setup: func(s *Server) {
+		s.beforeConnClosed = func(id registry.ConnID) {
+			if id == connID(1) {
+				close(reached)
+				<-release
+			}
 		}
-	}
-	h.srv.afterConnClosed = func(id registry.ConnID) {
-		if id == connID(1) {
-			close(done)
+		s.afterConnClosed = func(id registry.ConnID) {
+			if id == connID(1) {
+				close(done)
+			}
 		}
-	}
+	}})
 	a := h.dial("gpu-1")
 	a.connect("gpu-1")
 	h.wantHooks(hookCall{"ready", "gpu-1", 1})
