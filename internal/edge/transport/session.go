@@ -110,6 +110,7 @@ func (s *Server) serveConn(raw net.Conn) {
 func (c *session) logEnd(node string) {
 	err := c.err
 	switch {
+	case c.tc == nil: // the handshake or identity refusal was logged by run
 	case errors.Is(err, io.EOF), errors.Is(err, ErrServerClosed), errors.Is(err, registry.ErrSuperseded),
 		errors.Is(err, ErrRefusedRegistration):
 		c.s.log.Info("node session closed", "node", node, "cert_name", c.peer, "reason", err)

@@ -175,9 +175,12 @@ func (s *Server) readySession(node string, gen uint64) *session {
 }
 
 // StartRun implements dispatch.Dispatcher: it assigns a run id, registers
-// the stream and queues RunRequest. Errors: dispatch.ErrNotReady when t is
-// not the current ready owner, dispatch.ErrSendQueueFull when the request
-// could not be queued (nothing was sent).
+// the stream and queues RunRequest. The writer encodes req later: the
+// caller must not modify it after the call. Errors: dispatch.ErrNotReady
+// when t is not the current ready owner (SPEC L3, L9, P3),
+// dispatch.ErrSendQueueFull when the request could not be queued (nothing
+// was sent); a request that cannot be encoded (over 16 MiB, invalid UTF-8)
+// ends the stream with ErrUnencodable.
 func (s *Server) StartRun(t dispatch.Target, req *iop.RunRequest) (dispatch.Stream, error) {
 	st, err := s.start(t, func(env *iop.Envelope) { env.Kind = &iop.Envelope_RunRequest{RunRequest: req} })
 	if err != nil {
@@ -187,7 +190,7 @@ func (s *Server) StartRun(t dispatch.Target, req *iop.RunRequest) (dispatch.Stre
 }
 
 // StartTunnel implements dispatch.Dispatcher for ProviderTunnelRequest;
-// errors as StartRun.
+// ownership of req and errors as StartRun.
 func (s *Server) StartTunnel(t dispatch.Target, req *iop.ProviderTunnelRequest) (dispatch.Stream, error) {
 	st, err := s.start(t, func(env *iop.Envelope) { env.Kind = &iop.Envelope_TunnelRequest{TunnelRequest: req} })
 	if err != nil {
