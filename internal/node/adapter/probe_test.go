@@ -1,0 +1,95 @@
+package adapter_test
+
+import (
+	"context"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"iop/internal/node/adapter"
+	iop "iop/proto/gen/iop"
+)
+
+// H2, H10: the exact-target probe of each adapter type.
+func TestProbe(t *testing.T) {
+	leakCheck(t)
+	tags := sample(t, "ollama_api_tags.json")
+	llamaModels := sample(t, "llama_v1_models.json")
+	ollamaModels := sample(t, "ollama_v1_models.json")
+	var healthy atomic.Bool
+	healthy.Store(true)
+	never := make(chan struct{})
+	defer close(never)
+	up := newFake(t, func(w http.ResponseWriter, r *http.Request, _ []byte) {
+		w.Header().Set("Content-Type", "application/json")
+		switch r.URL.Path {
+		case "/api/tags":
+			_, _ = w.Write(tags)
+		case "/ollama/v1/models":
+			_, _ = w.Write(ollamaModels)
+		case "/health":
+			if !healthy.Load() {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				_, _ = w.Write([]byte(`{"error":{"code":503,"message":"Loading model"}}`))
+				return
+			}
+			_, _ = w.Write([]byte(`{"status":"ok"}`))
+		case "/v1/models":
+			_, _ = w.Write(llamaModels)
+		case "/garbage/v1/models":
+			_, _ = w.Write([]byte("<html>"))
+		case "/slow/v1/models":
+			select {
+			case <-r.Context().Done():
+			case <-never:
+			}
+		default:
+			http.NotFound(w, r)
+		}
+	})
+	ollamaCompat := &iop.ConcreteProtocolProfile{Name: "ollama", BaseUrl: up.URL + "/ollama", ModelsPath: "/v1/models", HealthPath: "/v1/models"}
+	garbage := &iop.ConcreteProtocolProfile{Name: "vllm", BaseUrl: up.URL + "/garbage", ModelsPath: "/v1/models", HealthPath: "/v1/models"}
+	slow := &iop.ConcreteProtocolProfile{Name: "vllm", BaseUrl: up.URL + "/slow", ModelsPath: "/v1/models", HealthPath: "/v1/models"}
+	noPaths := &iop.ConcreteProtocolProfile{Name: "openai", BaseUrl: up.URL}
+	s := newSet(t, adapter.Options{ProbeTimeout: 200 * time.Millisecond},
+		ollamaAdapter("ollama", up.URL, 1),
+		compatAdapter("llama", llamaProfile(up.URL), 1),
+		compatAdapter("ollama-v1", ollamaCompat, 1),
+		compatAdapter("garbage", garbage, 1),
+		compatAdapter("slow", slow, 1),
+		compatAdapter("bare", noPaths, 1),
+		ollamaAdapter("down", "http://127.0.0.1:1", 1),
+	)
+	cases := []struct {
+		name, adapter, target, want string
+		unhealthy                   bool
+	}{
+		{"H10 ollama tag-aware match", "ollama", "tiny", adapter.HealthAvailable, false},
+		{"H10 ollama exact tag", "ollama", "tiny-tool:latest", adapter.HealthAvailable, false},
+		{"H10 ollama target absent", "ollama", "llama3.1:8b", adapter.HealthUnavailable, false},
+		{"H10 ollama prefix is not a match", "ollama", "tin", adapter.HealthUnavailable, false},
+		{"H10 llama-server health then models list", "llama", "tiny", adapter.HealthAvailable, false},
+		{"H10 llama-server target absent", "llama", "big", adapter.HealthUnavailable, false},
+		{"H10 llama-server unhealthy", "llama", "tiny", adapter.HealthUnavailable, true},
+		{"H10 ollama /v1 models list is tag-aware", "ollama-v1", "tiny", adapter.HealthAvailable, false},
+		{"H2 unreadable models list is unknown", "garbage", "tiny", adapter.HealthUnknown, false},
+		{"H2 probe bounded by its timeout is unknown", "slow", "tiny", adapter.HealthUnknown, false},
+		{"H2 profile without probe paths is unknown", "bare", "tiny", adapter.HealthUnknown, false},
+		{"H2 unreachable server is unavailable", "down", "tiny", adapter.HealthUnavailable, false},
+		{"H10 unknown adapter is unknown", "nope", "tiny", adapter.HealthUnknown, false},
+		{"H10 empty target is unknown", "ollama", "", adapter.HealthUnknown, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			healthy.Store(!tc.unhealthy)
+			start := time.Now()
+			if got := s.Probe(context.Background(), tc.adapter, tc.target); got != tc.want {
+				t.Fatalf("Probe(%q, %q) = %q, want %q", tc.adapter, tc.target, got, tc.want)
+			}
+			if d := time.Since(start); d > 2*time.Second {
+				t.Fatalf("H1: probe took %v, want bounded", d)
+			}
+		})
+	}
+}
