@@ -1,0 +1,175 @@
+package ollama
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"iop/internal/node/adapter/upstream"
+	iop "iop/proto/gen/iop"
+)
+
+func f64(v float64) *float64 { return &v }
+func i64(v int64) *int64     { return &v }
+
+// E8: OpenAI-shaped input becomes Ollama's /api/chat request.
+func TestBuildChatRequest(t *testing.T) {
+	cases := []struct {
+		name string
+		in   *iop.RunInput
+		want string // JSON, compared semantically
+	}{
+		{"E8 plain chat with options", &iop.RunInput{
+			Messages:  []*iop.ChatMessage{{Role: "system", Content: "Be brief."}, {Role: "user", Content: "Hi", Name: "ann"}},
+			MaxTokens: 16, Temperature: f64(0.2), TopP: f64(0.9), Stop: []string{"\n"}, Seed: i64(7),
+		}, `{"model":"tiny","stream":true,"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}],
+			"options":{"num_predict":16,"temperature":0.2,"top_p":0.9,"stop":["\n"],"seed":7}}`},
+		{"E8 assistant tool-call arguments string becomes an object; tool message gets tool_name", &iop.RunInput{
+			Messages: []*iop.ChatMessage{
+				{Role: "user", Content: "Weather?"},
+				{Role: "assistant", ToolCallsJson: []byte(`[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}},{"id":"c2","type":"function","function":{"name":"noargs","arguments":""}}]`)},
+				{Role: "tool", ToolCallId: "c1", Content: "sunny"},
+			},
+			ToolsJson: []byte(`[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}]`),
+		}, `{"model":"tiny","stream":true,"messages":[{"role":"user","content":"Weather?"},
+			{"role":"assistant","content":"","tool_calls":[{"id":"c1","function":{"name":"get_weather","arguments":{"city":"Paris"}}},{"id":"c2","function":{"name":"noargs","arguments":{}}}]},
+			{"role":"tool","content":"sunny","tool_name":"get_weather","tool_call_id":"c1"}],
+			"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}]}`},
+		{"E8 tool_choice none leaves tools out", &iop.RunInput{
+			Messages:  []*iop.ChatMessage{{Role: "user", Content: "Hi"}},
+			ToolsJson: []byte(`[{"type":"function","function":{"name":"f"}}]`), ToolChoiceJson: []byte(`"none"`),
+		}, `{"model":"tiny","stream":true,"messages":[{"role":"user","content":"Hi"}]}`},
+		{"E8 empty tools array is no tools", &iop.RunInput{Messages: []*iop.ChatMessage{{Role: "user", Content: "Hi"}}, ToolsJson: []byte(`[]`)},
+			`{"model":"tiny","stream":true,"messages":[{"role":"user","content":"Hi"}]}`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := BuildChatRequest("tiny", tc.in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !jsonEqual(t, got, []byte(tc.want)) {
+				t.Fatalf("got  %s\nwant %s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestBuildChatRequestErrors(t *testing.T) {
+	cases := []struct {
+		name string
+		in   *iop.RunInput
+	}{
+		{"E8 nil input", nil},
+		{"E8 no messages", &iop.RunInput{}},
+		{"E8 unknown role", &iop.RunInput{Messages: []*iop.ChatMessage{{Role: "robot"}}}},
+		{"E8 arguments not a JSON object", &iop.RunInput{Messages: []*iop.ChatMessage{{Role: "assistant", ToolCallsJson: []byte(`[{"function":{"name":"f","arguments":"[1]"}}]`)}}}},
+		{"E8 tool_calls not an array", &iop.RunInput{Messages: []*iop.ChatMessage{{Role: "assistant", ToolCallsJson: []byte(`{"x":1}`)}}}},
+		{"E8 tools not an array", &iop.RunInput{Messages: []*iop.ChatMessage{{Role: "user"}}, ToolsJson: []byte(`{"type":"function"}`)}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := BuildChatRequest("tiny", tc.in); !errors.Is(err, upstream.ErrInvalidInput) {
+				t.Fatalf("got %v, want ErrInvalidInput", err)
+			}
+		})
+	}
+}
+
+type splitReader struct {
+	b []byte
+	k int
+}
+
+func (s *splitReader) Read(p []byte) (int, error) {
+	if len(s.b) == 0 {
+		return 0, io.EOF
+	}
+	n := len(s.b)
+	if s.k > 0 && s.k < n {
+		n = s.k
+	}
+	n = copy(p, s.b[:n])
+	s.b = s.b[n:]
+	s.k -= n
+	return n, nil
+}
+
+// E8: the captured streams give the same result however the bytes arrive.
+func TestReadChatStreamSplits(t *testing.T) {
+	for _, tc := range []struct {
+		file, content, finish, calls string
+	}{
+		{"ollama_api_chat_stream.ndjson", "Hello from tiny-gguf! This reply is deterministic.", "stop", ""},
+		{"ollama_api_chat_tool_stream.ndjson", "", "tool_calls",
+			`[{"id":"call_mixofqgs","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]`},
+	} {
+		t.Run("E8 "+tc.file, func(t *testing.T) {
+			b, err := os.ReadFile(filepath.Join("..", "..", "..", "..", "testdata", "samples", tc.file))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for k := 0; k <= len(b); k++ {
+				var deltas strings.Builder
+				res, err := readChatStream(&splitReader{b: b, k: k}, upstream.Hooks{OnDelta: func(s string) { deltas.WriteString(s) }})
+				if err != nil {
+					t.Fatalf("split %d: %v", k, err)
+				}
+				if res.Content != tc.content || deltas.String() != tc.content || res.FinishReason != tc.finish || res.Metadata[upstream.MetaToolCalls] != tc.calls {
+					t.Fatalf("split %d: got %+v", k, res)
+				}
+			}
+		})
+	}
+}
+
+// E8: tool calls without ids get generated ones; string arguments pass.
+func TestToolCallConversion(t *testing.T) {
+	stream := `{"message":{"content":"","tool_calls":[{"function":{"name":"a","arguments":{"x":1}}},{"function":{"name":"b","arguments":"{\"y\":2}"}}]},"done":false}` + "\n" +
+		`{"message":{"content":""},"done":true,"done_reason":"length","prompt_eval_count":3,"eval_count":2}` + "\n"
+	res, err := readChatStream(strings.NewReader(stream), upstream.Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls []upstream.ToolCall
+	if err := json.Unmarshal([]byte(res.Metadata[upstream.MetaToolCalls]), &calls); err != nil {
+		t.Fatal(err)
+	}
+	if len(calls) != 2 || !strings.HasPrefix(calls[0].ID, "call_") || calls[0].ID == calls[1].ID ||
+		calls[0].Function.Arguments != `{"x":1}` || calls[1].Function.Arguments != `{"y":2}` {
+		t.Fatalf("calls %+v", calls)
+	}
+	if res.FinishReason != "tool_calls" || res.Usage.GetTotalTokens() != 5 {
+		t.Fatalf("E8: finish %q usage %v, want tool_calls and 5 tokens", res.FinishReason, res.Usage)
+	}
+	if _, err := readChatStream(strings.NewReader(`{"message":{"tool_calls":[{"function":{"arguments":{}}}]},"done":true}`), upstream.Hooks{}); !errors.Is(err, upstream.ErrProtocol) {
+		t.Fatalf("tool call without name: got %v, want ErrProtocol", err)
+	}
+}
+
+func TestFinishReason(t *testing.T) {
+	for in, want := range map[string]string{"stop": "stop", "length": "length", "load": "stop", "": "stop"} {
+		if got := finishReason(in); got != want {
+			t.Errorf("E8: finishReason(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func jsonEqual(t testing.TB, a, b []byte) bool {
+	t.Helper()
+	var x, y any
+	if err := json.Unmarshal(a, &x); err != nil {
+		t.Fatalf("%s: %v", a, err)
+	}
+	if err := json.Unmarshal(b, &y); err != nil {
+		t.Fatalf("%s: %v", b, err)
+	}
+	xa, _ := json.Marshal(x)
+	ya, _ := json.Marshal(y)
+	return bytes.Equal(xa, ya)
+}
