@@ -110,6 +110,6 @@ func BenchmarkWriteEnvelope(b *testing.B) {
 	}
 }
 
-func frameLen(b *testing.B, env *iop.Envelope) int {
+func frameLen(b testing.TB, env *iop.Envelope) int {
 	return HeaderSize + len(mustMarshal(b, env))
 }
