@@ -1,0 +1,166 @@
+package adapter_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"iop/internal/node/adapter"
+	"iop/internal/sse"
+	iop "iop/proto/gen/iop"
+)
+
+// Real-server runs of the adapter tests (backends.md): set
+// IOP_TEST_OLLAMA_URL (e.g. http://127.0.0.1:11434) and/or
+// IOP_TEST_OPENAI_URL (e.g. http://127.0.0.1:8081 for llama-server).
+// Targets default to the tiny test models: IOP_TEST_OLLAMA_TARGET /
+// IOP_TEST_OPENAI_TARGET ("tiny") and IOP_TEST_OLLAMA_TOOL_TARGET /
+// IOP_TEST_OPENAI_TOOL_TARGET ("tiny-tool"); IOP_TEST_OPENAI_PROFILE names
+// the profile shape ("llamacpp" by default, or "ollama" for Ollama's /v1).
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func realURL(t *testing.T, env string) string {
+	t.Helper()
+	u := os.Getenv(env)
+	if u == "" {
+		t.Skipf("%s not set: no real backend to test against", env)
+	}
+	return u
+}
+
+// E8 against a real Ollama.
+func TestRealOllama(t *testing.T) {
+	base := realURL(t, "IOP_TEST_OLLAMA_URL")
+	leakCheck(t)
+	target, toolTarget := envOr("IOP_TEST_OLLAMA_TARGET", "tiny"), envOr("IOP_TEST_OLLAMA_TOOL_TARGET", "tiny-tool")
+	s := newSet(t, adapter.Options{}, ollamaAdapter("ollama", base, 2))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	realRunChecks(ctx, t, s, "ollama", target, toolTarget)
+	t.Run("H10 probe", func(t *testing.T) {
+		if got := s.Probe(ctx, "ollama", target); got != adapter.HealthAvailable {
+			t.Fatalf("probe %q = %q, want available", target, got)
+		}
+		if got := s.Probe(ctx, "ollama", "no-such-model"); got != adapter.HealthUnavailable {
+			t.Fatalf("probe no-such-model = %q, want unavailable", got)
+		}
+	})
+	t.Run("E8 unknown model", func(t *testing.T) {
+		last, _ := checkRun(t, runAll(ctx, s, &iop.RunRequest{Adapter: "ollama", Target: "no-such-model", Input: userInput("Hi")}))
+		if last.GetFailureCode() != adapter.CodeUpstreamStatus || last.GetUpstreamStatus() != 404 {
+			t.Fatalf("got %q status %d (%q), want upstream_status 404", last.GetFailureCode(), last.GetUpstreamStatus(), last.GetError())
+		}
+	})
+	realTunnelChecks(ctx, t, s, "ollama", target)
+}
+
+// E9, T1, T2 against a real OpenAI-compatible server.
+func TestRealOpenAICompat(t *testing.T) {
+	base := realURL(t, "IOP_TEST_OPENAI_URL")
+	leakCheck(t)
+	target, toolTarget := envOr("IOP_TEST_OPENAI_TARGET", "tiny"), envOr("IOP_TEST_OPENAI_TOOL_TARGET", "tiny-tool")
+	p := llamaProfile(base)
+	p.Name = envOr("IOP_TEST_OPENAI_PROFILE", "llamacpp")
+	if p.Name == "ollama" {
+		p.HealthPath, p.CountTokensPath, p.ResponsesPath = "/v1/models", "", ""
+	}
+	s := newSet(t, adapter.Options{}, compatAdapter("compat", p, 2))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	realRunChecks(ctx, t, s, "compat", target, toolTarget)
+	t.Run("H10 probe", func(t *testing.T) {
+		if got := s.Probe(ctx, "compat", target); got != adapter.HealthAvailable {
+			t.Fatalf("probe %q = %q, want available", target, got)
+		}
+	})
+	realTunnelChecks(ctx, t, s, "compat", target)
+}
+
+// realRunChecks: the E3 grammar, text and usage, and tool calls in OpenAI
+// shape when the model makes them.
+func realRunChecks(ctx context.Context, t *testing.T, s *adapter.Set, name, target, toolTarget string) {
+	t.Run("E3 text run", func(t *testing.T) {
+		in := userInput("Hi")
+		in.MaxTokens = 32
+		last, deltas := checkRun(t, runAll(ctx, s, &iop.RunRequest{Adapter: name, Target: target, Input: in}))
+		if last.GetType() != iop.RunEventType_RUN_EVENT_COMPLETE {
+			t.Fatalf("got %v %q", last.GetType(), last.GetError())
+		}
+		if last.GetContent() == "" || deltas != last.GetContent() {
+			t.Fatalf("content %q, deltas %q", last.GetContent(), deltas)
+		}
+		if f := last.GetFinishReason(); f != "stop" && f != "length" {
+			t.Fatalf("finish_reason %q", f)
+		}
+		if last.GetUsage().GetCompletionTokens() <= 0 {
+			t.Fatalf("usage %v, want completion tokens", last.GetUsage())
+		}
+	})
+	t.Run("E8 E9 tool run", func(t *testing.T) {
+		in := userInput("What is the weather in Paris?")
+		in.ToolsJson = []byte(weatherTools)
+		last, _ := checkRun(t, runAll(ctx, s, &iop.RunRequest{Adapter: name, Target: toolTarget, Input: in}))
+		if last.GetType() != iop.RunEventType_RUN_EVENT_COMPLETE {
+			t.Fatalf("got %v %q", last.GetType(), last.GetError())
+		}
+		raw, ok := last.GetMetadata()["openai_tool_calls"]
+		if !ok {
+			t.Skipf("model %q made no tool call (content %q)", toolTarget, last.GetContent())
+		}
+		calls := decodeCalls(t, raw)
+		for _, c := range calls {
+			fn, _ := c["function"].(map[string]any)
+			args, _ := fn["arguments"].(string)
+			if c["type"] != "function" || c["id"] == "" || fn["name"] == "" || !json.Valid([]byte(args)) {
+				t.Fatalf("call %v is not OpenAI-shaped", c)
+			}
+		}
+		if last.GetFinishReason() != "tool_calls" {
+			t.Fatalf("finish_reason %q with tool calls", last.GetFinishReason())
+		}
+	})
+}
+
+// realTunnelChecks: T2 frames of a streamed chat and the models list.
+func realTunnelChecks(ctx context.Context, t *testing.T, s *adapter.Set, name, target string) {
+	t.Run("T2 streamed chat tunnel", func(t *testing.T) {
+		body := []byte(`{"model":"` + target + `","stream":true,"stream_options":{"include_usage":true},"max_tokens":16,"messages":[{"role":"user","content":"Hi"}]}`)
+		last, status, got, usages := checkTunnel(t, tunnelAll(ctx, s, &iop.ProviderTunnelRequest{Adapter: name, Target: target,
+			Operation: adapter.OpChatCompletions, Method: "POST", Body: body, Stream: true,
+			Headers: []*iop.Header{{Name: "Content-Type", Value: "application/json"}, {Name: "Authorization", Value: "Bearer client"}}}))
+		if last.GetKind() != iop.TunnelFrameKind_TUNNEL_FRAME_END || status != 200 {
+			t.Fatalf("got %v %q status %d", last.GetKind(), last.GetError(), status)
+		}
+		r := sse.NewReader(bytes.NewReader(got), 0)
+		var lastData string
+		for {
+			ev, err := r.Next()
+			if err != nil {
+				break
+			}
+			lastData = string(ev.Data)
+		}
+		if lastData != "[DONE]" {
+			t.Fatalf("stream ends with %q, want [DONE]", lastData)
+		}
+		if len(usages) != 1 || usages[0].GetCompletionTokens() <= 0 {
+			t.Fatalf("USAGE frames %v, want one with completion tokens", usages)
+		}
+	})
+	t.Run("T1 models tunnel", func(t *testing.T) {
+		last, status, got, _ := checkTunnel(t, tunnelAll(ctx, s, &iop.ProviderTunnelRequest{Adapter: name, Target: target, Operation: adapter.OpModels, Method: "GET"}))
+		if last.GetKind() != iop.TunnelFrameKind_TUNNEL_FRAME_END || status != 200 || !strings.Contains(string(got), `"data"`) {
+			t.Fatalf("got %v status %d body %.200s", last.GetKind(), status, got)
+		}
+	})
+}
