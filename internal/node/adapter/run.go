@@ -18,8 +18,9 @@ import (
 // "openai_tool_calls" / "openai_text_tool_fallback"), ERROR (error and
 // failure_code; upstream_status for a non-2xx answer) or CANCELLED — with seq
 // strictly increasing and adapter/target set on every event. It returns after
-// the terminal was emitted. emit is called only from the calling goroutine
-// and must not be retained after Run returns; it may block briefly.
+// the terminal was emitted. Every event is a fresh value that emit may keep;
+// emit is called only from the calling goroutine and never after Run
+// returns; it may block briefly.
 //
 // Boundary checks before any provider call, each an ERROR terminal: unknown
 // adapter (unknown_adapter, SPEC E1), response_stall_timeout_ms negative or
@@ -78,6 +79,7 @@ func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit f
 		})
 	default:
 		code, status := classify(runCtx, err)
+		s.log.Debug("adapter run failed", "adapter", inst.name, "run_id", runID, "failure_code", code, "upstream_status", status)
 		rs.fail(code, fmt.Sprintf("adapter %q: %v", inst.name, err), status)
 	}
 }
@@ -107,6 +109,8 @@ func classify(runCtx context.Context, err error) (string, int32) {
 		return CodeUpstreamStatus, int32(se.Status)
 	case errors.Is(err, upstream.ErrInvalidInput):
 		return CodeInvalidRequest, 0
+	case errors.Is(err, upstream.ErrUnsupported):
+		return CodeUnsupportedOperation, 0
 	case errors.Is(err, errPanic):
 		return CodeInternal, 0
 	}

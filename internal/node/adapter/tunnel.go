@@ -25,11 +25,13 @@ import (
 // error, cancel) is an ERROR after whatever BODY frames were sent. adapter
 // and target are set on every frame except BODY.
 //
-// The Body of a BODY frame is owned by the frame unless
-// Options.ReuseBodyBuffers is set; then it is valid only until emit returns.
-// emit is called only from the calling goroutine and must not retain the
-// frame after Run returns; it may block briefly (back-pressure from the
-// session's send queue slows the upstream read).
+// Every frame is a fresh value that emit may keep (e.g. queue for a writer
+// goroutine), and so is a BODY frame's Body — unless
+// Options.ReuseBodyBuffers is set: then Body is valid only until emit
+// returns, and emit must serialize or copy it first. emit is called only
+// from the calling goroutine and never after Tunnel returns; it may block
+// briefly (back-pressure from the session's send queue slows the upstream
+// read).
 //
 // The path is the profile's path for req.operation, or req.path when the
 // operation is empty; a path that is absolute, has a host or escapes the

@@ -40,6 +40,7 @@ type Driver struct {
 // metadata["openai_text_tool_fallback"]="true" (SPEC E9).
 //
 // Errors: upstream.ErrInvalidInput for input that cannot be converted,
+// upstream.ErrUnsupported when the profile has no chat_completions path,
 // *upstream.StatusError for a non-2xx answer, upstream.ErrProtocol for a
 // malformed or unfinished stream or an error object mid-stream, or the
 // transport's error (including ctx's) as is.
@@ -48,7 +49,7 @@ func (d *Driver) Run(ctx context.Context, target string, in *iop.RunInput, h ups
 		return upstream.Result{}, fmt.Errorf("%w: no input", upstream.ErrInvalidInput)
 	}
 	if d.Profile.GetChatCompletionsPath() == "" {
-		return upstream.Result{}, fmt.Errorf("%w: profile %q has no chat_completions path", upstream.ErrInvalidInput, d.Profile.GetName())
+		return upstream.Result{}, fmt.Errorf("%w: profile %q has no chat_completions path", upstream.ErrUnsupported, d.Profile.GetName())
 	}
 	tools, err := upstream.Tools(in.GetToolsJson())
 	if err != nil {

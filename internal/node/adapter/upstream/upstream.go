@@ -32,6 +32,9 @@ var (
 	// ErrInvalidInput: the RunRequest cannot be turned into a provider
 	// request (bad tools JSON, bad tool-call arguments…) → "invalid_request".
 	ErrInvalidInput = errors.New("invalid run input")
+	// ErrUnsupported: the adapter's profile lacks the operation the run
+	// needs (e.g. no chat_completions path) → "unsupported_operation".
+	ErrUnsupported = errors.New("operation not supported by the profile")
 	// ErrProtocol: the provider's answer broke its own format (malformed
 	// JSON line, stream ended before it finished, error object mid-stream)
 	// → "upstream_error".
