@@ -99,6 +99,9 @@ var (
 	ErrBadAuthHeader    = errors.New("bad upstream auth header")
 	errRunDeadline      = errors.New("request timeout_sec expired")
 	errUnknownOperation = errors.New("unknown operation")
+	errUnsafePath       = errors.New("unsafe path") // absolute, with a host, or escaping the base
+	errUnsupported      = errors.New("operation not supported by the profile")
+	errPanic            = errors.New("adapter panicked")
 )
 
 // Options for NewSet; zero values get defaults.
@@ -140,14 +143,13 @@ type Set struct {
 
 // instance is one adapter instance.
 type instance struct {
-	name     string
-	typ      string
-	ep       *upstream.Endpoint
-	profile  *iop.ConcreteProtocolProfile // never nil; built in for ollama
-	gate     gate
-	stallMs  int64 // AdapterConfig.response_stall_timeout_ms; 0 = Set default
-	runner   runner
-	category string
+	name    string
+	typ     string
+	ep      *upstream.Endpoint
+	profile *iop.ConcreteProtocolProfile // never nil; built in for ollama
+	gate    gate
+	stallMs int64 // AdapterConfig.response_stall_timeout_ms; 0 = Set default
+	runner  runner
 }
 
 // runner is what the two adapter types implement for runs and probes.
@@ -211,7 +213,7 @@ func (s *Set) build(ac *iop.AdapterConfig, lookupEnv func(string) (string, bool)
 	if name == "" {
 		name = ac.GetType()
 	}
-	inst := &instance{name: name, typ: ac.GetType(), stallMs: ac.GetResponseStallTimeoutMs(), category: ac.GetCategory()}
+	inst := &instance{name: name, typ: ac.GetType(), stallMs: ac.GetResponseStallTimeoutMs()}
 	fail := func(err error, format string, args ...any) error {
 		if format == "" {
 			return fmt.Errorf("adapter %q: %w", name, err)

@@ -1,7 +1,6 @@
 package adapter_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"io"
@@ -307,14 +306,4 @@ func checkTunnel(t testing.TB, frs []*iop.ProviderTunnelFrame) (last *iop.Provid
 
 func userInput(text string) *iop.RunInput {
 	return &iop.RunInput{Messages: []*iop.ChatMessage{{Role: "user", Content: text}}}
-}
-
-// lines reads the SSE or NDJSON body as lines, for request checks.
-func lines(b []byte) []string {
-	var out []string
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		out = append(out, sc.Text())
-	}
-	return out
 }

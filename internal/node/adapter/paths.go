@@ -1,7 +1,6 @@
 package adapter
 
 import (
-	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -16,12 +15,6 @@ const (
 	OpMessages        = "messages"
 	OpCountTokens     = "count_tokens"
 	OpResponses       = "responses"
-)
-
-// errUnsafePath: a path is absolute, has a host, or escapes the base path.
-var (
-	errUnsafePath  = errors.New("unsafe path")
-	errUnsupported = errors.New("operation not supported by the profile")
 )
 
 // ollamaProfile is the built-in profile of an "ollama" instance, used by

@@ -96,8 +96,6 @@ func (s *Set) callRunner(ctx context.Context, inst *instance, req *iop.RunReques
 	return inst.runner.Run(ctx, req.GetTarget(), req.GetInput(), h)
 }
 
-var errPanic = errors.New("adapter panicked")
-
 // classify maps a failed attempt to a failure code and, for a non-2xx
 // answer, the upstream status.
 func classify(runCtx context.Context, err error) (string, int32) {

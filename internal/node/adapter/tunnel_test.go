@@ -290,3 +290,55 @@ func hasHeader(hs []*iop.Header, name, value string) bool {
 	}
 	return false
 }
+
+// E1, E2, C4: tunnel boundary checks end in a lone ERROR, no upstream call.
+func TestTunnelBoundary(t *testing.T) {
+	leakCheck(t)
+	up := newFake(t, replay(200, "application/json", []byte(`{}`)))
+	s := newSet(t, adapter.Options{}, compatAdapter("a", llamaProfile(up.URL), 1), compatAdapter("b", llamaProfile(up.URL), 1))
+	cases := []struct {
+		name string
+		req  *iop.ProviderTunnelRequest
+		code string
+	}{
+		{"E1 unknown adapter", &iop.ProviderTunnelRequest{Adapter: "nope", Operation: adapter.OpModels}, adapter.CodeUnknownAdapter},
+		{"E1 empty adapter among several, none named openai_compat", &iop.ProviderTunnelRequest{Operation: adapter.OpModels}, adapter.CodeUnknownAdapter},
+		{"E2 negative stall timeout", &iop.ProviderTunnelRequest{Adapter: "a", Operation: adapter.OpModels, ResponseStallTimeoutMs: -1}, adapter.CodeInvalidRequest},
+		{"E2 stall timeout too large", &iop.ProviderTunnelRequest{Adapter: "a", Operation: adapter.OpModels, ResponseStallTimeoutMs: 1 << 62}, adapter.CodeInvalidRequest},
+		{"C4 binding without lease", &iop.ProviderTunnelRequest{Adapter: "a", Operation: adapter.OpModels, CredentialBinding: &iop.CredentialLeaseBinding{}}, adapter.CodeCredentialInvalid},
+		{"C4 lease while the plane is off", &iop.ProviderTunnelRequest{Adapter: "a", Operation: adapter.OpModels,
+			CredentialLease: &iop.CredentialLease{}, CredentialBinding: &iop.CredentialLeaseBinding{}}, adapter.CodeCredentialInvalid},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			frs := tunnelAll(context.Background(), s, tc.req)
+			last, _, _, _ := checkTunnel(t, frs)
+			if len(frs) != 1 || last.GetKind() != iop.TunnelFrameKind_TUNNEL_FRAME_ERROR || last.GetFailureCode() != tc.code {
+				t.Fatalf("got %d frames ending %v %q (%q), want a lone ERROR %q", len(frs), last.GetKind(), last.GetFailureCode(), last.GetError(), tc.code)
+			}
+		})
+	}
+	if n := len(up.requests()); n != 0 {
+		t.Fatalf("%d upstream calls after rejected tunnels", n)
+	}
+}
+
+// T1: an "ollama" instance tunnels to Ollama's OpenAI- and
+// Anthropic-compatible endpoints.
+func TestTunnelOllamaInstance(t *testing.T) {
+	leakCheck(t)
+	want := sample(t, "ollama_v1_chat_stream.sse")
+	up := newFake(t, replay(200, "text/event-stream", want))
+	s := newSet(t, adapter.Options{}, ollamaAdapter("", up.URL, 1))
+	for _, tc := range []struct{ op, path string }{{adapter.OpChatCompletions, "/v1/chat/completions"}, {adapter.OpMessages, "/v1/messages"}, {adapter.OpModels, "/v1/models"}} {
+		last, _, body, usages := checkTunnel(t, tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Target: "tiny", Operation: tc.op, Body: []byte(`{}`)}))
+		reqs := up.requests()
+		if last.GetKind() != iop.TunnelFrameKind_TUNNEL_FRAME_END || reqs[len(reqs)-1].Path != tc.path || !bytes.Equal(body, want) || len(usages) != 1 {
+			t.Fatalf("T1 %s: got %v %q to %s", tc.op, last.GetKind(), last.GetError(), reqs[len(reqs)-1].Path)
+		}
+	}
+	last, _, _, _ := checkTunnel(t, tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Operation: adapter.OpResponses}))
+	if last.GetFailureCode() != adapter.CodeUnsupportedOperation {
+		t.Fatalf("T1 responses on ollama: got %q, want unsupported_operation", last.GetFailureCode())
+	}
+}
