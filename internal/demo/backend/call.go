@@ -125,6 +125,7 @@ type call struct {
 	timer    *time.Timer
 	decoded  time.Time // body decoded
 	firstTok time.Time // first content token generated
+	doneAt   time.Time // generation end of a non-stream answer; zero = ask the clock
 	emitted  int
 	status   int
 	outcome  Outcome
@@ -307,6 +308,8 @@ func (c *call) runOnce(f format) {
 	if c.faultAt(true) {
 		return
 	}
+	// One timestamp for both renders, so padding sees the final length.
+	c.doneAt = c.b.now()
 	body := f.whole(c, c.buffer(), 0)
 	if pad := c.b.opts.PadBytes - len(body); pad > 0 && c.plan.kind != kindTool {
 		body = f.whole(c, body[:0], pad)
@@ -315,6 +318,14 @@ func (c *call) runOnce(f format) {
 	c.w.Header().Set("Content-Type", "application/json; charset=utf-8")
 	c.writeHeader(http.StatusOK)
 	c.out(body)
+}
+
+// clock returns the time for timestamps and durations being rendered.
+func (c *call) clock() time.Time {
+	if !c.doneAt.IsZero() {
+		return c.doneAt
+	}
+	return c.b.now()
 }
 
 func (c *call) tokenTime() {

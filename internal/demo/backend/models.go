@@ -133,15 +133,15 @@ const maxSlowHeaders = 10 * time.Minute
 // up here.
 func parseModelName(s string) (echo, name string, f fault, err error) {
 	f = fault{stall: -1, reset: -1}
-	echo, f.suffix, _ = strings.Cut(s, "+")
+	echo, suffix, hasSuffix := strings.Cut(s, "+")
+	f.suffix = suffix
 	name = echo // a tag other than ":latest" stays on and never resolves
 	if base, tag, ok := strings.Cut(echo, ":"); ok && tag == "latest" {
 		name = base
 	}
-	rest := f.suffix
-	for rest != "" {
+	for rest := suffix; hasSuffix; {
 		var part string
-		part, rest, _ = strings.Cut(rest, "+")
+		part, rest, hasSuffix = strings.Cut(rest, "+")
 		key, val, ok := strings.Cut(part, "=")
 		if !ok {
 			return echo, name, f, fmt.Errorf("fault %q: want key=value: %w", part, ErrBadFault)

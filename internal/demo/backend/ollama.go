@@ -20,7 +20,7 @@ func (ollamaFormat) head(c *call, dst []byte) []byte {
 	dst = append(dst, `{"model":`...)
 	dst = append(dst, c.modelJSON...)
 	dst = append(dst, `,"created_at":`...)
-	dst = appendTime(dst, c.b.now())
+	dst = appendTime(dst, c.clock())
 	return append(dst, `,"message":{"role":"assistant","content":`...)
 }
 
@@ -55,7 +55,7 @@ func (o ollamaFormat) end(c *call, dst []byte) []byte {
 // done appends `,"done":true,"done_reason":…,"total_duration":…}` with
 // durations in nanoseconds.
 func (ollamaFormat) done(c *call, dst []byte) []byte {
-	now := c.b.now()
+	now := c.clock()
 	first := c.firstTok
 	if first.IsZero() {
 		first = now

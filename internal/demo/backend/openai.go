@@ -118,7 +118,7 @@ func appendLlamaUsage(c *call, dst []byte) []byte {
 
 // appendCallTimings appends llama-server's timings measured on this request.
 func appendCallTimings(c *call, dst []byte) []byte {
-	now := c.b.now()
+	now := c.clock()
 	first := c.firstTok
 	if first.IsZero() {
 		first = now

@@ -25,10 +25,15 @@ import (
 )
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stderr))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stderr)
+	stop()
+	os.Exit(code)
 }
 
-func run(args []string, stderr io.Writer) int {
+// run is the whole command; it returns the exit code. Cancelling ctx (the
+// signals, in main) shuts the server down with code 0.
+func run(ctx context.Context, args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("demo-backend", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	listen := fs.String("listen", "127.0.0.1:11434", "TCP address to listen on (host:port)")
@@ -51,8 +56,6 @@ func run(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "demo-backend: %v\n", err)
 		return 2
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		log.Error("listen failed", "addr", *listen, "error", err)
