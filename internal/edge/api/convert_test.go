@@ -30,7 +30,9 @@ func evError(seq uint64, code, msg string) *iop.RunEvent {
 	return &iop.RunEvent{Seq: seq, Type: iop.RunEventType_RUN_EVENT_ERROR, FailureCode: code, Error: msg}
 }
 
-func usage(p, c int64) *iop.Usage { return &iop.Usage{PromptTokens: p, CompletionTokens: c, TotalTokens: p + c} }
+func usage(p, c int64) *iop.Usage {
+	return &iop.Usage{PromptTokens: p, CompletionTokens: c, TotalTokens: p + c}
+}
 
 const (
 	oneCall  = `[{"id":"call_a1","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}}]`

@@ -137,7 +137,13 @@ type fakeStream struct {
 	reasons []string
 	cancel  chan struct{} // closed at the first Cancel
 	closed  chan struct{} // closed at the first Close
+	dead    chan struct{} // closed by kill: Recv fails with ErrSessionLost
+	once    sync.Once
 }
+
+// kill makes every later Recv fail with ErrSessionLost, so a failed test
+// never leaves a handler waiting on its stream.
+func (s *fakeStream) kill() { s.once.Do(func() { close(s.dead) }) }
 
 type recvItem struct {
 	env *iop.Envelope
@@ -145,7 +151,7 @@ type recvItem struct {
 }
 
 func newFakeStream(id string) *fakeStream {
-	return &fakeStream{id: id, ch: make(chan recvItem, 64), cancel: make(chan struct{}), closed: make(chan struct{})}
+	return &fakeStream{id: id, ch: make(chan recvItem, 64), cancel: make(chan struct{}), closed: make(chan struct{}), dead: make(chan struct{})}
 }
 
 func (s *fakeStream) RunID() string { return s.id }
@@ -156,6 +162,8 @@ func (s *fakeStream) Recv(ctx context.Context) (*iop.Envelope, error) {
 		return it.env, it.err
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	case <-s.dead:
+		return nil, dispatch.ErrSessionLost
 	}
 }
 
@@ -285,6 +293,7 @@ func (r *rig) start(t *testing.T) {
 	r.srv = httptest.NewServer(r.h)
 	t.Cleanup(r.srv.Close)
 	t.Cleanup(r.srv.Client().CloseIdleConnections)
+	t.Cleanup(r.st.kill) // runs first: unblocks a handler a failed test left waiting
 }
 
 func (r *rig) do(t *testing.T, method, path, body string, hdr ...string) (*http.Response, string) {
@@ -312,6 +321,27 @@ func (r *rig) send(t *testing.T, ctx context.Context, method, path, body string,
 		t.Fatalf("%s %s: %v", method, path, err)
 	}
 	return resp
+}
+
+type result struct {
+	resp *http.Response
+	err  error
+}
+
+// sendAsync sends a POST from a goroutine (a streamed response's headers
+// arrive only with its first byte) and delivers the result on the channel.
+func (r *rig) sendAsync(ctx context.Context, path, body string) <-chan result {
+	done := make(chan result, 1)
+	req, err := http.NewRequestWithContext(ctx, "POST", r.srv.URL+path, strings.NewReader(body))
+	if err != nil {
+		done <- result{err: err}
+		return done
+	}
+	go func() {
+		resp, err := r.srv.Client().Do(req)
+		done <- result{resp, err}
+	}()
+	return done
 }
 
 // waitClosed waits for ch to close or fails with what.
