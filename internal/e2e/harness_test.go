@@ -132,7 +132,7 @@ type logSink struct {
 	mu    sync.Mutex
 	lines []string
 	count map[string]int
-	recs  *recorder[string] // messages, in order
+	recs  *recorder[string] // every line, in order
 }
 
 // newLogSink returns a sink whose last 80 lines are printed when t fails.
@@ -186,7 +186,7 @@ func (h *sinkHandler) Handle(_ context.Context, r slog.Record) error {
 	}
 	s.count[r.Message]++
 	s.mu.Unlock()
-	s.recs.add(r.Message)
+	s.recs.add(b.String())
 	return nil
 }
 
