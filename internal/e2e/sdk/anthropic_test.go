@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
+	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
 )
 
 // anthropicModel is the group whose provider's profile has the messages
@@ -58,14 +59,26 @@ func checkMessage(t *testing.T, s *stack, m *anthropic.Message) {
 }
 
 // testMessages: T1/T2 — messages.create through the tunnel to a provider
-// whose profile has the messages operation.
+// whose profile has the messages operation, with the key in x-api-key and,
+// as anthropic-sdk-go's WithAPIKey sends it, as a Bearer token.
 func testMessages(t *testing.T, s *stack) {
 	skipWithoutMessages(t, s)
-	m, err := s.anthropic().Messages.New(reqCtx(t), messageParams())
-	if err != nil {
-		t.Fatalf("Messages.New(%s): %v", anthropicModel, err)
+	rows := []struct {
+		name string
+		opts []aoption.RequestOption
+	}{
+		{"x-api-key", nil},
+		{"WithAPIKey bearer", []aoption.RequestOption{aoption.WithHeaderDel("x-api-key"), aoption.WithAPIKey(demoKey)}},
 	}
-	checkMessage(t, s, m)
+	for _, r := range rows {
+		t.Run(r.name, func(t *testing.T) {
+			m, err := s.anthropic(r.opts...).Messages.New(reqCtx(t), messageParams())
+			if err != nil {
+				t.Fatalf("Messages.New(%s): %v", anthropicModel, err)
+			}
+			checkMessage(t, s, m)
+		})
+	}
 }
 
 // testMessagesStream: the same, streamed: message_start first, text

@@ -91,8 +91,8 @@ func TestClientAbort(t *testing.T) {
 
 // TestNodeKilled: L7/L8/E6 — the node SIGKILLed mid-stream: the client gets
 // a terminal error (not a silently truncated stream) within the heartbeat
-// bound; the edge shows the node disconnected; a restarted node reconnects
-// (S1) and a new request succeeds.
+// bound; the edge shows the node disconnected with its lease returned; a
+// restarted node reconnects (S1) and a new request succeeds.
 func TestNodeKilled(t *testing.T) {
 	s := newStack(t)
 	for _, p := range pathRows {
@@ -125,6 +125,8 @@ func TestNodeKilled(t *testing.T) {
 				t.Fatal(err)
 			}
 			s.waitConnected(false, heartbeatTimeout+5*time.Second)
+			// L8: the fence returned the dead generation's lease.
+			s.waitStatus("in_flight back to 0 after the fence (L8)", 5*time.Second, func(d statusDoc) bool { return d.inFlight() == 0 })
 			s.startNode()
 			s.waitConnected(true, readyTimeout)
 			resp, err := s.openai().Chat.Completions.New(reqCtx(t), helloParams("tiny"+p.suffix))
