@@ -70,7 +70,7 @@ check_imports() {
   done
   # go.mod requires only google.golang.org/protobuf.
   local extra
-  extra=$(go list -m all | awk 'NR>1{print $1}' | grep -v '^google.golang.org/protobuf$' || true)
+  extra=$(go mod edit -json | grep -o '"Path": *"[^"]*"' | cut -d'"' -f4 | grep -v -e '^iop$' -e '^google.golang.org/protobuf$' || true)
   if [ -n "$extra" ]; then log "FAIL: go.mod requires more than protobuf: $extra"; bad=1; fi
   [ $bad = 0 ] && log "import direction ok"
   return $bad
