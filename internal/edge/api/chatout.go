@@ -11,20 +11,31 @@ import (
 // output is a response being written: every send is written and flushed at
 // once, so each SSE event reaches the client as it is produced.
 type output struct {
-	w  http.ResponseWriter
-	rc *http.ResponseController
+	w http.ResponseWriter
 }
 
-func newOutput(w http.ResponseWriter) *output {
-	return &output{w: w, rc: http.NewResponseController(w)}
-}
+func newOutput(w http.ResponseWriter) *output { return &output{w: w} }
 
 // send writes p and flushes; an error means the client is gone.
 func (o *output) send(p []byte) error {
 	if _, err := o.w.Write(p); err != nil {
 		return err
 	}
-	return o.rc.Flush()
+	return o.flush()
+}
+
+// flush flushes the response, reporting the error when the writer can (as
+// net/http's does); wrapped writers go through http.ResponseController.
+func (o *output) flush() error {
+	switch f := o.w.(type) {
+	case interface{ FlushError() error }:
+		return f.FlushError()
+	case http.Flusher:
+		f.Flush()
+		return nil
+	default:
+		return http.NewResponseController(o.w).Flush()
+	}
 }
 
 // chatConv turns the RunEvents of one normalized run into exactly what the
@@ -41,8 +52,13 @@ func (o *output) send(p []byte) error {
 //     carries "usage": null), then `data: [DONE]`.
 //
 // finish_reason is "tool_calls" whenever the message carries tool calls,
-// else the run's "stop" or "length" ("stop" for anything else). Not safe for
-// concurrent use; one per request.
+// else the run's "stop" or "length" ("stop" for anything else).
+//
+// When the request declared tools, a streamed run's content from its first
+// '{' or '`' on is held until COMPLETE: only then is it known whether the
+// run used the text tool-call fallback (SPEC E9), whose JSON must become
+// tool_calls and never reach the client as content. Text before that point
+// streams as usual. Not safe for concurrent use; one per request.
 type chatConv struct {
 	out          *output
 	model        string // the client's requested model name
@@ -67,10 +83,19 @@ type chatConv struct {
 }
 
 func newChatConv(o *output, model, id string, created int64, stream, includeUsage bool, tools []string, hasTools bool, newID func() string) *chatConv {
-	c := &chatConv{out: o, model: model, id: id, created: created, stream: stream,
+	c := new(chatConv)
+	c.init(o, model, id, created, stream, includeUsage, tools, hasTools, newID)
+	return c
+}
+
+func (c *chatConv) init(o *output, model, id string, created int64, stream, includeUsage bool, tools []string, hasTools bool, newID func() string) {
+	*c = chatConv{out: o, model: model, id: id, created: created, stream: stream,
 		includeUsage: includeUsage && stream, tools: tools, hasTools: hasTools, newID: newID}
 	if stream {
-		p := make([]byte, 0, 96+len(id)+len(model))
+		// One allocation holds the chunk prefix and, after it, the
+		// encoding buffer; prefix's capacity is capped so appends to buf
+		// never touch it.
+		p := make([]byte, 0, 640+2*(len(id)+len(model)))
 		p = append(p, `data: {"id":`...)
 		p = appendJSONString(p, id)
 		p = append(p, `,"object":"chat.completion.chunk","created":`...)
@@ -78,10 +103,9 @@ func newChatConv(o *output, model, id string, created int64, stream, includeUsag
 		p = append(p, `,"model":`...)
 		p = appendJSONString(p, model)
 		p = append(p, `,"choices":[`...)
-		c.prefix = p
-		c.buf = make([]byte, 0, 512)
+		c.prefix = p[:len(p):len(p)]
+		c.buf = p[len(p):len(p)]
 	}
-	return c
 }
 
 // event consumes one RunEvent. done is true after the terminal; err is a

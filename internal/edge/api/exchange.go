@@ -106,15 +106,20 @@ func parseHead(body []byte, ep *endpoint, hd *head) *apiError {
 	return nil
 }
 
-// exchange is one admitted request: its response, lease and outcome.
+// exchange is one admitted request: its response, lease and outcome. The
+// sinks live inside it so one allocation serves the whole request.
 type exchange struct {
+	ctx       context.Context // the request's context, carrying the principal
 	r         *http.Request
-	out       *output
+	out       output
 	ep        *endpoint
 	lease     *pool.Lease
 	model     string
 	principal string
 	abort     bool // end the response by aborting the connection
+	head      head
+	tsink     tunnelSink
+	rsink     runSink
 }
 
 // sink turns one stream's envelopes into the client response. handle's err
@@ -130,31 +135,36 @@ type sink interface {
 // serveModel runs one model request: read and validate the body, acquire a
 // lease (waiting in the queue), dispatch by lease type (SPEC Q3) and relay
 // the result. The lease is released exactly once, after the stream closed.
-func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request, v *view, ep *endpoint) {
+func (h *Handler) serveModel(ctx context.Context, w http.ResponseWriter, r *http.Request, v *view, ep *endpoint) {
 	body, e := readBody(w, r, v.maxBody)
 	if e != nil {
 		writeError(w, ep.surface, e)
 		return
 	}
-	var hd head
-	if e := parseHead(body, ep, &hd); e != nil {
+	x := &exchange{ctx: ctx, r: r, out: output{w: w}, ep: ep}
+	hd := &x.head
+	if e := parseHead(body, ep, hd); e != nil {
 		writeError(w, ep.surface, e)
 		return
 	}
-	lease, err := h.o.Pool.Acquire(r.Context(), pool.Request{Model: hd.model, Operation: ep.operation,
+	lease, err := h.o.Pool.Acquire(ctx, pool.Request{Model: hd.model, Operation: ep.operation,
 		PromptTokens: pool.EstimatePromptTokens(len(body))})
 	if err != nil {
-		if r.Context().Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+		if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
 			h.log.Debug("client left while queued", "model", hd.model) // SPEC Q4, T3: the pool removed the waiter
 			return
 		}
 		e := poolError(hd.model, err)
-		h.log.Info("request not admitted", "model", hd.model, "operation", ep.operation, "status", e.status, "err", err)
+		level := slog.LevelDebug // the client's mistake
+		if e.status >= 429 {
+			level = slog.LevelInfo // load or liveness: operators want to see it
+		}
+		h.log.Log(ctx, level, "request not admitted", "model", hd.model, "operation", ep.operation, "status", e.status, "err", err)
 		writeError(w, ep.surface, e)
 		return
 	}
-	principal, _ := PrincipalFromContext(r.Context())
-	x := &exchange{r: r, out: newOutput(w), ep: ep, lease: lease, model: hd.model, principal: principal}
+	x.lease, x.model = lease, hd.model
+	x.principal, _ = PrincipalFromContext(ctx)
 	defer func() {
 		if x.abort {
 			panic(http.ErrAbortHandler) // after the lease went back
@@ -164,9 +174,9 @@ func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request, v *view, ep
 
 	switch {
 	case lease.Type == config.TypeOpenAICompat:
-		h.tunnel(x, body, &hd)
+		h.tunnel(x, body, hd)
 	case lease.Type == config.TypeOllama && ep.chat:
-		h.run(x, body, &hd)
+		h.run(x, body, hd)
 	default:
 		writeError(w, ep.surface, badGateway("operation_not_supported", "provider "+lease.Provider+" of type "+
 			lease.Type+" cannot serve "+ep.path))
@@ -192,7 +202,8 @@ func (h *Handler) tunnel(x *exchange, body []byte, hd *head) {
 		h.startFailed(x, err)
 		return
 	}
-	h.relay(x, st, &tunnelSink{h: h, x: x})
+	x.tsink = tunnelSink{h: h, x: x}
+	h.relay(x, st, &x.tsink)
 }
 
 // run sends the normalized RunRequest (SPEC Q3) and converts its events to
@@ -210,9 +221,10 @@ func (h *Handler) run(x *exchange, body []byte, hd *head) {
 		h.startFailed(x, err)
 		return
 	}
-	conv := newChatConv(x.out, hd.model, "chatcmpl-"+h.o.NewID(), h.o.Now().Unix(), hd.stream, hd.includeUsage,
+	x.rsink = runSink{h: h, x: x}
+	x.rsink.conv.init(&x.out, hd.model, "chatcmpl-"+h.o.NewID(), h.o.Now().Unix(), hd.stream, hd.includeUsage,
 		tools, len(tools) > 0, h.o.NewID)
-	h.relay(x, st, &runSink{h: h, x: x, conv: conv})
+	h.relay(x, st, &x.rsink)
 }
 
 func (h *Handler) startFailed(x *exchange, err error) {
@@ -245,7 +257,7 @@ func (h *Handler) responseWait(l *pool.Lease) time.Duration {
 // Cancel to the node at once (SPEC T3) and ends the response with exactly
 // one outcome. st is closed before relay returns.
 func (h *Handler) relay(x *exchange, st dispatch.Stream, s sink) {
-	ctx, cancel := context.WithCancelCause(x.r.Context())
+	ctx, cancel := context.WithCancelCause(x.ctx)
 	defer cancel(nil)
 	if f := x.lease.Fenced(); f != nil {
 		go func() {
@@ -313,7 +325,7 @@ func (h *Handler) recvFailed(x *exchange, st dispatch.Stream, s sink, ctx contex
 }
 
 func (h *Handler) logFailure(x *exchange, st dispatch.Stream, e *apiError) {
-	h.log.LogAttrs(x.r.Context(), slog.LevelWarn, "request failed",
+	h.log.LogAttrs(x.ctx, slog.LevelWarn, "request failed",
 		slog.String("model", x.model), slog.String("node", x.lease.Node), slog.String("provider", x.lease.Provider),
 		slog.String("run_id", st.RunID()), slog.Int("status", e.status), slog.String("code", e.code), slog.String("error", e.msg))
 }
@@ -322,7 +334,7 @@ func (h *Handler) logFailure(x *exchange, st dispatch.Stream, e *apiError) {
 type runSink struct {
 	h    *Handler
 	x    *exchange
-	conv *chatConv
+	conv chatConv
 }
 
 func (s *runSink) handle(env *iop.Envelope) (bool, error) {

@@ -205,8 +205,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			msg: "missing or invalid API key (send Authorization: Bearer <key>)"})
 		return
 	}
+	ctx := r.Context()
 	if principal != "" {
-		r = r.WithContext(context.WithValue(r.Context(), principalKey{}, principal))
+		ctx = context.WithValue(ctx, principalKey{}, principal)
 	}
 	if ep == nil {
 		w.Header().Set("Content-Type", "application/json")
@@ -214,7 +215,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write(v.models)
 		return
 	}
-	h.serveModel(w, r, v, ep)
+	h.serveModel(ctx, w, r, v, ep)
 }
 
 func methodNotAllowed(w http.ResponseWriter, s surface, allow string) {
@@ -279,31 +280,34 @@ func modelList(cfg *config.Config, created int64) []byte {
 // 413 (http.MaxBytesReader). With a Content-Length the body is read into one
 // buffer of exactly that size.
 func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, *apiError) {
-	tooLarge := &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "request_too_large",
-		msg: "request body exceeds " + strconv.FormatInt(max, 10) + " bytes"}
 	if r.ContentLength > max {
-		return nil, tooLarge
+		return nil, tooLarge(max)
 	}
 	body := http.MaxBytesReader(w, r.Body, max)
 	var buf []byte
 	if r.ContentLength > 0 {
 		buf = make([]byte, r.ContentLength)
 		if _, err := io.ReadFull(body, buf); err != nil {
-			return nil, readError(err, tooLarge)
+			return nil, readError(err, max)
 		}
 		return buf, nil
 	}
 	buf, err := io.ReadAll(body)
 	if err != nil {
-		return nil, readError(err, tooLarge)
+		return nil, readError(err, max)
 	}
 	return buf, nil
 }
 
-func readError(err error, tooLarge *apiError) *apiError {
+func tooLarge(max int64) *apiError {
+	return &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "request_too_large",
+		msg: "request body exceeds " + strconv.FormatInt(max, 10) + " bytes"}
+}
+
+func readError(err error, max int64) *apiError {
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
-		return tooLarge
+		return tooLarge(max)
 	}
 	return badRequest("", "could not read the request body: %v", err)
 }

@@ -72,7 +72,7 @@ func (s *tunnelSink) handle(env *iop.Envelope) (bool, error) {
 			return true, err
 		}
 		s.noteTail(f.Body)
-		if err := s.x.out.rc.Flush(); err != nil {
+		if err := s.x.out.flush(); err != nil {
 			return true, err
 		}
 	case iop.TunnelFrameKind_TUNNEL_FRAME_USAGE:

@@ -1,0 +1,123 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"iop/internal/edge/config"
+	"iop/internal/edge/dispatch"
+	"iop/internal/edge/pool"
+	iop "iop/proto/gen/iop"
+)
+
+// discardWriter is an http.ResponseWriter and http.Flusher that keeps
+// nothing, so benchmarks measure the surface alone.
+type discardWriter struct {
+	h http.Header
+	n int
+}
+
+func (w *discardWriter) Header() http.Header         { return w.h }
+func (w *discardWriter) Write(p []byte) (int, error) { w.n += len(p); return len(p), nil }
+func (w *discardWriter) WriteHeader(int)             {}
+func (w *discardWriter) Flush()                      {}
+
+// replayStream replays a fixed envelope list; reset rewinds it.
+type replayStream struct {
+	envs []*iop.Envelope
+	i    int
+}
+
+func (s *replayStream) RunID() string { return "bench" }
+func (s *replayStream) Recv(ctx context.Context) (*iop.Envelope, error) {
+	if s.i == len(s.envs) {
+		return nil, io.EOF
+	}
+	s.i++
+	return s.envs[s.i-1], nil
+}
+func (s *replayStream) Cancel(string) {}
+func (s *replayStream) Close()        {}
+
+type replayDispatcher struct{ s *replayStream }
+
+func (d *replayDispatcher) StartRun(dispatch.Target, *iop.RunRequest) (dispatch.Stream, error) {
+	d.s.i = 0
+	return d.s, nil
+}
+
+func (d *replayDispatcher) StartTunnel(dispatch.Target, *iop.ProviderTunnelRequest) (dispatch.Stream, error) {
+	d.s.i = 0
+	return d.s, nil
+}
+
+type staticPool struct{ l pool.Lease }
+
+func (p *staticPool) Acquire(context.Context, pool.Request) (*pool.Lease, error) { return &p.l, nil }
+func (p *staticPool) Release(*pool.Lease) bool                                   { return true }
+
+func benchHandler(typ string, envs []*iop.Envelope) *Handler {
+	cfg := testConfig(map[string]string{"p": "sk-bench"})
+	return New(Options{Config: func() *config.Config { return cfg },
+		Pool:       &staticPool{l: pool.Lease{Key: pool.Key{Node: "n1", Provider: "p"}, Target: "tiny:latest", Type: typ}},
+		Dispatcher: &replayDispatcher{s: &replayStream{envs: envs}}, Now: fixedNow, NewID: func() string { return "x" }})
+}
+
+func runHandler(b *testing.B, h *Handler, body []byte) {
+	req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
+	req.Header.Set("Authorization", "Bearer sk-bench")
+	req.Header.Set("Content-Type", "application/json")
+	rd := bytes.NewReader(body)
+	w := &discardWriter{h: http.Header{}}
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		rd.Reset(body)
+		req.Body = io.NopCloser(rd)
+		req.ContentLength = int64(len(body))
+		clear(w.h)
+		h.ServeHTTP(w, req)
+	}
+}
+
+// BenchmarkTunnelRoundTrip: one non-stream tunnel request through the
+// surface (auth, body read, head parse, model splice, frames to the
+// client), node transport excluded (issue 7).
+func BenchmarkTunnelRoundTrip(b *testing.B) {
+	up := []byte(`{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hello"},"finish_reason":"stop"}]}`)
+	envs := []*iop.Envelope{
+		{Kind: &iop.Envelope_TunnelFrame{TunnelFrame: fStart(200, "Content-Type", "application/json")}},
+		{Kind: &iop.Envelope_TunnelFrame{TunnelFrame: fBody(up)}},
+		{Kind: &iop.Envelope_TunnelFrame{TunnelFrame: fEnd()}},
+	}
+	runHandler(b, benchHandler(config.TypeOpenAICompat, envs), []byte(chatBody))
+}
+
+// BenchmarkRunStream100: a streamed run of 100 deltas converted to
+// chat.completion.chunk events (issue 7's 100-chunk stream).
+func BenchmarkRunStream100(b *testing.B) {
+	envs := []*iop.Envelope{{Kind: &iop.Envelope_RunEvent{RunEvent: evStart()}}}
+	for i := range 100 {
+		envs = append(envs, &iop.Envelope{Kind: &iop.Envelope_RunEvent{RunEvent: evDelta(uint64(i+2), " token")}})
+	}
+	envs = append(envs, &iop.Envelope{Kind: &iop.Envelope_RunEvent{RunEvent: evComplete(102, "", "stop", usage(5, 100), nil)}})
+	body := []byte(`{"model":"tiny","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`)
+	runHandler(b, benchHandler(config.TypeOllama, envs), body)
+}
+
+// BenchmarkChunkEncode: one content delta encoded and written; the target
+// is 0 allocs per chunk.
+func BenchmarkChunkEncode(b *testing.B) {
+	w := &discardWriter{h: http.Header{}}
+	c := newChatConv(newOutput(w), "tiny", "chatcmpl-x", 1700000000, true, true, nil, false, func() string { return "x" })
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := c.delta(" token"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
