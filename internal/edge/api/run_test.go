@@ -403,3 +403,44 @@ func TestRunUsageObserved(t *testing.T) {
 		t.Errorf("OnUsage: %s", s)
 	}
 }
+
+// failingWriter fails every Write after the first n, like a connection the
+// client dropped while its context has not noticed yet.
+type failingWriter struct {
+	discardWriter
+	n int
+}
+
+func (w *failingWriter) Write(p []byte) (int, error) {
+	if w.n == 0 {
+		return 0, io.ErrClosedPipe
+	}
+	w.n--
+	return len(p), nil
+}
+
+// T3, Q2: a failed write to the client cancels the node's work at once and
+// returns the lease once; nothing more is written.
+func TestWriteFailureCancels(t *testing.T) {
+	for _, typ := range []string{config.TypeOllama, config.TypeOpenAICompat} {
+		t.Run("T3 "+typ, func(t *testing.T) {
+			checkGoroutines(t)
+			fp := newFakePool(typ)
+			st := newFakeStream("run-wf")
+			st.run(evStart(), evDelta(2, "a"))
+			st.frames(fStart(200, "Content-Type", "text/event-stream"), fBody([]byte("data: 1\n\n")))
+			cfg := testConfig(nil)
+			h := New(Options{Config: func() *config.Config { return cfg }, Pool: fp, Dispatcher: newFakeDispatcher(st), Now: fixedNow, NewID: seqIDs()})
+			w := &failingWriter{discardWriter: discardWriter{h: http.Header{}}}
+			req := httptest.NewRequest("POST", "/v1/chat/completions",
+				strings.NewReader(`{"model":"tiny","stream":true,"messages":[{"role":"user","content":"x"}]}`))
+			h.ServeHTTP(w, req)
+			if got := st.cancelReasons(); len(got) != 1 || got[0] != "write_failed" {
+				t.Errorf("cancels: %q, want [write_failed]", got)
+			}
+			if fp.releases.Load() != 1 || st.closes.Load() != 1 {
+				t.Errorf("releases %d closes %d, want 1 1", fp.releases.Load(), st.closes.Load())
+			}
+		})
+	}
+}
