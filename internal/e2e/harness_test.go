@@ -360,6 +360,20 @@ func startNodeNoCleanup(t testing.TB, p pkiDir, id, edgeAddr string, o nodeOpts)
 	if o.intervalSec != nil {
 		interval = *o.intervalSec
 	}
+	cfg, err := nodeConfigFor(p, id, edgeAddr, interval, o.maxAttempts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := o.client
+	if hc == nil {
+		hc = newHTTPClient(t)
+	}
+	return launchNode(cfg, hc, o.log)
+}
+
+// nodeConfigFor builds node id's config as JSON and parses it with
+// nodeconfig.Parse.
+func nodeConfigFor(p pkiDir, id, edgeAddr string, intervalSec, maxAttempts int) (*nodeconfig.Config, error) {
 	raw, err := json.Marshal(map[string]any{
 		"node_id":   id,
 		"edge_addr": edgeAddr,
@@ -367,22 +381,23 @@ func startNodeNoCleanup(t testing.TB, p pkiDir, id, edgeAddr string, o nodeOpts)
 			"cert_file": p.file(identity.CertFileName(id)), "key_file": p.file(identity.KeyFileName(id)),
 			"ca_file": p.file(identity.CACertFile), "expected_edge_name": edgeName,
 		},
-		"reconnect": map[string]int{"interval_sec": interval, "max_attempts": o.maxAttempts},
+		"reconnect": map[string]int{"interval_sec": intervalSec, "max_attempts": maxAttempts},
 	})
 	if err != nil {
-		t.Fatalf("encode node config: %v", err)
+		return nil, fmt.Errorf("encode node config: %w", err)
 	}
 	cfg, err := nodeconfig.Parse(raw)
 	if err != nil {
-		t.Fatalf("node config: %v\n%s", err, raw)
+		return nil, fmt.Errorf("node config: %w\n%s", err, raw)
 	}
-	hc := o.client
-	if hc == nil {
-		hc = newHTTPClient(t)
-	}
+	return cfg, nil
+}
+
+// launchNode runs node.Run for cfg on a new goroutine.
+func launchNode(cfg *nodeconfig.Config, hc *http.Client, log *slog.Logger) *nodeProc {
 	ctx, cancel := context.WithCancel(context.Background())
-	n := &nodeProc{id: id, cancel: cancel, done: make(chan error, 1)}
-	go func() { n.done <- node.Run(ctx, cfg, node.Options{Logger: o.log, Version: "e2e", HTTPClient: hc}) }()
+	n := &nodeProc{id: cfg.NodeID, cancel: cancel, done: make(chan error, 1)}
+	go func() { n.done <- node.Run(ctx, cfg, node.Options{Logger: log, Version: "e2e", HTTPClient: hc}) }()
 	return n
 }
 
