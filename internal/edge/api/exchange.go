@@ -117,9 +117,13 @@ type exchange struct {
 	model     string
 	principal string
 	abort     bool // end the response by aborting the connection
-	head      head
-	tsink     tunnelSink
-	rsink     runSink
+	// handoff: the stream was cancelled before its terminal and, with the
+	// lease, handed to drain, which releases the lease once the node
+	// confirms (SPEC Q2, E4).
+	handoff bool
+	head    head
+	tsink   tunnelSink
+	rsink   runSink
 }
 
 // sink turns one stream's envelopes into the client response. handle's err
@@ -170,7 +174,11 @@ func (h *Handler) serveModel(ctx context.Context, w http.ResponseWriter, r *http
 			panic(http.ErrAbortHandler) // after the lease went back
 		}
 	}()
-	defer h.o.Pool.Release(lease)
+	defer func() {
+		if !x.handoff {
+			h.o.Pool.Release(lease)
+		}
+	}()
 
 	switch {
 	case lease.Type == config.TypeOpenAICompat:
@@ -271,11 +279,17 @@ func (h *Handler) relay(x *exchange, st dispatch.Stream, s sink) {
 	wait := h.responseWait(x.lease)
 	timer := time.AfterFunc(wait, func() { cancel(ErrResponseWait) })
 	defer timer.Stop()
-	defer st.Close()
+	defer func() {
+		if !x.handoff {
+			st.Close()
+		}
+	}()
 	for {
 		env, err := st.Recv(ctx)
 		if err != nil {
-			h.recvFailed(x, st, s, ctx, err)
+			if h.recvFailed(x, st, s, ctx, err) {
+				h.handOff(x, st)
+			}
 			return
 		}
 		timer.Reset(wait)
@@ -283,6 +297,9 @@ func (h *Handler) relay(x *exchange, st dispatch.Stream, s sink) {
 		if err != nil {
 			st.Cancel("write_failed")
 			h.log.Debug("client write failed", "model", x.model, "run_id", st.RunID(), "err", err)
+			if !terminal(env) {
+				h.handOff(x, st)
+			}
 			return
 		}
 		if done {
@@ -294,7 +311,10 @@ func (h *Handler) relay(x *exchange, st dispatch.Stream, s sink) {
 	}
 }
 
-func (h *Handler) recvFailed(x *exchange, st dispatch.Stream, s sink, ctx context.Context, err error) {
+// recvFailed ends the response after Recv failed. It reports whether it
+// cancelled a stream whose terminal has not arrived yet: the node still
+// holds the provider's capacity slot until its upstream call returns.
+func (h *Handler) recvFailed(x *exchange, st dispatch.Stream, s sink, ctx context.Context, err error) (cancelled bool) {
 	var e *apiError
 	switch {
 	case ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
@@ -305,12 +325,13 @@ func (h *Handler) recvFailed(x *exchange, st dispatch.Stream, s sink, ctx contex
 			e = badGateway("provider_lost", "the provider's node connection was lost")
 		case errors.Is(cause, ErrResponseWait):
 			st.Cancel("response_wait_timeout")
+			cancelled = true
 			e = &apiError{status: http.StatusGatewayTimeout, typ: "server_error", code: "response_timeout",
 				msg: "no response from the provider in time"}
 		default:
 			st.Cancel("client_disconnected")
 			h.log.Debug("client left", "model", x.model, "run_id", st.RunID())
-			return
+			return true
 		}
 	case errors.Is(err, dispatch.ErrSessionLost):
 		e = badGateway("provider_lost", "the provider's node connection was lost")
@@ -318,10 +339,62 @@ func (h *Handler) recvFailed(x *exchange, st dispatch.Stream, s sink, ctx contex
 		e = badGateway("provider_error", "the provider's stream ended without a result")
 	default:
 		st.Cancel("stream_error")
+		cancelled = true
 		e = badGateway("provider_error", "the provider's stream failed")
 	}
 	h.logFailure(x, st, e)
 	_ = s.fail(e)
+	return cancelled
+}
+
+// terminal reports whether env ends its stream (SPEC E3, T2).
+func terminal(env *iop.Envelope) bool {
+	switch k := env.GetKind().(type) {
+	case *iop.Envelope_RunEvent:
+		switch k.RunEvent.GetType() {
+		case iop.RunEventType_RUN_EVENT_COMPLETE, iop.RunEventType_RUN_EVENT_ERROR, iop.RunEventType_RUN_EVENT_CANCELLED:
+			return true
+		}
+	case *iop.Envelope_TunnelFrame:
+		switch k.TunnelFrame.GetKind() {
+		case iop.TunnelFrameKind_TUNNEL_FRAME_END, iop.TunnelFrameKind_TUNNEL_FRAME_ERROR:
+			return true
+		}
+	}
+	return false
+}
+
+// handOff keeps the lease of a cancelled stream until the node confirms the
+// cancel with the stream's terminal (or the session is lost, the lease's
+// generation is fenced, or CancelDrainTimeout passes), then closes the
+// stream and releases the lease exactly once (SPEC Q2). Releasing at once
+// would let the next waiter reach a node whose capacity gate (SPEC E4) still
+// counts the cancelled call, and be refused. The response is already ended;
+// this runs on its own goroutine, owned by the Handler, bounded by the
+// timeout.
+func (h *Handler) handOff(x *exchange, st dispatch.Stream) {
+	x.handoff = true
+	lease := x.lease
+	go func() {
+		defer h.o.Pool.Release(lease)
+		defer st.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), h.o.CancelDrainTimeout)
+		defer cancel()
+		fenced := lease.Fenced()
+		for {
+			if fenced != nil {
+				select {
+				case <-fenced:
+					return
+				default:
+				}
+			}
+			env, err := st.Recv(ctx)
+			if err != nil || terminal(env) {
+				return
+			}
+		}
+	}()
 }
 
 func (h *Handler) logFailure(x *exchange, st dispatch.Stream, e *apiError) {

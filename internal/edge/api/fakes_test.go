@@ -138,7 +138,9 @@ type fakeStream struct {
 	cancel  chan struct{} // closed at the first Cancel
 	closed  chan struct{} // closed at the first Close
 	dead    chan struct{} // closed by kill: Recv fails with ErrSessionLost
-	once    sync.Once
+	// noTerminalOnCancel: Cancel does not make the stream end by itself.
+	noTerminalOnCancel bool
+	once               sync.Once
 }
 
 // kill makes every later Recv fail with ErrSessionLost, so a failed test
@@ -173,6 +175,15 @@ func (s *fakeStream) Cancel(reason string) {
 	s.mu.Unlock()
 	if s.cancels.Add(1) == 1 {
 		close(s.cancel)
+		if s.noTerminalOnCancel {
+			return
+		}
+		// Like a node: a cancelled stream still ends with its terminal
+		// (SPEC E5), after which Recv reports io.EOF.
+		select {
+		case s.ch <- recvItem{err: io.EOF}:
+		default:
+		}
 	}
 }
 

@@ -35,6 +35,10 @@ type Pool interface {
 // the Edge's timer fires only when a node goes silent without a terminal.
 const DefaultResponseWaitGrace = 15 * time.Second
 
+// DefaultCancelDrainTimeout bounds the wait for a cancelled stream's
+// terminal: the node's close grace (2 s) plus margin.
+const DefaultCancelDrainTimeout = 5 * time.Second
+
 // Options configure a Handler. Config, Pool and Dispatcher are required.
 type Options struct {
 	// Config returns the current Edge config; it may return a new value
@@ -52,6 +56,10 @@ type Options struct {
 	NewID func() string
 	// ResponseWaitGrace: see DefaultResponseWaitGrace; 0 means the default.
 	ResponseWaitGrace time.Duration
+	// CancelDrainTimeout bounds how long the lease of a cancelled stream
+	// waits for the node's terminal before it is released anyway; 0 means
+	// DefaultCancelDrainTimeout.
+	CancelDrainTimeout time.Duration
 	// OnUsage, when set, observes token usage reported by a run's COMPLETE
 	// event or a tunnel's USAGE frames (observation only; never merged into
 	// a body, SPEC T2). principal is "" in open mode.
@@ -77,6 +85,9 @@ func New(o Options) *Handler {
 	}
 	if o.NewID == nil {
 		o.NewID = rand.Text
+	}
+	if o.CancelDrainTimeout <= 0 {
+		o.CancelDrainTimeout = DefaultCancelDrainTimeout
 	}
 	if o.ResponseWaitGrace <= 0 {
 		o.ResponseWaitGrace = DefaultResponseWaitGrace

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -365,9 +366,8 @@ func TestResponseWaitTimeout(t *testing.T) {
 			if got := st.cancelReasons(); len(got) != 1 || got[0] != "response_wait_timeout" {
 				t.Errorf("cancels: %q", got)
 			}
-			if fp.releases.Load() != 1 || st.closes.Load() != 1 {
-				t.Errorf("releases %d closes %d, want 1 1", fp.releases.Load(), st.closes.Load())
-			}
+			synctest.Wait() // the cancelled stream's lease is released once the node's terminal arrives
+			waitReleased(t, fp, st)
 		})
 	}
 }
@@ -438,9 +438,76 @@ func TestWriteFailureCancels(t *testing.T) {
 			if got := st.cancelReasons(); len(got) != 1 || got[0] != "write_failed" {
 				t.Errorf("cancels: %q, want [write_failed]", got)
 			}
-			if fp.releases.Load() != 1 || st.closes.Load() != 1 {
-				t.Errorf("releases %d closes %d, want 1 1", fp.releases.Load(), st.closes.Load())
-			}
+			waitReleased(t, fp, st)
 		})
 	}
+}
+
+// waitReleased waits until the stream was closed and the lease released,
+// each exactly once. A cancelled stream's lease is released by the
+// Handler's drain after the node's terminal (SPEC Q2, E4), so it may come
+// after ServeHTTP returned.
+func waitReleased(t *testing.T, fp *fakePool, st *fakeStream) {
+	t.Helper()
+	select {
+	case <-st.closed:
+	case <-time.After(waitFor):
+		t.Fatal("stream not closed")
+	}
+	deadline := time.Now().Add(waitFor)
+	for fp.releases.Load() == 0 && time.Now().Before(deadline) {
+		runtime.Gosched()
+	}
+	if fp.releases.Load() != 1 || st.closes.Load() != 1 {
+		t.Errorf("releases %d closes %d, want 1 1", fp.releases.Load(), st.closes.Load())
+	}
+}
+
+// Q2, E4: a cancelled stream keeps its lease until the node's terminal
+// arrives (the node's capacity gate still counts the call until then), and
+// releases it after CancelDrainTimeout when no terminal comes.
+func TestCancelledLeaseWaitsForTerminal(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fp := newFakePool(config.TypeOllama)
+		st := newFakeStream("run-d")
+		st.noTerminalOnCancel = true
+		cfg := testConfig(nil)
+		h := New(Options{Config: func() *config.Config { return cfg }, Pool: fp, Dispatcher: newFakeDispatcher(st),
+			Now: fixedNow, NewID: seqIDs(), CancelDrainTimeout: 3 * time.Second})
+		st.run(evStart(), evDelta(2, "a"))
+		w := &failingWriter{discardWriter: discardWriter{h: http.Header{}}}
+		req := httptest.NewRequest("POST", "/v1/chat/completions",
+			strings.NewReader(`{"model":"tiny","stream":true,"messages":[{"role":"user","content":"x"}]}`))
+		h.ServeHTTP(w, req)
+		synctest.Wait()
+		if n := fp.releases.Load(); n != 0 {
+			t.Fatalf("Q2: released %d times before the node's terminal, want 0", n)
+		}
+		st.run(&iop.RunEvent{Seq: 3, Type: iop.RunEventType_RUN_EVENT_CANCELLED})
+		synctest.Wait()
+		if n := fp.releases.Load(); n != 1 {
+			t.Fatalf("Q2: released %d times after the terminal, want 1", n)
+		}
+
+		fp2 := newFakePool(config.TypeOllama)
+		st2 := newFakeStream("run-e")
+		st2.noTerminalOnCancel = true
+		h2 := New(Options{Config: func() *config.Config { return cfg }, Pool: fp2, Dispatcher: newFakeDispatcher(st2),
+			Now: fixedNow, NewID: seqIDs(), CancelDrainTimeout: 3 * time.Second})
+		st2.run(evStart(), evDelta(2, "a"))
+		w2 := &failingWriter{discardWriter: discardWriter{h: http.Header{}}}
+		req2 := httptest.NewRequest("POST", "/v1/chat/completions",
+			strings.NewReader(`{"model":"tiny","stream":true,"messages":[{"role":"user","content":"x"}]}`))
+		h2.ServeHTTP(w2, req2)
+		time.Sleep(2 * time.Second) // synctest: fake time
+		synctest.Wait()
+		if n := fp2.releases.Load(); n != 0 {
+			t.Fatalf("released %d times before the drain timeout, want 0", n)
+		}
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if n := fp2.releases.Load(); n != 1 {
+			t.Fatalf("released %d times after the drain timeout, want 1", n)
+		}
+	})
 }
