@@ -16,11 +16,13 @@ import (
 
 // Short heartbeats for the liveness tests (ms): the node gives up on a
 // silent Edge after nodeTimeout, the Edge fences a silent node after
-// edgeTimeout (DESIGN.md's 5 s / 15 s / 20 s, scaled down).
+// edgeTimeout (DESIGN.md's 5 s / 15 s / 20 s, scaled down). The gap leaves
+// the node's detection at least 400 ms ahead of the Edge's whatever the
+// heartbeat phase, so "the node notices first" does not hang on scheduling.
 const (
 	hbInterval  = 100
 	nodeTimeout = 300
-	edgeTimeout = 500
+	edgeTimeout = 800
 )
 
 func shortHeartbeats(c *config.Config) {
@@ -128,93 +130,110 @@ func oneStreamError(t *testing.T, raw []byte) {
 }
 
 // TestHalfOpen: after ready, the path between node and Edge stops
-// forwarding in both directions with both sockets open. The node notices
-// first (its heartbeat timeout is shorter) and reconnects through a fresh
-// path; the Edge fences the old generation within its timeout (here by the
-// takeover, L4); the stream in flight on the old generation ends with one
-// error; nothing is dispatched to the old generation afterwards (L7, L8).
+// forwarding in both directions with both sockets open (L7). The node
+// notices first (its heartbeat timeout is shorter): its session ends and
+// cancels the stream in flight upstream (E6). The old generation is fenced
+// within the Edge's timeout — by the takeover when the node redials at once
+// (L4), or by the Edge's own heartbeat timeout when the node waits a 1 s
+// reconnect interval — and the stream ends for its client with exactly one
+// error (L8). Afterwards the node is back through a fresh path and nothing
+// is dispatched to the old generation.
 func TestHalfOpen(t *testing.T) {
 	checkGoroutines(t)
-	s := newLiveStack(t, shortHeartbeats)
-	s.startNode(t)
-	s.adm.waitConnected(t, 10*time.Second, "gpu-1")
-	s.waitEvents(t, 1)
-	s.checkServes(t, "before the freeze")
+	for _, tc := range []struct {
+		name        string
+		intervalSec int
+		reason      error // of the fence
+	}{
+		{"L7 L4 node redials at once, takeover fences", 0, registry.ErrSuperseded},
+		{"L7 L8 node waits 1 s, the Edge's heartbeat timeout fences", 1, registry.ErrHeartbeatTimeout},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newLiveStack(t, shortHeartbeats)
+			startNode(t, s.p, "gpu-1", s.rl.addr(), nodeOpts{intervalSec: &tc.intervalSec, maxAttempts: 1000, log: s.logs.logger("node")})
+			s.adm.waitConnected(t, 10*time.Second, "gpu-1")
+			s.waitEvents(t, 1)
+			s.checkServes(t, "before the freeze")
 
-	// A stream in flight on generation 1.
-	mark := s.bp.b.Stats().Started
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	resp, err := s.api.post(ctx, chatRequest{model: "loop", stream: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if err := readChunks(resp, 2); err != nil {
-		t.Fatal(err)
-	}
+			// A stream in flight on generation 1.
+			mark := s.bp.b.Stats().Started
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			resp, err := s.api.post(ctx, chatRequest{model: "loop", stream: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			if err := readChunks(resp, 2); err != nil {
+				t.Fatal(err)
+			}
 
-	old := s.rl.freeze()
-	t0 := time.Now()
+			old := s.rl.freeze()
+			t0 := time.Now()
 
-	// The node notices the silent Edge and dials again: a second pipe.
-	acc, err := s.rl.accepted.waitFor(10*time.Second, func(ts []time.Time) bool { return len(ts) >= 2 })
-	if err != nil {
-		t.Fatalf("L7: the node did not reconnect: %v", err)
-	}
-	tNode := acc[1]
-	evs := s.waitEvents(t, 3)
-	fence, ready := evs[1], evs[2]
-	if fence.Type != "node.disconnected" || ready.Type != "node.connected" {
-		t.Fatalf("N4: events %+v, want connected, disconnected, connected", evs)
-	}
-	tFence, tReady := eventTime(t, fence), eventTime(t, ready)
-	t.Logf("after the freeze: node redialed in %v, old generation fenced in %v (%s), new generation ready in %v",
-		tNode.Sub(t0).Round(time.Millisecond), tFence.Sub(t0).Round(time.Millisecond), fence.Reason, tReady.Sub(t0).Round(time.Millisecond))
+			// E6: the node's session ends and cancels the upstream request.
+			end := s.bp.waitEnd(t, 5*time.Second, "upstream of the stream on the old generation",
+				func(e backend.RequestEnd) bool { return e.Seq > mark && e.Model == "tiny-loop" })
+			if end.Outcome != backend.OutcomeClientGone {
+				t.Errorf("E6: upstream of the old generation's stream ended %s, want %s", end.Outcome, backend.OutcomeClientGone)
+			}
+			tNotice := end.End
+			// The node comes back through a fresh path; the old generation
+			// was fenced on the way.
+			acc, err := s.rl.accepted.waitFor(10*time.Second, func(ts []time.Time) bool { return len(ts) >= 2 })
+			if err != nil {
+				t.Fatalf("L7: the node did not reconnect: %v", err)
+			}
+			tRedial := acc[1]
+			evs := s.waitEvents(t, 3)
+			fence, ready := evs[1], evs[2]
+			if fence.Type != "node.disconnected" || ready.Type != "node.connected" {
+				t.Fatalf("N4: events %+v, want connected, disconnected, connected", evs)
+			}
+			tFence := eventTime(t, fence)
+			t.Logf("after the freeze: node noticed in %v, old generation fenced in %v (%s), node redialed in %v, new generation ready in %v",
+				tNotice.Sub(t0).Round(time.Millisecond), tFence.Sub(t0).Round(time.Millisecond), fence.Reason,
+				tRedial.Sub(t0).Round(time.Millisecond), eventTime(t, ready).Sub(t0).Round(time.Millisecond))
 
-	// L7: the node notices first, and each side within its own timeout
-	// (plus one heartbeat interval of phase and a scheduling allowance).
-	const slack = 700 * time.Millisecond
-	if !tNode.Before(tFence) {
-		t.Errorf("L7: the Edge fenced (%v, %s) before the node reconnected (%v); the node must notice first",
-			tFence.Sub(t0), fence.Reason, tNode.Sub(t0))
-	}
-	if d := tNode.Sub(t0); d > (nodeTimeout+hbInterval)*time.Millisecond+slack {
-		t.Errorf("L7: node reconnected %v after the freeze, want within its %d ms timeout", d, nodeTimeout)
-	}
-	if d := tFence.Sub(t0); d > edgeTimeout*time.Millisecond+slack {
-		t.Errorf("L7: old generation fenced %v after the freeze, want within the Edge's %d ms timeout", d, edgeTimeout)
-	}
-	if fence.Reason != registry.ErrSuperseded.Error() && fence.Reason != registry.ErrHeartbeatTimeout.Error() {
-		t.Errorf("L4, L7: fence reason %q, want takeover or heartbeat timeout", fence.Reason)
-	}
-	// L4: the Edge closed the old connection.
-	select {
-	case <-old[0].edgeGone:
-	case <-time.After(5 * time.Second):
-		t.Errorf("L4: the Edge kept the old generation's connection open")
-	}
+			// L7: the node notices first; each side within its own timeout
+			// (plus one heartbeat interval of phase and a scheduling
+			// allowance).
+			const slack = 700 * time.Millisecond
+			if !tNotice.Before(tFence) {
+				t.Errorf("L7: the Edge fenced (%v) before the node noticed (%v); the node must notice first", tFence.Sub(t0), tNotice.Sub(t0))
+			}
+			if d := tNotice.Sub(t0); d > (nodeTimeout+hbInterval)*time.Millisecond+slack {
+				t.Errorf("L7: node noticed %v after the freeze, want within its %d ms timeout", d, nodeTimeout)
+			}
+			if d := tFence.Sub(t0); d > (edgeTimeout+hbInterval)*time.Millisecond+slack {
+				t.Errorf("L7: old generation fenced %v after the freeze, want within the Edge's %d ms timeout", d, edgeTimeout)
+			}
+			if fence.Reason != tc.reason.Error() {
+				t.Errorf("L4, L7: fence reason %q, want %q", fence.Reason, tc.reason)
+			}
+			// L4, L7: the Edge closed the old connection.
+			select {
+			case <-old[0].edgeGone:
+			case <-time.After(5 * time.Second):
+				t.Errorf("L7: the Edge kept the old generation's connection open")
+			}
+			// L8: the stream on the old generation ends with exactly one error.
+			raw, _ := io.ReadAll(resp.Body)
+			oneStreamError(t, raw)
 
-	// L8, E6: the stream on the old generation ends with exactly one error,
-	// and its upstream request was cancelled by the node.
-	raw, _ := io.ReadAll(resp.Body)
-	oneStreamError(t, raw)
-	end := s.bp.waitEnd(t, 5*time.Second, "upstream of the stream on the old generation",
-		func(e backend.RequestEnd) bool { return e.Seq > mark && e.Model == "tiny-loop" })
-	if end.Outcome != backend.OutcomeClientGone {
-		t.Errorf("E6: upstream of the old generation's stream ended %s, want %s", end.Outcome, backend.OutcomeClientGone)
+			// Nothing goes to the old generation: every request now takes
+			// the new path and is answered (one sent into the frozen pipe
+			// would hang until a fence and fail).
+			s.adm.waitConnected(t, 5*time.Second, "gpu-1")
+			for i := range 5 {
+				s.checkServes(t, fmt.Sprintf("after the fence, round %d", i))
+			}
+			if got, _ := s.rl.accepted.snapshot(); len(got) != 2 {
+				t.Errorf("node dialed %d times, want 2 (the first path and one fresh path)", len(got))
+			}
+			s.adm.waitGauges(t, 5*time.Second, 0, 0)
+		})
 	}
-
-	// Nothing goes to the old generation: every request now takes the new
-	// path and is answered (one sent to the frozen pipe would hang until
-	// its fence and fail).
-	for i := range 5 {
-		s.checkServes(t, fmt.Sprintf("after the fence, round %d", i))
-	}
-	if got, _ := s.rl.accepted.snapshot(); len(got) != 2 {
-		t.Errorf("node dialed %d times, want 2 (the first path and one fresh path)", len(got))
-	}
-	s.adm.waitGauges(t, 5*time.Second, 0, 0)
 }
 
 // TestLateCallbackAfterTakeover: the node's path dies on its side only, so

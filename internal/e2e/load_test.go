@@ -251,7 +251,7 @@ func TestThousandConcurrentRequests(t *testing.T) {
 // dispatch paths.
 func TestQueueFIFO(t *testing.T) {
 	checkGoroutines(t)
-	const waiters = 12
+	const waiters = 16
 	logs := newLogSink(t)
 	p := newPKI(t, "gpu-1")
 	bp := startBackend(t, backend.Options{TokenDelay: time.Millisecond})
@@ -304,11 +304,14 @@ func TestQueueFIFO(t *testing.T) {
 			holdCancel()
 			for range waiters {
 				if r := <-results; r != "" {
-					// A 503 here comes from the node's capacity gate (E4):
-					// the Edge returned the previous lease (at its client's
-					// cancel, or at the terminal) and pumped this request
-					// while the node still held the adapter's only slot.
-					t.Errorf("Q2, E4: %s", r)
+					// A 503 over_capacity here comes from the node's
+					// capacity gate (E4): the Edge returned the previous
+					// lease (at its client's cancel, or at the terminal)
+					// and pumped this request while the node still held
+					// the adapter's only slot. The gate is defense in
+					// depth, not a second queue: it must never refuse
+					// what the Edge's lease admitted.
+					t.Errorf("Q2, E4: refused by the node's capacity gate after the Edge returned the previous lease: %s", r)
 				}
 			}
 			// Q4: whatever reached the upstream arrived in queue order.

@@ -35,7 +35,7 @@ type chatRequest struct {
 func (r chatRequest) body() []byte {
 	m := map[string]any{
 		"model":    r.model,
-		"messages": []map[string]string{{"role": "user", "content": cmp(r.content, "hi")}},
+		"messages": []map[string]string{{"role": "user", "content": orDefault(r.content, "hi")}},
 		"stream":   r.stream,
 	}
 	if r.maxTokens > 0 {
@@ -45,7 +45,7 @@ func (r chatRequest) body() []byte {
 	return b
 }
 
-func cmp(s, def string) string {
+func orDefault(s, def string) string {
 	if s == "" {
 		return def
 	}
@@ -297,8 +297,7 @@ func (a *adminClient) waitGauges(t testing.TB, timeout time.Duration, leases, wa
 	})
 }
 
-// waitConnected waits until exactly the given nodes are connected... at
-// least: every id in ids shows connected=true.
+// waitConnected waits until every node in ids shows connected=true.
 func (a *adminClient) waitConnected(t testing.TB, timeout time.Duration, ids ...string) statusDoc {
 	t.Helper()
 	var d statusDoc
