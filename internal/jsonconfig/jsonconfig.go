@@ -24,33 +24,31 @@ func (e Errors) Error() string { return strings.Join(e, "\n") }
 
 // Decode parses data into v (a pointer to a struct) strictly. Syntax errors
 // report line and column; unknown keys and type mismatches report their key
-// path. The returned error is an Errors value.
-func Decode(data []byte, v any) error {
+// path. usable reports whether v was filled (the JSON was well-formed and
+// every value had the right type), so the caller can validate it and report
+// its problems together with the unknown keys.
+func Decode(data []byte, v any) (errs Errors, usable bool) {
 	var tree any
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
 	if err := dec.Decode(&tree); err != nil {
-		return Errors{syntaxMessage(data, err)}
+		return Errors{syntaxMessage(data, err)}, false
 	}
 	if dec.More() {
-		return Errors{"config: trailing data after the top-level JSON value"}
+		return Errors{"config: trailing data after the top-level JSON value"}, false
 	}
 	if _, ok := tree.(map[string]any); !ok {
-		return Errors{"config: top level must be a JSON object"}
+		return Errors{"config: top level must be a JSON object"}, false
 	}
-	var errs Errors
 	walk(reflect.TypeOf(v).Elem(), tree, "", &errs)
-	if len(errs) > 0 {
-		return errs
-	}
 	if err := json.Unmarshal(data, v); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
-			return Errors{fmt.Sprintf("%s: want %s, got JSON %s", te.Field, te.Type, te.Value)}
+			return append(errs, fmt.Sprintf("%s: want %s, got JSON %s", te.Field, te.Type, te.Value)), false
 		}
-		return Errors{err.Error()}
+		return append(errs, err.Error()), false
 	}
-	return nil
+	return errs, true
 }
 
 func syntaxMessage(data []byte, err error) string {

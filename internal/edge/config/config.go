@@ -200,11 +200,12 @@ func Load(path string) (*Config, error) {
 // Parse decodes data strictly, applies defaults and validates.
 func Parse(data []byte) (*Config, error) {
 	var c Config
-	if err := jsonconfig.Decode(data, &c); err != nil {
-		return nil, err
+	decodeErrs, usable := jsonconfig.Decode(data, &c)
+	if !usable {
+		return nil, decodeErrs
 	}
 	c.applyDefaults()
-	if errs := c.validate(); len(errs) > 0 {
+	if errs := append(decodeErrs, c.validate()...); len(errs) > 0 {
 		return nil, errs
 	}
 	return &c, nil

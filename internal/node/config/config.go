@@ -96,8 +96,9 @@ func Load(path string) (*Config, error) {
 // Parse decodes data strictly, applies defaults and validates.
 func Parse(data []byte) (*Config, error) {
 	var c Config
-	if err := jsonconfig.Decode(data, &c); err != nil {
-		return nil, err
+	decodeErrs, usable := jsonconfig.Decode(data, &c)
+	if !usable {
+		return nil, decodeErrs
 	}
 	if c.TLS.TrustDomain == "" {
 		c.TLS.TrustDomain = DefaultTrustDomain
@@ -113,7 +114,7 @@ func Parse(data []byte) (*Config, error) {
 		n := DefaultMaxAttempts
 		c.Reconnect.MaxAttempts = &n
 	}
-	if errs := c.validate(); len(errs) > 0 {
+	if errs := append(decodeErrs, c.validate()...); len(errs) > 0 {
 		return nil, errs
 	}
 	return &c, nil

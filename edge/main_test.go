@@ -1,0 +1,141 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// lockedBuffer is a bytes.Buffer safe for the exec copier and the test.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func buildEdge(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "edge")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func exitCode(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		return -1
+	}
+	return 0
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func edgeConfig(httpAddr, nodeAddr, adminAddr string) string {
+	return fmt.Sprintf(`{"http_listen":%q,"node_listen":%q,"admin_listen":%q,
+ "tls":{"cert_file":"pki/edge-1.crt","key_file":"pki/edge-1.key","ca_file":"pki/ca.crt"},
+ "nodes":[{"id":"gpu-1","adapters":[{"type":"ollama","base_url":"http://127.0.0.1:1"}]}],
+ "models":[{"name":"tiny","providers":[{"node":"gpu-1","provider":"ollama","target":"tiny"}]}]}`, httpAddr, nodeAddr, adminAddr)
+}
+
+// The built edge binary: pki, -check, -version, serve, SIGHUP reload and a
+// SIGTERM drain with exit 0.
+func TestEdgeBinary(t *testing.T) {
+	bin := buildEdge(t)
+	dir := t.TempDir()
+	out, err := exec.Command(bin, "pki", "init", "-dir", filepath.Join(dir, "pki"), "-edge", "edge-1", "-node", "gpu-1").CombinedOutput()
+	if err != nil {
+		t.Fatalf("pki init: %v\n%s", err, out)
+	}
+	if strings.Contains(string(out), "PRIVATE KEY") {
+		t.Fatalf("pki init printed private key material:\n%s", out)
+	}
+	httpAddr, adminAddr := freeAddr(t), freeAddr(t)
+	cfg := filepath.Join(dir, "edge.json")
+	os.WriteFile(cfg, []byte(edgeConfig(httpAddr, freeAddr(t), adminAddr)), 0o600)
+
+	if out, err := exec.Command(bin, "-config", cfg, "-check").CombinedOutput(); err != nil {
+		t.Fatalf("-check: %v\n%s", err, out)
+	}
+	bad := filepath.Join(dir, "bad.json")
+	os.WriteFile(bad, []byte(`{"nodes":[{"id":"gpu-1","adapters":[{"type":"ollama","capacty":2,"base_url":"http://x"}]}]}`), 0o600)
+	out, err = exec.Command(bin, "-config", bad, "-check").CombinedOutput()
+	if exitCode(err) != 1 || !strings.Contains(string(out), "nodes[0].adapters[0].capacty: unknown field") || !strings.Contains(string(out), "models: at least one model") {
+		t.Errorf("-check bad: exit %d, want 1 naming every problem:\n%s", exitCode(err), out)
+	}
+	if out, err := exec.Command(bin, "-version").CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "edge ") {
+		t.Errorf("-version: %v %q", err, out)
+	}
+
+	var stderr lockedBuffer
+	cmd := exec.Command(bin, "-config", cfg)
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	deadline := time.Now().Add(10 * time.Second)
+	var resp *http.Response
+	for time.Now().Before(deadline) {
+		if resp, err = http.Get("http://" + httpAddr + "/healthz"); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond) // poll until the listener is up
+	}
+	if err != nil {
+		t.Fatalf("edge never served: %v\n%s", err, stderr.String())
+	}
+	resp.Body.Close()
+	if !strings.Contains(stderr.String(), "open to anyone") {
+		t.Errorf("open mode not warned at startup:\n%s", stderr.String())
+	}
+	// N2: SIGHUP with a broken file keeps the running config.
+	os.WriteFile(cfg, []byte(`{"oops":1}`), 0o600)
+	cmd.Process.Signal(syscall.SIGHUP)
+	for time.Now().Before(deadline) && !strings.Contains(stderr.String(), "config reload rejected") {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if resp, err := http.Get("http://" + adminAddr + "/status"); err != nil {
+		t.Errorf("admin after a rejected reload: %v", err)
+	} else {
+		resp.Body.Close()
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	if code := exitCode(cmd.Wait()); code != 0 {
+		t.Errorf("SIGTERM: exit %d, want 0\n%s", code, stderr.String())
+	}
+}

@@ -1,0 +1,141 @@
+package admin
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"iop/internal/edge/events"
+	"iop/internal/edge/pool"
+	iop "iop/proto/gen/iop"
+)
+
+type fakeStatus struct{ snaps []pool.NodeSnapshot }
+
+func (f fakeStatus) Snapshot() []pool.NodeSnapshot { return f.snaps }
+func (f fakeStatus) Stats() (int, int)             { return 3, 1 }
+
+var since = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+func status() fakeStatus {
+	return fakeStatus{snaps: []pool.NodeSnapshot{
+		{Node: "gpu-1", Connected: true, ReadySince: since, Providers: []*iop.ProviderSnapshot{
+			{ProviderId: "ollama", Category: "local_inference", Status: "available", Health: "healthy", Capacity: 4, LongCapacity: 1, InFlight: 3},
+		}},
+		{Node: "gpu-2", Providers: []*iop.ProviderSnapshot{
+			{ProviderId: "vllm", Category: "local_inference", Status: "unavailable", Health: "offline"},
+		}},
+	}}
+}
+
+// N3: /status lists every configured node with connected, ready_since only
+// while connected, and ProviderSnapshots under their protobuf field names,
+// zeros included; never an address or token.
+func TestStatus(t *testing.T) {
+	srv := httptest.NewServer(New(Options{Status: status()}))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	var got struct {
+		Nodes []struct {
+			ID         string           `json:"id"`
+			Connected  bool             `json:"connected"`
+			ReadySince *string          `json:"ready_since"`
+			Providers  []map[string]any `json:"providers"`
+		} `json:"nodes"`
+	}
+	if err := json.Unmarshal(body, &got); err != nil {
+		t.Fatalf("status is not JSON: %v: %s", err, body)
+	}
+	if len(got.Nodes) != 2 {
+		t.Fatalf("got %d nodes, want 2: %s", len(got.Nodes), body)
+	}
+	n1, n2 := got.Nodes[0], got.Nodes[1]
+	if !n1.Connected || n1.ReadySince == nil || *n1.ReadySince != "2026-11-29T12:00:00Z" {
+		t.Errorf("N3 gpu-1: got connected=%v ready_since=%v", n1.Connected, n1.ReadySince)
+	}
+	if n2.Connected || n2.ReadySince != nil {
+		t.Errorf("N3 gpu-2: got connected=%v ready_since=%v, want false and absent", n2.Connected, n2.ReadySince)
+	}
+	p := n1.Providers[0]
+	for k, want := range map[string]any{"provider_id": "ollama", "capacity": 4.0, "in_flight": 3.0, "long_in_flight": 0.0, "queued": 0.0, "health": "healthy"} {
+		if p[k] != want {
+			t.Errorf("N3 provider field %s: got %v, want %v", k, p[k], want)
+		}
+	}
+	if off := n2.Providers[0]; off["status"] != "unavailable" || off["health"] != "offline" || off["capacity"] != 0.0 {
+		t.Errorf("N3 offline provider: %v", off)
+	}
+	for _, banned := range []string{"127.0.0.1", "addr", "token", "key"} {
+		if strings.Contains(string(body), banned) {
+			t.Errorf("N3: status mentions %q: %s", banned, body)
+		}
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	bus := &events.Bus{}
+	srv := httptest.NewServer(New(Options{Status: status(), Events: bus, Metrics: []Counter{
+		{Name: "iop_edge_requests_total", Help: "Requests by status.", Samples: func() map[string]float64 { return map[string]float64{`code="200"`: 7} }},
+	}}))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/plain; version=0.0.4") {
+		t.Errorf("content type %q", ct)
+	}
+	for _, want := range []string{
+		`iop_edge_node_connected{node="gpu-1"} 1`, `iop_edge_node_connected{node="gpu-2"} 0`,
+		`iop_edge_provider_in_flight{node="gpu-1",provider="ollama"} 3`,
+		"iop_edge_leases 3", "iop_edge_waiters 1", "iop_edge_events_dropped_total 0",
+		"# TYPE iop_edge_requests_total counter", `iop_edge_requests_total{code="200"} 7`,
+	} {
+		if !strings.Contains(string(body), want+"\n") {
+			t.Errorf("metrics lack %q:\n%s", want, body)
+		}
+	}
+}
+
+// N4: /events streams node events as SSE; the subscription ends with the
+// client.
+func TestEvents(t *testing.T) {
+	bus := &events.Bus{}
+	srv := httptest.NewServer(New(Options{Status: status(), Events: bus}))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for bus.Subscribers() == 0 && time.Now().Before(deadline) {
+		runtime.Gosched()
+	}
+	bus.Publish(events.Event{Type: events.TypeConnected, Node: "gpu-1", Time: since})
+	buf := make([]byte, 256)
+	n, err := io.ReadAtLeast(resp.Body, buf, 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := string(buf[:n])
+	if !strings.HasPrefix(got, "event: node.connected\ndata: {\"type\":\"node.connected\",\"node\":\"gpu-1\"") {
+		t.Errorf("event: %q", got)
+	}
+	resp.Body.Close()
+	srv.Close()
+	if s := bus.Subscribers(); s != 0 {
+		t.Errorf("subscribers after the client left: %d, want 0", s)
+	}
+}

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"iop/internal/identity"
+)
+
+// buildNode compiles this command once per test into a temp dir: these
+// tests exercise the binary an operator runs (exit codes, signals).
+func buildNode(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "node")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// countingListener accepts TCP connections and closes them at once, like an
+// edge that is down behind a port that still answers; it counts dials.
+func countingListener(t *testing.T) (addr string, accepts *atomic.Int32, first <-chan struct{}) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepts = new(atomic.Int32)
+	firstc := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if accepts.Add(1) == 1 {
+				close(firstc)
+			}
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); <-done })
+	return ln.Addr().String(), accepts, firstc
+}
+
+func writeConfig(t *testing.T, dir, edgeAddr, reconnect, keyFile string) string {
+	t.Helper()
+	cfg := fmt.Sprintf(`{"node_id":"gpu-1","edge_addr":%q,"tls":{"cert_file":"pki/gpu-1.crt","key_file":%q,"ca_file":"pki/ca.crt"},"reconnect":%s}`,
+		edgeAddr, keyFile, reconnect)
+	p := filepath.Join(dir, "node.json")
+	if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func pki(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := identity.InitPKI(filepath.Join(dir, "pki"), identity.PKIOptions{Edge: "edge-1", Nodes: []string{"gpu-1"}}); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func exitCode(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		return -1
+	}
+	return 0
+}
+
+// S2, S3, S4 on the built binary.
+func TestNodeBinary(t *testing.T) {
+	bin := buildNode(t)
+
+	t.Run("S4 finite attempts exhausted exit 1 after exactly 2 dials", func(t *testing.T) {
+		dir := pki(t)
+		addr, accepts, _ := countingListener(t)
+		cfg := writeConfig(t, dir, addr, `{"max_attempts":2,"interval_sec":0}`, "pki/gpu-1.key")
+		var stderr bytes.Buffer
+		cmd := exec.Command(bin, "-config", cfg)
+		cmd.Stderr = &stderr
+		if code := exitCode(cmd.Run()); code != 1 {
+			t.Fatalf("exit code %d, want 1; stderr:\n%s", code, stderr.String())
+		}
+		if n := accepts.Load(); n != 2 {
+			t.Errorf("S2: %d dials, want exactly 2", n)
+		}
+	})
+
+	t.Run("S4 unlimited until SIGTERM exit 0 within 1s mid-backoff", func(t *testing.T) {
+		dir := pki(t)
+		addr, _, first := countingListener(t)
+		cfg := writeConfig(t, dir, addr, `{"max_attempts":0,"interval_sec":30}`, "pki/gpu-1.key")
+		cmd := exec.Command(bin, "-config", cfg)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-first: // the node dialed once and is now in its 30 s backoff
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("node never dialed; stderr:\n%s", stderr.String())
+		}
+		start := time.Now()
+		cmd.Process.Signal(syscall.SIGTERM)
+		err := cmd.Wait()
+		if code := exitCode(err); code != 0 {
+			t.Fatalf("exit code %d, want 0; stderr:\n%s", code, stderr.String())
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("S4: exited %v after SIGTERM, want ≤ 1s", d)
+		}
+	})
+
+	t.Run("S3 unreadable key exit 1 at once without dialing", func(t *testing.T) {
+		dir := pki(t)
+		addr, accepts, _ := countingListener(t)
+		cfg := writeConfig(t, dir, addr, `{"max_attempts":0,"interval_sec":1}`, "pki/missing.key")
+		var stderr bytes.Buffer
+		cmd := exec.Command(bin, "-config", cfg)
+		cmd.Stderr = &stderr
+		if code := exitCode(cmd.Run()); code != 1 {
+			t.Fatalf("exit code %d, want 1", code)
+		}
+		if n := accepts.Load(); n != 0 {
+			t.Errorf("S3: %d dials, want 0", n)
+		}
+		if !strings.Contains(stderr.String(), "missing.key") {
+			t.Errorf("S3: stderr does not name the key file:\n%s", stderr.String())
+		}
+	})
+
+	t.Run("check and version", func(t *testing.T) {
+		dir := pki(t)
+		good := writeConfig(t, dir, "127.0.0.1:7443", `{}`, "pki/gpu-1.key")
+		if out, err := exec.Command(bin, "-config", good, "-check").CombinedOutput(); err != nil || !strings.Contains(string(out), "ok") {
+			t.Errorf("-check good: %v %s", err, out)
+		}
+		bad := filepath.Join(dir, "bad.json")
+		os.WriteFile(bad, []byte(`{"node_id":"gpu-1","edge_addr":"x:1","tls":{},"reconect":{}}`), 0o600)
+		out, err := exec.Command(bin, "-config", bad, "-check").CombinedOutput()
+		if exitCode(err) != 1 || !strings.Contains(string(out), "reconect: unknown field") || !strings.Contains(string(out), "tls.cert_file: required") {
+			t.Errorf("-check bad: exit %d\n%s", exitCode(err), out)
+		}
+		out, err = exec.Command(bin, "-version").CombinedOutput()
+		if err != nil || !strings.HasPrefix(string(out), "node ") {
+			t.Errorf("-version: %v %q", err, out)
+		}
+		if code := exitCode(exec.Command(bin).Run()); code != 2 {
+			t.Errorf("no -config: exit %d, want 2", code)
+		}
+	})
+}
