@@ -80,9 +80,19 @@
 //	slowheaders=D  wait D (a Go duration, at most 10m) before the status line
 //	status=S       answer HTTP S (400-599) with an error body in the route's shape
 //
-// Stall and reset apply to stream and non-stream requests alike (non-stream
+// Reset needs an HTTP/1.1 connection; where it cannot hijack (HTTP/2) it
+// aborts the response with http.ErrAbortHandler instead. Stall and reset
+// apply to stream and non-stream requests alike (non-stream
 // requests "generate" N tokens, with the token delay, before the fault). A
 // malformed suffix is a 400 naming the bad part.
+//
+// # Goroutines and shared state
+//
+// ServeHTTP runs on net/http's goroutine for the request and starts none; a
+// request's state (type call) is owned by that goroutine. Serve owns one
+// goroutine running http.Server.Serve and returns only after it has exited.
+// Shared between requests: atomic counters, the buffer pool, and the /api/ps
+// use times guarded by Backend.mu (held only to read or write that map).
 //
 // # Performance
 //

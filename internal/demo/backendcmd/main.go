@@ -5,6 +5,9 @@
 //
 //	demo-backend -listen 127.0.0.1:11434 [-token-delay 20ms] [-pad-bytes 1024] [-seed N] [-loop-tokens 64]
 //
+// The token delay defaults to 20ms (about 50 tokens/s, so a demo stream is
+// visibly a stream); benchmarks pass -token-delay 0.
+//
 // It logs JSON lines to stderr: one at startup saying it is a stand-in, one
 // per request start and end. SIGINT or SIGTERM shut it down with exit code 0;
 // bad flags exit 2, a listen or serve failure exits 1.
@@ -20,6 +23,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"iop/internal/demo/backend"
 )
@@ -37,7 +41,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("demo-backend", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	listen := fs.String("listen", "127.0.0.1:11434", "TCP address to listen on (host:port)")
-	delay := fs.Duration("token-delay", 0, "wait before each content token, e.g. 20ms")
+	delay := fs.Duration("token-delay", 20*time.Millisecond, "wait before each content token (0 = none)")
 	pad := fs.Int("pad-bytes", 0, "pad non-stream text answers to this many body bytes (0 = off)")
 	seed := fs.Uint64("seed", 0, "seed of the generated ids")
 	loop := fs.Int("loop-tokens", backend.DefaultLoopTokens, "tiny-loop's token limit when a request sets none")
