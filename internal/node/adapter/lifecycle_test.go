@@ -278,3 +278,32 @@ func TestRunTimeout(t *testing.T) {
 		t.Fatalf("got %v %q (%q), want ERROR timeout", last.GetType(), last.GetFailureCode(), last.GetError())
 	}
 }
+
+// E4, Q2: the slot is free by the time the terminal is emitted: the Edge
+// returns its lease on the terminal and may dispatch the next request to the
+// same instance at once, which must then be admitted. The next request is
+// sent from inside emit, so any slot still held at that moment shows up as
+// over_capacity.
+func TestCapacityFreeAtTerminal(t *testing.T) {
+	leakCheck(t)
+	up := newFake(t, replay(200, "text/event-stream", sample(t, "llama_v1_chat_stream.sse")))
+	s := newSet(t, adapter.Options{}, compatAdapter("one", llamaProfile(up.URL), 1))
+	var nextRun []*iop.RunEvent
+	var nextTunnel []*iop.ProviderTunnelFrame
+	s.Run(context.Background(), "r1", &iop.RunRequest{Adapter: "one", Target: "tiny", Input: userInput("Hi")}, func(ev *iop.RunEvent) {
+		if ev.GetType() == iop.RunEventType_RUN_EVENT_COMPLETE {
+			nextTunnel = tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Adapter: "one", Operation: adapter.OpModels})
+		}
+	})
+	s.Tunnel(context.Background(), "t1", &iop.ProviderTunnelRequest{Adapter: "one", Operation: adapter.OpModels}, func(f *iop.ProviderTunnelFrame) {
+		if f.GetKind() == iop.TunnelFrameKind_TUNNEL_FRAME_END {
+			nextRun = runAll(context.Background(), s, &iop.RunRequest{Adapter: "one", Target: "tiny", Input: userInput("Hi")})
+		}
+	})
+	if tl, _, _, _ := checkTunnel(t, nextTunnel); tl.GetKind() != iop.TunnelFrameKind_TUNNEL_FRAME_END {
+		t.Errorf("E4: tunnel sent at the run's terminal got %v %q, want END", tl.GetKind(), tl.GetFailureCode())
+	}
+	if last, _ := checkRun(t, nextRun); last.GetType() != iop.RunEventType_RUN_EVENT_COMPLETE {
+		t.Errorf("E4: run sent at the tunnel's terminal got %v %q, want COMPLETE", last.GetType(), last.GetFailureCode())
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"iop/internal/node/adapter/upstream"
@@ -53,7 +54,9 @@ func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit f
 		rs.fail(CodeOverCapacity, fmt.Sprintf("adapter %q is at its capacity of %d concurrent requests", inst.name, inst.gate.limit), 0)
 		return
 	}
-	defer inst.gate.release()
+	release := sync.OnceFunc(inst.gate.release)
+	rs.beforeTerminal = release
+	defer release()
 
 	runCtx, cancel := a.context(ctx)
 	defer cancel()
@@ -182,9 +185,20 @@ type runStream struct {
 	emit            func(*iop.RunEvent)
 	seq             uint64
 	adapter, target string
+	// beforeTerminal, when set, runs once just before the terminal event is
+	// emitted: it returns the capacity slot, so that the Edge, which
+	// releases its lease on the terminal and may dispatch the next waiter
+	// at once, never finds the slot still taken (SPEC E4, Q2).
+	beforeTerminal func()
 }
 
 func (r *runStream) send(ev *iop.RunEvent) {
+	switch ev.Type {
+	case iop.RunEventType_RUN_EVENT_COMPLETE, iop.RunEventType_RUN_EVENT_ERROR, iop.RunEventType_RUN_EVENT_CANCELLED:
+		if r.beforeTerminal != nil {
+			r.beforeTerminal()
+		}
+	}
 	r.seq++
 	ev.Seq = r.seq
 	ev.Adapter = r.adapter

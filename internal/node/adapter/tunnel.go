@@ -10,6 +10,7 @@ import (
 	"net/textproto"
 	"sort"
 	"strings"
+	"sync"
 
 	iop "iop/proto/gen/iop"
 )
@@ -74,7 +75,9 @@ func (s *Set) Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelR
 		ts.fail(CodeOverCapacity, fmt.Sprintf("adapter %q is at its capacity of %d concurrent requests", inst.name, inst.gate.limit))
 		return
 	}
-	defer inst.gate.release()
+	release := sync.OnceFunc(inst.gate.release)
+	ts.beforeTerminal = release
+	defer release()
 	runCtx, cancel := a.context(ctx)
 	defer cancel()
 	s.relay(ctx, runCtx, inst, a, method, path, req, ts)
@@ -211,9 +214,14 @@ type tunnelStream struct {
 	emit            func(*iop.ProviderTunnelFrame)
 	seq             uint64
 	adapter, target string
+	// beforeTerminal: as runStream's, before END or ERROR.
+	beforeTerminal func()
 }
 
 func (t *tunnelStream) send(f *iop.ProviderTunnelFrame) {
+	if (f.Kind == iop.TunnelFrameKind_TUNNEL_FRAME_END || f.Kind == iop.TunnelFrameKind_TUNNEL_FRAME_ERROR) && t.beforeTerminal != nil {
+		t.beforeTerminal()
+	}
 	t.seq++
 	f.Seq = t.seq
 	f.Adapter = t.adapter
