@@ -78,7 +78,7 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 		Timeouts:    o.Timeouts,
 	}
 	p := supervisor.Policy{Interval: cfg.Interval(), MaxAttempts: cfg.MaxAttempts()}
-	log.Info("node starting", "edge_addr", cfg.EdgeAddr, "reconnect_interval", p.Interval, "max_attempts", p.MaxAttempts)
+	log.Info("node starting", "edge_addr", cfg.EdgeAddr, "reconnect_interval_ms", p.Interval.Milliseconds(), "max_attempts", p.MaxAttempts)
 	return supervisor.Run(ctx, p, func(ctx context.Context) (bool, error) {
 		return session.Connect(ctx, so)
 	}, log)

@@ -198,7 +198,7 @@ func Connect(ctx context.Context, o Options) (reachedReady bool, err error) {
 	if o.TLS == nil || o.NewExecutor == nil {
 		return false, errors.New("session: Options.TLS and Options.NewExecutor are required")
 	}
-	log := o.Logger.With("node_id", o.NodeID)
+	log := o.Logger // the caller's logger already names the node
 
 	d := net.Dialer{Timeout: o.Timeouts.Dial}
 	raw, err := d.DialContext(ctx, "tcp", o.Addr)
