@@ -1,0 +1,274 @@
+# shellcheck shell=bash
+# ./run.sh bench [quick]: the end-to-end performance benchmark of issue 7.
+# Sourced by run.sh (which sets ROOT and log). Not part of CI.
+#
+# Separate processes on loopback, all started and stopped here:
+#   demo backend (fast)  127.0.0.1:28434  -token-delay 0 -pad-bytes 1024 (1,024-byte answers)
+#   demo backend (slow)  127.0.0.1:28435  -token-delay $BENCH_SLOW_DELAY (slow streams)
+#   floor                127.0.0.1:28081  iopbench floor: httputil.ReverseProxy → fast backend
+#   edge                 127.0.0.1:28080  (admin 127.0.0.1:29090 with admin.pprof, nodes 127.0.0.1:27443)
+#   node gpu-1           dials the edge over mTLS; adapters oa/ol → fast, slow-oa/slow-ol → slow
+# and the load generators (iopbench from internal/bench/loadgen, its own Go
+# module with vegeta; Debian's wrk). Paths, measured in the same run with
+# rounds alternating (odd rounds a→d, even rounds d→a):
+#   a   POST fast backend /v1/chat/completions         (direct)
+#   a2  POST fast backend /api/chat                     (direct, native Ollama shape)
+#   b   POST floor /v1/chat/completions                 (one stdlib hop, compared with a)
+#   c   POST edge, model bench-oa: openai_compat tunnel (compared with a)
+#   d   POST edge, model bench: ollama run path          (compared with a2, and with a)
+#
+# Everything lands in .run/bench/: results.jsonl (one JSON line per
+# measurement), results.md (the tables), profiles/ (edge pprof, node perf),
+# logs. Knobs (environment): BENCH_SECONDS (per fixed-rate run; full 10,
+# quick 5), BENCH_ROUNDS (3 / 1), BENCH_RATES ("500 1000 2000"),
+# BENCH_HOLD ("1000 10000" / "1000"), BENCH_SLOW_DELAY (1s),
+# BENCH_HOLD_TOKENS (15), BENCH_STREAM_RATE (50 streams/s).
+
+BENCH_DIR="$ROOT/.run/bench"
+BENCH_KEY=iop-bench-key
+BENCH_BACKEND=127.0.0.1:28434
+BENCH_SLOW=127.0.0.1:28435
+BENCH_FLOOR=127.0.0.1:28081
+BENCH_HTTP=127.0.0.1:28080
+BENCH_ADMIN=127.0.0.1:29090
+BENCH_NODE_LISTEN=127.0.0.1:27443
+bench_pids=()
+
+bench_cleanup() {
+  local pid
+  for pid in "${bench_pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${bench_pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  bench_pids=()
+}
+
+bench_tools() {
+  if ! command -v wrk >/dev/null 2>&1; then
+    log "installing wrk (Debian)"
+    if [ "$(id -u)" = 0 ]; then apt-get update -qq >/dev/null && apt-get install -y -qq wrk >/dev/null
+    else sudo apt-get update -qq >/dev/null && sudo apt-get install -y -qq wrk >/dev/null; fi
+  fi
+  if ! command -v perf >/dev/null 2>&1; then
+    log "perf not installed: the node is not profiled (apt-get install linux-perf to add it)"
+  fi
+  mkdir -p "$BENCH_DIR/bin" "$BENCH_DIR/profiles"
+  log "building edge, node, demo-backend (with symbols, for perf) and iopbench into .run/bench/bin"
+  # Same code as bin/ (./run.sh build); only -s -w is left out so perf can name functions.
+  local b
+  for b in edge node; do CGO_ENABLED=0 go build -trimpath -o "$BENCH_DIR/bin/$b" "./$b"; done
+  CGO_ENABLED=0 go build -trimpath -o "$BENCH_DIR/bin/demo-backend" ./internal/demo/backendcmd
+  (cd "$ROOT/internal/bench/loadgen" && go build -o "$BENCH_DIR/bin/iopbench" .)
+}
+
+bench_wait() { # url tries(×0.1 s)
+  local i
+  for i in $(seq 1 "$2"); do curl -fsS -m 1 "$1" >/dev/null 2>&1 && return 0; sleep 0.1; done
+  return 1
+}
+
+bench_start_stack() {
+  local bin="$BENCH_DIR/bin" key_sha
+  key_sha=$(printf '%s' "$BENCH_KEY" | sha256sum | cut -d' ' -f1)
+  rm -rf "$BENCH_DIR/pki"
+  "$bin/edge" pki init -dir "$BENCH_DIR/pki" -edge edge-1 -node gpu-1 >/dev/null
+  # The backends log two JSON lines per request; at thousands of requests/s
+  # a file would grow by hundreds of MB, so their logs are discarded.
+  "$bin/demo-backend" -listen "$BENCH_BACKEND" -token-delay 0 -pad-bytes 1024 >/dev/null 2>&1 &
+  bench_pids+=($!)
+  "$bin/demo-backend" -listen "$BENCH_SLOW" -token-delay "$BENCH_SLOW_DELAY" >/dev/null 2>&1 &
+  bench_pids+=($!)
+  "$bin/iopbench" floor -listen "$BENCH_FLOOR" -upstream "http://$BENCH_BACKEND" >"$BENCH_DIR/floor.log" 2>&1 &
+  bench_pids+=($!)
+  bench_wait "http://$BENCH_BACKEND/api/tags" 50 || { log "fast backend did not start"; return 1; }
+  bench_wait "http://$BENCH_SLOW/api/tags" 50 || { log "slow backend did not start"; return 1; }
+  bench_wait "http://$BENCH_FLOOR/api/tags" 50 || { log "floor did not start; see .run/bench/floor.log"; return 1; }
+  local fast="http://$BENCH_BACKEND" slow="http://$BENCH_SLOW"
+  cat >"$BENCH_DIR/edge.json" <<JSON
+{
+  "http_listen": "$BENCH_HTTP",
+  "node_listen": "$BENCH_NODE_LISTEN",
+  "admin_listen": "$BENCH_ADMIN",
+  "admin": {"pprof": true},
+  "tls": {"cert_file": "pki/edge-1.crt", "key_file": "pki/edge-1.key", "ca_file": "pki/ca.crt", "trust_domain": "iop.local"},
+  "api_keys": [{"principal": "bench", "key_sha256": "$key_sha"}],
+  "queue": {"max_waiters": 4096},
+  "nodes": [{"id": "gpu-1", "adapters": [
+    {"name": "ol",      "type": "ollama",        "capacity": 4096,  "base_url": "$fast"},
+    {"name": "oa",      "type": "openai_compat", "profile": "llamacpp", "capacity": 4096,  "base_url": "$fast"},
+    {"name": "slow-ol", "type": "ollama",        "capacity": 20000, "base_url": "$slow"},
+    {"name": "slow-oa", "type": "openai_compat", "profile": "llamacpp", "capacity": 20000, "base_url": "$slow"}
+  ]}],
+  "models": [
+    {"name": "bench",         "providers": [{"node": "gpu-1", "provider": "ol", "target": "tiny"}]},
+    {"name": "bench-oa",      "providers": [{"node": "gpu-1", "provider": "oa", "target": "tiny"}]},
+    {"name": "bench-loop",    "providers": [{"node": "gpu-1", "provider": "ol", "target": "tiny-loop"}]},
+    {"name": "bench-loop-oa", "providers": [{"node": "gpu-1", "provider": "oa", "target": "tiny-loop"}]},
+    {"name": "slow",          "providers": [{"node": "gpu-1", "provider": "slow-ol", "target": "tiny-loop"}]},
+    {"name": "slow-oa",       "providers": [{"node": "gpu-1", "provider": "slow-oa", "target": "tiny-loop"}]}
+  ]
+}
+JSON
+  cat >"$BENCH_DIR/node.json" <<JSON
+{
+  "node_id": "gpu-1",
+  "edge_addr": "$BENCH_NODE_LISTEN",
+  "tls": {"cert_file": "pki/gpu-1.crt", "key_file": "pki/gpu-1.key", "ca_file": "pki/ca.crt", "expected_edge_name": "edge-1"},
+  "reconnect": {"interval_sec": 1, "max_attempts": 0}
+}
+JSON
+  "$bin/edge" -config "$BENCH_DIR/edge.json" >"$BENCH_DIR/edge.log" 2>&1 &
+  EDGE_PID=$!
+  bench_pids+=($EDGE_PID)
+  "$bin/node" -config "$BENCH_DIR/node.json" >"$BENCH_DIR/node.log" 2>&1 &
+  NODE_PID=$!
+  bench_pids+=($NODE_PID)
+  local i
+  for i in $(seq 1 150); do
+    if curl -fsS -m 1 "http://$BENCH_ADMIN/status" 2>/dev/null | grep -q '"connected":true'; then
+      log "stack up: edge pid $EDGE_PID, node pid $NODE_PID"
+      return 0
+    fi
+    sleep 0.2
+  done
+  log "node did not become ready in 30 s; see .run/bench/edge.log and node.log"
+  return 1
+}
+
+# bench_target PATH KIND: sets T_URL, T_BODY, T_KEY, T_FORMAT, T_TOKENS.
+# KIND: ns (one ~1 KB answer), stream (100 chunks), slow (slow stream).
+bench_target() {
+  local path=$1 kind=$2 model tokens=100 msg='"messages":[{"role":"user","content":"Say hello."}]'
+  T_KEY="" T_FORMAT=sse
+  [ "$kind" = slow ] && tokens=$BENCH_HOLD_TOKENS
+  T_TOKENS=$tokens
+  case $path in
+    a|b|c) T_URL="http://$BENCH_BACKEND/v1/chat/completions" ;;
+    a2)    T_URL="http://$BENCH_BACKEND/api/chat" ;;
+    d)     T_URL="http://$BENCH_HTTP/v1/chat/completions" ;;
+  esac
+  [ "$path" = b ] && T_URL="http://$BENCH_FLOOR/v1/chat/completions"
+  [ "$path" = c ] && T_URL="http://$BENCH_HTTP/v1/chat/completions"
+  case $path:$kind in
+    a:ns|b:ns|a2:ns) model=tiny ;;
+    c:ns) model=bench-oa ;;
+    d:ns) model=bench ;;
+    a:*|b:*|a2:*) model=tiny-loop ;;
+    c:stream) model=bench-loop-oa ;;
+    d:stream) model=bench-loop ;;
+    c:slow) model=slow-oa ;;
+    d:slow) model=slow ;;
+  esac
+  [ "$kind" = slow ] && case $path in a|a2|b) T_URL=${T_URL/$BENCH_BACKEND/$BENCH_SLOW}; T_URL=${T_URL/$BENCH_FLOOR/$BENCH_SLOW} ;; esac
+  case $path in c|d) T_KEY=$BENCH_KEY ;; esac
+  if [ "$path" = a2 ]; then
+    T_FORMAT=ndjson
+    if [ "$kind" = ns ]; then T_BODY="{\"model\":\"$model\",\"stream\":false,$msg}"
+    else T_BODY="{\"model\":\"$model\",\"stream\":true,\"options\":{\"num_predict\":$tokens},$msg}"; fi
+  elif [ "$kind" = ns ]; then
+    T_BODY="{\"model\":\"$model\",\"stream\":false,$msg}"
+  else
+    T_BODY="{\"model\":\"$model\",\"stream\":true,\"max_tokens\":$tokens,$msg}"
+  fi
+}
+
+bench_pids_arg() { echo "edge=$EDGE_PID,node=$NODE_PID"; }
+
+# bench_run SUBCOMMAND PATH KIND ROUND [flags…]: one measurement, appended to results.jsonl.
+bench_run() {
+  local sub=$1 path=$2 kind=$3 round=$4; shift 4
+  bench_target "$path" "$kind"
+  local out
+  if out=$("$BENCH_DIR/bin/iopbench" "$sub" -path "$path" -round "$round" -key "$T_KEY" \
+      -url "$T_URL" -body "$T_BODY" -pids "$(bench_pids_arg)" "$@" \
+      $( [ "$sub" = stream ] || [ "$sub" = hold ] && echo "-format $T_FORMAT -tokens $T_TOKENS" ) \
+      2>>"$BENCH_DIR/iopbench.log"); then
+    echo "$out" >>"$BENCH_DIR/results.jsonl"
+    printf '[bench] %-6s %-2s r%s %s\n' "$sub" "$path" "$round" "$(echo "$out" | cut -c1-220)" >&2
+  else
+    log "FAILED: $sub $path round $round (see .run/bench/iopbench.log)"
+  fi
+}
+
+bench_mem() { # label
+  "$BENCH_DIR/bin/iopbench" mem -label "$1" -pids "$(bench_pids_arg)" >>"$BENCH_DIR/results.jsonl"
+}
+
+# bench_profile PATH: a 1,000 RPS run of 12 s while the edge's CPU profile
+# (10 s, /debug/pprof/profile on the admin listener) and, where perf exists,
+# the node's (perf record -g, 10 s) are taken.
+bench_profile() {
+  local path=$1 prof="$BENCH_DIR/profiles" perfpid=""
+  bench_target "$path" ns
+  ( sleep 1; curl -fsS -m 30 -o "$prof/edge-$path.pprof" "http://$BENCH_ADMIN/debug/pprof/profile?seconds=10" ) &
+  local curlpid=$!
+  if command -v perf >/dev/null 2>&1; then
+    ( sleep 1; perf record -e cpu-clock -F 499 -g -p "$NODE_PID" -o "$prof/node-$path.perf.data" -- sleep 10 >/dev/null 2>&1 ) &
+    perfpid=$!
+  fi
+  "$BENCH_DIR/bin/iopbench" rate -path "$path" -round 0 -key "$T_KEY" -url "$T_URL" -body "$T_BODY" \
+    -rate 1000 -duration 12s -warmup 0 -pids "$(bench_pids_arg)" >"$prof/run-$path.json" 2>>"$BENCH_DIR/iopbench.log" || true
+  wait "$curlpid" || log "edge profile for $path failed"
+  [ -n "$perfpid" ] && { wait "$perfpid" || true; }
+  if [ -s "$prof/edge-$path.pprof" ]; then
+    go tool pprof -top -nodecount=45 "$BENCH_DIR/bin/edge" "$prof/edge-$path.pprof" >"$prof/edge-$path.top.txt" 2>&1 || true
+    go tool pprof -top -cum -nodecount=45 "$BENCH_DIR/bin/edge" "$prof/edge-$path.pprof" >"$prof/edge-$path.cum.txt" 2>&1 || true
+  fi
+  if [ -s "$prof/node-$path.perf.data" ]; then
+    perf report -i "$prof/node-$path.perf.data" --stdio --no-children --sort symbol 2>/dev/null \
+      | grep -E '^ +[0-9]' | head -45 >"$prof/node-$path.top.txt" || true
+    perf report -i "$prof/node-$path.perf.data" --stdio --children --sort symbol 2>/dev/null \
+      | grep -E '^ +[0-9]' | head -60 >"$prof/node-$path.cum.txt" || true
+  fi
+  log "profiles for path $path in .run/bench/profiles/ ($(cut -c1-160 "$prof/run-$path.json"))"
+}
+
+bench_main() {
+  local mode=${1:-full}
+  case $mode in full|quick) ;; *) echo "usage: ./run.sh bench [quick]" >&2; return 2 ;; esac
+  local secs rounds holds
+  if [ "$mode" = quick ]; then secs=${BENCH_SECONDS:-5}; rounds=${BENCH_ROUNDS:-1}; holds=${BENCH_HOLD:-1000}
+  else secs=${BENCH_SECONDS:-10}; rounds=${BENCH_ROUNDS:-3}; holds=${BENCH_HOLD:-1000 10000}; fi
+  local rates=${BENCH_RATES:-500 1000 2000}
+  BENCH_SLOW_DELAY=${BENCH_SLOW_DELAY:-1s}
+  BENCH_HOLD_TOKENS=${BENCH_HOLD_TOKENS:-15}
+  local stream_rate=${BENCH_STREAM_RATE:-50}
+
+  # 10,000 streams need ~10,000 descriptors in each of the client, edge, node and backend.
+  ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+  log "bench $mode: $rounds round(s), ${secs}s per rate, rates $rates, holds $holds; ulimit -n $(ulimit -n); load average $(cut -d' ' -f1-3 /proc/loadavg)"
+
+  bench_tools
+  trap 'bench_cleanup; exit 130' INT
+  trap 'bench_cleanup; exit 143' TERM
+  trap bench_cleanup EXIT
+  bench_start_stack || return 1
+  : >"$BENCH_DIR/results.jsonl"
+  : >"$BENCH_DIR/iopbench.log"
+  local t0=$SECONDS
+  sleep 1
+  bench_mem idle
+
+  local round rate p order
+  for round in $(seq 1 "$rounds"); do
+    if [ $((round % 2)) = 1 ]; then order="a a2 b c d"; else order="d c b a2 a"; fi
+    for rate in $rates; do
+      for p in $order; do bench_run rate "$p" ns "$round" -rate "$rate" -duration "${secs}s"; done
+    done
+    for p in $order; do bench_run wrk "$p" ns "$round" -duration "$([ "$mode" = quick ] && echo 3s || echo 5s)"; done
+    for p in $order; do bench_run stream "$p" stream "$round" -rate "$stream_rate" -duration "$([ "$mode" = quick ] && echo 3s || echo 4s)"; done
+  done
+  bench_mem "after the fixed-rate, closed-loop and stream runs"
+
+  bench_profile c
+  bench_profile d
+
+  local n
+  for n in $holds; do
+    if [ "$n" -ge 10000 ]; then bench_run hold a slow 1 -streams "$n" -ramp 1000; fi
+    for p in c d; do bench_run hold "$p" slow 1 -streams "$n" -ramp 1000; done
+  done
+  bench_mem "end (HWM = peak of the whole run)"
+
+  "$BENCH_DIR/bin/iopbench" report -in "$BENCH_DIR/results.jsonl" >"$BENCH_DIR/results.md"
+  log "done in $((SECONDS - t0)) s; load average $(cut -d' ' -f1-3 /proc/loadavg); tables in .run/bench/results.md"
+  cat "$BENCH_DIR/results.md"
+}
