@@ -19,6 +19,7 @@ import (
 
 	"iop/internal/demo/backend"
 	"iop/internal/edge/config"
+	"iop/internal/leakcheck"
 )
 
 // readyCounter is an slog.Handler that counts the Edge's "node ready"
@@ -100,7 +101,7 @@ func BenchmarkThousandNodesReady(b *testing.B) {
 }
 
 func benchFleet(b *testing.B, child bool) {
-	checkGoroutines(b)
+	leakcheck.Check(b)
 	n := fleetSize(b, 1000)
 	ids := nodeIDs(n)
 	p := newPKI(b, ids...)
@@ -233,7 +234,7 @@ func (f *childFleet) stop(b *testing.B) {
 // roundTrip is one Edge, one node and the demo backend for the round-trip
 // benchmarks.
 func roundTrip(b *testing.B, adapter config.Adapter, target string) (*apiClient, []byte) {
-	checkGoroutines(b)
+	leakcheck.Check(b)
 	p := newPKI(b, "gpu-1")
 	bp := startBackend(b, backend.Options{})
 	url := bp.serve(b, nil)

@@ -11,6 +11,7 @@ import (
 
 	"iop/internal/demo/backend"
 	"iop/internal/edge/config"
+	"iop/internal/leakcheck"
 )
 
 // cancelBound is how long the test allows between a client leaving and the
@@ -40,7 +41,7 @@ func readChunks(resp *http.Response, n int) error {
 // the upstream request ends, and every lease count returns to 0 — on both
 // dispatch paths.
 func TestClientDisconnect(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	logs := newLogSink(t)
 	p := newPKI(t, "gpu-1")
 	bp := startBackend(t, backend.Options{TokenDelay: 5 * time.Millisecond, LoopTokens: 100000})

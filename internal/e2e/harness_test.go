@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -28,32 +27,6 @@ const edgeName = "edge-1"
 
 // answer is the demo backend's tiny reply (internal/demo/backend doc).
 const answer = "Hello from tiny-gguf! This reply is deterministic."
-
-// checkGoroutines records the goroutine count and, at cleanup, fails t
-// unless the count is back to it within 10 s (STYLE 16). Call it first in a
-// test so that its cleanup runs after every other one.
-func checkGoroutines(t testing.TB) {
-	t.Helper()
-	base := runtime.NumGoroutine()
-	t.Cleanup(func() {
-		deadline := time.Now().Add(10 * time.Second)
-		tick := time.NewTicker(10 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			n := runtime.NumGoroutine()
-			if n <= base {
-				return
-			}
-			if time.Now().After(deadline) {
-				buf := make([]byte, 256<<10)
-				buf = buf[:runtime.Stack(buf, true)]
-				t.Errorf("goroutine leak: %d goroutines at the start, %d 10 s after the end; stacks (truncated):\n%s", base, n, buf)
-				return
-			}
-			<-tick.C
-		}
-	})
-}
 
 // eventually polls cond every 5 ms until it holds or timeout passes, then
 // fails t with what and cond's last explanation.

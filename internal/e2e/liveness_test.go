@@ -12,6 +12,7 @@ import (
 	"iop/internal/demo/backend"
 	"iop/internal/edge/config"
 	"iop/internal/edge/registry"
+	"iop/internal/leakcheck"
 )
 
 // Short heartbeats for the liveness tests (ms): the node gives up on a
@@ -139,7 +140,7 @@ func oneStreamError(t *testing.T, raw []byte) {
 // error (L8). Afterwards the node is back through a fresh path and nothing
 // is dispatched to the old generation.
 func TestHalfOpen(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	for _, tc := range []struct {
 		name        string
 		intervalSec int
@@ -245,7 +246,7 @@ func TestHalfOpen(t *testing.T) {
 // ready. The final node stop is the barrier: its node.disconnected must come
 // right after the last node.connected.
 func TestLateCallbackAfterTakeover(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	const rounds = 8
 	s := newLiveStack(t, nil) // default heartbeats: only the takeover ends the old sessions
 	n := s.startNode(t)
@@ -316,7 +317,7 @@ next:
 // upstream request is cancelled with the session (E6), the lease comes back
 // (L8), and once the node is back a new request succeeds.
 func TestNodeKilledMidStream(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	s := newLiveStack(t, nil)
 	for _, path := range []struct{ name, model string }{{"run", "loop"}, {"tunnel", "loop-oa"}} {
 		t.Run("E6 L8 "+path.name, func(t *testing.T) {

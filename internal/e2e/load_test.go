@@ -16,6 +16,7 @@ import (
 
 	"iop/internal/demo/backend"
 	"iop/internal/edge/config"
+	"iop/internal/leakcheck"
 )
 
 // concurrency records, per upstream server, the interval of every request
@@ -125,7 +126,7 @@ func arrivals(rec *recorder[string], h http.Handler) http.Handler {
 // and upstream server): all complete, and neither the Edge's lease counts
 // nor the upstream servers ever see a provider above 4 (Q2, Q3, Q4, Q8).
 func TestThousandConcurrentRequests(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	const (
 		requests = 1000
 		capacity = 4
@@ -250,7 +251,7 @@ func TestThousandConcurrentRequests(t *testing.T) {
 // after another reach the upstream in the order they arrived, on both
 // dispatch paths.
 func TestQueueFIFO(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	const waiters = 16
 	logs := newLogSink(t)
 	p := newPKI(t, "gpu-1")

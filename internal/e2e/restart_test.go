@@ -10,6 +10,7 @@ import (
 
 	"iop/internal/demo/backend"
 	"iop/internal/edge/config"
+	"iop/internal/leakcheck"
 )
 
 // nodeIDs returns n node ids "n000", "n001", ….
@@ -50,7 +51,7 @@ func waitFleet(t testing.TB, adm *adminClient, want int, timeout time.Duration) 
 // every one is ready again within one reconnect interval plus 2 s of the new
 // Edge serving.
 func TestEdgeRestartFiftyNodes(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	const (
 		fleet    = 50
 		interval = time.Second

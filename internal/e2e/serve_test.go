@@ -8,6 +8,7 @@ import (
 
 	"iop/internal/demo/backend"
 	"iop/internal/edge/config"
+	"iop/internal/leakcheck"
 )
 
 // checkOffline asserts the N3 projection of a configured node without a
@@ -37,7 +38,7 @@ func checkOffline(t *testing.T, d statusDoc, id string, providers ...string) {
 // path) and an openai_compat adapter (raw tunnel path) against the demo
 // backend, checking /status before ready, while ready and after the fence.
 func TestServeBothPaths(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	logs := newLogSink(t)
 	p := newPKI(t, "gpu-1")
 	bp := startBackend(t, backend.Options{})

@@ -15,37 +15,17 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 )
 
-// Test-only helpers: a loopback TLS handshake runner, error matchers, a
-// goroutine leak check, and a maker of deliberately bad certificates. Good
-// certificates always come from the package's own InitPKI/IssueNode.
+// Test-only helpers: a loopback TLS handshake runner, error matchers and a
+// maker of deliberately bad certificates (the goroutine leak check is
+// iop/internal/leakcheck). Good certificates always come from the package's
+// own InitPKI/IssueNode.
 
 const testTimeout = 5 * time.Second
-
-// checkGoroutines fails the test if goroutines started during it are still
-// running at cleanup (after a bounded wait for them to exit).
-func checkGoroutines(t *testing.T) {
-	t.Helper()
-	base := runtime.NumGoroutine()
-	t.Cleanup(func() {
-		deadline := time.Now().Add(testTimeout)
-		tick := time.NewTicker(5 * time.Millisecond)
-		defer tick.Stop()
-		for n := runtime.NumGoroutine(); n > base; n = runtime.NumGoroutine() {
-			if time.Now().After(deadline) {
-				buf := make([]byte, 1<<16)
-				t.Errorf("goroutine leak: %d running, want <= %d\n%s", n, base, buf[:runtime.Stack(buf, true)])
-				return
-			}
-			<-tick.C
-		}
-	})
-}
 
 // handshakeResult is what each side saw. clientErr is the client's
 // Handshake error, or — when its Handshake returned nil — the error of its

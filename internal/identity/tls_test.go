@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"iop/internal/leakcheck"
 )
 
 const td = "iop.local"
@@ -76,7 +78,7 @@ func issueCopy(t *testing.T, p pkiDir, o IssueOptions) (certPath, keyPath string
 // fails (or passes) at the handshake, on the side that checks, with an
 // error that says which check failed.
 func TestHandshake(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	p := newPKI(t, td, "edge-1", "gpu-1", "gpu-2")
 	other := newPKI(t, td, "edge-1", "gpu-1") // same names, another CA
 	uca, ucaKey, ucaPath := unconstrainedCA(t)
@@ -196,7 +198,7 @@ func TestHandshake(t *testing.T) {
 // I1 I3: after a good handshake each side's PeerID is the other's SPIFFE ID
 // from its certificate; the edge binds registration to this name.
 func TestPeerIDAfterHandshake(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	p := newPKI(t, td, "edge-1", "gpu-1")
 	r := runHandshake(t, mustServer(t, serverOpts(p, "gpu-1")), mustClient(t, clientOpts(p, "gpu-1")))
 	if r.serverErr != nil || r.clientErr != nil {
@@ -217,7 +219,7 @@ func TestPeerIDAfterHandshake(t *testing.T) {
 // handshake, without a new tls.Config; a broken replacement keeps the last
 // good pair.
 func TestRotation(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	p := newPKI(t, td, "edge-1", "gpu-1")
 	srv, cli := mustServer(t, serverOpts(p, "gpu-1")), mustClient(t, clientOpts(p, "gpu-1"))
 	serialOf := func(path string) string {

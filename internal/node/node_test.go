@@ -9,12 +9,12 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"iop/internal/identity"
+	"iop/internal/leakcheck"
 	"iop/internal/node/config"
 	"iop/internal/node/session"
 	"iop/internal/node/supervisor"
@@ -92,7 +92,7 @@ func testLogger(t *testing.T) *slog.Logger {
 
 // S2, S3: finite exhaustion counts exactly max_attempts dials.
 func TestRunExhausted(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	dir := newPKI(t)
 	l := listenAndClose(t)
 	cfg := nodeConfig(t, dir, l.ln.Addr().String(), 0, 2)
@@ -131,7 +131,7 @@ func TestRunFatalCredentials(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			checkGoroutines(t)
+			leakcheck.Check(t)
 			dir := newPKI(t)
 			l := listenAndClose(t)
 			cfg := nodeConfig(t, dir, l.ln.Addr().String(), 10, 0) // unlimited: only fatal can stop it
@@ -153,7 +153,7 @@ func TestRunFatalCredentials(t *testing.T) {
 
 // S4: SIGTERM (ctx done) mid-backoff in unlimited mode returns nil at once.
 func TestRunShutdownMidBackoff(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	dir := newPKI(t)
 	l := listenAndClose(t)
 	cfg := nodeConfig(t, dir, l.ln.Addr().String(), 3600, 0)
@@ -183,7 +183,7 @@ func TestRunShutdownMidBackoff(t *testing.T) {
 // S1, L5: Run reaches ready against a minimal edge over real TLS, with the
 // node's name checked by the edge, and serves a command.
 func TestRunReachesReady(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	dir := newPKI(t)
 	scfg, err := identity.ServerConfig(identity.ServerOptions{
 		CertFile: filepath.Join(dir, "edge-1.crt"), KeyFile: filepath.Join(dir, "edge-1.key"), CAFile: filepath.Join(dir, "ca.crt"),
@@ -254,26 +254,4 @@ func TestRunReachesReady(t *testing.T) {
 	if env.GetRequestId() != "q1" || env.GetCommandResponse().GetResult()["config_revision"] != "r1" {
 		t.Fatalf("got %v, want the TRANSPORT response for q1", env)
 	}
-}
-
-// checkGoroutines fails the test if goroutines started during it are still
-// running shortly after it ends. Register it first so it runs last.
-func checkGoroutines(t *testing.T) {
-	t.Helper()
-	before := runtime.NumGoroutine()
-	t.Cleanup(func() {
-		deadline := time.Now().Add(waitFor)
-		for {
-			n := runtime.NumGoroutine()
-			if n <= before {
-				return
-			}
-			if time.Now().After(deadline) {
-				buf := make([]byte, 1<<20)
-				t.Errorf("goroutines leaked: %d before, %d after\n%s", before, n, buf[:runtime.Stack(buf, true)])
-				return
-			}
-			<-time.After(5 * time.Millisecond) // poll; goroutine exit has no signal
-		}
-	})
 }

@@ -26,26 +26,6 @@ func collect(r *Reader) ([]ev, error) {
 	}
 }
 
-// splitReader returns its input in two reads split at k.
-type splitReader struct {
-	b []byte
-	k int
-}
-
-func (s *splitReader) Read(p []byte) (int, error) {
-	if len(s.b) == 0 {
-		return 0, io.EOF
-	}
-	n := len(s.b)
-	if s.k > 0 && s.k < n {
-		n = s.k
-	}
-	n = copy(p, s.b[:n])
-	s.b = s.b[n:]
-	s.k -= n
-	return n, nil
-}
-
 func TestReaderCases(t *testing.T) {
 	cases := []struct {
 		name string
@@ -101,7 +81,7 @@ func TestReaderSplitAtEveryByte(t *testing.T) {
 		t.Fatalf("whole: %v", err)
 	}
 	for k := 0; k <= len(in); k++ {
-		got, err := collect(NewReader(&splitReader{b: in, k: k}, 0))
+		got, err := collect(NewReader(io.MultiReader(bytes.NewReader(in[:k]), bytes.NewReader(in[k:])), 0))
 		if err != io.EOF || !equalEvents(got, want) {
 			t.Fatalf("split at %d: got %q, %v; want %q", k, got, err, want)
 		}
@@ -144,7 +124,7 @@ func TestReaderSamples(t *testing.T) {
 				t.Fatalf("last event %q, want type %q data %q", last, tc.lastType, tc.lastData)
 			}
 			for i := 0; i <= len(b); i += 7 {
-				again, err := collect(NewReader(&splitReader{b: b, k: i}, 0))
+				again, err := collect(NewReader(io.MultiReader(bytes.NewReader(b[:i]), bytes.NewReader(b[i:])), 0))
 				if err != io.EOF || !equalEvents(again, got) {
 					t.Fatalf("split at %d differs", i)
 				}

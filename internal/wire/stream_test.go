@@ -7,36 +7,15 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"runtime"
 	"testing"
 	"testing/iotest"
 	"time"
 
+	"iop/internal/leakcheck"
 	iop "iop/proto/gen/iop"
 
 	"google.golang.org/protobuf/proto"
 )
-
-// splitReader returns data[:at] on the first Read and the rest on the next,
-// each as far as p allows.
-type splitReader struct {
-	data []byte
-	at   int
-	off  int
-}
-
-func (s *splitReader) Read(p []byte) (int, error) {
-	if s.off == len(s.data) {
-		return 0, io.EOF
-	}
-	end := len(s.data)
-	if s.off < s.at {
-		end = s.at
-	}
-	n := copy(p, s.data[s.off:end])
-	s.off += n
-	return n, nil
-}
 
 // smallStream returns a few frames of different kinds and sizes, and the
 // envelopes they carry.
@@ -79,7 +58,7 @@ func sameEnvelopes(got, want []*iop.Envelope) error {
 func TestSplitAtEveryByte(t *testing.T) {
 	stream, want := smallStream(t)
 	for at := 0; at <= len(stream); at++ {
-		got, err := readAll(&splitReader{data: stream, at: at})
+		got, err := readAll(io.MultiReader(bytes.NewReader(stream[:at]), bytes.NewReader(stream[at:])))
 		if err != io.EOF {
 			t.Errorf("W1 split at byte %d: ended with %v, want io.EOF", at, err)
 		}
@@ -141,29 +120,11 @@ func TestTruncatedAtEveryByte(t *testing.T) {
 	}
 }
 
-// checkGoroutines fails the test if goroutines started during it are still
-// running shortly after it ends (retry until a deadline, no fixed sleep).
-func checkGoroutines(t *testing.T) {
-	t.Helper()
-	base := runtime.NumGoroutine()
-	t.Cleanup(func() {
-		deadline := time.Now().Add(5 * time.Second)
-		for runtime.NumGoroutine() > base {
-			if time.Now().After(deadline) {
-				buf := make([]byte, 1<<16)
-				t.Errorf("goroutines leaked: %d running, %d before\n%s", runtime.NumGoroutine(), base, buf[:runtime.Stack(buf, true)])
-				return
-			}
-			<-time.After(5 * time.Millisecond)
-		}
-	})
-}
-
 // TestLoopbackTCP runs frames over a real loopback TCP connection, where
 // reads return whatever the kernel has (SPEC W1; STYLE 14).
 func TestLoopbackTCP(t *testing.T) {
 	t.Run("W1 echo of mixed sizes", func(t *testing.T) {
-		checkGoroutines(t)
+		leakcheck.Check(t)
 		client, server := tcpPair(t)
 		serverDone := make(chan error, 1)
 		go func() { // echo server: owns server's reads and writes
@@ -219,7 +180,7 @@ func TestLoopbackTCP(t *testing.T) {
 	})
 
 	t.Run("W1 oversized length rejected before any body byte", func(t *testing.T) {
-		checkGoroutines(t)
+		leakcheck.Check(t)
 		client, server := tcpPair(t)
 		writeDone := make(chan error, 1)
 		go func() {

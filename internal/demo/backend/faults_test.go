@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"iop/internal/leakcheck"
 )
 
 // readUntil reads resp.Body until the bytes read contain want, and returns them.
@@ -178,7 +180,7 @@ func TestClientAbort(t *testing.T) {
 // TestServeShutdown: S4-style clean stop — cancelling Serve's context ends
 // stalled streams and Serve returns nil.
 func TestServeShutdown(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	ends := make(chan RequestEnd, 4)
 	b, err := New(Options{OnRequestEnd: func(e RequestEnd) { ends <- e }})
 	if err != nil {

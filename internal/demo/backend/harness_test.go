@@ -9,35 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
-)
 
-// checkGoroutines fails t if goroutines started during the test are still
-// running at cleanup (after the test's other cleanups, which run first).
-func checkGoroutines(t *testing.T) {
-	t.Helper()
-	before := runtime.NumGoroutine()
-	t.Cleanup(func() {
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			n := runtime.NumGoroutine()
-			if n <= before {
-				return
-			}
-			if time.Now().After(deadline) {
-				buf := make([]byte, 1<<16)
-				buf = buf[:runtime.Stack(buf, true)]
-				t.Errorf("goroutines: got %d after the test, want <= %d\n%s", n, before, buf)
-				return
-			}
-			<-time.After(5 * time.Millisecond) // poll interval of the retry-until-deadline check
-		}
-	})
-}
+	"iop/internal/leakcheck"
+)
 
 // harness is a Backend behind a real loopback HTTP server.
 type harness struct {
@@ -50,7 +28,7 @@ type harness struct {
 // checks for goroutine leaks when the test ends.
 func newHarness(t *testing.T, opts Options) *harness {
 	t.Helper()
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	h := &harness{ends: make(chan RequestEnd, 256)}
 	opts.OnRequestEnd = func(e RequestEnd) { h.ends <- e }
 	b, err := New(opts)

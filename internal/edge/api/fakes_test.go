@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,32 +22,6 @@ import (
 
 // waitFor is the deadline of every wait on a signal in these tests.
 const waitFor = 5 * time.Second
-
-// checkGoroutines fails the test when goroutines started during it are
-// still running shortly after it ended (STYLE 16). Call it first so its
-// cleanup runs last.
-func checkGoroutines(t *testing.T) {
-	t.Helper()
-	base := runtime.NumGoroutine()
-	t.Cleanup(func() {
-		deadline := time.Now().Add(waitFor)
-		tick := time.NewTicker(time.Millisecond) // polling a counter: nothing to wait on
-		defer tick.Stop()
-		for {
-			n := runtime.NumGoroutine()
-			if n <= base {
-				return
-			}
-			if time.Now().After(deadline) {
-				buf := make([]byte, 1<<16)
-				buf = buf[:runtime.Stack(buf, true)]
-				t.Errorf("goroutines: got %d after the test, want ≤ %d\n%s", n, base, buf)
-				return
-			}
-			<-tick.C
-		}
-	})
-}
 
 func keySum(key string) string {
 	s := sha256.Sum256([]byte(key))

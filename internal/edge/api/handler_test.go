@@ -10,6 +10,7 @@ import (
 
 	"iop/internal/edge/config"
 	"iop/internal/edge/pool"
+	"iop/internal/leakcheck"
 )
 
 // errorShape decodes an error body of either surface.
@@ -47,7 +48,7 @@ const chatBody = `{"model":"tiny","messages":[{"role":"user","content":"hi"}]}`
 // T4 and DESIGN "401": keys are checked by SHA-256 in constant time; the
 // principal rides with the request; Anthropic routes also take x-api-key.
 func TestAuth(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	r := newRig(t, config.TypeOpenAICompat, map[string]string{"team-a": "sk-a", "team-b": "sk-b"})
 	r.fp.err = pool.ErrUnknownModel // an admitted request ends at the pool with 404
 	rows := []struct {
@@ -104,7 +105,7 @@ func TestAuth(t *testing.T) {
 
 // T4: with no api_keys the surface is open and says so.
 func TestOpenMode(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	r := newRig(t, config.TypeOpenAICompat, nil)
 	if !r.h.OpenMode() {
 		t.Fatal("OpenMode: got false with no keys")
@@ -118,7 +119,7 @@ func TestOpenMode(t *testing.T) {
 // Q1: GET /v1/models lists the configured model groups (OpenAI list shape);
 // /healthz needs no key; unknown paths are 404 and wrong methods 405.
 func TestModelsHealthAndRouting(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	r := newRig(t, config.TypeOpenAICompat, map[string]string{"a": "k"})
 	auth := []string{"Authorization", "Bearer k"}
 	resp, body := r.do(t, "GET", "/v1/models", "", auth...)
@@ -170,7 +171,7 @@ func TestModelsHealthAndRouting(t *testing.T) {
 // Q4, Q3 and DESIGN "errors": each failure has its status and the surface's
 // shape; malformed requests are refused before they queue.
 func TestRequestErrors(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	big := `{"model":"tiny","messages":[{"role":"user","content":"` + strings.Repeat("x", 5000) + `"}]}`
 	rows := []struct {
 		name       string
@@ -255,7 +256,7 @@ func TestRequestErrors(t *testing.T) {
 // Q3, Q7: Acquire gets the model, the endpoint's operation and the prompt
 // estimate.
 func TestAcquireRequest(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	rows := []struct {
 		path, body, op string
 	}{

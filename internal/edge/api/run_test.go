@@ -16,6 +16,7 @@ import (
 	"iop/internal/edge/config"
 	"iop/internal/edge/dispatch"
 	"iop/internal/edge/pool"
+	"iop/internal/leakcheck"
 	"iop/internal/sse"
 	iop "iop/proto/gen/iop"
 )
@@ -24,7 +25,7 @@ import (
 // the adapter, target and stall timeout of the lease, and the client gets a
 // chat.completion naming its own model.
 func TestRunDispatchNonStream(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	r := newRig(t, config.TypeOllama, nil)
 	r.st.run(evStart(), evDelta(2, "Hello"), evComplete(3, "Hello", "stop", usage(3, 1), nil))
 	body := `{"model":"tiny","messages":[{"role":"developer","content":"be brief"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],` +
@@ -66,7 +67,7 @@ func readEvents(t *testing.T, rd *sse.Reader, n int) []string {
 // T5: every chunk is flushed as produced: the client reads the role and the
 // first delta before the run produces more.
 func TestRunStreamFlushedPerChunk(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	r := newRig(t, config.TypeOllama, nil)
 	r.st.run(evStart(), evDelta(2, "Hel"))
 	resp := r.send(t, context.Background(), "POST", "/v1/chat/completions",
@@ -129,7 +130,7 @@ func TestRunFailures(t *testing.T) {
 	}
 	for _, row := range rows {
 		t.Run(row.name, func(t *testing.T) {
-			checkGoroutines(t)
+			leakcheck.Check(t)
 			r := newRig(t, config.TypeOllama, nil)
 			r.d.err = row.startErr
 			r.st.run(row.events...)
@@ -195,7 +196,7 @@ func TestClientDisconnect(t *testing.T) {
 	}
 	for _, row := range rows {
 		t.Run(row.name, func(t *testing.T) {
-			checkGoroutines(t)
+			leakcheck.Check(t)
 			r := newRig(t, row.typ, nil)
 			r.fp.block = row.queued
 			ctx, cancel := context.WithCancel(context.Background())
@@ -264,7 +265,7 @@ func TestFencedLease(t *testing.T) {
 			name = "Q2 fenced mid-stream ends with one error event"
 		}
 		t.Run(name, func(t *testing.T) {
-			checkGoroutines(t)
+			leakcheck.Check(t)
 			k := pool.Key{Node: "n1", Provider: "ollama"}
 			p := pool.New(pool.Config{
 				Nodes:     []string{"n1"},
@@ -375,7 +376,7 @@ func TestResponseWaitTimeout(t *testing.T) {
 // Q3: a lease whose type cannot serve the endpoint (an ollama provider for
 // /v1/messages) is refused in the surface's shape and still released once.
 func TestLeaseTypeCannotServeEndpoint(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	r := newRig(t, config.TypeOllama, nil)
 	resp, got := r.do(t, "POST", "/v1/messages", chatBody)
 	if resp.StatusCode != 502 {
@@ -390,7 +391,7 @@ func TestLeaseTypeCannotServeEndpoint(t *testing.T) {
 
 // T5: the usage observed on a run's COMPLETE reaches OnUsage.
 func TestRunUsageObserved(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	r := newRig(t, config.TypeOllama, map[string]string{"p": "k"})
 	got := make(chan string, 1)
 	r.h.o.OnUsage = func(p, m string, u *iop.Usage) {
@@ -424,7 +425,7 @@ func (w *failingWriter) Write(p []byte) (int, error) {
 func TestWriteFailureCancels(t *testing.T) {
 	for _, typ := range []string{config.TypeOllama, config.TypeOpenAICompat} {
 		t.Run("T3 "+typ, func(t *testing.T) {
-			checkGoroutines(t)
+			leakcheck.Check(t)
 			fp := newFakePool(typ)
 			st := newFakeStream("run-wf")
 			st.run(evStart(), evDelta(2, "a"))

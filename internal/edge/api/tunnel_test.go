@@ -12,6 +12,7 @@ import (
 
 	"iop/internal/edge/config"
 	"iop/internal/edge/dispatch"
+	"iop/internal/leakcheck"
 	iop "iop/proto/gen/iop"
 )
 
@@ -86,7 +87,7 @@ func fError(code, msg string) *iop.ProviderTunnelFrame {
 // stall timeout, and only allow-listed headers; T2/T5: the upstream stream
 // reaches the client byte for byte with only allowed response headers.
 func TestTunnelDispatchAndPassthrough(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	r := newRig(t, config.TypeOpenAICompat, map[string]string{"team-a": "sk-a"})
 	body := "{ \"messages\":[{\"role\":\"user\",\"content\":\"hi \\u00e9\"}],\n  \"model\" : \"tiny\", \"temperature\":0.50," +
 		"\"stream\":true,\"x_extra\":{\"model\":\"keep\"}}"
@@ -150,7 +151,7 @@ func TestTunnelDispatchAndPassthrough(t *testing.T) {
 // one Release), Close once and the number of Cancels.
 func checkOneOutcome(t *testing.T, r *rig, wantCancels int32) {
 	t.Helper()
-	r.srv.Close() // waits for the handlers
+	r.srv.Close()               // waits for the handlers
 	waitReleased(t, r.fp, r.st) // a cancelled stream's lease goes back after the node's terminal
 	if n := r.st.cancels.Load(); n != wantCancels {
 		t.Errorf("T3: Cancel called %d times (%v), want %d", n, r.st.cancelReasons(), wantCancels)
@@ -163,7 +164,7 @@ func TestTunnelUpstreamStatusPassthrough(t *testing.T) {
 	for _, name := range []string{"llama_error_context_exceeded.http", "ollama_v1_chat_error_unknown_model.http",
 		"llama_error_bad_json.http", "ollama_v1_chat_error_bad_json.http"} {
 		t.Run("T5 "+name, func(t *testing.T) {
-			checkGoroutines(t)
+			leakcheck.Check(t)
 			status, up := httpSample(t, name)
 			r := newRig(t, config.TypeOpenAICompat, nil)
 			r.st.frames(fStart(status, "content-type", "application/json; charset=utf-8"), fBody(up), fEnd())
@@ -221,7 +222,7 @@ func TestTunnelFailures(t *testing.T) {
 	}
 	for _, row := range rows {
 		t.Run(row.name, func(t *testing.T) {
-			checkGoroutines(t)
+			leakcheck.Check(t)
 			r := newRig(t, config.TypeOpenAICompat, nil)
 			r.st.frames(row.frames...)
 			if row.recvErr != nil {
@@ -257,7 +258,7 @@ func TestTunnelFailures(t *testing.T) {
 
 // T5: a tunnel's BODY reaches the client as it arrives, not at the end.
 func TestTunnelBodyFlushedAsItArrives(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	r := newRig(t, config.TypeOpenAICompat, nil)
 	r.st.frames(fStart(200, "Content-Type", "text/event-stream"), fBody([]byte("data: one\n\n")))
 	resp := r.send(t, context.Background(), "POST", "/v1/chat/completions", chatBody)

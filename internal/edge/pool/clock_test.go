@@ -1,10 +1,8 @@
 package pool
 
 import (
-	"runtime"
 	"slices"
 	"sync"
-	"testing"
 	"time"
 )
 
@@ -82,25 +80,4 @@ func (c *fakeClock) Advance(d time.Duration) {
 	for _, t := range due {
 		t.f()
 	}
-}
-
-// checkGoroutines fails t at cleanup if goroutines started during the test
-// are still running after a 5 s grace (polled; nothing to wait on).
-func checkGoroutines(t *testing.T) {
-	t.Helper()
-	base := runtime.NumGoroutine()
-	t.Cleanup(func() {
-		deadline := time.Now().Add(5 * time.Second)
-		tick := time.NewTicker(time.Millisecond)
-		defer tick.Stop()
-		for runtime.NumGoroutine() > base {
-			if time.Now().After(deadline) {
-				buf := make([]byte, 1<<16)
-				t.Errorf("goroutine leak: got %d goroutines, want <= %d\n%s",
-					runtime.NumGoroutine(), base, buf[:runtime.Stack(buf, true)])
-				return
-			}
-			<-tick.C
-		}
-	})
 }

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"iop/internal/leakcheck"
 )
 
 // stressConfig: one model over three providers of capacity 4 on three nodes.
@@ -26,7 +28,7 @@ func stressConfig() Config {
 // 4, some leaving while queued; no provider ever holds more than 4 (nor 1
 // long), every lease returns once, and the pool ends empty.
 func TestStressCapacity(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	p := New(stressConfig(), SystemClock())
 	for _, n := range []string{"gpu-1", "gpu-2", "gpu-3"} {
 		p.NodeReady(n, 1)
@@ -92,7 +94,7 @@ func TestStressCapacity(t *testing.T) {
 // Release is false and Fenced is closed), and the fences' counts match the
 // leases their holders found fenced.
 func TestStressFence(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	p := New(stressConfig(), SystemClock())
 	p.NodeReady("gpu-2", 1)
 	p.NodeReady("gpu-3", 1)

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,24 +26,6 @@ import (
 // wait bounds every wait on a signal in these tests (real time); it is a
 // deadline, not a sleep.
 const wait = 5 * time.Second
-
-// checkNoLeaks fails the test if goroutines started during it are still
-// running once its cleanups ran (STYLE 16). Register it first so it runs
-// last.
-func checkNoLeaks(t *testing.T) {
-	base := runtime.NumGoroutine()
-	t.Cleanup(func() {
-		deadline := time.Now().Add(wait)
-		for runtime.NumGoroutine() > base {
-			if time.Now().After(deadline) {
-				buf := make([]byte, 1<<20)
-				t.Fatalf("%d goroutines left behind (had %d):\n%s", runtime.NumGoroutine()-base, base, buf[:runtime.Stack(buf, true)])
-			}
-			runtime.Gosched()
-			time.Sleep(time.Millisecond) // polling a count that has no signal to wait on
-		}
-	})
-}
 
 // testConfig returns an edge config with nodes gpu-1 and gpu-2 and the
 // given heartbeat settings in ms (0 = defaults).

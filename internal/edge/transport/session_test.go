@@ -17,6 +17,7 @@ import (
 	"iop/internal/edge/events"
 	"iop/internal/edge/registry"
 	"iop/internal/identity"
+	"iop/internal/leakcheck"
 	iop "iop/proto/gen/iop"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -27,7 +28,7 @@ import (
 // connected, no hook, no event) until ready, then is connected with
 // ready_since, OnReady and node.connected; closing it fences once.
 func TestNodeConnectsReceivesConfigAndBecomesReady(t *testing.T) {
-	checkNoLeaks(t)
+	leakcheck.Check(t)
 	h := newHarness(t, harnessOpts{})
 	n := h.dial("gpu-1")
 
@@ -81,7 +82,7 @@ func TestRegistrationRefused(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			checkNoLeaks(t)
+			leakcheck.Check(t)
 			h := newHarness(t, harnessOpts{})
 			n := h.dial(tc.cert)
 			r := n.register(tc.id)
@@ -130,7 +131,7 @@ func TestEdgeRoleCertificateRefusedBeforeRegistration(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			checkNoLeaks(t)
+			leakcheck.Check(t)
 			h := newHarness(t, harnessOpts{})
 			caPEM, err := os.ReadFile(h.file("ca.crt"))
 			if err != nil {
@@ -192,7 +193,7 @@ func issueFromCA(t *testing.T, h *harness, uri string, eku x509.ExtKeyUsage) tls
 // refused; the connection keeps its binding and generation and can still
 // say ready.
 func TestDuplicateRegistrationOnOneConnection(t *testing.T) {
-	checkNoLeaks(t)
+	leakcheck.Check(t)
 	h := newHarness(t, harnessOpts{})
 	n := h.dial("gpu-1")
 	if r := n.register("gpu-1"); !r.GetAccepted() {
@@ -227,7 +228,7 @@ func TestDuplicateRegistrationOnOneConnection(t *testing.T) {
 // L4, L8: a second connection for the same node id takes over: the old
 // generation is fenced once and its connection closed; its ready is stale.
 func TestTakeoverFencesOldGenerationOnce(t *testing.T) {
-	checkNoLeaks(t)
+	leakcheck.Check(t)
 	h := newHarness(t, harnessOpts{})
 	a := h.dial("gpu-1")
 	a.connect("gpu-1")
@@ -261,7 +262,7 @@ func TestTakeoverFencesOldGenerationOnce(t *testing.T) {
 // loop reports its close; that late close leaves the new one ready, calls
 // no hook and emits no event.
 func TestLateCloseOfOldGenerationAfterNewReady(t *testing.T) {
-	checkNoLeaks(t)
+	leakcheck.Check(t)
 	release, reached, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	h := newHarness(t, harnessOpts{setup: func(s *Server) {
 		s.beforeConnClosed = func(id registry.ConnID) {
@@ -327,7 +328,7 @@ func TestFrameErrors(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			checkNoLeaks(t)
+			leakcheck.Check(t)
 			h := newHarness(t, harnessOpts{})
 			n := h.dial("gpu-1")
 			n.sendRaw(tc.send)
@@ -344,7 +345,7 @@ func TestFrameErrors(t *testing.T) {
 // W1: after ready the cap is 16 MiB, so a 70000-byte frame is accepted (a
 // run event for an unknown run id, dropped).
 func TestFrameCapRaisedAfterReady(t *testing.T) {
-	checkNoLeaks(t)
+	leakcheck.Check(t)
 	h := newHarness(t, harnessOpts{})
 	n := h.dial("gpu-1")
 	n.connect("gpu-1")
@@ -356,7 +357,7 @@ func TestFrameCapRaisedAfterReady(t *testing.T) {
 // L7: the edge answers pings with the same nonce and sends its own pings
 // every interval.
 func TestHeartbeats(t *testing.T) {
-	checkNoLeaks(t)
+	leakcheck.Check(t)
 	h := newHarness(t, harnessOpts{cfg: testConfig(t, 50, 1000, 2000, 4)})
 	n := h.dial("gpu-1")
 	n.connect("gpu-1")
@@ -385,7 +386,7 @@ func TestHeartbeats(t *testing.T) {
 // open is fenced after heartbeat.timeout_ms (here 300 ms), not before, and
 // its connection closed.
 func TestHalfOpenNodeFencedRealTLS(t *testing.T) {
-	checkNoLeaks(t)
+	leakcheck.Check(t)
 	h := newHarness(t, harnessOpts{cfg: testConfig(t, 100, 200, 300, 4)})
 	n := h.dial("gpu-1")
 	n.register("gpu-1")

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"iop/internal/edge/dispatch"
+	"iop/internal/leakcheck"
 	"iop/internal/wire"
 	iop "iop/proto/gen/iop"
 )
@@ -55,7 +56,7 @@ func readyNode(t *testing.T, h *harness) (*fakeNode, dispatch.Target) {
 // E3, T2, W2: run events and tunnel frames are routed by run_id, in order;
 // after the terminal Recv returns io.EOF and later frames are dropped.
 func TestStreamsRoutedByRunID(t *testing.T) {
-	checkNoLeaks(t)
+	leakcheck.Check(t)
 	h := newHarness(t, harnessOpts{})
 	n, tgt := readyNode(t, h)
 
@@ -114,7 +115,7 @@ func TestStreamsRoutedByRunID(t *testing.T) {
 // second one; Recv after Close reports ErrStreamClosed; frames for a closed
 // run id are dropped.
 func TestCancelSendsOnce(t *testing.T) {
-	checkNoLeaks(t)
+	leakcheck.Check(t)
 	h := newHarness(t, harnessOpts{})
 	n, tgt := readyNode(t, h)
 	st, err := h.srv.StartRun(tgt, &iop.RunRequest{Target: "tiny"})
@@ -150,7 +151,7 @@ func TestCancelSendsOnce(t *testing.T) {
 // after the frames already received; the generation is no longer
 // dispatchable.
 func TestSessionLossFailsStreams(t *testing.T) {
-	checkNoLeaks(t)
+	leakcheck.Check(t)
 	h := newHarness(t, harnessOpts{})
 	n, tgt := readyNode(t, h)
 	a, err := h.srv.StartRun(tgt, &iop.RunRequest{Target: "tiny"})
@@ -183,7 +184,7 @@ func TestSessionLossFailsStreams(t *testing.T) {
 
 // P3, L3, L9: only the current ready generation is dispatchable.
 func TestDispatchOnlyToCurrentReadyGeneration(t *testing.T) {
-	checkNoLeaks(t)
+	leakcheck.Check(t)
 	h := newHarness(t, harnessOpts{})
 	n := h.dial("gpu-1")
 	n.register("gpu-1")
@@ -220,7 +221,7 @@ func TestDispatchOnlyToCurrentReadyGeneration(t *testing.T) {
 // ErrSlowConsumer instead of blocking the read loop; the node gets a
 // CancelRequest and the session and other streams carry on.
 func TestSlowConsumerCancelled(t *testing.T) {
-	checkNoLeaks(t)
+	leakcheck.Check(t)
 	h := newHarness(t, harnessOpts{modify: func(o *Options) { o.StreamBuffer = 4 << 10 }})
 	n, tgt := readyNode(t, h)
 	slow, err := h.srv.StartRun(tgt, &iop.RunRequest{Target: "tiny"})
@@ -257,7 +258,7 @@ func TestSlowConsumerCancelled(t *testing.T) {
 // N1: Command is correlated by request_id and answered; a response for an
 // unknown request id is dropped; session loss fails a pending command.
 func TestCommand(t *testing.T) {
-	checkNoLeaks(t)
+	leakcheck.Check(t)
 	h := newHarness(t, harnessOpts{})
 	n, _ := readyNode(t, h)
 	type result struct {
@@ -309,7 +310,7 @@ func TestCommand(t *testing.T) {
 // revision changed, and not again once applied; a reload that removes a
 // node fences it.
 func TestRefreshAll(t *testing.T) {
-	checkNoLeaks(t)
+	leakcheck.Check(t)
 	h := newHarness(t, harnessOpts{})
 	n, _ := readyNode(t, h)
 	pending := h.dial("gpu-2")

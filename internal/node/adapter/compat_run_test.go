@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"iop/internal/leakcheck"
 	"iop/internal/node/adapter"
 	iop "iop/proto/gen/iop"
 )
@@ -103,7 +104,7 @@ func TestRunOpenAICompat(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			leakCheck(t)
+			leakcheck.Check(t)
 			up := newFake(t, replay(200, "text/event-stream", tc.body))
 			s := newSet(t, adapter.Options{}, compatAdapter("llama", llamaProfile(up.URL), 2))
 			in := userInput("Hi")
@@ -187,7 +188,7 @@ func TestRunOpenAICompatFailures(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			leakCheck(t)
+			leakcheck.Check(t)
 			up := newFake(t, tc.h)
 			s := newSet(t, adapter.Options{}, compatAdapter("llama", llamaProfile(up.URL), 1))
 			last, deltas := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Adapter: "llama", Target: "tiny", Input: userInput("Hi")}))
@@ -223,7 +224,7 @@ func TestRunTextToolFallback(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			leakCheck(t)
+			leakcheck.Check(t)
 			stream := sample(t, "llama_v1_chat_stream.sse")
 			up := newFake(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
 				if bytes.Contains(body, []byte(`"tools"`)) {

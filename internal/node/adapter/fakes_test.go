@@ -8,40 +8,14 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"iop/internal/node/adapter"
 	iop "iop/proto/gen/iop"
 )
-
-// leakCheck fails the test if goroutines started during it outlive it. Call
-// it first so that its cleanup runs last.
-func leakCheck(t testing.TB) {
-	t.Helper()
-	base := runtime.NumGoroutine()
-	t.Cleanup(func() {
-		deadline := time.Now().Add(3 * time.Second)
-		for {
-			n := runtime.NumGoroutine()
-			if n <= base {
-				return
-			}
-			if time.Now().After(deadline) {
-				buf := make([]byte, 1<<16)
-				buf = buf[:runtime.Stack(buf, true)]
-				t.Errorf("goroutine leak: %d running, %d before the test\n%s", n, base, buf)
-				return
-			}
-			runtime.Gosched()
-			time.Sleep(5 * time.Millisecond) // polling a counter, not waiting for an event
-		}
-	})
-}
 
 // sample returns a capture from testdata/samples.
 func sample(t testing.TB, name string) []byte {

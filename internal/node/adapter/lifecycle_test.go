@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/leakcheck"
 	"iop/internal/node/adapter"
 	iop "iop/proto/gen/iop"
 )
@@ -113,7 +114,7 @@ func TestCancelAbortsUpstream(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			leakCheck(t)
+			leakcheck.Check(t)
 			b, up := newBlockingBackend(t, tc.stream)
 			s := newSet(t, adapter.Options{}, compatAdapter("llama", llamaProfile(up.URL), 1))
 			ctx, cancel := context.WithCancelCause(context.Background())
@@ -153,7 +154,7 @@ func TestCancelAbortsUpstream(t *testing.T) {
 
 // E6: losing the session cancels every active run and tunnel under it.
 func TestSessionLossCancelsAll(t *testing.T) {
-	leakCheck(t)
+	leakcheck.Check(t)
 	b, up := newBlockingBackend(t, true)
 	s := newSet(t, adapter.Options{}, compatAdapter("llama", llamaProfile(up.URL), 4))
 	session, lose := context.WithCancel(context.Background())
@@ -192,7 +193,7 @@ func TestCapacityGateShared(t *testing.T) {
 			name = "E4 a tunnel holds the only slot"
 		}
 		t.Run(name, func(t *testing.T) {
-			leakCheck(t)
+			leakcheck.Check(t)
 			release := make(chan struct{})
 			held := make(chan struct{}, 1)
 			stream := sample(t, "llama_v1_chat_stream.sse")
@@ -246,7 +247,7 @@ func TestCapacityGateShared(t *testing.T) {
 
 // E4: the slot also returns after errors and rejections of every kind.
 func TestCapacityReturnedAfterFailures(t *testing.T) {
-	leakCheck(t)
+	leakcheck.Check(t)
 	s500, b500 := httpSample(t, "llama_error_bad_json.http")
 	up := newFake(t, replay(s500, "application/json", b500))
 	s := newSet(t, adapter.Options{}, compatAdapter("one", llamaProfile(up.URL), 1))
@@ -269,7 +270,7 @@ func TestCapacityReturnedAfterFailures(t *testing.T) {
 // Hard deadline: timeout_sec expiry ends a run with ERROR "timeout", not
 // CANCELLED, and aborts the upstream request.
 func TestRunTimeout(t *testing.T) {
-	leakCheck(t)
+	leakcheck.Check(t)
 	b, up := newBlockingBackend(t, false)
 	s := newSet(t, adapter.Options{}, compatAdapter("llama", llamaProfile(up.URL), 1))
 	last, _ := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Adapter: "llama", Target: "tiny", Input: userInput("Hi"), TimeoutSec: 1}))
@@ -285,7 +286,7 @@ func TestRunTimeout(t *testing.T) {
 // sent from inside emit, so any slot still held at that moment shows up as
 // over_capacity.
 func TestCapacityFreeAtTerminal(t *testing.T) {
-	leakCheck(t)
+	leakcheck.Check(t)
 	up := newFake(t, replay(200, "text/event-stream", sample(t, "llama_v1_chat_stream.sse")))
 	s := newSet(t, adapter.Options{}, compatAdapter("one", llamaProfile(up.URL), 1))
 	var nextRun []*iop.RunEvent

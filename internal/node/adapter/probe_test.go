@@ -7,13 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/leakcheck"
 	"iop/internal/node/adapter"
 	iop "iop/proto/gen/iop"
 )
 
 // H2, H10: the exact-target probe of each adapter type.
 func TestProbe(t *testing.T) {
-	leakCheck(t)
+	leakcheck.Check(t)
 	tags := sample(t, "ollama_api_tags.json")
 	llamaModels := sample(t, "llama_v1_models.json")
 	ollamaModels := sample(t, "ollama_v1_models.json")

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/leakcheck"
 	"iop/internal/node/adapter"
 	iop "iop/proto/gen/iop"
 )
@@ -93,7 +94,7 @@ func (sc scenario) serve(w http.ResponseWriter) {
 // the bytes the upstream sent: all of them and END without a reset, the sent
 // prefix and ERROR with one.
 func TestTunnelPropertyRandomUpstream(t *testing.T) {
-	leakCheck(t)
+	leakcheck.Check(t)
 	seed := uint64(time.Now().UnixNano())
 	t.Cleanup(func() {
 		if t.Failed() {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/leakcheck"
 	"iop/internal/node/adapter"
 	"iop/internal/sse"
 	iop "iop/proto/gen/iop"
@@ -41,7 +42,7 @@ func realURL(t *testing.T, env string) string {
 // E8 against a real Ollama.
 func TestRealOllama(t *testing.T) {
 	base := realURL(t, "IOP_TEST_OLLAMA_URL")
-	leakCheck(t)
+	leakcheck.Check(t)
 	target, toolTarget := envOr("IOP_TEST_OLLAMA_TARGET", "tiny"), envOr("IOP_TEST_OLLAMA_TOOL_TARGET", "tiny-tool")
 	s := newSet(t, adapter.Options{}, ollamaAdapter("ollama", base, 2))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -67,7 +68,7 @@ func TestRealOllama(t *testing.T) {
 // E9, T1, T2 against a real OpenAI-compatible server.
 func TestRealOpenAICompat(t *testing.T) {
 	base := realURL(t, "IOP_TEST_OPENAI_URL")
-	leakCheck(t)
+	leakcheck.Check(t)
 	target, toolTarget := envOr("IOP_TEST_OPENAI_TARGET", "tiny"), envOr("IOP_TEST_OPENAI_TOOL_TARGET", "tiny-tool")
 	p := llamaProfile(base)
 	p.Name = envOr("IOP_TEST_OPENAI_PROFILE", "llamacpp")

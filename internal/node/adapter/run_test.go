@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"iop/internal/leakcheck"
 	"iop/internal/node/adapter"
 	iop "iop/proto/gen/iop"
 )
@@ -31,7 +32,7 @@ func TestRunOllamaSamples(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			leakCheck(t)
+			leakcheck.Check(t)
 			up := newFake(t, replay(200, "application/x-ndjson", sample(t, tc.file)))
 			s := newSet(t, adapter.Options{}, ollamaAdapter("", up.URL, 2))
 			evs := runAll(context.Background(), s, &iop.RunRequest{Target: "tiny", Input: userInput("Hi")})
@@ -93,7 +94,7 @@ func TestRunOllamaFailures(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			leakCheck(t)
+			leakcheck.Check(t)
 			up := newFake(t, tc.h)
 			s := newSet(t, adapter.Options{}, ollamaAdapter("ollama", up.URL, 1))
 			last, _ := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Adapter: "ollama", Target: "no-such-model", Input: userInput("Hi")}))
@@ -112,7 +113,7 @@ func TestRunOllamaFailures(t *testing.T) {
 
 // E1, E2, E7, C4: boundary checks end the run before any provider call.
 func TestRunBoundary(t *testing.T) {
-	leakCheck(t)
+	leakcheck.Check(t)
 	up := newFake(t, replay(200, "application/x-ndjson", sample(t, "ollama_api_chat_stream.ndjson")))
 	two := []*iop.AdapterConfig{ollamaAdapter("gpu-ollama", up.URL, 1), compatAdapter("llama", llamaProfile(up.URL), 1)}
 	cases := []struct {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/leakcheck"
 	"iop/internal/node/adapter"
 	iop "iop/proto/gen/iop"
 )
@@ -31,7 +32,7 @@ func TestTunnelRelaySamples(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run("T2 "+tc.file, func(t *testing.T) {
-			leakCheck(t)
+			leakcheck.Check(t)
 			want := sample(t, tc.file)
 			up := newFake(t, replay(200, tc.ctype, want))
 			s := newSet(t, adapter.Options{}, compatAdapter("llama", llamaProfile(up.URL), 1))
@@ -96,7 +97,7 @@ func TestTunnelStatusesAndFailures(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			leakCheck(t)
+			leakcheck.Check(t)
 			up := newFake(t, tc.h)
 			s := newSet(t, adapter.Options{}, compatAdapter("llama", llamaProfile(up.URL), 1))
 			frs := tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Adapter: "llama", Target: "tiny", Operation: adapter.OpChatCompletions, Body: []byte(`{}`)})
@@ -117,7 +118,7 @@ func TestTunnelStatusesAndFailures(t *testing.T) {
 // T2: BODY frames are sent as read: the fake sends its second chunk only
 // after the tunnel emitted the first.
 func TestTunnelStreamsAsRead(t *testing.T) {
-	leakCheck(t)
+	leakcheck.Check(t)
 	first := make(chan struct{})
 	up := newFake(t, func(w http.ResponseWriter, r *http.Request, _ []byte) {
 		w.Header().Set("Content-Type", "text/event-stream")
@@ -148,7 +149,7 @@ func TestTunnelStreamsAsRead(t *testing.T) {
 
 // T1: operations map to profile paths; unsafe paths never reach upstream.
 func TestTunnelPaths(t *testing.T) {
-	leakCheck(t)
+	leakcheck.Check(t)
 	up := newFake(t, replay(200, "application/json", []byte(`{}`)))
 	p := llamaProfile(up.URL + "/base/")
 	p.ResponsesPath = ""
@@ -204,7 +205,7 @@ func TestTunnelPaths(t *testing.T) {
 // T4: only allow-listed headers go upstream; upstream auth comes from the
 // adapter's api_key_env; hop-by-hop response headers and cookies stay behind.
 func TestTunnelHeaders(t *testing.T) {
-	leakCheck(t)
+	leakcheck.Check(t)
 	up := newFake(t, func(w http.ResponseWriter, r *http.Request, _ []byte) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Set-Cookie", "session=upstream")
@@ -293,7 +294,7 @@ func hasHeader(hs []*iop.Header, name, value string) bool {
 
 // E1, E2, C4: tunnel boundary checks end in a lone ERROR, no upstream call.
 func TestTunnelBoundary(t *testing.T) {
-	leakCheck(t)
+	leakcheck.Check(t)
 	up := newFake(t, replay(200, "application/json", []byte(`{}`)))
 	s := newSet(t, adapter.Options{}, compatAdapter("a", llamaProfile(up.URL), 1), compatAdapter("b", llamaProfile(up.URL), 1))
 	cases := []struct {
@@ -326,7 +327,7 @@ func TestTunnelBoundary(t *testing.T) {
 // T1: an "ollama" instance tunnels to Ollama's OpenAI- and
 // Anthropic-compatible endpoints.
 func TestTunnelOllamaInstance(t *testing.T) {
-	leakCheck(t)
+	leakcheck.Check(t)
 	want := sample(t, "ollama_v1_chat_stream.sse")
 	up := newFake(t, replay(200, "text/event-stream", want))
 	s := newSet(t, adapter.Options{}, ollamaAdapter("", up.URL, 1))

@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -270,28 +269,6 @@ func waitResult(t *testing.T, ch <-chan connectResult) connectResult {
 		t.Fatal("Connect did not return")
 		return connectResult{}
 	}
-}
-
-// checkGoroutines fails the test if goroutines started during it are still
-// running shortly after it ends. Register it first so it runs last.
-func checkGoroutines(t *testing.T) {
-	t.Helper()
-	before := runtime.NumGoroutine()
-	t.Cleanup(func() {
-		deadline := time.Now().Add(waitFor)
-		for {
-			n := runtime.NumGoroutine()
-			if n <= before {
-				return
-			}
-			if time.Now().After(deadline) {
-				buf := make([]byte, 1<<20)
-				t.Errorf("goroutines leaked: %d before, %d after\n%s", before, n, buf[:runtime.Stack(buf, true)])
-				return
-			}
-			<-time.After(5 * time.Millisecond) // poll; goroutine exit has no signal
-		}
-	})
 }
 
 func recvOn[T any](t *testing.T, ch <-chan T, what string) T {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/leakcheck"
 	"iop/internal/node/session"
 	"iop/internal/node/supervisor"
 	iop "iop/proto/gen/iop"
@@ -95,7 +96,7 @@ func (c *edgeConn) alive(nonce uint64) {
 // L3, L5: register → config applied → ready, then live; shutdown closes the
 // Executor.
 func TestRegisterApplyReady(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	dir := newPKI(t)
 	e := startEdge(t, dir)
 	f := newFactory()
@@ -213,7 +214,7 @@ func TestBeforeReady(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			checkGoroutines(t)
+			leakcheck.Check(t)
 			dir := newPKI(t)
 			e := startEdge(t, dir)
 			f := newFactory()
@@ -264,7 +265,7 @@ func TestReconnect(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			checkGoroutines(t)
+			leakcheck.Check(t)
 			dir := newPKI(t)
 			e := startEdge(t, dir)
 			f := newFactory()
@@ -295,7 +296,7 @@ func TestReconnect(t *testing.T) {
 func TestHeartbeat(t *testing.T) {
 	const interval, timeout = 50, 300 // ms
 	t.Run("L7 silent edge ends the session within the timeout", func(t *testing.T) {
-		checkGoroutines(t)
+		leakcheck.Check(t)
 		s := startReady(t, withHeartbeat(payload("r1"), interval, timeout), nil)
 		readyAt := time.Now()
 		// The edge keeps the socket open and reads, but sends nothing; the
@@ -323,7 +324,7 @@ func TestHeartbeat(t *testing.T) {
 		}
 	})
 	t.Run("L7 edge pings keep the session alive and get pongs", func(t *testing.T) {
-		checkGoroutines(t)
+		leakcheck.Check(t)
 		s := startReady(t, withHeartbeat(payload("r1"), interval, timeout), nil)
 		tick := time.NewTicker(timeout * time.Millisecond / 3)
 		defer tick.Stop()
@@ -346,7 +347,7 @@ func TestHeartbeat(t *testing.T) {
 // E3, T2, W1: runs and tunnels are dispatched and their events come back in
 // order, wrapped with the run_id; after ready a frame above 64 KiB is fine.
 func TestDispatch(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	s := startReady(t, payload("r1"), nil)
 	t.Run("E3 run events in order", func(t *testing.T) {
 		s.c.send(runReq("run-1", tEcho))
@@ -389,7 +390,7 @@ func TestDispatch(t *testing.T) {
 
 // E5: CancelRequest reaches the run's context; unknown ids are ignored.
 func TestCancel(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	s := startReady(t, payload("r1"), nil)
 	s.f.releaseAll() // block runs finish as soon as they are cancelled
 	s.c.send(runReq("run-1", tBlock))
@@ -417,7 +418,7 @@ func TestCancel(t *testing.T) {
 
 // E5: a duplicate run_id gets an error terminal; the first run is untouched.
 func TestDuplicateRunID(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	s := startReady(t, payload("r1"), nil)
 	s.c.send(runReq("run-1", tHold))
 	recvOn(t, s.f.started, "run start")
@@ -444,7 +445,7 @@ func TestDuplicateRunID(t *testing.T) {
 // E6: losing the session cancels every run and tunnel, and Connect returns
 // only after all of them returned and the Executor was closed after them.
 func TestSessionLossCancelsWork(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	s := startReady(t, payload("r1"), nil)
 	ids := []string{"run-1", "run-2", "run-3", "tun-1"}
 	for _, id := range ids[:3] {
@@ -485,7 +486,7 @@ func refreshReq(id string, cfg *iop.NodeConfigPayload) *iop.Envelope {
 // the old one, answers APPLIED for an unchanged revision and FAILED (keeping
 // the previous config) when the payload can't be applied.
 func TestRefresh(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	s := startReady(t, payload("r1"), nil)
 	s.c.send(runReq("held", tHold)) // stays on executor 1
 	recvOn(t, s.f.started, "held run")
@@ -551,7 +552,7 @@ func commandReq(id string, typ iop.NodeCommandType, adapter, target string) *iop
 // N1, H5, H10: commands; the health observation sequence starts at 1 per
 // connection and rises across CAPABILITIES probes and stall terminals.
 func TestCommands(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	s := startReady(t, payload("r1"), nil)
 	capab := iop.NodeCommandType_NODE_COMMAND_CAPABILITIES
 	tests := []struct {
@@ -614,7 +615,7 @@ func TestCommands(t *testing.T) {
 // H5: the observation sequence belongs to the connection: a new session
 // starts again at 1.
 func TestObservationSeqPerConnection(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	for i := range 2 {
 		s := startReady(t, payload("r1"), nil)
 		s.c.send(commandReq("c", iop.NodeCommandType_NODE_COMMAND_CAPABILITIES, "ollama", "tiny"))
@@ -629,7 +630,7 @@ func TestObservationSeqPerConnection(t *testing.T) {
 // W5: an envelope of an unknown kind is ignored; a malformed frame closes the
 // session.
 func TestUnknownAndMalformedFrames(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	s := startReady(t, payload("r1"), nil)
 	// Field 99, varint 1: a payload from a newer peer.
 	s.c.sendRaw([]byte{0x98, 0x06, 0x01})
@@ -645,7 +646,7 @@ func TestUnknownAndMalformedFrames(t *testing.T) {
 // STYLE 3: a must-deliver frame that cannot be queued or written within the
 // write timeout ends the session instead of blocking or being dropped.
 func TestMustDeliverOverflow(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	s := startReady(t, payload("r1"), func(o *session.Options) {
 		o.SendQueue = 1
 		o.Timeouts.Write = 200 * time.Millisecond

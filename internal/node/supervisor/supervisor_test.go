@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"iop/internal/leakcheck"
 )
 
 var errDial = errors.New("dial tcp: connection refused")
@@ -131,7 +132,7 @@ func TestRun(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			checkGoroutines(t)
+			leakcheck.Check(t)
 			synctest.Test(t, func(t *testing.T) {
 				ctx, cancel := context.WithCancel(t.Context())
 				defer cancel()
@@ -169,7 +170,7 @@ func TestRun(t *testing.T) {
 
 // S3: the last attempt's cause stays visible through ErrExhausted.
 func TestRunExhaustedWrapsLastError(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	synctest.Test(t, func(t *testing.T) {
 		err := Run(t.Context(), Policy{Interval: time.Second, MaxAttempts: 1}, func(context.Context) (bool, error) {
 			return false, errDial
@@ -183,7 +184,7 @@ func TestRunExhaustedWrapsLastError(t *testing.T) {
 // S4: a connect in progress sees ctx done and Run returns nil, not the
 // attempt's error.
 func TestRunShutdownDuringAttempt(t *testing.T) {
-	checkGoroutines(t)
+	leakcheck.Check(t)
 	synctest.Test(t, func(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		time.AfterFunc(3*time.Second, cancel)
@@ -193,28 +194,6 @@ func TestRunShutdownDuringAttempt(t *testing.T) {
 		}, nil)
 		if err != nil {
 			t.Errorf("Run = %v, want nil after shutdown", err)
-		}
-	})
-}
-
-// checkGoroutines fails the test if goroutines started during it are still
-// running shortly after it ends.
-func checkGoroutines(t *testing.T) {
-	t.Helper()
-	before := runtime.NumGoroutine()
-	t.Cleanup(func() {
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			n := runtime.NumGoroutine()
-			if n <= before {
-				return
-			}
-			if time.Now().After(deadline) {
-				buf := make([]byte, 1<<20)
-				t.Errorf("goroutines leaked: %d before, %d after\n%s", before, n, buf[:runtime.Stack(buf, true)])
-				return
-			}
-			<-time.After(5 * time.Millisecond) // poll; goroutine exit has no signal
 		}
 	})
 }

@@ -81,25 +81,6 @@ func TestBuildChatRequestErrors(t *testing.T) {
 	}
 }
 
-type splitReader struct {
-	b []byte
-	k int
-}
-
-func (s *splitReader) Read(p []byte) (int, error) {
-	if len(s.b) == 0 {
-		return 0, io.EOF
-	}
-	n := len(s.b)
-	if s.k > 0 && s.k < n {
-		n = s.k
-	}
-	n = copy(p, s.b[:n])
-	s.b = s.b[n:]
-	s.k -= n
-	return n, nil
-}
-
 // E8: the captured streams give the same result however the bytes arrive.
 func TestReadChatStreamSplits(t *testing.T) {
 	for _, tc := range []struct {
@@ -116,7 +97,7 @@ func TestReadChatStreamSplits(t *testing.T) {
 			}
 			for k := 0; k <= len(b); k++ {
 				var deltas strings.Builder
-				res, err := readChatStream(&splitReader{b: b, k: k}, upstream.Hooks{OnDelta: func(s string) { deltas.WriteString(s) }})
+				res, err := readChatStream(io.MultiReader(bytes.NewReader(b[:k]), bytes.NewReader(b[k:])), upstream.Hooks{OnDelta: func(s string) { deltas.WriteString(s) }})
 				if err != nil {
 					t.Fatalf("split %d: %v", k, err)
 				}

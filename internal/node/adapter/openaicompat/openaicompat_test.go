@@ -143,25 +143,6 @@ func TestRejectsTools(t *testing.T) {
 	}
 }
 
-type splitReader struct {
-	b []byte
-	k int
-}
-
-func (s *splitReader) Read(p []byte) (int, error) {
-	if len(s.b) == 0 {
-		return 0, io.EOF
-	}
-	n := len(s.b)
-	if s.k > 0 && s.k < n {
-		n = s.k
-	}
-	n = copy(p, s.b[:n])
-	s.b = s.b[n:]
-	s.k -= n
-	return n, nil
-}
-
 // E9: the captured streams give the same result however the bytes arrive.
 func TestReadChatStreamSplits(t *testing.T) {
 	for _, file := range []string{"llama_v1_chat_stream.sse", "ollama_v1_chat_stream.sse", "llama_v1_chat_tool_stream.sse", "ollama_v1_chat_tool_stream.sse"} {
@@ -175,7 +156,7 @@ func TestReadChatStreamSplits(t *testing.T) {
 				t.Fatal(err)
 			}
 			for k := 1; k <= len(b); k++ {
-				got, err := ReadChatStream(&splitReader{b: b, k: k}, upstream.Hooks{})
+				got, err := ReadChatStream(io.MultiReader(bytes.NewReader(b[:k]), bytes.NewReader(b[k:])), upstream.Hooks{})
 				if err != nil || got.Content != want.Content || got.FinishReason != want.FinishReason ||
 					got.Usage.String() != want.Usage.String() || got.Metadata[upstream.MetaToolCalls] != want.Metadata[upstream.MetaToolCalls] {
 					t.Fatalf("split %d: got %+v, %v; want %+v", k, got, err, want)
