@@ -68,6 +68,9 @@ check_imports() {
     deps=$(go list -deps "$pkg" | grep -E '^iop/internal/edge(/|$)' || true)
     if [ -n "$deps" ]; then log "FAIL: $pkg imports $deps"; bad=1; fi
   done
+  # Test-support and demo packages never reach the product binaries.
+  deps=$(go list -deps ./edge ./node | grep -E '^iop/internal/(leakcheck|demo|e2e)(/|$)' || true)
+  if [ -n "$deps" ]; then log "FAIL: edge/node binaries import test-only packages: $deps"; bad=1; fi
   # go.mod requires only google.golang.org/protobuf.
   local extra
   extra=$(go mod edit -json | grep -o '"Path": *"[^"]*"' | cut -d'"' -f4 | grep -v -e '^iop$' -e '^google.golang.org/protobuf$' || true)
