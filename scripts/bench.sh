@@ -12,7 +12,7 @@
 # module with vegeta; Debian's wrk). Paths, measured in the same run with
 # rounds alternating (odd rounds a→d, even rounds d→a):
 #   a   POST fast backend /v1/chat/completions         (direct)
-#   a2  POST fast backend /api/chat                     (direct, native Ollama shape)
+#   a2  POST fast backend /api/chat, "stream":true      (direct, the request the node makes for d)
 #   b   POST floor /v1/chat/completions                 (one stdlib hop, compared with a)
 #   c   POST edge, model bench-oa: openai_compat tunnel (compared with a)
 #   d   POST edge, model bench: ollama run path          (compared with a2, and with a)
@@ -70,6 +70,8 @@ bench_start_stack() {
   key_sha=$(printf '%s' "$BENCH_KEY" | sha256sum | cut -d' ' -f1)
   rm -rf "$BENCH_DIR/pki"
   "$bin/edge" pki init -dir "$BENCH_DIR/pki" -edge edge-1 -node gpu-1 >/dev/null
+  : >"$BENCH_DIR/edge.log"
+  : >"$BENCH_DIR/node.log"
   # The backends log two JSON lines per request; at thousands of requests/s
   # a file would grow by hundreds of MB, so their logs are discarded.
   "$bin/demo-backend" -listen "$BENCH_BACKEND" -token-delay 0 -pad-bytes 1024 >/dev/null 2>&1 &
@@ -77,7 +79,8 @@ bench_start_stack() {
   "$bin/demo-backend" -listen "$BENCH_SLOW" -token-delay "$BENCH_SLOW_DELAY" >/dev/null 2>&1 &
   bench_pids+=($!)
   "$bin/iopbench" floor -listen "$BENCH_FLOOR" -upstream "http://$BENCH_BACKEND" >"$BENCH_DIR/floor.log" 2>&1 &
-  bench_pids+=($!)
+  FLOOR_PID=$!
+  bench_pids+=($FLOOR_PID)
   bench_wait "http://$BENCH_BACKEND/api/tags" 50 || { log "fast backend did not start"; return 1; }
   bench_wait "http://$BENCH_SLOW/api/tags" 50 || { log "slow backend did not start"; return 1; }
   bench_wait "http://$BENCH_FLOOR/api/tags" 50 || { log "floor did not start; see .run/bench/floor.log"; return 1; }
@@ -115,13 +118,19 @@ JSON
   "reconnect": {"interval_sec": 1, "max_attempts": 0}
 }
 JSON
-  "$bin/edge" -config "$BENCH_DIR/edge.json" >"$BENCH_DIR/edge.log" 2>&1 &
+  bench_start_product
+}
+
+# bench_start_product: edge and node, fresh processes; waits for ready.
+# Sets EDGE_PID and NODE_PID. Logs are appended to .run/bench/{edge,node}.log.
+bench_start_product() {
+  local bin="$BENCH_DIR/bin" i
+  "$bin/edge" -config "$BENCH_DIR/edge.json" >>"$BENCH_DIR/edge.log" 2>&1 &
   EDGE_PID=$!
   bench_pids+=($EDGE_PID)
-  "$bin/node" -config "$BENCH_DIR/node.json" >"$BENCH_DIR/node.log" 2>&1 &
+  "$bin/node" -config "$BENCH_DIR/node.json" >>"$BENCH_DIR/node.log" 2>&1 &
   NODE_PID=$!
   bench_pids+=($NODE_PID)
-  local i
   for i in $(seq 1 150); do
     if curl -fsS -m 1 "http://$BENCH_ADMIN/status" 2>/dev/null | grep -q '"connected":true'; then
       log "stack up: edge pid $EDGE_PID, node pid $NODE_PID"
@@ -161,7 +170,10 @@ bench_target() {
   case $path in c|d) T_KEY=$BENCH_KEY ;; esac
   if [ "$path" = a2 ]; then
     T_FORMAT=ndjson
-    if [ "$kind" = ns ]; then T_BODY="{\"model\":\"$model\",\"stream\":false,$msg}"
+    # The node's ollama driver always asks /api/chat for a stream (and the
+    # backend pads only non-stream answers), so the direct call for path d
+    # is the same request the node makes: stream true, 8 NDJSON lines.
+    if [ "$kind" = ns ]; then T_BODY="{\"model\":\"$model\",\"stream\":true,$msg}"
     else T_BODY="{\"model\":\"$model\",\"stream\":true,\"options\":{\"num_predict\":$tokens},$msg}"; fi
   elif [ "$kind" = ns ]; then
     T_BODY="{\"model\":\"$model\",\"stream\":false,$msg}"
@@ -170,7 +182,16 @@ bench_target() {
   fi
 }
 
-bench_pids_arg() { echo "edge=$EDGE_PID,node=$NODE_PID"; }
+# bench_restart_product: stop edge and node and start fresh ones, so that a
+# hold run's "before" RSS is a fresh idle process's, not a heap grown by the
+# runs before it (Go returns freed memory to the OS only slowly).
+bench_restart_product() {
+  kill -TERM "$EDGE_PID" "$NODE_PID" 2>/dev/null || true
+  wait "$EDGE_PID" "$NODE_PID" 2>/dev/null || true
+  bench_start_product && sleep 1
+}
+
+bench_pids_arg() { echo "edge=$EDGE_PID,node=$NODE_PID,floor=$FLOOR_PID"; }
 
 # bench_run SUBCOMMAND PATH KIND ROUND [flags…]: one measurement, appended to results.jsonl.
 bench_run() {
@@ -256,17 +277,20 @@ bench_main() {
     for p in $order; do bench_run wrk "$p" ns "$round" -duration "$([ "$mode" = quick ] && echo 3s || echo 5s)"; done
     for p in $order; do bench_run stream "$p" stream "$round" -rate "$stream_rate" -duration "$([ "$mode" = quick ] && echo 3s || echo 4s)"; done
   done
-  bench_mem "after the fixed-rate, closed-loop and stream runs"
-
   bench_profile c
   bench_profile d
 
+  bench_mem "after the runs above (HWM = their peak)"
+
+  # Slow streams: each edge path on a freshly started edge and node.
   local n
   for n in $holds; do
     if [ "$n" -ge 10000 ]; then bench_run hold a slow 1 -streams "$n" -ramp 1000; fi
-    for p in c d; do bench_run hold "$p" slow 1 -streams "$n" -ramp 1000; done
+    for p in c d; do
+      bench_restart_product || return 1
+      bench_run hold "$p" slow 1 -streams "$n" -ramp 1000
+    done
   done
-  bench_mem "end (HWM = peak of the whole run)"
 
   "$BENCH_DIR/bin/iopbench" report -in "$BENCH_DIR/results.jsonl" >"$BENCH_DIR/results.md"
   log "done in $((SECONDS - t0)) s; load average $(cut -d' ' -f1-3 /proc/loadavg); tables in .run/bench/results.md"

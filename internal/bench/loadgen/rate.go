@@ -98,10 +98,10 @@ func cmdRate(args []string, stdout, stderr io.Writer) error {
 	for res := range newAttacker().Attack(tr, pace, *dur, "run") {
 		lat = append(lat, res.Latency)
 		switch {
+		case res.Code != 0 && res.Code != http.StatusOK: // vegeta also sets Error to the status text
+			errs.add(fmt.Sprintf("http_%d", res.Code), string(res.Body[:min(len(res.Body), 200)]))
 		case res.Error != "":
 			errs.add("transport", res.Error)
-		case res.Code != http.StatusOK:
-			errs.add(fmt.Sprintf("http_%d", res.Code), string(res.Body[:min(len(res.Body), 200)]))
 		case !bytes.Contains(res.Body, t.expect):
 			errs.add("body", string(res.Body[:min(len(res.Body), 200)]))
 		default:

@@ -17,7 +17,7 @@ type pathInfo struct {
 
 var paths = []pathInfo{
 	{"a", "(a) direct: upstream /v1/chat/completions", ""},
-	{"a2", "(a′) direct: upstream /api/chat", ""},
+	{"a2", "(a′) direct: upstream /api/chat (stream, as the node asks)", ""},
 	{"b", "(b) floor: httputil.ReverseProxy, one hop", "a"},
 	{"c", "(c) edge → node, tunnel path (openai_compat)", "a"},
 	{"d", "(d) edge → node, run path (ollama → /api/chat)", "a2"},
@@ -144,7 +144,30 @@ func success(rs map[int]record) string {
 	return fmt.Sprintf("%.2f%% (%d failed)", 100*float64(ok)/float64(n), n-ok)
 }
 
+// onPath says whether process proc (edge, node, floor) serves path.
+func onPath(path, proc string) bool {
+	switch proc {
+	case "edge", "node":
+		return path == "c" || path == "d"
+	case "floor":
+		return path == "b"
+	}
+	return false
+}
+
+// cpuCol is the median CPU µs per request of proc; for path b the "edge"
+// column shows the floor proxy's.
 func cpuCol(rs map[int]record, proc string) string {
+	var path string
+	for _, r := range rs {
+		path = r.Path
+	}
+	if path == "b" && proc == "edge" {
+		proc = "floor"
+	}
+	if !onPath(path, proc) {
+		return "—"
+	}
 	v := med(rs, func(r record) float64 { return r.CPUPerReq[proc] })
 	if v == 0 {
 		return "—"
@@ -193,7 +216,7 @@ func reportRate(w io.Writer, byKey map[key]map[int]record) {
 			hdr += " Δp50 vs a | Δp99 vs a |"
 			sep += "---:|---:|"
 		}
-		hdr += " success | edge CPU µs/req | node CPU µs/req |"
+		hdr += " success | edge CPU µs/req (b: floor's) | node CPU µs/req |"
 		sep += "---:|---:|---:|"
 		fmt.Fprintln(w, hdr)
 		fmt.Fprintln(w, sep)
@@ -228,7 +251,7 @@ func reportWrk(w io.Writer, byKey map[key]map[int]record) {
 		return
 	}
 	fmt.Fprintf(w, "### Closed loop (wrk -t2 -c64)\n\nRequests/s, median of %d round(s); ratio = this path ÷ its direct call in the same round, median over rounds.\n\n", rounds(byKey, "wrk"))
-	fmt.Fprintln(w, "| path | req/s | ratio to a | ratio to a′ | success | edge CPU µs/req | node CPU µs/req |")
+	fmt.Fprintln(w, "| path | req/s | ratio to a | ratio to a′ | success | edge CPU µs/req (b: floor's) | node CPU µs/req |")
 	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|")
 	rps := func(r record) float64 { return r.RPS }
 	for _, p := range paths {
@@ -257,7 +280,7 @@ func reportStream(w io.Writer, byKey map[key]map[int]record) {
 		return
 	}
 	fmt.Fprintf(w, "### 100-chunk streams at a fixed rate\n\nms, median of %d round(s); first = time to the first complete event line, total = to EOF; added = this path − its direct call in the same round, median over rounds.\n\n", rounds(byKey, "stream"))
-	fmt.Fprintln(w, "| path | streams/s | first p50 | first p99 | total p50 | total p99 | added first p50 | added first p99 | added total p50 | added total p99 | success | edge CPU µs/stream | node CPU µs/stream |")
+	fmt.Fprintln(w, "| path | streams/s | first p50 | first p99 | total p50 | total p99 | added first p50 | added first p99 | added total p50 | added total p99 | success | edge CPU µs/stream (b: floor's) | node CPU µs/stream |")
 	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	fs := []func(record) float64{
 		func(r record) float64 { return r.FirstP50 }, func(r record) float64 { return r.FirstP99 },
@@ -308,7 +331,7 @@ func reportHold(w io.Writer, holds []record) {
 	}
 	fmt.Fprintln(w, "### Concurrent slow streams")
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Held = most streams in flight at once (headers in, EOF not yet) seen by the client; complete = ended with every expected content byte and the terminal event. RSS in MiB; per stream = (RSS at the most in flight − RSS just before) ÷ streams in flight.")
+	fmt.Fprintln(w, "Held = most streams in flight at once (headers in, EOF not yet) seen by the client; complete = ended with every expected content byte and the terminal event. RSS in MiB; \"before\" is the idle RSS of an edge and node started fresh for this run (for path a, of the processes left by the runs before); per stream = (RSS at the most in flight − RSS before) ÷ streams in flight.")
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| path | streams | held at once | complete | edge RSS before → in flight | edge KiB/stream | edge MiB per 1,000 | node RSS before → in flight | node KiB/stream | edge HWM after | node HWM after | failures |")
 	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
@@ -319,6 +342,10 @@ func reportHold(w io.Writer, holds []record) {
 				name = p.name
 			}
 		}
+		if !onPath(h.Path, "edge") { // a rig check: the product is not on the path
+			fmt.Fprintf(w, "| %s | %d | %d | %d | — | — | — | — | — | — | — | %s |\n", name, h.Streams, h.Held, h.Complete, failText(h.Failures))
+			continue
+		}
 		per := func(proc string) (string, string) {
 			if h.RSS == nil || h.Held == 0 {
 				return "—", "—"
@@ -328,16 +355,20 @@ func reportHold(w io.Writer, holds []record) {
 		}
 		ek, em := per("edge")
 		nk, _ := per("node")
-		fails := "none"
-		if len(h.Failures) > 0 {
-			fails = fmt.Sprint(h.Failures)
-		}
+		fails := failText(h.Failures)
 		fmt.Fprintf(w, "| %s | %d | %d | %d | %s → %s | %s | %s | %s → %s | %s | %s | %s | %s |\n",
 			name, h.Streams, h.Held, h.Complete,
 			mib(h.RSSBefore["edge"]), mib(h.RSS["edge"]), ek, em,
 			mib(h.RSSBefore["node"]), mib(h.RSS["node"]), nk, mib(h.HWM["edge"]), mib(h.HWM["node"]), fails)
 	}
 	fmt.Fprintln(w)
+}
+
+func failText(f map[string]int) string {
+	if len(f) == 0 {
+		return "none"
+	}
+	return fmt.Sprint(f)
 }
 
 func mib(kib uint64) string {
