@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"iop/internal/edge/pool"
@@ -40,6 +41,9 @@ type apiError struct {
 	param      string
 	msg        string
 	retryAfter time.Duration
+	// detail is for the operator's log only: upstream addresses, adapter
+	// names and transport errors never reach the client.
+	detail string
 }
 
 func (e *apiError) Error() string { return strconv.Itoa(e.status) + " " + e.msg }
@@ -197,13 +201,31 @@ func nodeFailure(code, msg string, upstreamStatus int32, failure *iop.ExecutionF
 	case passThroughStatus(int(upstreamStatus)):
 		return &apiError{status: int(upstreamStatus), typ: "invalid_request_error", code: code, msg: "provider rejected the request: " + msg}
 	case code == failureInvalid:
-		return &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", code: code, msg: "invalid request: " + msg}
+		return &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", code: code,
+			msg: "invalid request: " + clientDetail(msg), detail: msg}
 	default:
 		if msg == "" {
 			msg = "unknown error"
 		}
-		return badGateway("provider_error", "provider failure: "+msg)
+		e := badGateway("provider_error", "the provider failed to answer")
+		e.detail = msg
+		return e
 	}
+}
+
+// clientDetail is the part of a node's error message a client may see: the
+// node prefixes the adapter instance (`adapter "name": `), which names
+// internal topology, and Go decoding errors name internal types.
+func clientDetail(msg string) string {
+	if strings.HasPrefix(msg, "adapter ") {
+		if i := strings.Index(msg, ": "); i > 0 {
+			msg = msg[i+2:]
+		}
+	}
+	if i := strings.Index(msg, "Go struct field"); i >= 0 {
+		msg = strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(msg[:i]), "of"))
+	}
+	return msg
 }
 
 // passThroughStatus says which upstream statuses on the run path reach the

@@ -142,9 +142,13 @@ type sink interface {
 func (h *Handler) serveModel(ctx context.Context, w http.ResponseWriter, r *http.Request, v *view, ep *endpoint) {
 	body, e := readBody(w, r, v.maxBody)
 	if e != nil {
+		closeUnread(w, r)
 		writeError(w, ep.surface, e)
 		return
 	}
+	// The body is in: lift the read deadline, or the server's background
+	// read (its disconnect detector) would cancel a long stream.
+	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
 	x := &exchange{ctx: ctx, r: r, out: output{w: w}, ep: ep}
 	hd := &x.head
 	if e := parseHead(body, ep, hd); e != nil {
@@ -400,7 +404,8 @@ func (h *Handler) handOff(x *exchange, st dispatch.Stream) {
 func (h *Handler) logFailure(x *exchange, st dispatch.Stream, e *apiError) {
 	h.log.LogAttrs(x.ctx, slog.LevelWarn, "request failed",
 		slog.String("model", x.model), slog.String("node", x.lease.Node), slog.String("provider", x.lease.Provider),
-		slog.String("run_id", st.RunID()), slog.Int("status", e.status), slog.String("code", e.code), slog.String("error", e.msg))
+		slog.String("run_id", st.RunID()), slog.Int("status", e.status), slog.String("code", e.code), slog.String("error", e.msg),
+		slog.String("detail", e.detail))
 }
 
 // runSink feeds RunEvents to a chatConv.

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -35,6 +36,9 @@ type Pool interface {
 // the Edge's timer fires only when a node goes silent without a terminal.
 const DefaultResponseWaitGrace = 15 * time.Second
 
+// DefaultBodyReadTimeout bounds reading one request body.
+const DefaultBodyReadTimeout = 30 * time.Second
+
 // DefaultCancelDrainTimeout bounds the wait for a cancelled stream's
 // terminal: the node's close grace (2 s) plus margin.
 const DefaultCancelDrainTimeout = 5 * time.Second
@@ -56,6 +60,11 @@ type Options struct {
 	NewID func() string
 	// ResponseWaitGrace: see DefaultResponseWaitGrace; 0 means the default.
 	ResponseWaitGrace time.Duration
+	// BodyReadTimeout bounds reading a request body (a slow or stalled
+	// client gets 408 and the connection is closed); 0 means
+	// DefaultBodyReadTimeout. The deadline is lifted once the body is read,
+	// so streaming responses are never cut.
+	BodyReadTimeout time.Duration
 	// CancelDrainTimeout bounds how long the lease of a cancelled stream
 	// waits for the node's terminal before it is released anyway; 0 means
 	// DefaultCancelDrainTimeout.
@@ -85,6 +94,9 @@ func New(o Options) *Handler {
 	}
 	if o.NewID == nil {
 		o.NewID = rand.Text
+	}
+	if o.BodyReadTimeout <= 0 {
+		o.BodyReadTimeout = DefaultBodyReadTimeout
 	}
 	if o.CancelDrainTimeout <= 0 {
 		o.CancelDrainTimeout = DefaultCancelDrainTimeout
@@ -166,6 +178,10 @@ var (
 // another method 405, both in OpenAI shape (Anthropic shape under
 // /v1/messages).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Body != nil && r.Body != http.NoBody {
+		// Bound the body read; serveModel lifts it once the body is in.
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(h.o.BodyReadTimeout))
+	}
 	var ep *endpoint
 	method := http.MethodPost
 	switch r.URL.Path {
@@ -192,8 +208,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, "/v1/messages/") {
 			s = surfaceAnthropic
 		}
-		writeError(w, s, &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "unknown_url",
-			msg: "unknown endpoint: " + r.Method + " " + r.URL.Path})
+		reject(w, r, s, &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "unknown_url",
+			msg: "unknown endpoint: " + r.Method + " " + truncate(r.URL.Path, 256)})
 		return
 	}
 	s := surfaceOpenAI
@@ -201,6 +217,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s = ep.surface
 	}
 	if r.Method != method {
+		closeUnread(w, r)
 		methodNotAllowed(w, s, method)
 		return
 	}
@@ -212,8 +229,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	principal, ok := v.authenticate(r, s == surfaceAnthropic)
 	if !ok {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="iop"`)
-		writeError(w, s, &apiError{status: http.StatusUnauthorized, typ: "authentication_error", code: "invalid_api_key",
-			msg: "missing or invalid API key (send Authorization: Bearer <key>)"})
+		hint := "send Authorization: Bearer <key>"
+		if s == surfaceAnthropic {
+			hint += " or x-api-key: <key>"
+		}
+		reject(w, r, s, &apiError{status: http.StatusUnauthorized, typ: "authentication_error", code: "invalid_api_key",
+			msg: "missing or invalid API key (" + hint + ")"})
 		return
 	}
 	ctx := r.Context()
@@ -227,6 +248,31 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.serveModel(ctx, w, r, v, ep)
+}
+
+// reject answers a request refused before its body was read. An unread
+// body would make the server drain it before answering, so a client that
+// declared a body and never sends it could hold the connection: the
+// connection is closed after the answer instead.
+func reject(w http.ResponseWriter, r *http.Request, s surface, e *apiError) {
+	closeUnread(w, r)
+	writeError(w, s, e)
+}
+
+func closeUnread(w http.ResponseWriter, r *http.Request) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return
+	}
+	w.Header().Set("Connection", "close")
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+}
+
+// truncate shortens s to at most n bytes for echoing in an error message.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }
 
 func methodNotAllowed(w http.ResponseWriter, s surface, allow string) {
@@ -319,6 +365,11 @@ func readError(err error, max int64) *apiError {
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
 		return tooLarge(max)
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return &apiError{status: http.StatusRequestTimeout, typ: "invalid_request_error", code: "request_timeout",
+			msg: "the request body did not arrive in time"}
 	}
 	return badRequest("", "could not read the request body: %v", err)
 }

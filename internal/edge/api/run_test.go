@@ -120,7 +120,7 @@ func TestRunFailures(t *testing.T) {
 		{name: "T5 run cancelled by the node is 502", body: chatBody,
 			events: []*iop.RunEvent{{Seq: 1, Type: iop.RunEventType_RUN_EVENT_CANCELLED}}, want: 502},
 		{name: "T5 ERROR mid-stream is an error event", body: `{"model":"tiny","stream":true,"messages":[{"role":"user","content":"x"}]}`,
-			events: []*iop.RunEvent{evStart(), evDelta(2, "a"), evError(3, "upstream_error", "boom")}, want: 200, contains: `data: {"error":{"message":"provider failure: boom"`},
+			events: []*iop.RunEvent{evStart(), evDelta(2, "a"), evError(3, "upstream_error", "boom")}, want: 200, contains: `data: {"error":{"message":"the provider failed to answer"`},
 		{name: "T5 session lost mid-stream is an error event", body: `{"model":"tiny","stream":true,"messages":[{"role":"user","content":"x"}]}`,
 			events: []*iop.RunEvent{evStart(), evDelta(2, "a")}, recvErr: dispatch.ErrSessionLost, want: 200, contains: `"code":"provider_lost"`},
 		{name: "Q2 dispatch to a node that is gone is 502", body: chatBody, startErr: dispatch.ErrNotReady, want: 502, contains: "no longer connected", noStream: true},
@@ -511,4 +511,38 @@ func TestCancelledLeaseWaitsForTerminal(t *testing.T) {
 			t.Fatalf("released %d times after the drain timeout, want 1", n)
 		}
 	})
+}
+
+// P4, N3: node failure messages reach the client without internal topology:
+// upstream addresses, adapter instance names and Go type names stay in the
+// operator's log.
+func TestNodeFailureHidesInternals(t *testing.T) {
+	rows := []struct {
+		name, code, msg string
+		status          int
+		banned          []string
+		want            string
+	}{
+		{"dial error", "upstream_error", `adapter "ollama": Post "http://10.1.2.3:11434/api/chat": dial tcp 10.1.2.3:11434: connect: connection refused`,
+			502, []string{"10.1.2.3", "ollama", "dial"}, "the provider failed to answer"},
+		{"invalid input", "invalid_request", `adapter "ollama": json: cannot unmarshal number into Go struct field ToolFunction.function.arguments of type string`,
+			400, []string{`adapter "ollama"`, "Go struct field"}, "invalid request: json: cannot unmarshal number into"},
+	}
+	for _, r := range rows {
+		t.Run(r.name, func(t *testing.T) {
+			e := nodeFailure(r.code, r.msg, 0, nil)
+			if e.status != r.status || !strings.HasPrefix(e.msg, r.want) {
+				t.Errorf("got %d %q, want %d %q…", e.status, e.msg, r.status, r.want)
+			}
+			body := string(appendErrorBody(nil, surfaceOpenAI, e))
+			for _, b := range r.banned {
+				if strings.Contains(body, b) {
+					t.Errorf("client body mentions %q: %s", b, body)
+				}
+			}
+			if e.detail != r.msg {
+				t.Errorf("detail for the log: got %q, want the node's message", e.detail)
+			}
+		})
+	}
 }
