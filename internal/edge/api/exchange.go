@@ -146,8 +146,8 @@ func (h *Handler) serveModel(ctx context.Context, w http.ResponseWriter, r *http
 		writeError(w, ep.surface, e)
 		return
 	}
-	// The body is in: lift the read deadline, or the server's background
-	// read (its disconnect detector) would cancel a long stream.
+	// The body is in: lift the read deadline so that nothing later on this
+	// connection (its disconnect detector's read) ever runs into it.
 	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
 	x := &exchange{ctx: ctx, r: r, out: output{w: w}, ep: ep}
 	hd := &x.head
