@@ -164,6 +164,9 @@ func IssueNode(dir string, o IssueOptions) error {
 	if err != nil {
 		return err
 	}
+	if err := notOtherIdentity(dir, o.Node); err != nil {
+		return err
+	}
 	td, err := issueTrustDomain(ca, o.TrustDomain)
 	if err != nil {
 		return err
@@ -178,6 +181,34 @@ func IssueNode(dir string, o IssueOptions) error {
 		return err
 	}
 	return writeFiles(dir, files, o.Force)
+}
+
+// notOtherIdentity refuses, even with Force, a node name whose files would
+// overwrite the CA, the lease issuer pair or a certificate that is not a
+// node's (the edge's): -force re-issues a node, it never replaces those.
+func notOtherIdentity(dir, node string) error {
+	for _, reserved := range []string{"ca", "issuer"} {
+		if node == reserved {
+			return fmt.Errorf("%w: node name %q is reserved for the CA and issuer files in %s", ErrInvalidOptions, node, dir)
+		}
+	}
+	pemBytes, err := os.ReadFile(filepath.Join(dir, CertFileName(node)))
+	if err != nil {
+		return nil // no certificate of that name yet
+	}
+	block, _ := pem.Decode(pemBytes)
+	if block == nil {
+		return nil
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return nil
+	}
+	if id, err := FromCertificate(cert); err == nil && id.Role != RoleNode {
+		return fmt.Errorf("%w: %s holds the %s certificate %s; a node may not take its name", ErrInvalidOptions,
+			CertFileName(node), id.Role, id)
+	}
+	return nil
 }
 
 func clock(now func() time.Time) func() time.Time {

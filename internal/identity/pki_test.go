@@ -300,3 +300,35 @@ func TestParseRecipientPublicKeyBase64(t *testing.T) {
 		}
 	}
 }
+
+// IssueNode -force re-issues a node, never the CA, the issuer pair or the
+// edge: those names are refused even with Force, and nothing is written.
+func TestIssueNodeRefusesOtherIdentities(t *testing.T) {
+	dir := t.TempDir()
+	if err := InitPKI(dir, PKIOptions{Edge: "edge-1", Nodes: []string{"gpu-1"}}); err != nil {
+		t.Fatal(err)
+	}
+	before := map[string][]byte{}
+	for _, f := range []string{"ca.crt", "ca.key", "issuer.key", "issuer.pub", "edge-1.crt", "edge-1.key"} {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		before[f] = b
+	}
+	for _, name := range []string{"ca", "issuer", "edge-1"} {
+		err := IssueNode(dir, IssueOptions{Node: name, Force: true})
+		if !errors.Is(err, ErrInvalidOptions) {
+			t.Errorf("IssueNode(%q, force): got %v, want ErrInvalidOptions", name, err)
+		}
+	}
+	for f, b := range before {
+		got, _ := os.ReadFile(filepath.Join(dir, f))
+		if !bytes.Equal(got, b) {
+			t.Errorf("%s changed", f)
+		}
+	}
+	if err := IssueNode(dir, IssueOptions{Node: "gpu-1", Force: true}); err != nil {
+		t.Errorf("re-issuing a node with force: %v", err)
+	}
+}
