@@ -97,6 +97,12 @@ func TestEdgeBinary(t *testing.T) {
 	if exitCode(err) != 1 || !strings.Contains(string(out), "nodes[0].adapters[0].capacty: unknown field") || !strings.Contains(string(out), "models: at least one model") {
 		t.Errorf("-check bad: exit %d, want 1 naming every problem:\n%s", exitCode(err), out)
 	}
+	nocert := filepath.Join(dir, "nocert.json")
+	os.WriteFile(nocert, []byte(strings.Replace(edgeConfig(freeAddr(t), freeAddr(t), freeAddr(t)), "pki/edge-1.crt", "pki/gpu-1.crt", 1)), 0o600)
+	out, err = exec.Command(bin, "-config", nocert, "-check").CombinedOutput()
+	if exitCode(err) != 1 || !strings.Contains(string(out), "edge tls") {
+		t.Errorf("-check with a node certificate as the edge's: exit %d, want 1:\n%s", exitCode(err), out)
+	}
 	if out, err := exec.Command(bin, "-version").CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "edge ") {
 		t.Errorf("-version: %v %q", err, out)
 	}

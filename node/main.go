@@ -54,6 +54,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	if *check {
+		if err := node.Check(cfg); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
 		fmt.Fprintf(stdout, "%s: ok\n", *cfgPath)
 		return 0
 	}

@@ -165,6 +165,11 @@ func TestNodeBinary(t *testing.T) {
 		if exitCode(err) != 1 || !strings.Contains(string(out), "reconect: unknown field") || !strings.Contains(string(out), "tls.cert_file: required") {
 			t.Errorf("-check bad: exit %d\n%s", exitCode(err), out)
 		}
+		nokey := writeConfig(t, dir, "127.0.0.1:7443", `{}`, "pki/absent.key")
+		out, err = exec.Command(bin, "-config", nokey, "-check").CombinedOutput()
+		if exitCode(err) != 1 || !strings.Contains(string(out), "absent.key") {
+			t.Errorf("S3 -check with a missing key: exit %d, want 1 naming the file:\n%s", exitCode(err), out)
+		}
 		out, err = exec.Command(bin, "-version").CombinedOutput()
 		if err != nil || !strings.HasPrefix(string(out), "node ") {
 			t.Errorf("-version: %v %q", err, out)

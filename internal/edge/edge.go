@@ -8,6 +8,7 @@ package edge
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -86,13 +87,9 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	cur.Store(cfg)
 	current := func() *config.Config { return cur.Load() }
 
-	tlsCfg, err := identity.ServerConfig(identity.ServerOptions{
-		CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, CAFile: cfg.TLS.CAFile,
-		TrustDomain: cfg.TLS.TrustDomain,
-		AllowNode:   func(name string) bool { return current().NodeByID(name) != nil },
-	})
+	tlsCfg, err := tlsConfig(cfg, func(name string) bool { return current().NodeByID(name) != nil })
 	if err != nil {
-		return fmt.Errorf("edge tls: %w", err)
+		return err
 	}
 
 	p := pool.New(PoolConfig(cfg), pool.SystemClock())
@@ -222,4 +219,22 @@ func reload(ctx context.Context, log *slog.Logger, boot, nc *config.Config, cur 
 		log.Info("config refresh", "node", r.Node, "revision", r.Revision, "status", r.Status.String(), "reason", r.Reason)
 	}
 	log.Info("config reloaded")
+}
+
+// Check validates what Run would load before serving: the certificate, key
+// and CA files (readable, matching, an edge identity). `edge -check` uses it.
+func Check(cfg *config.Config) error {
+	_, err := tlsConfig(cfg, func(string) bool { return true })
+	return err
+}
+
+func tlsConfig(cfg *config.Config, allow func(string) bool) (*tls.Config, error) {
+	tc, err := identity.ServerConfig(identity.ServerOptions{
+		CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, CAFile: cfg.TLS.CAFile,
+		TrustDomain: cfg.TLS.TrustDomain, AllowNode: allow,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("edge tls: %w", err)
+	}
+	return tc, nil
 }

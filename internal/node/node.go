@@ -9,6 +9,7 @@ package node
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -53,16 +54,9 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 		log = slog.New(slog.DiscardHandler)
 	}
 	log = log.With("node_id", cfg.NodeID)
-	tc, err := identity.ClientConfig(identity.ClientOptions{
-		CertFile:         cfg.TLS.CertFile,
-		KeyFile:          cfg.TLS.KeyFile,
-		CAFile:           cfg.TLS.CAFile,
-		TrustDomain:      cfg.TLS.TrustDomain,
-		ExpectedEdgeName: cfg.TLS.ExpectedEdgeName,
-		NodeName:         cfg.NodeID,
-	})
+	tc, err := tlsConfig(cfg)
 	if err != nil {
-		return fmt.Errorf("node %s: TLS credentials: %w", cfg.NodeID, supervisor.MarkFatal(err))
+		return supervisor.MarkFatal(err)
 	}
 	newExec := o.NewExecutor
 	if newExec == nil {
@@ -100,4 +94,27 @@ func adapterExecutor(o Options, log *slog.Logger) session.NewExecutorFunc {
 		}
 		return set, nil
 	}
+}
+
+// Check validates what Run would load before dialing: the certificate, key
+// and CA files (readable, matching, this node's identity). `node -check`
+// uses it, so a config that passes the check does not fail at start.
+func Check(cfg *config.Config) error {
+	_, err := tlsConfig(cfg)
+	return err
+}
+
+func tlsConfig(cfg *config.Config) (*tls.Config, error) {
+	tc, err := identity.ClientConfig(identity.ClientOptions{
+		CertFile:         cfg.TLS.CertFile,
+		KeyFile:          cfg.TLS.KeyFile,
+		CAFile:           cfg.TLS.CAFile,
+		TrustDomain:      cfg.TLS.TrustDomain,
+		ExpectedEdgeName: cfg.TLS.ExpectedEdgeName,
+		NodeName:         cfg.NodeID,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("node %s: TLS credentials: %w", cfg.NodeID, err)
+	}
+	return tc, nil
 }

@@ -18,6 +18,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -299,10 +300,17 @@ func (c *Config) validate() jsonconfig.Errors {
 	add := func(path, format string, args ...any) {
 		errs = append(errs, path+": "+fmt.Sprintf(format, args...))
 	}
+	seenListen := map[string]string{}
 	for _, l := range []struct{ path, v string }{{"http_listen", c.HTTPListen}, {"node_listen", c.NodeListen}, {"admin_listen", c.AdminListen}} {
-		if _, _, err := net.SplitHostPort(l.v); err != nil {
-			add(l.path, "want host:port, got %q", l.v)
+		_, port, err := net.SplitHostPort(l.v)
+		if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 0 || n > 65535 {
+			add(l.path, "want host:port with a port from 0 to 65535, got %q", l.v)
+			continue
 		}
+		if other, dup := seenListen[l.v]; dup && port != "0" {
+			add(l.path, "same address as %s (%s)", other, l.v)
+		}
+		seenListen[l.v] = l.path
 	}
 	for _, f := range []struct{ path, v string }{{"tls.cert_file", c.TLS.CertFile}, {"tls.key_file", c.TLS.KeyFile}, {"tls.ca_file", c.TLS.CAFile}} {
 		if f.v == "" {
@@ -322,7 +330,7 @@ func (c *Config) validate() jsonconfig.Errors {
 	if hb.NodeTimeoutMs <= hb.IntervalMs || hb.NodeTimeoutMs >= hb.TimeoutMs {
 		add("heartbeat.node_timeout_ms", "must be between heartbeat.interval_ms (%d) and heartbeat.timeout_ms (%d) exclusive, so the node notices a dead link first; got %d", hb.IntervalMs, hb.TimeoutMs, hb.NodeTimeoutMs)
 	}
-	principals := map[string]bool{}
+	principals, hashes := map[string]bool{}, map[string]bool{}
 	for i, k := range c.APIKeys {
 		p := fmt.Sprintf("api_keys[%d]", i)
 		if k.Principal == "" {
@@ -333,7 +341,10 @@ func (c *Config) validate() jsonconfig.Errors {
 		principals[k.Principal] = true
 		if !hex64RE.MatchString(k.KeySHA256) {
 			add(p+".key_sha256", "want 64 lowercase hex characters (SHA-256 of the key)")
+		} else if hashes[k.KeySHA256] {
+			add(p+".key_sha256", "the same key is configured twice")
 		}
+		hashes[k.KeySHA256] = true
 	}
 	if len(c.Nodes) == 0 {
 		add("nodes", "at least one node is required")

@@ -235,3 +235,14 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestListenAndKeyConflicts(t *testing.T) {
+	s := strings.Replace(valid, `"tls":`, `"http_listen": "127.0.0.1:99999", "node_listen": "127.0.0.1:9090", "tls":`, 1)
+	s = strings.Replace(s, `"api_keys": [`, `"api_keys": [{"principal": "team-b", "key_sha256": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"},`, 1)
+	_, err := Parse([]byte(s))
+	for _, want := range []string{"http_listen: want host:port with a port from 0 to 65535", "admin_listen: same address as node_listen", "api_keys[1].key_sha256: the same key is configured twice"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("got %v, want it to contain %q", err, want)
+		}
+	}
+}

@@ -21,6 +21,8 @@ const (
 	DefaultExpectedEdgeName = "edge-1"
 	DefaultIntervalSec      = 10
 	DefaultMaxAttempts      = 10
+	// MaxIntervalSec bounds reconnect.interval_sec (one day).
+	MaxIntervalSec = 86400
 )
 
 // Config is the Node config file.
@@ -152,8 +154,8 @@ func (c *Config) validate() jsonconfig.Errors {
 	if ma < 0 {
 		add("reconnect.max_attempts", "must be ≥ 0 (0 = unlimited), got %d", ma)
 	}
-	if iv < 0 {
-		add("reconnect.interval_sec", "must be ≥ 0, got %d", iv)
+	if iv < 0 || iv > MaxIntervalSec {
+		add("reconnect.interval_sec", "must be between 0 and %d, got %d", MaxIntervalSec, iv)
 	} else if iv == 0 && ma == 0 {
 		add("reconnect.interval_sec", "must be positive when reconnect.max_attempts is 0 (unlimited)")
 	}

@@ -27,7 +27,8 @@ func TestReconnectRules(t *testing.T) {
 		{"S2 negative attempts rejected", `,"reconnect":{"max_attempts":-1}`, "reconnect.max_attempts: must be ≥ 0", 0, 0},
 		{"S2 unlimited needs positive interval", `,"reconnect":{"max_attempts":0,"interval_sec":0}`, "reconnect.interval_sec: must be positive when reconnect.max_attempts is 0", 0, 0},
 		{"S2 finite allows zero interval", `,"reconnect":{"max_attempts":3,"interval_sec":0}`, "", 0, 3},
-		{"S2 negative interval rejected", `,"reconnect":{"interval_sec":-5}`, "reconnect.interval_sec: must be ≥ 0", 0, 0},
+		{"S2 interval too large to be a duration", `,"reconnect":{"interval_sec":9223372036854775807}`, "reconnect.interval_sec: must be between 0 and 86400", 0, 0},
+		{"S2 negative interval rejected", `,"reconnect":{"interval_sec":-5}`, "reconnect.interval_sec: must be between 0 and 86400", 0, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
