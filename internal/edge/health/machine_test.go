@@ -64,7 +64,7 @@ func TestMachineStall(t *testing.T) {
 		{name: "H2 health outside the enum rejected", b: cur,
 			f: with(stallFailure(Unavailable, 4), func(f *iop.ExecutionFailure) { f.ProviderHealth = "healthy" }), reject: RejectHealth},
 		{name: "H2 classification not paired rejected", b: cur,
-			f: with(stallFailure(Unavailable, 4), func(f *iop.ExecutionFailure) { f.LivenessClassification = RequestStalled }),
+			f:      with(stallFailure(Unavailable, 4), func(f *iop.ExecutionFailure) { f.LivenessClassification = RequestStalled }),
 			reject: RejectClassification},
 		{name: "H7 fence outside the enum rejected", b: cur,
 			f: with(stallFailure(Unavailable, 4), func(f *iop.ExecutionFailure) { f.Fence = "" }), reject: RejectFence},
@@ -74,8 +74,8 @@ func TestMachineStall(t *testing.T) {
 			f: with(stallFailure(Unavailable, 4), func(f *iop.ExecutionFailure) { f.Target = "big" }), reject: RejectTarget,
 			lastSeq: 2, recGen: 3},
 		{name: "H8 fresh unavailable for a node's other provider does not touch this one", prior: &record{gen: 3, lastSeq: 2},
-			b: binding{key: pool.Key{Node: "n1", Provider: "llama"}, gen: 3, target: "tiny", current: true},
-			f: with(stallFailure(Unavailable, 4), func(f *iop.ExecutionFailure) { f.Adapter = "llama" }),
+			b:     binding{key: pool.Key{Node: "n1", Provider: "llama"}, gen: 3, target: "tiny", current: true},
+			f:     with(stallFailure(Unavailable, 4), func(f *iop.ExecutionFailure) { f.Adapter = "llama" }),
 			fresh: true, setOverlay: true, lastSeq: 2, recGen: 3},
 	}
 	for _, r := range rows {
@@ -149,7 +149,7 @@ func TestMachineProbe(t *testing.T) {
 		{name: "H10 other target is a mismatch", prior: overlaid, pt: pt, resp: capResp("ollama", "big", Available, "7"),
 			result: ProbeMismatch, lastSeq: 5},
 		{name: "N1 diagnostic adapter key alone is not evidence", prior: overlaid, pt: pt,
-			resp: &iop.NodeCommandResponse{Ok: true, Result: map[string]string{"adapter": "ollama", KeyTarget: "tiny", KeyStatus: Available, KeySeq: "7"}},
+			resp:   &iop.NodeCommandResponse{Ok: true, Result: map[string]string{"adapter": "ollama", KeyTarget: "tiny", KeyStatus: Available, KeySeq: "7"}},
 			result: ProbeMalformed, lastSeq: 5},
 		{name: "H10 missing seq is malformed", prior: overlaid, pt: pt, resp: capResp("ollama", "tiny", Available, ""),
 			result: ProbeMalformed, lastSeq: 5},

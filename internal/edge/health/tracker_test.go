@@ -289,7 +289,7 @@ func TestRecoveryLoop(t *testing.T) {
 			{err: errors.New("send queue full")},
 			{resp: capResp("ollama", "tiny", Unknown, "8")},
 			{resp: capResp("ollama", "tiny", Unavailable, "9")},
-			{resp: capResp("ollama", "tiny", Available, "9")},  // stale: not above 9
+			{resp: capResp("ollama", "tiny", Available, "9")},   // stale: not above 9
 			{resp: capResp("ollama", "other", Available, "10")}, // names another binding
 			{resp: capResp("llama", "tiny", Available, "11")},   // names another binding
 			{resp: &iop.NodeCommandResponse{Error: "probe failed"}},
