@@ -22,6 +22,7 @@ import (
 	"iop/internal/edge/api"
 	"iop/internal/edge/config"
 	"iop/internal/edge/events"
+	"iop/internal/edge/health"
 	"iop/internal/edge/pool"
 	"iop/internal/edge/transport"
 	"iop/internal/identity"
@@ -40,6 +41,10 @@ type Options struct {
 	Started func(Addrs)
 	// ShutdownGrace bounds the HTTP drain on shutdown; 0 = 10 s.
 	ShutdownGrace time.Duration
+	// HealthProbeInterval is the recovery loop's period (SPEC H10); 0 =
+	// health.DefaultProbeInterval, bounded by health.MinProbeInterval and
+	// health.MaxProbeInterval.
+	HealthProbeInterval time.Duration
 }
 
 // Addrs are the bound listener addresses.
@@ -94,18 +99,28 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 
 	p := pool.New(PoolConfig(cfg), pool.SystemClock())
 	bus := &events.Bus{}
+	var ht *health.Tracker // set below, before any hook can run (Serve)
 	tr := transport.New(transport.Options{
 		TLS: tlsCfg, Config: current, Logger: log.With("component", "transport"), Events: bus,
 		Hooks: transport.Hooks{
 			OnReady: func(node string, gen uint64) { p.NodeReady(node, gen) },
-			OnFence: func(node string, gen uint64) { p.NodeFenced(node, gen) },
+			OnFence: func(node string, gen uint64) {
+				p.NodeFenced(node, gen)
+				ht.NodeFenced(node, gen) // H9: no overlay outlives its generation
+			},
 		},
 	})
-	h := api.New(api.Options{Config: current, Pool: p, Dispatcher: tr, Logger: log.With("component", "api")})
+	ht = health.New(health.Options{Overlay: p, Commander: tr, Logger: log.With("component", "health"),
+		ProbeInterval: o.HealthProbeInterval})
+	h := api.New(api.Options{Config: current, Pool: p, Dispatcher: tr, Health: ht, Logger: log.With("component", "api")})
 	if h.OpenMode() {
 		log.Warn("no api_keys configured: the HTTP API is open to anyone who can reach it")
 	}
-	adm := admin.New(admin.Options{Status: p, Events: bus, Pprof: cfg.Admin.Pprof, Version: o.Version})
+	var counters []admin.Counter
+	for _, m := range ht.Metrics() {
+		counters = append(counters, admin.Counter{Name: m.Name, Help: m.Help, Type: "counter", Samples: m.Samples})
+	}
+	adm := admin.New(admin.Options{Status: p, Events: bus, Metrics: counters, Pprof: cfg.Admin.Pprof, Version: o.Version})
 
 	listen := func(given net.Listener, addr string) (net.Listener, error) {
 		if given != nil {
@@ -141,9 +156,14 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	adminSrv := &http.Server{Handler: adm, ReadHeaderTimeout: 10 * time.Second}
 
 	trCtx, stopTransport := context.WithCancel(context.Background())
+	hctx, stopHealth := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	errc := make(chan error, 3)
-	wg.Add(3)
+	wg.Add(4)
+	go func() {
+		defer wg.Done()
+		ht.Run(hctx) // the recovery loop (SPEC H10)
+	}()
 	go func() {
 		defer wg.Done()
 		if err := tr.Serve(trCtx, nodeLn); err != nil && !errors.Is(err, transport.ErrServerClosed) {
@@ -195,6 +215,7 @@ loop:
 	cancel()
 	httpSrv.Close()
 	adminSrv.Close()
+	stopHealth()
 	stopTransport()
 	wg.Wait()
 	log.Info("edge stopped")

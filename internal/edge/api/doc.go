@@ -28,6 +28,19 @@
 // once. Exactly one terminal outcome is written per request: a success, an
 // error response before any byte, or an error event after bytes.
 //
+// # Stalls (SPEC H8, H11)
+//
+// A response_stalled terminal (RunEvent or ProviderTunnelFrame ERROR) goes
+// to Options.Health before the sink sees it: the evidence is validated
+// against the lease (transport identity, never payload identity) and a
+// validated stall gets provider_id, provider_health and
+// recovery_handoff="confirmed". With a confirmed handoff, on the first
+// attempt, while nothing was written and the client is there, the stalled
+// lease goes back and the request is re-dispatched once on a new lease
+// (waiting at most RedispatchWait); otherwise the stall is answered: 504
+// before any byte, an error event after bytes. Every lease goes back
+// exactly once; there is never a third attempt.
+//
 // # Statuses
 //
 // 400 bad input (the message names the field), 401 missing or wrong key,

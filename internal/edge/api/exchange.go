@@ -121,9 +121,19 @@ type exchange struct {
 	// lease, handed to drain, which releases the lease once the node
 	// confirms (SPEC Q2, E4).
 	handoff bool
-	head    head
-	tsink   tunnelSink
-	rsink   runSink
+	// released: lease went back (Q2); a re-dispatch releases the stalled
+	// lease before it takes the next one (H11).
+	released bool
+	req      pool.Request // the admission request, reused by a re-dispatch
+	attempt  int          // 0, or 1 after a re-dispatch (H11)
+	// redispatch: relay stopped at an eligible stall terminal without
+	// writing anything; this is the stall's error, answered when no
+	// second lease comes (H11).
+	redispatch *apiError
+	ok         bool // a success outcome was written
+	head       head
+	tsink      tunnelSink
+	rsink      runSink
 }
 
 // sink turns one stream's envelopes into the client response. handle's err
@@ -134,11 +144,15 @@ type sink interface {
 	handle(env *iop.Envelope) (done bool, err error)
 	fail(e *apiError) error
 	failure() *apiError
+	// wrote reports whether anything (the status line) reached the
+	// client; a stalled request is re-dispatched only before (SPEC H11).
+	wrote() bool
 }
 
 // serveModel runs one model request: read and validate the body, acquire a
 // lease (waiting in the queue), dispatch by lease type (SPEC Q3) and relay
 // the result. The lease is released exactly once, after the stream closed.
+// A stall before any byte may be re-dispatched once on a new lease (H11).
 func (h *Handler) serveModel(ctx context.Context, w http.ResponseWriter, r *http.Request, v *view, ep *endpoint) {
 	body, e := readBody(w, r, v.maxBody)
 	if e != nil {
@@ -155,8 +169,8 @@ func (h *Handler) serveModel(ctx context.Context, w http.ResponseWriter, r *http
 		writeError(w, ep.surface, e)
 		return
 	}
-	lease, err := h.o.Pool.Acquire(ctx, pool.Request{Model: hd.model, Operation: ep.operation,
-		PromptTokens: pool.EstimatePromptTokens(len(body))})
+	x.req = pool.Request{Model: hd.model, Operation: ep.operation, PromptTokens: pool.EstimatePromptTokens(len(body))}
+	lease, err := h.o.Pool.Acquire(ctx, x.req)
 	if err != nil {
 		if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
 			h.log.Debug("client left while queued", "model", hd.model) // SPEC Q4, T3: the pool removed the waiter
@@ -178,20 +192,26 @@ func (h *Handler) serveModel(ctx context.Context, w http.ResponseWriter, r *http
 			panic(http.ErrAbortHandler) // after the lease went back
 		}
 	}()
-	defer func() {
-		if !x.handoff {
-			h.o.Pool.Release(lease)
-		}
-	}()
+	defer h.releaseLease(x)
 
+	h.dispatch(x, body, hd)
+	if x.redispatch != nil {
+		h.redispatch(x, body, hd)
+	}
+}
+
+// dispatch sends the request on x.lease by lease type (SPEC Q3) and
+// relays the result.
+func (h *Handler) dispatch(x *exchange, body []byte, hd *head) {
+	l := x.lease
 	switch {
-	case lease.Type == config.TypeOpenAICompat:
+	case l.Type == config.TypeOpenAICompat:
 		h.tunnel(x, body, hd)
-	case lease.Type == config.TypeOllama && ep.chat:
+	case l.Type == config.TypeOllama && x.ep.chat:
 		h.run(x, body, hd)
 	default:
-		writeError(w, ep.surface, badGateway("operation_not_supported", "provider "+lease.Provider+" of type "+
-			lease.Type+" cannot serve "+ep.path))
+		writeError(x.out.w, x.ep.surface, badGateway("operation_not_supported", "provider "+l.Provider+" of type "+
+			l.Type+" cannot serve "+x.ep.path))
 	}
 }
 
@@ -297,6 +317,9 @@ func (h *Handler) relay(x *exchange, st dispatch.Stream, s sink) {
 			return
 		}
 		timer.Reset(wait)
+		if h.stalled(x, s, env) {
+			return // nothing written: serveModel re-dispatches (H11)
+		}
 		done, err := s.handle(env)
 		if err != nil {
 			st.Cancel("write_failed")
@@ -309,6 +332,8 @@ func (h *Handler) relay(x *exchange, st dispatch.Stream, s sink) {
 		if done {
 			if e := s.failure(); e != nil {
 				h.logFailure(x, st, e)
+			} else {
+				x.ok = true
 			}
 			return
 		}
@@ -429,6 +454,8 @@ func (s *runSink) handle(env *iop.Envelope) (bool, error) {
 func (s *runSink) fail(e *apiError) error { return s.conv.fail(e) }
 
 func (s *runSink) failure() *apiError { return s.conv.failed }
+
+func (s *runSink) wrote() bool { return s.conv.committed }
 
 // Client request headers a tunnel forwards (SPEC T4). Everything else —
 // Authorization, x-api-key, cookies, hop-by-hop and X-Iop-* headers — stays

@@ -69,6 +69,14 @@ type Options struct {
 	// waits for the node's terminal before it is released anyway; 0 means
 	// DefaultCancelDrainTimeout.
 	CancelDrainTimeout time.Duration
+	// Health, when set, takes every response_stalled terminal before the
+	// response is decided (SPEC H8) and the re-dispatch decisions (H11,
+	// H12). Without it no stall is re-dispatched.
+	Health Health
+	// RedispatchWait bounds the wait for a second lease when a stalled
+	// request is re-dispatched (SPEC H11); 0 means DefaultRedispatchWait,
+	// a negative value turns re-dispatch off.
+	RedispatchWait time.Duration
 	// OnUsage, when set, observes token usage reported by a run's COMPLETE
 	// event or a tunnel's USAGE frames (observation only; never merged into
 	// a body, SPEC T2). principal is "" in open mode.
@@ -100,6 +108,9 @@ func New(o Options) *Handler {
 	}
 	if o.CancelDrainTimeout <= 0 {
 		o.CancelDrainTimeout = DefaultCancelDrainTimeout
+	}
+	if o.RedispatchWait == 0 {
+		o.RedispatchWait = DefaultRedispatchWait
 	}
 	if o.ResponseWaitGrace <= 0 {
 		o.ResponseWaitGrace = DefaultResponseWaitGrace

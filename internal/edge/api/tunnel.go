@@ -149,4 +149,6 @@ func (s *tunnelSink) fail(e *apiError) error {
 
 func (s *tunnelSink) failure() *apiError { return s.failed }
 
+func (s *tunnelSink) wrote() bool { return s.committed }
+
 var _ http.Handler = (*Handler)(nil)
