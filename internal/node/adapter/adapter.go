@@ -7,7 +7,7 @@
 //
 // Guarantees, per request:
 //   - Run emits START (seq 1), DELTA*, then exactly one COMPLETE, ERROR or
-//     CANCELLED, seq strictly increasing, all from the calling goroutine,
+//     CANCELLED, seq strictly increasing, emit calls never overlapping,
 //     and returns after the terminal (SPEC E3). Rejections at the boundary
 //     (unknown adapter, bad stall timeout, over capacity…) are START + ERROR.
 //   - Tunnel emits RESPONSE_START? (BODY | USAGE)* (END | ERROR), seq from 1,
@@ -15,6 +15,10 @@
 //     observed beside them (SPEC T2).
 //   - Cancelling ctx aborts the upstream HTTP request; the stream still ends
 //     with one terminal (SPEC E5, E6, T3).
+//   - A provider that sends nothing for the stall timeout ends the request
+//     with one "response_stalled" terminal carrying ExecutionFailure; a
+//     fenced call that ignores its cancel keeps its capacity slot until it
+//     returns (SPEC H1–H7; see Run).
 //
 // The package never queues (over capacity is an immediate error, SPEC E4),
 // never treats RunRequest.metadata as control input (SPEC E7), never parses
@@ -22,9 +26,10 @@
 // hop-by-hop or Edge-internal headers upstream (SPEC T4), never reads the
 // environment itself (Options.LookupEnv) and never logs a secret or a body.
 //
-// Goroutines: none of its own. Run, Tunnel and Probe run on the caller's
-// goroutine; the HTTP client may start its own connection goroutines, which
-// Close releases when idle.
+// Goroutines: Run and Tunnel make their provider call on one goroutine of
+// their own and, after a stall, probe on another; both have ended when Run
+// or Tunnel returns. Probe runs on the caller's goroutine. The HTTP client
+// may start its own connection goroutines, which Close releases when idle.
 package adapter
 
 import (
@@ -53,8 +58,8 @@ const (
 )
 
 // Failure codes of ERROR terminals (RunEvent.failure_code,
-// ProviderTunnelFrame.failure_code). "response_stalled" belongs to the stall
-// watchdog (SPEC H1).
+// ProviderTunnelFrame.failure_code). CodeResponseStalled (stall.go) belongs
+// to the stall watchdog (SPEC H1).
 const (
 	CodeUnknownAdapter       = "unknown_adapter"
 	CodeOverCapacity         = "over_capacity"
@@ -80,6 +85,7 @@ const (
 const (
 	DefaultStallTimeout = 300000 * time.Millisecond // SPEC E2
 	DefaultProbeTimeout = 2 * time.Second           // DESIGN.md health probe timeout
+	DefaultCloseGrace   = 2 * time.Second           // DESIGN.md stall close grace (SPEC H1, H7)
 	DefaultOllamaURL    = "http://127.0.0.1:11434"  // Ollama's own default
 	MaxBodyFrame        = 32 << 10                  // bytes per BODY frame (SPEC T2)
 )
@@ -120,6 +126,11 @@ type Options struct {
 	DefaultStallTimeout time.Duration
 	// ProbeTimeout bounds one Probe; 0 = 2 s.
 	ProbeTimeout time.Duration
+	// StallCloseGrace is how long a fenced attempt (stall, cancel or
+	// deadline) waits for its provider call to return before the terminal
+	// goes out anyway (fence "unconfirmed", slot kept until the return;
+	// SPEC H1, H7); 0 = 2 s.
+	StallCloseGrace time.Duration
 	// ReuseBodyBuffers lets Tunnel reuse the Body slice of a BODY frame after
 	// emit returns (1 allocation per frame instead of 2). Set it only when
 	// emit serializes or copies the frame before returning.
@@ -136,6 +147,7 @@ type Set struct {
 	log       *slog.Logger
 	stallDef  time.Duration
 	probeTO   time.Duration
+	grace     time.Duration
 	reuseBody bool
 	creds     bool // NodeRuntimeConfig.credentials_enabled (SPEC C4)
 	bufs      sync.Pool
@@ -175,6 +187,7 @@ func NewSet(cfg *iop.NodeConfigPayload, o Options) (*Set, error) {
 		log:       o.Logger,
 		stallDef:  o.DefaultStallTimeout,
 		probeTO:   o.ProbeTimeout,
+		grace:     o.StallCloseGrace,
 		reuseBody: o.ReuseBodyBuffers,
 		creds:     cfg.GetRuntime().GetCredentialsEnabled(),
 	}
@@ -189,6 +202,9 @@ func NewSet(cfg *iop.NodeConfigPayload, o Options) (*Set, error) {
 	}
 	if s.probeTO <= 0 {
 		s.probeTO = DefaultProbeTimeout
+	}
+	if s.grace <= 0 {
+		s.grace = DefaultCloseGrace
 	}
 	s.bufs.New = func() any { b := make([]byte, MaxBodyFrame); return &b }
 	for i, ac := range cfg.GetAdapters() {

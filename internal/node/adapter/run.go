@@ -7,6 +7,7 @@ import (
 	"math"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"iop/internal/node/adapter/upstream"
@@ -18,10 +19,25 @@ import (
 // exactly one terminal — COMPLETE (content, finish_reason, usage, metadata
 // "openai_tool_calls" / "openai_text_tool_fallback"), ERROR (error and
 // failure_code; upstream_status for a non-2xx answer) or CANCELLED — with seq
-// strictly increasing and adapter/target set on every event. It returns after
-// the terminal was emitted. Every event is a fresh value that emit may keep;
-// emit is called only from the calling goroutine and never after Run
-// returns; it may block briefly.
+// strictly increasing and adapter/target set on every event. Every event is
+// a fresh value that emit may keep. emit calls never overlap (deltas come
+// from the provider call's goroutine, the terminal from the calling one),
+// never happen after Run returns, and may block briefly.
+//
+// Stall watchdog (SPEC H1–H7): when the provider sends nothing — no
+// headers, no body bytes — for the effective response_stall_timeout_ms
+// (request, then adapter, then Options.DefaultStallTimeout; 300000 ms), the
+// attempt is cancelled and fenced (later deltas are dropped), then the close
+// grace (Options.StallCloseGrace, 2 s) and one exact-target Probe run side
+// by side, and the run ends with ERROR failure_code "response_stalled",
+// Failure (ExecutionFailure: provider_health, liveness_classification,
+// idle_ms, node_run_id = runID, attempt_id = runID+"/1", fence, adapter,
+// target; health_observation_seq 0 for the session to stamp) and the
+// allow-listed Meta* metadata. Any other failure leaves Failure nil (H4). A
+// cancel or deadline that comes first keeps its own terminal (H7). Run
+// returns after the terminal and after the provider call returned: when a
+// fenced call does not return within the close grace, the terminal goes out
+// (fence "unconfirmed") and the capacity slot stays taken until it does.
 //
 // Boundary checks before any provider call, each an ERROR terminal: unknown
 // adapter (unknown_adapter, SPEC E1), response_stall_timeout_ms negative or
@@ -55,36 +71,54 @@ func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit f
 		return
 	}
 	release := sync.OnceFunc(inst.gate.release)
-	rs.beforeTerminal = release
-	defer release()
+	rs.release = release
+	defer release() // after the call returned, even when the terminal went out before (SPEC H7)
 
-	runCtx, cancel := a.context(ctx)
-	defer cancel()
+	runCtx := a.begin(ctx)
+	defer a.cancel(nil)
 	hooks := upstream.Hooks{
 		OnDelta:    func(text string) { rs.send(&iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_DELTA, Delta: text}) },
 		OnActivity: a.activity,
 	}
-	res, err := s.callRunner(runCtx, inst, req, hooks, runID)
+	s.supervise(ctx, a, runID, inst.name, req.GetTarget(), attemptIO{
+		call: func() func() {
+			res, err := s.callRunner(runCtx, inst, req, hooks, runID)
+			return func() { rs.end(s.runTerminal(ctx, runCtx, inst.name, runID, res, err), true) }
+		},
+		fenced: func(st *stallTerminal, returnSlot bool) {
+			if st != nil {
+				rs.end(stallEvent(st), returnSlot)
+				return
+			}
+			rs.end(s.runTerminal(ctx, runCtx, inst.name, runID, upstream.Result{}, a.pendingErr()), returnSlot)
+		},
+		fence: rs.fence,
+	})
+}
+
+// runTerminal is the terminal of a run whose call ended with res, err:
+// COMPLETE, CANCELLED when ctx ended, else ERROR with the classified code.
+func (s *Set) runTerminal(ctx, runCtx context.Context, adapter, runID string, res upstream.Result, err error) *iop.RunEvent {
 	switch {
 	case err == nil:
-		rs.send(&iop.RunEvent{
+		return &iop.RunEvent{
 			Type:         iop.RunEventType_RUN_EVENT_COMPLETE,
 			Content:      res.Content,
 			FinishReason: res.FinishReason,
 			Usage:        res.Usage,
 			Metadata:     res.Metadata,
-		})
+		}
 	case ctx.Err() != nil:
-		rs.send(&iop.RunEvent{
+		return &iop.RunEvent{
 			Type:        iop.RunEventType_RUN_EVENT_CANCELLED,
 			Error:       fmt.Sprintf("run cancelled: %v", context.Cause(ctx)),
 			FailureCode: CodeCancelled,
-		})
-	default:
-		code, status := classify(runCtx, err)
-		s.log.Debug("adapter run failed", "adapter", inst.name, "run_id", runID, "failure_code", code, "upstream_status", status)
-		rs.fail(code, fmt.Sprintf("adapter %q: %v", inst.name, err), status)
+		}
 	}
+	code, status := classify(runCtx, err)
+	s.log.Debug("adapter run failed", "adapter", adapter, "run_id", runID, "failure_code", code, "upstream_status", status)
+	return &iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_ERROR, Error: fmt.Sprintf("adapter %q: %v", adapter, err),
+		FailureCode: code, UpstreamStatus: status}
 }
 
 // callRunner calls the instance's runner, turning a panic into an error so
@@ -116,27 +150,6 @@ func classify(runCtx context.Context, err error) (string, int32) {
 		return CodeInternal, 0
 	}
 	return CodeUpstreamError, 0
-}
-
-// attempt is the admitted provider call of one run or tunnel. The stall
-// watchdog (SPEC H1, a later change) hooks in here: it arms a timer of
-// stall, re-armed by activity, and cancels the attempt's context when it
-// fires.
-type attempt struct {
-	stall    time.Duration // effective response-stall timeout (SPEC E2)
-	deadline time.Duration // timeout_sec; 0 = none
-}
-
-// activity is called after every upstream read that returned bytes.
-func (a *attempt) activity() {}
-
-// context derives the attempt's context: ctx plus the hard deadline, whose
-// expiry has errRunDeadline as cause.
-func (a *attempt) context(ctx context.Context) (context.Context, context.CancelFunc) {
-	if a.deadline > 0 {
-		return context.WithTimeoutCause(ctx, a.deadline, errRunDeadline)
-	}
-	return context.WithCancel(ctx)
 }
 
 // admit applies the boundary checks shared by runs and tunnels: stall
@@ -180,25 +193,53 @@ func (s *Set) checkCredentials(hasLease, hasBinding bool) (string, error) {
 	return "", nil
 }
 
-// runStream numbers and emits the events of one run.
+// runStream numbers and emits the events of one run. Its methods are safe
+// for concurrent use (the provider call's goroutine sends deltas, supervise
+// sends the terminal); emit calls never overlap.
 type runStream struct {
+	mu              sync.Mutex
 	emit            func(*iop.RunEvent)
 	seq             uint64
+	ended           bool
+	fenced          atomic.Bool
 	adapter, target string
-	// beforeTerminal, when set, runs once just before the terminal event is
-	// emitted: it returns the capacity slot, so that the Edge, which
+	// release, when set, returns the capacity slot; end calls it just
+	// before a terminal that may return it, so that the Edge, which
 	// releases its lease on the terminal and may dispatch the next waiter
 	// at once, never finds the slot still taken (SPEC E4, Q2).
-	beforeTerminal func()
+	release func()
 }
 
+// send emits a non-terminal event; it is dropped once the attempt is
+// fenced or the run ended.
 func (r *runStream) send(ev *iop.RunEvent) {
-	switch ev.Type {
-	case iop.RunEventType_RUN_EVENT_COMPLETE, iop.RunEventType_RUN_EVENT_ERROR, iop.RunEventType_RUN_EVENT_CANCELLED:
-		if r.beforeTerminal != nil {
-			r.beforeTerminal()
-		}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ended || r.fenced.Load() {
+		return
 	}
+	r.put(ev)
+}
+
+// end emits the terminal event, once. returnSlot: return the capacity slot
+// first; otherwise it stays taken until Run returns (SPEC H7).
+func (r *runStream) end(ev *iop.RunEvent, returnSlot bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ended {
+		return
+	}
+	r.ended = true
+	if returnSlot && r.release != nil {
+		r.release()
+	}
+	r.put(ev)
+}
+
+// fence drops every later non-terminal event (the attempt was fenced).
+func (r *runStream) fence() { r.fenced.Store(true) }
+
+func (r *runStream) put(ev *iop.RunEvent) {
 	r.seq++
 	ev.Seq = r.seq
 	ev.Adapter = r.adapter
@@ -207,5 +248,5 @@ func (r *runStream) send(ev *iop.RunEvent) {
 }
 
 func (r *runStream) fail(code, msg string, status int32) {
-	r.send(&iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_ERROR, Error: msg, FailureCode: code, UpstreamStatus: status})
+	r.end(&iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_ERROR, Error: msg, FailureCode: code, UpstreamStatus: status}, true)
 }

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	iop "iop/proto/gen/iop"
 )
@@ -29,10 +30,15 @@ import (
 // Every frame is a fresh value that emit may keep (e.g. queue for a writer
 // goroutine), and so is a BODY frame's Body — unless
 // Options.ReuseBodyBuffers is set: then Body is valid only until emit
-// returns, and emit must serialize or copy it first. emit is called only
-// from the calling goroutine and never after Tunnel returns; it may block
-// briefly (back-pressure from the session's send queue slows the upstream
-// read).
+// returns, and emit must serialize or copy it first. emit calls never
+// overlap (frames come from the provider call's goroutine, the terminal from
+// the calling one), never happen after Tunnel returns, and may block briefly
+// (back-pressure from the session's send queue slows the upstream read).
+//
+// Stall watchdog: as Run's (SPEC H1–H7) — the response headers and every
+// read that returned bytes are activity; a stall ends the tunnel, after
+// whatever BODY frames were sent, with ERROR failure_code
+// "response_stalled", Failure and the allow-listed Meta* metadata.
 //
 // The path is the profile's path for req.operation, or req.path when the
 // operation is empty; a path that is absolute, has a host or escapes the
@@ -76,23 +82,36 @@ func (s *Set) Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelR
 		return
 	}
 	release := sync.OnceFunc(inst.gate.release)
-	ts.beforeTerminal = release
-	defer release()
-	runCtx, cancel := a.context(ctx)
-	defer cancel()
-	s.relay(ctx, runCtx, inst, a, method, path, req, ts)
+	ts.release = release
+	defer release() // after the call returned, even when the terminal went out before (SPEC H7)
+	runCtx := a.begin(ctx)
+	defer a.cancel(nil)
+	s.supervise(ctx, a, runID, inst.name, req.GetTarget(), attemptIO{
+		call: func() func() {
+			f := s.relay(ctx, runCtx, inst, a, method, path, req, ts)
+			return func() { ts.end(f, true) }
+		},
+		fenced: func(st *stallTerminal, returnSlot bool) {
+			if st != nil {
+				ts.end(stallFrame(st), returnSlot)
+				return
+			}
+			ts.end(failFrame(ctx, runCtx, inst.name, "upstream request", a.pendingErr()), returnSlot)
+		},
+		fence: ts.fence,
+	})
 }
 
-// relay sends the request and streams the answer into frames.
-func (s *Set) relay(ctx, runCtx context.Context, inst *instance, a *attempt, method, path string, req *iop.ProviderTunnelRequest, ts *tunnelStream) {
+// relay sends the request and streams the answer into frames; it returns
+// the terminal frame (END or ERROR) for the caller to emit.
+func (s *Set) relay(ctx, runCtx context.Context, inst *instance, a *attempt, method, path string, req *iop.ProviderTunnelRequest, ts *tunnelStream) *iop.ProviderTunnelFrame {
 	var body io.Reader = http.NoBody
 	if len(req.GetBody()) > 0 {
 		body = bytes.NewReader(req.GetBody())
 	}
 	hreq, err := inst.ep.NewRequest(runCtx, method, path, body)
 	if err != nil {
-		ts.fail(CodeInvalidRequest, err.Error())
-		return
+		return errorFrame(CodeInvalidRequest, err.Error())
 	}
 	forwardHeaders(hreq.Header, req.GetHeaders())
 	if len(req.GetBody()) > 0 && hreq.Header.Get("Content-Type") == "" {
@@ -100,11 +119,10 @@ func (s *Set) relay(ctx, runCtx context.Context, inst *instance, a *attempt, met
 	}
 	resp, err := inst.ep.Client.Do(hreq)
 	if err != nil {
-		ts.failAttempt(ctx, runCtx, inst.name, "upstream request", err)
-		return
+		return failFrame(ctx, runCtx, inst.name, "upstream request", err)
 	}
 	defer resp.Body.Close()
-	a.activity()
+	a.activity() // the response headers arrived (SPEC H1)
 	ts.send(&iop.ProviderTunnelFrame{
 		Kind:    iop.TunnelFrameKind_TUNNEL_FRAME_RESPONSE_START,
 		Status:  int32(resp.StatusCode),
@@ -117,7 +135,7 @@ func (s *Set) relay(ctx, runCtx context.Context, inst *instance, a *attempt, met
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
-			a.activity()
+			a.activity() // any bytes, SSE comments and keep-alives included (SPEC H1)
 			chunk := buf[:n]
 			if !s.reuseBody {
 				chunk = bytes.Clone(chunk)
@@ -131,12 +149,10 @@ func (s *Set) relay(ctx, runCtx context.Context, inst *instance, a *attempt, met
 			if u := scan.finish(); u != nil {
 				ts.send(&iop.ProviderTunnelFrame{Kind: iop.TunnelFrameKind_TUNNEL_FRAME_USAGE, Usage: u})
 			}
-			ts.send(&iop.ProviderTunnelFrame{Kind: iop.TunnelFrameKind_TUNNEL_FRAME_END})
-			return
+			return &iop.ProviderTunnelFrame{Kind: iop.TunnelFrameKind_TUNNEL_FRAME_END}
 		}
 		if rerr != nil {
-			ts.failAttempt(ctx, runCtx, inst.name, "upstream read", rerr)
-			return
+			return failFrame(ctx, runCtx, inst.name, "upstream read", rerr)
 		}
 	}
 }
@@ -209,19 +225,51 @@ func responseHeaders(h http.Header) []*iop.Header {
 	return out
 }
 
-// tunnelStream numbers and emits the frames of one tunnel.
+// tunnelStream numbers and emits the frames of one tunnel. Its methods are
+// safe for concurrent use (the provider call's goroutine sends RESPONSE_START,
+// BODY and USAGE, supervise sends the terminal); emit calls never overlap.
 type tunnelStream struct {
+	mu              sync.Mutex
 	emit            func(*iop.ProviderTunnelFrame)
 	seq             uint64
+	ended           bool
+	fenced          atomic.Bool
 	adapter, target string
-	// beforeTerminal: as runStream's, before END or ERROR.
-	beforeTerminal func()
+	// release: as runStream's, before END or ERROR.
+	release func()
 }
 
+// send emits a non-terminal frame; it is dropped once the attempt is fenced
+// or the tunnel ended.
 func (t *tunnelStream) send(f *iop.ProviderTunnelFrame) {
-	if (f.Kind == iop.TunnelFrameKind_TUNNEL_FRAME_END || f.Kind == iop.TunnelFrameKind_TUNNEL_FRAME_ERROR) && t.beforeTerminal != nil {
-		t.beforeTerminal()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.ended || t.fenced.Load() {
+		return
 	}
+	t.put(f)
+}
+
+// end emits the terminal frame (END or ERROR), once. returnSlot: return the
+// capacity slot first; otherwise it stays taken until Tunnel returns (SPEC
+// H7).
+func (t *tunnelStream) end(f *iop.ProviderTunnelFrame, returnSlot bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.ended {
+		return
+	}
+	t.ended = true
+	if returnSlot && t.release != nil {
+		t.release()
+	}
+	t.put(f)
+}
+
+// fence drops every later non-terminal frame (the attempt was fenced).
+func (t *tunnelStream) fence() { t.fenced.Store(true) }
+
+func (t *tunnelStream) put(f *iop.ProviderTunnelFrame) {
 	t.seq++
 	f.Seq = t.seq
 	f.Adapter = t.adapter
@@ -233,24 +281,30 @@ func (t *tunnelStream) send(f *iop.ProviderTunnelFrame) {
 // other frame), keeping the relay to one allocation per frame besides the
 // body.
 func (t *tunnelStream) sendBody(b []byte) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.ended || t.fenced.Load() {
+		return
+	}
 	t.seq++
 	t.emit(&iop.ProviderTunnelFrame{Seq: t.seq, Kind: iop.TunnelFrameKind_TUNNEL_FRAME_BODY, Body: b})
 }
 
-func (t *tunnelStream) fail(code, msg string) {
-	t.send(&iop.ProviderTunnelFrame{Kind: iop.TunnelFrameKind_TUNNEL_FRAME_ERROR, Error: msg, FailureCode: code})
+func (t *tunnelStream) fail(code, msg string) { t.end(errorFrame(code, msg), true) }
+
+func errorFrame(code, msg string) *iop.ProviderTunnelFrame {
+	return &iop.ProviderTunnelFrame{Kind: iop.TunnelFrameKind_TUNNEL_FRAME_ERROR, Error: msg, FailureCode: code}
 }
 
-// failAttempt ends the tunnel after a failed request or read: cancelled when
+// failFrame is the terminal of a failed request or read: cancelled when
 // ctx ended (SPEC E5, T3), timeout when timeout_sec expired, upstream_error
 // otherwise.
-func (t *tunnelStream) failAttempt(ctx, runCtx context.Context, adapter, what string, err error) {
+func failFrame(ctx, runCtx context.Context, adapter, what string, err error) *iop.ProviderTunnelFrame {
 	switch {
 	case ctx.Err() != nil:
-		t.fail(CodeCancelled, fmt.Sprintf("tunnel cancelled: %v", context.Cause(ctx)))
+		return errorFrame(CodeCancelled, fmt.Sprintf("tunnel cancelled: %v", context.Cause(ctx)))
 	case runCtx.Err() != nil && errors.Is(context.Cause(runCtx), errRunDeadline):
-		t.fail(CodeTimeout, fmt.Sprintf("adapter %q: %s: %v", adapter, what, errRunDeadline))
-	default:
-		t.fail(CodeUpstreamError, fmt.Sprintf("adapter %q: %s: %v", adapter, what, err))
+		return errorFrame(CodeTimeout, fmt.Sprintf("adapter %q: %s: %v", adapter, what, errRunDeadline))
 	}
+	return errorFrame(CodeUpstreamError, fmt.Sprintf("adapter %q: %s: %v", adapter, what, err))
 }

@@ -49,6 +49,7 @@ func (d *Driver) Run(ctx context.Context, target string, in *iop.RunInput, h ups
 	if err != nil {
 		return upstream.Result{}, err
 	}
+	h.Activity() // the response headers arrived (SPEC H1)
 	defer resp.Body.Close()
 	return readChatStream(h.Body(resp.Body), h)
 }

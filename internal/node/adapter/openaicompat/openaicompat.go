@@ -98,6 +98,7 @@ func (d *Driver) attempt(ctx context.Context, target string, in *iop.RunInput, t
 	if err != nil {
 		return upstream.Result{}, err
 	}
+	h.Activity() // the response headers arrived (SPEC H1)
 	defer resp.Body.Close()
 	return ReadChatStream(h.Body(resp.Body), h)
 }

@@ -179,9 +179,20 @@ func ErrorMessage(body []byte, fallback string) string {
 type Hooks struct {
 	// OnDelta receives each piece of assistant text as it is read.
 	OnDelta func(text string)
-	// OnActivity is called after every upstream read that returned bytes;
-	// the stall watchdog (SPEC H1) measures idleness from it.
+	// OnActivity is called when the response headers arrive and after
+	// every upstream read that returned bytes; the stall watchdog (SPEC H1)
+	// measures idleness from it. It must be cheap and safe to call from the
+	// provider call's goroutine.
 	OnActivity func()
+}
+
+// Activity calls OnActivity when set; drivers call it when the response
+// headers arrive (SPEC H1: a stall before the first body byte still counts
+// from there).
+func (h Hooks) Activity() {
+	if h.OnActivity != nil {
+		h.OnActivity()
+	}
 }
 
 // Delta calls OnDelta when set and text is non-empty.

@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"testing/iotest"
 )
 
 // E8, E9: the provider's own message is extracted from its error body.
@@ -88,5 +89,29 @@ func TestSameModel(t *testing.T) {
 		if got := SameModel(tc.listed, tc.target); got != tc.want {
 			t.Errorf("H10: SameModel(%q, %q) = %v, want %v", tc.listed, tc.target, got, tc.want)
 		}
+	}
+}
+
+// H1: the watchdog's activity hook fires on the headers (Activity) and on
+// every read that returned bytes, never on an empty read; nil hooks are
+// no-ops.
+func TestHooksActivity(t *testing.T) {
+	n := 0
+	h := Hooks{OnActivity: func() { n++ }}
+	h.Activity()
+	r := h.Body(iotest.OneByteReader(strings.NewReader("ab")))
+	buf := make([]byte, 8)
+	for {
+		if _, err := r.Read(buf); err != nil {
+			break
+		}
+	}
+	if n != 3 {
+		t.Fatalf("H1: %d activity calls for the headers and 2 one-byte reads, want 3", n)
+	}
+	var none Hooks
+	none.Activity()
+	if got := none.Body(strings.NewReader("x")); got == nil {
+		t.Fatal("H1: Body without a hook returned nil")
 	}
 }

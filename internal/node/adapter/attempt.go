@@ -1,0 +1,178 @@
+package adapter
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"time"
+
+	iop "iop/proto/gen/iop"
+)
+
+// errStalled is the cause of an attempt context cancelled by the stall
+// watchdog (SPEC H1).
+var errStalled = errors.New("response stalled")
+
+// attempt is the admitted provider call of one run or tunnel and its stall
+// watchdog (SPEC H1–H7).
+type attempt struct {
+	stall    time.Duration // effective response-stall timeout (SPEC E2)
+	deadline time.Duration // timeout_sec; 0 = none
+
+	// Set by begin.
+	ctx    context.Context // the caller's ctx + timeout_sec + the stall fence
+	cancel context.CancelCauseFunc
+	start  time.Time
+	last   atomic.Int64 // attempt clock (ns) at the last activity; written by the call goroutine
+}
+
+// begin derives the attempt context from ctx: the hard deadline, whose
+// expiry has errRunDeadline as cause, and the watchdog's cancel, whose cause
+// is errStalled. The caller must call a.cancel when the attempt is over.
+func (a *attempt) begin(ctx context.Context) context.Context {
+	a.start = time.Now()
+	inner, cancel := context.WithCancelCause(ctx)
+	a.ctx, a.cancel = inner, cancel
+	if a.deadline > 0 {
+		dctx, stop := context.WithTimeoutCause(inner, a.deadline, errRunDeadline)
+		a.ctx = dctx
+		a.cancel = func(cause error) { cancel(cause); stop() }
+	}
+	return a.ctx
+}
+
+// activity is called when the response headers arrive and after every
+// upstream read that returned bytes (SPEC H1). Any bytes count: SSE
+// comments and keep-alive lines are activity too, because the watchdog
+// observes the transport, not the content — a provider that keeps its
+// stream alive is not stalled, and a hard limit on a live but slow stream
+// is timeout_sec's job.
+func (a *attempt) activity() { a.last.Store(int64(time.Since(a.start))) }
+
+// attemptIO is what supervise needs from one run or tunnel.
+type attemptIO struct {
+	// call makes the provider call (on a goroutine of its own) and returns
+	// the emitter of the terminal the call itself ended with.
+	call func() (own func())
+	// fenced emits the terminal of a fenced attempt: the stall terminal
+	// when st is set, otherwise the cancel or timeout terminal of a call
+	// that has not returned within the close grace. returnSlot: give the
+	// capacity slot back first (the call has returned); otherwise it stays
+	// taken until the call returns (SPEC H7).
+	fenced func(st *stallTerminal, returnSlot bool)
+	// fence drops every later non-terminal event or frame.
+	fence func()
+}
+
+// supervise runs io.call on a goroutine of its own under the attempt's
+// stall watchdog and ends the stream with exactly one terminal (SPEC H1,
+// H7). It returns once the terminal is out and the call has returned, so
+// the caller's deferred slot release and the session's run entry outlive a
+// call that ignores its cancel. At most two goroutines of its own (the call
+// and, after a stall, the probe); both have ended when it returns.
+func (s *Set) supervise(ctx context.Context, a *attempt, runID, adapter, target string, io attemptIO) {
+	returned := make(chan func(), 1)
+	go func() { returned <- io.call() }()
+	w, fx := newWatch(a.stall)
+	stallT := time.NewTimer(fx.arm)
+	defer stallT.Stop()
+	var graceT *time.Timer
+	var graceC <-chan time.Time
+	defer func() {
+		if graceT != nil {
+			graceT.Stop()
+		}
+	}()
+	var probed chan string
+	runDone := a.ctx.Done()
+	var own func()
+	for {
+		var ev watchEvent
+		select {
+		case <-stallT.C:
+			ev = watchEvent{kind: evStallTimer, now: time.Since(a.start), last: time.Duration(a.last.Load())}
+			if runDone != nil && a.ctx.Err() != nil { // a cancel or deadline of the same instant wins (SPEC H7)
+				runDone, ev = nil, a.ctxEvent(ctx)
+			}
+		case own = <-returned:
+			ev.kind = evReturned
+		case <-runDone:
+			runDone, ev = nil, a.ctxEvent(ctx)
+		case <-graceC:
+			ev.kind = evGraceOver
+		case h := <-probed:
+			ev = watchEvent{kind: evProbed, health: h}
+		}
+		w, fx = w.step(ev)
+		if fx.arm > 0 {
+			stallT.Reset(fx.arm)
+		}
+		if fx.fence {
+			io.fence()
+		}
+		if fx.cancel {
+			a.cancel(errStalled)
+		}
+		if fx.startGrace {
+			graceT = time.NewTimer(s.grace)
+			graceC = graceT.C
+		}
+		if fx.probe {
+			probed = make(chan string, 1)
+			go func() { probed <- s.Probe(ctx, adapter, target) }() // bounded by ProbeTimeout; awaited before the terminal
+		}
+		switch fx.emit {
+		case emitOwn:
+			own()
+		case emitStall:
+			st := w.report(runID, adapter, target)
+			f := st.failure
+			s.log.Warn("response stalled", "adapter", adapter, "run_id", runID, "idle_ms", f.GetIdleMs(),
+				"provider_health", f.GetProviderHealth(), "fence", f.GetFence())
+			io.fenced(&st, fx.returnSlot)
+		case emitCtx:
+			io.fenced(nil, fx.returnSlot)
+		}
+		if fx.done {
+			return
+		}
+	}
+}
+
+// ctxEvent names why the attempt context ended: the caller's ctx, the
+// deadline, or (evNone) the watchdog's own cancel.
+func (a *attempt) ctxEvent(ctx context.Context) watchEvent {
+	switch {
+	case ctx.Err() != nil:
+		return watchEvent{kind: evCtxDone, cause: causeCancel}
+	case errors.Is(context.Cause(a.ctx), errRunDeadline):
+		return watchEvent{kind: evCtxDone, cause: causeDeadline}
+	}
+	return watchEvent{}
+}
+
+// pendingErr is the error of a fenced call that has not returned within
+// the close grace: the attempt context's cause, said so.
+func (a *attempt) pendingErr() error {
+	return &pendingError{cause: context.Cause(a.ctx)}
+}
+
+type pendingError struct{ cause error }
+
+func (e *pendingError) Error() string {
+	return e.cause.Error() + " (the provider call has not returned within the close grace)"
+}
+
+func (e *pendingError) Unwrap() error { return e.cause }
+
+// stallEvent is the RunEvent of a stall terminal.
+func stallEvent(st *stallTerminal) *iop.RunEvent {
+	return &iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_ERROR, Error: st.msg, FailureCode: CodeResponseStalled,
+		Failure: st.failure, Metadata: st.meta}
+}
+
+// stallFrame is the ProviderTunnelFrame of a stall terminal.
+func stallFrame(st *stallTerminal) *iop.ProviderTunnelFrame {
+	return &iop.ProviderTunnelFrame{Kind: iop.TunnelFrameKind_TUNNEL_FRAME_ERROR, Error: st.msg, FailureCode: CodeResponseStalled,
+		Failure: st.failure, Metadata: st.meta}
+}
