@@ -1,5 +1,7 @@
 # shellcheck shell=bash
-# ./run.sh bench [quick]: the end-to-end performance benchmark of issue 7.
+# ./run.sh bench [quick|hold]: the end-to-end performance benchmark of issue 7
+# (full: ~14 min; quick: ~3.5 min, for iteration; hold: the slow-stream runs
+# only).
 # Sourced by run.sh (which sets ROOT and log). Not part of CI.
 #
 # Separate processes on loopback, all started and stopped here:
@@ -242,12 +244,35 @@ bench_profile() {
   log "profiles for path $path in .run/bench/profiles/ ($(cut -c1-160 "$prof/run-$path.json"))"
 }
 
+# bench_hold PATH N: N slow streams on PATH; for the edge paths on a fresh
+# edge and node, with the edge's heap profile and goroutine count taken once
+# every stream is open (N ÷ 1,000/s ramp + 3 s).
+bench_hold() {
+  local p=$1 n=$2 prof="$BENCH_DIR/profiles" snap=""
+  if [ "$p" = c ] || [ "$p" = d ]; then
+    bench_restart_product || return 1
+    ( sleep $((n / 1000 + 3))
+      curl -fsS -m 20 -o "$prof/edge-heap-$p-$n.pprof" "http://$BENCH_ADMIN/debug/pprof/heap" || true
+      curl -fsS -m 20 -o "$prof/edge-goroutines-$p-$n.txt" "http://$BENCH_ADMIN/debug/pprof/goroutine?debug=1" || true
+    ) &
+    snap=$!
+  fi
+  bench_run hold "$p" slow 1 -streams "$n" -ramp 1000
+  if [ -n "$snap" ]; then
+    wait "$snap" || true
+    [ -s "$prof/edge-heap-$p-$n.pprof" ] && go tool pprof -top -sample_index=inuse_space -nodecount=25 \
+      "$BENCH_DIR/bin/edge" "$prof/edge-heap-$p-$n.pprof" >"$prof/edge-heap-$p-$n.top.txt" 2>&1
+  fi
+  return 0
+}
+
 bench_main() {
   local mode=${1:-full}
-  case $mode in full|quick) ;; *) echo "usage: ./run.sh bench [quick]" >&2; return 2 ;; esac
+  case $mode in full|quick|hold) ;; *) echo "usage: ./run.sh bench [quick|hold]" >&2; return 2 ;; esac
   local secs rounds holds
   if [ "$mode" = quick ]; then secs=${BENCH_SECONDS:-5}; rounds=${BENCH_ROUNDS:-1}; holds=${BENCH_HOLD:-1000}
   else secs=${BENCH_SECONDS:-10}; rounds=${BENCH_ROUNDS:-3}; holds=${BENCH_HOLD:-1000 10000}; fi
+  [ "$mode" = hold ] && rounds=0
   local rates=${BENCH_RATES:-500 1000 2000}
   BENCH_SLOW_DELAY=${BENCH_SLOW_DELAY:-1s}
   BENCH_HOLD_TOKENS=${BENCH_HOLD_TOKENS:-15}
@@ -277,19 +302,17 @@ bench_main() {
     for p in $order; do bench_run wrk "$p" ns "$round" -duration "$([ "$mode" = quick ] && echo 3s || echo 5s)"; done
     for p in $order; do bench_run stream "$p" stream "$round" -rate "$stream_rate" -duration "$([ "$mode" = quick ] && echo 3s || echo 4s)"; done
   done
-  bench_profile c
-  bench_profile d
-
-  bench_mem "after the runs above (HWM = their peak)"
+  if [ "$rounds" -gt 0 ]; then
+    bench_profile c
+    bench_profile d
+    bench_mem "after the runs above (HWM = their peak)"
+  fi
 
   # Slow streams: each edge path on a freshly started edge and node.
   local n
   for n in $holds; do
-    if [ "$n" -ge 10000 ]; then bench_run hold a slow 1 -streams "$n" -ramp 1000; fi
-    for p in c d; do
-      bench_restart_product || return 1
-      bench_run hold "$p" slow 1 -streams "$n" -ramp 1000
-    done
+    if [ "$n" -ge 10000 ]; then bench_hold a "$n"; fi
+    for p in c d; do bench_hold "$p" "$n" || return 1; done
   done
 
   "$BENCH_DIR/bin/iopbench" report -in "$BENCH_DIR/results.jsonl" >"$BENCH_DIR/results.md"

@@ -93,6 +93,8 @@ type record struct {
 
 	// Per process (edge, node): CPU µs per request, and memory.
 	CPUPerReq map[string]float64 `json:"cpu_us_per_req,omitempty"`
+	// SysPerReq: read ("<proc>_r") and write ("<proc>_w") syscalls per request.
+	SysPerReq map[string]float64 `json:"syscalls_per_req,omitempty"`
 	RSSBefore map[string]uint64  `json:"rss_before_kib,omitempty"`
 	RSS       map[string]uint64  `json:"rss_kib,omitempty"` // at the sample point (mem) or at peak in flight (hold)
 	HWM       map[string]uint64  `json:"hwm_kib,omitempty"`

@@ -104,22 +104,63 @@ func memKiB(pid int) (rss, hwm uint64, err error) {
 	return rss, hwm, nil
 }
 
-// cpuMeter measures utime+stime deltas of the sampled processes.
+// syscalls returns the read-class and write-class system calls pid made
+// (syscr, syscw in /proc/<pid>/io, proc(5)); recvmsg/sendmsg count too.
+func syscalls(pid int) (r, w uint64, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		return 0, 0, fmt.Errorf("%w: %v", ErrProc, err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, _ := strings.Cut(line, ":")
+		n, _ := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+		switch k {
+		case "syscr":
+			r = n
+		case "syscw":
+			w = n
+		}
+	}
+	return r, w, nil
+}
+
+// cpuMeter measures utime+stime and syscall-count deltas of the sampled
+// processes.
 type cpuMeter struct {
-	pids  map[string]int
-	start map[string]uint64
+	pids       map[string]int
+	start      map[string]uint64
+	sysr, sysw map[string]uint64
 }
 
 func startCPU(pids map[string]int) (*cpuMeter, error) {
-	m := &cpuMeter{pids: pids, start: map[string]uint64{}}
+	m := &cpuMeter{pids: pids, start: map[string]uint64{}, sysr: map[string]uint64{}, sysw: map[string]uint64{}}
 	for name, pid := range pids {
 		t, err := cpuTicks(pid)
 		if err != nil {
 			return nil, err
 		}
 		m.start[name] = t
+		m.sysr[name], m.sysw[name], _ = syscalls(pid) // /proc/<pid>/io needs the same user; 0 otherwise
 	}
 	return m, nil
+}
+
+// syscallsPerRequest returns read and write syscalls per request since
+// startCPU, keyed "<proc>_r" and "<proc>_w".
+func (m *cpuMeter) syscallsPerRequest(requests int) map[string]float64 {
+	if len(m.pids) == 0 || requests <= 0 {
+		return nil
+	}
+	out := map[string]float64{}
+	for name, pid := range m.pids {
+		r, w, err := syscalls(pid)
+		if err != nil {
+			continue
+		}
+		out[name+"_r"] = float64(r-m.sysr[name]) / float64(requests)
+		out[name+"_w"] = float64(w-m.sysw[name]) / float64(requests)
+	}
+	return out
 }
 
 // perRequest returns CPU µs per request since startCPU, per process.

@@ -109,6 +109,7 @@ func cmdRate(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	elapsed := time.Since(start)
+	sysPerReq := cpu.syscallsPerRequest(len(lat))
 	perReq, err := cpu.perRequest(len(lat))
 	if err != nil {
 		return err
@@ -118,6 +119,6 @@ func cmdRate(args []string, stdout, stderr io.Writer) error {
 		Kind: "rate", Path: c.path, Round: c.round, Rate: *rate,
 		Seconds: elapsed.Seconds(), Requests: len(lat), OK: ok, RPS: float64(len(lat)) / elapsed.Seconds(),
 		P50: us(quantile(lat, 0.50)), P90: us(quantile(lat, 0.90)), P99: us(quantile(lat, 0.99)), Max: us(quantile(lat, 1)),
-		CPUPerReq: perReq, Failures: errs.counts, Errors: errs.texts,
+		CPUPerReq: perReq, SysPerReq: sysPerReq, Failures: errs.counts, Errors: errs.texts,
 	})
 }

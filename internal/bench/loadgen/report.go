@@ -73,6 +73,7 @@ func cmdReport(args []string, stdout, stderr io.Writer) error {
 	reportRate(w, byKey)
 	reportWrk(w, byKey)
 	reportStream(w, byKey)
+	reportSys(w, byKey)
 	reportHold(w, holds)
 	reportMem(w, mems)
 	return nil
@@ -321,6 +322,54 @@ func reportStream(w io.Writer, byKey map[key]map[int]record) {
 				fmt.Fprintln(w, row)
 			}
 		}
+	}
+	fmt.Fprintln(w)
+}
+
+// reportSys tabulates read and write system calls per request of the
+// processes on each proxied path (from /proc/<pid>/io).
+func reportSys(w io.Writer, byKey map[key]map[int]record) {
+	type row struct {
+		k     key
+		label string
+	}
+	var rows []row
+	for _, kind := range []string{"rate", "wrk", "stream"} {
+		for _, rate := range rates(byKey, kind) {
+			for _, p := range []string{"b", "c", "d"} {
+				k := key{kind, p, rate}
+				rs := byKey[k]
+				if len(rs) == 0 || med(rs, func(r record) float64 { return float64(len(r.SysPerReq)) }) == 0 {
+					continue
+				}
+				label := map[string]string{"rate": fmt.Sprintf("open loop %d RPS", rate), "wrk": "closed loop (wrk)", "stream": fmt.Sprintf("100-chunk streams, %d/s", rate)}[kind]
+				rows = append(rows, row{k, label})
+			}
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "### System calls per request")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Read-class and write-class system calls (/proc/<pid>/io syscr, syscw) per request, median over rounds. For path b the edge columns are the floor proxy's.")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| load | path | edge reads | edge writes | node reads | node writes |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|")
+	for _, r := range rows {
+		rs := byKey[r.k]
+		proc := "edge"
+		if r.k.path == "b" {
+			proc = "floor"
+		}
+		col := func(name string) string {
+			return fmt.Sprintf("%.1f", med(rs, func(x record) float64 { return x.SysPerReq[name] }))
+		}
+		node := [2]string{"—", "—"}
+		if r.k.path != "b" {
+			node = [2]string{col("node_r"), col("node_w")}
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", r.label, r.k.path, col(proc+"_r"), col(proc+"_w"), node[0], node[1])
 	}
 	fmt.Fprintln(w)
 }

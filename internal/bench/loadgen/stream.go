@@ -226,6 +226,7 @@ func cmdStream(args []string, stdout, stderr io.Writer) error {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	sysPerReq := cpu.syscallsPerRequest(n)
 	perReq, err := cpu.perRequest(n)
 	if err != nil {
 		return err
@@ -247,6 +248,6 @@ func cmdStream(args []string, stdout, stderr io.Writer) error {
 		Requests: n, OK: len(firsts), RPS: float64(n) / elapsed.Seconds(),
 		FirstP50: us(quantile(firsts, 0.5)), FirstP99: us(quantile(firsts, 0.99)),
 		TotalP50: us(quantile(totals, 0.5)), TotalP99: us(quantile(totals, 0.99)),
-		CPUPerReq: perReq, Failures: errs.counts, Errors: errs.texts,
+		CPUPerReq: perReq, SysPerReq: sysPerReq, Failures: errs.counts, Errors: errs.texts,
 	})
 }

@@ -92,12 +92,13 @@ func cmdWrk(args []string, stdout, stderr io.Writer) error {
 	for _, v := range failures {
 		bad += v
 	}
+	sysPerReq := cpu.syscallsPerRequest(total)
 	perReq, err := cpu.perRequest(total)
 	if err != nil {
 		return err
 	}
 	return emit(stdout, record{
 		Kind: "wrk", Path: c.path, Round: c.round, Seconds: elapsed.Seconds(),
-		Requests: total, OK: max(0, total-bad), RPS: rps, CPUPerReq: perReq, Failures: failures,
+		Requests: total, OK: max(0, total-bad), RPS: rps, CPUPerReq: perReq, SysPerReq: sysPerReq, Failures: failures,
 	})
 }
