@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -70,23 +71,9 @@ func cmdWrk(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("wrk: %v: %s", err, out.String())
 	}
 	elapsed := time.Since(start)
-	m := wrkRPS.FindStringSubmatch(out.String())
-	n := wrkTotal.FindStringSubmatch(out.String())
-	if m == nil || n == nil {
-		return fmt.Errorf("wrk output not understood: %s", out.String())
-	}
-	rps, _ := strconv.ParseFloat(m[1], 64)
-	total, _ := strconv.Atoi(n[1])
-	failures := map[string]int{}
-	if f := wrkNon2xx.FindStringSubmatch(out.String()); f != nil {
-		failures["non_2xx"], _ = strconv.Atoi(f[1])
-	}
-	if f := wrkSocket.FindStringSubmatch(out.String()); f != nil {
-		for i, k := range []string{"connect", "read", "write", "timeout"} {
-			if v, _ := strconv.Atoi(f[i+1]); v > 0 {
-				failures[k] = v
-			}
-		}
+	rps, total, failures, err := parseWrk(out.String())
+	if err != nil {
+		return err
 	}
 	bad := 0
 	for _, v := range failures {
@@ -101,4 +88,31 @@ func cmdWrk(args []string, stdout, stderr io.Writer) error {
 		Kind: "wrk", Path: c.path, Round: c.round, Seconds: elapsed.Seconds(),
 		Requests: total, OK: max(0, total-bad), RPS: rps, CPUPerReq: perReq, SysPerReq: sysPerReq, Failures: failures,
 	})
+}
+
+// ErrWrkOutput: wrk's report did not have the Requests/sec and total lines.
+var ErrWrkOutput = errors.New("wrk output not understood")
+
+// parseWrk reads wrk's text report: Requests/sec, the total request count,
+// and the failures it lists (non-2xx/3xx answers, socket errors by kind).
+func parseWrk(out string) (rps float64, total int, failures map[string]int, err error) {
+	m := wrkRPS.FindStringSubmatch(out)
+	n := wrkTotal.FindStringSubmatch(out)
+	if m == nil || n == nil {
+		return 0, 0, nil, fmt.Errorf("%w: %.300s", ErrWrkOutput, out)
+	}
+	rps, _ = strconv.ParseFloat(m[1], 64)
+	total, _ = strconv.Atoi(n[1])
+	failures = map[string]int{}
+	if f := wrkNon2xx.FindStringSubmatch(out); f != nil {
+		failures["non_2xx"], _ = strconv.Atoi(f[1])
+	}
+	if f := wrkSocket.FindStringSubmatch(out); f != nil {
+		for i, k := range []string{"connect", "read", "write", "timeout"} {
+			if v, _ := strconv.Atoi(f[i+1]); v > 0 {
+				failures[k] = v
+			}
+		}
+	}
+	return rps, total, failures, nil
 }
