@@ -247,7 +247,8 @@ func (h *Handler) run(x *exchange, body []byte, hd *head) {
 		return
 	}
 	l := x.lease
-	req := &iop.RunRequest{Adapter: l.Provider, Target: l.Target, Input: in, ResponseStallTimeoutMs: l.StallTimeoutMs}
+	req := &iop.RunRequest{Adapter: l.Provider, Target: l.Target, Input: in, ResponseStallTimeoutMs: l.StallTimeoutMs,
+		Stream: hd.stream}
 	st, err := h.o.Dispatcher.StartRun(dispatch.Target{Node: l.Node, Generation: l.Generation}, req)
 	if err != nil {
 		h.startFailed(x, err)

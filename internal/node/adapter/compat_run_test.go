@@ -109,7 +109,7 @@ func TestRunOpenAICompat(t *testing.T) {
 			s := newSet(t, adapter.Options{}, compatAdapter("llama", llamaProfile(up.URL), 2))
 			in := userInput("Hi")
 			in.ToolsJson = []byte(tc.tools)
-			last, deltas := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Adapter: "llama", Target: "tiny", Input: in}))
+			last, deltas := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Stream: true, Adapter: "llama", Target: "tiny", Input: in}))
 			if last.GetType() != iop.RunEventType_RUN_EVENT_COMPLETE {
 				t.Fatalf("got %v %q, want COMPLETE", last.GetType(), last.GetError())
 			}
@@ -191,7 +191,7 @@ func TestRunOpenAICompatFailures(t *testing.T) {
 			leakcheck.Check(t)
 			up := newFake(t, tc.h)
 			s := newSet(t, adapter.Options{}, compatAdapter("llama", llamaProfile(up.URL), 1))
-			last, deltas := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Adapter: "llama", Target: "tiny", Input: userInput("Hi")}))
+			last, deltas := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Stream: true, Adapter: "llama", Target: "tiny", Input: userInput("Hi")}))
 			if last.GetType() != iop.RunEventType_RUN_EVENT_ERROR || last.GetFailureCode() != tc.code || last.GetUpstreamStatus() != tc.status {
 				t.Fatalf("got %v %q status %d (%q), want ERROR %q status %d", last.GetType(), last.GetFailureCode(), last.GetUpstreamStatus(), last.GetError(), tc.code, tc.status)
 			}
@@ -246,7 +246,7 @@ func TestRunTextToolFallback(t *testing.T) {
 				&iop.ChatMessage{Role: "user", Content: "Weather in Paris?"},
 				&iop.ChatMessage{Role: "assistant", ToolCallsJson: []byte(`[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]`)},
 				&iop.ChatMessage{Role: "tool", ToolCallId: "c1", Content: "sunny"})
-			last, _ := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Adapter: "llama", Target: "tiny", Input: in}))
+			last, _ := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Stream: true, Adapter: "llama", Target: "tiny", Input: in}))
 			if last.GetType() != iop.RunEventType_RUN_EVENT_COMPLETE || last.GetContent() != tinyReply {
 				t.Fatalf("got %v %q %q, want COMPLETE with the reply", last.GetType(), last.GetContent(), last.GetError())
 			}

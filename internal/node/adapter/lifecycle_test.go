@@ -44,7 +44,7 @@ func startWork(ctx context.Context, s *adapter.Set, tunnel bool, adapterName, ma
 			})
 			return
 		}
-		s.Run(ctx, "r-"+marker, &iop.RunRequest{Adapter: adapterName, Target: "tiny", Input: userInput(marker)}, func(ev *iop.RunEvent) {
+		s.Run(ctx, "r-"+marker, &iop.RunRequest{Stream: true, Adapter: adapterName, Target: "tiny", Input: userInput(marker)}, func(ev *iop.RunEvent) {
 			w.events = append(w.events, ev)
 			if ev.GetType() == iop.RunEventType_RUN_EVENT_DELTA {
 				signal()
@@ -219,7 +219,7 @@ func TestCapacityGateShared(t *testing.T) {
 			before := len(up.requests())
 
 			started := time.Now()
-			rejectedRun, _ := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Adapter: "one", Target: "tiny", Input: userInput("Hi")}))
+			rejectedRun, _ := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Stream: true, Adapter: "one", Target: "tiny", Input: userInput("Hi")}))
 			rejectedTun, _, _, _ := checkTunnel(t, tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Adapter: "one", Operation: adapter.OpChatCompletions, Body: []byte(`{}`)}))
 			if rejectedRun.GetFailureCode() != adapter.CodeOverCapacity || rejectedTun.GetFailureCode() != adapter.CodeOverCapacity {
 				t.Fatalf("E4: got run %q and tunnel %q, want over_capacity for both", rejectedRun.GetFailureCode(), rejectedTun.GetFailureCode())
@@ -231,13 +231,13 @@ func TestCapacityGateShared(t *testing.T) {
 				t.Fatalf("E4: %d upstream calls while over capacity", n)
 			}
 			// Another instance has its own gate.
-			if other, _ := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Adapter: "other", Target: "tiny", Input: userInput("Hi")})); other.GetType() != iop.RunEventType_RUN_EVENT_COMPLETE {
+			if other, _ := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Stream: true, Adapter: "other", Target: "tiny", Input: userInput("Hi")})); other.GetType() != iop.RunEventType_RUN_EVENT_COMPLETE {
 				t.Fatalf("E4: the other instance was blocked: %v %q", other.GetType(), other.GetError())
 			}
 			close(release)
 			holder.wait(t)
 			// The slot is back.
-			again, _ := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Adapter: "one", Target: "tiny", Input: userInput("Hi")}))
+			again, _ := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Stream: true, Adapter: "one", Target: "tiny", Input: userInput("Hi")}))
 			if again.GetType() != iop.RunEventType_RUN_EVENT_COMPLETE {
 				t.Fatalf("E4: after release got %v %q, want COMPLETE", again.GetType(), again.GetError())
 			}
@@ -252,7 +252,7 @@ func TestCapacityReturnedAfterFailures(t *testing.T) {
 	up := newFake(t, replay(s500, "application/json", b500))
 	s := newSet(t, adapter.Options{}, compatAdapter("one", llamaProfile(up.URL), 1))
 	for i := 0; i < 3; i++ {
-		last, _ := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Adapter: "one", Target: "tiny", Input: userInput("Hi")}))
+		last, _ := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Stream: true, Adapter: "one", Target: "tiny", Input: userInput("Hi")}))
 		if last.GetFailureCode() != adapter.CodeUpstreamStatus {
 			t.Fatalf("run %d: got %q, want upstream_status (a leaked slot would say over_capacity)", i, last.GetFailureCode())
 		}
@@ -273,7 +273,7 @@ func TestRunTimeout(t *testing.T) {
 	leakcheck.Check(t)
 	b, up := newBlockingBackend(t, false)
 	s := newSet(t, adapter.Options{}, compatAdapter("llama", llamaProfile(up.URL), 1))
-	last, _ := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Adapter: "llama", Target: "tiny", Input: userInput("Hi"), TimeoutSec: 1}))
+	last, _ := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Stream: true, Adapter: "llama", Target: "tiny", Input: userInput("Hi"), TimeoutSec: 1}))
 	recv(t, b.ctxDone, "the upstream to see the deadline")
 	if last.GetType() != iop.RunEventType_RUN_EVENT_ERROR || last.GetFailureCode() != adapter.CodeTimeout || !strings.Contains(last.GetError(), "timeout_sec") {
 		t.Fatalf("got %v %q (%q), want ERROR timeout", last.GetType(), last.GetFailureCode(), last.GetError())
@@ -291,14 +291,14 @@ func TestCapacityFreeAtTerminal(t *testing.T) {
 	s := newSet(t, adapter.Options{}, compatAdapter("one", llamaProfile(up.URL), 1))
 	var nextRun []*iop.RunEvent
 	var nextTunnel []*iop.ProviderTunnelFrame
-	s.Run(context.Background(), "r1", &iop.RunRequest{Adapter: "one", Target: "tiny", Input: userInput("Hi")}, func(ev *iop.RunEvent) {
+	s.Run(context.Background(), "r1", &iop.RunRequest{Stream: true, Adapter: "one", Target: "tiny", Input: userInput("Hi")}, func(ev *iop.RunEvent) {
 		if ev.GetType() == iop.RunEventType_RUN_EVENT_COMPLETE {
 			nextTunnel = tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Adapter: "one", Operation: adapter.OpModels})
 		}
 	})
 	s.Tunnel(context.Background(), "t1", &iop.ProviderTunnelRequest{Adapter: "one", Operation: adapter.OpModels}, func(f *iop.ProviderTunnelFrame) {
 		if f.GetKind() == iop.TunnelFrameKind_TUNNEL_FRAME_END {
-			nextRun = runAll(context.Background(), s, &iop.RunRequest{Adapter: "one", Target: "tiny", Input: userInput("Hi")})
+			nextRun = runAll(context.Background(), s, &iop.RunRequest{Stream: true, Adapter: "one", Target: "tiny", Input: userInput("Hi")})
 		}
 	})
 	if tl, _, _, _ := checkTunnel(t, nextTunnel); tl.GetKind() != iop.TunnelFrameKind_TUNNEL_FRAME_END {

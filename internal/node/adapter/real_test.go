@@ -57,7 +57,7 @@ func TestRealOllama(t *testing.T) {
 		}
 	})
 	t.Run("E8 unknown model", func(t *testing.T) {
-		last, _ := checkRun(t, runAll(ctx, s, &iop.RunRequest{Adapter: "ollama", Target: "no-such-model", Input: userInput("Hi")}))
+		last, _ := checkRun(t, runAll(ctx, s, &iop.RunRequest{Stream: true, Adapter: "ollama", Target: "no-such-model", Input: userInput("Hi")}))
 		if last.GetFailureCode() != adapter.CodeUpstreamStatus || last.GetUpstreamStatus() != 404 {
 			t.Fatalf("got %q status %d (%q), want upstream_status 404", last.GetFailureCode(), last.GetUpstreamStatus(), last.GetError())
 		}
@@ -93,7 +93,7 @@ func realRunChecks(ctx context.Context, t *testing.T, s *adapter.Set, name, targ
 	t.Run("E3 text run", func(t *testing.T) {
 		in := userInput("Hi")
 		in.MaxTokens = 32
-		last, deltas := checkRun(t, runAll(ctx, s, &iop.RunRequest{Adapter: name, Target: target, Input: in}))
+		last, deltas := checkRun(t, runAll(ctx, s, &iop.RunRequest{Stream: true, Adapter: name, Target: target, Input: in}))
 		if last.GetType() != iop.RunEventType_RUN_EVENT_COMPLETE {
 			t.Fatalf("got %v %q", last.GetType(), last.GetError())
 		}
@@ -110,7 +110,7 @@ func realRunChecks(ctx context.Context, t *testing.T, s *adapter.Set, name, targ
 	t.Run("E8 E9 tool run", func(t *testing.T) {
 		in := userInput("What is the weather in Paris?")
 		in.ToolsJson = []byte(weatherTools)
-		last, _ := checkRun(t, runAll(ctx, s, &iop.RunRequest{Adapter: name, Target: toolTarget, Input: in}))
+		last, _ := checkRun(t, runAll(ctx, s, &iop.RunRequest{Stream: true, Adapter: name, Target: toolTarget, Input: in}))
 		if last.GetType() != iop.RunEventType_RUN_EVENT_COMPLETE {
 			t.Fatalf("got %v %q", last.GetType(), last.GetError())
 		}

@@ -76,9 +76,11 @@ func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit f
 
 	runCtx := a.begin(ctx)
 	defer a.cancel(nil)
-	hooks := upstream.Hooks{
-		OnDelta:    func(text string) { rs.send(&iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_DELTA, Delta: text}) },
-		OnActivity: a.activity,
+	hooks := upstream.Hooks{OnActivity: a.activity}
+	if req.GetStream() {
+		// A non-stream caller gets the whole content on COMPLETE; one DELTA
+		// frame per token would only be discarded by the Edge.
+		hooks.OnDelta = func(text string) { rs.send(&iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_DELTA, Delta: text}) }
 	}
 	s.supervise(ctx, a, runID, inst.name, req.GetTarget(), attemptIO{
 		call: func() func() {

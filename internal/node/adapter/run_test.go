@@ -35,7 +35,7 @@ func TestRunOllamaSamples(t *testing.T) {
 			leakcheck.Check(t)
 			up := newFake(t, replay(200, "application/x-ndjson", sample(t, tc.file)))
 			s := newSet(t, adapter.Options{}, ollamaAdapter("", up.URL, 2))
-			evs := runAll(context.Background(), s, &iop.RunRequest{Target: "tiny", Input: userInput("Hi")})
+			evs := runAll(context.Background(), s, &iop.RunRequest{Stream: true, Target: "tiny", Input: userInput("Hi")})
 			last, deltas := checkRun(t, evs)
 			if last.GetType() != iop.RunEventType_RUN_EVENT_COMPLETE {
 				t.Fatalf("got %v %q, want COMPLETE", last.GetType(), last.GetError())
@@ -97,7 +97,7 @@ func TestRunOllamaFailures(t *testing.T) {
 			leakcheck.Check(t)
 			up := newFake(t, tc.h)
 			s := newSet(t, adapter.Options{}, ollamaAdapter("ollama", up.URL, 1))
-			last, _ := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Adapter: "ollama", Target: "no-such-model", Input: userInput("Hi")}))
+			last, _ := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Stream: true, Adapter: "ollama", Target: "no-such-model", Input: userInput("Hi")}))
 			if last.GetType() != iop.RunEventType_RUN_EVENT_ERROR || last.GetFailureCode() != tc.code || last.GetUpstreamStatus() != tc.status {
 				t.Fatalf("got %v %q status %d (%q), want ERROR %q status %d", last.GetType(), last.GetFailureCode(), last.GetUpstreamStatus(), last.GetError(), tc.code, tc.status)
 			}
@@ -121,16 +121,16 @@ func TestRunBoundary(t *testing.T) {
 		req  *iop.RunRequest
 		code string
 	}{
-		{"E1 unknown adapter", &iop.RunRequest{Adapter: "nope", Target: "tiny", Input: userInput("Hi")}, adapter.CodeUnknownAdapter},
-		{"E1 empty adapter with two instances and none named ollama", &iop.RunRequest{Target: "tiny", Input: userInput("Hi")}, adapter.CodeUnknownAdapter},
-		{"E2 negative stall timeout", &iop.RunRequest{Adapter: "gpu-ollama", Target: "tiny", Input: userInput("Hi"), ResponseStallTimeoutMs: -1}, adapter.CodeInvalidRequest},
-		{"E2 stall timeout too large for a duration", &iop.RunRequest{Adapter: "gpu-ollama", Target: "tiny", Input: userInput("Hi"), ResponseStallTimeoutMs: math.MaxInt64}, adapter.CodeInvalidRequest},
-		{"E2 negative timeout_sec", &iop.RunRequest{Adapter: "gpu-ollama", Target: "tiny", Input: userInput("Hi"), TimeoutSec: -5}, adapter.CodeInvalidRequest},
-		{"E1 empty target", &iop.RunRequest{Adapter: "gpu-ollama", Input: userInput("Hi")}, adapter.CodeInvalidRequest},
-		{"E1 no input", &iop.RunRequest{Adapter: "gpu-ollama", Target: "tiny"}, adapter.CodeInvalidRequest},
-		{"E8 bad tool-call arguments", &iop.RunRequest{Adapter: "gpu-ollama", Target: "tiny", Input: &iop.RunInput{Messages: []*iop.ChatMessage{
+		{"E1 unknown adapter", &iop.RunRequest{Stream: true, Adapter: "nope", Target: "tiny", Input: userInput("Hi")}, adapter.CodeUnknownAdapter},
+		{"E1 empty adapter with two instances and none named ollama", &iop.RunRequest{Stream: true, Target: "tiny", Input: userInput("Hi")}, adapter.CodeUnknownAdapter},
+		{"E2 negative stall timeout", &iop.RunRequest{Stream: true, Adapter: "gpu-ollama", Target: "tiny", Input: userInput("Hi"), ResponseStallTimeoutMs: -1}, adapter.CodeInvalidRequest},
+		{"E2 stall timeout too large for a duration", &iop.RunRequest{Stream: true, Adapter: "gpu-ollama", Target: "tiny", Input: userInput("Hi"), ResponseStallTimeoutMs: math.MaxInt64}, adapter.CodeInvalidRequest},
+		{"E2 negative timeout_sec", &iop.RunRequest{Stream: true, Adapter: "gpu-ollama", Target: "tiny", Input: userInput("Hi"), TimeoutSec: -5}, adapter.CodeInvalidRequest},
+		{"E1 empty target", &iop.RunRequest{Stream: true, Adapter: "gpu-ollama", Input: userInput("Hi")}, adapter.CodeInvalidRequest},
+		{"E1 no input", &iop.RunRequest{Stream: true, Adapter: "gpu-ollama", Target: "tiny"}, adapter.CodeInvalidRequest},
+		{"E8 bad tool-call arguments", &iop.RunRequest{Stream: true, Adapter: "gpu-ollama", Target: "tiny", Input: &iop.RunInput{Messages: []*iop.ChatMessage{
 			{Role: "assistant", ToolCallsJson: []byte(`[{"id":"c1","type":"function","function":{"name":"f","arguments":"not json"}}]`)}}}}, adapter.CodeInvalidRequest},
-		{"C4 lease without binding", &iop.RunRequest{Adapter: "gpu-ollama", Target: "tiny", Input: userInput("Hi"), CredentialLease: &iop.CredentialLease{LeaseId: "l"}}, adapter.CodeCredentialInvalid},
+		{"C4 lease without binding", &iop.RunRequest{Stream: true, Adapter: "gpu-ollama", Target: "tiny", Input: userInput("Hi"), CredentialLease: &iop.CredentialLease{LeaseId: "l"}}, adapter.CodeCredentialInvalid},
 	}
 	s := newSet(t, adapter.Options{}, two...)
 	for _, tc := range cases {
@@ -151,7 +151,7 @@ func TestRunBoundary(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer cs.Close()
-		last, _ := checkRun(t, runAll(context.Background(), cs, &iop.RunRequest{Adapter: "gpu-ollama", Target: "tiny", Input: userInput("Hi")}))
+		last, _ := checkRun(t, runAll(context.Background(), cs, &iop.RunRequest{Stream: true, Adapter: "gpu-ollama", Target: "tiny", Input: userInput("Hi")}))
 		if last.GetFailureCode() != adapter.CodeCredentialRequired {
 			t.Fatalf("got %q, want %q", last.GetFailureCode(), adapter.CodeCredentialRequired)
 		}
@@ -162,7 +162,7 @@ func TestRunBoundary(t *testing.T) {
 
 	t.Run("E1 empty adapter is the single instance; E7 metadata is not control input", func(t *testing.T) {
 		one := newSet(t, adapter.Options{}, ollamaAdapter("", up.URL, 1))
-		req := &iop.RunRequest{Target: "tiny", Input: userInput("Hi"), ResponseStallTimeoutMs: 0,
+		req := &iop.RunRequest{Stream: true, Target: "tiny", Input: userInput("Hi"), ResponseStallTimeoutMs: 0,
 			Metadata: map[string]string{"work_dir": "/etc", "session": "other", "adapter": "nope"}}
 		last, _ := checkRun(t, runAll(context.Background(), one, req))
 		if last.GetType() != iop.RunEventType_RUN_EVENT_COMPLETE || last.GetAdapter() != "ollama" {
@@ -256,5 +256,20 @@ func TestStallTimeout(t *testing.T) {
 				t.Fatalf("got %v, %v; want %d ms", d, err, tc.want)
 			}
 		})
+	}
+}
+
+// E3: a non-stream run carries no DELTA events: START, then the terminal
+// with the whole content (one frame per token would be discarded anyway).
+func TestRunNonStreamHasNoDeltas(t *testing.T) {
+	leakcheck.Check(t)
+	up := newFake(t, replay(200, "application/x-ndjson", sample(t, "ollama_api_chat_stream.ndjson")))
+	s := newSet(t, adapter.Options{}, ollamaAdapter("ollama", up.URL, 1))
+	evs := runAll(context.Background(), s, &iop.RunRequest{Adapter: "ollama", Target: "tiny", Input: userInput("Hi")})
+	if len(evs) != 2 || evs[0].GetType() != iop.RunEventType_RUN_EVENT_START || evs[1].GetType() != iop.RunEventType_RUN_EVENT_COMPLETE {
+		t.Fatalf("E3: got %d events %v, want START then COMPLETE", len(evs), evs)
+	}
+	if got := evs[1].GetContent(); got != "Hello from tiny-gguf! This reply is deterministic." {
+		t.Errorf("content %q", got)
 	}
 }

@@ -211,7 +211,7 @@ func fly(ctx context.Context, s *adapter.Set, runID string, k knobs, onTerminal 
 				})
 			return
 		}
-		s.Run(ctx, runID, &iop.RunRequest{Adapter: k.adapter, Target: "tiny", Input: userInput("Hi"),
+		s.Run(ctx, runID, &iop.RunRequest{Stream: true, Adapter: k.adapter, Target: "tiny", Input: userInput("Hi"),
 			ResponseStallTimeoutMs: k.stallMs, TimeoutSec: k.timeoutSec},
 			func(ev *iop.RunEvent) {
 				f.mu.Lock()

@@ -1365,8 +1365,12 @@ type RunRequest struct {
 	// Idle time after which the attempt counts as stalled, ms. 0 = Node default
 	// 300000; negative or too large for a duration = rejected (SPEC E2, Q6).
 	ResponseStallTimeoutMs int64 `protobuf:"varint,10,opt,name=response_stall_timeout_ms,json=responseStallTimeoutMs,proto3" json:"response_stall_timeout_ms,omitempty"`
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	// Whether the caller streams. When false the Node sends no DELTA events,
+	// only START and the terminal carrying the whole content (SPEC E3 allows
+	// zero deltas), which saves one frame per token for non-stream requests.
+	Stream        bool `protobuf:"varint,11,opt,name=stream,proto3" json:"stream,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunRequest) Reset() {
@@ -1460,6 +1464,13 @@ func (x *RunRequest) GetResponseStallTimeoutMs() int64 {
 		return x.ResponseStallTimeoutMs
 	}
 	return 0
+}
+
+func (x *RunRequest) GetStream() bool {
+	if x != nil {
+		return x.Stream
+	}
+	return false
 }
 
 // RunInput is the normalized provider input, an OpenAI chat request reduced
@@ -3094,7 +3105,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\rHeartbeatPong\x12 \n" +
 	"\fsent_unix_ms\x18\x01 \x01(\x03R\n" +
 	"sentUnixMs\x12\x14\n" +
-	"\x05nonce\x18\x02 \x01(\x04R\x05nonce\"\x8f\x04\n" +
+	"\x05nonce\x18\x02 \x01(\x04R\x05nonce\"\xa7\x04\n" +
 	"\n" +
 	"RunRequest\x12\x18\n" +
 	"\aadapter\x18\x01 \x01(\tR\aadapter\x12\x16\n" +
@@ -3108,7 +3119,8 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x10credential_lease\x18\a \x01(\v2\x1f.iop.runtime.v1.CredentialLeaseR\x0fcredentialLease\x12U\n" +
 	"\x12credential_binding\x18\b \x01(\v2&.iop.runtime.v1.CredentialLeaseBindingR\x11credentialBinding\x129\n" +
 	"\x19response_stall_timeout_ms\x18\n" +
-	" \x01(\x03R\x16responseStallTimeoutMs\x1a;\n" +
+	" \x01(\x03R\x16responseStallTimeoutMs\x12\x16\n" +
+	"\x06stream\x18\v \x01(\bR\x06stream\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbc\x02\n" +
