@@ -1,6 +1,7 @@
 package session
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -129,9 +130,14 @@ func (s *session) readLoop() error {
 }
 
 // sendLoop owns the connection's write side: it writes queued frames and a
-// HeartbeatPing every heartbeat interval, each under Timeouts.Write.
+// HeartbeatPing every heartbeat interval, each under Timeouts.Write. Frames
+// that are already queued when one is written go out in the same flush (one
+// TLS record and one write(2) for a burst instead of one per frame); the
+// buffer is flushed as soon as the queue is empty, so nothing waits behind
+// an idle queue.
 func (s *session) sendLoop() {
-	w := wire.NewWriter(s.conn, wire.DefaultMaxFrame)
+	bw := bufio.NewWriterSize(s.conn, sendBufferSize)
+	w := wire.NewWriter(bw, wire.DefaultMaxFrame)
 	tick := time.NewTicker(s.heartbeatInterval())
 	defer tick.Stop()
 	for {
@@ -148,9 +154,24 @@ func (s *session) sendLoop() {
 			}}}
 		case env = <-s.sendq:
 		}
-		err := s.conn.SetWriteDeadline(time.Now().Add(s.o.Timeouts.Write))
-		if err == nil {
-			err = w.WriteEnvelope(env)
+		var err error
+		for burst := 1; ; burst++ {
+			if err = s.conn.SetWriteDeadline(time.Now().Add(s.o.Timeouts.Write)); err != nil {
+				break
+			}
+			if err = w.WriteEnvelope(env); err != nil {
+				break
+			}
+			s.framesOut.Add(1)
+			if burst < maxBurst {
+				select {
+				case env = <-s.sendq:
+					continue
+				default:
+				}
+			}
+			err = bw.Flush()
+			break
 		}
 		if err != nil {
 			if s.ctx.Err() == nil {
@@ -158,9 +179,17 @@ func (s *session) sendLoop() {
 			}
 			return
 		}
-		s.framesOut.Add(1)
 	}
 }
+
+// sendBufferSize is the write buffer of a live session in bytes: a burst of
+// small frames (tokens, SSE chunks) shares one TLS record of up to 16 KiB;
+// larger frames pass through.
+const sendBufferSize = 32 << 10
+
+// maxBurst bounds the frames written between two flushes, so a queue that
+// never empties still reaches the peer steadily.
+const maxBurst = 64
 
 // sendFromReader queues env without blocking (the read loop must never
 // block). A full queue drops a droppable frame and counts it, and ends the
