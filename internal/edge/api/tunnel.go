@@ -2,6 +2,7 @@ package api
 
 import (
 	"net/http"
+	"strconv"
 	"strings"
 
 	iop "iop/proto/gen/iop"
@@ -14,8 +15,12 @@ import (
 //     (Content-Type, Retry-After; never Set-Cookie or hop-by-hop ones) are
 //     kept until the first BODY, so an ERROR before any byte can still
 //     become a proper 502/504;
-//   - BODY: written and flushed as it arrives, bytes unchanged; an upstream
-//     4xx/5xx thus reaches the client with its own status and body;
+//   - BODY: a stream (SSE, NDJSON, or a request that asked to stream) is
+//     written and flushed as it arrives, bytes unchanged; a plain body is
+//     held until END (up to maxHeldBody, then passed through) and sent
+//     whole with a Content-Length, so an ERROR before END still becomes a
+//     clean 502 instead of a truncated body; an upstream 4xx/5xx thus
+//     reaches the client with its own status and body;
 //   - USAGE: observation only (Options.OnUsage), never written;
 //   - END: done (a response with no body gets the upstream status);
 //   - ERROR: before any byte an error response in the surface's shape;
@@ -38,6 +43,20 @@ type tunnelSink struct {
 	sse       bool
 	tail      [2]byte // last two body bytes written
 	buf       []byte
+	held      []byte // a plain body kept until END
+}
+
+// maxHeldBody bounds the plain (non-stream) body held until END, in bytes;
+// a larger one is passed through as it arrives.
+const maxHeldBody = 1 << 20
+
+// streaming reports whether the body is relayed frame by frame.
+func (s *tunnelSink) streaming() bool {
+	if s.sse || s.x.head.stream {
+		return true
+	}
+	ct := strings.ToLower(s.ctype)
+	return strings.HasPrefix(ct, "application/x-ndjson") || strings.HasPrefix(ct, "application/jsonl")
 }
 
 func (s *tunnelSink) handle(env *iop.Envelope) (bool, error) {
@@ -54,6 +73,7 @@ func (s *tunnelSink) handle(env *iop.Envelope) (bool, error) {
 				switch {
 				case strings.EqualFold(hd.Name, "Content-Type"):
 					s.ctype = hd.Value
+					s.sse = strings.HasPrefix(strings.ToLower(hd.Value), "text/event-stream")
 				case strings.EqualFold(hd.Name, "Retry-After"):
 					s.retryAfter = hd.Value
 				}
@@ -63,25 +83,49 @@ func (s *tunnelSink) handle(env *iop.Envelope) (bool, error) {
 		if len(f.Body) == 0 {
 			return false, nil
 		}
+		stream := s.streaming()
 		if !s.committed {
+			if !stream && len(s.held)+len(f.Body) <= maxHeldBody {
+				s.held = append(s.held, f.Body...)
+				return false, nil
+			}
 			if !s.commit() {
 				return true, nil
+			}
+			if len(s.held) > 0 {
+				if _, err := s.x.out.w.Write(s.held); err != nil {
+					return true, err
+				}
+				s.held = nil
 			}
 		}
 		if _, err := s.x.out.w.Write(f.Body); err != nil {
 			return true, err
 		}
 		s.noteTail(f.Body)
-		if err := s.x.out.flush(); err != nil {
-			return true, err
+		if stream { // T2: a stream is never buffered
+			if err := s.x.out.flush(); err != nil {
+				return true, err
+			}
 		}
 	case iop.TunnelFrameKind_TUNNEL_FRAME_USAGE:
 		if f.Usage != nil && s.h.o.OnUsage != nil {
 			s.h.o.OnUsage(s.x.principal, s.x.model, f.Usage)
 		}
 	case iop.TunnelFrameKind_TUNNEL_FRAME_END:
-		if !s.committed && !s.commit() {
-			return true, nil
+		if !s.committed {
+			if s.started {
+				s.x.out.w.Header().Set("Content-Length", strconv.Itoa(len(s.held)))
+			}
+			if !s.commit() {
+				return true, nil
+			}
+			if len(s.held) > 0 {
+				if _, err := s.x.out.w.Write(s.held); err != nil {
+					return true, err
+				}
+				s.held = nil
+			}
 		}
 		s.finished = true
 		return true, nil
@@ -102,7 +146,6 @@ func (s *tunnelSink) commit() bool {
 	h := s.x.out.w.Header()
 	if s.ctype != "" {
 		h.Set("Content-Type", s.ctype)
-		s.sse = strings.HasPrefix(strings.ToLower(s.ctype), "text/event-stream")
 		if s.sse {
 			h.Set("Cache-Control", "no-cache")
 			h.Set("X-Accel-Buffering", "no")

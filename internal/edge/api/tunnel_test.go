@@ -216,8 +216,11 @@ func TestTunnelFailures(t *testing.T) {
 		{name: "T5 session lost mid-stream ends with an error event", path: "/v1/chat/completions",
 			frames: []*iop.ProviderTunnelFrame{sseStart, fBody(chunk)}, recvErr: dispatch.ErrSessionLost, want: 200,
 			wantTail: `"code":"provider_lost"}}` + "\n\n"},
-		{name: "T5 ERROR after JSON bytes aborts the response", path: "/v1/chat/completions",
+		{name: "T5 ERROR after held JSON bytes is still a clean 502", path: "/v1/chat/completions",
 			frames: []*iop.ProviderTunnelFrame{fStart(200, "Content-Type", "application/json"), fBody([]byte(`{"id":`)), fError("upstream_error", "reset")},
+			want:   502, wantCode: "provider_error"},
+		{name: "T5 ERROR after a passed-through large JSON body aborts the response", path: "/v1/chat/completions",
+			frames: []*iop.ProviderTunnelFrame{fStart(200, "Content-Type", "application/json"), fBody(make([]byte, maxHeldBody+1)), fError("upstream_error", "reset")},
 			want:   200, wantAbort: true},
 	}
 	for _, row := range rows {
@@ -272,6 +275,22 @@ func TestTunnelBodyFlushedAsItArrives(t *testing.T) {
 	resp.Body.Close()
 	if string(rest) != "\ndata: two\n\n" {
 		t.Errorf("rest: %q", rest)
+	}
+	checkOneOutcome(t, r, 0)
+}
+
+// T2, T5: a plain (non-stream) body arriving in several BODY frames reaches
+// the client whole, bytes unchanged, with a Content-Length.
+func TestTunnelPlainBodyWhole(t *testing.T) {
+	leakcheck.Check(t)
+	r := newRig(t, config.TypeOpenAICompat, nil)
+	r.st.frames(fStart(200, "Content-Type", "application/json"), fBody([]byte(`{"id":"x",`)), fBody([]byte(`"object":"chat.completion"}`)), fEnd())
+	resp, body := r.do(t, "POST", "/v1/chat/completions", chatBody)
+	if resp.StatusCode != 200 || body != `{"id":"x","object":"chat.completion"}` {
+		t.Fatalf("got %d %q", resp.StatusCode, body)
+	}
+	if resp.ContentLength != int64(len(body)) {
+		t.Errorf("Content-Length: got %d, want %d", resp.ContentLength, len(body))
 	}
 	checkOneOutcome(t, r, 0)
 }
