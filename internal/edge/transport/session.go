@@ -200,6 +200,26 @@ func (c *session) send(env *iop.Envelope) bool {
 	}
 }
 
+// sendWait queues env from a caller that may block (an HTTP handler
+// starting a stream, never the read loop), waiting up to d for room: a burst
+// of requests waits for the writer instead of failing at once. It reports
+// false when the session ended or the queue stayed full for d.
+func (c *session) sendWait(env *iop.Envelope, d time.Duration) bool {
+	if c.send(env) {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case c.sendq <- env:
+		return true
+	case <-c.done:
+		return false
+	case <-t.C:
+		return false
+	}
+}
+
 // sendMust queues a must-deliver envelope; a full queue fails the session.
 func (c *session) sendMust(env *iop.Envelope) {
 	if !c.send(env) {

@@ -214,7 +214,7 @@ func (s *Server) start(t dispatch.Target, set func(*iop.Envelope)) (*stream, err
 	c.mu.Unlock()
 	env := &iop.Envelope{RunId: st.id}
 	set(env)
-	if !c.send(env) {
+	if !c.sendWait(env, s.o.WriteTimeout) {
 		c.mu.Lock()
 		delete(c.streams, st.id)
 		c.mu.Unlock()
