@@ -179,3 +179,60 @@ func TestNodeBinary(t *testing.T) {
 		}
 	})
 }
+
+// listeningSockets returns the TCP sockets in LISTEN state that process pid
+// holds, from /proc (Linux).
+func listeningSockets(t *testing.T, pid int) []string {
+	t.Helper()
+	listen := map[string]bool{}
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			fs := strings.Fields(line)
+			if len(fs) > 9 && fs[3] == "0A" { // 0A = TCP_LISTEN
+				listen["socket:["+fs[9]+"]"] = true
+			}
+		}
+	}
+	fdDir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(fdDir)
+	if err != nil {
+		t.Skipf("cannot read %s: %v", fdDir, err)
+	}
+	var held []string
+	for _, e := range ents {
+		if target, err := os.Readlink(filepath.Join(fdDir, e.Name())); err == nil && listen[target] {
+			held = append(held, target)
+		}
+	}
+	return held
+}
+
+// P1: a node never listens: clients and control planes cannot connect to
+// it; it only dials out to the edge.
+func TestNodeNeverListens(t *testing.T) {
+	bin := buildNode(t)
+	dir := pki(t)
+	addr, _, first := countingListener(t)
+	cfg := writeConfig(t, dir, addr, `{"max_attempts":0,"interval_sec":30}`, "pki/gpu-1.key")
+	cmd := exec.Command(bin, "-config", cfg)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() }()
+	select {
+	case <-first:
+	case <-time.After(10 * time.Second):
+		t.Fatal("node never dialed")
+	}
+	if held := listeningSockets(t, cmd.Process.Pid); len(held) != 0 {
+		t.Errorf("P1: the node holds listening sockets %v", held)
+	}
+	// The check can fail: this test process itself listens (countingListener).
+	if held := listeningSockets(t, os.Getpid()); len(held) == 0 {
+		t.Error("the /proc check found no listener in the test process, which has one")
+	}
+}
