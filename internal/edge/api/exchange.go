@@ -292,14 +292,11 @@ func (h *Handler) responseWait(l *pool.Lease) time.Duration {
 func (h *Handler) relay(x *exchange, st dispatch.Stream, s sink) {
 	ctx, cancel := context.WithCancelCause(x.ctx)
 	defer cancel(nil)
-	if f := x.lease.Fenced(); f != nil {
-		go func() {
-			select {
-			case <-f:
-				cancel(ErrFenced)
-			case <-ctx.Done():
-			}
-		}()
+	if fc := x.lease.FenceContext(); fc != nil {
+		// A callback, not a goroutine per request: the fence context is
+		// shared by the generation's leases.
+		stop := context.AfterFunc(fc, func() { cancel(ErrFenced) })
+		defer stop()
 	}
 	wait := h.responseWait(x.lease)
 	timer := time.AfterFunc(wait, func() { cancel(ErrResponseWait) })

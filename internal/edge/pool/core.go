@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"context"
 	"fmt"
 	"time"
 )
@@ -27,10 +28,10 @@ type state struct {
 
 // effects are what a transition asks the wrapper to carry out.
 type effects struct {
-	grants []grant         // hand lease to waiter
-	failed []failure       // fail waiter with err
-	fenced []*Lease        // leases the fence returned (for tests and counts)
-	closes []chan struct{} // fence channels of generations that ended
+	grants []grant              // hand lease to waiter
+	failed []failure            // fail waiter with err
+	fenced []*Lease             // leases the fence returned (for tests and counts)
+	closes []context.CancelFunc // fence contexts of generations that ended
 }
 
 type grant struct {
@@ -62,13 +63,14 @@ type nodeState struct {
 	ready      bool // gen is the live, ready generation
 	fenced     bool // gen was fenced; it cannot become ready again
 	readySince time.Time
-	// fence is shared by every lease of the ready generation and closed
+	// fence is shared by every lease of the ready generation and cancelled
 	// when that generation ends (one allocation per generation, not per
 	// lease); nil while no generation is ready.
-	fence      chan struct{}
-	configured bool
-	resources  []*resource // configured, in config order
-	all        []*resource // every resource ever known on this node
+	fence       context.Context
+	fenceCancel context.CancelFunc
+	configured  bool
+	resources   []*resource // configured, in config order
+	all         []*resource // every resource ever known on this node
 }
 
 // resource is one provider resource's live state. The struct survives
@@ -426,7 +428,7 @@ func (s *state) ready(id string, gen uint64, now time.Time) bool {
 		s.fenceLeases(n, gen-1)
 	}
 	n.gen, n.ready, n.fenced, n.readySince = gen, true, false, now
-	n.fence = make(chan struct{})
+	n.fence, n.fenceCancel = context.WithCancel(context.Background())
 	s.pump()
 	return true
 }
@@ -451,8 +453,8 @@ func (s *state) fence(id string, gen uint64) int {
 // channel, if a generation was ready.
 func (s *state) endGeneration(n *nodeState) {
 	if n.fence != nil {
-		s.fx.closes = append(s.fx.closes, n.fence)
-		n.fence = nil
+		s.fx.closes = append(s.fx.closes, n.fenceCancel)
+		n.fence, n.fenceCancel = nil, nil
 	}
 }
 

@@ -53,8 +53,8 @@ func (p *Pool) apply() {
 	for _, f := range fx.failed {
 		f.w.ch <- result{err: f.err}
 	}
-	for _, ch := range fx.closes {
-		close(ch)
+	for _, cancel := range fx.closes {
+		cancel()
 	}
 	fx.reset()
 }

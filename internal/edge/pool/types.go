@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -173,7 +174,7 @@ type Lease struct {
 	res        *resource
 	prev, next *Lease // the resource's list of held leases
 	returned   bool
-	fenced     chan struct{} // the generation's fence channel; immutable
+	fenced     context.Context // the generation's fence context; immutable
 }
 
 // Fenced is closed when the node generation the lease was granted on is
@@ -182,4 +183,14 @@ type Lease struct {
 // with exactly one terminal. The channel is shared by all leases of the
 // generation, so it may also close after the lease was released; only a
 // held lease needs to watch it.
-func (l *Lease) Fenced() <-chan struct{} { return l.fenced }
+func (l *Lease) Fenced() <-chan struct{} {
+	if l.fenced == nil {
+		return nil
+	}
+	return l.fenced.Done()
+}
+
+// FenceContext is done when Fenced is closed. It lets a holder register a
+// callback with context.AfterFunc instead of parking a goroutine on the
+// channel for every request. Nil when the lease has no generation fence.
+func (l *Lease) FenceContext() context.Context { return l.fenced }
