@@ -18,6 +18,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -187,10 +188,15 @@ func IssueNode(dir string, o IssueOptions) error {
 // overwrite the CA, the lease issuer pair or a certificate that is not a
 // node's (the edge's): -force re-issues a node, it never replaces those.
 func notOtherIdentity(dir, node string) error {
+	lower := strings.ToLower(node)
 	for _, reserved := range []string{"ca", "issuer"} {
-		if node == reserved {
+		if lower == reserved {
 			return fmt.Errorf("%w: node name %q is reserved for the CA and issuer files in %s", ErrInvalidOptions, node, dir)
 		}
+	}
+	if strings.HasSuffix(lower, ".recipient") {
+		return fmt.Errorf("%w: node name %q would overwrite the lease recipient keys of node %q", ErrInvalidOptions, node,
+			strings.TrimSuffix(node, node[len(node)-len(".recipient"):]))
 	}
 	pemBytes, err := os.ReadFile(filepath.Join(dir, CertFileName(node)))
 	if err != nil {

@@ -309,14 +309,14 @@ func TestIssueNodeRefusesOtherIdentities(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := map[string][]byte{}
-	for _, f := range []string{"ca.crt", "ca.key", "issuer.key", "issuer.pub", "edge-1.crt", "edge-1.key"} {
+	for _, f := range []string{"ca.crt", "ca.key", "issuer.key", "issuer.pub", "edge-1.crt", "edge-1.key", "gpu-1.recipient.key", "gpu-1.recipient.pub"} {
 		b, err := os.ReadFile(filepath.Join(dir, f))
 		if err != nil {
 			t.Fatal(err)
 		}
 		before[f] = b
 	}
-	for _, name := range []string{"ca", "issuer", "edge-1"} {
+	for _, name := range []string{"ca", "CA", "issuer", "edge-1", "gpu-1.recipient"} {
 		err := IssueNode(dir, IssueOptions{Node: name, Force: true})
 		if !errors.Is(err, ErrInvalidOptions) {
 			t.Errorf("IssueNode(%q, force): got %v, want ErrInvalidOptions", name, err)

@@ -300,17 +300,20 @@ func (c *Config) validate() jsonconfig.Errors {
 	add := func(path, format string, args ...any) {
 		errs = append(errs, path+": "+fmt.Sprintf(format, args...))
 	}
-	seenListen := map[string]string{}
+	type bound struct{ path, host, port string }
+	var listens []bound
 	for _, l := range []struct{ path, v string }{{"http_listen", c.HTTPListen}, {"node_listen", c.NodeListen}, {"admin_listen", c.AdminListen}} {
-		_, port, err := net.SplitHostPort(l.v)
+		host, port, err := net.SplitHostPort(l.v)
 		if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 0 || n > 65535 {
 			add(l.path, "want host:port with a port from 0 to 65535, got %q", l.v)
 			continue
 		}
-		if other, dup := seenListen[l.v]; dup && port != "0" {
-			add(l.path, "same address as %s (%s)", other, l.v)
+		for _, o := range listens {
+			if port != "0" && port == o.port && hostsOverlap(host, o.host) {
+				add(l.path, "%s clashes with %s (%s)", l.v, o.path, net.JoinHostPort(o.host, o.port))
+			}
 		}
-		seenListen[l.v] = l.path
+		listens = append(listens, bound{l.path, host, port})
 	}
 	for _, f := range []struct{ path, v string }{{"tls.cert_file", c.TLS.CertFile}, {"tls.key_file", c.TLS.KeyFile}, {"tls.ca_file", c.TLS.CAFile}} {
 		if f.v == "" {
@@ -496,6 +499,22 @@ var (
 	tokenRE = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 	envRE   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 )
+
+// hostsOverlap reports whether two listen hosts would bind the same port
+// twice: equal hosts (localhost = 127.0.0.1), or either one a wildcard.
+func hostsOverlap(a, b string) bool {
+	norm := func(h string) string {
+		switch h {
+		case "", "0.0.0.0", "::", "[::]":
+			return "*"
+		case "localhost":
+			return "127.0.0.1"
+		}
+		return h
+	}
+	a, b = norm(a), norm(b)
+	return a == "*" || b == "*" || a == b
+}
 
 func validPath(p string) bool {
 	if !strings.HasPrefix(p, "/") || strings.HasPrefix(p, "//") || strings.ContainsAny(p, "?#\\") || strings.Contains(p, "://") {

@@ -240,9 +240,22 @@ func TestListenAndKeyConflicts(t *testing.T) {
 	s := strings.Replace(valid, `"tls":`, `"http_listen": "127.0.0.1:99999", "node_listen": "127.0.0.1:9090", "tls":`, 1)
 	s = strings.Replace(s, `"api_keys": [`, `"api_keys": [{"principal": "team-b", "key_sha256": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"},`, 1)
 	_, err := Parse([]byte(s))
-	for _, want := range []string{"http_listen: want host:port with a port from 0 to 65535", "admin_listen: same address as node_listen", "api_keys[1].key_sha256: the same key is configured twice"} {
+	for _, want := range []string{"http_listen: want host:port with a port from 0 to 65535", "admin_listen: 127.0.0.1:9090 clashes with node_listen", "api_keys[1].key_sha256: the same key is configured twice"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("got %v, want it to contain %q", err, want)
 		}
+	}
+}
+
+func TestListenClashSpelledDifferently(t *testing.T) {
+	for _, pair := range [][2]string{{"0.0.0.0:8123", "127.0.0.1:8123"}, {"localhost:8123", "127.0.0.1:8123"}, {":8123", "10.0.0.1:8123"}} {
+		s := strings.Replace(valid, `"tls":`, `"http_listen": "`+pair[0]+`", "admin_listen": "`+pair[1]+`", "tls":`, 1)
+		if _, err := Parse([]byte(s)); err == nil || !strings.Contains(err.Error(), "admin_listen: "+pair[1]+" clashes with http_listen") {
+			t.Errorf("%v: got %v, want a clash", pair, err)
+		}
+	}
+	s := strings.Replace(valid, `"tls":`, `"http_listen": "127.0.0.1:8123", "admin_listen": "127.0.0.2:8123", "tls":`, 1)
+	if _, err := Parse([]byte(s)); err != nil {
+		t.Errorf("different hosts, same port: %v", err)
 	}
 }

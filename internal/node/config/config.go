@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -136,8 +137,8 @@ func (c *Config) validate() jsonconfig.Errors {
 	if !nameRE.MatchString(c.NodeID) {
 		add("node_id", "invalid node id %q (1-63 of letters, digits, '.', '_', '-')", c.NodeID)
 	}
-	if _, port, err := net.SplitHostPort(c.EdgeAddr); err != nil || port == "" {
-		add("edge_addr", "want host:port, got %q", c.EdgeAddr)
+	if host, port, err := net.SplitHostPort(c.EdgeAddr); err != nil || host == "" || !validPort(port) {
+		add("edge_addr", "want host:port with a port from 1 to 65535, got %q", c.EdgeAddr)
 	}
 	for _, f := range []struct{ path, v string }{{"tls.cert_file", c.TLS.CertFile}, {"tls.key_file", c.TLS.KeyFile}, {"tls.ca_file", c.TLS.CAFile}} {
 		if f.v == "" {
@@ -160,4 +161,9 @@ func (c *Config) validate() jsonconfig.Errors {
 		add("reconnect.interval_sec", "must be positive when reconnect.max_attempts is 0 (unlimited)")
 	}
 	return errs
+}
+
+func validPort(p string) bool {
+	n, err := strconv.Atoi(p)
+	return err == nil && n >= 1 && n <= 65535
 }

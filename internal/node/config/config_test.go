@@ -61,6 +61,7 @@ func TestStrictDecoding(t *testing.T) {
 		{"syntax error gives position", "{\n  \"node_id\": \"a\",,\n}", []string{"line 2"}},
 		{"truncated", `{"node_id":`, []string{"unexpected end"}},
 		{"not an object", `[1]`, []string{"top level must be a JSON object"}},
+		{"edge port out of range", `{"node_id":"gpu-1","edge_addr":"127.0.0.1:99999","tls":{"cert_file":"a","key_file":"b","ca_file":"c"}}`, []string{"edge_addr: want host:port with a port from 1 to 65535"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
