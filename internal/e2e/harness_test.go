@@ -241,8 +241,8 @@ type edgeProc struct {
 
 // startEdge runs the Edge on fresh 127.0.0.1 listeners (nodeLn, when set,
 // is the node listener) and returns once every listener serves. It is
-// stopped at cleanup.
-func startEdge(t testing.TB, cfg *config.Config, nodeLn net.Listener, log *slog.Logger) *edgeProc {
+// stopped at cleanup. tune, when given, adjusts the edge.Options first.
+func startEdge(t testing.TB, cfg *config.Config, nodeLn net.Listener, log *slog.Logger, tune ...func(*edge.Options)) *edgeProc {
 	t.Helper()
 	listen := func() net.Listener {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -258,14 +258,16 @@ func startEdge(t testing.TB, cfg *config.Config, nodeLn net.Listener, log *slog.
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &edgeProc{cfg: cfg, cancel: cancel, done: make(chan error, 1)}
 	started := make(chan edge.Addrs, 1)
-	go func() {
-		e.done <- edge.Run(ctx, cfg, edge.Options{
-			Logger: log, Version: "e2e",
-			HTTPListener: httpLn, NodeListener: nodeLn, AdminListener: adminLn,
-			Started:       func(a edge.Addrs) { started <- a },
-			ShutdownGrace: 2 * time.Second,
-		})
-	}()
+	o := edge.Options{
+		Logger: log, Version: "e2e",
+		HTTPListener: httpLn, NodeListener: nodeLn, AdminListener: adminLn,
+		Started:       func(a edge.Addrs) { started <- a },
+		ShutdownGrace: 2 * time.Second,
+	}
+	for _, f := range tune {
+		f(&o)
+	}
+	go func() { e.done <- edge.Run(ctx, cfg, o) }()
 	select {
 	case a := <-started:
 		e.httpURL, e.adminURL, e.nodeAddr = "http://"+a.HTTP.String(), "http://"+a.Admin.String(), a.Node.String()

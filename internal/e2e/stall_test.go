@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -43,44 +41,6 @@ func (s *sickBackend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// startEdgeProbing is startEdge with a short recovery-probe interval (SPEC
-// H10); it is stopped at cleanup.
-func startEdgeProbing(t *testing.T, cfg *config.Config, log *slog.Logger, probe time.Duration) *edgeProc {
-	t.Helper()
-	var lns [3]net.Listener
-	for i := range lns {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatalf("listen: %v", err)
-		}
-		lns[i] = ln
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	e := &edgeProc{cfg: cfg, cancel: cancel, done: make(chan error, 1)}
-	started := make(chan edge.Addrs, 1)
-	go func() {
-		e.done <- edge.Run(ctx, cfg, edge.Options{Logger: log, Version: "e2e",
-			NodeListener: lns[0], HTTPListener: lns[1], AdminListener: lns[2],
-			Started: func(a edge.Addrs) { started <- a }, ShutdownGrace: 2 * time.Second, HealthProbeInterval: probe})
-	}()
-	select {
-	case a := <-started:
-		e.httpURL, e.adminURL, e.nodeAddr = "http://"+a.HTTP.String(), "http://"+a.Admin.String(), a.Node.String()
-	case err := <-e.done:
-		cancel()
-		t.Fatalf("edge.Run returned before serving: %v", err)
-	case <-time.After(10 * time.Second):
-		cancel()
-		t.Fatal("edge did not start serving within 10 s")
-	}
-	t.Cleanup(func() {
-		if err := e.stop(); err != nil {
-			t.Errorf("edge stop: %v", err)
-		}
-	})
-	return e
-}
-
 // TestStallHealthRecovery runs the whole stall path through the real Edge,
 // Node and demo backend: node gpu-1 has adapters "sick" (behind
 // sickBackend) and "well"; model "pair" lists sick then well, "solo" sick
@@ -109,7 +69,7 @@ func TestStallHealthRecovery(t *testing.T) {
 	cfg := edgeConfig(t, p,
 		[]config.Node{{ID: "gpu-1", Adapters: []config.Adapter{ollamaAdapter("sick", sickURL, 2), ollamaAdapter("well", wellURL, 2)}}},
 		[]config.Model{modelGroup("pair", sickProv, provider("gpu-1", "well", "tiny")), modelGroup("solo", sickProv)}, nil)
-	e := startEdgeProbing(t, cfg, logs.logger("edge"), 100*time.Millisecond)
+	e := startEdge(t, cfg, nil, logs.logger("edge"), func(o *edge.Options) { o.HealthProbeInterval = 100 * time.Millisecond })
 	startNode(t, p, "gpu-1", e.nodeAddr, nodeOpts{log: logs.logger("node")})
 	adm, api := newAdminClient(t, e), newAPIClient(t, e)
 	adm.waitConnected(t, 10*time.Second, "gpu-1")
