@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"iop/internal/samples"
 	"os"
 	"path/filepath"
 	"strings"
@@ -95,7 +96,7 @@ func TestReaderReadError(t *testing.T) {
 func TestReaderSamples(t *testing.T) {
 	for _, f := range []string{"ollama_api_chat_stream.ndjson", "ollama_api_chat_tool_stream.ndjson", "ollama_api_generate_stream.ndjson"} {
 		t.Run(f, func(t *testing.T) {
-			b, err := os.ReadFile(filepath.Join(samplesDir(t), f))
+			b, err := os.ReadFile(filepath.Join(samples.Dir(), f))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -159,22 +160,4 @@ func FuzzReader(f *testing.F) {
 			}
 		}
 	})
-}
-
-func samplesDir(t testing.TB) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return filepath.Join(dir, "testdata", "samples")
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found above the test directory")
-		}
-		dir = parent
-	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"iop/internal/samples"
 	"os"
 	"path/filepath"
 	"strings"
@@ -91,7 +92,7 @@ func TestReaderSplitAtEveryByte(t *testing.T) {
 // E9, T2: every captured stream parses; OpenAI streams end with [DONE],
 // Anthropic streams with message_stop.
 func TestReaderSamples(t *testing.T) {
-	dir := samplesDir(t)
+	dir := samples.Dir()
 	cases := []struct {
 		file     string
 		events   int
@@ -191,23 +192,4 @@ func equalEvents(a, b []ev) bool {
 		}
 	}
 	return true
-}
-
-// samplesDir finds testdata/samples at the module root.
-func samplesDir(t testing.TB) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return filepath.Join(dir, "testdata", "samples")
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found above the test directory")
-		}
-		dir = parent
-	}
 }

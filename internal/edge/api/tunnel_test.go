@@ -2,11 +2,9 @@ package api
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"io"
-	"os"
-	"path/filepath"
+	"iop/internal/samples"
 	"strings"
 	"testing"
 
@@ -15,52 +13,6 @@ import (
 	"iop/internal/leakcheck"
 	iop "iop/proto/gen/iop"
 )
-
-// samplesDir finds testdata/samples (byte-exact captures of real servers)
-// at the module root.
-func samplesDir(t testing.TB) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return filepath.Join(dir, "testdata", "samples")
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found above the test directory")
-		}
-		dir = parent
-	}
-}
-
-func sample(t *testing.T, name string) []byte {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(samplesDir(t), name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
-// httpSample splits a "*.http" capture into its status and body.
-func httpSample(t *testing.T, name string) (int32, []byte) {
-	t.Helper()
-	b := sample(t, name)
-	line, body, ok := bytes.Cut(b, []byte("\n\n"))
-	if !ok {
-		t.Fatalf("%s: no blank line", name)
-	}
-	var status int32
-	for _, f := range strings.Fields(string(line))[1:2] {
-		for _, c := range f {
-			status = status*10 + int32(c-'0')
-		}
-	}
-	return status, body
-}
 
 func fStart(status int32, hdr ...string) *iop.ProviderTunnelFrame {
 	f := &iop.ProviderTunnelFrame{Kind: iop.TunnelFrameKind_TUNNEL_FRAME_RESPONSE_START, Status: status}
@@ -293,4 +245,13 @@ func TestTunnelPlainBodyWhole(t *testing.T) {
 		t.Errorf("Content-Length: got %d, want %d", resp.ContentLength, len(body))
 	}
 	checkOneOutcome(t, r, 0)
+}
+
+func sample(t *testing.T, name string) []byte { t.Helper(); return samples.Read(t, name) }
+
+// httpSample splits a "*.http" capture into its status and body.
+func httpSample(t *testing.T, name string) (int32, []byte) {
+	t.Helper()
+	status, body := samples.ReadHTTP(t, name)
+	return int32(status), body
 }

@@ -4,11 +4,9 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"iop/internal/samples"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -16,49 +14,6 @@ import (
 	"iop/internal/node/adapter"
 	iop "iop/proto/gen/iop"
 )
-
-// sample returns a capture from testdata/samples.
-func sample(t testing.TB, name string) []byte {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			break
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found")
-		}
-		dir = parent
-	}
-	b, err := os.ReadFile(filepath.Join(dir, "testdata", "samples", name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
-// httpSample splits a *.http capture into its status and body.
-func httpSample(t testing.TB, name string) (int, []byte) {
-	t.Helper()
-	b := sample(t, name)
-	head, body, ok := bytes.Cut(b, []byte("\r\n\r\n"))
-	if !ok {
-		head, body, _ = bytes.Cut(b, []byte("\n\n"))
-	}
-	f := strings.Fields(string(head))
-	if len(f) < 2 {
-		t.Fatalf("%s: no status line", name)
-	}
-	code, err := strconv.Atoi(f[1])
-	if err != nil {
-		t.Fatalf("%s: %v", name, err)
-	}
-	return code, body
-}
 
 // fake is an upstream backend: an httptest server recording requests.
 type fake struct {
@@ -280,4 +235,11 @@ func checkTunnel(t testing.TB, frs []*iop.ProviderTunnelFrame) (last *iop.Provid
 
 func userInput(text string) *iop.RunInput {
 	return &iop.RunInput{Messages: []*iop.ChatMessage{{Role: "user", Content: text}}}
+}
+
+func sample(t testing.TB, name string) []byte { t.Helper(); return samples.Read(t, name) }
+
+func httpSample(t testing.TB, name string) (int, []byte) {
+	t.Helper()
+	return samples.ReadHTTP(t, name)
 }

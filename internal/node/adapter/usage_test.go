@@ -1,10 +1,9 @@
 package adapter
 
 import (
+	"iop/internal/samples"
 	"net/url"
-	"os"
 	"path"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -12,15 +11,6 @@ import (
 
 	iop "iop/proto/gen/iop"
 )
-
-func readSample(t testing.TB, name string) []byte {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "..", "testdata", "samples", name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
 
 // scanAll feeds b in pieces of the given size and returns every usage seen.
 func scanAll(ct string, b []byte, piece int) []*iop.Usage {
@@ -56,7 +46,7 @@ func TestUsageScannerSamples(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run("T2 "+tc.file, func(t *testing.T) {
-			b := readSample(t, tc.file)
+			b := samples.Read(t, tc.file)
 			for piece := 1; piece <= len(b); piece += 1 + piece/4 {
 				got := scanAll(tc.ct, b, piece)
 				if tc.want == nil {
