@@ -199,6 +199,11 @@ func (s *Server) StartTunnel(t dispatch.Target, req *iop.ProviderTunnelRequest) 
 	return st, nil
 }
 
+// startQueueWait bounds how long a stream start waits for room in a full
+// send queue. It stays well below the write timeout: a queue that stays full
+// that long means the writer is stuck, and the session is about to end.
+const startQueueWait = 2 * time.Second
+
 func (s *Server) start(t dispatch.Target, set func(*iop.Envelope)) (*stream, error) {
 	c := s.readySession(t.Node, t.Generation)
 	if c == nil {
@@ -214,7 +219,7 @@ func (s *Server) start(t dispatch.Target, set func(*iop.Envelope)) (*stream, err
 	c.mu.Unlock()
 	env := &iop.Envelope{RunId: st.id}
 	set(env)
-	if !c.sendWait(env, s.o.WriteTimeout) {
+	if !c.sendWait(env, min(startQueueWait, s.o.WriteTimeout/2)) {
 		c.mu.Lock()
 		delete(c.streams, st.id)
 		c.mu.Unlock()
