@@ -17,6 +17,7 @@ import (
 	"iop/internal/edge/registry"
 	"iop/internal/identity"
 	"iop/internal/wire"
+	"iop/internal/wire/direct"
 	iop "iop/proto/gen/iop"
 )
 
@@ -30,9 +31,12 @@ type session struct {
 	// loop starts.
 	peer string
 
-	sendq chan *iop.Envelope // bounded; drained only by writeLoop
-	done  chan struct{}      // closed by fail: the session is ending
-	quit  chan struct{}      // closed by closeAfterFlush: send what is queued, then close
+	// w is the write side, set before the writer and reader start: HTTP
+	// handlers write their requests to it directly when it is free, the
+	// read loop and a busy connection queue to it and writeLoop drains.
+	w     *direct.Writer
+	done  chan struct{} // closed by fail: the session is ending
+	quit  chan struct{} // closed by closeAfterFlush: send what is queued, then close
 	fOnce sync.Once
 	qOnce sync.Once
 	err   error // first cause; written in fOnce, read after done is closed
@@ -55,7 +59,6 @@ type session struct {
 
 func (s *Server) newSession(raw net.Conn) *session {
 	return &session{s: s, raw: raw,
-		sendq:   make(chan *iop.Envelope, s.o.SendQueue),
 		done:    make(chan struct{}),
 		quit:    make(chan struct{}),
 		wdone:   make(chan struct{}),
@@ -165,6 +168,8 @@ func (c *session) run(hb heartbeat) error {
 	default:
 	}
 	c.tc = tc
+	c.w = direct.New(tc, direct.Options{Queue: c.s.o.SendQueue, BufferSize: 4 << 10, WriteTimeout: o.WriteTimeout,
+		OnUnencodable: c.refuse})
 	go c.writeLoop(hb)
 	return c.readLoop(bufio.NewReader(tc))
 }
@@ -185,45 +190,60 @@ func (c *session) fail(err error) {
 func (c *session) closeAfterFlush() { c.qOnce.Do(func() { close(c.quit) }) }
 
 // send queues a refusable or droppable envelope; false when the queue is
-// full or the session is ending.
+// full or the session is ending. The read loop uses it: it never writes.
 func (c *session) send(env *iop.Envelope) bool {
 	select {
 	case <-c.done:
 		return false
 	default:
 	}
-	select {
-	case c.sendq <- env:
-		return true
-	default:
-		return false
-	}
+	return c.w.Enqueue(env)
 }
 
-// sendWait queues env from a caller that may block (an HTTP handler
-// starting a stream, never the read loop), waiting up to d for room: a burst
-// of requests waits for the writer instead of failing at once. It reports
-// false when the session ended or the queue stayed full for d.
-func (c *session) sendWait(env *iop.Envelope, d time.Duration) bool {
-	if c.send(env) {
-		return true
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
+// sendDirect writes env from a caller that may block (an HTTP handler,
+// never the read loop): itself when the connection is free and nothing is
+// queued, saving the writer goroutine's wake-up; otherwise it queues env,
+// waiting up to d for room. It reports false when the session ended or the
+// queue stayed full for d. An envelope that cannot be encoded is refused to
+// whoever waits for it (refuse), as the writer would; a socket error fails
+// the session (its streams then end with ErrSessionLost).
+func (c *session) sendDirect(env *iop.Envelope, d time.Duration) bool {
 	select {
-	case c.sendq <- env:
-		return true
 	case <-c.done:
 		return false
-	case <-t.C:
-		return false
+	default:
 	}
+	sent, err := c.w.Send(env, direct.Flush)
+	switch {
+	case errors.Is(err, direct.ErrUnencodable):
+		c.refuse(env, err)
+	case err != nil:
+		c.fail(fmt.Errorf("write to node: %w", err))
+	}
+	if sent {
+		return true
+	}
+	if d <= 0 {
+		return c.w.Enqueue(env)
+	}
+	return c.w.EnqueueWait(env, c.done, d)
 }
 
 // sendMust queues a must-deliver envelope; a full queue fails the session.
 func (c *session) sendMust(env *iop.Envelope) {
 	if !c.send(env) {
 		c.fail(fmt.Errorf("%w (%T)", ErrSendOverflow, env.Kind))
+	}
+}
+
+// sendMustDirect is sendMust for callers that may block (sendDirect).
+func (c *session) sendMustDirect(env *iop.Envelope) {
+	if !c.sendDirect(env, 0) {
+		select {
+		case <-c.done:
+		default:
+			c.fail(fmt.Errorf("%w (%T)", ErrSendOverflow, env.Kind))
+		}
 	}
 }
 

@@ -133,7 +133,7 @@ func (st *stream) Cancel(reason string) {
 	st.cancelled = true
 	st.mu.Unlock()
 	if send {
-		st.c.sendMust(cancelEnvelope(st.id, reason))
+		st.c.sendMustDirect(cancelEnvelope(st.id, reason))
 	}
 }
 
@@ -158,7 +158,7 @@ func (st *stream) Close() {
 	st.err = ErrStreamClosed
 	st.mu.Unlock()
 	if send {
-		st.c.sendMust(cancelEnvelope(st.id, "stream closed"))
+		st.c.sendMustDirect(cancelEnvelope(st.id, "stream closed"))
 	}
 }
 
@@ -219,7 +219,7 @@ func (s *Server) start(t dispatch.Target, set func(*iop.Envelope)) (*stream, err
 	c.mu.Unlock()
 	env := &iop.Envelope{RunId: st.id}
 	set(env)
-	if !c.sendWait(env, min(startQueueWait, s.o.WriteTimeout/2)) {
+	if !c.sendDirect(env, min(startQueueWait, s.o.WriteTimeout/2)) {
 		c.mu.Lock()
 		delete(c.streams, st.id)
 		c.mu.Unlock()

@@ -14,18 +14,22 @@
 //
 // Serve runs the accept loop. Each accepted connection gets one goroutine
 // (serveConn) that does the TLS handshake and then is the session's read
-// loop, and one writer goroutine (writeLoop) that alone owns the write side
-// of the connection, the heartbeat ticker, the liveness timer and the
-// register→ready timer. When the read loop ends (or anyone calls fail), the
+// loop, and one writer goroutine (writeLoop) that drains the send queue and
+// owns the heartbeat ticker, the liveness timer and the register→ready
+// timer; writes to the connection happen under the direct.Writer's lock,
+// from it or from a handler writing directly. When the read loop ends (or anyone calls fail), the
 // session closes the socket, waits for the writer, fails its streams and
 // waiters with dispatch.ErrSessionLost, and reports ConnClosed to the
 // registry. Serve returns only after every connection goroutine has exited.
 //
 // # Messages to the node and a full send queue (STYLE 3)
 //
-// Each session has a bounded send queue (Options.SendQueue frames) drained
-// by the writer, which batches frames into a bufio.Writer and flushes when
-// the queue is empty. Per message kind:
+// Each session's write side is a direct.Writer: an HTTP handler starting a
+// run or tunnel, or cancelling one, writes its frame itself when the
+// connection is free and nothing is queued (no wake-up of the writer
+// goroutine); otherwise, and always from the read loop, frames go to a
+// bounded send queue (Options.SendQueue frames) that the writer drains in
+// batches, flushing when the queue is empty. Per message kind:
 //
 //	RegisterResponse, NodeReadyResponse  must-deliver: a full queue closes the session
 //	CancelRequest                        must-deliver: a full queue closes the session
