@@ -79,15 +79,16 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 }
 
 // adapterExecutor returns the factory that turns a NodeConfigPayload into the
-// Node's adapter set (SPEC N2). ReuseBodyBuffers stays false: the session's
-// emit queues a tunnel frame and the writer serializes it later, so the body
-// must stay valid after emit returns.
+// Node's adapter set (SPEC N2). ReuseBodyBuffers is on: the session's emit
+// either writes a BODY frame before it returns or, when it has to queue the
+// frame for the writer, copies the body first.
 func adapterExecutor(o Options, log *slog.Logger) session.NewExecutorFunc {
 	return func(p *iop.NodeConfigPayload) (session.Executor, error) {
 		set, err := adapter.NewSet(p, adapter.Options{
-			HTTPClient: o.HTTPClient,
-			Logger:     log,
-			LookupEnv:  o.LookupEnv,
+			HTTPClient:       o.HTTPClient,
+			Logger:           log,
+			LookupEnv:        o.LookupEnv,
+			ReuseBodyBuffers: true,
 		})
 		if err != nil {
 			return nil, err

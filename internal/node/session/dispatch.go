@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"iop/internal/wire/direct"
 	iop "iop/proto/gen/iop"
 
 	"google.golang.org/protobuf/proto"
@@ -122,7 +123,7 @@ func (s *session) startRun(runID string, req *iop.RunRequest) {
 		defer s.finishRun(runID, ex)
 		ex.ex.Run(ctx, runID, req, func(ev *iop.RunEvent) {
 			s.stampObservation(ev.GetFailure(), &ev.Metadata)
-			s.sendFromWork(&iop.Envelope{RunId: runID, Kind: &iop.Envelope_RunEvent{RunEvent: ev}})
+			s.sendFromWork(&iop.Envelope{RunId: runID, Kind: &iop.Envelope_RunEvent{RunEvent: ev}}, runEventMode(ev))
 		})
 	}()
 }
@@ -134,13 +135,60 @@ func (s *session) startTunnel(runID string, req *iop.ProviderTunnelRequest) {
 		s.rejectTunnel(runID, req)
 		return
 	}
+	streaming := req.GetStream()
 	go func() {
 		defer s.finishRun(runID, ex)
 		ex.ex.Tunnel(ctx, runID, req, func(fr *iop.ProviderTunnelFrame) {
 			s.stampObservation(fr.GetFailure(), &fr.Metadata)
-			s.sendFromWork(&iop.Envelope{RunId: runID, Kind: &iop.Envelope_TunnelFrame{TunnelFrame: fr}})
+			if fr.GetKind() == iop.TunnelFrameKind_TUNNEL_FRAME_RESPONSE_START && streamingResponse(fr.GetHeaders()) {
+				streaming = true
+			}
+			s.sendFromWork(&iop.Envelope{RunId: runID, Kind: &iop.Envelope_TunnelFrame{TunnelFrame: fr}},
+				tunnelFrameMode(fr, streaming))
 		})
 	}()
+}
+
+// runEventMode is when a run event must reach the Edge: a START may wait for
+// the first DELTA or the terminal (the Edge writes nothing for it alone);
+// every other event is flushed at once.
+func runEventMode(ev *iop.RunEvent) direct.Mode {
+	if ev.GetType() == iop.RunEventType_RUN_EVENT_START {
+		return direct.Hold
+	}
+	return direct.Flush
+}
+
+// tunnelFrameMode is when a tunnel frame must reach the Edge (SPEC T2: a
+// stream is never buffered). Terminals and a stream's BODY frames are
+// flushed at once; RESPONSE_START and USAGE may wait for the next frame (the
+// Edge keeps the status and headers until the first BODY and only observes
+// USAGE), and so may a plain body's BODY frames, which the Edge holds until
+// END anyway. A held frame waits at most direct.DefaultHoldMax.
+func tunnelFrameMode(fr *iop.ProviderTunnelFrame, streaming bool) direct.Mode {
+	switch fr.GetKind() {
+	case iop.TunnelFrameKind_TUNNEL_FRAME_RESPONSE_START, iop.TunnelFrameKind_TUNNEL_FRAME_USAGE:
+		return direct.Hold
+	case iop.TunnelFrameKind_TUNNEL_FRAME_BODY:
+		if !streaming {
+			return direct.Hold
+		}
+	}
+	return direct.Flush
+}
+
+// streamingResponse reports whether response headers announce a stream the
+// Edge relays frame by frame: SSE or NDJSON (JSON Lines).
+func streamingResponse(hs []*iop.Header) bool {
+	for _, h := range hs {
+		if !strings.EqualFold(h.GetName(), "Content-Type") {
+			continue
+		}
+		ct := strings.ToLower(strings.TrimSpace(h.GetValue()))
+		return strings.HasPrefix(ct, "text/event-stream") || strings.HasPrefix(ct, "application/x-ndjson") ||
+			strings.HasPrefix(ct, "application/jsonl")
+	}
+	return false
 }
 
 func (s *session) rejectRun(runID string, req *iop.RunRequest) {
@@ -206,7 +254,7 @@ func (s *session) startCommand(requestID string, req *iop.NodeCommandRequest) {
 		defer s.work.Done()
 		defer s.release(ex)
 		resp := s.command(ex, req)
-		s.sendFromWork(&iop.Envelope{RequestId: requestID, Kind: &iop.Envelope_CommandResponse{CommandResponse: resp}})
+		s.sendFromWork(&iop.Envelope{RequestId: requestID, Kind: &iop.Envelope_CommandResponse{CommandResponse: resp}}, direct.Flush)
 	}()
 }
 
@@ -272,8 +320,8 @@ func (s *session) transportFacts(ex *execRef) *iop.NodeCommandResponse {
 		"frames_received":       strconv.FormatUint(s.framesIn.Load(), 10),
 		"frames_sent":           strconv.FormatUint(s.framesOut.Load(), 10),
 		"pongs_dropped":         strconv.FormatUint(s.pongsDropped.Load(), 10),
-		"send_queue_len":        strconv.Itoa(len(s.sendq)),
-		"send_queue_cap":        strconv.Itoa(cap(s.sendq)),
+		"send_queue_len":        strconv.Itoa(s.w.Queued()),
+		"send_queue_cap":        strconv.Itoa(s.w.QueueCap()),
 		"active_runs":           strconv.Itoa(active),
 		"config_revision":       ex.cfg.GetRevision(),
 	}}

@@ -1,7 +1,7 @@
 package session
 
 import (
-	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"iop/internal/wire"
+	"iop/internal/wire/direct"
 	iop "iop/proto/gen/iop"
 )
 
@@ -23,13 +24,16 @@ const maxHeartbeat = time.Hour
 type session struct {
 	ctx    context.Context // session lifetime; parents every run and tunnel (E6)
 	cancel context.CancelCauseFunc
-	conn   net.Conn // write side owned by sendLoop once live
+	conn   net.Conn // written through w once live
 	r      *wire.Reader
 	o      Options
 	log    *slog.Logger
 
-	sendq   chan *iop.Envelope // bounded; drained by sendLoop
-	hbReset chan struct{}      // cap 1: heartbeat interval changed
+	// w is the live write side: work goroutines write their frames
+	// directly when the connection is free and nothing is queued; the read
+	// loop and a busy connection queue, and sendLoop drains the queue.
+	w       *direct.Writer
+	hbReset chan struct{} // cap 1: heartbeat interval changed
 
 	hbInterval atomic.Int64 // ns
 	hbTimeout  atomic.Int64 // ns
@@ -61,13 +65,14 @@ type execRef struct {
 
 func newSession(ctx context.Context, cancel context.CancelCauseFunc, conn net.Conn, o Options, log *slog.Logger) *session {
 	s := &session{
-		ctx:     ctx,
-		cancel:  cancel,
-		conn:    conn,
-		r:       wire.NewReader(conn, wire.DefaultPreReadyCap),
-		o:       o,
-		log:     log,
-		sendq:   make(chan *iop.Envelope, o.SendQueue),
+		ctx:    ctx,
+		cancel: cancel,
+		conn:   conn,
+		r:      wire.NewReader(conn, wire.DefaultPreReadyCap),
+		o:      o,
+		log:    log,
+		w: direct.New(conn, direct.Options{Queue: o.SendQueue, BufferSize: sendBufferSize,
+			WriteTimeout: o.Timeouts.Write, MaxBurst: maxBurst}),
 		hbReset: make(chan struct{}, 1),
 		runs:    make(map[string]context.CancelFunc),
 	}
@@ -129,19 +134,19 @@ func (s *session) readLoop() error {
 	}
 }
 
-// sendLoop owns the connection's write side: it writes queued frames and a
-// HeartbeatPing every heartbeat interval, each under Timeouts.Write. Frames
-// that are already queued when one is written go out in the same flush (one
-// TLS record and one write(2) for a burst instead of one per frame); the
-// buffer is flushed as soon as the queue is empty, so nothing waits behind
-// an idle queue.
+// sendLoop drains the send queue and writes a HeartbeatPing every
+// heartbeat interval, each under Timeouts.Write. Frames already queued when
+// one is written go out in the same flush (one TLS record and one write(2)
+// for a burst); the buffer is flushed as soon as the queue is empty, so
+// nothing waits behind an idle queue. Work goroutines write around it when
+// the connection is free (sendFromWork).
 func (s *session) sendLoop() {
-	bw := bufio.NewWriterSize(s.conn, sendBufferSize)
-	w := wire.NewWriter(bw, wire.DefaultMaxFrame)
+	defer s.w.Close()
 	tick := time.NewTicker(s.heartbeatInterval())
 	defer tick.Stop()
 	for {
-		var env *iop.Envelope
+		var n int
+		var err error
 		select {
 		case <-s.ctx.Done():
 			return
@@ -149,36 +154,23 @@ func (s *session) sendLoop() {
 			tick.Reset(s.heartbeatInterval())
 			continue
 		case <-tick.C:
-			env = &iop.Envelope{Kind: &iop.Envelope_Ping{Ping: &iop.HeartbeatPing{
+			n, err = s.w.Drain(&iop.Envelope{Kind: &iop.Envelope_Ping{Ping: &iop.HeartbeatPing{
 				SentUnixMs: time.Now().UnixMilli(), Nonce: s.pingNonce.Add(1),
-			}}}
-		case env = <-s.sendq:
+			}}}, false)
+		case env := <-s.w.Queue():
+			n, err = s.w.Drain(env, true)
 		}
-		var err error
-		for burst := 1; ; burst++ {
-			if err = s.conn.SetWriteDeadline(time.Now().Add(s.o.Timeouts.Write)); err != nil {
-				break
-			}
-			if err = w.WriteEnvelope(env); err != nil {
-				break
-			}
-			s.framesOut.Add(1)
-			if burst < maxBurst {
-				select {
-				case env = <-s.sendq:
-					continue
-				default:
-				}
-			}
-			err = bw.Flush()
-			break
-		}
+		s.framesOut.Add(uint64(n))
 		if err != nil {
-			if s.ctx.Err() == nil {
-				s.cancel(fmt.Errorf("%w: %w", ErrWrite, err))
-			}
+			s.writeFailed(err)
 			return
 		}
+	}
+}
+
+func (s *session) writeFailed(err error) {
+	if s.ctx.Err() == nil {
+		s.cancel(fmt.Errorf("%w: %w", ErrWrite, err))
 	}
 }
 
@@ -195,37 +187,42 @@ const maxBurst = 64
 // block). A full queue drops a droppable frame and counts it, and ends the
 // session for a must-deliver one.
 func (s *session) sendFromReader(env *iop.Envelope, mustDeliver bool) {
-	select {
-	case s.sendq <- env:
+	if s.ctx.Err() != nil || s.w.Enqueue(env) {
 		return
-	case <-s.ctx.Done():
-		return
-	default:
 	}
 	if !mustDeliver {
 		s.pongsDropped.Add(1)
 		return
 	}
-	s.cancel(fmt.Errorf("%w (%d frames queued)", ErrSendQueueFull, cap(s.sendq)))
+	s.cancel(fmt.Errorf("%w (%d frames queued)", ErrSendQueueFull, s.w.QueueCap()))
 }
 
-// sendFromWork queues a must-deliver frame from a run, tunnel or command
-// goroutine, waiting up to Timeouts.Write for room; past that the session
-// ends. After the session ended the frame is discarded.
-func (s *session) sendFromWork(env *iop.Envelope) {
-	select {
-	case s.sendq <- env:
+// sendFromWork sends a must-deliver frame from a run, tunnel or command
+// goroutine: written at once when the connection is free and nothing is
+// queued (no hand-off to the writer goroutine), with m saying whether it may
+// wait for the next frame's flush; otherwise queued, waiting up to
+// Timeouts.Write for room, past which the session ends. A frame that cannot
+// be encoded, or a socket error, ends the session (ErrWrite). After the
+// session ended the frame is discarded. A tunnel BODY frame's body is
+// copied before it is queued: the Executor reuses that buffer once emit
+// returns (adapter.Options.ReuseBodyBuffers).
+func (s *session) sendFromWork(env *iop.Envelope, m direct.Mode) {
+	if s.ctx.Err() != nil {
 		return
-	case <-s.ctx.Done():
-		return
-	default:
 	}
-	t := time.NewTimer(s.o.Timeouts.Write)
-	defer t.Stop()
-	select {
-	case s.sendq <- env:
-	case <-s.ctx.Done():
-	case <-t.C:
+	sent, err := s.w.Send(env, m)
+	if err != nil {
+		s.writeFailed(err)
+		return
+	}
+	if sent {
+		s.framesOut.Add(1)
+		return
+	}
+	if tf := env.GetTunnelFrame(); tf != nil && tf.GetKind() == iop.TunnelFrameKind_TUNNEL_FRAME_BODY {
+		tf.Body = bytes.Clone(tf.Body)
+	}
+	if !s.w.EnqueueWait(env, s.ctx.Done(), s.o.Timeouts.Write) && s.ctx.Err() == nil {
 		s.cancel(fmt.Errorf("%w: no room for %v", ErrSendQueueFull, s.o.Timeouts.Write))
 	}
 }

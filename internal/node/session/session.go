@@ -10,9 +10,12 @@
 // # Goroutines
 //
 // Connect's caller is the session's only reader: it runs the pre-ready
-// exchange and then the read loop. Once ready, one writer goroutine (sendLoop)
-// owns the write side of the connection: it drains the bounded send queue
-// and sends heartbeat pings; nobody else writes to the socket. Every run,
+// exchange and then the read loop. Once ready, the write side is a
+// direct.Writer: a run, tunnel or command goroutine writes its frame itself
+// when the connection is free and nothing is queued (no wake-up of another
+// goroutine per frame); otherwise the frame goes to the bounded send queue,
+// which one writer goroutine (sendLoop) drains in batches, also sending
+// heartbeat pings. Writes happen under the Writer's lock only. Every run,
 // tunnel and CAPABILITIES probe is one goroutine whose context the session's
 // lifetime context parents (SPEC E6). When the session ends, for whatever
 // reason, that context is cancelled with the cause, the connection is closed,
@@ -30,6 +33,10 @@
 //     waits up to Timeouts.Write for room (backpressure on the upstream
 //     read), then ends the session with ErrSendQueueFull.
 //   - Pings are written by the writer itself on its ticker, never queued.
+//   - Flushes: a terminal, a stream's BODY and a DELTA are flushed at once
+//     (SPEC T2); RESPONSE_START, USAGE, a run's START and a plain body's
+//     BODY frames may wait up to direct.DefaultHoldMax for the next frame's
+//     flush, so a small answer leaves in one TLS record.
 //
 // # Lock order
 //
