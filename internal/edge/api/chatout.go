@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 
 	iop "iop/proto/gen/iop"
 )
@@ -78,13 +79,23 @@ type chatConv struct {
 	holding   bool // content from the first '{' or '`' on is held (tools)
 	held      []byte
 	text      []byte // non-stream: accumulated deltas
-	buf       []byte // reused encoding buffer
 	prefix    []byte // `data: {"id":…,"choices":[`
+	// buf is the event being encoded: taken from bufs (bp) for one event
+	// and given back once it is written, so a stream parked between two
+	// tokens holds no encoding buffer (issue 7).
+	buf  []byte
+	bp   *[]byte
+	bufs *sync.Pool // of *[]byte
 }
+
+// maxPooledBuf bounds the encoding buffer given back to the pool (bytes):
+// a rare huge event's buffer is left to the GC.
+const maxPooledBuf = 64 << 10
 
 func newChatConv(o *output, model, id string, created int64, stream, includeUsage bool, tools []string, hasTools bool, newID func() string) *chatConv {
 	c := new(chatConv)
 	c.init(o, model, id, created, stream, includeUsage, tools, hasTools, newID)
+	c.bufs = new(sync.Pool)
 	return c
 }
 
@@ -92,10 +103,8 @@ func (c *chatConv) init(o *output, model, id string, created int64, stream, incl
 	*c = chatConv{out: o, model: model, id: id, created: created, stream: stream,
 		includeUsage: includeUsage && stream, tools: tools, hasTools: hasTools, newID: newID}
 	if stream {
-		// One allocation holds the chunk prefix and, after it, the
-		// encoding buffer; prefix's capacity is capped so appends to buf
-		// never touch it.
-		p := make([]byte, 0, 640+2*(len(id)+len(model)))
+		// The chunk prefix, sized for ids and names that need no escaping.
+		p := make([]byte, 0, 104+len(id)+len(model))
 		p = append(p, `data: {"id":`...)
 		p = appendJSONString(p, id)
 		p = append(p, `,"object":"chat.completion.chunk","created":`...)
@@ -103,9 +112,27 @@ func (c *chatConv) init(o *output, model, id string, created int64, stream, incl
 		p = append(p, `,"model":`...)
 		p = appendJSONString(p, model)
 		p = append(p, `,"choices":[`...)
-		c.prefix = p[:len(p):len(p)]
-		c.buf = p[len(p):len(p)]
+		c.prefix = p
 	}
+}
+
+// take sets c.buf to an empty encoding buffer from the pool.
+func (c *chatConv) take() {
+	if bp, ok := c.bufs.Get().(*[]byte); ok {
+		c.bp, c.buf = bp, (*bp)[:0]
+		return
+	}
+	c.bp, c.buf = new([]byte), make([]byte, 0, 1024)
+}
+
+// give returns c.buf to the pool; c.buf must not be used until the next
+// take.
+func (c *chatConv) give() {
+	if cap(c.buf) <= maxPooledBuf {
+		*c.bp = c.buf[:0]
+		c.bufs.Put(c.bp)
+	}
+	c.bp, c.buf = nil, nil
 }
 
 // event consumes one RunEvent. done is true after the terminal; err is a
@@ -151,7 +178,7 @@ func (c *chatConv) delta(d string) error {
 			}
 		}
 	}
-	c.buf = c.buf[:0]
+	c.take()
 	c.appendRole()
 	c.appendContent(d)
 	c.streamed = true
@@ -197,7 +224,7 @@ func (c *chatConv) complete(ev *iop.RunEvent) error {
 }
 
 func (c *chatConv) finishStream(pending string, calls []toolCall, finish string, u *iop.Usage) error {
-	c.buf = c.buf[:0]
+	c.take()
 	c.appendRole()
 	if pending != "" {
 		c.appendContent(pending)
@@ -278,11 +305,15 @@ func (c *chatConv) fail(e *apiError) error {
 		writeError(c.out.w, surfaceOpenAI, e)
 		return nil
 	}
-	c.buf = appendErrorEvent(c.buf[:0], surfaceOpenAI, e)
-	return c.out.send(c.buf)
+	c.take()
+	c.buf = appendErrorEvent(c.buf, surfaceOpenAI, e)
+	err := c.out.send(c.buf)
+	c.give()
+	return err
 }
 
-// send commits the SSE response headers on first use and writes c.buf.
+// send commits the SSE response headers on first use, writes c.buf and
+// gives it back.
 func (c *chatConv) send() error {
 	if !c.committed {
 		c.committed = true
@@ -292,7 +323,9 @@ func (c *chatConv) send() error {
 		h.Set("X-Accel-Buffering", "no")
 		c.out.w.WriteHeader(http.StatusOK)
 	}
-	return c.out.send(c.buf)
+	err := c.out.send(c.buf)
+	c.give()
+	return err
 }
 
 func (c *chatConv) endChunk() {

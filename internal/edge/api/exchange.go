@@ -106,17 +106,21 @@ func parseHead(body []byte, ep *endpoint, hd *head) *apiError {
 	return nil
 }
 
-// exchange is one admitted request: its response, lease and outcome. The
-// sinks live inside it so one allocation serves the whole request.
+// exchange is one admitted request: its response, lease and outcome. It is
+// what the Edge keeps per request for the stream's whole life, so it holds
+// nothing that only the start needs once the first byte went out (issue 7).
 type exchange struct {
-	ctx       context.Context // the request's context, carrying the principal
-	r         *http.Request
-	out       output
-	ep        *endpoint
-	lease     *pool.Lease
-	model     string
-	principal string
-	abort     bool // end the response by aborting the connection
+	ctx   context.Context // the request's context, carrying the principal
+	r     *http.Request
+	out   output
+	ep    *endpoint
+	lease *pool.Lease
+	model string
+	// body is the client's request body, kept only while a re-dispatch
+	// could still resend it (SPEC H11: before any byte reached the
+	// client); relay drops it once the sink wrote.
+	body  []byte
+	abort bool // end the response by aborting the connection
 	// handoff: the stream was cancelled before its terminal and, with the
 	// lease, handed to drain, which releases the lease once the node
 	// confirms (SPEC Q2, E4).
@@ -124,16 +128,30 @@ type exchange struct {
 	// released: lease went back (Q2); a re-dispatch releases the stalled
 	// lease before it takes the next one (H11).
 	released bool
-	req      pool.Request // the admission request, reused by a re-dispatch
-	attempt  int          // 0, or 1 after a re-dispatch (H11)
+	ok       bool // a success outcome was written
+	attempt  int  // 0, or 1 after a re-dispatch (H11)
 	// redispatch: relay stopped at an eligible stall terminal without
 	// writing anything; this is the stall's error, answered when no
 	// second lease comes (H11).
 	redispatch *apiError
-	ok         bool // a success outcome was written
 	head       head
-	tsink      tunnelSink
-	rsink      runSink
+	// The current attempt's watchers (relay): its context's cancel, the
+	// fence callback's stop and the response-wait timer.
+	cancel    context.CancelCauseFunc
+	stopFence func() bool
+	timer     *time.Timer
+}
+
+// poolRequest is x's admission request (SPEC Q4, Q7); a re-dispatch asks
+// again with it (H11), while the body is still there.
+func (x *exchange) poolRequest() pool.Request {
+	return pool.Request{Model: x.head.model, Operation: x.ep.operation, PromptTokens: pool.EstimatePromptTokens(len(x.body))}
+}
+
+// principal is the request's authenticated principal; "" in open mode.
+func (x *exchange) principal() string {
+	p, _ := PrincipalFromContext(x.ctx)
+	return p
 }
 
 // sink turns one stream's envelopes into the client response. handle's err
@@ -153,28 +171,54 @@ type sink interface {
 // lease (waiting in the queue), dispatch by lease type (SPEC Q3) and relay
 // the result. The lease is released exactly once, after the stream closed.
 // A stall before any byte may be re-dispatched once on a new lease (H11).
+//
+// Its goroutine is parked in relay for the stream's whole life, so the
+// frames below relay are kept small: admission and the stream's start run
+// in functions that have returned before relay waits (a parked stack of
+// under 3 KiB lets the runtime shrink the goroutine's stack to 8 KiB).
 func (h *Handler) serveModel(ctx context.Context, w http.ResponseWriter, r *http.Request, v *view, ep *endpoint) {
+	x := h.admit(ctx, w, r, v, ep)
+	if x == nil {
+		return
+	}
+	defer func() {
+		if x.abort {
+			panic(http.ErrAbortHandler) // after the lease went back
+		}
+	}()
+	defer h.releaseLease(x)
+	if st, s := h.start(x); st != nil {
+		h.relay(x, st, s)
+	}
+	if x.redispatch != nil {
+		h.redispatch(x)
+	}
+}
+
+// admit reads and validates the body and acquires a lease, waiting in the
+// queue (SPEC Q4). It returns nil when it answered the request itself (a
+// bad body, no admission) or the client left while queued.
+func (h *Handler) admit(ctx context.Context, w http.ResponseWriter, r *http.Request, v *view, ep *endpoint) *exchange {
 	body, e := readBody(w, r, v.maxBody)
 	if e != nil {
 		closeUnread(w, r)
 		writeError(w, ep.surface, e)
-		return
+		return nil
 	}
 	// The body is in: lift the read deadline so that nothing later on this
 	// connection (its disconnect detector's read) ever runs into it.
 	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
-	x := &exchange{ctx: ctx, r: r, out: output{w: w}, ep: ep}
+	x := &exchange{ctx: ctx, r: r, out: output{w: w}, ep: ep, body: body}
 	hd := &x.head
 	if e := parseHead(body, ep, hd); e != nil {
 		writeError(w, ep.surface, e)
-		return
+		return nil
 	}
-	x.req = pool.Request{Model: hd.model, Operation: ep.operation, PromptTokens: pool.EstimatePromptTokens(len(body))}
-	lease, err := h.o.Pool.Acquire(ctx, x.req)
+	lease, err := h.o.Pool.Acquire(ctx, x.poolRequest())
 	if err != nil {
 		if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
 			h.log.Debug("client left while queued", "model", hd.model) // SPEC Q4, T3: the pool removed the waiter
-			return
+			return nil
 		}
 		e := poolError(hd.model, err)
 		level := slog.LevelDebug // the client's mistake
@@ -183,46 +227,37 @@ func (h *Handler) serveModel(ctx context.Context, w http.ResponseWriter, r *http
 		}
 		h.log.Log(ctx, level, "request not admitted", "model", hd.model, "operation", ep.operation, "status", e.status, "err", err)
 		writeError(w, ep.surface, e)
-		return
+		return nil
 	}
 	x.lease, x.model = lease, hd.model
-	x.principal, _ = PrincipalFromContext(ctx)
-	defer func() {
-		if x.abort {
-			panic(http.ErrAbortHandler) // after the lease went back
-		}
-	}()
-	defer h.releaseLease(x)
-
-	h.dispatch(x, body, hd)
-	if x.redispatch != nil {
-		h.redispatch(x, body, hd)
-	}
+	return x
 }
 
-// dispatch sends the request on x.lease by lease type (SPEC Q3) and
-// relays the result.
-func (h *Handler) dispatch(x *exchange, body []byte, hd *head) {
+// start sends the request on x.lease by lease type (SPEC Q3) and returns
+// the stream and the sink that relays it; nil when it answered the request
+// itself (the operation is not supported, the input is invalid, the node
+// could not take it).
+func (h *Handler) start(x *exchange) (dispatch.Stream, sink) {
 	l := x.lease
 	switch {
 	case l.Type == config.TypeOpenAICompat:
-		h.tunnel(x, body, hd)
+		return h.tunnel(x)
 	case l.Type == config.TypeOllama && x.ep.chat:
-		h.run(x, body, hd)
-	default:
-		writeError(x.out.w, x.ep.surface, badGateway("operation_not_supported", "provider "+l.Provider+" of type "+
-			l.Type+" cannot serve "+x.ep.path))
+		return h.run(x)
 	}
+	writeError(x.out.w, x.ep.surface, badGateway("operation_not_supported", "provider "+l.Provider+" of type "+
+		l.Type+" cannot serve "+x.ep.path))
+	return nil, nil
 }
 
 // tunnel sends the client's body with only "model" replaced by the lease's
-// target (SPEC Q3: one splice, every other byte unchanged) and relays the
-// provider's response frames.
-func (h *Handler) tunnel(x *exchange, body []byte, hd *head) {
-	l := x.lease
-	out := body
+// target (SPEC Q3: one splice, every other byte unchanged); its sink relays
+// the provider's response frames.
+func (h *Handler) tunnel(x *exchange) (dispatch.Stream, sink) {
+	l, hd := x.lease, &x.head
+	out := x.body
 	if len(hd.modelSpans) != 1 || hd.model != l.Target {
-		out = spliceModel(body, hd.modelSpans, l.Target)
+		out = spliceModel(x.body, hd.modelSpans, l.Target)
 	}
 	req := &iop.ProviderTunnelRequest{
 		Adapter: l.Provider, Target: l.Target, Method: http.MethodPost, Path: x.ep.path,
@@ -232,32 +267,32 @@ func (h *Handler) tunnel(x *exchange, body []byte, hd *head) {
 	st, err := h.o.Dispatcher.StartTunnel(dispatch.Target{Node: l.Node, Generation: l.Generation}, req)
 	if err != nil {
 		h.startFailed(x, err)
-		return
+		return nil, nil
 	}
-	x.tsink = tunnelSink{h: h, x: x}
-	h.relay(x, st, &x.tsink)
+	return st, &tunnelSink{h: h, x: x}
 }
 
-// run sends the normalized RunRequest (SPEC Q3) and converts its events to
-// the OpenAI chat completion response (SPEC T5).
-func (h *Handler) run(x *exchange, body []byte, hd *head) {
-	in, tools, e := runInput(body)
+// run sends the normalized RunRequest (SPEC Q3); its sink converts the
+// events to the OpenAI chat completion response (SPEC T5).
+func (h *Handler) run(x *exchange) (dispatch.Stream, sink) {
+	in, tools, e := runInput(x.body)
 	if e != nil {
 		writeError(x.out.w, x.ep.surface, e)
-		return
+		return nil, nil
 	}
-	l := x.lease
+	l, hd := x.lease, &x.head
 	req := &iop.RunRequest{Adapter: l.Provider, Target: l.Target, Input: in, ResponseStallTimeoutMs: l.StallTimeoutMs,
 		Stream: hd.stream}
 	st, err := h.o.Dispatcher.StartRun(dispatch.Target{Node: l.Node, Generation: l.Generation}, req)
 	if err != nil {
 		h.startFailed(x, err)
-		return
+		return nil, nil
 	}
-	x.rsink = runSink{h: h, x: x}
-	x.rsink.conv.init(&x.out, hd.model, "chatcmpl-"+h.o.NewID(), h.o.Now().Unix(), hd.stream, hd.includeUsage,
+	s := &runSink{h: h, x: x}
+	s.conv.init(&x.out, hd.model, "chatcmpl-"+h.o.NewID(), h.o.Now().Unix(), hd.stream, hd.includeUsage,
 		tools, len(tools) > 0, h.o.NewID)
-	h.relay(x, st, &x.rsink)
+	s.conv.bufs = &h.bufs
+	return st, s
 }
 
 func (h *Handler) startFailed(x *exchange, err error) {
@@ -289,23 +324,13 @@ func (h *Handler) responseWait(l *pool.Lease) time.Duration {
 // fence and the response-wait timer; any of them, or a failed write, sends
 // Cancel to the node at once (SPEC T3) and ends the response with exactly
 // one outcome. st is closed before relay returns.
+//
+// The request's goroutine waits in Recv for the stream's whole life: relay
+// keeps its own frame small and does the work per envelope in deliver,
+// whose frame is gone while it waits.
 func (h *Handler) relay(x *exchange, st dispatch.Stream, s sink) {
-	ctx, cancel := context.WithCancelCause(x.ctx)
-	defer cancel(nil)
-	if fc := x.lease.FenceContext(); fc != nil {
-		// A callback, not a goroutine per request: the fence context is
-		// shared by the generation's leases.
-		stop := context.AfterFunc(fc, func() { cancel(ErrFenced) })
-		defer stop()
-	}
-	wait := h.responseWait(x.lease)
-	timer := time.AfterFunc(wait, func() { cancel(ErrResponseWait) })
-	defer timer.Stop()
-	defer func() {
-		if !x.handoff {
-			st.Close()
-		}
-	}()
+	ctx := h.watch(x)
+	defer h.unwatch(x, st)
 	for {
 		env, err := st.Recv(ctx)
 		if err != nil {
@@ -314,28 +339,69 @@ func (h *Handler) relay(x *exchange, st dispatch.Stream, s sink) {
 			}
 			return
 		}
-		timer.Reset(wait)
-		if h.stalled(x, s, env) {
-			return // nothing written: serveModel re-dispatches (H11)
-		}
-		done, err := s.handle(env)
-		if err != nil {
-			st.Cancel("write_failed")
-			h.log.Debug("client write failed", "model", x.model, "run_id", st.RunID(), "err", err)
-			if !terminal(env) {
-				h.handOff(x, st)
-			}
-			return
-		}
-		if done {
-			if e := s.failure(); e != nil {
-				h.logFailure(x, st, e)
-			} else {
-				x.ok = true
-			}
+		if h.deliver(x, st, s, env) {
 			return
 		}
 	}
+}
+
+// watch starts the watchers of one attempt's relay and returns the context
+// Recv waits on: it ends when the client's request context does, with
+// ErrFenced when the lease's fence context does (a callback, not a
+// goroutine per request: the fence context is shared by the generation's
+// leases) and with ErrResponseWait when no envelope came for the
+// response-wait timeout.
+func (h *Handler) watch(x *exchange) context.Context {
+	ctx, cancel := context.WithCancelCause(x.ctx)
+	x.cancel, x.stopFence = cancel, nil
+	if fc := x.lease.FenceContext(); fc != nil {
+		x.stopFence = context.AfterFunc(fc, func() { cancel(ErrFenced) })
+	}
+	x.timer = time.AfterFunc(h.responseWait(x.lease), func() { cancel(ErrResponseWait) })
+	return ctx
+}
+
+// unwatch closes st (unless handed off to drain) and stops the watchers.
+func (h *Handler) unwatch(x *exchange, st dispatch.Stream) {
+	if !x.handoff {
+		st.Close()
+	}
+	x.timer.Stop()
+	if x.stopFence != nil {
+		x.stopFence()
+	}
+	x.cancel(nil)
+	x.cancel, x.stopFence, x.timer = nil, nil, nil
+}
+
+// deliver hands one envelope to s and reports whether relay is done: a
+// terminal was written, the client is gone, or a stall is re-dispatched
+// (H11). Once s wrote, the body can never be resent and is dropped.
+func (h *Handler) deliver(x *exchange, st dispatch.Stream, s sink, env *iop.Envelope) bool {
+	x.timer.Reset(h.responseWait(x.lease))
+	if h.stalled(x, s, env) {
+		return true // nothing written: serveModel re-dispatches (H11)
+	}
+	done, err := s.handle(env)
+	if x.body != nil && s.wrote() {
+		x.body = nil
+	}
+	if err != nil {
+		st.Cancel("write_failed")
+		h.log.Debug("client write failed", "model", x.model, "run_id", st.RunID(), "err", err)
+		if !terminal(env) {
+			h.handOff(x, st)
+		}
+		return true
+	}
+	if done {
+		if e := s.failure(); e != nil {
+			h.logFailure(x, st, e)
+		} else {
+			x.ok = true
+		}
+	}
+	return done
 }
 
 // recvFailed ends the response after Recv failed. It reports whether it
@@ -444,7 +510,7 @@ func (s *runSink) handle(env *iop.Envelope) (bool, error) {
 		return false, nil
 	}
 	if ev.Type == iop.RunEventType_RUN_EVENT_COMPLETE && ev.Usage != nil && s.h.o.OnUsage != nil {
-		s.h.o.OnUsage(s.x.principal, s.x.model, ev.Usage)
+		s.h.o.OnUsage(s.x.principal(), s.x.model, ev.Usage)
 	}
 	return s.conv.event(ev)
 }

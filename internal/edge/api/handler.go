@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -90,6 +91,7 @@ type Handler struct {
 	o    Options
 	log  *slog.Logger
 	view atomic.Pointer[view]
+	bufs sync.Pool // *[]byte: encoding buffers of streamed chat chunks (chatConv)
 }
 
 // New returns the Handler for o.
@@ -189,6 +191,17 @@ var (
 // another method 405, both in OpenAI shape (Anthropic shape under
 // /v1/messages).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// A model request's goroutine stays in serveModel for the stream's
+	// whole life: route's large frame is gone by then (see serveModel).
+	if ctx, v, ep := h.route(w, r); ep != nil {
+		h.serveModel(ctx, w, r, v, ep)
+	}
+}
+
+// route answers every request but an admitted model request itself, and
+// returns nil for those; for a model request it returns its context
+// (carrying the principal), the config view and the endpoint.
+func (h *Handler) route(w http.ResponseWriter, r *http.Request) (context.Context, *view, *endpoint) {
 	if r.Body != nil && r.Body != http.NoBody {
 		// Bound the body read; serveModel lifts it once the body is in.
 		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(h.o.BodyReadTimeout))
@@ -199,11 +212,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/healthz":
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			methodNotAllowed(w, surfaceOpenAI, "GET")
-			return
+			return nil, nil, nil
 		}
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"status":"ok"}`)
-		return
+		return nil, nil, nil
 	case "/v1/models":
 		method = http.MethodGet
 	case "/v1/chat/completions":
@@ -221,7 +234,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		reject(w, r, s, &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "unknown_url",
 			msg: "unknown endpoint: " + r.Method + " " + truncate(r.URL.Path, 256)})
-		return
+		return nil, nil, nil
 	}
 	s := surfaceOpenAI
 	if ep != nil {
@@ -230,12 +243,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != method {
 		closeUnread(w, r)
 		methodNotAllowed(w, s, method)
-		return
+		return nil, nil, nil
 	}
 	v := h.current()
 	if v.cfg == nil {
 		writeError(w, s, &apiError{status: http.StatusServiceUnavailable, typ: "server_error", msg: "the edge has no configuration loaded"})
-		return
+		return nil, nil, nil
 	}
 	principal, ok := v.authenticate(r, s == surfaceAnthropic)
 	if !ok {
@@ -246,7 +259,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		reject(w, r, s, &apiError{status: http.StatusUnauthorized, typ: "authentication_error", code: "invalid_api_key",
 			msg: "missing or invalid API key (" + hint + ")"})
-		return
+		return nil, nil, nil
 	}
 	ctx := r.Context()
 	if principal != "" {
@@ -256,9 +269,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Content-Length", strconv.Itoa(len(v.models)))
 		_, _ = w.Write(v.models)
-		return
+		return nil, nil, nil
 	}
-	h.serveModel(ctx, w, r, v, ep)
+	return ctx, v, ep
 }
 
 // reject answers a request refused before its body was read. An unread

@@ -106,13 +106,13 @@ func (h *Handler) releaseLease(x *exchange) {
 // may be picked again when it is still live), waiting at most
 // RedispatchWait. With no lease in time the client gets the stall's own
 // error (504). There is never a third attempt.
-func (h *Handler) redispatch(x *exchange, body []byte, hd *head) {
+func (h *Handler) redispatch(x *exchange) {
 	stall := x.redispatch
 	x.redispatch = nil
 	first := x.lease
 	h.releaseLease(x)
 	ctx, cancel := context.WithTimeout(x.ctx, h.o.RedispatchWait)
-	l, err := h.o.Pool.Acquire(ctx, x.req)
+	l, err := h.o.Pool.Acquire(ctx, x.poolRequest())
 	cancel()
 	if err != nil {
 		h.o.Health.RecoveryOutcome(first, nil, x.model, health.RecoveryNoLease)
@@ -128,7 +128,9 @@ func (h *Handler) redispatch(x *exchange, body []byte, hd *head) {
 		return
 	}
 	x.lease, x.released, x.attempt = l, false, 1
-	h.dispatch(x, body, hd)
+	if st, s := h.start(x); st != nil {
+		h.relay(x, st, s)
+	}
 	r := health.RecoveryFailed
 	if x.ok {
 		r = health.RecoveryRecovered

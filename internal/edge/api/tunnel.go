@@ -110,7 +110,7 @@ func (s *tunnelSink) handle(env *iop.Envelope) (bool, error) {
 		}
 	case iop.TunnelFrameKind_TUNNEL_FRAME_USAGE:
 		if f.Usage != nil && s.h.o.OnUsage != nil {
-			s.h.o.OnUsage(s.x.principal, s.x.model, f.Usage)
+			s.h.o.OnUsage(s.x.principal(), s.x.model, f.Usage)
 		}
 	case iop.TunnelFrameKind_TUNNEL_FRAME_END:
 		if !s.committed {
