@@ -190,9 +190,17 @@ func (h *Handler) serveModel(ctx context.Context, w http.ResponseWriter, r *http
 	if st, s := h.start(x); st != nil {
 		h.relay(x, st, s)
 	}
-	if x.redispatch != nil {
-		h.redispatch(x)
+	if x.redispatch == nil {
+		return
 	}
+	first := h.reacquire(x) // SPEC H11: once, on a second lease
+	if first == nil {
+		return
+	}
+	if st, s := h.start(x); st != nil {
+		h.relay(x, st, s)
+	}
+	h.recovered(x, first)
 }
 
 // admit reads and validates the body and acquires a lease, waiting in the

@@ -198,9 +198,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// route answers every request but an admitted model request itself, and
-// returns nil for those; for a model request it returns its context
-// (carrying the principal), the config view and the endpoint.
+// route answers every request except an authenticated model request, for
+// which it returns the request's context (carrying the principal), the
+// config view and the endpoint; the endpoint is nil when route answered.
 func (h *Handler) route(w http.ResponseWriter, r *http.Request) (context.Context, *view, *endpoint) {
 	if r.Body != nil && r.Body != http.NoBody {
 		// Bound the body read; serveModel lifts it once the body is in.

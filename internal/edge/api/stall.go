@@ -100,16 +100,17 @@ func (h *Handler) releaseLease(x *exchange) {
 	h.o.Pool.Release(x.lease)
 }
 
-// redispatch sends a request whose first attempt stalled before any byte
-// to a second lease (SPEC H11): the stalled lease goes back first, then the
-// pool picks again (an overlaid provider is no candidate; the stalled one
-// may be picked again when it is still live), waiting at most
-// RedispatchWait. With no lease in time the client gets the stall's own
-// error (504). There is never a third attempt.
-func (h *Handler) redispatch(x *exchange) {
+// reacquire prepares the re-dispatch of a request whose first attempt
+// stalled before any byte (SPEC H11): the stalled lease goes back first,
+// then the pool picks again (an overlaid provider is no candidate; the
+// stalled one may be picked again when it is still live), waiting at most
+// RedispatchWait. It returns the first lease with x on the second one; with
+// no lease in time the client gets the stall's own error (504) and it
+// returns nil. There is never a third attempt.
+func (h *Handler) reacquire(x *exchange) (first *pool.Lease) {
 	stall := x.redispatch
 	x.redispatch = nil
-	first := x.lease
+	first = x.lease
 	h.releaseLease(x)
 	ctx, cancel := context.WithTimeout(x.ctx, h.o.RedispatchWait)
 	l, err := h.o.Pool.Acquire(ctx, x.poolRequest())
@@ -118,22 +119,25 @@ func (h *Handler) redispatch(x *exchange) {
 		h.o.Health.RecoveryOutcome(first, nil, x.model, health.RecoveryNoLease)
 		if x.ctx.Err() != nil {
 			h.log.Debug("client left during re-dispatch", "model", x.model)
-			return
+			return nil
 		}
 		h.log.LogAttrs(x.ctx, slog.LevelWarn, "request failed",
 			slog.String("model", x.model), slog.String("node", first.Node), slog.String("provider", first.Provider),
 			slog.Int("status", stall.status), slog.String("code", stall.code), slog.String("error", stall.msg),
 			slog.String("detail", "no second lease for a re-dispatch: "+err.Error()))
 		writeError(x.out.w, x.ep.surface, stall)
-		return
+		return nil
 	}
 	x.lease, x.released, x.attempt = l, false, 1
-	if st, s := h.start(x); st != nil {
-		h.relay(x, st, s)
-	}
+	return first
+}
+
+// recovered records the outcome of the re-dispatch from first to x.lease
+// (SPEC H12).
+func (h *Handler) recovered(x *exchange, first *pool.Lease) {
 	r := health.RecoveryFailed
 	if x.ok {
 		r = health.RecoveryRecovered
 	}
-	h.o.Health.RecoveryOutcome(first, l, x.model, r)
+	h.o.Health.RecoveryOutcome(first, x.lease, x.model, r)
 }
