@@ -118,7 +118,7 @@ type exchange struct {
 	model string
 	// body is the client's request body, kept only while a re-dispatch
 	// could still resend it (SPEC H11: before any byte reached the
-	// client); relay drops it once the sink wrote.
+	// client); deliver drops it once the sink wrote.
 	body  []byte
 	abort bool // end the response by aborting the connection
 	// handoff: the stream was cancelled before its terminal and, with the
