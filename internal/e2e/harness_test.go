@@ -339,11 +339,8 @@ func startNodeNoCleanup(t testing.TB, p pkiDir, id, edgeAddr string, o nodeOpts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	hc := o.client
-	if hc == nil {
-		hc = newHTTPClient(t)
-	}
-	return launchNode(cfg, hc, o.log)
+	// nil: the node's own upstream client, as the binary runs it.
+	return launchNode(cfg, o.client, o.log)
 }
 
 // nodeConfigFor builds node id's config as JSON and parses it with

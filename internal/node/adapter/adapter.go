@@ -45,6 +45,7 @@ import (
 	"sync"
 	"time"
 
+	"iop/internal/node/adapter/h1"
 	"iop/internal/node/adapter/ollama"
 	"iop/internal/node/adapter/openaicompat"
 	"iop/internal/node/adapter/upstream"
@@ -372,10 +373,13 @@ func (s *Set) lookup(name, legacyType string) (*instance, error) {
 	return nil, fmt.Errorf("unknown adapter %q", name)
 }
 
-// defaultClient returns an HTTP client for long streams to few hosts. It
-// uses no proxy (reading proxy settings from the environment is main's job).
+// defaultClient returns an HTTP client for long streams to few hosts:
+// plain-HTTP backends through h1.Transport (no goroutine hand-off per
+// request), https ones through net/http's Transport (HTTP/2 when offered).
+// It uses no proxy (reading proxy settings from the environment is main's
+// job).
 func defaultClient() *http.Client {
-	return &http.Client{Transport: &http.Transport{
+	return &http.Client{Transport: &h1.Transport{Fallback: &http.Transport{
 		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		ForceAttemptHTTP2:     true,
 		MaxIdleConns:          256,
@@ -384,7 +388,7 @@ func defaultClient() *http.Client {
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: time.Second,
 		DisableCompression:    true,
-	}}
+	}}}
 }
 
 // validToken reports whether s is a non-empty RFC 9110 token (a header name).
