@@ -35,7 +35,7 @@ const (
 	DefaultMaxIdlePerHost = 64
 	DefaultIdleTimeout    = 90 * time.Second
 	DefaultProbeAfter     = time.Second
-	bufferSize = 4 << 10 // bytes, per connection and direction
+	bufferSize            = 4 << 10 // bytes, per connection and direction
 )
 
 // Transport is an http.RoundTripper; safe for concurrent use.
