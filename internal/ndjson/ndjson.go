@@ -9,6 +9,7 @@ package ndjson
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -64,6 +65,19 @@ func (r *Reader) Next() ([]byte, error) {
 			return line, nil
 		}
 	}
+}
+
+// LineBuffered reports whether a whole line is already buffered, so that
+// the next Next returns without reading: a consumer can pass on what it
+// got so far in one piece instead of one piece per line, without waiting
+// for anything that has not arrived.
+func (r *Reader) LineBuffered() bool {
+	n := r.br.Buffered()
+	if n == 0 {
+		return false
+	}
+	b, _ := r.br.Peek(n)
+	return bytes.IndexByte(b, '\n') >= 0
 }
 
 // readLine returns one line without "\n" and a trailing "\r". On an error it

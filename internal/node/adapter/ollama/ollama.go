@@ -75,12 +75,25 @@ type chatToolCall struct {
 	} `json:"function"`
 }
 
+// readChatStream reads Ollama's NDJSON chat stream (SPEC E8). Text of lines
+// that arrived together is passed to h.Delta in one piece: a delta waits for
+// nothing that has not arrived, and a burst of tokens costs one DELTA frame
+// instead of one per token.
 func readChatStream(r io.Reader, h upstream.Hooks) (upstream.Result, error) {
 	lines := ndjson.NewReader(r, 0)
 	var (
 		content strings.Builder
 		calls   []upstream.ToolCall
+		pending int // bytes at the end of content not yet passed to h.Delta
 	)
+	flush := func() {
+		if pending > 0 {
+			s := content.String()
+			h.Delta(s[len(s)-pending:])
+			pending = 0
+		}
+	}
+	defer flush() // text read before a failure still goes out before the terminal
 	for n := 1; ; n++ {
 		raw, err := lines.Next()
 		if err == io.EOF {
@@ -98,7 +111,10 @@ func readChatStream(r io.Reader, h upstream.Hooks) (upstream.Result, error) {
 		}
 		if line.Message.Content != "" {
 			content.WriteString(line.Message.Content)
-			h.Delta(line.Message.Content)
+			pending += len(line.Message.Content)
+		}
+		if line.Done || len(line.Message.ToolCalls) > 0 || !lines.LineBuffered() {
+			flush()
 		}
 		for _, tc := range line.Message.ToolCalls {
 			call, err := toOpenAIToolCall(tc)

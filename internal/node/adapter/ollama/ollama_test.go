@@ -154,3 +154,44 @@ func jsonEqual(t testing.TB, a, b []byte) bool {
 	ya, _ := json.Marshal(y)
 	return bytes.Equal(xa, ya)
 }
+
+// pieces returns its chunks one Read at a time, as a socket delivers bursts.
+type pieces struct{ chunks []string }
+
+func (p *pieces) Read(b []byte) (int, error) {
+	if len(p.chunks) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(b, p.chunks[0])
+	p.chunks[0] = p.chunks[0][n:]
+	if p.chunks[0] == "" {
+		p.chunks = p.chunks[1:]
+	}
+	return n, nil
+}
+
+// E8, T2: lines that arrived in one read are passed on as one delta; a line
+// that arrives in a later read gets a delta of its own (nothing waits for
+// bytes not yet read), and text read before a broken line still goes out.
+func TestDeltasFollowArrival(t *testing.T) {
+	line := func(s string) string { return `{"message":{"role":"assistant","content":"` + s + `"},"done":false}` + "\n" }
+	done := `{"message":{"role":"assistant","content":""},"done":true,"done_reason":"stop"}` + "\n"
+	for _, tc := range []struct {
+		name    string
+		chunks  []string
+		want    []string
+		wantErr bool
+	}{
+		{"E8 one burst, one delta", []string{line("a") + line("b") + line("c") + done}, []string{"abc"}, false},
+		{"T2 each read its own delta", []string{line("a"), line("b"), line("c") + done}, []string{"a", "b", "c"}, false},
+		{"T2 a split line waits only for its own end", []string{line("a") + line("b")[:5], line("b")[5:] + done}, []string{"a", "b"}, false},
+		{"E8 text before a broken line is not lost", []string{line("a") + line("b") + "{broken\n"}, []string{"ab"}, true},
+	} {
+		var got []string
+		_, err := readChatStream(&pieces{chunks: append([]string(nil), tc.chunks...)},
+			upstream.Hooks{OnDelta: func(s string) { got = append(got, s) }})
+		if (err != nil) != tc.wantErr || strings.Join(got, "|") != strings.Join(tc.want, "|") {
+			t.Errorf("%s: deltas %q err %v; want %q (error %v)", tc.name, got, err, tc.want, tc.wantErr)
+		}
+	}
+}
