@@ -174,7 +174,9 @@ func (p *pieces) Read(b []byte) (int, error) {
 // that arrives in a later read gets a delta of its own (nothing waits for
 // bytes not yet read), and text read before a broken line still goes out.
 func TestDeltasFollowArrival(t *testing.T) {
-	line := func(s string) string { return `{"message":{"role":"assistant","content":"` + s + `"},"done":false}` + "\n" }
+	line := func(s string) string {
+		return `{"message":{"role":"assistant","content":"` + s + `"},"done":false}` + "\n"
+	}
 	done := `{"message":{"role":"assistant","content":""},"done":true,"done_reason":"stop"}` + "\n"
 	for _, tc := range []struct {
 		name    string
