@@ -13,6 +13,9 @@ import (
 // once, so each SSE event reaches the client as it is produced.
 type output struct {
 	w http.ResponseWriter
+	// batch: more frames of the stream are already queued; flush is left
+	// to the last of them (one client write per burst, SPEC T2).
+	batch bool
 }
 
 func newOutput(w http.ResponseWriter) *output { return &output{w: w} }
@@ -28,6 +31,9 @@ func (o *output) send(p []byte) error {
 // flush flushes the response, reporting the error when the writer can (as
 // net/http's does); wrapped writers go through http.ResponseController.
 func (o *output) flush() error {
+	if o.batch {
+		return nil
+	}
 	switch f := o.w.(type) {
 	case interface{ FlushError() error }:
 		return f.FlushError()

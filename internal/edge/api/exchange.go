@@ -342,6 +342,7 @@ func (h *Handler) relay(x *exchange, st dispatch.Stream, s sink) {
 	for {
 		env, err := st.Recv(ctx)
 		if err != nil {
+			x.out.batch = false
 			if h.recvFailed(x, st, s, ctx, err) {
 				h.handOff(x, st)
 			}
@@ -390,6 +391,7 @@ func (h *Handler) deliver(x *exchange, st dispatch.Stream, s sink, env *iop.Enve
 	if h.stalled(x, s, env) {
 		return true // nothing written: serveModel re-dispatches (H11)
 	}
+	x.out.batch = st.Pending() // flush once per burst of frames (SPEC T2)
 	done, err := s.handle(env)
 	if x.body != nil && s.wrote() {
 		x.body = nil

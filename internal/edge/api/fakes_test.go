@@ -142,6 +142,8 @@ func (s *fakeStream) Recv(ctx context.Context) (*iop.Envelope, error) {
 	}
 }
 
+func (s *fakeStream) Pending() bool { return len(s.ch) > 0 }
+
 func (s *fakeStream) Cancel(reason string) {
 	s.mu.Lock()
 	s.reasons = append(s.reasons, reason)

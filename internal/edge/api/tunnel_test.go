@@ -5,8 +5,10 @@ import (
 	"context"
 	"io"
 	"iop/internal/samples"
+	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"iop/internal/edge/config"
 	"iop/internal/edge/dispatch"
@@ -254,4 +256,48 @@ func httpSample(t *testing.T, name string) (int32, []byte) {
 	t.Helper()
 	status, body := samples.ReadHTTP(t, name)
 	return int32(status), body
+}
+
+// flushCounter is a ResponseWriter that counts flushes.
+type flushCounter struct {
+	*httptest.ResponseRecorder
+	flushes int
+	flushed chan struct{} // one token per flush
+}
+
+func (f *flushCounter) Flush() {
+	f.flushes++
+	f.ResponseRecorder.Flush()
+	f.flushed <- struct{}{}
+}
+
+// T2, T5: frames of a stream that are already queued together go to the
+// client in one flush (the last of the burst), never one flush per frame;
+// TestTunnelBodyFlushedAsItArrives shows a frame is never held to wait for
+// a later one.
+func TestStreamBurstOneFlush(t *testing.T) {
+	leakcheck.Check(t)
+	r := newRig(t, config.TypeOpenAICompat, nil)
+	r.st.frames(fStart(200, "Content-Type", "text/event-stream"), fBody([]byte("data: one\n\n")),
+		fBody([]byte("data: two\n\n")), fBody([]byte("data: three\n\n")))
+	done := make(chan struct{})
+	w := &flushCounter{ResponseRecorder: httptest.NewRecorder(), flushed: make(chan struct{}, 8)}
+	go func() {
+		defer close(done)
+		req := httptest.NewRequest("POST", "/v1/chat/completions", strings.NewReader(`{"model":"tiny","stream":true,"messages":[]}`))
+		r.h.ServeHTTP(w, req)
+	}()
+	// The three BODY frames were queued before the handler read any: one
+	// flush after the third. END comes later, on its own.
+	select {
+	case <-w.flushed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the burst was never flushed")
+	}
+	r.st.frames(fEnd())
+	<-done
+	if w.flushes != 1 || w.Body.String() != "data: one\n\ndata: two\n\ndata: three\n\n" {
+		t.Fatalf("%d flushes, body %q; want 1 flush of the three events", w.flushes, w.Body.String())
+	}
+	checkOneOutcome(t, r, 0)
 }

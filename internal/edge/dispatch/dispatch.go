@@ -43,6 +43,11 @@ type Stream interface {
 	// terminal envelope it returns io.EOF; when the session is lost first,
 	// ErrSessionLost; on ctx done, ctx.Err() (the stream stays usable).
 	Recv(ctx context.Context) (*iop.Envelope, error)
+	// Pending reports whether Recv would return an envelope without
+	// waiting: the relay flushes the client response once per burst of
+	// frames that arrived together, never holding one back to wait for
+	// the next (SPEC T2).
+	Pending() bool
 	// Cancel sends CancelRequest{reason} to the node once (SPEC T3, E5);
 	// a no-op after the terminal or session loss.
 	Cancel(reason string)

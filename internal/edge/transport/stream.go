@@ -124,6 +124,13 @@ func (st *stream) Recv(ctx context.Context) (*iop.Envelope, error) {
 	}
 }
 
+// Pending implements dispatch.Stream.
+func (st *stream) Pending() bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.head < len(st.q)
+}
+
 // Cancel implements dispatch.Stream: CancelRequest{reason} is queued once,
 // as a must-deliver message (SPEC T3, E5); a no-op after the terminal,
 // session loss or a previous Cancel.

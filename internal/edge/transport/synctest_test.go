@@ -195,10 +195,12 @@ func TestReadyDeadline(t *testing.T) {
 	})
 }
 
-// STYLE 3, dispatch.ErrSendQueueFull: with the writer blocked on a peer
-// that stopped reading, a refusable request that finds the queue full is
-// refused and the session lives on; a must-deliver CancelRequest that
-// finds it full closes the session, and its streams get ErrSessionLost.
+// STYLE 3, dispatch.ErrSendQueueFull: with a direct write blocked on a
+// peer that stopped reading, the next request queues behind it; a
+// refusable request that finds the queue full is refused after its bounded
+// wait and the session lives on; a must-deliver CancelRequest that finds it
+// full closes the session, and its streams get ErrSessionLost — the blocked
+// writer's included.
 func TestSendQueueOverflow(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newPipeHarness(t, 0, 0, 0, func(o *Options) { o.SendQueue = 1 })
@@ -206,17 +208,26 @@ func TestSendQueueOverflow(t *testing.T) {
 		n.connect("gpu-1") // then the node stops reading
 		<-h.hooks
 		tgt := dispatch.Target{Node: "gpu-1", Generation: 1}
-		r1, err := h.srv.StartRun(tgt, &iop.RunRequest{Target: "tiny"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		synctest.Wait() // the writer took r1 and blocks writing it
+		first := make(chan dispatch.Stream, 1)
+		go func() {
+			r1, err := h.srv.StartRun(tgt, &iop.RunRequest{Target: "tiny"})
+			if err != nil {
+				t.Error(err)
+			}
+			first <- r1
+		}()
+		synctest.Wait() // r1's handler writes it directly and blocks in the write
 		r2, err := h.srv.StartRun(tgt, &iop.RunRequest{Target: "tiny"})
 		if err != nil {
 			t.Fatalf("second StartRun = %v, want queued", err)
 		}
+		synctest.Wait() // the writer goroutine took r2 and waits for the connection
+		r3, err := h.srv.StartRun(tgt, &iop.RunRequest{Target: "tiny"})
+		if err != nil {
+			t.Fatalf("third StartRun = %v, want queued", err)
+		}
 		if _, err := h.srv.StartRun(tgt, &iop.RunRequest{}); !errors.Is(err, dispatch.ErrSendQueueFull) {
-			t.Fatalf("third StartRun = %v, want ErrSendQueueFull", err)
+			t.Fatalf("fourth StartRun = %v, want ErrSendQueueFull", err)
 		}
 		if _, err := h.srv.Command(context.Background(), "gpu-1", 1, &iop.NodeCommandRequest{}); !errors.Is(err, dispatch.ErrSendQueueFull) {
 			t.Fatalf("Command = %v, want ErrSendQueueFull", err)
@@ -225,11 +236,12 @@ func TestSendQueueOverflow(t *testing.T) {
 		if st := h.node("gpu-1"); !st.Connected {
 			t.Fatalf("refusable overflow ended the session: %+v", st)
 		}
-		r1.Cancel("client_disconnected") // must-deliver, queue full
+		r2.Cancel("client_disconnected") // must-deliver, queue full
 		if got := <-h.hooks; got != (hookCall{"fence", "gpu-1", 1}) {
 			t.Fatalf("hook = %v, want fence after must-deliver overflow", got)
 		}
-		for _, st := range []dispatch.Stream{r1, r2} {
+		r1 := <-first // the closed connection ended its write
+		for _, st := range []dispatch.Stream{r1, r2, r3} {
 			if _, err := st.Recv(context.Background()); !errors.Is(err, dispatch.ErrSessionLost) {
 				t.Fatalf("Recv on %s = %v, want ErrSessionLost", st.RunID(), err)
 			}

@@ -23,7 +23,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -92,7 +91,11 @@ type Writer struct {
 	queue  chan *iop.Envelope
 	queued atomic.Int64 // frames queued and not yet written; counted before the channel send
 
-	mu        sync.Mutex // guards the fields below and every write to bw
+	// sem is the lock (a one-slot channel rather than a sync.Mutex: a
+	// writer goroutine waiting for it is durably blocked, which
+	// testing/synctest needs to advance its clock past a stuck write). It
+	// guards the fields below and every write to bw.
+	sem       chan struct{}
 	bw        *bufio.Writer
 	buf       []byte // reused frame buffer
 	want      bool   // a buffered frame asked for a flush
@@ -119,7 +122,8 @@ func New(c Conn, o Options) *Writer {
 	if o.MaxFrame <= 0 {
 		o.MaxFrame = wire.DefaultMaxFrame
 	}
-	return &Writer{o: o, conn: c, queue: make(chan *iop.Envelope, o.Queue), bw: bufio.NewWriterSize(c, o.BufferSize)}
+	return &Writer{o: o, conn: c, queue: make(chan *iop.Envelope, o.Queue), sem: make(chan struct{}, 1),
+		bw: bufio.NewWriterSize(c, o.BufferSize)}
 }
 
 // Send writes env itself when no other goroutine holds the connection and
@@ -130,18 +134,18 @@ func New(c Conn, o Options) *Writer {
 // caller ends the connection. Send never waits for the lock, but a direct
 // write may block up to WriteTimeout on a full socket.
 func (w *Writer) Send(env *iop.Envelope, m Mode) (sent bool, err error) {
-	if w.queued.Load() != 0 || !w.mu.TryLock() {
+	if w.queued.Load() != 0 || !w.tryLock() {
 		return false, nil
 	}
 	if w.queued.Load() != 0 { // queued while we took the lock: keep the order
-		w.mu.Unlock()
+		w.unlock()
 		return false, nil
 	}
 	err = w.writeLocked(env, m)
 	if err == nil {
 		err = w.releaseFlush()
 	}
-	w.mu.Unlock()
+	w.unlock()
 	return true, err
 }
 
@@ -193,8 +197,8 @@ func (w *Writer) QueueCap() int { return cap(w.queue) }
 // returns the number of frames written and a socket error, or an encoding
 // error when OnUnencodable is nil.
 func (w *Writer) Drain(env *iop.Envelope, fromQueue bool) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
+	w.lock()
+	defer w.unlock()
 	n := 0
 	for n < w.o.MaxBurst {
 		if env == nil {
@@ -226,16 +230,16 @@ func (w *Writer) Drain(env *iop.Envelope, fromQueue bool) (int, error) {
 
 // Flush writes whatever is buffered.
 func (w *Writer) Flush() error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
+	w.lock()
+	defer w.unlock()
 	return w.flushLocked()
 }
 
 // Close stops the hold timer; later writes fail with io.ErrClosedPipe. It
 // does not close the connection.
 func (w *Writer) Close() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
+	w.lock()
+	defer w.unlock()
 	w.closed = true
 	if w.holdTimer != nil {
 		w.holdTimer.Stop()
@@ -303,8 +307,8 @@ func (w *Writer) releaseFlush() error {
 // flushHeld is the hold timer's callback. A socket error stays sticky for
 // the next sender, who ends the connection.
 func (w *Writer) flushHeld() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
+	w.lock()
+	defer w.unlock()
 	w.holdArmed = false
 	if !w.closed {
 		_ = w.flushLocked()
@@ -325,6 +329,18 @@ func (w *Writer) flushLocked() error {
 		return err
 	}
 	return nil
+}
+
+func (w *Writer) lock()   { w.sem <- struct{}{} }
+func (w *Writer) unlock() { <-w.sem }
+
+func (w *Writer) tryLock() bool {
+	select {
+	case w.sem <- struct{}{}:
+		return true
+	default:
+		return false
+	}
 }
 
 func (w *Writer) deadline() { _ = w.conn.SetWriteDeadline(time.Now().Add(w.o.WriteTimeout)) }
