@@ -40,7 +40,7 @@ func (s *replayStream) Recv(ctx context.Context) (*iop.Envelope, error) {
 	s.i++
 	return s.envs[s.i-1], nil
 }
-func (s *replayStream) Pending() bool  { return s.i < len(s.envs) }
+func (s *replayStream) Pending() bool { return s.i < len(s.envs) }
 func (s *replayStream) Cancel(string) {}
 func (s *replayStream) Close()        {}
 
