@@ -24,7 +24,9 @@
 # logs. Knobs (environment): BENCH_SECONDS (per fixed-rate run; full 10,
 # quick 5), BENCH_ROUNDS (3 / 1), BENCH_RATES ("500 1000 2000"),
 # BENCH_HOLD ("1000 10000" / "1000"), BENCH_SLOW_DELAY (1s),
-# BENCH_HOLD_TOKENS (15), BENCH_STREAM_RATE (50 streams/s).
+# BENCH_HOLD_TOKENS (15), BENCH_STREAM_RATE (50 streams/s),
+# BENCH_PRODUCT_ENV (extra environment for the edge and node only, e.g.
+# "GOMAXPROCS=1").
 
 BENCH_DIR="$ROOT/.run/bench"
 BENCH_KEY=iop-bench-key
@@ -127,10 +129,10 @@ JSON
 # Sets EDGE_PID and NODE_PID. Logs are appended to .run/bench/{edge,node}.log.
 bench_start_product() {
   local bin="$BENCH_DIR/bin" i
-  "$bin/edge" -config "$BENCH_DIR/edge.json" >>"$BENCH_DIR/edge.log" 2>&1 &
+  env $BENCH_PRODUCT_ENV "$bin/edge" -config "$BENCH_DIR/edge.json" >>"$BENCH_DIR/edge.log" 2>&1 &
   EDGE_PID=$!
   bench_pids+=($EDGE_PID)
-  "$bin/node" -config "$BENCH_DIR/node.json" >>"$BENCH_DIR/node.log" 2>&1 &
+  env $BENCH_PRODUCT_ENV "$bin/node" -config "$BENCH_DIR/node.json" >>"$BENCH_DIR/node.log" 2>&1 &
   NODE_PID=$!
   bench_pids+=($NODE_PID)
   for i in $(seq 1 150); do

@@ -26,6 +26,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -171,7 +172,9 @@ func (t *Transport) exchange(ctx context.Context, c *conn, req *http.Request) (*
 }
 
 // body returns its connection to the pool after the last byte was read, and
-// closes it when the body is closed early or fails.
+// closes it when the body is closed early or fails. Close may be called
+// while a Read blocks in another goroutine (it closes the connection under
+// it), as with net/http's Transport.
 type body struct {
 	t    *Transport
 	c    *conn
@@ -179,11 +182,11 @@ type body struct {
 	ctx  context.Context
 	stop func() bool
 	keep bool
-	done bool
+	done atomic.Bool
 }
 
 func (b *body) Read(p []byte) (int, error) {
-	if b.done {
+	if b.done.Load() {
 		return 0, io.EOF
 	}
 	n, err := b.rc.Read(p)
@@ -205,10 +208,9 @@ func (b *body) Close() error {
 }
 
 func (b *body) finish(atEOF bool) {
-	if b.done {
+	if !b.done.CompareAndSwap(false, true) {
 		return
 	}
-	b.done = true
 	if b.stop() && atEOF && b.keep {
 		b.t.put(b.c)
 		return
