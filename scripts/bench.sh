@@ -129,10 +129,10 @@ JSON
 # Sets EDGE_PID and NODE_PID. Logs are appended to .run/bench/{edge,node}.log.
 bench_start_product() {
   local bin="$BENCH_DIR/bin" i
-  env $BENCH_PRODUCT_ENV "$bin/edge" -config "$BENCH_DIR/edge.json" >>"$BENCH_DIR/edge.log" 2>&1 &
+  env ${BENCH_PRODUCT_ENV:-} "$bin/edge" -config "$BENCH_DIR/edge.json" >>"$BENCH_DIR/edge.log" 2>&1 &
   EDGE_PID=$!
   bench_pids+=($EDGE_PID)
-  env $BENCH_PRODUCT_ENV "$bin/node" -config "$BENCH_DIR/node.json" >>"$BENCH_DIR/node.log" 2>&1 &
+  env ${BENCH_PRODUCT_ENV:-} "$bin/node" -config "$BENCH_DIR/node.json" >>"$BENCH_DIR/node.log" 2>&1 &
   NODE_PID=$!
   bench_pids+=($NODE_PID)
   for i in $(seq 1 150); do
