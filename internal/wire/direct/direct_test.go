@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -92,7 +93,7 @@ func TestSendFlushWritesAtOnce(t *testing.T) {
 		t.Fatalf("Send = %v, %v; want true, nil", sent, err)
 	}
 	n, b := c.snapshot()
-	if n != 1 || !slicesEqual(frames(t, b), []string{"r1"}) || c.deadlines == 0 {
+	if n != 1 || !slices.Equal(frames(t, b), []string{"r1"}) || c.deadlines == 0 {
 		t.Fatalf("writes %d frames %q deadlines %d; want 1 write of r1 under a deadline", n, frames(t, b), c.deadlines)
 	}
 }
@@ -112,7 +113,7 @@ func TestHoldSharesTheNextFlush(t *testing.T) {
 			t.Fatalf("after frame %d: %d writes", i, n)
 		}
 	}
-	if _, b := c.snapshot(); !slicesEqual(frames(t, b), []string{"r0", "r1", "r2"}) {
+	if _, b := c.snapshot(); !slices.Equal(frames(t, b), []string{"r0", "r1", "r2"}) {
 		t.Fatalf("frames %q", frames(t, b))
 	}
 }
@@ -161,7 +162,7 @@ func TestSendDoesNotOvertakeTheQueue(t *testing.T) {
 		t.Fatalf("Drain = %d, %v; queued %d", n, err, w.Queued())
 	}
 	writes, b := c.snapshot()
-	if writes != 1 || !slicesEqual(frames(t, b), []string{"ready", "run"}) {
+	if writes != 1 || !slices.Equal(frames(t, b), []string{"ready", "run"}) {
 		t.Fatalf("%d writes, frames %q; want 1 write of ready, run", writes, frames(t, b))
 	}
 }
@@ -263,7 +264,7 @@ func TestUnencodable(t *testing.T) {
 	if n, err := w.Drain(nil, false); n != 1 || err != nil {
 		t.Fatalf("Drain = %d, %v", n, err)
 	}
-	if _, b := c.snapshot(); !slicesEqual(frames(t, b), []string{"ok"}) || !slicesEqual(refused, []string{big.GetRunId()}) {
+	if _, b := c.snapshot(); !slices.Equal(frames(t, b), []string{"ok"}) || !slices.Equal(refused, []string{big.GetRunId()}) {
 		t.Fatalf("frames %q refused %d", frames(t, b), len(refused))
 	}
 }
@@ -315,16 +316,4 @@ func TestSendNeverWaitsForTheLock(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-}
-
-func slicesEqual(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
