@@ -393,6 +393,9 @@ func (h *Handler) deliver(x *exchange, st dispatch.Stream, s sink, env *iop.Enve
 	}
 	x.out.batch = st.Pending() // flush once per burst of frames (SPEC T2)
 	done, err := s.handle(env)
+	if err == nil && !done {
+		err = x.out.endBurst()
+	}
 	if x.body != nil && s.wrote() {
 		x.body = nil
 	}

@@ -301,3 +301,24 @@ func TestStreamBurstOneFlush(t *testing.T) {
 	}
 	checkOneOutcome(t, r, 0)
 }
+
+// T2: a burst whose last frame writes nothing of its own (USAGE) still ends
+// with a flush: the BODY before it reaches the client without waiting for a
+// later frame.
+func TestBurstEndingInUsageFlushes(t *testing.T) {
+	leakcheck.Check(t)
+	r := newRig(t, config.TypeOpenAICompat, nil)
+	r.st.frames(fStart(200, "Content-Type", "text/event-stream"), fBody([]byte("data: one\n\n")),
+		&iop.ProviderTunnelFrame{Kind: iop.TunnelFrameKind_TUNNEL_FRAME_USAGE, Usage: usage(1, 1)})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp := r.send(t, ctx, "POST", "/v1/chat/completions", `{"model":"tiny","stream":true,"messages":[]}`)
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if err != nil || line != "data: one\n" {
+		t.Fatalf("first line %q, %v: the burst's BODY was held", line, err)
+	}
+	r.st.frames(fEnd())
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	checkOneOutcome(t, r, 0)
+}
