@@ -35,8 +35,11 @@ import (
 const (
 	DefaultMaxIdlePerHost = 64
 	DefaultIdleTimeout    = 90 * time.Second
-	DefaultProbeAfter     = time.Second
-	bufferSize            = 4 << 10 // bytes, per connection and direction
+	// MaxResponseHeaderBytes caps a response's status line and headers
+	// (net/http's Transport allows 10 MB; a backend's are a few hundred).
+	MaxResponseHeaderBytes = 1 << 20
+	maxInformational       = 5       // 1xx answers before the real one, as net/http
+	bufferSize             = 4 << 10 // bytes, per connection and direction
 )
 
 // Transport is an http.RoundTripper; safe for concurrent use.
@@ -48,9 +51,11 @@ type Transport struct {
 	MaxIdlePerHost int
 	// IdleTimeout closes a connection idle for longer (checked on reuse).
 	IdleTimeout time.Duration
-	// ProbeAfter: a connection idle for longer is checked for a close by
-	// the backend (one non-blocking MSG_PEEK) before it is reused;
-	// llama-server, for one, closes keep-alive connections after 5 s.
+	// ProbeAfter: a connection idle for longer is checked before it is
+	// reused (one non-blocking MSG_PEEK): one the backend closed
+	// (llama-server closes idle ones after 5 s) or that holds bytes nobody
+	// asked for is dropped. 0 = every reuse (net/http's Transport watches
+	// each idle connection with a goroutine instead); negative = never.
 	ProbeAfter time.Duration
 	// Fallback serves every request that is not plain http:// (required
 	// for those).
@@ -67,18 +72,26 @@ type conn struct {
 	br     *bufio.Reader
 	bw     *bufio.Writer
 	read   int64 // bytes read by the current exchange
+	limit  int64 // while reading a response head: read may not pass it
 	usedAt time.Time
 }
 
+// errHeaderTooLarge: a response head over MaxResponseHeaderBytes.
+var errHeaderTooLarge = fmt.Errorf("h1: response headers over %d bytes", MaxResponseHeaderBytes)
+
 func (c *conn) Read(p []byte) (int, error) {
+	if c.limit > 0 && c.read >= c.limit {
+		return 0, errHeaderTooLarge
+	}
 	n, err := c.nc.Read(p)
 	c.read += int64(n)
 	return n, err
 }
 
 // ErrConnClosed: the backend closed a reused keep-alive connection before
-// answering (wrapped; the request was retried once on a fresh connection
-// when it could be).
+// answering (wrapped). The request was sent again once, on a new
+// connection, when that was safe: the write had failed, or the method is
+// idempotent.
 var ErrConnClosed = errors.New("h1: backend closed the connection before answering")
 
 // RoundTrip implements http.RoundTripper (RFC 9112 message framing, as
@@ -94,6 +107,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	addr := hostPort(req)
 	ctx := req.Context()
 	for attempt := 0; ; attempt++ {
+		if ctx.Err() != nil {
+			closeBody(req)
+			return nil, fmt.Errorf("h1: %s %s: %w", req.Method, req.URL.Redacted(), context.Cause(ctx))
+		}
 		c, reused := t.get(addr)
 		if c == nil {
 			var err error
@@ -111,13 +128,18 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			closeBody(req)
 			return nil, fmt.Errorf("h1: %s %s: %w", req.Method, req.URL.Redacted(), context.Cause(ctx))
 		}
-		// A reused connection that the backend closed while it sat idle
-		// fails before any byte of an answer: send again on a new one,
-		// once, when the body can be sent again.
+		// A reused connection the backend closed while it sat idle fails
+		// before any byte of an answer: send again on a new one, once, when
+		// the body can be sent again — and only when the backend cannot
+		// have acted on it: the write itself failed, or the method is
+		// idempotent. A POST the backend may have read is never sent twice
+		// (one chat completion, one generation), as with net/http.
 		if reused && attempt == 0 && c.read == 0 && retryable(err) {
-			if r2, ok := rewind(req); ok {
-				req = r2
-				continue
+			if isWriteError(err) || idempotent(req.Method) {
+				if r2, ok := rewind(req); ok {
+					req = r2
+					continue
+				}
 			}
 			err = fmt.Errorf("%w: %w", ErrConnClosed, err)
 		}
@@ -146,18 +168,23 @@ func (t *Transport) exchange(ctx context.Context, c *conn, req *http.Request) (*
 		return nil, &writeError{err}
 	}
 	var resp *http.Response
-	for {
+	c.limit = c.read + MaxResponseHeaderBytes
+	for n := 0; ; n++ {
 		resp, err = http.ReadResponse(c.br, req)
 		if err != nil {
 			stop()
 			return nil, err
 		}
-		// 1xx informational answers (103 Early Hints) precede the real one;
-		// 101 is an upgrade, which this transport does not ask for.
-		if resp.StatusCode < 100 || resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+		// 1xx informational answers (103 Early Hints) precede the real one.
+		if resp.StatusCode < 100 || resp.StatusCode >= 200 {
 			break
 		}
+		if resp.StatusCode == http.StatusSwitchingProtocols || n+1 >= maxInformational {
+			stop()
+			return nil, fmt.Errorf("h1: unexpected %s from the backend", resp.Status)
+		}
 	}
+	c.limit = 0
 	keep := !resp.Close && !req.Close
 	if resp.Body == http.NoBody || resp.Body == nil {
 		if stop() && keep {
@@ -240,9 +267,6 @@ func (t *Transport) get(addr string) (c *conn, reused bool) {
 	if maxIdle <= 0 {
 		maxIdle = DefaultIdleTimeout
 	}
-	if probe <= 0 {
-		probe = DefaultProbeAfter
-	}
 	now := time.Now()
 	for {
 		t.mu.Lock()
@@ -256,7 +280,7 @@ func (t *Transport) get(addr string) (c *conn, reused bool) {
 		t.idle[addr] = list[:len(list)-1]
 		t.mu.Unlock()
 		idle := now.Sub(c.usedAt)
-		if idle > maxIdle || (idle > probe && !alive(c.nc)) {
+		if idle > maxIdle || (probe >= 0 && idle >= probe && !alive(c.nc)) {
 			c.nc.Close()
 			continue
 		}
@@ -333,6 +357,21 @@ type writeError struct{ err error }
 
 func (e *writeError) Error() string { return e.err.Error() }
 func (e *writeError) Unwrap() error { return e.err }
+
+func isWriteError(err error) bool {
+	var we *writeError
+	return errors.As(err, &we)
+}
+
+// idempotent reports whether a request with this method may be sent twice
+// (RFC 9110 §9.2.2).
+func idempotent(method string) bool {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace, http.MethodPut, http.MethodDelete:
+		return true
+	}
+	return false
+}
 
 // retryable reports whether err is what a write to, or a read from, a
 // connection the peer already closed returns.

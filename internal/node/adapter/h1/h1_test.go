@@ -233,39 +233,37 @@ func oneShot(t *testing.T) (addr string, conns *atomic.Int32, closed <-chan stru
 }
 
 // A reused connection the backend closed while idle fails before any byte
-// of an answer: a request whose body can be sent again is retried once on
-// a new connection; one whose body cannot is refused with ErrConnClosed,
-// never sent twice by guesswork.
+// of an answer. With probing off, the stale connection is used: a GET is
+// sent again on a new connection; a POST is not (the backend might have
+// read it: one chat completion must never become two generations) and
+// fails with ErrConnClosed.
 func TestStaleKeepAlive(t *testing.T) {
 	leakcheck.Check(t)
-	addr, conns, _ := oneShot(t)
-	tr := &h1.Transport{}
+	addr, conns, closed := oneShot(t)
+	tr := &h1.Transport{ProbeAfter: -1}
 	defer tr.CloseIdleConnections()
 	c := &http.Client{Transport: tr}
-	for i := range 3 {
-		if status, body, _ := do(t, c, "POST", "http://"+addr+"/v1/chat/completions", `{"n":1}`); status != 200 || body != "ok" {
-			t.Fatalf("request %d: %d %q", i, status, body)
-		}
+	if status, body, _ := do(t, c, "POST", "http://"+addr+"/v1/chat/completions", `{"n":1}`); status != 200 || body != "ok" {
+		t.Fatalf("first POST: %d %q", status, body)
 	}
-	if n := conns.Load(); n < 3 {
-		t.Fatalf("%d connections for 3 one-shot answers", n)
+	<-closed
+	if status, body, _ := do(t, c, "GET", "http://"+addr+"/v1/models", ""); status != 200 || body != "ok" || conns.Load() != 2 {
+		t.Fatalf("GET on a stale connection: %d %q after %d connections; want a retry on a second one", status, body, conns.Load())
 	}
-	// Warm the pool with a connection the backend has closed.
-	do(t, c, "GET", "http://"+addr+"/", "")
-	req, _ := http.NewRequest("POST", "http://"+addr+"/", io.MultiReader(strings.NewReader("{}"))) // no GetBody
-	_, err := tr.RoundTrip(req)
-	if !errors.Is(err, h1.ErrConnClosed) {
-		t.Fatalf("unreplayable body on a stale connection: %v, want ErrConnClosed", err)
+	<-closed
+	req, _ := http.NewRequest("POST", "http://"+addr+"/v1/chat/completions", strings.NewReader(`{"n":2}`))
+	if _, err := tr.RoundTrip(req); !errors.Is(err, h1.ErrConnClosed) || conns.Load() != 2 {
+		t.Fatalf("POST on a stale connection: %v after %d connections; want ErrConnClosed and no second send", err, conns.Load())
 	}
 }
 
-// A connection idle past ProbeAfter is peeked before reuse: one the
-// backend closed is dropped, so even a body that cannot be sent twice goes
-// out once, on a new connection.
+// A connection idle past ProbeAfter (by default: any) is peeked before
+// reuse: one the backend closed is dropped, so even a body that cannot be
+// sent twice goes out once, on a new connection.
 func TestIdleProbe(t *testing.T) {
 	leakcheck.Check(t)
 	addr, conns, closed := oneShot(t)
-	tr := &h1.Transport{ProbeAfter: time.Nanosecond}
+	tr := &h1.Transport{}
 	defer tr.CloseIdleConnections()
 	do(t, &http.Client{Transport: tr}, "GET", "http://"+addr+"/", "")
 	<-closed // on loopback the FIN is in our socket once the peer's close returned
@@ -277,6 +275,122 @@ func TestIdleProbe(t *testing.T) {
 	resp.Body.Close()
 	if conns.Load() != 2 {
 		t.Fatalf("%d connections; want the stale one dropped and a new one dialed", conns.Load())
+	}
+}
+
+// rawBackend accepts connections and hands each to serve with a reader.
+func rawBackend(t *testing.T, serve func(c net.Conn, br *bufio.Reader)) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				serve(c, bufio.NewReader(c))
+			})
+		}
+	})
+	return ln.Addr().String()
+}
+
+// A backend that misbehaves is refused with an error that says how, and its
+// connection is never reused for the next request.
+func TestMisbehavingBackend(t *testing.T) {
+	leakcheck.Check(t)
+	answer := func(head string) func(net.Conn, *bufio.Reader) {
+		return func(c net.Conn, br *bufio.Reader) {
+			if req, err := http.ReadRequest(br); err == nil {
+				io.Copy(io.Discard, req.Body)
+				io.WriteString(c, head)
+			}
+		}
+	}
+	big := "HTTP/1.1 200 OK\r\nX-Big: " + strings.Repeat("a", h1.MaxResponseHeaderBytes) + "\r\nContent-Length: 2\r\n\r\nok"
+	for _, tc := range []struct{ name, head, want string }{
+		{"headers over the cap", big, "response headers over"},
+		{"101 nobody asked for", "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: Upgrade\r\n\r\n", "unexpected 101"},
+		{"endless 1xx", strings.Repeat("HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n", 6) + "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", "unexpected 103"},
+	} {
+		addr := rawBackend(t, answer(tc.head))
+		tr := &h1.Transport{}
+		req, _ := http.NewRequest("GET", "http://"+addr+"/", nil)
+		if _, err := tr.RoundTrip(req); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error with %q", tc.name, err, tc.want)
+		}
+		tr.CloseIdleConnections()
+	}
+}
+
+// Bytes a backend sends after its answer is complete are not read as the
+// next request's answer: the connection is dropped at reuse.
+func TestSurplusBytesNotReused(t *testing.T) {
+	leakcheck.Check(t)
+	sent := make(chan struct{}, 4)
+	var first atomic.Bool
+	addr := rawBackend(t, func(c net.Conn, br *bufio.Reader) {
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, req.Body)
+			if first.CompareAndSwap(false, true) {
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nEVIL")
+				sent <- struct{}{}
+				continue
+			}
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\ngood")
+		}
+	})
+	tr := &h1.Transport{}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr}
+	if _, body, _ := do(t, c, "GET", "http://"+addr+"/", ""); body != "hello" {
+		t.Fatalf("first answer %q", body)
+	}
+	<-sent
+	if _, body, _ := do(t, c, "GET", "http://"+addr+"/", ""); body != "good" {
+		t.Fatalf("second answer %q: surplus bytes were read as the answer", body)
+	}
+}
+
+// E5: a POST the backend read before it closed the connection is not sent
+// again (the reviewer's case: two generations for one request).
+func TestPostNotSentTwice(t *testing.T) {
+	leakcheck.Check(t)
+	var posts atomic.Int32
+	addr := rawBackend(t, func(c net.Conn, br *bufio.Reader) {
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, req.Body)
+			if req.Method == http.MethodPost {
+				posts.Add(1)
+				return // read it, then died
+			}
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	tr := &h1.Transport{}
+	defer tr.CloseIdleConnections()
+	do(t, &http.Client{Transport: tr}, "GET", "http://"+addr+"/", "") // warm a connection
+	req, _ := http.NewRequest("POST", "http://"+addr+"/v1/chat/completions", strings.NewReader("{}"))
+	if _, err := tr.RoundTrip(req); err == nil {
+		t.Fatal("POST to a backend that died reading it succeeded")
+	}
+	if n := posts.Load(); n != 1 {
+		t.Fatalf("the backend read %d POSTs, want 1", n)
 	}
 }
 
