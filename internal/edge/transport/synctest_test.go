@@ -216,18 +216,23 @@ func TestSendQueueOverflow(t *testing.T) {
 			}
 			first <- r1
 		}()
-		synctest.Wait() // r1's handler writes it directly and blocks in the write
-		r2, err := h.srv.StartRun(tgt, &iop.RunRequest{Target: "tiny"})
-		if err != nil {
-			t.Fatalf("second StartRun = %v, want queued", err)
+		synctest.Wait() // r1 is being written (by its caller or the writer) and blocks
+		// Later requests queue behind it (one may sit with the writer, which
+		// waits for the connection) until the queue is full.
+		var queued []dispatch.Stream
+		for {
+			st, err := h.srv.StartRun(tgt, &iop.RunRequest{Target: "tiny"})
+			if errors.Is(err, dispatch.ErrSendQueueFull) {
+				break
+			}
+			if err != nil || len(queued) == 3 {
+				t.Fatalf("StartRun %d = %v; want queued, then ErrSendQueueFull", len(queued)+2, err)
+			}
+			queued = append(queued, st)
+			synctest.Wait()
 		}
-		synctest.Wait() // the writer goroutine took r2 and waits for the connection
-		r3, err := h.srv.StartRun(tgt, &iop.RunRequest{Target: "tiny"})
-		if err != nil {
-			t.Fatalf("third StartRun = %v, want queued", err)
-		}
-		if _, err := h.srv.StartRun(tgt, &iop.RunRequest{}); !errors.Is(err, dispatch.ErrSendQueueFull) {
-			t.Fatalf("fourth StartRun = %v, want ErrSendQueueFull", err)
+		if len(queued) == 0 {
+			t.Fatal("refused with nothing queued")
 		}
 		if _, err := h.srv.Command(context.Background(), "gpu-1", 1, &iop.NodeCommandRequest{}); !errors.Is(err, dispatch.ErrSendQueueFull) {
 			t.Fatalf("Command = %v, want ErrSendQueueFull", err)
@@ -236,12 +241,12 @@ func TestSendQueueOverflow(t *testing.T) {
 		if st := h.node("gpu-1"); !st.Connected {
 			t.Fatalf("refusable overflow ended the session: %+v", st)
 		}
-		r2.Cancel("client_disconnected") // must-deliver, queue full
+		queued[0].Cancel("client_disconnected") // must-deliver, queue full
 		if got := <-h.hooks; got != (hookCall{"fence", "gpu-1", 1}) {
 			t.Fatalf("hook = %v, want fence after must-deliver overflow", got)
 		}
 		r1 := <-first // the closed connection ended its write
-		for _, st := range []dispatch.Stream{r1, r2, r3} {
+		for _, st := range append(queued, r1) {
 			if _, err := st.Recv(context.Background()); !errors.Is(err, dispatch.ErrSessionLost) {
 				t.Fatalf("Recv on %s = %v, want ErrSessionLost", st.RunID(), err)
 			}
