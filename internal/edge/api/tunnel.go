@@ -89,14 +89,8 @@ func (s *tunnelSink) handle(env *iop.Envelope) (bool, error) {
 				s.held = append(s.held, f.Body...)
 				return false, nil
 			}
-			if !s.commit() {
-				return true, nil
-			}
-			if len(s.held) > 0 {
-				if _, err := s.x.out.w.Write(s.held); err != nil {
-					return true, err
-				}
-				s.held = nil
+			if done, err := s.commitHeld(); done || err != nil {
+				return true, err
 			}
 		}
 		if _, err := s.x.out.w.Write(f.Body); err != nil {
@@ -117,14 +111,8 @@ func (s *tunnelSink) handle(env *iop.Envelope) (bool, error) {
 			if s.started {
 				s.x.out.w.Header().Set("Content-Length", strconv.Itoa(len(s.held)))
 			}
-			if !s.commit() {
-				return true, nil
-			}
-			if len(s.held) > 0 {
-				if _, err := s.x.out.w.Write(s.held); err != nil {
-					return true, err
-				}
-				s.held = nil
+			if done, err := s.commitHeld(); done || err != nil {
+				return true, err
 			}
 		}
 		s.finished = true
@@ -156,6 +144,19 @@ func (s *tunnelSink) commit() bool {
 	}
 	s.x.out.w.WriteHeader(s.status)
 	return true
+}
+
+// commitHeld commits the response and writes the plain body held so far.
+// done: commit failed the response instead (no valid RESPONSE_START).
+func (s *tunnelSink) commitHeld() (done bool, err error) {
+	if !s.commit() {
+		return true, nil
+	}
+	if len(s.held) > 0 {
+		_, err = s.x.out.w.Write(s.held)
+		s.held = nil
+	}
+	return false, err
 }
 
 func (s *tunnelSink) noteTail(b []byte) {
