@@ -1,11 +1,13 @@
 // Package samples gives tests the byte-exact backend captures committed
 // under testdata/samples (copied from the captures of real Ollama 0.17 and
-// llama-server; see testdata/samples/README). It is test support: the edge
+// llama-server; see testdata/samples/README) and a JSON comparison for
+// golden tests. It is test support: the edge
 // and node binaries never import it (./run.sh test checks).
 package samples
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -51,4 +53,20 @@ func ReadHTTP(t testing.TB, name string) (status int, body []byte) {
 		t.Fatalf("%s: status %q: %v", name, f[1], err)
 	}
 	return code, body
+}
+
+// JSONEqual reports whether a and b are the same JSON value (object keys in
+// any order, any spacing); it fails t when either is not JSON.
+func JSONEqual(t testing.TB, a, b []byte) bool {
+	t.Helper()
+	var x, y any
+	if err := json.Unmarshal(a, &x); err != nil {
+		t.Fatalf("%s: %v", a, err)
+	}
+	if err := json.Unmarshal(b, &y); err != nil {
+		t.Fatalf("%s: %v", b, err)
+	}
+	xa, _ := json.Marshal(x)
+	ya, _ := json.Marshal(y)
+	return bytes.Equal(xa, ya)
 }

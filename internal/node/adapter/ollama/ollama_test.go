@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"iop/internal/samples"
 	"os"
 	"path/filepath"
 	"strings"
@@ -53,7 +54,7 @@ func TestBuildChatRequest(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !jsonEqual(t, got, []byte(tc.want)) {
+			if !samples.JSONEqual(t, got, []byte(tc.want)) {
 				t.Fatalf("got  %s\nwant %s", got, tc.want)
 			}
 		})
@@ -139,20 +140,6 @@ func TestFinishReason(t *testing.T) {
 			t.Errorf("E8: finishReason(%q) = %q, want %q", in, got, want)
 		}
 	}
-}
-
-func jsonEqual(t testing.TB, a, b []byte) bool {
-	t.Helper()
-	var x, y any
-	if err := json.Unmarshal(a, &x); err != nil {
-		t.Fatalf("%s: %v", a, err)
-	}
-	if err := json.Unmarshal(b, &y); err != nil {
-		t.Fatalf("%s: %v", b, err)
-	}
-	xa, _ := json.Marshal(x)
-	ya, _ := json.Marshal(y)
-	return bytes.Equal(xa, ya)
 }
 
 // pieces returns its chunks one Read at a time, as a socket delivers bursts.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iop/internal/samples"
 	"os"
 	"path/filepath"
 	"strings"
@@ -49,7 +50,7 @@ func TestBuildChatRequestNative(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !jsonEqual(t, got, []byte(tc.want)) {
+			if !samples.JSONEqual(t, got, []byte(tc.want)) {
 				t.Fatalf("got  %s\nwant %s", got, tc.want)
 			}
 		})
@@ -217,18 +218,4 @@ func TestReadChatStreamEdges(t *testing.T) {
 	if err != nil || res.Content != "mine" || res.FinishReason != "stop" || res.Usage != nil {
 		t.Fatalf("got %+v, %v", res, err)
 	}
-}
-
-func jsonEqual(t testing.TB, a, b []byte) bool {
-	t.Helper()
-	var x, y any
-	if err := json.Unmarshal(a, &x); err != nil {
-		t.Fatalf("%s: %v", a, err)
-	}
-	if err := json.Unmarshal(b, &y); err != nil {
-		t.Fatalf("%s: %v", b, err)
-	}
-	xa, _ := json.Marshal(x)
-	ya, _ := json.Marshal(y)
-	return bytes.Equal(xa, ya)
 }
