@@ -1,8 +1,8 @@
 // Package samples gives tests the byte-exact backend captures committed
 // under testdata/samples (copied from the captures of real Ollama 0.17 and
 // llama-server; see testdata/samples/README) and a JSON comparison for
-// golden tests. It is test support: the edge
-// and node binaries never import it (./run.sh test checks).
+// golden tests. It is test support: the edge and node binaries never
+// import it (./run.sh test checks).
 package samples
 
 import (
