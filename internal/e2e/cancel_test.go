@@ -54,11 +54,7 @@ func TestClientDisconnect(t *testing.T) {
 			modelGroup("slow", provider("gpu-1", "ollama", "tiny+slowheaders=1m")),
 			modelGroup("slow-oa", provider("gpu-1", "oa", "tiny+slowheaders=1m")),
 		}, nil)
-	e := startEdge(t, cfg, nil, logs.logger("edge"))
-	adm := newAdminClient(t, e)
-	api := newAPIClient(t, e)
-	startNode(t, p, "gpu-1", e.nodeAddr, nodeOpts{log: logs.logger("node")})
-	adm.waitConnected(t, 10*time.Second, "gpu-1")
+	_, adm, api := startReady(t, p, cfg, logs)
 
 	// upstreamEnd waits for the end of the first upstream request started
 	// after mark (a backend Stats().Started value).

@@ -317,6 +317,17 @@ type nodeOpts struct {
 	log         *slog.Logger
 }
 
+// startReady starts an edge for cfg and node gpu-1 against it, and waits
+// until the node is connected: the stack most tests begin with.
+func startReady(t testing.TB, p pkiDir, cfg *config.Config, logs *logSink, tune ...func(*edge.Options)) (*edgeProc, *adminClient, *apiClient) {
+	t.Helper()
+	e := startEdge(t, cfg, nil, logs.logger("edge"), tune...)
+	adm, api := newAdminClient(t, e), newAPIClient(t, e)
+	startNode(t, p, "gpu-1", e.nodeAddr, nodeOpts{log: logs.logger("node")})
+	adm.waitConnected(t, 10*time.Second, "gpu-1")
+	return e, adm, api
+}
+
 // startNode runs node id against edgeAddr; it is stopped at cleanup.
 func startNode(t testing.TB, p pkiDir, id, edgeAddr string, o nodeOpts) *nodeProc {
 	t.Helper()

@@ -266,11 +266,7 @@ func TestQueueFIFO(t *testing.T) {
 			modelGroup("fifo-oa", provider("gpu-1", "solo-oa", "tiny")),
 			modelGroup("hold-oa", provider("gpu-1", "solo-oa", "tiny+stall=1")),
 		}, nil)
-	e := startEdge(t, cfg, nil, logs.logger("edge"))
-	adm := newAdminClient(t, e)
-	api := newAPIClient(t, e)
-	startNode(t, p, "gpu-1", e.nodeAddr, nodeOpts{log: logs.logger("node")})
-	adm.waitConnected(t, 10*time.Second, "gpu-1")
+	_, adm, api := startReady(t, p, cfg, logs)
 
 	for _, path := range []struct{ name, suffix string }{{"run", ""}, {"tunnel", "-oa"}} {
 		t.Run("Q4 FIFO within a group/"+path.name, func(t *testing.T) {

@@ -69,10 +69,7 @@ func TestStallHealthRecovery(t *testing.T) {
 	cfg := edgeConfig(t, p,
 		[]config.Node{{ID: "gpu-1", Adapters: []config.Adapter{ollamaAdapter("sick", sickURL, 2), ollamaAdapter("well", wellURL, 2)}}},
 		[]config.Model{modelGroup("pair", sickProv, provider("gpu-1", "well", "tiny")), modelGroup("solo", sickProv)}, nil)
-	e := startEdge(t, cfg, nil, logs.logger("edge"), func(o *edge.Options) { o.HealthProbeInterval = 100 * time.Millisecond })
-	startNode(t, p, "gpu-1", e.nodeAddr, nodeOpts{log: logs.logger("node")})
-	adm, api := newAdminClient(t, e), newAPIClient(t, e)
-	adm.waitConnected(t, 10*time.Second, "gpu-1")
+	_, adm, api := startReady(t, p, cfg, logs, func(o *edge.Options) { o.HealthProbeInterval = 100 * time.Millisecond })
 
 	sickStatus := func() (providerStatus, error) {
 		d, err := adm.status()
