@@ -228,13 +228,6 @@ func (w *Writer) Drain(env *iop.Envelope, fromQueue bool) (int, error) {
 	return n, w.flushLocked()
 }
 
-// Flush writes whatever is buffered.
-func (w *Writer) Flush() error {
-	w.lock()
-	defer w.unlock()
-	return w.flushLocked()
-}
-
 // Close stops the hold timer; later writes fail with io.ErrClosedPipe. It
 // does not close the connection.
 func (w *Writer) Close() {
