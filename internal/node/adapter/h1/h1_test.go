@@ -195,41 +195,24 @@ func TestCancelDuringBody(t *testing.T) {
 
 // oneShot is a backend that answers one request per connection and then
 // closes it without saying so (a keep-alive timeout racing the next
-// request).
+// request). closed gets a token after each close.
 func oneShot(t *testing.T) (addr string, conns *atomic.Int32, closed <-chan struct{}) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	conns = new(atomic.Int32)
 	closes := make(chan struct{}, 16)
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
+	addr = rawBackend(t, func(c net.Conn, br *bufio.Reader) {
+		conns.Add(1)
+		defer func() {
+			c.Close()
+			select {
+			case closes <- struct{}{}:
+			default:
 			}
-			conns.Add(1)
-			wg.Go(func() {
-				defer func() {
-					c.Close()
-					select {
-					case closes <- struct{}{}:
-					default:
-					}
-				}()
-				req, err := http.ReadRequest(bufio.NewReader(c))
-				if err != nil {
-					return
-				}
-				io.Copy(io.Discard, req.Body)
-				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-			})
+		}()
+		if _, ok := readRequest(br); ok {
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		}
 	})
-	return ln.Addr().String(), conns, closes
+	return addr, conns, closes
 }
 
 // A reused connection the backend closed while idle fails before any byte
@@ -301,14 +284,23 @@ func rawBackend(t *testing.T, serve func(c net.Conn, br *bufio.Reader)) string {
 	return ln.Addr().String()
 }
 
+// readRequest reads one request and its body; false at the connection's end.
+func readRequest(br *bufio.Reader) (*http.Request, bool) {
+	req, err := http.ReadRequest(br)
+	if err != nil {
+		return nil, false
+	}
+	io.Copy(io.Discard, req.Body)
+	return req, true
+}
+
 // A backend that misbehaves is refused with an error that says how, and its
 // connection is never reused for the next request.
 func TestMisbehavingBackend(t *testing.T) {
 	leakcheck.Check(t)
 	answer := func(head string) func(net.Conn, *bufio.Reader) {
 		return func(c net.Conn, br *bufio.Reader) {
-			if req, err := http.ReadRequest(br); err == nil {
-				io.Copy(io.Discard, req.Body)
+			if _, ok := readRequest(br); ok {
 				io.WriteString(c, head)
 			}
 		}
@@ -337,11 +329,9 @@ func TestSurplusBytesNotReused(t *testing.T) {
 	var first atomic.Bool
 	addr := rawBackend(t, func(c net.Conn, br *bufio.Reader) {
 		for {
-			req, err := http.ReadRequest(br)
-			if err != nil {
+			if _, ok := readRequest(br); !ok {
 				return
 			}
-			io.Copy(io.Discard, req.Body)
 			if first.CompareAndSwap(false, true) {
 				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
 				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nEVIL")
@@ -370,11 +360,10 @@ func TestPostNotSentTwice(t *testing.T) {
 	var posts atomic.Int32
 	addr := rawBackend(t, func(c net.Conn, br *bufio.Reader) {
 		for {
-			req, err := http.ReadRequest(br)
-			if err != nil {
+			req, ok := readRequest(br)
+			if !ok {
 				return
 			}
-			io.Copy(io.Discard, req.Body)
 			if req.Method == http.MethodPost {
 				posts.Add(1)
 				return // read it, then died
