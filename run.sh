@@ -69,7 +69,7 @@ check_imports() {
     if [ -n "$deps" ]; then log "FAIL: $pkg imports $deps"; bad=1; fi
   done
   # Test-support and demo packages never reach the product binaries.
-  deps=$(go list -deps ./edge ./node | grep -E '^iop/internal/(leakcheck|samples|demo|e2e)(/|$)' || true)
+  deps=$(go list -deps ./edge ./node | grep -E '^iop/internal/(leakcheck|samples|proctest|demo|e2e)(/|$)' || true)
   if [ -n "$deps" ]; then log "FAIL: edge/node binaries import test-only packages: $deps"; bad=1; fi
   # go.mod requires only google.golang.org/protobuf.
   local extra

@@ -1,59 +1,18 @@
 package main
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
+	"iop/internal/proctest"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 )
-
-// lockedBuffer is a bytes.Buffer safe for the exec copier and the test.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func buildEdge(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "edge")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
-func exitCode(err error) int {
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return ee.ExitCode()
-	}
-	if err != nil {
-		return -1
-	}
-	return 0
-}
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
@@ -75,7 +34,7 @@ func edgeConfig(httpAddr, nodeAddr, adminAddr string) string {
 // The built edge binary: pki, -check, -version, serve, SIGHUP reload and a
 // SIGTERM drain with exit 0.
 func TestEdgeBinary(t *testing.T) {
-	bin := buildEdge(t)
+	bin := proctest.Build(t, "edge")
 	dir := t.TempDir()
 	out, err := exec.Command(bin, "pki", "init", "-dir", filepath.Join(dir, "pki"), "-edge", "edge-1", "-node", "gpu-1").CombinedOutput()
 	if err != nil {
@@ -94,36 +53,32 @@ func TestEdgeBinary(t *testing.T) {
 	bad := filepath.Join(dir, "bad.json")
 	os.WriteFile(bad, []byte(`{"nodes":[{"id":"gpu-1","adapters":[{"type":"ollama","capacty":2,"base_url":"http://x"}]}]}`), 0o600)
 	out, err = exec.Command(bin, "-config", bad, "-check").CombinedOutput()
-	if exitCode(err) != 1 || !strings.Contains(string(out), "nodes[0].adapters[0].capacty: unknown field") || !strings.Contains(string(out), "models: at least one model") {
-		t.Errorf("-check bad: exit %d, want 1 naming every problem:\n%s", exitCode(err), out)
+	if proctest.ExitCode(err) != 1 || !strings.Contains(string(out), "nodes[0].adapters[0].capacty: unknown field") || !strings.Contains(string(out), "models: at least one model") {
+		t.Errorf("-check bad: exit %d, want 1 naming every problem:\n%s", proctest.ExitCode(err), out)
 	}
 	nocert := filepath.Join(dir, "nocert.json")
 	os.WriteFile(nocert, []byte(strings.Replace(edgeConfig(freeAddr(t), freeAddr(t), freeAddr(t)), "pki/edge-1.crt", "pki/gpu-1.crt", 1)), 0o600)
 	out, err = exec.Command(bin, "-config", nocert, "-check").CombinedOutput()
-	if exitCode(err) != 1 || !strings.Contains(string(out), "edge tls") {
-		t.Errorf("-check with a node certificate as the edge's: exit %d, want 1:\n%s", exitCode(err), out)
+	if proctest.ExitCode(err) != 1 || !strings.Contains(string(out), "edge tls") {
+		t.Errorf("-check with a node certificate as the edge's: exit %d, want 1:\n%s", proctest.ExitCode(err), out)
 	}
 	if out, err := exec.Command(bin, "-version").CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "edge ") {
 		t.Errorf("-version: %v %q", err, out)
 	}
 
-	var stderr lockedBuffer
+	var stderr proctest.Log
 	cmd := exec.Command(bin, "-config", cfg)
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	defer cmd.Process.Kill()
-	deadline := time.Now().Add(10 * time.Second)
-	var resp *http.Response
-	for time.Now().Before(deadline) {
-		if resp, err = http.Get("http://" + httpAddr + "/healthz"); err == nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond) // poll until the listener is up
+	if !stderr.WaitFor("edge serving", 10*time.Second) {
+		t.Fatalf("edge never served:\n%s", stderr.String())
 	}
+	resp, err := http.Get("http://" + httpAddr + "/healthz")
 	if err != nil {
-		t.Fatalf("edge never served: %v\n%s", err, stderr.String())
+		t.Fatalf("healthz after \"edge serving\": %v", err)
 	}
 	resp.Body.Close()
 	if !strings.Contains(stderr.String(), "open to anyone") {
@@ -132,8 +87,8 @@ func TestEdgeBinary(t *testing.T) {
 	// N2: SIGHUP with a broken file keeps the running config.
 	os.WriteFile(cfg, []byte(`{"oops":1}`), 0o600)
 	cmd.Process.Signal(syscall.SIGHUP)
-	for time.Now().Before(deadline) && !strings.Contains(stderr.String(), "config reload rejected") {
-		time.Sleep(20 * time.Millisecond)
+	if !stderr.WaitFor("config reload rejected", 10*time.Second) {
+		t.Errorf("a reload of a broken file was not reported:\n%s", stderr.String())
 	}
 	if resp, err := http.Get("http://" + adminAddr + "/status"); err != nil {
 		t.Errorf("admin after a rejected reload: %v", err)
@@ -141,7 +96,7 @@ func TestEdgeBinary(t *testing.T) {
 		resp.Body.Close()
 	}
 	cmd.Process.Signal(syscall.SIGTERM)
-	if code := exitCode(cmd.Wait()); code != 0 {
+	if code := proctest.ExitCode(cmd.Wait()); code != 0 {
 		t.Errorf("SIGTERM: exit %d, want 0\n%s", code, stderr.String())
 	}
 }

@@ -2,8 +2,8 @@ package main
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
+	"iop/internal/proctest"
 	"net"
 	"os"
 	"os/exec"
@@ -16,18 +16,6 @@ import (
 
 	"iop/internal/identity"
 )
-
-// buildNode compiles this command once per test into a temp dir: these
-// tests exercise the binary an operator runs (exit codes, signals).
-func buildNode(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "node")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
 
 // countingListener accepts TCP connections and closes them at once, like an
 // edge that is down behind a port that still answers; it counts dials.
@@ -77,20 +65,9 @@ func pki(t *testing.T) string {
 	return dir
 }
 
-func exitCode(err error) int {
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return ee.ExitCode()
-	}
-	if err != nil {
-		return -1
-	}
-	return 0
-}
-
 // S2, S3, S4 on the built binary.
 func TestNodeBinary(t *testing.T) {
-	bin := buildNode(t)
+	bin := proctest.Build(t, "node")
 
 	t.Run("S4 finite attempts exhausted exit 1 after exactly 2 dials", func(t *testing.T) {
 		dir := pki(t)
@@ -99,7 +76,7 @@ func TestNodeBinary(t *testing.T) {
 		var stderr bytes.Buffer
 		cmd := exec.Command(bin, "-config", cfg)
 		cmd.Stderr = &stderr
-		if code := exitCode(cmd.Run()); code != 1 {
+		if code := proctest.ExitCode(cmd.Run()); code != 1 {
 			t.Fatalf("exit code %d, want 1; stderr:\n%s", code, stderr.String())
 		}
 		if n := accepts.Load(); n != 2 {
@@ -127,7 +104,7 @@ func TestNodeBinary(t *testing.T) {
 		start := time.Now()
 		cmd.Process.Signal(syscall.SIGTERM)
 		err := cmd.Wait()
-		if code := exitCode(err); code != 0 {
+		if code := proctest.ExitCode(err); code != 0 {
 			t.Fatalf("exit code %d, want 0; stderr:\n%s", code, stderr.String())
 		}
 		if d := time.Since(start); d > time.Second {
@@ -142,7 +119,7 @@ func TestNodeBinary(t *testing.T) {
 		var stderr bytes.Buffer
 		cmd := exec.Command(bin, "-config", cfg)
 		cmd.Stderr = &stderr
-		if code := exitCode(cmd.Run()); code != 1 {
+		if code := proctest.ExitCode(cmd.Run()); code != 1 {
 			t.Fatalf("exit code %d, want 1", code)
 		}
 		if n := accepts.Load(); n != 0 {
@@ -162,19 +139,19 @@ func TestNodeBinary(t *testing.T) {
 		bad := filepath.Join(dir, "bad.json")
 		os.WriteFile(bad, []byte(`{"node_id":"gpu-1","edge_addr":"x:1","tls":{},"reconect":{}}`), 0o600)
 		out, err := exec.Command(bin, "-config", bad, "-check").CombinedOutput()
-		if exitCode(err) != 1 || !strings.Contains(string(out), "reconect: unknown field") || !strings.Contains(string(out), "tls.cert_file: required") {
-			t.Errorf("-check bad: exit %d\n%s", exitCode(err), out)
+		if proctest.ExitCode(err) != 1 || !strings.Contains(string(out), "reconect: unknown field") || !strings.Contains(string(out), "tls.cert_file: required") {
+			t.Errorf("-check bad: exit %d\n%s", proctest.ExitCode(err), out)
 		}
 		nokey := writeConfig(t, dir, "127.0.0.1:7443", `{}`, "pki/absent.key")
 		out, err = exec.Command(bin, "-config", nokey, "-check").CombinedOutput()
-		if exitCode(err) != 1 || !strings.Contains(string(out), "absent.key") {
-			t.Errorf("S3 -check with a missing key: exit %d, want 1 naming the file:\n%s", exitCode(err), out)
+		if proctest.ExitCode(err) != 1 || !strings.Contains(string(out), "absent.key") {
+			t.Errorf("S3 -check with a missing key: exit %d, want 1 naming the file:\n%s", proctest.ExitCode(err), out)
 		}
 		out, err = exec.Command(bin, "-version").CombinedOutput()
 		if err != nil || !strings.HasPrefix(string(out), "node ") {
 			t.Errorf("-version: %v %q", err, out)
 		}
-		if code := exitCode(exec.Command(bin).Run()); code != 2 {
+		if code := proctest.ExitCode(exec.Command(bin).Run()); code != 2 {
 			t.Errorf("no -config: exit %d, want 2", code)
 		}
 	})
@@ -214,7 +191,7 @@ func listeningSockets(t *testing.T, pid int) []string {
 // P1: a node never listens: clients and control planes cannot connect to
 // it; it only dials out to the edge.
 func TestNodeNeverListens(t *testing.T) {
-	bin := buildNode(t)
+	bin := proctest.Build(t, "node")
 	dir := pki(t)
 	addr, _, first := countingListener(t)
 	cfg := writeConfig(t, dir, addr, `{"max_attempts":0,"interval_sec":30}`, "pki/gpu-1.key")
