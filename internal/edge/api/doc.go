@@ -18,7 +18,8 @@
 //
 // # Request lifecycle
 //
-// ServeHTTP → authenticate → read body (413 over the cap) → parseHead (400
+// ServeHTTP → authenticate → read body (413 over the cap; the buffer grows
+// with the bytes received, see body.go) → parseHead (400
 // naming the field) → Pool.Acquire (404/400/429/503) → StartTunnel or
 // StartRun by lease type → relay → Stream.Close → Pool.Release. relay is the
 // only loop: it calls Stream.Recv with a context that ends when the client

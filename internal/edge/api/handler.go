@@ -6,10 +6,8 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
-	"errors"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -355,45 +353,4 @@ func modelList(cfg *config.Config, created int64) []byte {
 		b = append(b, `,"owned_by":"iop"}`...)
 	}
 	return append(b, "]}"...)
-}
-
-// readBody reads the request body, at most max bytes; a larger body is a
-// 413 (http.MaxBytesReader). With a Content-Length the body is read into one
-// buffer of exactly that size.
-func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, *apiError) {
-	if r.ContentLength > max {
-		return nil, tooLarge(max)
-	}
-	body := http.MaxBytesReader(w, r.Body, max)
-	var buf []byte
-	if r.ContentLength > 0 {
-		buf = make([]byte, r.ContentLength)
-		if _, err := io.ReadFull(body, buf); err != nil {
-			return nil, readError(err, max)
-		}
-		return buf, nil
-	}
-	buf, err := io.ReadAll(body)
-	if err != nil {
-		return nil, readError(err, max)
-	}
-	return buf, nil
-}
-
-func tooLarge(max int64) *apiError {
-	return &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "request_too_large",
-		msg: "request body exceeds " + strconv.FormatInt(max, 10) + " bytes"}
-}
-
-func readError(err error, max int64) *apiError {
-	var mbe *http.MaxBytesError
-	if errors.As(err, &mbe) {
-		return tooLarge(max)
-	}
-	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
-		return &apiError{status: http.StatusRequestTimeout, typ: "invalid_request_error", code: "request_timeout",
-			msg: "the request body did not arrive in time"}
-	}
-	return badRequest("", "could not read the request body: %v", err)
 }
