@@ -109,16 +109,3 @@ func BenchmarkRunStream100(b *testing.B) {
 	body := []byte(`{"model":"tiny","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`)
 	runHandler(b, benchHandler(config.TypeOllama, envs), body)
 }
-
-// BenchmarkChunkEncode: one content delta encoded and written; the target
-// is 0 allocs per chunk.
-func BenchmarkChunkEncode(b *testing.B) {
-	w := &discardWriter{h: http.Header{}}
-	c := newChatConv(newOutput(w), "tiny", "chatcmpl-x", 1700000000, true, true, nil, false, func() string { return "x" })
-	b.ReportAllocs()
-	for b.Loop() {
-		if err := c.delta(" token"); err != nil {
-			b.Fatal(err)
-		}
-	}
-}

@@ -1,15 +1,18 @@
-// Package api is the Edge's client HTTP surface: the OpenAI-compatible and
-// Anthropic-compatible endpoints, client authentication, and every
-// conversion between client requests/responses and the node wire (SPEC T5,
-// Q3, T3, T4; DESIGN.md "HTTP surface").
+// Package api is the Edge's client HTTP layer: the OpenAI-compatible and
+// Anthropic-compatible endpoints, client authentication, errors and the
+// relay of node streams to the client (SPEC T5, Q3, T3, T4; DESIGN.md "HTTP
+// surface"). The conversions between a surface's requests/responses and the
+// normalized run path are pure functions in internal/edge/surface/*; api
+// calls them and writes what they produce.
 //
 // It owns: routing and error shapes (OpenAI {"error":{...}}, Anthropic
 // {"type":"error","error":{...}}); API-key checks; reading bodies under
 // http.max_body_bytes; admission through the provider pool; building the
 // ProviderTunnelRequest (openai_compat providers: the client's body with only
 // "model" replaced by the target) or the normalized RunRequest (ollama
-// providers); turning tunnel frames and run events into the client response;
-// cancelling node work when the client leaves.
+// providers, its input from the surface package); relaying tunnel frames and
+// the surface encoder's output to the client; cancelling node work when the
+// client leaves.
 //
 // It must never: touch a node socket (it talks to internal/edge/dispatch
 // only), forward client credentials, hop-by-hop or X-Iop-* headers upstream

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"iop/internal/edge/pool"
+	apisurface "iop/internal/edge/surface"
 	iop "iop/proto/gen/iop"
 )
 
@@ -56,60 +57,27 @@ func badGateway(code, msg string) *apiError {
 	return &apiError{status: http.StatusBadGateway, typ: "server_error", code: code, msg: msg}
 }
 
-// anthropicType maps a status to Anthropic's error types (Anthropic API
-// reference, "Errors").
-func anthropicType(status int) string {
-	switch status {
-	case 400:
-		return "invalid_request_error"
-	case 401:
-		return "authentication_error"
-	case 403:
-		return "permission_error"
-	case 404:
-		return "not_found_error"
-	case 413:
-		return "request_too_large"
-	case 429:
-		return "rate_limit_error"
-	case 503, 529:
-		return "overloaded_error"
-	case 504:
-		return "timeout_error"
-	default:
-		if status >= 400 && status < 500 {
-			return "invalid_request_error"
-		}
-		return "api_error"
-	}
-}
-
 // appendErrorBody appends e as a JSON error object in the surface's shape.
 func appendErrorBody(dst []byte, s surface, e *apiError) []byte {
+	se := e.surface()
 	if s == surfaceAnthropic {
-		dst = append(dst, `{"type":"error","error":{"type":`...)
-		dst = appendJSONString(dst, anthropicType(e.status))
-		dst = append(dst, `,"message":`...)
-		dst = appendJSONString(dst, e.msg)
-		return append(dst, "}}"...)
+		return apisurface.AppendAnthropicError(dst, &se)
 	}
-	dst = append(dst, `{"error":{"message":`...)
-	dst = appendJSONString(dst, e.msg)
-	dst = append(dst, `,"type":`...)
-	dst = appendJSONString(dst, e.typ)
-	dst = append(dst, `,"param":`...)
-	dst = appendNullable(dst, e.param)
-	dst = append(dst, `,"code":`...)
-	dst = appendNullable(dst, e.code)
-	return append(dst, "}}"...)
+	return apisurface.AppendOpenAIError(dst, &se)
 }
 
-func appendNullable(dst []byte, s string) []byte {
-	if s == "" {
-		return append(dst, "null"...)
-	}
-	return appendJSONString(dst, s)
+// surface is e as the surface converters see it (no retry or log detail).
+func (e *apiError) surface() apisurface.Error {
+	return apisurface.Error{Status: e.status, Type: e.typ, Code: e.code, Param: e.param, Message: e.msg}
 }
+
+// fromSurface is the client-visible error for a converter's e.
+func fromSurface(e *apisurface.Error) *apiError {
+	return &apiError{status: e.Status, typ: e.Type, code: e.Code, param: e.Param, msg: e.Message}
+}
+
+// jsonFieldError turns an encoding/json error into a 400 naming the field.
+func jsonFieldError(err error) *apiError { return fromSurface(apisurface.JSONFieldError(err)) }
 
 // writeError writes e as a complete HTTP error response in the surface's
 // shape, with Retry-After in whole seconds (RFC 9110 §10.2.3) when set.

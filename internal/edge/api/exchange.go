@@ -280,29 +280,6 @@ func (h *Handler) tunnel(x *exchange) (dispatch.Stream, sink) {
 	return st, &tunnelSink{h: h, x: x}
 }
 
-// run sends the normalized RunRequest (SPEC Q3); its sink converts the
-// events to the OpenAI chat completion response (SPEC T5).
-func (h *Handler) run(x *exchange) (dispatch.Stream, sink) {
-	in, tools, e := runInput(x.body)
-	if e != nil {
-		writeError(x.out.w, x.ep.surface, e)
-		return nil, nil
-	}
-	l, hd := x.lease, &x.head
-	req := &iop.RunRequest{Adapter: l.Provider, Target: l.Target, Input: in, ResponseStallTimeoutMs: l.StallTimeoutMs,
-		Stream: hd.stream}
-	st, err := h.o.Dispatcher.StartRun(dispatch.Target{Node: l.Node, Generation: l.Generation}, req)
-	if err != nil {
-		h.startFailed(x, err)
-		return nil, nil
-	}
-	s := &runSink{h: h, x: x}
-	s.conv.init(&x.out, hd.model, "chatcmpl-"+h.o.NewID(), h.o.Now().Unix(), hd.stream, hd.includeUsage,
-		tools, len(tools) > 0, h.o.NewID)
-	s.conv.bufs = &h.bufs
-	return st, s
-}
-
 func (h *Handler) startFailed(x *exchange, err error) {
 	msg := "the provider's node could not take the request"
 	if errors.Is(err, dispatch.ErrNotReady) {
@@ -509,30 +486,6 @@ func (h *Handler) logFailure(x *exchange, st dispatch.Stream, e *apiError) {
 		slog.String("run_id", st.RunID()), slog.Int("status", e.status), slog.String("code", e.code), slog.String("error", e.msg),
 		slog.String("detail", e.detail))
 }
-
-// runSink feeds RunEvents to a chatConv.
-type runSink struct {
-	h    *Handler
-	x    *exchange
-	conv chatConv
-}
-
-func (s *runSink) handle(env *iop.Envelope) (bool, error) {
-	ev := env.GetRunEvent()
-	if ev == nil {
-		return false, nil
-	}
-	if ev.Type == iop.RunEventType_RUN_EVENT_COMPLETE && ev.Usage != nil && s.h.o.OnUsage != nil {
-		s.h.o.OnUsage(s.x.principal(), s.x.model, ev.Usage)
-	}
-	return s.conv.event(ev)
-}
-
-func (s *runSink) fail(e *apiError) error { return s.conv.fail(e) }
-
-func (s *runSink) failure() *apiError { return s.conv.failed }
-
-func (s *runSink) wrote() bool { return s.conv.committed }
 
 // Client request headers a tunnel forwards (SPEC T4). Everything else —
 // Authorization, x-api-key, cookies, hop-by-hop and X-Iop-* headers — stays

@@ -89,7 +89,7 @@ type Handler struct {
 	o    Options
 	log  *slog.Logger
 	view atomic.Pointer[view]
-	bufs sync.Pool // *[]byte: encoding buffers of streamed chat chunks (chatConv)
+	bufs sync.Pool // *[]byte: encoding buffers of run-path responses (runSink)
 }
 
 // New returns the Handler for o.

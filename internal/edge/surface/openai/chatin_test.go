@@ -1,4 +1,4 @@
-package api
+package openai
 
 import (
 	"strings"
@@ -66,9 +66,9 @@ func TestRunInput(t *testing.T) {
 	}
 	for _, row := range rows {
 		t.Run(row.name, func(t *testing.T) {
-			in, tools, e := runInput([]byte(row.body))
+			in, tools, e := ChatInput([]byte(row.body))
 			if row.err != "" {
-				if e == nil || e.status != 400 || !strings.Contains(e.msg, row.err) {
+				if e == nil || e.Status != 400 || !strings.Contains(e.Message, row.err) {
 					t.Fatalf("got %v, want a 400 naming %s", e, row.err)
 				}
 				return

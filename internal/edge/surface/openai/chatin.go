@@ -1,12 +1,10 @@
-package api
+package openai
 
 import (
-	"bytes"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"strings"
 
+	"iop/internal/edge/surface"
 	iop "iop/proto/gen/iop"
 )
 
@@ -39,17 +37,17 @@ type contentPart struct {
 	Text *string `json:"text"`
 }
 
-// runInput turns a chat completions body into the normalized RunInput the
+// ChatInput turns a chat completions body into the normalized RunInput the
 // node's run path takes (SPEC Q3): messages with string or multi-part text
 // content (text parts joined with "\n"; "developer" is sent as "system"),
 // assistant tool_calls and tool_call_id, tools and tool_choice as raw JSON,
 // max_completion_tokens (else max_tokens), temperature, top_p, stop (string
 // or array) and seed. It also returns the names of the declared tools (for
 // the text tool-call fallback). Errors are 400s naming the field.
-func runInput(body []byte) (*iop.RunInput, []string, *apiError) {
+func ChatInput(body []byte) (*iop.RunInput, []string, *surface.Error) {
 	var req chatRequest
 	if err := json.Unmarshal(body, &req); err != nil {
-		return nil, nil, jsonFieldError(err)
+		return nil, nil, surface.JSONFieldError(err)
 	}
 	in := &iop.RunInput{Messages: make([]*iop.ChatMessage, 0, len(req.Messages))}
 	for i := range req.Messages {
@@ -60,10 +58,10 @@ func runInput(body []byte) (*iop.RunInput, []string, *apiError) {
 		in.Messages = append(in.Messages, m)
 	}
 	if len(in.Messages) == 0 {
-		return nil, nil, badRequest("messages", "field \"messages\" must hold at least one message")
+		return nil, nil, surface.BadRequest("messages", "field \"messages\" must hold at least one message")
 	}
 	var names []string
-	if present(req.Tools) {
+	if surface.Present(req.Tools) {
 		var tools []struct {
 			Type     string `json:"type"`
 			Function struct {
@@ -71,28 +69,28 @@ func runInput(body []byte) (*iop.RunInput, []string, *apiError) {
 			} `json:"function"`
 		}
 		if err := json.Unmarshal(req.Tools, &tools); err != nil {
-			return nil, nil, badRequest("tools", "field \"tools\" must be an array of tool objects")
+			return nil, nil, surface.BadRequest("tools", "field \"tools\" must be an array of tool objects")
 		}
 		for i, t := range tools {
 			if t.Function.Name == "" {
-				return nil, nil, badRequest("tools", "tools[%d].function.name is required", i)
+				return nil, nil, surface.BadRequest("tools", "tools[%d].function.name is required", i)
 			}
 			names = append(names, t.Function.Name)
 		}
 		in.ToolsJson = req.Tools
 	}
-	if present(req.ToolChoice) {
+	if surface.Present(req.ToolChoice) {
 		in.ToolChoiceJson = req.ToolChoice
 	}
 	switch {
 	case req.MaxCompletionTokens != nil:
 		if *req.MaxCompletionTokens < 1 {
-			return nil, nil, badRequest("max_completion_tokens", "field \"max_completion_tokens\" must be at least 1")
+			return nil, nil, surface.BadRequest("max_completion_tokens", "field \"max_completion_tokens\" must be at least 1")
 		}
 		in.MaxTokens = *req.MaxCompletionTokens
 	case req.MaxTokens != nil:
 		if *req.MaxTokens < 1 {
-			return nil, nil, badRequest("max_tokens", "field \"max_tokens\" must be at least 1")
+			return nil, nil, surface.BadRequest("max_tokens", "field \"max_tokens\" must be at least 1")
 		}
 		in.MaxTokens = *req.MaxTokens
 	}
@@ -100,9 +98,9 @@ func runInput(body []byte) (*iop.RunInput, []string, *apiError) {
 	in.TopP = req.TopP
 	in.Seed = req.Seed
 	if req.N != nil && *req.N != 1 {
-		return nil, nil, badRequest("n", "field \"n\": only 1 choice is supported by this model's provider")
+		return nil, nil, surface.BadRequest("n", "field \"n\": only 1 choice is supported by this model's provider")
 	}
-	if present(req.Stop) {
+	if surface.Present(req.Stop) {
 		switch req.Stop[0] {
 		case '"':
 			var s string
@@ -110,49 +108,49 @@ func runInput(body []byte) (*iop.RunInput, []string, *apiError) {
 			in.Stop = []string{s}
 		case '[':
 			if err := json.Unmarshal(req.Stop, &in.Stop); err != nil {
-				return nil, nil, badRequest("stop", "field \"stop\" must be a string or an array of strings")
+				return nil, nil, surface.BadRequest("stop", "field \"stop\" must be a string or an array of strings")
 			}
 		default:
-			return nil, nil, badRequest("stop", "field \"stop\" must be a string or an array of strings")
+			return nil, nil, surface.BadRequest("stop", "field \"stop\" must be a string or an array of strings")
 		}
 	}
 	return in, names, nil
 }
 
-func runMessage(i int, m *chatMessage) (*iop.ChatMessage, *apiError) {
+func runMessage(i int, m *chatMessage) (*iop.ChatMessage, *surface.Error) {
 	out := &iop.ChatMessage{Role: m.Role, Name: m.Name, ToolCallId: m.ToolCallID}
 	switch m.Role {
 	case "system", "user", "assistant", "tool":
 	case "developer":
 		out.Role = "system"
 	case "":
-		return nil, badRequest("messages", "messages[%d].role is required", i)
+		return nil, surface.BadRequest("messages", "messages[%d].role is required", i)
 	default:
-		return nil, badRequest("messages", "messages[%d].role %q is not one of system, developer, user, assistant, tool", i, m.Role)
+		return nil, surface.BadRequest("messages", "messages[%d].role %q is not one of system, developer, user, assistant, tool", i, m.Role)
 	}
 	text, e := textContent(i, m.Content)
 	if e != nil {
 		return nil, e
 	}
 	out.Content = text
-	if present(m.ToolCalls) {
+	if surface.Present(m.ToolCalls) {
 		if m.Role != "assistant" {
-			return nil, badRequest("messages", "messages[%d].tool_calls is only allowed on assistant messages", i)
+			return nil, surface.BadRequest("messages", "messages[%d].tool_calls is only allowed on assistant messages", i)
 		}
 		if m.ToolCalls[0] != '[' {
-			return nil, badRequest("messages", "messages[%d].tool_calls must be an array", i)
+			return nil, surface.BadRequest("messages", "messages[%d].tool_calls must be an array", i)
 		}
 		out.ToolCallsJson = m.ToolCalls
 	}
 	if m.Role == "tool" && m.ToolCallID == "" {
-		return nil, badRequest("messages", "messages[%d].tool_call_id is required for role \"tool\"", i)
+		return nil, surface.BadRequest("messages", "messages[%d].tool_call_id is required for role \"tool\"", i)
 	}
 	return out, nil
 }
 
 // textContent accepts a string, null, or an array of text parts.
-func textContent(i int, raw json.RawMessage) (string, *apiError) {
-	if !present(raw) {
+func textContent(i int, raw json.RawMessage) (string, *surface.Error) {
+	if !surface.Present(raw) {
 		return "", nil
 	}
 	switch raw[0] {
@@ -163,15 +161,15 @@ func textContent(i int, raw json.RawMessage) (string, *apiError) {
 	case '[':
 		var parts []contentPart
 		if err := json.Unmarshal(raw, &parts); err != nil {
-			return "", badRequest("messages", "messages[%d].content must be a string or an array of content parts", i)
+			return "", surface.BadRequest("messages", "messages[%d].content must be a string or an array of content parts", i)
 		}
 		var b strings.Builder
 		for j, p := range parts {
 			if p.Type != "text" {
-				return "", badRequest("messages", "messages[%d].content[%d]: part type %q is not supported by this model's provider (text only)", i, j, p.Type)
+				return "", surface.BadRequest("messages", "messages[%d].content[%d]: part type %q is not supported by this model's provider (text only)", i, j, p.Type)
 			}
 			if p.Text == nil {
-				return "", badRequest("messages", "messages[%d].content[%d].text is required", i, j)
+				return "", surface.BadRequest("messages", "messages[%d].content[%d].text is required", i, j)
 			}
 			if j > 0 {
 				b.WriteByte('\n')
@@ -180,45 +178,6 @@ func textContent(i int, raw json.RawMessage) (string, *apiError) {
 		}
 		return b.String(), nil
 	default:
-		return "", badRequest("messages", "messages[%d].content must be a string or an array of content parts", i)
-	}
-}
-
-func present(raw json.RawMessage) bool {
-	return len(raw) > 0 && !bytes.Equal(raw, []byte("null"))
-}
-
-// jsonFieldError turns an encoding/json error into a 400 naming the field.
-func jsonFieldError(err error) *apiError {
-	var te *json.UnmarshalTypeError
-	var se *json.SyntaxError
-	switch {
-	case errors.As(err, &te):
-		field := te.Field
-		if field == "" {
-			return badRequest("", "request body must be a JSON object")
-		}
-		return badRequest(field, "field %q: want %s, got JSON %s", field, jsonTypeName(te.Type.Kind().String()), te.Value)
-	case errors.As(err, &se):
-		return badRequest("", "request body is not valid JSON: %v (at byte %d)", se, se.Offset)
-	default:
-		return badRequest("", "request body is not valid JSON: %v", err)
-	}
-}
-
-func jsonTypeName(goKind string) string {
-	switch goKind {
-	case "string":
-		return "a string"
-	case "slice", "array":
-		return "an array"
-	case "struct", "map":
-		return "an object"
-	case "bool":
-		return "a boolean"
-	case "ptr":
-		return "a value of another type"
-	default:
-		return fmt.Sprintf("a number (%s)", goKind)
+		return "", surface.BadRequest("messages", "messages[%d].content must be a string or an array of content parts", i)
 	}
 }

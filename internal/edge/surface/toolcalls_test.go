@@ -1,9 +1,12 @@
-package api
+package surface_test
 
 import (
 	"errors"
 	"fmt"
 	"testing"
+
+	"iop/internal/edge/surface"
+	"iop/internal/edge/surface/surfacetest"
 )
 
 // E9: text tool calls are restored from the documented format only.
@@ -35,14 +38,14 @@ func TestTextToolCalls(t *testing.T) {
 	}
 	for _, row := range rows {
 		t.Run(row.name, func(t *testing.T) {
-			calls, rest, ok := textToolCalls(row.content, row.allowed, seqIDs())
+			calls, rest, ok := surface.TextToolCalls(row.content, row.allowed, surfacetest.SeqIDs())
 			got := ""
 			for i, c := range calls {
 				if i > 0 {
 					got += "|"
 				}
-				got += fmt.Sprintf("%s(%s)", c.name, c.arguments)
-				if c.id == "" {
+				got += fmt.Sprintf("%s(%s)", c.Name, c.Arguments)
+				if c.ID == "" {
 					t.Errorf("call %d without id", i)
 				}
 			}
@@ -65,22 +68,22 @@ func TestNativeToolCalls(t *testing.T) {
 		name, meta, want string
 		err              error
 	}{
-		{"E8 one call", oneCall, `call_a1 get_weather {"city": "Paris"}`, nil},
+		{"E8 one call", surfacetest.OneCall, `call_a1 get_weather {"city": "Paris"}`, nil},
 		{"E8 missing id is generated", `[{"type":"function","function":{"name":"f","arguments":"{}"}}]`, `call_id1 f {}`, nil},
 		{"E8 object arguments kept as written", `[{"id":"c","function":{"name":"f","arguments":{"a": 1}}}]`, `c f {"a": 1}`, nil},
-		{"E8 not an array", `{"id":"c"}`, "", ErrBadToolCalls},
-		{"E8 no name", `[{"id":"c","function":{}}]`, "", ErrBadToolCalls},
+		{"E8 not an array", `{"id":"c"}`, "", surface.ErrBadToolCalls},
+		{"E8 no name", `[{"id":"c","function":{}}]`, "", surface.ErrBadToolCalls},
 	}
 	for _, row := range rows {
 		t.Run(row.name, func(t *testing.T) {
-			calls, err := nativeToolCalls(row.meta, seqIDs())
+			calls, err := surface.NativeToolCalls(row.meta, surfacetest.SeqIDs())
 			if !errors.Is(err, row.err) {
 				t.Fatalf("err: got %v, want %v", err, row.err)
 			}
 			if err != nil {
 				return
 			}
-			if got := calls[0].id + " " + calls[0].name + " " + calls[0].arguments; got != row.want {
+			if got := calls[0].ID + " " + calls[0].Name + " " + calls[0].Arguments; got != row.want {
 				t.Errorf("got %q, want %q", got, row.want)
 			}
 		})

@@ -1,4 +1,4 @@
-package api
+package surface
 
 import (
 	"bytes"
@@ -17,12 +17,12 @@ const (
 
 // ErrBadToolCalls: metadata["openai_tool_calls"] is not a JSON array of
 // OpenAI-shaped tool calls.
-var ErrBadToolCalls = errors.New("api: malformed openai_tool_calls metadata")
+var ErrBadToolCalls = errors.New("surface: malformed openai_tool_calls metadata")
 
-// toolCall is one assistant tool call in OpenAI shape: arguments is the JSON
+// ToolCall is one assistant tool call in OpenAI shape: Arguments is the JSON
 // text of the arguments exactly as the provider wrote it.
-type toolCall struct {
-	id, name, arguments string
+type ToolCall struct {
+	ID, Name, Arguments string
 }
 
 type wireToolCall struct {
@@ -34,34 +34,34 @@ type wireToolCall struct {
 	} `json:"function"`
 }
 
-// nativeToolCalls parses metadata["openai_tool_calls"] (SPEC E8, E9): a JSON
+// NativeToolCalls parses metadata["openai_tool_calls"] (SPEC E8, E9): a JSON
 // array of {id, type, function:{name, arguments}}. arguments is normally a
 // JSON string holding JSON; an object is tolerated and kept as written. A
 // missing id gets a fresh "call_<id>".
-func nativeToolCalls(meta string, newID func() string) ([]toolCall, error) {
+func NativeToolCalls(meta string, newID func() string) ([]ToolCall, error) {
 	var in []wireToolCall
 	if err := json.Unmarshal([]byte(meta), &in); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadToolCalls, err)
 	}
-	out := make([]toolCall, 0, len(in))
+	out := make([]ToolCall, 0, len(in))
 	for i, c := range in {
 		if c.Function.Name == "" {
 			return nil, fmt.Errorf("%w: call %d has no function.name", ErrBadToolCalls, i)
 		}
-		tc := toolCall{id: c.ID, name: c.Function.Name, arguments: argumentsText(c.Function.Arguments)}
-		if tc.id == "" {
-			tc.id = "call_" + newID()
+		tc := ToolCall{ID: c.ID, Name: c.Function.Name, Arguments: ArgumentsText(c.Function.Arguments)}
+		if tc.ID == "" {
+			tc.ID = "call_" + newID()
 		}
 		out = append(out, tc)
 	}
 	return out, nil
 }
 
-// argumentsText returns the arguments JSON text: a JSON string's contents,
+// ArgumentsText returns the arguments JSON text: a JSON string's contents,
 // any other JSON value as written, "{}" when absent.
-func argumentsText(raw json.RawMessage) string {
+func ArgumentsText(raw json.RawMessage) string {
 	raw = bytes.TrimSpace(raw)
-	if !present(raw) {
+	if !Present(raw) {
 		return "{}"
 	}
 	if raw[0] == '"' {
@@ -108,10 +108,10 @@ type textToolObject struct {
 // maxTextToolScans bounds how many '{' positions textToolCalls tries.
 const maxTextToolScans = 64
 
-// textToolCalls finds a text tool call in content (see the format above).
+// TextToolCalls finds a text tool call in content (see the format above).
 // It returns the calls and the content with the tool-call object (and its
 // code fence) removed and trimmed; ok is false when none was found.
-func textToolCalls(content string, allowed []string, newID func() string) (calls []toolCall, rest string, ok bool) {
+func TextToolCalls(content string, allowed []string, newID func() string) (calls []ToolCall, rest string, ok bool) {
 	from := 0
 	for tries := 0; tries < maxTextToolScans; tries++ {
 		i := strings.IndexByte(content[from:], '{')
@@ -132,12 +132,12 @@ func textToolCalls(content string, allowed []string, newID func() string) (calls
 	return nil, content, false
 }
 
-func textEntries(obj textToolObject, allowed []string, newID func() string) []toolCall {
+func textEntries(obj textToolObject, allowed []string, newID func() string) []ToolCall {
 	entries := obj.ToolCalls
 	if len(entries) == 0 && (obj.Name != "" || obj.Function != nil) {
 		entries = []textToolEntry{obj.textToolEntry}
 	}
-	var out []toolCall
+	var out []ToolCall
 	for _, e := range entries {
 		name, args := e.Name, e.Arguments
 		if e.Function != nil {
@@ -150,7 +150,7 @@ func textEntries(obj textToolObject, allowed []string, newID func() string) []to
 		if id == "" {
 			id = "call_" + newID()
 		}
-		out = append(out, toolCall{id: id, name: name, arguments: argumentsText(args)})
+		out = append(out, ToolCall{ID: id, Name: name, Arguments: ArgumentsText(args)})
 	}
 	return out
 }
@@ -176,4 +176,23 @@ func cutFenced(content string, start, end int) string {
 	default:
 		return before + "\n" + after
 	}
+}
+
+// CompleteToolCalls returns the tool calls a run's COMPLETE event carries
+// and the content left once a text tool call is cut out of it: the native
+// calls of metadata["openai_tool_calls"] (SPEC E8; content unchanged), else
+// — only with metadata["openai_text_tool_fallback"] == "true" — a text tool
+// call found in content among the declared tools (SPEC E9), else none.
+// err wraps ErrBadToolCalls.
+func CompleteToolCalls(meta map[string]string, content string, tools []string, newID func() string) (calls []ToolCall, rest string, err error) {
+	if m := meta[MetaToolCalls]; m != "" {
+		calls, err = NativeToolCalls(m, newID)
+		return calls, content, err
+	}
+	if meta[MetaTextToolFallback] == "true" {
+		if tc, r, ok := TextToolCalls(content, tools, newID); ok {
+			return tc, r, nil
+		}
+	}
+	return nil, content, nil
 }

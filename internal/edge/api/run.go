@@ -1,0 +1,159 @@
+package api
+
+import (
+	"net/http"
+	"strconv"
+
+	"iop/internal/edge/dispatch"
+	apisurface "iop/internal/edge/surface"
+	"iop/internal/edge/surface/openai"
+	iop "iop/proto/gen/iop"
+)
+
+// run sends the normalized RunRequest (SPEC Q3) built by the endpoint's
+// surface from the client's body; its sink encodes the run's events in that
+// surface's response shape (SPEC T5).
+func (h *Handler) run(x *exchange) (dispatch.Stream, sink) {
+	in, tools, e := openai.ChatInput(x.body)
+	if e != nil {
+		writeError(x.out.w, x.ep.surface, fromSurface(e))
+		return nil, nil
+	}
+	l, hd := x.lease, &x.head
+	req := &iop.RunRequest{Adapter: l.Provider, Target: l.Target, Input: in, ResponseStallTimeoutMs: l.StallTimeoutMs,
+		Stream: hd.stream}
+	st, err := h.o.Dispatcher.StartRun(dispatch.Target{Node: l.Node, Generation: l.Generation}, req)
+	if err != nil {
+		h.startFailed(x, err)
+		return nil, nil
+	}
+	s := &runSink[openai.Chat, *openai.Chat]{h: h, x: x}
+	s.enc.Init(openai.ChatOptions{Model: hd.model, ID: "chatcmpl-" + h.o.NewID(), Created: h.o.Now().Unix(),
+		Stream: hd.stream, IncludeUsage: hd.includeUsage, Tools: tools, NewID: h.o.NewID})
+	return st, s
+}
+
+// encoder is a surface encoder held by value in its runSink, so that a
+// request's sink is one allocation: *T implements surface.Encoder.
+type encoder[T any] interface {
+	*T
+	apisurface.Encoder
+}
+
+// runSink writes one run's events to the client through the surface's
+// encoder: a stream's SSE events are written and flushed as produced (the
+// headers go with the first), a non-stream body is written whole with a
+// Content-Length. A node's ERROR or CANCELLED terminal, or a malformed
+// COMPLETE, ends the response with exactly one error outcome: an HTTP error
+// in the surface's shape before any byte, the encoder's error event after.
+type runSink[T any, E encoder[T]] struct {
+	h   *Handler
+	x   *exchange
+	enc T
+
+	committed bool // status line written
+	finished  bool // a terminal outcome was written
+	failed    *apiError
+}
+
+func (s *runSink[T, E]) handle(env *iop.Envelope) (bool, error) {
+	ev := env.GetRunEvent()
+	if ev == nil {
+		return false, nil
+	}
+	switch ev.Type {
+	case iop.RunEventType_RUN_EVENT_COMPLETE:
+		if ev.Usage != nil && s.h.o.OnUsage != nil {
+			s.h.o.OnUsage(s.x.principal(), s.x.model, ev.Usage)
+		}
+	case iop.RunEventType_RUN_EVENT_ERROR:
+		return true, s.fail(nodeFailure(ev.FailureCode, ev.Error, ev.UpstreamStatus, ev.Failure))
+	case iop.RunEventType_RUN_EVENT_CANCELLED:
+		return true, s.fail(badGateway("run_cancelled", "the provider run was cancelled"))
+	}
+	bp := s.h.takeBuf()
+	out, done, e := E(&s.enc).Event(*bp, ev)
+	var err error
+	switch {
+	case e != nil:
+		done, err = true, s.fail(fromSurface(e))
+	case len(out) > 0:
+		err = s.write(out)
+	}
+	s.h.giveBuf(bp, out)
+	if done && e == nil {
+		s.finished = true
+	}
+	return done, err
+}
+
+// write sends p: the stream's next events, or the whole non-stream body.
+func (s *runSink[T, E]) write(p []byte) error {
+	w := s.x.out.w
+	if !s.x.head.stream {
+		h := w.Header()
+		h.Set("Content-Type", "application/json")
+		h.Set("Content-Length", strconv.Itoa(len(p)))
+		w.WriteHeader(http.StatusOK)
+		s.committed = true
+		_, err := w.Write(p)
+		return err
+	}
+	if !s.committed {
+		s.committed = true
+		h := w.Header()
+		h.Set("Content-Type", "text/event-stream")
+		h.Set("Cache-Control", "no-cache")
+		h.Set("X-Accel-Buffering", "no")
+		w.WriteHeader(http.StatusOK)
+	}
+	return s.x.out.send(p)
+}
+
+// fail ends the response with e unless a terminal outcome was written: an
+// HTTP error when nothing was written yet, else the surface's error event.
+func (s *runSink[T, E]) fail(e *apiError) error {
+	if s.finished {
+		return nil
+	}
+	s.finished, s.failed = true, e
+	if !s.committed {
+		s.committed = true
+		writeError(s.x.out.w, s.x.ep.surface, e)
+		return nil
+	}
+	se := e.surface()
+	bp := s.h.takeBuf()
+	b := E(&s.enc).AppendError(*bp, &se)
+	err := s.x.out.send(b)
+	s.h.giveBuf(bp, b)
+	return err
+}
+
+func (s *runSink[T, E]) failure() *apiError { return s.failed }
+
+func (s *runSink[T, E]) wrote() bool { return s.committed }
+
+// maxPooledBuf bounds the encoding buffer given back to the pool (bytes):
+// a rare huge event's buffer is left to the GC.
+const maxPooledBuf = 64 << 10
+
+// takeBuf returns an empty encoding buffer from the Handler's pool. It is
+// taken for one event and given back once written, so a stream parked
+// between two tokens holds none (issue 7).
+func (h *Handler) takeBuf() *[]byte {
+	if bp, ok := h.bufs.Get().(*[]byte); ok {
+		*bp = (*bp)[:0]
+		return bp
+	}
+	b := make([]byte, 0, 1024)
+	return &b
+}
+
+// giveBuf returns b, the grown *bp, to the pool; neither may be used after.
+func (h *Handler) giveBuf(bp *[]byte, b []byte) {
+	if cap(b) <= maxPooledBuf {
+		*bp = b[:0]
+		h.bufs.Put(bp)
+	}
+}

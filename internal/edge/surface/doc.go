@@ -1,0 +1,15 @@
+// Package surface holds what every client-surface converter of the Edge
+// shares: the client-visible Error and its OpenAI and Anthropic wire shapes,
+// JSON string encoding, the restoration of assistant tool calls from a run's
+// COMPLETE event (SPEC E8, E9), and the Encoder contract that the
+// per-surface packages (surface/openai, …) implement.
+//
+// Each surface is a package of pure functions and values: a request body in,
+// a normalized iop.RunInput out (or an Error naming the field); run events
+// in, response bytes appended to a caller's buffer out. None of them does
+// I/O, reads a clock or keeps package-level state.
+//
+// It must never: write to a connection or an http.ResponseWriter (that is
+// internal/edge/api), decide a status for a node failure (api maps a node's
+// ERROR terminal), or log anything.
+package surface
