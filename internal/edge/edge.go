@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"iop/internal/edge/access"
 	"iop/internal/edge/admin"
 	"iop/internal/edge/api"
 	"iop/internal/edge/config"
@@ -39,7 +40,8 @@ type Options struct {
 	HTTPListener, NodeListener, AdminListener net.Listener
 	// Started, when set, is called once every listener is serving.
 	Started func(Addrs)
-	// ShutdownGrace bounds the HTTP drain on shutdown; 0 = 10 s.
+	// ShutdownGrace, when positive, replaces shutdown.drain_timeout_ms: how
+	// long requests in flight may go on after ctx is done.
 	ShutdownGrace time.Duration
 	// HealthProbeInterval is the recovery loop's period (SPEC H10); 0 =
 	// health.DefaultProbeInterval, bounded by health.MinProbeInterval and
@@ -112,7 +114,9 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	})
 	ht = health.New(health.Options{Overlay: p, Commander: tr, Logger: log.With("component", "health"),
 		ProbeInterval: o.HealthProbeInterval})
-	h := api.New(api.Options{Config: current, Pool: p, Dispatcher: tr, Health: ht, Logger: log.With("component", "api")})
+	metrics, recent := access.NewMetrics(), access.NewRecent(0)
+	h := api.New(api.Options{Config: current, Pool: p, Dispatcher: tr, Health: ht, Logger: log.With("component", "api"),
+		AccessLog: log, Metrics: metrics, Recent: recent})
 	if h.OpenMode() {
 		log.Warn("no api_keys configured: the HTTP API is open to anyone who can reach it")
 	}
@@ -120,7 +124,8 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	for _, m := range ht.Metrics() {
 		counters = append(counters, admin.Counter{Name: m.Name, Help: m.Help, Type: "counter", Samples: m.Samples})
 	}
-	adm := admin.New(admin.Options{Status: p, Events: bus, Metrics: counters, Pprof: cfg.Admin.Pprof, Version: o.Version})
+	adm := admin.New(admin.Options{Status: p, Events: bus, Metrics: counters, Collectors: []admin.Collector{metrics},
+		Recent: recent, Pprof: cfg.Admin.Pprof, Version: o.Version})
 
 	listen := func(given net.Listener, addr string) (net.Listener, error) {
 		if given != nil {
@@ -206,13 +211,7 @@ loop:
 		}
 	}
 
-	grace := o.ShutdownGrace
-	if grace <= 0 {
-		grace = 10 * time.Second
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), grace)
-	httpSrv.Shutdown(sctx) // in-flight requests finish while nodes are still connected
-	cancel()
+	drainHTTP(log, httpSrv, h, drainTimeout(current(), o.ShutdownGrace))
 	httpSrv.Close()
 	adminSrv.Close()
 	stopHealth()
@@ -220,6 +219,46 @@ loop:
 	wg.Wait()
 	log.Info("edge stopped")
 	return runErr
+}
+
+// drainHTTP is the graceful drain (SIGTERM): new requests get 503 with
+// Retry-After while those in flight go on, with nodes still connected, for
+// up to timeout; then what is left is ended with an error in its surface's
+// shape (api.Handler.Stop) and, once those have answered (bounded by
+// stopWait), the server shuts down.
+func drainHTTP(log *slog.Logger, srv *http.Server, h *api.Handler, timeout time.Duration) {
+	h.Drain()
+	srv.SetKeepAlivesEnabled(false) // idle connections close; answers carry Connection: close
+	log.Info("edge draining", "in_flight", h.InFlight(), "drain_timeout_ms", timeout.Milliseconds())
+	dctx, cancel := context.WithTimeout(context.Background(), timeout)
+	err := h.WaitIdle(dctx)
+	cancel()
+	if err != nil {
+		log.Warn("drain timeout: ending the requests still in flight", "in_flight", h.InFlight())
+		h.Stop()
+		wctx, cancel := context.WithTimeout(context.Background(), stopWait)
+		if h.WaitIdle(wctx) != nil {
+			log.Warn("requests still in flight after the stop", "in_flight", h.InFlight())
+		}
+		cancel()
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	_ = srv.Shutdown(sctx)
+	cancel()
+}
+
+// stopWait bounds the wait for requests ended by api.Handler.Stop to answer.
+const stopWait = 5 * time.Second
+
+// drainTimeout is shutdown.drain_timeout_ms, or override when positive.
+func drainTimeout(c *config.Config, override time.Duration) time.Duration {
+	if override > 0 {
+		return override
+	}
+	if c != nil && c.Shutdown.DrainTimeoutMs > 0 {
+		return time.Duration(c.Shutdown.DrainTimeoutMs) * time.Millisecond
+	}
+	return config.DefaultDrainTimeoutMs * time.Millisecond
 }
 
 // reload applies a new config: listener and TLS changes need a restart; the

@@ -13,12 +13,14 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/pprof"
 	"sort"
 	"strconv"
 	"time"
 
+	"iop/internal/edge/access"
 	"iop/internal/edge/events"
 	"iop/internal/edge/pool"
 
@@ -44,11 +46,25 @@ type Counter struct {
 	Samples          func() map[string]float64
 }
 
+// Collector writes metric families of its own in the text format 0.0.4
+// (e.g. access.Metrics: request counts, latencies, tokens).
+type Collector interface {
+	WritePrometheus(w io.Writer) error
+}
+
+// RecentSource lists the last failed requests (access.Recent).
+type RecentSource interface {
+	List() []access.RecentError
+}
+
 // Options configures the admin handler.
 type Options struct {
-	Status  StatusSource
-	Events  EventSource
-	Metrics []Counter
+	Status     StatusSource
+	Events     EventSource
+	Metrics    []Counter
+	Collectors []Collector
+	// Recent, when set, is shown as "recent_errors" in /status.
+	Recent  RecentSource
 	Pprof   bool
 	Version string
 }
@@ -172,6 +188,9 @@ func serveMetrics(w http.ResponseWriter, o Options) {
 				fmt.Fprintf(&buf, "%s{%s} %v\n", c.Name, k, samples[k])
 			}
 		}
+	}
+	for _, c := range o.Collectors {
+		_ = c.WritePrometheus(&buf)
 	}
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 	w.Write(buf.Bytes())

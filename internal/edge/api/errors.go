@@ -82,6 +82,7 @@ func jsonFieldError(err error) *apiError { return fromSurface(apisurface.JSONFie
 // writeError writes e as a complete HTTP error response in the surface's
 // shape, with Retry-After in whole seconds (RFC 9110 §10.2.3) when set.
 func writeError(w http.ResponseWriter, s surface, e *apiError) {
+	noteError(w, e)
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	if e.retryAfter > 0 {

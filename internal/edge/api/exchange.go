@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"time"
 
+	"iop/internal/edge/access"
 	"iop/internal/edge/config"
 	"iop/internal/edge/dispatch"
 	"iop/internal/edge/pool"
@@ -112,6 +113,7 @@ func parseHead(body []byte, ep *endpoint, hd *head) *apiError {
 type exchange struct {
 	ctx   context.Context // the request's context, carrying the principal
 	r     *http.Request
+	acc   *recorder // the response writer and the access record
 	out   output
 	ep    *endpoint
 	lease *pool.Lease
@@ -176,13 +178,14 @@ type sink interface {
 // frames below relay are kept small: admission and the stream's start run
 // in functions that have returned before relay waits (a parked stack of
 // under 3 KiB lets the runtime shrink the goroutine's stack to 8 KiB).
-func (h *Handler) serveModel(ctx context.Context, w http.ResponseWriter, r *http.Request, v *view, ep *endpoint) {
+func (h *Handler) serveModel(ctx context.Context, w *recorder, r *http.Request, v *view, ep *endpoint) {
 	x := h.admit(ctx, w, r, v, ep)
 	if x == nil {
 		return
 	}
 	defer func() {
 		if x.abort {
+			x.acc.failed = true
 			panic(http.ErrAbortHandler) // after the lease went back
 		}
 	}()
@@ -206,7 +209,7 @@ func (h *Handler) serveModel(ctx context.Context, w http.ResponseWriter, r *http
 // admit reads and validates the body and acquires a lease, waiting in the
 // queue (SPEC Q4). It returns nil when it answered the request itself (a
 // bad body, no admission) or the client left while queued.
-func (h *Handler) admit(ctx context.Context, w http.ResponseWriter, r *http.Request, v *view, ep *endpoint) *exchange {
+func (h *Handler) admit(ctx context.Context, w *recorder, r *http.Request, v *view, ep *endpoint) *exchange {
 	body, e := readBody(w, r, v.maxBody)
 	if e != nil {
 		closeUnread(w, r)
@@ -216,16 +219,24 @@ func (h *Handler) admit(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	// The body is in: lift the read deadline so that nothing later on this
 	// connection (its disconnect detector's read) ever runs into it.
 	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
-	x := &exchange{ctx: ctx, r: r, out: output{w: w}, ep: ep, body: body}
+	x := &exchange{ctx: ctx, r: r, acc: w, out: output{w: w}, ep: ep, body: body}
 	hd := &x.head
 	if e := parseHead(body, ep, hd); e != nil {
 		writeError(w, ep.surface, e)
 		return nil
 	}
+	h.setModel(w, v, hd.model)
+	queued := time.Now()
 	lease, err := h.o.Pool.Acquire(ctx, x.poolRequest())
+	setLease(w, lease, time.Since(queued))
 	if err != nil {
 		if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
-			h.log.Debug("client left while queued", "model", hd.model) // SPEC Q4, T3: the pool removed the waiter
+			if shuttingDown(ctx) {
+				writeError(w, ep.surface, shutdownError())
+				return nil
+			}
+			w.leave()
+			h.log.Debug("client left while queued", "model", hd.model, "request_id", w.rec.RequestID) // SPEC Q4, T3: the pool removed the waiter
 			return nil
 		}
 		e := poolError(hd.model, err)
@@ -233,7 +244,8 @@ func (h *Handler) admit(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		if e.status >= 429 {
 			level = slog.LevelInfo // load or liveness: operators want to see it
 		}
-		h.log.Log(ctx, level, "request not admitted", "model", hd.model, "operation", ep.operation, "status", e.status, "err", err)
+		h.log.Log(ctx, level, "request not admitted", "model", hd.model, "operation", ep.operation, "status", e.status,
+			"request_id", w.rec.RequestID, "err", err)
 		writeError(w, ep.surface, e)
 		return nil
 	}
@@ -270,7 +282,7 @@ func (h *Handler) tunnel(x *exchange) (dispatch.Stream, sink) {
 	req := &iop.ProviderTunnelRequest{
 		Adapter: l.Provider, Target: l.Target, Method: http.MethodPost, Path: x.ep.path,
 		Headers: forwardHeaders(x.r.Header), Body: out, Stream: hd.stream,
-		Operation: x.ep.operation, ResponseStallTimeoutMs: l.StallTimeoutMs,
+		Operation: x.ep.operation, ResponseStallTimeoutMs: l.StallTimeoutMs, RequestId: x.acc.rec.RequestID,
 	}
 	st, err := h.o.Dispatcher.StartTunnel(dispatch.Target{Node: l.Node, Generation: l.Generation}, req)
 	if err != nil {
@@ -285,7 +297,8 @@ func (h *Handler) startFailed(x *exchange, err error) {
 	if errors.Is(err, dispatch.ErrNotReady) {
 		msg = "the provider's node is no longer connected"
 	}
-	h.log.Warn("dispatch failed", "model", x.model, "node", x.lease.Node, "provider", x.lease.Provider, "err", err)
+	h.log.Warn("dispatch failed", "model", x.model, "node", x.lease.Node, "provider", x.lease.Provider,
+		"request_id", x.acc.rec.RequestID, "err", err)
 	writeError(x.out.w, x.ep.surface, badGateway("provider_unavailable", msg))
 }
 
@@ -378,7 +391,8 @@ func (h *Handler) deliver(x *exchange, st dispatch.Stream, s sink, env *iop.Enve
 	}
 	if err != nil {
 		st.Cancel("write_failed")
-		h.log.Debug("client write failed", "model", x.model, "run_id", st.RunID(), "err", err)
+		x.acc.leave()
+		h.log.Debug("client write failed", "model", x.model, "run_id", st.RunID(), "request_id", x.acc.rec.RequestID, "err", err)
 		if !terminal(env) {
 			h.handOff(x, st)
 		}
@@ -386,6 +400,7 @@ func (h *Handler) deliver(x *exchange, st dispatch.Stream, s sink, env *iop.Enve
 	}
 	if done {
 		if e := s.failure(); e != nil {
+			x.acc.fail(e)
 			h.logFailure(x, st, e)
 		} else {
 			x.ok = true
@@ -409,11 +424,16 @@ func (h *Handler) recvFailed(x *exchange, st dispatch.Stream, s sink, ctx contex
 		case errors.Is(cause, ErrResponseWait):
 			st.Cancel("response_wait_timeout")
 			cancelled = true
-			e = &apiError{status: http.StatusGatewayTimeout, typ: "server_error", code: "response_timeout",
+			e = &apiError{status: http.StatusGatewayTimeout, typ: "server_error", code: access.CodeResponseTimeout,
 				msg: "no response from the provider in time"}
+		case errors.Is(cause, ErrShutdown):
+			st.Cancel("edge_shutdown")
+			cancelled = true
+			e = shutdownError()
 		default:
 			st.Cancel("client_disconnected")
-			h.log.Debug("client left", "model", x.model, "run_id", st.RunID())
+			x.acc.leave()
+			h.log.Debug("client left", "model", x.model, "run_id", st.RunID(), "request_id", x.acc.rec.RequestID)
 			return true
 		}
 	case errors.Is(err, dispatch.ErrSessionLost):
@@ -426,6 +446,7 @@ func (h *Handler) recvFailed(x *exchange, st dispatch.Stream, s sink, ctx contex
 		e = badGateway("provider_error", "the provider's stream failed")
 	}
 	h.logFailure(x, st, e)
+	x.acc.fail(e)
 	_ = s.fail(e)
 	return cancelled
 }
@@ -481,7 +502,7 @@ func (h *Handler) handOff(x *exchange, st dispatch.Stream) {
 }
 
 func (h *Handler) logFailure(x *exchange, st dispatch.Stream, e *apiError) {
-	h.log.LogAttrs(x.ctx, slog.LevelWarn, "request failed",
+	h.log.LogAttrs(x.ctx, slog.LevelWarn, "request failed", slog.String("request_id", x.acc.rec.RequestID),
 		slog.String("model", x.model), slog.String("node", x.lease.Node), slog.String("provider", x.lease.Provider),
 		slog.String("run_id", st.RunID()), slog.Int("status", e.status), slog.String("code", e.code), slog.String("error", e.msg),
 		slog.String("detail", e.detail))

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"iop/internal/edge/access"
 	"iop/internal/edge/config"
 	"iop/internal/edge/dispatch"
 	"iop/internal/edge/pool"
@@ -80,16 +81,24 @@ type Options struct {
 	// event or a tunnel's USAGE frames (observation only; never merged into
 	// a body, SPEC T2). principal is "" in open mode.
 	OnUsage func(principal, model string, u *iop.Usage)
+	// AccessLog gets one line per request at its end (access.Record.Log,
+	// message "access"); nil writes none. /healthz is not logged.
+	AccessLog *slog.Logger
+	// Metrics, when set, counts every request (access.Metrics); Recent
+	// keeps the last failed ones for the operator page.
+	Metrics *access.Metrics
+	Recent  *access.Recent
 }
 
 // Handler is the Edge's client HTTP surface (an http.Handler): GET
 // /v1/models, POST /v1/chat/completions, /v1/responses, /v1/messages,
 // /v1/messages/count_tokens, GET /healthz. Safe for concurrent use.
 type Handler struct {
-	o    Options
-	log  *slog.Logger
-	view atomic.Pointer[view]
-	bufs sync.Pool // *[]byte: encoding buffers of run-path responses (runSink)
+	o     Options
+	log   *slog.Logger
+	view  atomic.Pointer[view]
+	bufs  sync.Pool // *[]byte: encoding buffers of run-path responses (runSink)
+	drain *drainer
 }
 
 // New returns the Handler for o.
@@ -115,7 +124,7 @@ func New(o Options) *Handler {
 	if o.ResponseWaitGrace <= 0 {
 		o.ResponseWaitGrace = DefaultResponseWaitGrace
 	}
-	return &Handler{o: o, log: o.Logger}
+	return &Handler{o: o, log: o.Logger, drain: newDrainer()}
 }
 
 // view is what the Handler derives from one config value, rebuilt when
@@ -187,34 +196,90 @@ var (
 
 // ServeHTTP routes one request. Unknown paths get 404 and known paths with
 // another method 405, both in OpenAI shape (Anthropic shape under
-// /v1/messages).
+// /v1/messages). Every response carries X-Request-Id; every request but
+// GET /healthz gets one access record (Options.AccessLog, Metrics). After
+// Drain every request gets 503 (healthz too, so load balancers stop
+// sending).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	ok := h.drain.enter()
+	defer h.drain.exit()
+	if r.URL.Path == "/healthz" {
+		healthz(w, r, ok)
+		return
+	}
+	rw := h.begin(w, r, start)
+	defer h.end(r.Context(), rw)
+	if !ok {
+		rw.rec.Surface = surfaceOf(r.URL.Path)
+		w.Header().Set("Connection", "close")
+		closeUnread(rw, r)
+		writeError(rw, surfaceFor(r.URL.Path), drainingError())
+		return
+	}
 	// A model request's goroutine stays in serveModel for the stream's
 	// whole life: route's large frame is gone by then (see serveModel).
-	if ctx, v, ep := h.route(w, r); ep != nil {
-		h.serveModel(ctx, w, r, v, ep)
+	if ctx, v, ep := h.route(rw, r); ep != nil {
+		ctx, release := h.requestContext(ctx)
+		defer release()
+		h.serveModel(ctx, rw, r, v, ep)
 	}
+}
+
+// healthz answers GET /healthz: 200 {"status":"ok"}, or 503
+// {"status":"draining"} after Drain.
+func healthz(w http.ResponseWriter, r *http.Request, ok bool) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		methodNotAllowed(w, surfaceOpenAI, "GET")
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if !ok {
+		w.Header().Set("Connection", "close")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = io.WriteString(w, `{"status":"draining"}`)
+		return
+	}
+	_, _ = io.WriteString(w, `{"status":"ok"}`)
+}
+
+// surfaceFor is the error shape of requests to path.
+func surfaceFor(path string) surface {
+	if path == "/v1/messages" || strings.HasPrefix(path, "/v1/messages/") {
+		return surfaceAnthropic
+	}
+	return surfaceOpenAI
+}
+
+// surfaceOf is the access record's surface of a request to path.
+func surfaceOf(path string) string {
+	switch path {
+	case "/v1/models":
+		return config.OpModels
+	case epChat.path:
+		return epChat.operation
+	case epResponses.path:
+		return epResponses.operation
+	case epMessages.path:
+		return epMessages.operation
+	case epCountTokens.path:
+		return epCountTokens.operation
+	}
+	return surfaceOther
 }
 
 // route answers every request except an authenticated model request, for
 // which it returns the request's context (carrying the principal), the
 // config view and the endpoint; the endpoint is nil when route answered.
-func (h *Handler) route(w http.ResponseWriter, r *http.Request) (context.Context, *view, *endpoint) {
+func (h *Handler) route(w *recorder, r *http.Request) (context.Context, *view, *endpoint) {
 	if r.Body != nil && r.Body != http.NoBody {
 		// Bound the body read; serveModel lifts it once the body is in.
 		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(h.o.BodyReadTimeout))
 	}
 	var ep *endpoint
 	method := http.MethodPost
+	w.rec.Surface = surfaceOf(r.URL.Path)
 	switch r.URL.Path {
-	case "/healthz":
-		if r.Method != http.MethodGet && r.Method != http.MethodHead {
-			methodNotAllowed(w, surfaceOpenAI, "GET")
-			return nil, nil, nil
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"status":"ok"}`)
-		return nil, nil, nil
 	case "/v1/models":
 		method = http.MethodGet
 	case "/v1/chat/completions":
@@ -259,6 +324,7 @@ func (h *Handler) route(w http.ResponseWriter, r *http.Request) (context.Context
 			msg: "missing or invalid API key (" + hint + ")"})
 		return nil, nil, nil
 	}
+	w.rec.Principal = principal
 	ctx := r.Context()
 	if principal != "" {
 		ctx = context.WithValue(ctx, principalKey{}, principal)

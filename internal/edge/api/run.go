@@ -21,7 +21,7 @@ func (h *Handler) run(x *exchange) (dispatch.Stream, sink) {
 	}
 	l, hd := x.lease, &x.head
 	req := &iop.RunRequest{Adapter: l.Provider, Target: l.Target, Input: in, ResponseStallTimeoutMs: l.StallTimeoutMs,
-		Stream: hd.stream}
+		Stream: hd.stream, RequestId: x.acc.rec.RequestID}
 	st, err := h.o.Dispatcher.StartRun(dispatch.Target{Node: l.Node, Generation: l.Generation}, req)
 	if err != nil {
 		h.startFailed(x, err)
@@ -63,8 +63,11 @@ func (s *runSink[T, E]) handle(env *iop.Envelope) (bool, error) {
 	}
 	switch ev.Type {
 	case iop.RunEventType_RUN_EVENT_COMPLETE:
-		if ev.Usage != nil && s.h.o.OnUsage != nil {
-			s.h.o.OnUsage(s.x.principal(), s.x.model, ev.Usage)
+		if ev.Usage != nil {
+			setUsage(s.x.acc, ev.Usage)
+			if s.h.o.OnUsage != nil {
+				s.h.o.OnUsage(s.x.principal(), s.x.model, ev.Usage)
+			}
 		}
 	case iop.RunEventType_RUN_EVENT_ERROR:
 		return true, s.fail(nodeFailure(ev.FailureCode, ev.Error, ev.UpstreamStatus, ev.Failure))

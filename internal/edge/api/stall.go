@@ -113,15 +113,22 @@ func (h *Handler) reacquire(x *exchange) (first *pool.Lease) {
 	first = x.lease
 	h.releaseLease(x)
 	ctx, cancel := context.WithTimeout(x.ctx, h.o.RedispatchWait)
+	queued := time.Now()
 	l, err := h.o.Pool.Acquire(ctx, x.poolRequest())
+	setLease(x.acc, l, time.Since(queued))
 	cancel()
 	if err != nil {
 		h.o.Health.RecoveryOutcome(first, nil, x.model, health.RecoveryNoLease)
 		if x.ctx.Err() != nil {
-			h.log.Debug("client left during re-dispatch", "model", x.model)
+			if shuttingDown(x.ctx) {
+				writeError(x.out.w, x.ep.surface, shutdownError())
+				return nil
+			}
+			x.acc.leave()
+			h.log.Debug("client left during re-dispatch", "model", x.model, "request_id", x.acc.rec.RequestID)
 			return nil
 		}
-		h.log.LogAttrs(x.ctx, slog.LevelWarn, "request failed",
+		h.log.LogAttrs(x.ctx, slog.LevelWarn, "request failed", slog.String("request_id", x.acc.rec.RequestID),
 			slog.String("model", x.model), slog.String("node", first.Node), slog.String("provider", first.Provider),
 			slog.Int("status", stall.status), slog.String("code", stall.code), slog.String("error", stall.msg),
 			slog.String("detail", "no second lease for a re-dispatch: "+err.Error()))
@@ -129,6 +136,7 @@ func (h *Handler) reacquire(x *exchange) (first *pool.Lease) {
 		return nil
 	}
 	x.lease, x.released, x.attempt = l, false, 1
+	x.acc.rec.Retries = x.attempt
 	return first
 }
 

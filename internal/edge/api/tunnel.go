@@ -103,8 +103,11 @@ func (s *tunnelSink) handle(env *iop.Envelope) (bool, error) {
 			}
 		}
 	case iop.TunnelFrameKind_TUNNEL_FRAME_USAGE:
-		if f.Usage != nil && s.h.o.OnUsage != nil {
-			s.h.o.OnUsage(s.x.principal(), s.x.model, f.Usage)
+		if f.Usage != nil {
+			setUsage(s.x.acc, f.Usage)
+			if s.h.o.OnUsage != nil {
+				s.h.o.OnUsage(s.x.principal(), s.x.model, f.Usage)
+			}
 		}
 	case iop.TunnelFrameKind_TUNNEL_FRAME_END:
 		if !s.committed {

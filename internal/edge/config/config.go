@@ -43,6 +43,8 @@ const (
 	DefaultCapacity             = 4
 	DefaultMaxBodyBytes         = 8 << 20 // http.max_body_bytes
 	MaxBodyBytesLimit           = 15 << 20
+	DefaultDrainTimeoutMs       = 30000 // shutdown.drain_timeout_ms
+	MaxDrainTimeoutMs           = 3600000
 	// MaxStallTimeoutMs is the largest stall timeout that is still a
 	// time.Duration (SPEC E2).
 	MaxStallTimeoutMs = math.MaxInt64 / int64(time.Millisecond)
@@ -74,6 +76,7 @@ type Config struct {
 	Credentials Credentials `json:"credentials"`
 	HTTP        HTTP        `json:"http"`
 	Admin       Admin       `json:"admin"`
+	Shutdown    Shutdown    `json:"shutdown"`
 }
 
 // TLS holds the Edge's workload certificate for the node listener (SPEC I1).
@@ -182,6 +185,14 @@ type Admin struct {
 	Pprof bool `json:"pprof"`
 }
 
+// Shutdown tunes the graceful drain on SIGTERM.
+type Shutdown struct {
+	// DrainTimeoutMs: how long requests in flight may go on after SIGTERM
+	// (new ones get 503 meanwhile); what is left then ends with an error
+	// in its surface's shape. 0 = DefaultDrainTimeoutMs.
+	DrainTimeoutMs int64 `json:"drain_timeout_ms"`
+}
+
 // Load reads, decodes strictly, applies defaults and validates the file at
 // path. Relative TLS paths are resolved against the file's directory. The
 // error lists every problem, one per line, each naming its key path.
@@ -255,6 +266,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.HTTP.MaxBodyBytes == 0 {
 		c.HTTP.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.Shutdown.DrainTimeoutMs == 0 {
+		c.Shutdown.DrainTimeoutMs = DefaultDrainTimeoutMs
 	}
 	for i := range c.Nodes {
 		for j := range c.Nodes[i].Adapters {
@@ -431,6 +445,9 @@ func (c *Config) validate() jsonconfig.Errors {
 	}
 	if c.Queue.WaitTimeoutMs < 0 {
 		add("queue.wait_timeout_ms", "must be positive, got %d", c.Queue.WaitTimeoutMs)
+	}
+	if c.Shutdown.DrainTimeoutMs < 0 || c.Shutdown.DrainTimeoutMs > MaxDrainTimeoutMs {
+		add("shutdown.drain_timeout_ms", "must be between 1 and %d, got %d", MaxDrainTimeoutMs, c.Shutdown.DrainTimeoutMs)
 	}
 	if c.HTTP.MaxBodyBytes < 0 || c.HTTP.MaxBodyBytes > MaxBodyBytesLimit {
 		add("http.max_body_bytes", "must be between 1 and %d (a tunnel frame carries the whole body), got %d", MaxBodyBytesLimit, c.HTTP.MaxBodyBytes)

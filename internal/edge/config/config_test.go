@@ -49,6 +49,7 @@ func TestDefaults(t *testing.T) {
 		{"category ollama", c.Nodes[0].Adapters[0].Category, CategoryLocalInference},
 		{"long_capacity default = capacity", *c.Nodes[0].Adapters[1].LongCapacity, 8},
 		{"max body", c.HTTP.MaxBodyBytes, int64(DefaultMaxBodyBytes)},
+		{"drain timeout", c.Shutdown.DrainTimeoutMs, int64(30000)},
 	}
 	for _, ck := range checks {
 		if ck.got != ck.want {
@@ -94,7 +95,8 @@ func TestValidateReportsEveryProblem(t *testing.T) {
     {"name": "empty", "providers": []}
   ],
   "queue": {"max_waiters": -1},
-  "http": {"max_body_bytes": 999999999}
+  "http": {"max_body_bytes": 999999999},
+  "shutdown": {"drain_timeout_ms": -1}
 }`
 	_, err := Parse([]byte(bad))
 	if err == nil {
@@ -123,6 +125,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 		"models[2].providers: at least one provider",
 		"queue.max_waiters: must be ≥ 0",
 		"http.max_body_bytes: must be between",
+		"shutdown.drain_timeout_ms: must be between",
 	}
 	for _, w := range wants {
 		if !strings.Contains(err.Error(), w) {

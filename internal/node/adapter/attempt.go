@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"iop/internal/node/adapter/upstream"
 	iop "iop/proto/gen/iop"
 )
 
@@ -127,7 +128,7 @@ func (s *Set) supervise(ctx context.Context, a *attempt, runID, adapter, target 
 		case emitStall:
 			st := w.report(runID, adapter, target)
 			f := st.failure
-			s.log.Warn("response stalled", "adapter", adapter, "run_id", runID, "idle_ms", f.GetIdleMs(),
+			s.log.Warn("response stalled", "adapter", adapter, "run_id", runID, "request_id", upstream.RequestID(ctx), "idle_ms", f.GetIdleMs(),
 				"provider_health", f.GetProviderHealth(), "fence", f.GetFence())
 			io.fenced(&st, fx.returnSlot)
 		case emitCtx:

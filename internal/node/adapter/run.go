@@ -47,6 +47,7 @@ import (
 // E5, or session loss, E6) aborts the upstream request and ends the run with
 // CANCELLED; timeout_sec > 0 ends it with ERROR "timeout".
 func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit func(*iop.RunEvent)) {
+	ctx = upstream.WithRequestID(ctx, req.GetRequestId()) // logs and the upstream's X-Request-Id
 	rs := &runStream{emit: emit, adapter: req.GetAdapter(), target: req.GetTarget()}
 	rs.send(&iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_START})
 	inst, err := s.lookup(req.GetAdapter(), TypeOllama)
@@ -118,7 +119,8 @@ func (s *Set) runTerminal(ctx, runCtx context.Context, adapter, runID string, re
 		}
 	}
 	code, status := classify(runCtx, err)
-	s.log.Debug("adapter run failed", "adapter", adapter, "run_id", runID, "failure_code", code, "upstream_status", status)
+	s.log.Debug("adapter run failed", "adapter", adapter, "run_id", runID, "request_id", upstream.RequestID(ctx),
+		"failure_code", code, "upstream_status", status)
 	return &iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_ERROR, Error: fmt.Sprintf("adapter %q: %v", adapter, err),
 		FailureCode: code, UpstreamStatus: status}
 }
@@ -128,7 +130,7 @@ func (s *Set) runTerminal(ctx, runCtx context.Context, adapter, runID string, re
 func (s *Set) callRunner(ctx context.Context, inst *instance, req *iop.RunRequest, h upstream.Hooks, runID string) (res upstream.Result, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			s.log.Error("adapter run panicked", "adapter", inst.name, "run_id", runID, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+			s.log.Error("adapter run panicked", "adapter", inst.name, "run_id", runID, "request_id", upstream.RequestID(ctx), "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 			err = fmt.Errorf("%w: internal error", errPanic)
 		}
 	}()

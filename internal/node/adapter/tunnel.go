@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"iop/internal/node/adapter/upstream"
 	iop "iop/proto/gen/iop"
 )
 
@@ -51,6 +52,7 @@ import (
 // auth_header and auth_scheme. Response headers: all but hop-by-hop ones and
 // Set-Cookie. The other boundary checks are those of Run.
 func (s *Set) Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelRequest, emit func(*iop.ProviderTunnelFrame)) {
+	ctx = upstream.WithRequestID(ctx, req.GetRequestId()) // logs and the upstream's X-Request-Id
 	ts := &tunnelStream{emit: emit, adapter: req.GetAdapter(), target: req.GetTarget()}
 	inst, err := s.lookup(req.GetAdapter(), TypeOpenAICompat)
 	if err != nil {

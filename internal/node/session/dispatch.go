@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sort"
 	"strconv"
 	"strings"
@@ -113,6 +114,7 @@ func (s *session) finishRun(runID string, ex *execRef) {
 
 // startRun starts one normalized run on its own goroutine (SPEC E1–E6). A
 // duplicate run_id gets an error terminal and does not disturb the first.
+// Its end is logged once ("run done", with the Edge's request_id).
 func (s *session) startRun(runID string, req *iop.RunRequest) {
 	ctx, ex, ok := s.claimRun(runID)
 	if !ok {
@@ -121,14 +123,21 @@ func (s *session) startRun(runID string, req *iop.RunRequest) {
 	}
 	go func() {
 		defer s.finishRun(runID, ex)
+		start := time.Now()
+		var end string // the terminal's type or failure code; emits never overlap
 		ex.ex.Run(ctx, runID, req, func(ev *iop.RunEvent) {
 			s.stampObservation(ev.GetFailure(), &ev.Metadata)
+			if isRunTerminal(ev) {
+				end = runOutcome(ev)
+			}
 			s.sendFromWork(&iop.Envelope{RunId: runID, Kind: &iop.Envelope_RunEvent{RunEvent: ev}}, runEventMode(ev))
 		})
+		s.logDone("run", runID, req.GetRequestId(), req.GetAdapter(), req.GetTarget(), end, start)
 	}()
 }
 
-// startTunnel starts one provider raw tunnel on its own goroutine (SPEC T1–T3).
+// startTunnel starts one provider raw tunnel on its own goroutine (SPEC
+// T1–T3); its end is logged as startRun's.
 func (s *session) startTunnel(runID string, req *iop.ProviderTunnelRequest) {
 	ctx, ex, ok := s.claimRun(runID)
 	if !ok {
@@ -138,15 +147,58 @@ func (s *session) startTunnel(runID string, req *iop.ProviderTunnelRequest) {
 	streaming := req.GetStream()
 	go func() {
 		defer s.finishRun(runID, ex)
+		start := time.Now()
+		var end string
+		var status int32
 		ex.ex.Tunnel(ctx, runID, req, func(fr *iop.ProviderTunnelFrame) {
 			s.stampObservation(fr.GetFailure(), &fr.Metadata)
-			if fr.GetKind() == iop.TunnelFrameKind_TUNNEL_FRAME_RESPONSE_START && streamingResponse(fr.GetHeaders()) {
-				streaming = true
+			switch fr.GetKind() {
+			case iop.TunnelFrameKind_TUNNEL_FRAME_RESPONSE_START:
+				status = fr.GetStatus()
+				if streamingResponse(fr.GetHeaders()) {
+					streaming = true
+				}
+			case iop.TunnelFrameKind_TUNNEL_FRAME_END:
+				end = "end"
+			case iop.TunnelFrameKind_TUNNEL_FRAME_ERROR:
+				end = "error:" + fr.GetFailureCode()
 			}
 			s.sendFromWork(&iop.Envelope{RunId: runID, Kind: &iop.Envelope_TunnelFrame{TunnelFrame: fr}},
 				tunnelFrameMode(fr, streaming))
 		})
+		s.logDone("tunnel", runID, req.GetRequestId(), req.GetAdapter(), req.GetTarget(), end, start, slog.Int("upstream_status", int(status)))
 	}()
+}
+
+// logDone writes the one Info line per run or tunnel ("run done"): kind,
+// run_id, the Edge's request_id, adapter, target, how it ended (complete,
+// cancelled, end, or error:<failure_code>) and its duration. Never a
+// payload or a credential.
+func (s *session) logDone(kind, runID, requestID, adapter, target, end string, start time.Time, extra ...slog.Attr) {
+	attrs := append([]slog.Attr{
+		slog.String("kind", kind), slog.String("run_id", runID), slog.String("request_id", requestID),
+		slog.String("adapter", adapter), slog.String("target", target), slog.String("end", end),
+		slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000),
+	}, extra...)
+	s.log.LogAttrs(context.Background(), slog.LevelInfo, "run done", attrs...)
+}
+
+func isRunTerminal(ev *iop.RunEvent) bool {
+	switch ev.GetType() {
+	case iop.RunEventType_RUN_EVENT_COMPLETE, iop.RunEventType_RUN_EVENT_ERROR, iop.RunEventType_RUN_EVENT_CANCELLED:
+		return true
+	}
+	return false
+}
+
+func runOutcome(ev *iop.RunEvent) string {
+	switch ev.GetType() {
+	case iop.RunEventType_RUN_EVENT_COMPLETE:
+		return "complete"
+	case iop.RunEventType_RUN_EVENT_CANCELLED:
+		return "cancelled"
+	}
+	return "error:" + ev.GetFailureCode()
 }
 
 // runEventMode is when a run event must reach the Edge: a START may wait for

@@ -286,6 +286,7 @@ type Envelope struct {
 	//	*Envelope_CommandResponse
 	//	*Envelope_RefreshRequest
 	//	*Envelope_RefreshResponse
+	//	*Envelope_DrainingNotice
 	Kind          isEnvelope_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -477,6 +478,15 @@ func (x *Envelope) GetRefreshResponse() *NodeConfigRefreshResponse {
 	return nil
 }
 
+func (x *Envelope) GetDrainingNotice() *NodeDrainingNotice {
+	if x != nil {
+		if x, ok := x.Kind.(*Envelope_DrainingNotice); ok {
+			return x.DrainingNotice
+		}
+	}
+	return nil
+}
+
 type isEnvelope_Kind interface {
 	isEnvelope_Kind()
 }
@@ -541,6 +551,10 @@ type Envelope_RefreshResponse struct {
 	RefreshResponse *NodeConfigRefreshResponse `protobuf:"bytes,24,opt,name=refresh_response,json=refreshResponse,proto3,oneof"`
 }
 
+type Envelope_DrainingNotice struct {
+	DrainingNotice *NodeDrainingNotice `protobuf:"bytes,25,opt,name=draining_notice,json=drainingNotice,proto3,oneof"`
+}
+
 func (*Envelope_RegisterRequest) isEnvelope_Kind() {}
 
 func (*Envelope_RegisterResponse) isEnvelope_Kind() {}
@@ -570,6 +584,8 @@ func (*Envelope_CommandResponse) isEnvelope_Kind() {}
 func (*Envelope_RefreshRequest) isEnvelope_Kind() {}
 
 func (*Envelope_RefreshResponse) isEnvelope_Kind() {}
+
+func (*Envelope_DrainingNotice) isEnvelope_Kind() {}
 
 // RegisterRequest is the first frame a Node sends on a new connection. The
 // node_id must match the name in the Node's certificate (SPEC I3).
@@ -1235,6 +1251,56 @@ func (x *NodeReadyResponse) GetReason() string {
 	return ""
 }
 
+// NodeDrainingNotice is sent by a ready Node that is shutting down
+// gracefully (SIGTERM): the Edge stops dispatching new runs and tunnels to
+// this connection at once, while the ones in flight go on until their
+// terminal or until the Node's drain timeout ends them. The connection stays
+// up (heartbeats continue) until the Node closes it.
+type NodeDrainingNotice struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How long the Node waits for its in-flight work, ms; informational.
+	DrainTimeoutMs int64 `protobuf:"varint,1,opt,name=drain_timeout_ms,json=drainTimeoutMs,proto3" json:"drain_timeout_ms,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *NodeDrainingNotice) Reset() {
+	*x = NodeDrainingNotice{}
+	mi := &file_iop_runtime_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeDrainingNotice) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeDrainingNotice) ProtoMessage() {}
+
+func (x *NodeDrainingNotice) ProtoReflect() protoreflect.Message {
+	mi := &file_iop_runtime_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeDrainingNotice.ProtoReflect.Descriptor instead.
+func (*NodeDrainingNotice) Descriptor() ([]byte, []int) {
+	return file_iop_runtime_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *NodeDrainingNotice) GetDrainTimeoutMs() int64 {
+	if x != nil {
+		return x.DrainTimeoutMs
+	}
+	return 0
+}
+
 // HeartbeatPing is sent by both sides every heartbeat interval (SPEC L7).
 type HeartbeatPing struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1248,7 +1314,7 @@ type HeartbeatPing struct {
 
 func (x *HeartbeatPing) Reset() {
 	*x = HeartbeatPing{}
-	mi := &file_iop_runtime_proto_msgTypes[10]
+	mi := &file_iop_runtime_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1260,7 +1326,7 @@ func (x *HeartbeatPing) String() string {
 func (*HeartbeatPing) ProtoMessage() {}
 
 func (x *HeartbeatPing) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[10]
+	mi := &file_iop_runtime_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1273,7 +1339,7 @@ func (x *HeartbeatPing) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatPing.ProtoReflect.Descriptor instead.
 func (*HeartbeatPing) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{10}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *HeartbeatPing) GetSentUnixMs() int64 {
@@ -1301,7 +1367,7 @@ type HeartbeatPong struct {
 
 func (x *HeartbeatPong) Reset() {
 	*x = HeartbeatPong{}
-	mi := &file_iop_runtime_proto_msgTypes[11]
+	mi := &file_iop_runtime_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1313,7 +1379,7 @@ func (x *HeartbeatPong) String() string {
 func (*HeartbeatPong) ProtoMessage() {}
 
 func (x *HeartbeatPong) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[11]
+	mi := &file_iop_runtime_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1326,7 +1392,7 @@ func (x *HeartbeatPong) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatPong.ProtoReflect.Descriptor instead.
 func (*HeartbeatPong) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{11}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *HeartbeatPong) GetSentUnixMs() int64 {
@@ -1368,14 +1434,19 @@ type RunRequest struct {
 	// Whether the caller streams. When false the Node sends no DELTA events,
 	// only START and the terminal carrying the whole content (SPEC E3 allows
 	// zero deltas), which saves one frame per token for non-stream requests.
-	Stream        bool `protobuf:"varint,11,opt,name=stream,proto3" json:"stream,omitempty"`
+	Stream bool `protobuf:"varint,11,opt,name=stream,proto3" json:"stream,omitempty"`
+	// The client request's id (the Edge's X-Request-Id: the client's own,
+	// sanitized, or one the Edge minted): informational, for the Node's log
+	// lines and the upstream request's X-Request-Id header. Never selects
+	// anything. At most 128 bytes of [A-Za-z0-9._:-].
+	RequestId     string `protobuf:"bytes,12,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunRequest) Reset() {
 	*x = RunRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[12]
+	mi := &file_iop_runtime_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1387,7 +1458,7 @@ func (x *RunRequest) String() string {
 func (*RunRequest) ProtoMessage() {}
 
 func (x *RunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[12]
+	mi := &file_iop_runtime_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1400,7 +1471,7 @@ func (x *RunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunRequest.ProtoReflect.Descriptor instead.
 func (*RunRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{12}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RunRequest) GetAdapter() string {
@@ -1473,6 +1544,13 @@ func (x *RunRequest) GetStream() bool {
 	return false
 }
 
+func (x *RunRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
 // RunInput is the normalized provider input, an OpenAI chat request reduced
 // to what every adapter understands.
 type RunInput struct {
@@ -1494,7 +1572,7 @@ type RunInput struct {
 
 func (x *RunInput) Reset() {
 	*x = RunInput{}
-	mi := &file_iop_runtime_proto_msgTypes[13]
+	mi := &file_iop_runtime_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1506,7 +1584,7 @@ func (x *RunInput) String() string {
 func (*RunInput) ProtoMessage() {}
 
 func (x *RunInput) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[13]
+	mi := &file_iop_runtime_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1519,7 +1597,7 @@ func (x *RunInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunInput.ProtoReflect.Descriptor instead.
 func (*RunInput) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{13}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RunInput) GetMessages() []*ChatMessage {
@@ -1596,7 +1674,7 @@ type ChatMessage struct {
 
 func (x *ChatMessage) Reset() {
 	*x = ChatMessage{}
-	mi := &file_iop_runtime_proto_msgTypes[14]
+	mi := &file_iop_runtime_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1608,7 +1686,7 @@ func (x *ChatMessage) String() string {
 func (*ChatMessage) ProtoMessage() {}
 
 func (x *ChatMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[14]
+	mi := &file_iop_runtime_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1621,7 +1699,7 @@ func (x *ChatMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatMessage.ProtoReflect.Descriptor instead.
 func (*ChatMessage) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{14}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ChatMessage) GetRole() string {
@@ -1696,7 +1774,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_iop_runtime_proto_msgTypes[15]
+	mi := &file_iop_runtime_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1708,7 +1786,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[15]
+	mi := &file_iop_runtime_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1721,7 +1799,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{15}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RunEvent) GetSeq() uint64 {
@@ -1827,7 +1905,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_iop_runtime_proto_msgTypes[16]
+	mi := &file_iop_runtime_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1839,7 +1917,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[16]
+	mi := &file_iop_runtime_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1852,7 +1930,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{16}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Usage) GetPromptTokens() int64 {
@@ -1908,7 +1986,7 @@ type ExecutionFailure struct {
 
 func (x *ExecutionFailure) Reset() {
 	*x = ExecutionFailure{}
-	mi := &file_iop_runtime_proto_msgTypes[17]
+	mi := &file_iop_runtime_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1920,7 +1998,7 @@ func (x *ExecutionFailure) String() string {
 func (*ExecutionFailure) ProtoMessage() {}
 
 func (x *ExecutionFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[17]
+	mi := &file_iop_runtime_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1933,7 +2011,7 @@ func (x *ExecutionFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecutionFailure.ProtoReflect.Descriptor instead.
 func (*ExecutionFailure) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{17}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ExecutionFailure) GetCode() string {
@@ -2032,7 +2110,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[18]
+	mi := &file_iop_runtime_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2044,7 +2122,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[18]
+	mi := &file_iop_runtime_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2057,7 +2135,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{18}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CancelRequest) GetReason() string {
@@ -2078,7 +2156,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_iop_runtime_proto_msgTypes[19]
+	mi := &file_iop_runtime_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2090,7 +2168,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[19]
+	mi := &file_iop_runtime_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2103,7 +2181,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{19}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Header) GetName() string {
@@ -2148,13 +2226,15 @@ type ProviderTunnelRequest struct {
 	Operation string `protobuf:"bytes,13,opt,name=operation,proto3" json:"operation,omitempty"`
 	// Idle time after which the attempt counts as stalled, ms; see RunRequest.
 	ResponseStallTimeoutMs int64 `protobuf:"varint,14,opt,name=response_stall_timeout_ms,json=responseStallTimeoutMs,proto3" json:"response_stall_timeout_ms,omitempty"`
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	// The client request's id; see RunRequest.request_id.
+	RequestId     string `protobuf:"bytes,15,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ProviderTunnelRequest) Reset() {
 	*x = ProviderTunnelRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[20]
+	mi := &file_iop_runtime_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2166,7 +2246,7 @@ func (x *ProviderTunnelRequest) String() string {
 func (*ProviderTunnelRequest) ProtoMessage() {}
 
 func (x *ProviderTunnelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[20]
+	mi := &file_iop_runtime_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2179,7 +2259,7 @@ func (x *ProviderTunnelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderTunnelRequest.ProtoReflect.Descriptor instead.
 func (*ProviderTunnelRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{20}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ProviderTunnelRequest) GetAdapter() string {
@@ -2280,6 +2360,13 @@ func (x *ProviderTunnelRequest) GetResponseStallTimeoutMs() int64 {
 	return 0
 }
 
+func (x *ProviderTunnelRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
 // ProviderTunnelFrame is one ordered frame of a tunnel response.
 type ProviderTunnelFrame struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2309,7 +2396,7 @@ type ProviderTunnelFrame struct {
 
 func (x *ProviderTunnelFrame) Reset() {
 	*x = ProviderTunnelFrame{}
-	mi := &file_iop_runtime_proto_msgTypes[21]
+	mi := &file_iop_runtime_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2321,7 +2408,7 @@ func (x *ProviderTunnelFrame) String() string {
 func (*ProviderTunnelFrame) ProtoMessage() {}
 
 func (x *ProviderTunnelFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[21]
+	mi := &file_iop_runtime_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2334,7 +2421,7 @@ func (x *ProviderTunnelFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderTunnelFrame.ProtoReflect.Descriptor instead.
 func (*ProviderTunnelFrame) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{21}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ProviderTunnelFrame) GetSeq() uint64 {
@@ -2436,7 +2523,7 @@ type NodeCommandRequest struct {
 
 func (x *NodeCommandRequest) Reset() {
 	*x = NodeCommandRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[22]
+	mi := &file_iop_runtime_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2448,7 +2535,7 @@ func (x *NodeCommandRequest) String() string {
 func (*NodeCommandRequest) ProtoMessage() {}
 
 func (x *NodeCommandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[22]
+	mi := &file_iop_runtime_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2461,7 +2548,7 @@ func (x *NodeCommandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeCommandRequest.ProtoReflect.Descriptor instead.
 func (*NodeCommandRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{22}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *NodeCommandRequest) GetType() NodeCommandType {
@@ -2507,7 +2594,7 @@ type NodeCommandResponse struct {
 
 func (x *NodeCommandResponse) Reset() {
 	*x = NodeCommandResponse{}
-	mi := &file_iop_runtime_proto_msgTypes[23]
+	mi := &file_iop_runtime_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2519,7 +2606,7 @@ func (x *NodeCommandResponse) String() string {
 func (*NodeCommandResponse) ProtoMessage() {}
 
 func (x *NodeCommandResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[23]
+	mi := &file_iop_runtime_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2532,7 +2619,7 @@ func (x *NodeCommandResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeCommandResponse.ProtoReflect.Descriptor instead.
 func (*NodeCommandResponse) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{23}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *NodeCommandResponse) GetOk() bool {
@@ -2567,7 +2654,7 @@ type NodeConfigRefreshRequest struct {
 
 func (x *NodeConfigRefreshRequest) Reset() {
 	*x = NodeConfigRefreshRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[24]
+	mi := &file_iop_runtime_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2579,7 +2666,7 @@ func (x *NodeConfigRefreshRequest) String() string {
 func (*NodeConfigRefreshRequest) ProtoMessage() {}
 
 func (x *NodeConfigRefreshRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[24]
+	mi := &file_iop_runtime_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2592,7 +2679,7 @@ func (x *NodeConfigRefreshRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeConfigRefreshRequest.ProtoReflect.Descriptor instead.
 func (*NodeConfigRefreshRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{24}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *NodeConfigRefreshRequest) GetConfig() *NodeConfigPayload {
@@ -2612,7 +2699,7 @@ type NodeConfigRefreshResponse struct {
 
 func (x *NodeConfigRefreshResponse) Reset() {
 	*x = NodeConfigRefreshResponse{}
-	mi := &file_iop_runtime_proto_msgTypes[25]
+	mi := &file_iop_runtime_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2624,7 +2711,7 @@ func (x *NodeConfigRefreshResponse) String() string {
 func (*NodeConfigRefreshResponse) ProtoMessage() {}
 
 func (x *NodeConfigRefreshResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[25]
+	mi := &file_iop_runtime_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2637,7 +2724,7 @@ func (x *NodeConfigRefreshResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeConfigRefreshResponse.ProtoReflect.Descriptor instead.
 func (*NodeConfigRefreshResponse) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{25}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *NodeConfigRefreshResponse) GetStatus() RefreshStatus {
@@ -2678,7 +2765,7 @@ type CredentialLease struct {
 
 func (x *CredentialLease) Reset() {
 	*x = CredentialLease{}
-	mi := &file_iop_runtime_proto_msgTypes[26]
+	mi := &file_iop_runtime_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2690,7 +2777,7 @@ func (x *CredentialLease) String() string {
 func (*CredentialLease) ProtoMessage() {}
 
 func (x *CredentialLease) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[26]
+	mi := &file_iop_runtime_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2703,7 +2790,7 @@ func (x *CredentialLease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CredentialLease.ProtoReflect.Descriptor instead.
 func (*CredentialLease) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{26}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CredentialLease) GetLeaseId() string {
@@ -2785,7 +2872,7 @@ type CredentialLeaseBinding struct {
 
 func (x *CredentialLeaseBinding) Reset() {
 	*x = CredentialLeaseBinding{}
-	mi := &file_iop_runtime_proto_msgTypes[27]
+	mi := &file_iop_runtime_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2797,7 +2884,7 @@ func (x *CredentialLeaseBinding) String() string {
 func (*CredentialLeaseBinding) ProtoMessage() {}
 
 func (x *CredentialLeaseBinding) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[27]
+	mi := &file_iop_runtime_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2810,7 +2897,7 @@ func (x *CredentialLeaseBinding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CredentialLeaseBinding.ProtoReflect.Descriptor instead.
 func (*CredentialLeaseBinding) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{27}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CredentialLeaseBinding) GetPrincipal() string {
@@ -2923,7 +3010,7 @@ type ProviderSnapshot struct {
 
 func (x *ProviderSnapshot) Reset() {
 	*x = ProviderSnapshot{}
-	mi := &file_iop_runtime_proto_msgTypes[28]
+	mi := &file_iop_runtime_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2935,7 +3022,7 @@ func (x *ProviderSnapshot) String() string {
 func (*ProviderSnapshot) ProtoMessage() {}
 
 func (x *ProviderSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[28]
+	mi := &file_iop_runtime_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2948,7 +3035,7 @@ func (x *ProviderSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderSnapshot.ProtoReflect.Descriptor instead.
 func (*ProviderSnapshot) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{28}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ProviderSnapshot) GetProviderId() string {
@@ -3025,7 +3112,7 @@ var File_iop_runtime_proto protoreflect.FileDescriptor
 
 const file_iop_runtime_proto_rawDesc = "" +
 	"\n" +
-	"\x11iop/runtime.proto\x12\x0eiop.runtime.v1\"\x8e\t\n" +
+	"\x11iop/runtime.proto\x12\x0eiop.runtime.v1\"\xdd\t\n" +
 	"\bEnvelope\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1d\n" +
 	"\n" +
@@ -3046,7 +3133,8 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x0fcommand_request\x18\x15 \x01(\v2\".iop.runtime.v1.NodeCommandRequestH\x00R\x0ecommandRequest\x12P\n" +
 	"\x10command_response\x18\x16 \x01(\v2#.iop.runtime.v1.NodeCommandResponseH\x00R\x0fcommandResponse\x12S\n" +
 	"\x0frefresh_request\x18\x17 \x01(\v2(.iop.runtime.v1.NodeConfigRefreshRequestH\x00R\x0erefreshRequest\x12V\n" +
-	"\x10refresh_response\x18\x18 \x01(\v2).iop.runtime.v1.NodeConfigRefreshResponseH\x00R\x0frefreshResponseB\x06\n" +
+	"\x10refresh_response\x18\x18 \x01(\v2).iop.runtime.v1.NodeConfigRefreshResponseH\x00R\x0frefreshResponse\x12M\n" +
+	"\x0fdraining_notice\x18\x19 \x01(\v2\".iop.runtime.v1.NodeDrainingNoticeH\x00R\x0edrainingNoticeB\x06\n" +
 	"\x04kind\"D\n" +
 	"\x0fRegisterRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
@@ -3097,7 +3185,9 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"A\n" +
 	"\x11NodeReadyResponse\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"G\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\">\n" +
+	"\x12NodeDrainingNotice\x12(\n" +
+	"\x10drain_timeout_ms\x18\x01 \x01(\x03R\x0edrainTimeoutMs\"G\n" +
 	"\rHeartbeatPing\x12 \n" +
 	"\fsent_unix_ms\x18\x01 \x01(\x03R\n" +
 	"sentUnixMs\x12\x14\n" +
@@ -3105,7 +3195,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\rHeartbeatPong\x12 \n" +
 	"\fsent_unix_ms\x18\x01 \x01(\x03R\n" +
 	"sentUnixMs\x12\x14\n" +
-	"\x05nonce\x18\x02 \x01(\x04R\x05nonce\"\xa7\x04\n" +
+	"\x05nonce\x18\x02 \x01(\x04R\x05nonce\"\xc6\x04\n" +
 	"\n" +
 	"RunRequest\x12\x18\n" +
 	"\aadapter\x18\x01 \x01(\tR\aadapter\x12\x16\n" +
@@ -3120,7 +3210,9 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x12credential_binding\x18\b \x01(\v2&.iop.runtime.v1.CredentialLeaseBindingR\x11credentialBinding\x129\n" +
 	"\x19response_stall_timeout_ms\x18\n" +
 	" \x01(\x03R\x16responseStallTimeoutMs\x12\x16\n" +
-	"\x06stream\x18\v \x01(\bR\x06stream\x1a;\n" +
+	"\x06stream\x18\v \x01(\bR\x06stream\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\f \x01(\tR\trequestId\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbc\x02\n" +
@@ -3187,7 +3279,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\"2\n" +
 	"\x06Header\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value\"\x9d\x05\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\"\xbc\x05\n" +
 	"\x15ProviderTunnelRequest\x12\x18\n" +
 	"\aadapter\x18\x01 \x01(\tR\aadapter\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\tR\x06target\x12\x16\n" +
@@ -3205,7 +3297,9 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x10credential_lease\x18\v \x01(\v2\x1f.iop.runtime.v1.CredentialLeaseR\x0fcredentialLease\x12U\n" +
 	"\x12credential_binding\x18\f \x01(\v2&.iop.runtime.v1.CredentialLeaseBindingR\x11credentialBinding\x12\x1c\n" +
 	"\toperation\x18\r \x01(\tR\toperation\x129\n" +
-	"\x19response_stall_timeout_ms\x18\x0e \x01(\x03R\x16responseStallTimeoutMs\x1a;\n" +
+	"\x19response_stall_timeout_ms\x18\x0e \x01(\x03R\x16responseStallTimeoutMs\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x0f \x01(\tR\trequestId\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9a\x04\n" +
@@ -3325,7 +3419,7 @@ func file_iop_runtime_proto_rawDescGZIP() []byte {
 }
 
 var file_iop_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_iop_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_iop_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_iop_runtime_proto_goTypes = []any{
 	(RunEventType)(0),                 // 0: iop.runtime.v1.RunEventType
 	(TunnelFrameKind)(0),              // 1: iop.runtime.v1.TunnelFrameKind
@@ -3341,81 +3435,83 @@ var file_iop_runtime_proto_goTypes = []any{
 	(*NodeRuntimeConfig)(nil),         // 11: iop.runtime.v1.NodeRuntimeConfig
 	(*NodeReadyRequest)(nil),          // 12: iop.runtime.v1.NodeReadyRequest
 	(*NodeReadyResponse)(nil),         // 13: iop.runtime.v1.NodeReadyResponse
-	(*HeartbeatPing)(nil),             // 14: iop.runtime.v1.HeartbeatPing
-	(*HeartbeatPong)(nil),             // 15: iop.runtime.v1.HeartbeatPong
-	(*RunRequest)(nil),                // 16: iop.runtime.v1.RunRequest
-	(*RunInput)(nil),                  // 17: iop.runtime.v1.RunInput
-	(*ChatMessage)(nil),               // 18: iop.runtime.v1.ChatMessage
-	(*RunEvent)(nil),                  // 19: iop.runtime.v1.RunEvent
-	(*Usage)(nil),                     // 20: iop.runtime.v1.Usage
-	(*ExecutionFailure)(nil),          // 21: iop.runtime.v1.ExecutionFailure
-	(*CancelRequest)(nil),             // 22: iop.runtime.v1.CancelRequest
-	(*Header)(nil),                    // 23: iop.runtime.v1.Header
-	(*ProviderTunnelRequest)(nil),     // 24: iop.runtime.v1.ProviderTunnelRequest
-	(*ProviderTunnelFrame)(nil),       // 25: iop.runtime.v1.ProviderTunnelFrame
-	(*NodeCommandRequest)(nil),        // 26: iop.runtime.v1.NodeCommandRequest
-	(*NodeCommandResponse)(nil),       // 27: iop.runtime.v1.NodeCommandResponse
-	(*NodeConfigRefreshRequest)(nil),  // 28: iop.runtime.v1.NodeConfigRefreshRequest
-	(*NodeConfigRefreshResponse)(nil), // 29: iop.runtime.v1.NodeConfigRefreshResponse
-	(*CredentialLease)(nil),           // 30: iop.runtime.v1.CredentialLease
-	(*CredentialLeaseBinding)(nil),    // 31: iop.runtime.v1.CredentialLeaseBinding
-	(*ProviderSnapshot)(nil),          // 32: iop.runtime.v1.ProviderSnapshot
-	nil,                               // 33: iop.runtime.v1.RunRequest.MetadataEntry
-	nil,                               // 34: iop.runtime.v1.RunEvent.MetadataEntry
-	nil,                               // 35: iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
-	nil,                               // 36: iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
-	nil,                               // 37: iop.runtime.v1.NodeCommandRequest.ArgsEntry
-	nil,                               // 38: iop.runtime.v1.NodeCommandResponse.ResultEntry
+	(*NodeDrainingNotice)(nil),        // 14: iop.runtime.v1.NodeDrainingNotice
+	(*HeartbeatPing)(nil),             // 15: iop.runtime.v1.HeartbeatPing
+	(*HeartbeatPong)(nil),             // 16: iop.runtime.v1.HeartbeatPong
+	(*RunRequest)(nil),                // 17: iop.runtime.v1.RunRequest
+	(*RunInput)(nil),                  // 18: iop.runtime.v1.RunInput
+	(*ChatMessage)(nil),               // 19: iop.runtime.v1.ChatMessage
+	(*RunEvent)(nil),                  // 20: iop.runtime.v1.RunEvent
+	(*Usage)(nil),                     // 21: iop.runtime.v1.Usage
+	(*ExecutionFailure)(nil),          // 22: iop.runtime.v1.ExecutionFailure
+	(*CancelRequest)(nil),             // 23: iop.runtime.v1.CancelRequest
+	(*Header)(nil),                    // 24: iop.runtime.v1.Header
+	(*ProviderTunnelRequest)(nil),     // 25: iop.runtime.v1.ProviderTunnelRequest
+	(*ProviderTunnelFrame)(nil),       // 26: iop.runtime.v1.ProviderTunnelFrame
+	(*NodeCommandRequest)(nil),        // 27: iop.runtime.v1.NodeCommandRequest
+	(*NodeCommandResponse)(nil),       // 28: iop.runtime.v1.NodeCommandResponse
+	(*NodeConfigRefreshRequest)(nil),  // 29: iop.runtime.v1.NodeConfigRefreshRequest
+	(*NodeConfigRefreshResponse)(nil), // 30: iop.runtime.v1.NodeConfigRefreshResponse
+	(*CredentialLease)(nil),           // 31: iop.runtime.v1.CredentialLease
+	(*CredentialLeaseBinding)(nil),    // 32: iop.runtime.v1.CredentialLeaseBinding
+	(*ProviderSnapshot)(nil),          // 33: iop.runtime.v1.ProviderSnapshot
+	nil,                               // 34: iop.runtime.v1.RunRequest.MetadataEntry
+	nil,                               // 35: iop.runtime.v1.RunEvent.MetadataEntry
+	nil,                               // 36: iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
+	nil,                               // 37: iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
+	nil,                               // 38: iop.runtime.v1.NodeCommandRequest.ArgsEntry
+	nil,                               // 39: iop.runtime.v1.NodeCommandResponse.ResultEntry
 }
 var file_iop_runtime_proto_depIdxs = []int32{
 	5,  // 0: iop.runtime.v1.Envelope.register_request:type_name -> iop.runtime.v1.RegisterRequest
 	6,  // 1: iop.runtime.v1.Envelope.register_response:type_name -> iop.runtime.v1.RegisterResponse
 	12, // 2: iop.runtime.v1.Envelope.ready_request:type_name -> iop.runtime.v1.NodeReadyRequest
 	13, // 3: iop.runtime.v1.Envelope.ready_response:type_name -> iop.runtime.v1.NodeReadyResponse
-	14, // 4: iop.runtime.v1.Envelope.ping:type_name -> iop.runtime.v1.HeartbeatPing
-	15, // 5: iop.runtime.v1.Envelope.pong:type_name -> iop.runtime.v1.HeartbeatPong
-	16, // 6: iop.runtime.v1.Envelope.run_request:type_name -> iop.runtime.v1.RunRequest
-	19, // 7: iop.runtime.v1.Envelope.run_event:type_name -> iop.runtime.v1.RunEvent
-	24, // 8: iop.runtime.v1.Envelope.tunnel_request:type_name -> iop.runtime.v1.ProviderTunnelRequest
-	25, // 9: iop.runtime.v1.Envelope.tunnel_frame:type_name -> iop.runtime.v1.ProviderTunnelFrame
-	22, // 10: iop.runtime.v1.Envelope.cancel_request:type_name -> iop.runtime.v1.CancelRequest
-	26, // 11: iop.runtime.v1.Envelope.command_request:type_name -> iop.runtime.v1.NodeCommandRequest
-	27, // 12: iop.runtime.v1.Envelope.command_response:type_name -> iop.runtime.v1.NodeCommandResponse
-	28, // 13: iop.runtime.v1.Envelope.refresh_request:type_name -> iop.runtime.v1.NodeConfigRefreshRequest
-	29, // 14: iop.runtime.v1.Envelope.refresh_response:type_name -> iop.runtime.v1.NodeConfigRefreshResponse
-	7,  // 15: iop.runtime.v1.RegisterResponse.config:type_name -> iop.runtime.v1.NodeConfigPayload
-	8,  // 16: iop.runtime.v1.NodeConfigPayload.adapters:type_name -> iop.runtime.v1.AdapterConfig
-	11, // 17: iop.runtime.v1.NodeConfigPayload.runtime:type_name -> iop.runtime.v1.NodeRuntimeConfig
-	9,  // 18: iop.runtime.v1.AdapterConfig.openai_compat:type_name -> iop.runtime.v1.OpenAICompatAdapterConfig
-	10, // 19: iop.runtime.v1.OpenAICompatAdapterConfig.protocol_profile:type_name -> iop.runtime.v1.ConcreteProtocolProfile
-	17, // 20: iop.runtime.v1.RunRequest.input:type_name -> iop.runtime.v1.RunInput
-	33, // 21: iop.runtime.v1.RunRequest.metadata:type_name -> iop.runtime.v1.RunRequest.MetadataEntry
-	30, // 22: iop.runtime.v1.RunRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
-	31, // 23: iop.runtime.v1.RunRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
-	18, // 24: iop.runtime.v1.RunInput.messages:type_name -> iop.runtime.v1.ChatMessage
-	0,  // 25: iop.runtime.v1.RunEvent.type:type_name -> iop.runtime.v1.RunEventType
-	20, // 26: iop.runtime.v1.RunEvent.usage:type_name -> iop.runtime.v1.Usage
-	34, // 27: iop.runtime.v1.RunEvent.metadata:type_name -> iop.runtime.v1.RunEvent.MetadataEntry
-	21, // 28: iop.runtime.v1.RunEvent.failure:type_name -> iop.runtime.v1.ExecutionFailure
-	23, // 29: iop.runtime.v1.ProviderTunnelRequest.headers:type_name -> iop.runtime.v1.Header
-	35, // 30: iop.runtime.v1.ProviderTunnelRequest.metadata:type_name -> iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
-	30, // 31: iop.runtime.v1.ProviderTunnelRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
-	31, // 32: iop.runtime.v1.ProviderTunnelRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
-	1,  // 33: iop.runtime.v1.ProviderTunnelFrame.kind:type_name -> iop.runtime.v1.TunnelFrameKind
-	23, // 34: iop.runtime.v1.ProviderTunnelFrame.headers:type_name -> iop.runtime.v1.Header
-	20, // 35: iop.runtime.v1.ProviderTunnelFrame.usage:type_name -> iop.runtime.v1.Usage
-	36, // 36: iop.runtime.v1.ProviderTunnelFrame.metadata:type_name -> iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
-	21, // 37: iop.runtime.v1.ProviderTunnelFrame.failure:type_name -> iop.runtime.v1.ExecutionFailure
-	2,  // 38: iop.runtime.v1.NodeCommandRequest.type:type_name -> iop.runtime.v1.NodeCommandType
-	37, // 39: iop.runtime.v1.NodeCommandRequest.args:type_name -> iop.runtime.v1.NodeCommandRequest.ArgsEntry
-	38, // 40: iop.runtime.v1.NodeCommandResponse.result:type_name -> iop.runtime.v1.NodeCommandResponse.ResultEntry
-	7,  // 41: iop.runtime.v1.NodeConfigRefreshRequest.config:type_name -> iop.runtime.v1.NodeConfigPayload
-	3,  // 42: iop.runtime.v1.NodeConfigRefreshResponse.status:type_name -> iop.runtime.v1.RefreshStatus
-	43, // [43:43] is the sub-list for method output_type
-	43, // [43:43] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	15, // 4: iop.runtime.v1.Envelope.ping:type_name -> iop.runtime.v1.HeartbeatPing
+	16, // 5: iop.runtime.v1.Envelope.pong:type_name -> iop.runtime.v1.HeartbeatPong
+	17, // 6: iop.runtime.v1.Envelope.run_request:type_name -> iop.runtime.v1.RunRequest
+	20, // 7: iop.runtime.v1.Envelope.run_event:type_name -> iop.runtime.v1.RunEvent
+	25, // 8: iop.runtime.v1.Envelope.tunnel_request:type_name -> iop.runtime.v1.ProviderTunnelRequest
+	26, // 9: iop.runtime.v1.Envelope.tunnel_frame:type_name -> iop.runtime.v1.ProviderTunnelFrame
+	23, // 10: iop.runtime.v1.Envelope.cancel_request:type_name -> iop.runtime.v1.CancelRequest
+	27, // 11: iop.runtime.v1.Envelope.command_request:type_name -> iop.runtime.v1.NodeCommandRequest
+	28, // 12: iop.runtime.v1.Envelope.command_response:type_name -> iop.runtime.v1.NodeCommandResponse
+	29, // 13: iop.runtime.v1.Envelope.refresh_request:type_name -> iop.runtime.v1.NodeConfigRefreshRequest
+	30, // 14: iop.runtime.v1.Envelope.refresh_response:type_name -> iop.runtime.v1.NodeConfigRefreshResponse
+	14, // 15: iop.runtime.v1.Envelope.draining_notice:type_name -> iop.runtime.v1.NodeDrainingNotice
+	7,  // 16: iop.runtime.v1.RegisterResponse.config:type_name -> iop.runtime.v1.NodeConfigPayload
+	8,  // 17: iop.runtime.v1.NodeConfigPayload.adapters:type_name -> iop.runtime.v1.AdapterConfig
+	11, // 18: iop.runtime.v1.NodeConfigPayload.runtime:type_name -> iop.runtime.v1.NodeRuntimeConfig
+	9,  // 19: iop.runtime.v1.AdapterConfig.openai_compat:type_name -> iop.runtime.v1.OpenAICompatAdapterConfig
+	10, // 20: iop.runtime.v1.OpenAICompatAdapterConfig.protocol_profile:type_name -> iop.runtime.v1.ConcreteProtocolProfile
+	18, // 21: iop.runtime.v1.RunRequest.input:type_name -> iop.runtime.v1.RunInput
+	34, // 22: iop.runtime.v1.RunRequest.metadata:type_name -> iop.runtime.v1.RunRequest.MetadataEntry
+	31, // 23: iop.runtime.v1.RunRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
+	32, // 24: iop.runtime.v1.RunRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
+	19, // 25: iop.runtime.v1.RunInput.messages:type_name -> iop.runtime.v1.ChatMessage
+	0,  // 26: iop.runtime.v1.RunEvent.type:type_name -> iop.runtime.v1.RunEventType
+	21, // 27: iop.runtime.v1.RunEvent.usage:type_name -> iop.runtime.v1.Usage
+	35, // 28: iop.runtime.v1.RunEvent.metadata:type_name -> iop.runtime.v1.RunEvent.MetadataEntry
+	22, // 29: iop.runtime.v1.RunEvent.failure:type_name -> iop.runtime.v1.ExecutionFailure
+	24, // 30: iop.runtime.v1.ProviderTunnelRequest.headers:type_name -> iop.runtime.v1.Header
+	36, // 31: iop.runtime.v1.ProviderTunnelRequest.metadata:type_name -> iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
+	31, // 32: iop.runtime.v1.ProviderTunnelRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
+	32, // 33: iop.runtime.v1.ProviderTunnelRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
+	1,  // 34: iop.runtime.v1.ProviderTunnelFrame.kind:type_name -> iop.runtime.v1.TunnelFrameKind
+	24, // 35: iop.runtime.v1.ProviderTunnelFrame.headers:type_name -> iop.runtime.v1.Header
+	21, // 36: iop.runtime.v1.ProviderTunnelFrame.usage:type_name -> iop.runtime.v1.Usage
+	37, // 37: iop.runtime.v1.ProviderTunnelFrame.metadata:type_name -> iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
+	22, // 38: iop.runtime.v1.ProviderTunnelFrame.failure:type_name -> iop.runtime.v1.ExecutionFailure
+	2,  // 39: iop.runtime.v1.NodeCommandRequest.type:type_name -> iop.runtime.v1.NodeCommandType
+	38, // 40: iop.runtime.v1.NodeCommandRequest.args:type_name -> iop.runtime.v1.NodeCommandRequest.ArgsEntry
+	39, // 41: iop.runtime.v1.NodeCommandResponse.result:type_name -> iop.runtime.v1.NodeCommandResponse.ResultEntry
+	7,  // 42: iop.runtime.v1.NodeConfigRefreshRequest.config:type_name -> iop.runtime.v1.NodeConfigPayload
+	3,  // 43: iop.runtime.v1.NodeConfigRefreshResponse.status:type_name -> iop.runtime.v1.RefreshStatus
+	44, // [44:44] is the sub-list for method output_type
+	44, // [44:44] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_iop_runtime_proto_init() }
@@ -3439,15 +3535,16 @@ func file_iop_runtime_proto_init() {
 		(*Envelope_CommandResponse)(nil),
 		(*Envelope_RefreshRequest)(nil),
 		(*Envelope_RefreshResponse)(nil),
+		(*Envelope_DrainingNotice)(nil),
 	}
-	file_iop_runtime_proto_msgTypes[13].OneofWrappers = []any{}
+	file_iop_runtime_proto_msgTypes[14].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_iop_runtime_proto_rawDesc), len(file_iop_runtime_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   35,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -93,9 +93,32 @@ func (e *Endpoint) URL(rel string) string {
 	return b.String()
 }
 
+// HeaderRequestID carries the client request's id to the backend.
+const HeaderRequestID = "X-Request-Id"
+
+type requestIDKey struct{}
+
+// WithRequestID returns ctx carrying the client request's id (the Edge's
+// X-Request-Id, RunRequest/ProviderTunnelRequest.request_id) for every
+// upstream request made under it; "" leaves ctx as it is.
+func WithRequestID(ctx context.Context, id string) context.Context {
+	if id == "" {
+		return ctx
+	}
+	return context.WithValue(ctx, requestIDKey{}, id)
+}
+
+// RequestID returns the request id WithRequestID put on ctx, or "".
+func RequestID(ctx context.Context) string {
+	id, _ := ctx.Value(requestIDKey{}).(string)
+	return id
+}
+
 // NewRequest builds a request to rel with the endpoint's auth, a fixed
-// User-Agent and "Accept-Encoding: identity" (so bodies stream as sent,
-// without transparent decompression buffering them).
+// User-Agent, "Accept-Encoding: identity" (so bodies stream as sent,
+// without transparent decompression buffering them) and, when ctx carries
+// one (WithRequestID), the X-Request-Id header. An id with a byte that
+// cannot be in a header value is left out.
 func (e *Endpoint) NewRequest(ctx context.Context, method, rel string, body io.Reader) (*http.Request, error) {
 	req, err := http.NewRequestWithContext(ctx, method, e.URL(rel), body)
 	if err != nil {
@@ -103,6 +126,9 @@ func (e *Endpoint) NewRequest(ctx context.Context, method, rel string, body io.R
 	}
 	req.Header.Set("User-Agent", "iop-node")
 	req.Header.Set("Accept-Encoding", "identity")
+	if id := RequestID(ctx); id != "" && !strings.ContainsAny(id, "\r\n\x00") {
+		req.Header.Set(HeaderRequestID, id)
+	}
 	if e.AuthHeader != "" && e.AuthValue != "" {
 		req.Header.Set(e.AuthHeader, e.AuthValue)
 	}

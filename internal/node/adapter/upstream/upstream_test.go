@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"context"
 	"errors"
 	"net/url"
 	"strings"
@@ -113,5 +114,30 @@ func TestHooksActivity(t *testing.T) {
 	none.Activity()
 	if got := none.Body(strings.NewReader("x")); got == nil {
 		t.Fatal("H1: Body without a hook returned nil")
+	}
+}
+
+// Issue 15: the Edge's request id rides every upstream request made under
+// the run's context as X-Request-Id; an id that could break the header is
+// left out.
+func TestRequestIDHeader(t *testing.T) {
+	u, _ := url.Parse("http://h:1")
+	ep := &Endpoint{Base: u}
+	rows := []struct{ name, id, want string }{
+		{"set", "req-1", "req-1"},
+		{"none", "", ""},
+		{"CR LF dropped", "a\r\nb", ""},
+	}
+	for _, r := range rows {
+		t.Run(r.name, func(t *testing.T) {
+			ctx := WithRequestID(context.Background(), r.id)
+			req, err := ep.NewRequest(ctx, "POST", "/v1/chat/completions", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := req.Header.Get(HeaderRequestID); got != r.want {
+				t.Errorf("X-Request-Id = %q, want %q", got, r.want)
+			}
+		})
 	}
 }

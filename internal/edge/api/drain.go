@@ -1,0 +1,113 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"iop/internal/edge/access"
+)
+
+// ErrShutdown is the cause of a request context the drain timeout ended
+// (Handler.Stop): the node work is cancelled and the client gets a 503, or
+// an error event in its surface's shape when bytes were already sent.
+var ErrShutdown = errors.New("api: edge shutting down")
+
+// DrainRetryAfter is the Retry-After of a request refused while draining.
+const DrainRetryAfter = 5 * time.Second
+
+// drainer counts the requests in flight and carries the graceful drain:
+// after Drain every new request is refused; Stop ends those still in flight
+// through their contexts. The zero value is not ready; see newDrainer.
+type drainer struct {
+	active   atomic.Int64  // requests inside ServeHTTP
+	draining atomic.Bool   // Drain was called
+	idle     chan struct{} // cap 1: a request ended with active 0 while draining
+	stop     context.Context
+	stopFn   context.CancelFunc
+	once     sync.Once
+}
+
+func newDrainer() *drainer {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &drainer{idle: make(chan struct{}, 1), stop: ctx, stopFn: cancel}
+}
+
+// enter counts one request in; false when the Edge drains (the request is
+// counted all the same and must exit).
+func (d *drainer) enter() bool {
+	d.active.Add(1)
+	return !d.draining.Load()
+}
+
+func (d *drainer) exit() {
+	if d.active.Add(-1) == 0 && d.draining.Load() {
+		select {
+		case d.idle <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Drain starts the graceful drain (SIGTERM): from now on every request is
+// answered 503 with Retry-After (DrainRetryAfter) and "Connection: close",
+// in its surface's shape (code edge_draining), while the requests in flight
+// go on. It returns at once; see WaitIdle and Stop. Idempotent.
+func (h *Handler) Drain() { h.drain.draining.Store(true) }
+
+// Draining reports whether Drain was called.
+func (h *Handler) Draining() bool { return h.drain.draining.Load() }
+
+// InFlight reports how many requests are being served (queued, streaming,
+// or being refused).
+func (h *Handler) InFlight() int { return int(h.drain.active.Load()) }
+
+// WaitIdle waits, after Drain, until no request is in flight, and returns
+// nil; or ctx's error when ctx ends first.
+func (h *Handler) WaitIdle(ctx context.Context) error {
+	for h.drain.active.Load() > 0 {
+		select {
+		case <-h.drain.idle:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// Stop ends every request still in flight (the drain timeout passed): a
+// queued one gets 503, a streaming one has its node work cancelled and
+// ends with a 503 before any byte or with an error event in its surface's
+// shape after (code edge_shutdown). Each request still gets exactly one
+// terminal outcome and its lease goes back once. Idempotent.
+func (h *Handler) Stop() { h.drain.once.Do(h.drain.stopFn) }
+
+// requestContext is the context a model request runs under: the client's,
+// ended with ErrShutdown by Stop. release must be called when the request
+// is done.
+func (h *Handler) requestContext(parent context.Context) (ctx context.Context, release func()) {
+	c, cancel := context.WithCancelCause(parent)
+	stop := context.AfterFunc(h.drain.stop, func() { cancel(ErrShutdown) })
+	return c, func() {
+		stop()
+		cancel(nil)
+	}
+}
+
+// shuttingDown reports whether ctx was ended by Stop.
+func shuttingDown(ctx context.Context) bool {
+	return ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrShutdown)
+}
+
+func drainingError() *apiError {
+	return &apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: access.CodeDraining,
+		retryAfter: DrainRetryAfter, msg: "the edge is shutting down; retry on another instance or later"}
+}
+
+func shutdownError() *apiError {
+	return &apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: access.CodeShutdown,
+		retryAfter: DrainRetryAfter, msg: "the edge shut down before the response was complete"}
+}
