@@ -96,6 +96,7 @@ func kindRows() map[string]*iop.Envelope {
 		"refresh_response": {RequestId: "req-2", Kind: &iop.Envelope_RefreshResponse{RefreshResponse: &iop.NodeConfigRefreshResponse{
 			Status: iop.RefreshStatus_REFRESH_RESTART_REQUIRED, Reason: "adapter type changed",
 		}}},
+		"draining_notice": {Kind: &iop.Envelope_DrainingNotice{DrainingNotice: &iop.NodeDrainingNotice{DrainTimeoutMs: 30000}}},
 	}
 }
 
