@@ -31,8 +31,8 @@ type accessSink struct {
 func newAccessSink() *accessSink { return &accessSink{wake: make(chan struct{}, 1)} }
 
 func (s *accessSink) Enabled(context.Context, slog.Level) bool { return true }
-func (s *accessSink) WithAttrs([]slog.Attr) slog.Handler      { return s }
-func (s *accessSink) WithGroup(string) slog.Handler           { return s }
+func (s *accessSink) WithAttrs([]slog.Attr) slog.Handler       { return s }
+func (s *accessSink) WithGroup(string) slog.Handler            { return s }
 func (s *accessSink) Handle(_ context.Context, r slog.Record) error {
 	m := map[string]any{"msg": r.Message}
 	r.Attrs(func(a slog.Attr) bool {
