@@ -157,6 +157,7 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	}
 
 	httpSrv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
+		ConnContext: h.ConnContext, ConnState: h.ConnState, // http.max_connections
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	adminSrv := &http.Server{Handler: adm, ReadHeaderTimeout: 10 * time.Second}
 

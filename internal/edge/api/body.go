@@ -6,6 +6,8 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+
+	"iop/internal/edge/limit"
 )
 
 // Request-body buffer policy in bytes (issue 12). A body is read into a
@@ -17,11 +19,33 @@ import (
 // arrives and exactly its size after.
 const bodyFirstBuffer = 4 << 10
 
+// readBody reads r's body under the Handler's bounds: max bytes
+// (http.max_body_bytes) and the bytes held across all requests
+// (http.max_inflight_body_bytes: a body that would pass it is a 503 with
+// Retry-After). The returned body's cap(body) bytes stay counted until
+// dropBody.
+func (h *Handler) readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, *apiError) {
+	body, err := readBody(w, r, max, &h.lim.bodies)
+	if errors.Is(err, errBodyBudget) {
+		return nil, h.bodyBusy()
+	}
+	if err != nil {
+		return nil, err.(*apiError)
+	}
+	return body, nil
+}
+
+// errBodyBudget: the body's next bytes would pass the in-flight budget.
+var errBodyBudget = errors.New("api: request bodies in flight over http.max_inflight_body_bytes")
+
 // readBody reads the request body, at most max bytes: a declared or actual
 // larger body is a 413 (http.MaxBytesReader also makes the server close the
-// connection). The buffer grows with the bytes received (bodyFirstBuffer).
-// A body that stops arriving ends with the connection's read deadline (408).
-func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, *apiError) {
+// connection). The buffer grows with the bytes received (bodyFirstBuffer),
+// and each growth is reserved in budget first (nil: not counted): on
+// success cap(body) bytes stay reserved, on failure none. A body that stops
+// arriving ends with the connection's read deadline (408). The error is an
+// *apiError or errBodyBudget.
+func readBody(w http.ResponseWriter, r *http.Request, max int64, budget *limit.Budget) (body []byte, err error) {
 	if r.ContentLength > max {
 		return nil, tooLarge(max)
 	}
@@ -34,8 +58,26 @@ func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, *apiEr
 	if r.ContentLength > 0 {
 		limit = r.ContentLength
 	}
-	body := http.MaxBytesReader(w, r.Body, max)
-	buf := make([]byte, 0, min(limit, bodyFirstBuffer))
+	var reserved int64
+	defer func() {
+		if err != nil && budget != nil {
+			budget.Release(reserved)
+		}
+	}()
+	grow := func(buf []byte, size int64) ([]byte, bool) {
+		if budget != nil && !budget.Reserve(size-int64(cap(buf))) {
+			return buf, false
+		}
+		reserved += size - int64(cap(buf))
+		grown := make([]byte, len(buf), size)
+		copy(grown, buf)
+		return grown, true
+	}
+	in := http.MaxBytesReader(w, r.Body, max)
+	buf, ok := grow(nil, min(limit, bodyFirstBuffer))
+	if !ok {
+		return nil, errBodyBudget
+	}
 	for {
 		if len(buf) == cap(buf) {
 			if int64(len(buf)) == limit {
@@ -44,11 +86,11 @@ func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, *apiEr
 				}
 				return nil, tooLarge(max) // MaxBytesReader reports this first
 			}
-			grown := make([]byte, len(buf), min(limit, 2*int64(cap(buf))))
-			copy(grown, buf)
-			buf = grown
+			if buf, ok = grow(buf, min(limit, 2*int64(cap(buf)))); !ok {
+				return nil, errBodyBudget
+			}
 		}
-		n, err := body.Read(buf[len(buf):cap(buf)])
+		n, err := in.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
 		switch {
 		case err == io.EOF:

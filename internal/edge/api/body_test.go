@@ -41,15 +41,16 @@ func TestReadBody(t *testing.T) {
 			}
 			r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", io.NopCloser(rd))
 			r.ContentLength = row.declared
-			got, e := readBody(httptest.NewRecorder(), r, limit)
+			got, err := readBody(httptest.NewRecorder(), r, limit, nil)
+			e, _ := err.(*apiError)
 			if row.wantStatus != 0 {
 				if e == nil || e.status != row.wantStatus {
 					t.Fatalf("got %v, want status %d", e, row.wantStatus)
 				}
 				return
 			}
-			if e != nil {
-				t.Fatalf("got error %d %s", e.status, e.msg)
+			if err != nil {
+				t.Fatalf("got error %v", err)
 			}
 			if !bytes.Equal(got, row.sent) {
 				t.Fatalf("got %d bytes, want the %d sent", len(got), len(row.sent))

@@ -32,6 +32,33 @@
 // once. Exactly one terminal outcome is written per request: a success, an
 // error response before any byte, or an error event after bytes.
 //
+// # Hostile clients (issue 12)
+//
+// Memory follows the bytes a peer sent, capped, never what it declared, and
+// every per-client resource has a bound (limits.go, internal/edge/limit):
+//   - connections: counted by ConnContext/ConnState; beyond
+//     http.max_connections a request gets a fast 503, beyond twice that the
+//     connection is closed at accept; the accept loop never waits.
+//   - API keys: api_keys[].max_concurrent and requests_per_minute are
+//     checked right after authentication, before the body is read (429).
+//   - request bodies (body.go): the buffer starts at 4 KiB and doubles as
+//     bytes arrive, up to Content-Length or http.max_body_bytes; each growth
+//     is reserved against http.max_inflight_body_bytes first (503) and
+//     given back when the body is dropped (the first response byte or the
+//     request's end). The read has a deadline (408).
+//   - node frames reach the surface through dispatch.Stream, whose buffer is
+//     bounded by bytes in internal/edge/transport.
+//   - conversions: the run path decodes the client body once (chatinput.go,
+//     bounded by the body); streamed chunks are encoded into pooled buffers
+//     of one event each (chatout.go); a non-stream run holds the COMPLETE
+//     event's content, which the node's frame cap bounds (16 MiB);
+//     toolcalls.go scans that content in place. The tunnel path copies the
+//     body once to splice "model" and passes frames through unbuffered.
+//
+// Refusals are logged at most ratelog.DefaultBurst lines a second per kind,
+// with the count of suppressed lines; a 429's line names the principal,
+// never the key (SPEC P4).
+//
 // # Stalls (SPEC H8, H11)
 //
 // A response_stalled terminal (RunEvent or ProviderTunnelFrame ERROR) goes
@@ -49,9 +76,11 @@
 //
 // 400 bad input (the message names the field), 401 missing or wrong key,
 // 404 unknown model or path, 405 wrong method, 413 body over the cap, 429
-// queue full (Retry-After), 502 provider failure before any byte, 503 no
-// live provider before the wait timeout (names the model and why) or the
-// node's capacity gate, 504 response stalled (failure_code
+// queue full or an API key's max_concurrent / requests_per_minute
+// (Retry-After), 502 provider failure before any byte, 503 no live provider
+// before the wait timeout (names the model and why), the node's capacity
+// gate, a connection beyond http.max_connections or a body beyond
+// http.max_inflight_body_bytes (Retry-After), 504 response stalled (failure_code
 // response_stalled) or the Edge's response-wait timeout. On the tunnel path
 // an upstream status passes through with its body.
 package api

@@ -121,7 +121,10 @@ type exchange struct {
 	// body is the client's request body, kept only while a re-dispatch
 	// could still resend it (SPEC H11: before any byte reached the
 	// client); deliver drops it once the sink wrote.
-	body  []byte
+	body []byte
+	// held: bytes of body counted against http.max_inflight_body_bytes;
+	// dropBody gives them back.
+	held  int64
 	abort bool // end the response by aborting the connection
 	// handoff: the stream was cancelled before its terminal and, with the
 	// lease, handed to drain, which releases the lease once the node
@@ -183,6 +186,7 @@ func (h *Handler) serveModel(ctx context.Context, w *recorder, r *http.Request, 
 	if x == nil {
 		return
 	}
+	defer h.dropBody(x)
 	defer func() {
 		if x.abort {
 			x.acc.failed = true
@@ -210,7 +214,7 @@ func (h *Handler) serveModel(ctx context.Context, w *recorder, r *http.Request, 
 // queue (SPEC Q4). It returns nil when it answered the request itself (a
 // bad body, no admission) or the client left while queued.
 func (h *Handler) admit(ctx context.Context, w *recorder, r *http.Request, v *view, ep *endpoint) *exchange {
-	body, e := readBody(w, r, v.maxBody)
+	body, e := h.readBody(w, r, v.maxBody)
 	if e != nil {
 		closeUnread(w, r)
 		writeError(w, ep.surface, e)
@@ -219,9 +223,10 @@ func (h *Handler) admit(ctx context.Context, w *recorder, r *http.Request, v *vi
 	// The body is in: lift the read deadline so that nothing later on this
 	// connection (its disconnect detector's read) ever runs into it.
 	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
-	x := &exchange{ctx: ctx, r: r, acc: w, out: output{w: w}, ep: ep, body: body}
+	x := &exchange{ctx: ctx, r: r, acc: w, out: output{w: w}, ep: ep, body: body, held: int64(cap(body))}
 	hd := &x.head
 	if e := parseHead(body, ep, hd); e != nil {
+		h.dropBody(x)
 		writeError(w, ep.surface, e)
 		return nil
 	}
@@ -230,6 +235,7 @@ func (h *Handler) admit(ctx context.Context, w *recorder, r *http.Request, v *vi
 	lease, err := h.o.Pool.Acquire(ctx, x.poolRequest())
 	setLease(w, lease, time.Since(queued))
 	if err != nil {
+		h.dropBody(x)
 		if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
 			if shuttingDown(ctx) {
 				writeError(w, ep.surface, shutdownError())
@@ -387,7 +393,7 @@ func (h *Handler) deliver(x *exchange, st dispatch.Stream, s sink, env *iop.Enve
 		err = x.out.endBurst()
 	}
 	if x.body != nil && s.wrote() {
-		x.body = nil
+		h.dropBody(x)
 	}
 	if err != nil {
 		st.Cancel("write_failed")

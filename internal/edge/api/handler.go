@@ -18,6 +18,7 @@ import (
 	"iop/internal/edge/access"
 	"iop/internal/edge/config"
 	"iop/internal/edge/dispatch"
+	"iop/internal/edge/limit"
 	"iop/internal/edge/pool"
 	iop "iop/proto/gen/iop"
 )
@@ -99,6 +100,7 @@ type Handler struct {
 	view  atomic.Pointer[view]
 	bufs  sync.Pool // *[]byte: encoding buffers of run-path responses (runSink)
 	drain *drainer
+	lim   limits // connections, body bytes and per-key bounds (issue 12)
 }
 
 // New returns the Handler for o.
@@ -130,10 +132,13 @@ func New(o Options) *Handler {
 // view is what the Handler derives from one config value, rebuilt when
 // Options.Config returns a different pointer.
 type view struct {
-	cfg     *config.Config
-	keys    []apiKey
-	maxBody int64
-	models  []byte // the GET /v1/models body
+	cfg      *config.Config
+	keys     []apiKey
+	maxBody  int64
+	maxConns int
+	// keyLimits holds the api_keys bounds of the principals that have one.
+	keyLimits map[string]limit.KeyLimit
+	models    []byte // the GET /v1/models body
 }
 
 type apiKey struct {
@@ -146,7 +151,8 @@ func (h *Handler) current() *view {
 	if v := h.view.Load(); v != nil && v.cfg == cfg {
 		return v
 	}
-	v := &view{cfg: cfg, maxBody: config.DefaultMaxBodyBytes}
+	v := &view{cfg: cfg, maxBody: config.DefaultMaxBodyBytes, maxConns: config.DefaultMaxConnections}
+	inflight := int64(config.DefaultMaxInflightBodyBytes)
 	if cfg != nil {
 		for _, k := range cfg.APIKeys {
 			var ak apiKey
@@ -154,12 +160,26 @@ func (h *Handler) current() *view {
 				ak.principal = k.Principal
 				v.keys = append(v.keys, ak)
 			}
+			if k.MaxConcurrent > 0 || k.RequestsPerMinute > 0 {
+				if v.keyLimits == nil {
+					v.keyLimits = make(map[string]limit.KeyLimit)
+				}
+				v.keyLimits[k.Principal] = limit.KeyLimit{MaxConcurrent: k.MaxConcurrent, RequestsPerMinute: k.RequestsPerMinute}
+			}
 		}
 		if cfg.HTTP.MaxBodyBytes > 0 {
 			v.maxBody = cfg.HTTP.MaxBodyBytes
 		}
+		if cfg.HTTP.MaxConnections > 0 {
+			v.maxConns = cfg.HTTP.MaxConnections
+		}
+		if cfg.HTTP.MaxInflightBodyBytes > 0 {
+			inflight = cfg.HTTP.MaxInflightBodyBytes
+		}
 		v.models = modelList(cfg, h.o.Now().Unix())
 	}
+	h.lim.bodies.SetMax(inflight)
+	h.lim.keys.Retain(func(p string) bool { _, ok := v.keyLimits[p]; return ok })
 	h.view.Store(v)
 	return v
 }
@@ -220,6 +240,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// A model request's goroutine stays in serveModel for the stream's
 	// whole life: route's large frame is gone by then (see serveModel).
 	if ctx, v, ep := h.route(rw, r); ep != nil {
+		defer releaseKey(ctx) // api_keys[].max_concurrent counts until here
 		ctx, release := h.requestContext(ctx)
 		defer release()
 		h.serveModel(ctx, rw, r, v, ep)
@@ -276,6 +297,9 @@ func (h *Handler) route(w *recorder, r *http.Request) (context.Context, *view, *
 		// Bound the body read; serveModel lifts it once the body is in.
 		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(h.o.BodyReadTimeout))
 	}
+	if h.overConnections(w, r) {
+		return nil, nil, nil
+	}
 	var ep *endpoint
 	method := http.MethodPost
 	w.rec.Surface = surfaceOf(r.URL.Path)
@@ -328,11 +352,15 @@ func (h *Handler) route(w *recorder, r *http.Request) (context.Context, *view, *
 	ctx := r.Context()
 	if principal != "" {
 		ctx = context.WithValue(ctx, principalKey{}, principal)
+		if ctx = h.admitKey(ctx, w, r, s, v, principal); ctx == nil {
+			return nil, nil, nil
+		}
 	}
 	if ep == nil {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Content-Length", strconv.Itoa(len(v.models)))
 		_, _ = w.Write(v.models)
+		releaseKey(ctx)
 		return nil, nil, nil
 	}
 	return ctx, v, ep

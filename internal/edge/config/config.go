@@ -42,9 +42,15 @@ const (
 	DefaultStallTimeoutMs       = 300000 // SPEC E2
 	DefaultCapacity             = 4
 	DefaultMaxBodyBytes         = 8 << 20 // http.max_body_bytes
-	MaxBodyBytesLimit           = 15 << 20
-	DefaultDrainTimeoutMs       = 30000 // shutdown.drain_timeout_ms
-	MaxDrainTimeoutMs           = 3600000
+	// DefaultMaxInflightBodyBytes bounds the request-body bytes the Edge
+	// holds at once across all connections (http.max_inflight_body_bytes).
+	DefaultMaxInflightBodyBytes = 256 << 20
+	// DefaultMaxConnections bounds concurrent client connections
+	// (http.max_connections).
+	DefaultMaxConnections = 4096
+	MaxBodyBytesLimit     = 15 << 20
+	DefaultDrainTimeoutMs = 30000 // shutdown.drain_timeout_ms
+	MaxDrainTimeoutMs     = 3600000
 	// MaxStallTimeoutMs is the largest stall timeout that is still a
 	// time.Duration (SPEC E2).
 	MaxStallTimeoutMs = math.MaxInt64 / int64(time.Millisecond)
@@ -103,6 +109,13 @@ type Heartbeat struct {
 type APIKey struct {
 	Principal string `json:"principal"`
 	KeySHA256 string `json:"key_sha256"`
+	// MaxConcurrent bounds this key's requests in flight (0 = no bound);
+	// beyond it a 429 with Retry-After.
+	MaxConcurrent int `json:"max_concurrent"`
+	// RequestsPerMinute bounds this key's request rate (0 = no bound): a
+	// token bucket of that many requests refilled evenly over a minute;
+	// beyond it a 429 with Retry-After naming when the next one fits.
+	RequestsPerMinute int `json:"requests_per_minute"`
 }
 
 // Node is one configured node and its adapter instances.
@@ -177,6 +190,13 @@ type Credentials struct {
 type HTTP struct {
 	// Request bodies over this many bytes get 413.
 	MaxBodyBytes int64 `json:"max_body_bytes"`
+	// MaxInflightBodyBytes bounds the request-body bytes held at once
+	// across all connections, counted as they arrive; a request that
+	// would pass it gets 503 with Retry-After.
+	MaxInflightBodyBytes int64 `json:"max_inflight_body_bytes"`
+	// MaxConnections bounds concurrent client connections; a connection
+	// beyond it gets 503 with Retry-After and is closed.
+	MaxConnections int `json:"max_connections"`
 }
 
 // Admin tunes the admin surface.
@@ -266,6 +286,12 @@ func (c *Config) applyDefaults() {
 	}
 	if c.HTTP.MaxBodyBytes == 0 {
 		c.HTTP.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.HTTP.MaxInflightBodyBytes == 0 {
+		c.HTTP.MaxInflightBodyBytes = DefaultMaxInflightBodyBytes
+	}
+	if c.HTTP.MaxConnections == 0 {
+		c.HTTP.MaxConnections = DefaultMaxConnections
 	}
 	if c.Shutdown.DrainTimeoutMs == 0 {
 		c.Shutdown.DrainTimeoutMs = DefaultDrainTimeoutMs
@@ -362,6 +388,12 @@ func (c *Config) validate() jsonconfig.Errors {
 			add(p+".key_sha256", "the same key is configured twice")
 		}
 		hashes[k.KeySHA256] = true
+		if k.MaxConcurrent < 0 {
+			add(p+".max_concurrent", "must be ≥ 0 (0 = no bound), got %d", k.MaxConcurrent)
+		}
+		if k.RequestsPerMinute < 0 {
+			add(p+".requests_per_minute", "must be ≥ 0 (0 = no bound), got %d", k.RequestsPerMinute)
+		}
 	}
 	if len(c.Nodes) == 0 {
 		add("nodes", "at least one node is required")
@@ -451,6 +483,12 @@ func (c *Config) validate() jsonconfig.Errors {
 	}
 	if c.HTTP.MaxBodyBytes < 0 || c.HTTP.MaxBodyBytes > MaxBodyBytesLimit {
 		add("http.max_body_bytes", "must be between 1 and %d (a tunnel frame carries the whole body), got %d", MaxBodyBytesLimit, c.HTTP.MaxBodyBytes)
+	}
+	if c.HTTP.MaxInflightBodyBytes < c.HTTP.MaxBodyBytes {
+		add("http.max_inflight_body_bytes", "must be at least http.max_body_bytes (%d), got %d", c.HTTP.MaxBodyBytes, c.HTTP.MaxInflightBodyBytes)
+	}
+	if c.HTTP.MaxConnections < 0 {
+		add("http.max_connections", "must be ≥ 1, got %d", c.HTTP.MaxConnections)
 	}
 	return errs
 }

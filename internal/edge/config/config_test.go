@@ -50,6 +50,10 @@ func TestDefaults(t *testing.T) {
 		{"long_capacity default = capacity", *c.Nodes[0].Adapters[1].LongCapacity, 8},
 		{"max body", c.HTTP.MaxBodyBytes, int64(DefaultMaxBodyBytes)},
 		{"drain timeout", c.Shutdown.DrainTimeoutMs, int64(30000)},
+		{"max in-flight body bytes", c.HTTP.MaxInflightBodyBytes, int64(256 << 20)},
+		{"max connections", c.HTTP.MaxConnections, 4096},
+		{"api key max_concurrent: no bound", c.APIKeys[0].MaxConcurrent, 0},
+		{"api key requests_per_minute: no bound", c.APIKeys[0].RequestsPerMinute, 0},
 	}
 	for _, ck := range checks {
 		if ck.got != ck.want {
@@ -82,7 +86,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
   "http_listen": "nope",
   "tls": {"trust_domain": "Bad Domain"},
   "heartbeat": {"interval_ms": 5000, "timeout_ms": 10000, "node_timeout_ms": 12000},
-  "api_keys": [{"principal": "", "key_sha256": "xyz"}],
+  "api_keys": [{"principal": "", "key_sha256": "xyz", "max_concurrent": -1, "requests_per_minute": -2}],
   "nodes": [{"id": "gpu 1", "adapters": [
      {"name": "a", "type": "vllm", "base_url": "ftp://x"},
      {"name": "a", "type": "openai_compat", "profile": "mystery", "capacity": -1, "base_url": "http://h",
@@ -95,7 +99,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
     {"name": "empty", "providers": []}
   ],
   "queue": {"max_waiters": -1},
-  "http": {"max_body_bytes": 999999999},
+  "http": {"max_body_bytes": 999999999, "max_inflight_body_bytes": 1000, "max_connections": -1},
   "shutdown": {"drain_timeout_ms": -1}
 }`
 	_, err := Parse([]byte(bad))
@@ -108,6 +112,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 		"tls.trust_domain: invalid",
 		"heartbeat.node_timeout_ms: must be between",
 		"api_keys[0].principal: required", "api_keys[0].key_sha256: want 64",
+		"api_keys[0].max_concurrent: must be ≥ 0", "api_keys[0].requests_per_minute: must be ≥ 0",
 		"nodes[0].id: invalid node id",
 		"nodes[0].adapters[0].type: unknown adapter type \"vllm\"",
 		"nodes[0].adapters[0].base_url: want an http(s) URL",
@@ -126,6 +131,8 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 		"queue.max_waiters: must be ≥ 0",
 		"http.max_body_bytes: must be between",
 		"shutdown.drain_timeout_ms: must be between",
+		"http.max_inflight_body_bytes: must be at least http.max_body_bytes",
+		"http.max_connections: must be ≥ 1",
 	}
 	for _, w := range wants {
 		if !strings.Contains(err.Error(), w) {
