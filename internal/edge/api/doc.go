@@ -48,12 +48,13 @@
 //     request's end). The read has a deadline (408).
 //   - node frames reach the surface through dispatch.Stream, whose buffer is
 //     bounded by bytes in internal/edge/transport.
-//   - conversions: the run path decodes the client body once (chatinput.go,
-//     bounded by the body); streamed chunks are encoded into pooled buffers
-//     of one event each (chatout.go); a non-stream run holds the COMPLETE
-//     event's content, which the node's frame cap bounds (16 MiB);
-//     toolcalls.go scans that content in place. The tunnel path copies the
-//     body once to splice "model" and passes frames through unbuffered.
+//   - conversions: the run path decodes the client body once
+//     (surface/openai.ChatInput, bounded by the body); run events are
+//     encoded into pooled buffers of one event each; what an encoder holds
+//     until COMPLETE (a non-stream answer, text that may be a tool call) is
+//     bounded by maxRunText (run.go). The tunnel path copies the body once
+//     to splice "model", streams frames through unbuffered and holds a
+//     plain body until END up to maxHeldBody (tunnel.go).
 //
 // Refusals are logged at most ratelog.DefaultBurst lines a second per kind,
 // with the count of suppressed lines; a 429's line names the principal,

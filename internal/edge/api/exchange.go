@@ -446,6 +446,10 @@ func (h *Handler) recvFailed(x *exchange, st dispatch.Stream, s sink, ctx contex
 		e = badGateway("provider_lost", "the provider's node connection was lost")
 	case errors.Is(err, io.EOF):
 		e = badGateway("provider_error", "the provider's stream ended without a result")
+	case errors.Is(err, dispatch.ErrProtocol):
+		// The transport dropped the misordered envelope, cancelled the
+		// stream on the node and logged it with node and generation.
+		e = badGateway("provider_protocol_error", "the provider's node broke the stream protocol")
 	default:
 		st.Cancel("stream_error")
 		cancelled = true

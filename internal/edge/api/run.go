@@ -54,7 +54,15 @@ type runSink[T any, E encoder[T]] struct {
 	committed bool // status line written
 	finished  bool // a terminal outcome was written
 	failed    *apiError
+	text      int // DELTA bytes so far (maxRunText)
 }
+
+// maxRunText bounds the assistant text a run may stream as DELTA events, in
+// bytes (issue 12): an encoder may hold all of it until COMPLETE (a
+// non-stream answer, text that may be a tool call), so a node that sends
+// without end fails the run (502) instead of growing the Edge's memory. A
+// COMPLETE's own content is bounded by the frame cap (16 MiB).
+const maxRunText = 8 << 20
 
 func (s *runSink[T, E]) handle(env *iop.Envelope) (bool, error) {
 	ev := env.GetRunEvent()
@@ -73,6 +81,11 @@ func (s *runSink[T, E]) handle(env *iop.Envelope) (bool, error) {
 		return true, s.fail(nodeFailure(ev.FailureCode, ev.Error, ev.UpstreamStatus, ev.Failure))
 	case iop.RunEventType_RUN_EVENT_CANCELLED:
 		return true, s.fail(badGateway("run_cancelled", "the provider run was cancelled"))
+	case iop.RunEventType_RUN_EVENT_DELTA:
+		if s.text += len(ev.Delta); s.text > maxRunText {
+			e := badGateway("provider_error", "the provider's answer exceeded "+strconv.Itoa(maxRunText)+" bytes")
+			return true, s.fail(e)
+		}
 	}
 	bp := s.h.takeBuf()
 	out, done, e := E(&s.enc).Event(*bp, ev)

@@ -123,6 +123,12 @@ func TestRunFailures(t *testing.T) {
 			events: []*iop.RunEvent{evStart(), evDelta(2, "a"), evError(3, "upstream_error", "boom")}, want: 200, contains: `data: {"error":{"message":"the provider failed to answer"`},
 		{name: "T5 session lost mid-stream is an error event", body: `{"model":"tiny","stream":true,"messages":[{"role":"user","content":"x"}]}`,
 			events: []*iop.RunEvent{evStart(), evDelta(2, "a")}, recvErr: dispatch.ErrSessionLost, want: 200, contains: `"code":"provider_lost"`},
+		{name: "E3 a stream out of order before any byte is 502", body: chatBody,
+			events: []*iop.RunEvent{evStart()}, recvErr: dispatch.ErrProtocol, want: 502, contains: `"code":"provider_protocol_error"`},
+		{name: "E3 a stream out of order mid-stream is an error event", body: `{"model":"tiny","stream":true,"messages":[{"role":"user","content":"x"}]}`,
+			events: []*iop.RunEvent{evStart(), evDelta(2, "a")}, recvErr: dispatch.ErrProtocol, want: 200, contains: `"code":"provider_protocol_error"`},
+		{name: "issue 12: DELTAs past maxRunText fail the run", body: chatBody,
+			events: append([]*iop.RunEvent{evStart()}, bigDeltas(2, maxRunText/(1<<20)+1, 1<<20)...), want: 502, contains: "exceeded"},
 		{name: "Q2 dispatch to a node that is gone is 502", body: chatBody, startErr: dispatch.ErrNotReady, want: 502, contains: "no longer connected", noStream: true},
 		{name: "Q3 non-text content on the run path is 400", body: `{"model":"tiny","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`,
 			want: 400, contains: "image_url", noStream: true},
@@ -545,4 +551,14 @@ func TestNodeFailureHidesInternals(t *testing.T) {
 			}
 		})
 	}
+}
+
+// bigDeltas returns n DELTA events of size bytes each, from seq.
+func bigDeltas(seq uint64, n, size int) []*iop.RunEvent {
+	text := strings.Repeat("x", size)
+	out := make([]*iop.RunEvent, n)
+	for i := range out {
+		out[i] = evDelta(seq+uint64(i), text)
+	}
+	return out
 }

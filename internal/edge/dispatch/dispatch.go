@@ -26,6 +26,10 @@ var (
 	ErrSlowConsumer = errors.New("dispatch: stream reader too slow")
 	// ErrSendQueueFull: the request could not be queued to the node.
 	ErrSendQueueFull = errors.New("dispatch: node send queue full")
+	// ErrProtocol: the node broke the stream's order (SPEC E3, T2: an
+	// event before START, seq not increasing, …); the stream was cancelled
+	// and the misordered envelope and everything after it dropped.
+	ErrProtocol = errors.New("dispatch: node broke the stream protocol")
 )
 
 // Target is the leased node session a request goes to.

@@ -55,6 +55,9 @@ type session struct {
 	streams map[string]*stream    // by run id
 	waiters map[string]chan reply // by request id, buffer 1
 	nextID  uint64                // run and request ids
+	// ended: the last streams that ended with their terminal (route).
+	ended     [endedRing]endedStream
+	endedNext int
 }
 
 func (s *Server) newSession(raw net.Conn) *session {
@@ -147,8 +150,9 @@ func (c *session) run(hb heartbeat) error {
 	c.raw.SetDeadline(time.Now().Add(o.HandshakeTimeout))
 	tc := tls.Server(c.raw, o.TLS)
 	if err := tc.Handshake(); err != nil {
-		// SPEC I2: no certificate, wrong CA, role or name end here.
-		c.s.log.Warn("node TLS handshake refused", "remote", c.raw.RemoteAddr().String(), "err", err)
+		// SPEC I2: no certificate, wrong CA, role or name end here. Anyone
+		// who can reach the port can cause this line: it is rate limited.
+		c.s.logLimited(&c.s.handshakeLog, "node TLS handshake refused", "remote", c.raw.RemoteAddr().String(), "err", err)
 		return fmt.Errorf("handshake: %w", err)
 	}
 	c.raw.SetDeadline(time.Time{})
@@ -313,13 +317,9 @@ func (c *session) readLoop(br *bufio.Reader) error {
 				rd.SetMaxFrame(wire.DefaultMaxFrame)
 				c.activated.Store(true)
 			}
-		case *iop.Envelope_RunEvent:
+		case *iop.Envelope_RunEvent, *iop.Envelope_TunnelFrame:
 			if ph == phaseReady {
-				kept = c.route(env, len(body), isRunTerminal(k.RunEvent.GetType()))
-			}
-		case *iop.Envelope_TunnelFrame:
-			if ph == phaseReady {
-				kept = c.route(env, len(body), isTunnelTerminal(k.TunnelFrame.GetKind()))
+				kept = c.route(env, len(body))
 			}
 		case *iop.Envelope_CommandResponse, *iop.Envelope_RefreshResponse:
 			if ph == phaseReady {
@@ -332,15 +332,6 @@ func (c *session) readLoop(br *bufio.Reader) error {
 			env = nil
 		}
 	}
-}
-
-func isRunTerminal(t iop.RunEventType) bool {
-	return t == iop.RunEventType_RUN_EVENT_COMPLETE || t == iop.RunEventType_RUN_EVENT_ERROR ||
-		t == iop.RunEventType_RUN_EVENT_CANCELLED
-}
-
-func isTunnelTerminal(k iop.TunnelFrameKind) bool {
-	return k == iop.TunnelFrameKind_TUNNEL_FRAME_END || k == iop.TunnelFrameKind_TUNNEL_FRAME_ERROR
 }
 
 // register runs the Register transition and queues the answer; true when
@@ -390,24 +381,68 @@ func (c *session) ready(req *iop.NodeReadyRequest) bool {
 }
 
 // route hands a run event or tunnel frame to its stream; frames for
-// unknown or finished run ids are dropped. It reports whether env was kept.
-func (c *session) route(env *iop.Envelope, size int, terminal bool) bool {
+// unknown or finished run ids are dropped. A frame that breaks its
+// stream's order (SPEC E3, T2) fails the stream with dispatch.ErrProtocol,
+// cancels it on the node and is logged with the node and generation; so is
+// a frame for one of the last few streams that ended with their terminal
+// (anything after a terminal). It reports whether env was kept.
+func (c *session) route(env *iop.Envelope, size int) bool {
 	c.mu.Lock()
 	st := c.streams[env.GetRunId()]
 	if st == nil {
+		gen, after := c.endedGen(env.GetRunId())
 		c.mu.Unlock()
+		if after {
+			c.s.logProtocol("node protocol error: frame after the stream's terminal; dropped",
+				"node", c.peer, "generation", gen, "run_id", env.GetRunId())
+		}
 		return false
 	}
-	r := st.deliver(env, size, terminal, c.s.o.StreamBuffer)
+	r, oe := st.deliver(env, size, c.s.o.StreamBuffer)
 	if r != delivered {
 		delete(c.streams, st.id)
 	}
+	if r == finished {
+		c.noteEnded(st)
+	}
 	c.mu.Unlock()
-	if r == overflowed {
+	switch r {
+	case overflowed:
 		c.s.log.Warn("stream reader too slow; stream cancelled", "node", c.peer, "run_id", st.id)
 		c.sendMust(cancelEnvelope(st.id, "slow_consumer"))
+	case misordered:
+		c.s.logProtocol("node protocol error: stream out of order; stream failed and cancelled",
+			"node", c.peer, "generation", st.gen, "run_id", st.id, "err", oe)
+		c.sendMust(cancelEnvelope(st.id, "protocol_error"))
 	}
 	return r == delivered || r == finished
+}
+
+// endedRing is how many streams that ended with their terminal a session
+// remembers, to tell a frame after a terminal from a late one for a stream
+// the Edge closed.
+const endedRing = 16
+
+type endedStream struct {
+	id  string
+	gen uint64
+}
+
+// noteEnded remembers st as ended by its terminal. Called with c.mu held.
+func (c *session) noteEnded(st *stream) {
+	c.ended[c.endedNext%endedRing] = endedStream{st.id, st.gen}
+	c.endedNext++
+}
+
+// endedGen reports whether id is one of the remembered streams that ended
+// with their terminal, and its generation. Called with c.mu held.
+func (c *session) endedGen(id string) (uint64, bool) {
+	for _, e := range c.ended {
+		if e.id == id && id != "" {
+			return e.gen, true
+		}
+	}
+	return 0, false
 }
 
 // answer hands a command or refresh response to its waiter.

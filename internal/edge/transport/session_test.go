@@ -7,10 +7,13 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/binary"
+	"fmt"
+	"io"
 	"math/big"
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +21,7 @@ import (
 	"iop/internal/edge/registry"
 	"iop/internal/identity"
 	"iop/internal/leakcheck"
+	"iop/internal/ratelog"
 	iop "iop/proto/gen/iop"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -406,4 +410,45 @@ func TestHalfOpenNodeFencedRealTLS(t *testing.T) {
 		t.Fatalf("disconnect reason = %q, want heartbeat timeout", e.Reason)
 	}
 	n.expectClosed()
+}
+
+// Issue 12: anyone who reaches the node port can make a handshake fail, so
+// the refusals are logged at a bounded rate: a flood writes
+// ratelog.DefaultBurst lines per second, and the next line counts the
+// suppressed ones.
+func TestRefusedHandshakesLogBounded(t *testing.T) {
+	leakcheck.Check(t)
+	var mu sync.Mutex
+	now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	h := newHarness(t, harnessOpts{modify: func(o *Options) {
+		o.Now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	}})
+	refuse := func() {
+		c, err := h.dialer()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(wait))
+		io.WriteString(c, "GET / HTTP/1.0\r\n\r\n") // not a TLS ClientHello
+		if _, err := io.Copy(io.Discard, c); err != nil {
+			t.Fatalf("the edge did not close a refused connection: %v", err)
+		}
+	}
+	const flood = 50
+	for range flood {
+		refuse()
+	}
+	mu.Lock()
+	now = now.Add(time.Second)
+	mu.Unlock()
+	refuse()
+	h.stop()
+	logs := h.logs.String()
+	if n := strings.Count(logs, "node TLS handshake refused"); n != ratelog.DefaultBurst+1 {
+		t.Errorf("got %d refusal lines for %d refusals, want %d", n, flood+1, ratelog.DefaultBurst+1)
+	}
+	if want := fmt.Sprintf("suppressed=%d", flood-ratelog.DefaultBurst); !strings.Contains(logs, want) {
+		t.Errorf("no line with %s:\n%s", want, logs)
+	}
 }

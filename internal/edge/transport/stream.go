@@ -17,8 +17,9 @@ var _ dispatch.Dispatcher = (*Server)(nil)
 // stream is one run or tunnel in flight; it implements dispatch.Stream.
 // The read loop delivers into a queue bounded by bytes; Recv takes from it.
 type stream struct {
-	c  *session
-	id string
+	c   *session
+	id  string
+	gen uint64 // the node generation it was started on (for logs)
 
 	mu        sync.Mutex // after session.mu
 	q         []item     // q[head:] unread, in arrival order
@@ -27,6 +28,7 @@ type stream struct {
 	err       error // set once: what Recv returns after q is drained
 	cancelled bool  // CancelRequest queued (or not wanted any more)
 	closed    bool
+	ord       order         // SPEC E3, T2; checked by deliver
 	wake      chan struct{} // buffer 1: something to Recv
 }
 
@@ -42,15 +44,26 @@ const (
 	finished                 // the terminal was delivered: unregister
 	overflowed               // the reader fell behind: unregister and cancel
 	gone                     // the stream already ended: unregister
+	misordered               // env broke the stream's order: unregister and cancel
 )
 
-// deliver queues env (size bytes on the wire). Called by the read loop
-// with session.mu held; never blocks.
-func (st *stream) deliver(env *iop.Envelope, size int, terminal bool, limit int) deliverResult {
+// deliver queues env (size bytes on the wire) after checking the stream's
+// order (SPEC E3, T2): an envelope out of order is dropped with everything
+// after it, and the stream fails with dispatch.ErrProtocol (wrapping the
+// *OrderError, returned as oe), so misordered content never reaches the
+// client. Called by the read loop with session.mu held; never blocks.
+func (st *stream) deliver(env *iop.Envelope, size int, limit int) (r deliverResult, oe error) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.err != nil {
-		return gone
+		return gone, nil
+	}
+	terminal, err := st.ord.step(env)
+	if err != nil {
+		st.err = fmt.Errorf("%w: %w", dispatch.ErrProtocol, err)
+		st.cancelled = true // the read loop queues the CancelRequest
+		st.signal()
+		return misordered, err
 	}
 	if st.bytes > 0 && st.bytes+size > limit {
 		clear(st.q)
@@ -58,16 +71,16 @@ func (st *stream) deliver(env *iop.Envelope, size int, terminal bool, limit int)
 		st.err = dispatch.ErrSlowConsumer
 		st.cancelled = true // the read loop queues the CancelRequest
 		st.signal()
-		return overflowed
+		return overflowed, nil
 	}
 	st.q = append(st.q, item{env, size})
 	st.bytes += size
 	st.signal()
 	if terminal {
 		st.err = io.EOF
-		return finished
+		return finished, nil
 	}
-	return delivered
+	return delivered, nil
 }
 
 // end fails the stream with err unless it already ended (once: a stream
@@ -189,7 +202,7 @@ func (s *Server) readySession(node string, gen uint64) *session {
 // was sent); a request that cannot be encoded (over 16 MiB, invalid UTF-8)
 // ends the stream with ErrUnencodable.
 func (s *Server) StartRun(t dispatch.Target, req *iop.RunRequest) (dispatch.Stream, error) {
-	st, err := s.start(t, func(env *iop.Envelope) { env.Kind = &iop.Envelope_RunRequest{RunRequest: req} })
+	st, err := s.start(t, false, func(env *iop.Envelope) { env.Kind = &iop.Envelope_RunRequest{RunRequest: req} })
 	if err != nil {
 		return nil, fmt.Errorf("start run on node %s generation %d: %w", t.Node, t.Generation, err)
 	}
@@ -199,7 +212,7 @@ func (s *Server) StartRun(t dispatch.Target, req *iop.RunRequest) (dispatch.Stre
 // StartTunnel implements dispatch.Dispatcher for ProviderTunnelRequest;
 // ownership of req and errors as StartRun.
 func (s *Server) StartTunnel(t dispatch.Target, req *iop.ProviderTunnelRequest) (dispatch.Stream, error) {
-	st, err := s.start(t, func(env *iop.Envelope) { env.Kind = &iop.Envelope_TunnelRequest{TunnelRequest: req} })
+	st, err := s.start(t, true, func(env *iop.Envelope) { env.Kind = &iop.Envelope_TunnelRequest{TunnelRequest: req} })
 	if err != nil {
 		return nil, fmt.Errorf("start tunnel on node %s generation %d: %w", t.Node, t.Generation, err)
 	}
@@ -211,7 +224,7 @@ func (s *Server) StartTunnel(t dispatch.Target, req *iop.ProviderTunnelRequest) 
 // that long means the writer is stuck, and the session is about to end.
 const startQueueWait = 2 * time.Second
 
-func (s *Server) start(t dispatch.Target, set func(*iop.Envelope)) (*stream, error) {
+func (s *Server) start(t dispatch.Target, tunnel bool, set func(*iop.Envelope)) (*stream, error) {
 	c := s.readySession(t.Node, t.Generation)
 	if c == nil {
 		return nil, dispatch.ErrNotReady
@@ -221,7 +234,7 @@ func (s *Server) start(t dispatch.Target, set func(*iop.Envelope)) (*stream, err
 		c.mu.Unlock()
 		return nil, dispatch.ErrNotReady
 	}
-	st := &stream{c: c, id: c.newIDLocked('r'), wake: make(chan struct{}, 1)}
+	st := &stream{c: c, id: c.newIDLocked('r'), gen: t.Generation, ord: order{tunnel: tunnel}, wake: make(chan struct{}, 1)}
 	c.streams[st.id] = st
 	c.mu.Unlock()
 	env := &iop.Envelope{RunId: st.id}

@@ -1,7 +1,6 @@
 package transport
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -237,7 +236,8 @@ func TestSlowConsumerCancelled(t *testing.T) {
 	n.recv()
 	n.recv()
 	delta := strings.Repeat("t", 1000)
-	for seq := uint64(1); seq <= 10; seq++ {
+	n.send(runEvent(slow.RunID(), 1, iop.RunEventType_RUN_EVENT_START, ""))
+	for seq := uint64(2); seq <= 11; seq++ {
 		n.send(runEvent(slow.RunID(), seq, iop.RunEventType_RUN_EVENT_DELTA, delta))
 	}
 	got := n.roundTrip(1)
@@ -246,7 +246,11 @@ func TestSlowConsumerCancelled(t *testing.T) {
 	}
 	recvErr(t, slow, dispatch.ErrSlowConsumer)
 	slow.Cancel("again") // no second CancelRequest
-	n.send(runEvent(other.RunID(), 1, iop.RunEventType_RUN_EVENT_COMPLETE, ""))
+	n.send(runEvent(other.RunID(), 1, iop.RunEventType_RUN_EVENT_START, ""))
+	n.send(runEvent(other.RunID(), 2, iop.RunEventType_RUN_EVENT_COMPLETE, ""))
+	if env := recvOK(t, other); env.GetRunEvent().GetType() != iop.RunEventType_RUN_EVENT_START {
+		t.Fatalf("other stream got %v", env)
+	}
 	if env := recvOK(t, other); env.GetRunEvent().GetType() != iop.RunEventType_RUN_EVENT_COMPLETE {
 		t.Fatalf("other stream got %v", env)
 	}
@@ -374,20 +378,40 @@ func BenchmarkRunEventRouting(b *testing.B) {
 	}
 	defer st.Close()
 	n.recv()
-	frame, err := wire.AppendFrame(nil, runEvent(st.RunID(), 1, iop.RunEventType_RUN_EVENT_DELTA, "sixteen bytes!!!"), 0)
+	// Every event carries the next seq (SPEC E3): the frames are encoded
+	// ahead of the timer, a fixed-width seq keeping them one size.
+	const firstSeq = 1 << 40
+	frame := func(seq uint64) []byte {
+		f, err := wire.AppendFrame(nil, runEvent(st.RunID(), seq, iop.RunEventType_RUN_EVENT_DELTA, "sixteen bytes!!!"), 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return f
+	}
+	start, err := wire.AppendFrame(nil, runEvent(st.RunID(), 1, iop.RunEventType_RUN_EVENT_START, ""), 0)
 	if err != nil {
 		b.Fatal(err)
 	}
+	size := len(frame(firstSeq))
+	frames := make([]byte, 0, size*b.N)
+	for i := range b.N {
+		frames = append(frames, frame(firstSeq+uint64(i))...)
+	}
+	if _, err := n.conn.Write(start); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := st.Recv(context.Background()); err != nil {
+		b.Fatal(err)
+	}
 	const batch = 64
-	burst := bytes.Repeat(frame, batch)
 	sent := make(chan error, 1)
 	b.ReportAllocs()
-	b.SetBytes(int64(len(frame)))
+	b.SetBytes(int64(size))
 	b.ResetTimer()
 	go func() {
 		var err error
 		for i := 0; i < b.N && err == nil; i += batch {
-			_, err = n.conn.Write(burst[:len(frame)*min(batch, b.N-i)])
+			_, err = n.conn.Write(frames[size*i : size*min(i+batch, b.N)])
 		}
 		sent <- err
 	}()

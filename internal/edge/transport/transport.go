@@ -67,6 +67,7 @@ import (
 	"iop/internal/edge/config"
 	"iop/internal/edge/events"
 	"iop/internal/edge/registry"
+	"iop/internal/ratelog"
 )
 
 // Defaults (DESIGN.md "Defaults").
@@ -177,6 +178,11 @@ type Server struct {
 
 	wg     sync.WaitGroup // connection goroutines
 	served atomic.Bool
+
+	// handshakeLog and protoLog bound the lines a peer can cause at will:
+	// refused TLS handshakes (anyone who reaches the port) and stream
+	// protocol errors (a node), ratelog.DefaultBurst a second each.
+	handshakeLog, protoLog ratelog.Limiter
 
 	// beforeConnClosed and afterConnClosed, when set (tests only), run in
 	// a session's teardown around its ConnClosed transition.
@@ -382,3 +388,19 @@ func (s *Server) Nodes() []NodeState {
 }
 
 func (s *Server) mono() int64 { return int64(time.Since(s.epoch)) }
+
+// logLimited writes one Warn line through l, at most its burst a second,
+// adding "suppressed": the lines l refused since the previous one.
+func (s *Server) logLimited(l *ratelog.Limiter, msg string, args ...any) {
+	ok, suppressed := l.Allow(s.now())
+	if !ok {
+		return
+	}
+	if suppressed > 0 {
+		args = append(args, "suppressed", suppressed)
+	}
+	s.log.Warn(msg, args...)
+}
+
+// logProtocol logs a node's stream protocol error (rate limited).
+func (s *Server) logProtocol(msg string, args ...any) { s.logLimited(&s.protoLog, msg, args...) }
