@@ -1086,8 +1086,17 @@ type NodeRuntimeConfig struct {
 	// Whether the credential plane is on: tunnels and runs then need a lease
 	// and binding (SPEC C4).
 	CredentialsEnabled bool `protobuf:"varint,4,opt,name=credentials_enabled,json=credentialsEnabled,proto3" json:"credentials_enabled,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// The Edge's credential projection generation when it built this payload
+	// (SPEC C2, C6): a lease whose binding names an older generation is
+	// rejected. It rises at every Edge config or secret-store reload; 0 while
+	// the plane is off.
+	CredentialProjectionGeneration uint64 `protobuf:"varint,5,opt,name=credential_projection_generation,json=credentialProjectionGeneration,proto3" json:"credential_projection_generation,omitempty"`
+	// Current revision of each credential slot the Edge holds, by slot name
+	// (SPEC C6): a lease of an older revision is rejected. Names and numbers
+	// only, never a secret or its ciphertext (SPEC C5).
+	CredentialSlotRevisions map[string]uint64 `protobuf:"bytes,6,rep,name=credential_slot_revisions,json=credentialSlotRevisions,proto3" json:"credential_slot_revisions,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
 }
 
 func (x *NodeRuntimeConfig) Reset() {
@@ -1146,6 +1155,20 @@ func (x *NodeRuntimeConfig) GetCredentialsEnabled() bool {
 		return x.CredentialsEnabled
 	}
 	return false
+}
+
+func (x *NodeRuntimeConfig) GetCredentialProjectionGeneration() uint64 {
+	if x != nil {
+		return x.CredentialProjectionGeneration
+	}
+	return 0
+}
+
+func (x *NodeRuntimeConfig) GetCredentialSlotRevisions() map[string]uint64 {
+	if x != nil {
+		return x.CredentialSlotRevisions
+	}
+	return nil
 }
 
 // NodeReadyRequest is sent after the Node applied its config, started its
@@ -2741,22 +2764,28 @@ func (x *NodeConfigRefreshResponse) GetReason() string {
 	return ""
 }
 
-// CredentialLease is a short-lived upstream credential, HPKE-sealed (RFC 9180)
-// to the selected Node's recipient key and signed by the Edge's Ed25519 issuer
-// key. The signature covers the binding's canonical digest, so a lease can't
-// be moved to another binding.
+// CredentialLease is one request's upstream credential (SPEC C2, C3): the
+// secret HPKE-sealed (RFC 9180 base mode; DHKEM(X25519, HKDF-SHA256),
+// HKDF-SHA256, AES-256-GCM; info "iop credential lease v1") to the selected
+// Node's recipient key, with the canonical binding bytes and this lease's
+// id, times and key ids as associated data, and signed with the Edge's
+// Ed25519 issuer key over the canonical binding, those fields, hpke_enc and
+// ciphertext (internal/lease documents the byte layout). A lease opens
+// once, only on the Node it is sealed to, only for the request its binding
+// names, until expiry (plus 5 s skew).
 type CredentialLease struct {
-	state           protoimpl.MessageState `protogen:"open.v1"`
-	LeaseId         string                 `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
-	IssuedAtUnixMs  int64                  `protobuf:"varint,2,opt,name=issued_at_unix_ms,json=issuedAtUnixMs,proto3" json:"issued_at_unix_ms,omitempty"`
-	ExpiresAtUnixMs int64                  `protobuf:"varint,3,opt,name=expires_at_unix_ms,json=expiresAtUnixMs,proto3" json:"expires_at_unix_ms,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 128 random bits, base32; the Node's replay cache key.
+	LeaseId         string `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	IssuedAtUnixMs  int64  `protobuf:"varint,2,opt,name=issued_at_unix_ms,json=issuedAtUnixMs,proto3" json:"issued_at_unix_ms,omitempty"`
+	ExpiresAtUnixMs int64  `protobuf:"varint,3,opt,name=expires_at_unix_ms,json=expiresAtUnixMs,proto3" json:"expires_at_unix_ms,omitempty"`
 	// HPKE encapsulated key.
 	HpkeEnc []byte `protobuf:"bytes,4,opt,name=hpke_enc,json=hpkeEnc,proto3" json:"hpke_enc,omitempty"`
 	// HPKE ciphertext of the plaintext credential.
 	Ciphertext []byte `protobuf:"bytes,5,opt,name=ciphertext,proto3" json:"ciphertext,omitempty"`
-	// Ed25519 signature over the lease fields and the binding digest.
+	// Ed25519 signature (64 bytes).
 	Signature []byte `protobuf:"bytes,6,opt,name=signature,proto3" json:"signature,omitempty"`
-	// Key ids (hex SHA-256 prefix of the public keys) for rotation.
+	// Key ids: the first 8 bytes of SHA-256 of the raw public key, hex.
 	IssuerKeyId    string `protobuf:"bytes,7,opt,name=issuer_key_id,json=issuerKeyId,proto3" json:"issuer_key_id,omitempty"`
 	RecipientKeyId string `protobuf:"bytes,8,opt,name=recipient_key_id,json=recipientKeyId,proto3" json:"recipient_key_id,omitempty"`
 	unknownFields  protoimpl.UnknownFields
@@ -2852,20 +2881,36 @@ func (x *CredentialLease) GetRecipientKeyId() string {
 // CredentialLeaseBinding names exactly what a lease may be used for. It is not
 // caller metadata and the Node never rewrites it (SPEC C2).
 type CredentialLeaseBinding struct {
-	state                protoimpl.MessageState `protogen:"open.v1"`
-	Principal            string                 `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
-	Slot                 string                 `protobuf:"bytes,2,opt,name=slot,proto3" json:"slot,omitempty"`
-	Route                string                 `protobuf:"bytes,3,opt,name=route,proto3" json:"route,omitempty"`
-	Profile              string                 `protobuf:"bytes,4,opt,name=profile,proto3" json:"profile,omitempty"`
-	UpstreamTarget       string                 `protobuf:"bytes,5,opt,name=upstream_target,json=upstreamTarget,proto3" json:"upstream_target,omitempty"`
-	NodeId               string                 `protobuf:"bytes,6,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	Recipient            string                 `protobuf:"bytes,7,opt,name=recipient,proto3" json:"recipient,omitempty"`
-	CredentialRevision   uint64                 `protobuf:"varint,8,opt,name=credential_revision,json=credentialRevision,proto3" json:"credential_revision,omitempty"`
-	RouteRevision        uint64                 `protobuf:"varint,9,opt,name=route_revision,json=routeRevision,proto3" json:"route_revision,omitempty"`
-	ProjectionGeneration uint64                 `protobuf:"varint,10,opt,name=projection_generation,json=projectionGeneration,proto3" json:"projection_generation,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The client's principal (api_keys[].principal); "" in open mode.
+	Principal string `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
+	// The secret store slot the credential came from.
+	Slot string `protobuf:"bytes,2,opt,name=slot,proto3" json:"slot,omitempty"`
+	// The route: the model group the client named.
+	Route string `protobuf:"bytes,3,opt,name=route,proto3" json:"route,omitempty"`
+	// The adapter's protocol profile name, e.g. "openai", "vllm".
+	Profile string `protobuf:"bytes,4,opt,name=profile,proto3" json:"profile,omitempty"`
+	// The backend model name the request runs on (RunRequest.target,
+	// ProviderTunnelRequest.target).
+	UpstreamTarget string `protobuf:"bytes,5,opt,name=upstream_target,json=upstreamTarget,proto3" json:"upstream_target,omitempty"`
+	// The selected Node.
+	NodeId string `protobuf:"bytes,6,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// The recipient key id the lease is sealed to.
+	Recipient string `protobuf:"bytes,7,opt,name=recipient,proto3" json:"recipient,omitempty"`
+	// The slot's revision in the Edge's secret store.
+	CredentialRevision uint64 `protobuf:"varint,8,opt,name=credential_revision,json=credentialRevision,proto3" json:"credential_revision,omitempty"`
+	// A digest of the route's configuration (model, node, provider, target,
+	// slot), first 8 bytes of SHA-256: it changes when the route does.
+	RouteRevision uint64 `protobuf:"varint,9,opt,name=route_revision,json=routeRevision,proto3" json:"route_revision,omitempty"`
+	// The Edge's credential projection generation
+	// (NodeRuntimeConfig.credential_projection_generation).
+	ProjectionGeneration uint64 `protobuf:"varint,10,opt,name=projection_generation,json=projectionGeneration,proto3" json:"projection_generation,omitempty"`
 	// Header the Node injects the credential into, and its scheme.
-	AuthHeader    string `protobuf:"bytes,11,opt,name=auth_header,json=authHeader,proto3" json:"auth_header,omitempty"`
-	AuthScheme    string `protobuf:"bytes,12,opt,name=auth_scheme,json=authScheme,proto3" json:"auth_scheme,omitempty"`
+	AuthHeader string `protobuf:"bytes,11,opt,name=auth_header,json=authHeader,proto3" json:"auth_header,omitempty"`
+	AuthScheme string `protobuf:"bytes,12,opt,name=auth_scheme,json=authScheme,proto3" json:"auth_scheme,omitempty"`
+	// Adapter instance (provider_id) the lease is for: a lease for one
+	// adapter is never used on another of the same Node.
+	Provider      string `protobuf:"bytes,13,opt,name=provider,proto3" json:"provider,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2980,6 +3025,13 @@ func (x *CredentialLeaseBinding) GetAuthHeader() string {
 func (x *CredentialLeaseBinding) GetAuthScheme() string {
 	if x != nil {
 		return x.AuthScheme
+	}
+	return ""
+}
+
+func (x *CredentialLeaseBinding) GetProvider() string {
+	if x != nil {
+		return x.Provider
 	}
 	return ""
 }
@@ -3175,12 +3227,17 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\fnative_tools\x18\n" +
 	" \x01(\bR\vnativeTools\x12\x1f\n" +
 	"\vhealth_path\x18\v \x01(\tR\n" +
-	"healthPath\"\xcc\x01\n" +
+	"healthPath\"\xde\x03\n" +
 	"\x11NodeRuntimeConfig\x12 \n" +
 	"\vconcurrency\x18\x01 \x01(\x05R\vconcurrency\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\x120\n" +
 	"\x14heartbeat_timeout_ms\x18\x03 \x01(\x03R\x12heartbeatTimeoutMs\x12/\n" +
-	"\x13credentials_enabled\x18\x04 \x01(\bR\x12credentialsEnabled\"+\n" +
+	"\x13credentials_enabled\x18\x04 \x01(\bR\x12credentialsEnabled\x12H\n" +
+	" credential_projection_generation\x18\x05 \x01(\x04R\x1ecredentialProjectionGeneration\x12z\n" +
+	"\x19credential_slot_revisions\x18\x06 \x03(\v2>.iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntryR\x17credentialSlotRevisions\x1aJ\n" +
+	"\x1cCredentialSlotRevisionsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"+\n" +
 	"\x10NodeReadyRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"A\n" +
 	"\x11NodeReadyResponse\x12\x14\n" +
@@ -3350,7 +3407,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"ciphertext\x12\x1c\n" +
 	"\tsignature\x18\x06 \x01(\fR\tsignature\x12\"\n" +
 	"\rissuer_key_id\x18\a \x01(\tR\vissuerKeyId\x12(\n" +
-	"\x10recipient_key_id\x18\b \x01(\tR\x0erecipientKeyId\"\xa9\x03\n" +
+	"\x10recipient_key_id\x18\b \x01(\tR\x0erecipientKeyId\"\xc5\x03\n" +
 	"\x16CredentialLeaseBinding\x12\x1c\n" +
 	"\tprincipal\x18\x01 \x01(\tR\tprincipal\x12\x12\n" +
 	"\x04slot\x18\x02 \x01(\tR\x04slot\x12\x14\n" +
@@ -3366,7 +3423,8 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\vauth_header\x18\v \x01(\tR\n" +
 	"authHeader\x12\x1f\n" +
 	"\vauth_scheme\x18\f \x01(\tR\n" +
-	"authScheme\"\xbc\x02\n" +
+	"authScheme\x12\x1a\n" +
+	"\bprovider\x18\r \x01(\tR\bprovider\"\xbc\x02\n" +
 	"\x10ProviderSnapshot\x12\x1f\n" +
 	"\vprovider_id\x18\x01 \x01(\tR\n" +
 	"providerId\x12\x1a\n" +
@@ -3419,7 +3477,7 @@ func file_iop_runtime_proto_rawDescGZIP() []byte {
 }
 
 var file_iop_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_iop_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_iop_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_iop_runtime_proto_goTypes = []any{
 	(RunEventType)(0),                 // 0: iop.runtime.v1.RunEventType
 	(TunnelFrameKind)(0),              // 1: iop.runtime.v1.TunnelFrameKind
@@ -3455,12 +3513,13 @@ var file_iop_runtime_proto_goTypes = []any{
 	(*CredentialLease)(nil),           // 31: iop.runtime.v1.CredentialLease
 	(*CredentialLeaseBinding)(nil),    // 32: iop.runtime.v1.CredentialLeaseBinding
 	(*ProviderSnapshot)(nil),          // 33: iop.runtime.v1.ProviderSnapshot
-	nil,                               // 34: iop.runtime.v1.RunRequest.MetadataEntry
-	nil,                               // 35: iop.runtime.v1.RunEvent.MetadataEntry
-	nil,                               // 36: iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
-	nil,                               // 37: iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
-	nil,                               // 38: iop.runtime.v1.NodeCommandRequest.ArgsEntry
-	nil,                               // 39: iop.runtime.v1.NodeCommandResponse.ResultEntry
+	nil,                               // 34: iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntry
+	nil,                               // 35: iop.runtime.v1.RunRequest.MetadataEntry
+	nil,                               // 36: iop.runtime.v1.RunEvent.MetadataEntry
+	nil,                               // 37: iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
+	nil,                               // 38: iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
+	nil,                               // 39: iop.runtime.v1.NodeCommandRequest.ArgsEntry
+	nil,                               // 40: iop.runtime.v1.NodeCommandResponse.ResultEntry
 }
 var file_iop_runtime_proto_depIdxs = []int32{
 	5,  // 0: iop.runtime.v1.Envelope.register_request:type_name -> iop.runtime.v1.RegisterRequest
@@ -3484,34 +3543,35 @@ var file_iop_runtime_proto_depIdxs = []int32{
 	11, // 18: iop.runtime.v1.NodeConfigPayload.runtime:type_name -> iop.runtime.v1.NodeRuntimeConfig
 	9,  // 19: iop.runtime.v1.AdapterConfig.openai_compat:type_name -> iop.runtime.v1.OpenAICompatAdapterConfig
 	10, // 20: iop.runtime.v1.OpenAICompatAdapterConfig.protocol_profile:type_name -> iop.runtime.v1.ConcreteProtocolProfile
-	18, // 21: iop.runtime.v1.RunRequest.input:type_name -> iop.runtime.v1.RunInput
-	34, // 22: iop.runtime.v1.RunRequest.metadata:type_name -> iop.runtime.v1.RunRequest.MetadataEntry
-	31, // 23: iop.runtime.v1.RunRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
-	32, // 24: iop.runtime.v1.RunRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
-	19, // 25: iop.runtime.v1.RunInput.messages:type_name -> iop.runtime.v1.ChatMessage
-	0,  // 26: iop.runtime.v1.RunEvent.type:type_name -> iop.runtime.v1.RunEventType
-	21, // 27: iop.runtime.v1.RunEvent.usage:type_name -> iop.runtime.v1.Usage
-	35, // 28: iop.runtime.v1.RunEvent.metadata:type_name -> iop.runtime.v1.RunEvent.MetadataEntry
-	22, // 29: iop.runtime.v1.RunEvent.failure:type_name -> iop.runtime.v1.ExecutionFailure
-	24, // 30: iop.runtime.v1.ProviderTunnelRequest.headers:type_name -> iop.runtime.v1.Header
-	36, // 31: iop.runtime.v1.ProviderTunnelRequest.metadata:type_name -> iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
-	31, // 32: iop.runtime.v1.ProviderTunnelRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
-	32, // 33: iop.runtime.v1.ProviderTunnelRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
-	1,  // 34: iop.runtime.v1.ProviderTunnelFrame.kind:type_name -> iop.runtime.v1.TunnelFrameKind
-	24, // 35: iop.runtime.v1.ProviderTunnelFrame.headers:type_name -> iop.runtime.v1.Header
-	21, // 36: iop.runtime.v1.ProviderTunnelFrame.usage:type_name -> iop.runtime.v1.Usage
-	37, // 37: iop.runtime.v1.ProviderTunnelFrame.metadata:type_name -> iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
-	22, // 38: iop.runtime.v1.ProviderTunnelFrame.failure:type_name -> iop.runtime.v1.ExecutionFailure
-	2,  // 39: iop.runtime.v1.NodeCommandRequest.type:type_name -> iop.runtime.v1.NodeCommandType
-	38, // 40: iop.runtime.v1.NodeCommandRequest.args:type_name -> iop.runtime.v1.NodeCommandRequest.ArgsEntry
-	39, // 41: iop.runtime.v1.NodeCommandResponse.result:type_name -> iop.runtime.v1.NodeCommandResponse.ResultEntry
-	7,  // 42: iop.runtime.v1.NodeConfigRefreshRequest.config:type_name -> iop.runtime.v1.NodeConfigPayload
-	3,  // 43: iop.runtime.v1.NodeConfigRefreshResponse.status:type_name -> iop.runtime.v1.RefreshStatus
-	44, // [44:44] is the sub-list for method output_type
-	44, // [44:44] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	34, // 21: iop.runtime.v1.NodeRuntimeConfig.credential_slot_revisions:type_name -> iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntry
+	18, // 22: iop.runtime.v1.RunRequest.input:type_name -> iop.runtime.v1.RunInput
+	35, // 23: iop.runtime.v1.RunRequest.metadata:type_name -> iop.runtime.v1.RunRequest.MetadataEntry
+	31, // 24: iop.runtime.v1.RunRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
+	32, // 25: iop.runtime.v1.RunRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
+	19, // 26: iop.runtime.v1.RunInput.messages:type_name -> iop.runtime.v1.ChatMessage
+	0,  // 27: iop.runtime.v1.RunEvent.type:type_name -> iop.runtime.v1.RunEventType
+	21, // 28: iop.runtime.v1.RunEvent.usage:type_name -> iop.runtime.v1.Usage
+	36, // 29: iop.runtime.v1.RunEvent.metadata:type_name -> iop.runtime.v1.RunEvent.MetadataEntry
+	22, // 30: iop.runtime.v1.RunEvent.failure:type_name -> iop.runtime.v1.ExecutionFailure
+	24, // 31: iop.runtime.v1.ProviderTunnelRequest.headers:type_name -> iop.runtime.v1.Header
+	37, // 32: iop.runtime.v1.ProviderTunnelRequest.metadata:type_name -> iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
+	31, // 33: iop.runtime.v1.ProviderTunnelRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
+	32, // 34: iop.runtime.v1.ProviderTunnelRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
+	1,  // 35: iop.runtime.v1.ProviderTunnelFrame.kind:type_name -> iop.runtime.v1.TunnelFrameKind
+	24, // 36: iop.runtime.v1.ProviderTunnelFrame.headers:type_name -> iop.runtime.v1.Header
+	21, // 37: iop.runtime.v1.ProviderTunnelFrame.usage:type_name -> iop.runtime.v1.Usage
+	38, // 38: iop.runtime.v1.ProviderTunnelFrame.metadata:type_name -> iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
+	22, // 39: iop.runtime.v1.ProviderTunnelFrame.failure:type_name -> iop.runtime.v1.ExecutionFailure
+	2,  // 40: iop.runtime.v1.NodeCommandRequest.type:type_name -> iop.runtime.v1.NodeCommandType
+	39, // 41: iop.runtime.v1.NodeCommandRequest.args:type_name -> iop.runtime.v1.NodeCommandRequest.ArgsEntry
+	40, // 42: iop.runtime.v1.NodeCommandResponse.result:type_name -> iop.runtime.v1.NodeCommandResponse.ResultEntry
+	7,  // 43: iop.runtime.v1.NodeConfigRefreshRequest.config:type_name -> iop.runtime.v1.NodeConfigPayload
+	3,  // 44: iop.runtime.v1.NodeConfigRefreshResponse.status:type_name -> iop.runtime.v1.RefreshStatus
+	45, // [45:45] is the sub-list for method output_type
+	45, // [45:45] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_iop_runtime_proto_init() }
@@ -3544,7 +3604,7 @@ func file_iop_runtime_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_iop_runtime_proto_rawDesc), len(file_iop_runtime_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   36,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

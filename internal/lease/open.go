@@ -1,0 +1,179 @@
+package lease
+
+import (
+	"crypto/ecdh"
+	"crypto/ed25519"
+	"crypto/hpke"
+	"errors"
+	"fmt"
+	"net/textproto"
+	"time"
+
+	iop "iop/proto/gen/iop"
+)
+
+// Scope is what a binding must match on the Node (SPEC C3, C6): this
+// request's adapter, target and protocol profile, and the credential
+// projection the Node applied last.
+type Scope struct {
+	// Node is this Node's id.
+	Node string
+	// Provider is the adapter instance the request runs on.
+	Provider string
+	// Target is the request's backend model name.
+	Target string
+	// Profile is the adapter's protocol profile name ("openai", "vllm",
+	// "llamacpp", "ollama").
+	Profile string
+	// AuthHeader and AuthScheme are where the adapter puts the credential;
+	// the header name compares case-insensitively.
+	AuthHeader, AuthScheme string
+	// Generation is the projection generation of the Node's applied config:
+	// a binding naming an older one is rejected.
+	Generation uint64
+	// Revisions are the current revision of each slot the Node knows: a
+	// binding naming an older revision of its slot is rejected. A slot
+	// the Node does not know yet (added after its last refresh) is checked
+	// by the signature alone.
+	Revisions map[string]uint64
+}
+
+// Opener verifies and opens leases on a Node (SPEC C3). It holds the
+// Node's recipient private key, the trusted issuer public key and the
+// replay cache; safe for concurrent use.
+type Opener struct {
+	priv     hpke.PrivateKey
+	keyID    string
+	issuer   ed25519.PublicKey
+	issuerID string
+	skew     time.Duration
+	replay   *ReplayCache
+}
+
+// NewOpener returns an Opener for the Node's X25519 recipient private key
+// and the Edge's Ed25519 issuer public key, with replay (nil = a new cache
+// of DefaultReplayCapacity) and skew (0 = DefaultSkew).
+func NewOpener(priv *ecdh.PrivateKey, issuer ed25519.PublicKey, replay *ReplayCache, skew time.Duration) (*Opener, error) {
+	if priv == nil || priv.Curve() != ecdh.X25519() {
+		return nil, errors.New("lease opener: want an X25519 recipient private key")
+	}
+	if len(issuer) != ed25519.PublicKeySize {
+		return nil, errors.New("lease opener: want an Ed25519 issuer public key")
+	}
+	hp, err := hpke.NewDHKEMPrivateKey(priv)
+	if err != nil {
+		return nil, fmt.Errorf("lease opener: %w", err)
+	}
+	if replay == nil {
+		replay = NewReplayCache(0)
+	}
+	if skew <= 0 {
+		skew = DefaultSkew
+	}
+	return &Opener{priv: hp, keyID: KeyID(priv.PublicKey().Bytes()), issuer: issuer, issuerID: KeyID(issuer),
+		skew: skew, replay: replay}, nil
+}
+
+// RecipientKeyID is the id of the Node's recipient key.
+func (o *Opener) RecipientKeyID() string { return o.keyID }
+
+// Open verifies l and b for a request in scope s at time now and returns
+// the plaintext credential (SPEC C3). The caller owns the returned slice
+// and must clear() it once the credential is in the outgoing request. A
+// lease that passes every check before the seal is recorded in the replay
+// cache even if the seal then fails to open: it is consumed. Errors are
+// *Error wrapping ErrMalformed, ErrIssuer, ErrSignature, ErrRecipient,
+// ErrScope, ErrLifetime, ErrNotYetValid, ErrExpired, ErrReplayed,
+// ErrReplayFull or ErrOpen. Presence rules are CheckPresence's; Open
+// treats a nil l or b as ErrMalformed.
+func (o *Opener) Open(now time.Time, s Scope, l *iop.CredentialLease, b *iop.CredentialLeaseBinding) ([]byte, error) {
+	if err := o.verify(now, s, l, b); err != nil {
+		return nil, err
+	}
+	canon := CanonicalBinding(b)
+	kdf, aead := suite()
+	r, err := hpke.NewRecipient(l.GetHpkeEnc(), o.priv, kdf, aead, []byte(hpkeInfo))
+	if err != nil {
+		return nil, reject(ErrOpen, "encapsulated key")
+	}
+	pt, err := r.Open(sealAAD(canon, l), l.GetCiphertext())
+	if err != nil {
+		return nil, reject(ErrOpen, "ciphertext or binding")
+	}
+	return pt, nil
+}
+
+// verify runs every check but the seal, in the documented order, and
+// records the lease id in the replay cache last.
+func (o *Opener) verify(now time.Time, s Scope, l *iop.CredentialLease, b *iop.CredentialLeaseBinding) error {
+	if l == nil || b == nil {
+		return reject(ErrMalformed, "lease or binding absent")
+	}
+	switch {
+	case l.GetLeaseId() == "" || len(l.GetLeaseId()) > 128:
+		return reject(ErrMalformed, "lease_id")
+	case len(l.GetHpkeEnc()) == 0:
+		return reject(ErrMalformed, "hpke_enc")
+	case len(l.GetCiphertext()) == 0 || len(l.GetCiphertext()) > MaxSecretBytes+64:
+		return reject(ErrMalformed, "ciphertext")
+	case len(l.GetSignature()) != ed25519.SignatureSize:
+		return reject(ErrMalformed, "signature")
+	}
+	if l.GetIssuerKeyId() != o.issuerID {
+		return reject(ErrIssuer, "issuer_key_id %.32q, this node trusts %s", l.GetIssuerKeyId(), o.issuerID)
+	}
+	if !ed25519.Verify(o.issuer, signedBytes(CanonicalBinding(b), l), l.GetSignature()) {
+		return reject(ErrSignature, "")
+	}
+	// Signed from here on: the fields are the Edge's own.
+	if l.GetRecipientKeyId() != o.keyID || b.GetRecipient() != o.keyID {
+		return reject(ErrRecipient, "recipient %s, this node is %s", l.GetRecipientKeyId(), o.keyID)
+	}
+	if err := checkScope(s, b); err != nil {
+		return err
+	}
+	issued, expires := l.GetIssuedAtUnixMs(), l.GetExpiresAtUnixMs()
+	nowMs, skew := now.UnixMilli(), o.skew.Milliseconds()
+	switch {
+	case expires <= issued || expires-issued > MaxTTL.Milliseconds():
+		return reject(ErrLifetime, "issued %d, expires %d (Unix ms)", issued, expires)
+	case nowMs < issued-skew:
+		return reject(ErrNotYetValid, "issued %d ms in this node's future (skew allowance %d ms)", issued-nowMs, skew)
+	case nowMs > expires+skew:
+		return reject(ErrExpired, "expired %d ms ago (skew allowance %d ms)", nowMs-expires, skew)
+	}
+	if err := o.replay.admit(l.GetLeaseId(), expires+skew, nowMs); err != nil {
+		return &Error{Err: err}
+	}
+	return nil
+}
+
+// checkScope compares the binding with the request and the Node's applied
+// projection (SPEC C6: no lease for another node, target, revision or
+// generation).
+func checkScope(s Scope, b *iop.CredentialLeaseBinding) error {
+	for _, f := range []struct{ name, got, want string }{
+		{"node_id", b.GetNodeId(), s.Node},
+		{"provider", b.GetProvider(), s.Provider},
+		{"upstream_target", b.GetUpstreamTarget(), s.Target},
+		{"profile", b.GetProfile(), s.Profile},
+		{"auth_scheme", b.GetAuthScheme(), s.AuthScheme},
+	} {
+		if f.got != f.want {
+			return reject(ErrScope, "%s is %.64q, the request's is %.64q", f.name, f.got, f.want)
+		}
+	}
+	if textproto.CanonicalMIMEHeaderKey(b.GetAuthHeader()) != textproto.CanonicalMIMEHeaderKey(s.AuthHeader) || s.AuthHeader == "" {
+		return reject(ErrScope, "auth_header is %.64q, the adapter's is %.64q", b.GetAuthHeader(), s.AuthHeader)
+	}
+	if b.GetSlot() == "" {
+		return reject(ErrScope, "slot is empty")
+	}
+	if g := b.GetProjectionGeneration(); g < s.Generation {
+		return reject(ErrScope, "projection_generation %d is older than this node's %d", g, s.Generation)
+	}
+	if cur, ok := s.Revisions[b.GetSlot()]; ok && b.GetCredentialRevision() < cur {
+		return reject(ErrScope, "credential_revision %d of slot %q is older than the current %d", b.GetCredentialRevision(), b.GetSlot(), cur)
+	}
+	return nil
+}
