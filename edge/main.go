@@ -7,6 +7,10 @@
 //	edge -version
 //	edge pki init -dir DIR [-trust-domain iop.local] -edge NAME -node NAME…
 //	edge pki issue -dir DIR -node NAME
+//	edge secrets init -key FILE
+//	edge secrets set -store FILE -key FILE -slot NAME   < secret
+//	edge secrets list -store FILE
+//	edge secrets rm -store FILE -slot NAME
 //
 // SIGINT/SIGTERM drain and exit 0; SIGHUP reloads the config (SPEC N2).
 // A fatal config or credential error prints the message on stderr and exits 1.
@@ -21,22 +25,27 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"iop/internal/edge"
 	"iop/internal/edge/config"
 	"iop/internal/edge/pkicmd"
+	"iop/internal/edge/secretscmd"
 )
 
 // version is set at build time with -ldflags "-X main.version=…".
 var version = "dev"
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
 
-func run(args []string, stdout, stderr io.Writer) int {
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "pki" {
 		return pkicmd.Main(args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "secrets" {
+		return secretscmd.Main(args[1:], stdin, stdout, stderr, time.Now)
 	}
 	fs := flag.NewFlagSet("edge", flag.ContinueOnError)
 	fs.SetOutput(stderr)

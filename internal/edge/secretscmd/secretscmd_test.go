@@ -1,0 +1,81 @@
+package secretscmd
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"iop/internal/edge/secretstore"
+)
+
+var clock = func() time.Time { return time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC) }
+
+// C1: "edge secrets" manages the store: the secret comes from standard
+// input only, list prints names and revisions, nothing prints a secret,
+// and usage errors exit 2.
+func TestSecretsCommand(t *testing.T) {
+	dir := t.TempDir()
+	key, store := filepath.Join(dir, "store.key"), filepath.Join(dir, "secrets.json")
+	const secret = "sk-proj-SECRETSECRETSECRET"
+	steps := []struct {
+		name     string
+		args     []string
+		stdin    string
+		wantCode int
+		wantOut  string
+		wantErr  string
+	}{
+		{"C1 no subcommand", nil, "", ExitUsage, "", "missing subcommand"},
+		{"C1 unknown subcommand", []string{"get"}, "", ExitUsage, "", `unknown subcommand "get"`},
+		{"C1 init", []string{"init", "-key", key}, "", ExitOK, "wrote " + key, ""},
+		{"C1 init refuses to overwrite", []string{"init", "-key", key}, "", ExitError, "", "file exists"},
+		{"C1 set without -slot", []string{"set", "-store", store, "-key", key}, secret, ExitUsage, "", "missing -slot"},
+		{"C1 secret as an argument is refused", []string{"set", "-store", store, "-key", key, "-slot", "openai", secret}, "", ExitUsage, "", "never from arguments"},
+		{"C1 set from stdin", []string{"set", "-store", store, "-key", key, "-slot", "openai"}, secret + "\n", ExitOK, "slot openai: revision 1", ""},
+		{"C1 set again bumps the revision", []string{"set", "-store", store, "-key", key, "-slot", "openai"}, secret + "2\r\n", ExitOK, "slot openai: revision 2", ""},
+		{"C1 empty stdin", []string{"set", "-store", store, "-key", key, "-slot", "x"}, "\n", ExitError, "", "standard input is empty"},
+		{"C1 list", []string{"list", "-store", store}, "", ExitOK, "openai", ""},
+		{"C1 rm", []string{"rm", "-store", store, "-slot", "openai"}, "", ExitOK, "slot openai removed", ""},
+		{"C1 rm unknown", []string{"rm", "-store", store, "-slot", "openai"}, "", ExitError, "", "no such slot"},
+		{"C1 list empty", []string{"list", "-store", store}, "", ExitOK, "no slots", ""},
+		{"C1 set again after rm continues the revisions", []string{"set", "-store", store, "-key", key, "-slot", "openai"}, secret, ExitOK, "revision 3", ""},
+	}
+	for _, st := range steps {
+		var out, errb bytes.Buffer
+		code := Main(st.args, strings.NewReader(st.stdin), &out, &errb, clock)
+		if code != st.wantCode || !strings.Contains(out.String(), st.wantOut) || !strings.Contains(errb.String(), st.wantErr) {
+			t.Fatalf("%s: exit %d (want %d)\nstdout: %s\nstderr: %s", st.name, code, st.wantCode, out.String(), errb.String())
+		}
+		if strings.Contains(out.String()+errb.String(), "SECRETSECRET") {
+			t.Fatalf("%s: printed the secret", st.name)
+		}
+	}
+	// The stored secret is the stdin without its trailing newline.
+	k, err := secretstore.LoadKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := secretstore.Load(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pt, rev, err := s.Open(k, "openai")
+	if err != nil || rev != 3 || string(pt) != secret {
+		t.Fatalf("stored %q rev %d, %v", pt, rev, err)
+	}
+	raw, _ := os.ReadFile(store)
+	if bytes.Contains(raw, []byte(secret)) {
+		t.Fatal("C1: store file holds the plaintext")
+	}
+	// A key that does not open the existing slots is refused before writing.
+	other := filepath.Join(dir, "other.key")
+	Main([]string{"init", "-key", other}, nil, &bytes.Buffer{}, &bytes.Buffer{}, clock)
+	var errb bytes.Buffer
+	if code := Main([]string{"set", "-store", store, "-key", other, "-slot", "b"}, strings.NewReader("x"), &bytes.Buffer{}, &errb, clock); code != ExitError ||
+		!strings.Contains(errb.String(), "is -key the store's key?") {
+		t.Fatalf("set with another key: exit %d: %s", code, errb.String())
+	}
+}
