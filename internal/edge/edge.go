@@ -22,6 +22,7 @@ import (
 	"iop/internal/edge/admin"
 	"iop/internal/edge/api"
 	"iop/internal/edge/config"
+	"iop/internal/edge/creds"
 	"iop/internal/edge/events"
 	"iop/internal/edge/health"
 	"iop/internal/edge/pool"
@@ -90,6 +91,12 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	mat, err := creds.Load(cfg, nil, time.Now())
+	if err != nil {
+		return fmt.Errorf("credentials: %w", err)
+	}
+	cfg.CredentialProjection = mat.Projection() // before any node registers
+	plane := creds.NewPlane(mat, nil)
 	var cur atomic.Pointer[config.Config]
 	cur.Store(cfg)
 	current := func() *config.Config { return cur.Load() }
@@ -116,7 +123,7 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 		ProbeInterval: o.HealthProbeInterval})
 	metrics, recent := access.NewMetrics(), access.NewRecent(0)
 	h := api.New(api.Options{Config: current, Pool: p, Dispatcher: tr, Health: ht, Logger: log.With("component", "api"),
-		AccessLog: log, Metrics: metrics, Recent: recent})
+		AccessLog: log, Metrics: metrics, Recent: recent, Credentials: plane})
 	if h.OpenMode() {
 		log.Warn("no api_keys configured: the HTTP API is open to anyone who can reach it")
 	}
@@ -208,7 +215,7 @@ loop:
 				o.Reload = nil
 				continue
 			}
-			reload(ctx, log, cfg, nc, &cur, p, tr)
+			reload(ctx, log, cfg, nc, &cur, plane, p, tr)
 		}
 	}
 
@@ -263,11 +270,21 @@ func drainTimeout(c *config.Config, override time.Duration) time.Duration {
 }
 
 // reload applies a new config: listener and TLS changes need a restart; the
-// rest reaches the pool (Q5 pump), the surface and ready nodes (N2).
-func reload(ctx context.Context, log *slog.Logger, boot, nc *config.Config, cur *atomic.Pointer[config.Config], p *pool.Pool, tr *transport.Server) {
+// credential material (secret store, keys) is read again first and a
+// failure rejects the whole reload; the rest reaches the pool (Q5 pump),
+// the surface and ready nodes (N2), which learn new slot revisions and
+// projection generations from their refreshed payloads (SPEC C6).
+func reload(ctx context.Context, log *slog.Logger, boot, nc *config.Config, cur *atomic.Pointer[config.Config], plane *creds.Plane, p *pool.Pool, tr *transport.Server) {
+	mat, err := creds.Load(nc, plane.Material(), time.Now())
+	if err != nil {
+		log.Error("config reload rejected; keeping the running config", "err", err)
+		return
+	}
 	if nc.HTTPListen != boot.HTTPListen || nc.NodeListen != boot.NodeListen || nc.AdminListen != boot.AdminListen || nc.TLS != boot.TLS {
 		log.Warn("config reload: listen addresses and tls settings take effect only after a restart")
 	}
+	nc.CredentialProjection = mat.Projection()
+	plane.Swap(mat)
 	cur.Store(nc)
 	p.Reconfigure(PoolConfig(nc))
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -283,10 +300,17 @@ func reload(ctx context.Context, log *slog.Logger, boot, nc *config.Config, cur 
 }
 
 // Check validates what Run would load before serving: the certificate, key
-// and CA files (readable, matching, an edge identity). `edge -check` uses it.
+// and CA files (readable, matching, an edge identity) and, with the
+// credential plane on, the issuer key, the secret store and its key (every
+// route's slot present and opening). `edge -check` uses it.
 func Check(cfg *config.Config) error {
-	_, err := tlsConfig(cfg, func(string) bool { return true })
-	return err
+	if _, err := tlsConfig(cfg, func(string) bool { return true }); err != nil {
+		return err
+	}
+	if _, err := creds.Load(cfg, nil, time.Now()); err != nil {
+		return fmt.Errorf("credentials: %w", err)
+	}
+	return nil
 }
 
 func tlsConfig(cfg *config.Config, allow func(string) bool) (*tls.Config, error) {

@@ -9,12 +9,15 @@ package node
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"iop/internal/identity"
+	"iop/internal/lease"
 	"iop/internal/node/adapter"
 	"iop/internal/node/config"
 	"iop/internal/node/session"
@@ -36,6 +39,8 @@ type Options struct {
 	NewExecutor session.NewExecutorFunc
 	// Timeouts override the session's DESIGN.md defaults (tests).
 	Timeouts session.Timeouts
+	// Now is the wall clock leases are checked against; nil = time.Now.
+	Now func() time.Time
 }
 
 // Run runs the Node until ctx is done or it stops for good. It first builds
@@ -58,9 +63,13 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	if err != nil {
 		return supervisor.MarkFatal(err)
 	}
+	opener, err := leaseOpener(cfg)
+	if err != nil {
+		return supervisor.MarkFatal(err)
+	}
 	newExec := o.NewExecutor
 	if newExec == nil {
-		newExec = adapterExecutor(o, log)
+		newExec = adapterExecutor(o, log, cfg.NodeID, opener)
 	}
 	so := session.Options{
 		NodeID:      cfg.NodeID,
@@ -82,13 +91,16 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 // Node's adapter set (SPEC N2). ReuseBodyBuffers is on: the session's emit
 // either writes a BODY frame before it returns or, when it has to queue the
 // frame for the writer, copies the body first.
-func adapterExecutor(o Options, log *slog.Logger) session.NewExecutorFunc {
+func adapterExecutor(o Options, log *slog.Logger, nodeID string, opener *lease.Opener) session.NewExecutorFunc {
 	return func(p *iop.NodeConfigPayload) (session.Executor, error) {
 		set, err := adapter.NewSet(p, adapter.Options{
 			HTTPClient:       o.HTTPClient,
 			Logger:           log,
 			LookupEnv:        o.LookupEnv,
 			ReuseBodyBuffers: true,
+			NodeID:           nodeID,
+			Leases:           opener,
+			Now:              o.Now,
 		})
 		if err != nil {
 			return nil, err
@@ -98,11 +110,43 @@ func adapterExecutor(o Options, log *slog.Logger) session.NewExecutorFunc {
 }
 
 // Check validates what Run would load before dialing: the certificate, key
-// and CA files (readable, matching, this node's identity). `node -check`
-// uses it, so a config that passes the check does not fail at start.
+// and CA files (readable, matching, this node's identity) and the lease
+// keys. `node -check` uses it, so a config that passes the check does not
+// fail at start.
 func Check(cfg *config.Config) error {
-	_, err := tlsConfig(cfg)
+	if _, err := tlsConfig(cfg); err != nil {
+		return err
+	}
+	_, err := leaseOpener(cfg)
 	return err
+}
+
+// leaseOpener loads the node's lease keys (SPEC C3) into an Opener with
+// one replay cache for the process, shared by every config the Edge
+// pushes; nil when the config names none.
+func leaseOpener(cfg *config.Config) (*lease.Opener, error) {
+	cr := cfg.Credentials
+	if cr.RecipientPrivateKeyFile == "" {
+		return nil, nil
+	}
+	priv, err := identity.LoadRecipientPrivateKey(cr.RecipientPrivateKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: credentials.recipient_private_key_file: %w", cfg.NodeID, err)
+	}
+	var issuer ed25519.PublicKey
+	if config.IsKeyBase64(cr.IssuerPublicKey) {
+		issuer, err = identity.ParseIssuerPublicKeyBase64(cr.IssuerPublicKey)
+	} else {
+		issuer, err = identity.LoadIssuerPublicKey(cr.IssuerPublicKey)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("node %s: credentials.issuer_public_key: %w", cfg.NodeID, err)
+	}
+	o, err := lease.NewOpener(priv, issuer, lease.NewReplayCache(0), 0)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: credentials: %w", cfg.NodeID, err)
+	}
+	return o, nil
 }
 
 func tlsConfig(cfg *config.Config) (*tls.Config, error) {

@@ -2,6 +2,7 @@ package backend
 
 import (
 	"context"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,6 +56,14 @@ type Options struct {
 	// handler is done writing (for a client abort: after the request's
 	// context ended and the handler noticed). It must not block for long.
 	OnRequestEnd func(RequestEnd)
+	// APIKey, when set, is required on the /v1 routes as llama-server's
+	// --api-key requires it: "Authorization: Bearer <key>" (or the bare
+	// key, or "X-Api-Key: <key>"); /v1/models and /v1/health stay public,
+	// as on llama-server, and Ollama's /api/* routes need none (Ollama has
+	// no keys). A missing or wrong key gets llama-server's 401
+	// {"error":{"message":"Invalid API Key","type":"authentication_error","code":401}}.
+	// The key is never logged.
+	APIKey string
 }
 
 // Outcome says how a request ended.
@@ -218,7 +228,36 @@ func (b *Backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			slog.String("method", r.Method), slog.String("path", r.URL.Path))
 	}
 	defer b.finish(c)
+	if !b.authorized(c.r) {
+		c.err = errUnauthorized
+		c.outcome = OutcomeError
+		c.writeJSON(http.StatusUnauthorized, []byte(`{"error":{"message":"Invalid API Key","type":"authentication_error","code":401}}`))
+		return
+	}
 	b.route(c)
+}
+
+// errUnauthorized is RequestEnd.Err of a request refused for its key.
+var errUnauthorized = errors.New("invalid API key")
+
+// authorized applies Options.APIKey the way llama-server's API key
+// middleware does (tools/server/server-http.cpp): public paths pass; the
+// key comes from Authorization, else X-Api-Key, with an optional "Bearer "
+// prefix.
+func (b *Backend) authorized(r *http.Request) bool {
+	if b.opts.APIKey == "" || !strings.HasPrefix(r.URL.Path, "/v1/") {
+		return true
+	}
+	switch r.URL.Path {
+	case "/v1/models", "/v1/health":
+		return true
+	}
+	key := r.Header.Get("Authorization")
+	if key == "" {
+		key = r.Header.Get("X-Api-Key")
+	}
+	key = strings.TrimPrefix(key, "Bearer ")
+	return subtle.ConstantTimeCompare([]byte(key), []byte(b.opts.APIKey)) == 1
 }
 
 func (b *Backend) route(c *call) {

@@ -44,6 +44,12 @@
 // errors use Anthropic's {"type":"error","error":{"type","message"}}; /api/*
 // errors use Ollama's {"error":"..."}.
 //
+// With Options.APIKey set (the binary's -api-key-file), the /v1 routes but
+// /v1/models and /v1/health require the key as llama-server's --api-key
+// does (Authorization: Bearer, or X-Api-Key) and answer llama-server's 401
+// {"error":{"message":"Invalid API Key","type":"authentication_error","code":401}}
+// without it; /api/* stays open, as Ollama has no keys.
+//
 // Two extra routes serve humans and out-of-process tests: GET / says that this
 // is the demo stand-in, and GET /_demo/stats returns
 // {"active":N,"started":N,"ended":N} (active excludes the stats request).

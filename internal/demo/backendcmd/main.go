@@ -3,7 +3,11 @@
 // /v1/*), not a model. See package iop/internal/demo/backend for routes,
 // models and the fault suffixes.
 //
-//	demo-backend -listen 127.0.0.1:11434 [-token-delay 20ms] [-pad-bytes 1024] [-seed N] [-loop-tokens 64]
+//	demo-backend -listen 127.0.0.1:11434 [-token-delay 20ms] [-pad-bytes 1024] [-seed N] [-loop-tokens 64] [-api-key-file FILE]
+//
+// -api-key-file names a file holding an API key that the /v1 routes then
+// require, as llama-server's --api-key does (the key is read from a file,
+// never from the command line).
 //
 // The token delay defaults to 20ms (about 50 tokens/s, so a demo stream is
 // visibly a stream); benchmarks pass -token-delay 0.
@@ -22,6 +26,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -45,6 +50,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	pad := fs.Int("pad-bytes", 0, "pad non-stream text answers to this many body bytes (0 = off)")
 	seed := fs.Uint64("seed", 0, "seed of the generated ids")
 	loop := fs.Int("loop-tokens", backend.DefaultLoopTokens, "tiny-loop's token limit when a request sets none")
+	keyFile := fs.String("api-key-file", "", "file holding an API key the /v1 routes require (llama-server's --api-key)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -52,9 +58,21 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "demo-backend: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
+	var apiKey string
+	if *keyFile != "" {
+		k, err := os.ReadFile(*keyFile)
+		if err != nil {
+			fmt.Fprintf(stderr, "demo-backend: -api-key-file: %v\n", err)
+			return 2
+		}
+		if apiKey = strings.TrimRight(string(k), "\r\n"); apiKey == "" {
+			fmt.Fprintf(stderr, "demo-backend: -api-key-file %s is empty\n", *keyFile)
+			return 2
+		}
+	}
 	log := slog.New(slog.NewJSONHandler(stderr, nil))
 	b, err := backend.New(backend.Options{
-		Logger: log, TokenDelay: *delay, PadBytes: *pad, Seed: *seed, LoopTokens: *loop,
+		Logger: log, TokenDelay: *delay, PadBytes: *pad, Seed: *seed, LoopTokens: *loop, APIKey: apiKey,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "demo-backend: %v\n", err)
@@ -67,7 +85,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	}
 	log.Info("demo-backend listening: a deterministic demo stand-in for a model server, not a model",
 		"addr", ln.Addr().String(), "models", []string{"tiny", "tiny-tool", "tiny-loop"},
-		"token_delay", delay.String(), "pad_bytes", *pad)
+		"token_delay", delay.String(), "pad_bytes", *pad, "api_key_required", apiKey != "")
 	if err := b.Serve(ctx, ln); err != nil {
 		log.Error("serve failed", "error", err)
 		return 1

@@ -167,6 +167,10 @@ func nodeFailure(code, msg string, upstreamStatus int32, failure *iop.ExecutionF
 	case code == failureOverCapacity:
 		return &apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: failureOverCapacity, retryAfter: time.Second,
 			msg: "the provider is at capacity; retry later"}
+	case code == failureCredentialRequired || code == failureCredentialInvalid:
+		e := badGateway("credential_rejected", "the provider's node refused the request's credential lease: "+clientDetail(msg))
+		e.detail = msg
+		return e
 	case passThroughStatus(int(upstreamStatus)):
 		return &apiError{status: int(upstreamStatus), typ: "invalid_request_error", code: code, msg: "provider rejected the request: " + msg}
 	case code == failureInvalid:

@@ -290,6 +290,10 @@ func (h *Handler) tunnel(x *exchange) (dispatch.Stream, sink) {
 		Headers: forwardHeaders(x.r.Header), Body: out, Stream: hd.stream,
 		Operation: x.ep.operation, ResponseStallTimeoutMs: l.StallTimeoutMs, RequestId: x.acc.rec.RequestID,
 	}
+	var ok bool
+	if req.CredentialLease, req.CredentialBinding, ok = h.credential(x); !ok {
+		return nil, nil
+	}
 	st, err := h.o.Dispatcher.StartTunnel(dispatch.Target{Node: l.Node, Generation: l.Generation}, req)
 	if err != nil {
 		h.startFailed(x, err)

@@ -89,6 +89,9 @@ type Options struct {
 	// keeps the last failed ones for the operator page.
 	Metrics *access.Metrics
 	Recent  *access.Recent
+	// Credentials, when set, issues each dispatched request's credential
+	// lease (SPEC C2); nil = the credential plane is off.
+	Credentials Credentials
 }
 
 // Handler is the Edge's client HTTP surface (an http.Handler): GET

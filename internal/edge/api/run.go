@@ -22,6 +22,10 @@ func (h *Handler) run(x *exchange) (dispatch.Stream, sink) {
 	l, hd := x.lease, &x.head
 	req := &iop.RunRequest{Adapter: l.Provider, Target: l.Target, Input: in, ResponseStallTimeoutMs: l.StallTimeoutMs,
 		Stream: hd.stream, RequestId: x.acc.rec.RequestID}
+	var ok bool
+	if req.CredentialLease, req.CredentialBinding, ok = h.credential(x); !ok {
+		return nil, nil
+	}
 	st, err := h.o.Dispatcher.StartRun(dispatch.Target{Node: l.Node, Generation: l.Generation}, req)
 	if err != nil {
 		h.startFailed(x, err)

@@ -51,6 +51,9 @@ const (
 	MaxBodyBytesLimit     = 15 << 20
 	DefaultDrainTimeoutMs = 30000 // shutdown.drain_timeout_ms
 	MaxDrainTimeoutMs     = 3600000
+	DefaultLeaseTTLMs     = 60000  // credentials.lease_ttl_ms
+	MinLeaseTTLMs         = 1000   // a lease must outlive one dispatch
+	MaxLeaseTTLMs         = 300000 // lease.MaxTTL
 	// MaxStallTimeoutMs is the largest stall timeout that is still a
 	// time.Duration (SPEC E2).
 	MaxStallTimeoutMs = math.MaxInt64 / int64(time.Millisecond)
@@ -83,6 +86,24 @@ type Config struct {
 	HTTP        HTTP        `json:"http"`
 	Admin       Admin       `json:"admin"`
 	Shutdown    Shutdown    `json:"shutdown"`
+
+	// CredentialProjection is not read from the file: the Edge sets it
+	// after loading the secret store (internal/edge/creds), and NodePayload
+	// sends each node its part (SPEC C6).
+	CredentialProjection CredentialProjection `json:"-"`
+}
+
+// CredentialProjection is the non-secret credential state each node
+// receives in its payload: per node id, the projection generation and the
+// revisions of the slots its routes use.
+type CredentialProjection struct {
+	Nodes map[string]NodeCredentials
+}
+
+// NodeCredentials is one node's part of the CredentialProjection.
+type NodeCredentials struct {
+	Generation    uint64
+	SlotRevisions map[string]uint64
 }
 
 // TLS holds the Edge's workload certificate for the node listener (SPEC I1).
@@ -137,7 +158,10 @@ type Adapter struct {
 	BaseURL      string `json:"base_url"`
 	// APIKeyEnv names an environment variable on the node holding the
 	// upstream key; the key never travels (SPEC C5).
-	APIKeyEnv              string            `json:"api_key_env"`
+	APIKeyEnv string `json:"api_key_env"`
+	// CredentialSlot names the secret store slot whose secret a lease
+	// carries to this adapter when the credential plane is on (SPEC C2).
+	CredentialSlot         string            `json:"credential_slot"`
 	ResponseStallTimeoutMs int64             `json:"response_stall_timeout_ms"`
 	ProfileOverrides       *ProfileOverrides `json:"profile_overrides"`
 }
@@ -172,6 +196,9 @@ type ModelProvider struct {
 	Target   string `json:"target"`
 	// 0 = the adapter's value, else 300000 (SPEC E2, Q6).
 	ResponseStallTimeoutMs int64 `json:"response_stall_timeout_ms"`
+	// CredentialSlot overrides the adapter's credential_slot for this
+	// route (SPEC C2); "" = the adapter's.
+	CredentialSlot string `json:"credential_slot"`
 }
 
 // Queue bounds waiting (SPEC Q4). Omitted values take the defaults; an
@@ -181,9 +208,18 @@ type Queue struct {
 	WaitTimeoutMs int64 `json:"wait_timeout_ms"`
 }
 
-// Credentials switches the managed credential plane (SPEC C1–C6).
+// Credentials configures the managed credential plane (SPEC C1–C6).
+// Relative paths are resolved against the config file's directory.
 type Credentials struct {
 	Enabled bool `json:"enabled"`
+	// StoreFile is the secret store (`edge secrets set`).
+	StoreFile string `json:"store_file"`
+	// StoreKeyFile is the store's 32-byte key (`edge secrets init`).
+	StoreKeyFile string `json:"store_key_file"`
+	// IssuerKeyFile is the Ed25519 lease issuer private key (`edge pki`).
+	IssuerKeyFile string `json:"issuer_key_file"`
+	// LeaseTTLMs is a lease's lifetime; 0 = 60000, at most 300000.
+	LeaseTTLMs int64 `json:"lease_ttl_ms"`
 }
 
 // HTTP tunes the client surface.
@@ -251,7 +287,8 @@ func dirOf(path string) string {
 }
 
 func (c *Config) resolvePaths(dir string) {
-	for _, p := range []*string{&c.TLS.CertFile, &c.TLS.KeyFile, &c.TLS.CAFile} {
+	for _, p := range []*string{&c.TLS.CertFile, &c.TLS.KeyFile, &c.TLS.CAFile,
+		&c.Credentials.StoreFile, &c.Credentials.StoreKeyFile, &c.Credentials.IssuerKeyFile} {
 		if *p != "" && !strings.HasPrefix(*p, "/") {
 			*p = dir + *p
 		}
@@ -295,6 +332,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Shutdown.DrainTimeoutMs == 0 {
 		c.Shutdown.DrainTimeoutMs = DefaultDrainTimeoutMs
+	}
+	if c.Credentials.LeaseTTLMs == 0 {
+		c.Credentials.LeaseTTLMs = DefaultLeaseTTLMs
 	}
 	for i := range c.Nodes {
 		for j := range c.Nodes[i].Adapters {
@@ -460,6 +500,7 @@ func (c *Config) validate() jsonconfig.Errors {
 			case byName[mp.Provider] == nil:
 				add(pp+".provider", "node %q has no adapter %q", mp.Node, mp.Provider)
 			}
+			c.validateRouteSlot(pp, mp, byName[mp.Provider], add)
 			if seen[[2]string{mp.Node, mp.Provider}] {
 				add(pp, "provider %s/%s listed twice in model %q", mp.Node, mp.Provider, m.Name)
 			}
@@ -481,6 +522,7 @@ func (c *Config) validate() jsonconfig.Errors {
 	if c.Shutdown.DrainTimeoutMs < 0 || c.Shutdown.DrainTimeoutMs > MaxDrainTimeoutMs {
 		add("shutdown.drain_timeout_ms", "must be between 1 and %d, got %d", MaxDrainTimeoutMs, c.Shutdown.DrainTimeoutMs)
 	}
+	c.validateCredentials(add)
 	if c.HTTP.MaxBodyBytes < 0 || c.HTTP.MaxBodyBytes > MaxBodyBytesLimit {
 		add("http.max_body_bytes", "must be between 1 and %d (a tunnel frame carries the whole body), got %d", MaxBodyBytesLimit, c.HTTP.MaxBodyBytes)
 	}
@@ -547,6 +589,14 @@ func (c *Config) validateAdapter(ap string, a *Adapter, add func(string, string,
 	}
 	if a.ResponseStallTimeoutMs < 0 || a.ResponseStallTimeoutMs > MaxStallTimeoutMs {
 		add(ap+".response_stall_timeout_ms", "must be between 0 and %d, got %d", MaxStallTimeoutMs, a.ResponseStallTimeoutMs)
+	}
+	if a.CredentialSlot != "" {
+		if !nameRE.MatchString(a.CredentialSlot) {
+			add(ap+".credential_slot", "invalid slot name %q (1-63 of letters, digits, '.', '_', '-')", a.CredentialSlot)
+		}
+		if a.APIKeyEnv != "" {
+			add(ap+".credential_slot", "set either credential_slot (the edge's secret store) or api_key_env (the node's environment), not both")
+		}
 	}
 }
 
@@ -645,6 +695,7 @@ func (c *Config) NodePayload(nodeID string) *iop.NodeConfigPayload {
 			CredentialsEnabled:  c.Credentials.Enabled,
 		},
 	}
+	c.addCredentials(p.Runtime, nodeID)
 	for i := range n.Adapters {
 		a := &n.Adapters[i]
 		ac := &iop.AdapterConfig{
@@ -667,4 +718,20 @@ func (c *Config) NodePayload(nodeID string) *iop.NodeConfigPayload {
 	sum := sha256.Sum256(b)
 	p.Revision = hex.EncodeToString(sum[:])
 	return p
+}
+
+// addCredentials puts node's part of the credential projection into the
+// payload's runtime (SPEC C6): nothing while the plane is off.
+func (c *Config) addCredentials(rt *iop.NodeRuntimeConfig, node string) {
+	if !c.Credentials.Enabled {
+		return
+	}
+	nc := c.CredentialProjection.Nodes[node]
+	rt.CredentialProjectionGeneration = nc.Generation
+	if len(nc.SlotRevisions) > 0 {
+		rt.CredentialSlotRevisions = make(map[string]uint64, len(nc.SlotRevisions))
+		for k, v := range nc.SlotRevisions {
+			rt.CredentialSlotRevisions[k] = v
+		}
+	}
 }

@@ -45,6 +45,7 @@ import (
 	"sync"
 	"time"
 
+	"iop/internal/lease"
 	"iop/internal/node/adapter/h1"
 	"iop/internal/node/adapter/ollama"
 	"iop/internal/node/adapter/openaicompat"
@@ -136,6 +137,16 @@ type Options struct {
 	// emit returns (1 allocation per frame instead of 2). Set it only when
 	// emit serializes or copies the frame before returning.
 	ReuseBodyBuffers bool
+	// NodeID is this node's id, which a lease's binding must name (SPEC
+	// C3); required when the payload turns the credential plane on.
+	NodeID string
+	// Leases verifies and opens credential leases (SPEC C3); shared by
+	// every Set of the process so its replay cache outlives config
+	// refreshes. Required when the payload turns the credential plane on
+	// (else NewSet fails with ErrNoLeaseKeys).
+	Leases *lease.Opener
+	// Now is the wall clock leases are checked against; nil = time.Now.
+	Now func() time.Time
 }
 
 // Set is the adapter instances of one NodeConfigPayload. Its methods are safe
@@ -151,7 +162,14 @@ type Set struct {
 	grace     time.Duration
 	reuseBody bool
 	creds     bool // NodeRuntimeConfig.credentials_enabled (SPEC C4)
-	bufs      sync.Pool
+	// The credential plane (SPEC C3, C6): this node's id, the lease opener,
+	// the clock, and the projection the payload named.
+	nodeID   string
+	leases   *lease.Opener
+	now      func() time.Time
+	credGen  uint64
+	credRevs map[string]uint64
+	bufs     sync.Pool
 }
 
 // instance is one adapter instance.
@@ -163,6 +181,9 @@ type instance struct {
 	gate    gate
 	stallMs int64 // AdapterConfig.response_stall_timeout_ms; 0 = Set default
 	runner  runner
+	// newRunner builds a runner calling another endpoint (a request
+	// carrying a lease's credential).
+	newRunner func(*upstream.Endpoint) runner
 }
 
 // runner is what the two adapter types implement for runs and probes.
@@ -191,6 +212,17 @@ func NewSet(cfg *iop.NodeConfigPayload, o Options) (*Set, error) {
 		grace:     o.StallCloseGrace,
 		reuseBody: o.ReuseBodyBuffers,
 		creds:     cfg.GetRuntime().GetCredentialsEnabled(),
+		nodeID:    o.NodeID,
+		leases:    o.Leases,
+		now:       o.Now,
+		credGen:   cfg.GetRuntime().GetCredentialProjectionGeneration(),
+		credRevs:  cfg.GetRuntime().GetCredentialSlotRevisions(),
+	}
+	if s.creds && (s.leases == nil || s.nodeID == "") {
+		return nil, ErrNoLeaseKeys
+	}
+	if s.now == nil {
+		s.now = time.Now
 	}
 	if s.client == nil {
 		s.client, s.ownClient = defaultClient(), true
@@ -280,10 +312,11 @@ func (s *Set) build(ac *iop.AdapterConfig, lookupEnv func(string) (string, bool)
 	}
 	switch inst.typ {
 	case TypeOllama:
-		inst.runner = &ollama.Driver{EP: inst.ep}
+		inst.newRunner = func(ep *upstream.Endpoint) runner { return &ollama.Driver{EP: ep} }
 	default:
-		inst.runner = &openaicompat.Driver{EP: inst.ep, Profile: inst.profile}
+		inst.newRunner = func(ep *upstream.Endpoint) runner { return &openaicompat.Driver{EP: ep, Profile: inst.profile} }
 	}
+	inst.runner = inst.newRunner(inst.ep)
 	return inst, nil
 }
 

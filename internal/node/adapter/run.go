@@ -42,8 +42,10 @@ import (
 // Boundary checks before any provider call, each an ERROR terminal: unknown
 // adapter (unknown_adapter, SPEC E1), response_stall_timeout_ms negative or
 // too large, negative timeout_sec, empty target or missing input
-// (invalid_request, SPEC E2), credential lease rules (SPEC C4), then the
-// capacity gate (over_capacity, SPEC E4). Cancelling ctx (CancelRequest, SPEC
+// (invalid_request, SPEC E2), the credential lease's presence (SPEC C4),
+// then the capacity gate (over_capacity, SPEC E4), then — with the
+// credential plane on — opening the lease (credential_required or
+// credential_invalid, SPEC C3; see credential). Cancelling ctx (CancelRequest, SPEC
 // E5, or session loss, E6) aborts the upstream request and ends the run with
 // CANCELLED; timeout_sec > 0 ends it with ERROR "timeout".
 func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit func(*iop.RunEvent)) {
@@ -56,7 +58,7 @@ func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit f
 		return
 	}
 	rs.adapter = inst.name
-	a, code, err := s.admit(inst, req.GetResponseStallTimeoutMs(), req.GetTimeoutSec(), req.GetCredentialLease() != nil, req.GetCredentialBinding() != nil)
+	a, code, err := s.admit(inst, req.GetResponseStallTimeoutMs(), req.GetTimeoutSec(), req.GetCredentialLease(), req.GetCredentialBinding())
 	if err == nil && req.GetTarget() == "" {
 		code, err = CodeInvalidRequest, errors.New("run request without target")
 	}
@@ -73,7 +75,14 @@ func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit f
 	}
 	release := sync.OnceFunc(inst.gate.release)
 	rs.release = release
-	defer release() // after the call returned, even when the terminal went out before (SPEC H7)
+	defer release()                                                                                      // after the call returned, even when the terminal went out before (SPEC H7)
+	ep, err := s.credential(inst, req.GetTarget(), req.GetCredentialLease(), req.GetCredentialBinding()) // SPEC C3: after admission
+	if err != nil {
+		s.log.Warn("credential lease rejected", "adapter", inst.name, "run_id", runID, "err", err)
+		rs.fail(credentialCode(err), err.Error(), 0)
+		return
+	}
+	runner := inst.runnerFor(ep)
 
 	runCtx := a.begin(ctx)
 	defer a.cancel(nil)
@@ -85,7 +94,7 @@ func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit f
 	}
 	s.supervise(ctx, a, runID, inst.name, req.GetTarget(), attemptIO{
 		call: func() func() {
-			res, err := s.callRunner(runCtx, inst, req, hooks, runID)
+			res, err := s.callRunner(runCtx, inst, runner, req, hooks, runID)
 			return func() { rs.end(s.runTerminal(ctx, runCtx, inst.name, runID, res, err), true) }
 		},
 		fenced: func(st *stallTerminal, returnSlot bool) {
@@ -127,14 +136,14 @@ func (s *Set) runTerminal(ctx, runCtx context.Context, adapter, runID string, re
 
 // callRunner calls the instance's runner, turning a panic into an error so
 // that a driver bug still ends the run with one terminal.
-func (s *Set) callRunner(ctx context.Context, inst *instance, req *iop.RunRequest, h upstream.Hooks, runID string) (res upstream.Result, err error) {
+func (s *Set) callRunner(ctx context.Context, inst *instance, r runner, req *iop.RunRequest, h upstream.Hooks, runID string) (res upstream.Result, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			s.log.Error("adapter run panicked", "adapter", inst.name, "run_id", runID, "request_id", upstream.RequestID(ctx), "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 			err = fmt.Errorf("%w: internal error", errPanic)
 		}
 	}()
-	return inst.runner.Run(ctx, req.GetTarget(), req.GetInput(), h)
+	return r.Run(ctx, req.GetTarget(), req.GetInput(), h)
 }
 
 // classify maps a failed attempt to a failure code and, for a non-2xx
@@ -158,8 +167,9 @@ func classify(runCtx context.Context, err error) (string, int32) {
 
 // admit applies the boundary checks shared by runs and tunnels: stall
 // timeout (request, then instance, then Set default; SPEC E2), timeout_sec,
-// and the credential lease rules (SPEC C4).
-func (s *Set) admit(inst *instance, stallMs, timeoutSec int64, hasLease, hasBinding bool) (*attempt, string, error) {
+// and the credential lease's presence (SPEC C4; it is opened only after
+// capacity admission, SPEC C3).
+func (s *Set) admit(inst *instance, stallMs, timeoutSec int64, l *iop.CredentialLease, b *iop.CredentialLeaseBinding) (*attempt, string, error) {
 	def, err := StallTimeout(inst.stallMs, s.stallDef)
 	if err != nil {
 		return nil, CodeInvalidRequest, err
@@ -171,30 +181,10 @@ func (s *Set) admit(inst *instance, stallMs, timeoutSec int64, hasLease, hasBind
 	if timeoutSec < 0 || timeoutSec > math.MaxInt64/int64(time.Second) {
 		return nil, CodeInvalidRequest, fmt.Errorf("timeout_sec %d is negative or too large", timeoutSec)
 	}
-	if code, err := s.checkCredentials(hasLease, hasBinding); err != nil {
+	if code, err := s.checkPresence(l, b); err != nil {
 		return nil, code, err
 	}
 	return &attempt{stall: stall, deadline: time.Duration(timeoutSec) * time.Second}, "", nil
-}
-
-// checkCredentials applies SPEC C4. Lease and binding travel together. With
-// the credential plane on, a request without them is rejected; opening a
-// lease (SPEC C3) is not in this build yet, so a request with them is
-// rejected too, never served with another credential. With the plane off, a
-// request carrying a lease is rejected as a configuration mismatch.
-func (s *Set) checkCredentials(hasLease, hasBinding bool) (string, error) {
-	switch {
-	case hasLease != hasBinding:
-		return CodeCredentialInvalid, errors.New("credential lease and binding must travel together (SPEC C4)")
-	case s.creds && !hasLease:
-		return CodeCredentialRequired, errors.New("the credential plane is on and the request carries no credential lease (SPEC C4)")
-	case s.creds:
-		// TODO(SPEC C3): open and verify the lease after capacity admission.
-		return CodeCredentialInvalid, errors.New("credential lease verification is not available in this node build (SPEC C3)")
-	case hasLease:
-		return CodeCredentialInvalid, errors.New("the credential plane is off but the request carries a credential lease (SPEC C4)")
-	}
-	return "", nil
 }
 
 // runStream numbers and emits the events of one run. Its methods are safe

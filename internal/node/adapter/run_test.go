@@ -146,11 +146,7 @@ func TestRunBoundary(t *testing.T) {
 	}
 
 	t.Run("C4 credential plane on and no lease", func(t *testing.T) {
-		cs, err := adapter.NewSet(&iop.NodeConfigPayload{Adapters: two, Runtime: &iop.NodeRuntimeConfig{CredentialsEnabled: true}}, adapter.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer cs.Close()
+		cs := newLeaseKit(t).planeSet(t, two...)
 		last, _ := checkRun(t, runAll(context.Background(), cs, &iop.RunRequest{Stream: true, Adapter: "gpu-ollama", Target: "tiny", Input: userInput("Hi")}))
 		if last.GetFailureCode() != adapter.CodeCredentialRequired {
 			t.Fatalf("got %q, want %q", last.GetFailureCode(), adapter.CodeCredentialRequired)

@@ -48,8 +48,9 @@ import (
 // Request headers: only Content-Type, Accept, anthropic-version,
 // anthropic-beta and OpenAI-Beta are forwarded; client Authorization,
 // x-api-key, cookies, hop-by-hop and X-Iop-* headers never are (SPEC T4).
-// Upstream auth comes from the adapter's api_key_env with the profile's
-// auth_header and auth_scheme. Response headers: all but hop-by-hop ones and
+// Upstream auth comes from the request's credential lease when the plane is
+// on (opened after the capacity gate, SPEC C3), else from the adapter's
+// api_key_env, either way in the profile's auth_header and auth_scheme. Response headers: all but hop-by-hop ones and
 // Set-Cookie. The other boundary checks are those of Run.
 func (s *Set) Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelRequest, emit func(*iop.ProviderTunnelFrame)) {
 	ctx = upstream.WithRequestID(ctx, req.GetRequestId()) // logs and the upstream's X-Request-Id
@@ -60,7 +61,7 @@ func (s *Set) Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelR
 		return
 	}
 	ts.adapter = inst.name
-	a, code, err := s.admit(inst, req.GetResponseStallTimeoutMs(), req.GetTimeoutSec(), req.GetCredentialLease() != nil, req.GetCredentialBinding() != nil)
+	a, code, err := s.admit(inst, req.GetResponseStallTimeoutMs(), req.GetTimeoutSec(), req.GetCredentialLease(), req.GetCredentialBinding())
 	if err != nil {
 		ts.fail(code, err.Error())
 		return
@@ -85,12 +86,18 @@ func (s *Set) Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelR
 	}
 	release := sync.OnceFunc(inst.gate.release)
 	ts.release = release
-	defer release() // after the call returned, even when the terminal went out before (SPEC H7)
+	defer release()                                                                                      // after the call returned, even when the terminal went out before (SPEC H7)
+	ep, err := s.credential(inst, req.GetTarget(), req.GetCredentialLease(), req.GetCredentialBinding()) // SPEC C3: after admission
+	if err != nil {
+		s.log.Warn("credential lease rejected", "adapter", inst.name, "run_id", runID, "err", err)
+		ts.fail(credentialCode(err), err.Error())
+		return
+	}
 	runCtx := a.begin(ctx)
 	defer a.cancel(nil)
 	s.supervise(ctx, a, runID, inst.name, req.GetTarget(), attemptIO{
 		call: func() func() {
-			f := s.relay(ctx, runCtx, inst, a, method, path, req, ts)
+			f := s.relay(ctx, runCtx, inst, ep, a, method, path, req, ts)
 			return func() { ts.end(f, true) }
 		},
 		fenced: func(st *stallTerminal, returnSlot bool) {
@@ -106,12 +113,12 @@ func (s *Set) Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelR
 
 // relay sends the request and streams the answer into frames; it returns
 // the terminal frame (END or ERROR) for the caller to emit.
-func (s *Set) relay(ctx, runCtx context.Context, inst *instance, a *attempt, method, path string, req *iop.ProviderTunnelRequest, ts *tunnelStream) *iop.ProviderTunnelFrame {
+func (s *Set) relay(ctx, runCtx context.Context, inst *instance, ep *upstream.Endpoint, a *attempt, method, path string, req *iop.ProviderTunnelRequest, ts *tunnelStream) *iop.ProviderTunnelFrame {
 	var body io.Reader = http.NoBody
 	if len(req.GetBody()) > 0 {
 		body = bytes.NewReader(req.GetBody())
 	}
-	hreq, err := inst.ep.NewRequest(runCtx, method, path, body)
+	hreq, err := ep.NewRequest(runCtx, method, path, body)
 	if err != nil {
 		return errorFrame(CodeInvalidRequest, err.Error())
 	}
@@ -119,7 +126,7 @@ func (s *Set) relay(ctx, runCtx context.Context, inst *instance, a *attempt, met
 	if len(req.GetBody()) > 0 && hreq.Header.Get("Content-Type") == "" {
 		hreq.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := inst.ep.Client.Do(hreq)
+	resp, err := ep.Client.Do(hreq)
 	if err != nil {
 		return failFrame(ctx, runCtx, inst.name, "upstream request", err)
 	}

@@ -5,6 +5,7 @@
 package config
 
 import (
+	"encoding/base64"
 	"fmt"
 	"net"
 	"os"
@@ -57,11 +58,14 @@ type Reconnect struct {
 	MaxAttempts *int `json:"max_attempts"`
 }
 
-// Credentials locates the node's lease keys (SPEC C3). Both optional while
-// the credential plane is off.
+// Credentials locates the node's lease keys (SPEC C3): both or neither. A
+// node without them serves only while the Edge's credential plane is off.
 type Credentials struct {
+	// RecipientPrivateKeyFile is the node's X25519 lease recipient key
+	// (`edge pki` writes <node>.recipient.key, mode 0600).
 	RecipientPrivateKeyFile string `json:"recipient_private_key_file"`
-	// Base64 or PEM file path of the Edge's Ed25519 lease issuer public key.
+	// IssuerPublicKey is the Edge's Ed25519 lease issuer public key: the
+	// base64 line `edge pki init` prints, or the path of issuer.pub.
 	IssuerPublicKey string `json:"issuer_public_key"`
 }
 
@@ -88,12 +92,23 @@ func Load(path string) (*Config, error) {
 	if i := strings.LastIndexByte(path, '/'); i >= 0 {
 		dir = path[:i+1]
 	}
-	for _, p := range []*string{&c.TLS.CertFile, &c.TLS.KeyFile, &c.TLS.CAFile, &c.Credentials.RecipientPrivateKeyFile} {
+	paths := []*string{&c.TLS.CertFile, &c.TLS.KeyFile, &c.TLS.CAFile, &c.Credentials.RecipientPrivateKeyFile}
+	if !IsKeyBase64(c.Credentials.IssuerPublicKey) {
+		paths = append(paths, &c.Credentials.IssuerPublicKey) // a file path
+	}
+	for _, p := range paths {
 		if *p != "" && !strings.HasPrefix(*p, "/") {
 			*p = dir + *p
 		}
 	}
 	return c, nil
+}
+
+// IsKeyBase64 reports whether s is the standard base64 of 32 bytes (an
+// inline key rather than a file path).
+func IsKeyBase64(s string) bool {
+	b, err := base64.StdEncoding.DecodeString(s)
+	return err == nil && len(b) == 32
 }
 
 // Parse decodes data strictly, applies defaults and validates.
@@ -147,6 +162,9 @@ func (c *Config) validate() jsonconfig.Errors {
 	}
 	if !tdRE.MatchString(c.TLS.TrustDomain) {
 		add("tls.trust_domain", "invalid trust domain %q", c.TLS.TrustDomain)
+	}
+	if (c.Credentials.RecipientPrivateKeyFile == "") != (c.Credentials.IssuerPublicKey == "") {
+		add("credentials", "set both recipient_private_key_file and issuer_public_key, or neither (the credential plane needs both)")
 	}
 	if !nameRE.MatchString(c.TLS.ExpectedEdgeName) {
 		add("tls.expected_edge_name", "invalid edge name %q", c.TLS.ExpectedEdgeName)

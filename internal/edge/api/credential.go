@@ -1,0 +1,41 @@
+package api
+
+import (
+	"iop/internal/edge/creds"
+	iop "iop/proto/gen/iop"
+)
+
+// Credentials issues the credential lease of one dispatched request (SPEC
+// C2); *creds.Plane satisfies it. It returns nil, nil, nil while the
+// credential plane is off.
+type Credentials interface {
+	Lease(r creds.Request) (*iop.CredentialLease, *iop.CredentialLeaseBinding, error)
+}
+
+// Failure codes of a node that refused a request's lease (SPEC C4).
+const (
+	failureCredentialRequired = "credential_required"
+	failureCredentialInvalid  = "credential_invalid"
+)
+
+// credential returns the lease and binding of x's current provider lease
+// (SPEC C2: after provider selection, for exactly that node, provider and
+// target; a re-dispatch asks again for the new provider). ok is false when
+// no lease could be issued: it answered 502 and nothing is sent to the
+// node, so nothing reaches the upstream. The edge never falls back to
+// another slot (SPEC C6): the slot is the route's.
+func (h *Handler) credential(x *exchange) (l *iop.CredentialLease, b *iop.CredentialLeaseBinding, ok bool) {
+	if h.o.Credentials == nil {
+		return nil, nil, true
+	}
+	pl := x.lease
+	l, b, err := h.o.Credentials.Lease(creds.Request{Principal: x.principal(), Model: x.model,
+		Node: pl.Node, Provider: pl.Provider, Target: pl.Target})
+	if err != nil {
+		h.log.Warn("credential lease not issued", "model", x.model, "node", pl.Node, "provider", pl.Provider, "err", err)
+		writeError(x.out.w, x.ep.surface, badGateway("credential_unavailable",
+			"the edge could not issue a credential for the selected provider"))
+		return nil, nil, false
+	}
+	return l, b, true
+}

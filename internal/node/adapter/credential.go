@@ -1,0 +1,91 @@
+package adapter
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+
+	"iop/internal/lease"
+	"iop/internal/node/adapter/upstream"
+	iop "iop/proto/gen/iop"
+)
+
+// ErrNoLeaseKeys: the Edge turned the credential plane on but the Node has
+// no lease keys (NewSet).
+var ErrNoLeaseKeys = errors.New("the edge's credential plane is on (credentials.enabled) but this node has no lease keys: " +
+	"set credentials.recipient_private_key_file and credentials.issuer_public_key in the node config")
+
+// checkPresence applies SPEC C4's presence rules at the boundary, before
+// capacity: lease and binding travel together, are required with the
+// plane on and refused with it off. It returns the failure code.
+func (s *Set) checkPresence(l *iop.CredentialLease, b *iop.CredentialLeaseBinding) (string, error) {
+	if err := lease.CheckPresence(s.creds, l, b); err != nil {
+		return credentialCode(err), fmt.Errorf("credential lease rejected: %w", err)
+	}
+	return "", nil
+}
+
+func credentialCode(err error) string {
+	if lease.Required(err) {
+		return CodeCredentialRequired
+	}
+	return CodeCredentialInvalid
+}
+
+// authHeader is where inst carries an upstream credential: the profile's
+// auth_header and auth_scheme for openai_compat, "Authorization: Bearer"
+// for ollama (the Edge's config.AuthHeader says the same).
+func (inst *instance) authHeader() (header, scheme string) {
+	if inst.typ == TypeOllama {
+		return "Authorization", "Bearer"
+	}
+	return inst.profile.GetAuthHeader(), inst.profile.GetAuthScheme()
+}
+
+// credential opens the request's lease and returns the endpoint its
+// provider call uses (SPEC C3): inst.ep itself with the plane off, else a
+// copy carrying the credential in the adapter's auth header. Callers run
+// it after capacity admission, immediately before the call. The lease must
+// name this node, this adapter, target and profile, and the slot revision
+// and projection generation this node's payload names or newer; it opens
+// once (replay cache) and only within its lifetime (±5 s skew).
+//
+// The opened plaintext and the header value built from it are byte slices
+// cleared before credential returns. What remains is the header value Go's
+// net/http needs as an immutable string, held only by the returned
+// endpoint copy and the one outgoing request: nothing caches it across
+// requests (SPEC C6), and it is unreachable once the call returns.
+func (s *Set) credential(inst *instance, target string, l *iop.CredentialLease, b *iop.CredentialLeaseBinding) (*upstream.Endpoint, error) {
+	if !s.creds {
+		return inst.ep, nil
+	}
+	header, scheme := inst.authHeader()
+	pt, err := s.leases.Open(s.now(), lease.Scope{
+		Node: s.nodeID, Provider: inst.name, Target: target, Profile: inst.profile.GetName(),
+		AuthHeader: header, AuthScheme: scheme, Generation: s.credGen, Revisions: s.credRevs,
+	}, l, b)
+	defer clear(pt)
+	if err != nil {
+		return nil, fmt.Errorf("credential lease rejected: %w", err)
+	}
+	if bytes.ContainsAny(pt, "\r\n\x00") {
+		return nil, fmt.Errorf("credential lease rejected: %w", &lease.Error{Err: lease.ErrMalformed, Detail: "the credential holds a line break or NUL"})
+	}
+	v := make([]byte, 0, len(scheme)+1+len(pt))
+	if scheme != "" {
+		v = append(append(v, scheme...), ' ')
+	}
+	v = append(v, pt...)
+	ep := *inst.ep
+	ep.AuthHeader, ep.AuthValue = header, string(v)
+	clear(v)
+	return &ep, nil
+}
+
+// runnerFor is inst's runner calling ep (inst.runner when ep is inst.ep).
+func (inst *instance) runnerFor(ep *upstream.Endpoint) runner {
+	if ep == inst.ep {
+		return inst.runner
+	}
+	return inst.newRunner(ep)
+}
