@@ -1,0 +1,260 @@
+package creds
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"iop/internal/edge/config"
+	"iop/internal/edge/secretstore"
+	"iop/internal/identity"
+	"iop/internal/lease"
+	iop "iop/proto/gen/iop"
+)
+
+// fixture is a PKI for nodes gpu-1 and gpu-2, a store holding slots
+// "llama" and "ollama", and an edge config routing model "tiny" to gpu-1's
+// two adapters and "big" to gpu-2.
+type fixture struct {
+	dir       string
+	storeFile string
+	key       *secretstore.Key
+}
+
+var t0 = time.UnixMilli(1_760_000_000_000)
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	dir := t.TempDir()
+	if err := identity.InitPKI(dir, identity.PKIOptions{Edge: "edge-1", Nodes: []string{"gpu-1", "gpu-2"}}); err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{dir: dir, storeFile: filepath.Join(dir, "secrets.json")}
+	if err := secretstore.WriteNewKey(filepath.Join(dir, "store.key")); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	if f.key, err = secretstore.LoadKey(filepath.Join(dir, "store.key")); err != nil {
+		t.Fatal(err)
+	}
+	f.set(t, "llama", "sk-llama-1")
+	f.set(t, "ollama", "sk-ollama-1")
+	return f
+}
+
+// set writes slot's secret into the store file (edge secrets set).
+func (f *fixture) set(t *testing.T, slot, secret string) {
+	t.Helper()
+	s, err := secretstore.LoadOrNew(f.storeFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Set(f.key, slot, []byte(secret), t0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Save(f.storeFile); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (f *fixture) recipient(t *testing.T, node string) string {
+	t.Helper()
+	pub, err := identity.LoadRecipientPublicKey(filepath.Join(f.dir, identity.RecipientPubFileName(node)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return identity.RecipientPublicKeyBase64(pub)
+}
+
+// config returns the edge config; edit, when set, changes the JSON.
+func (f *fixture) config(t *testing.T, enabled bool, edit ...[2]string) *config.Config {
+	t.Helper()
+	s := fmt.Sprintf(`{
+  "tls": {"cert_file": "e.crt", "key_file": "e.key", "ca_file": "ca.crt"},
+  "credentials": {"enabled": %t, "store_file": %q, "store_key_file": %q, "issuer_key_file": %q},
+  "nodes": [
+    {"id": "gpu-1", "lease_recipient_public_key": %q, "adapters": [
+      {"name": "ollama", "type": "ollama", "base_url": "http://127.0.0.1:11434", "credential_slot": "ollama"},
+      {"name": "llama", "type": "openai_compat", "profile": "llamacpp", "base_url": "http://127.0.0.1:8081", "credential_slot": "llama"}]},
+    {"id": "gpu-2", "lease_recipient_public_key": %q, "adapters": [
+      {"name": "vllm", "type": "openai_compat", "profile": "vllm", "base_url": "http://127.0.0.1:8000", "credential_slot": "llama",
+       "profile_overrides": {"auth_header": "x-api-key", "auth_scheme": ""}}]}],
+  "models": [
+    {"name": "tiny", "providers": [{"node": "gpu-1", "provider": "ollama", "target": "tiny"},
+                                   {"node": "gpu-1", "provider": "llama", "target": "tiny", "credential_slot": "ollama"}]},
+    {"name": "big", "providers": [{"node": "gpu-2", "provider": "vllm", "target": "big-model"}]}]
+}`, enabled, f.storeFile, filepath.Join(f.dir, "store.key"), filepath.Join(f.dir, identity.IssuerKeyFile),
+		f.recipient(t, "gpu-1"), f.recipient(t, "gpu-2"))
+	for _, e := range edit {
+		if !strings.Contains(s, e[0]) {
+			t.Fatalf("config edit: no %q", e[0])
+		}
+		s = strings.Replace(s, e[0], e[1], 1)
+	}
+	c, err := config.Parse([]byte(s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func (f *fixture) opener(t *testing.T, node string) *lease.Opener {
+	t.Helper()
+	priv, err := identity.LoadRecipientPrivateKey(filepath.Join(f.dir, identity.RecipientKeyFileName(node)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := identity.LoadIssuerPublicKey(filepath.Join(f.dir, identity.IssuerPubFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := lease.NewOpener(priv, pub, nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// C2, C6: a lease names exactly the route, node, adapter, target, profile,
+// auth header, the slot's revision and the node's projection generation,
+// opens on that node with the route's slot (a route's own slot overrides
+// its adapter's; never another), and on no other node.
+func TestLease(t *testing.T) {
+	f := newFixture(t)
+	m, err := Load(f.config(t, true), nil, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen1 := m.Projection().Nodes["gpu-1"].Generation
+	rows := []struct {
+		name                   string
+		req                    Request
+		node, slot, secret     string
+		profile, header, schem string
+	}{
+		{"C2 ollama route: adapter slot, Authorization Bearer", Request{Principal: "team-a", Model: "tiny", Node: "gpu-1", Provider: "ollama", Target: "tiny"},
+			"gpu-1", "ollama", "sk-ollama-1", "ollama", "Authorization", "Bearer"},
+		{"C6 route slot overrides the adapter's", Request{Model: "tiny", Node: "gpu-1", Provider: "llama", Target: "tiny"},
+			"gpu-1", "ollama", "sk-ollama-1", "llamacpp", "Authorization", "Bearer"},
+		{"C2 profile override: x-api-key without scheme", Request{Model: "big", Node: "gpu-2", Provider: "vllm", Target: "big-model"},
+			"gpu-2", "llama", "sk-llama-1", "vllm", "x-api-key", ""},
+	}
+	for _, row := range rows {
+		t.Run(row.name, func(t *testing.T) {
+			l, b, err := m.Lease(t0, row.req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := &iop.CredentialLeaseBinding{Principal: row.req.Principal, Slot: row.slot, Route: row.req.Model, Profile: row.profile,
+				UpstreamTarget: row.req.Target, NodeId: row.node, Provider: row.req.Provider, CredentialRevision: 1,
+				ProjectionGeneration: m.Projection().Nodes[row.node].Generation, AuthHeader: row.header, AuthScheme: row.schem}
+			if b.Slot != want.Slot || b.Route != want.Route || b.Profile != want.Profile || b.UpstreamTarget != want.UpstreamTarget ||
+				b.NodeId != want.NodeId || b.Provider != want.Provider || b.CredentialRevision != 1 || b.ProjectionGeneration != want.ProjectionGeneration ||
+				b.AuthHeader != want.AuthHeader || b.AuthScheme != want.AuthScheme || b.Principal != want.Principal || b.RouteRevision == 0 {
+				t.Fatalf("binding %v\nwant %v", b, want)
+			}
+			scope := lease.Scope{Node: row.node, Provider: row.req.Provider, Target: row.req.Target, Profile: row.profile,
+				AuthHeader: row.header, AuthScheme: row.schem, Generation: b.ProjectionGeneration}
+			pt, err := f.opener(t, row.node).Open(t0, scope, l, b)
+			if err != nil || string(pt) != row.secret {
+				t.Fatalf("open on %s: %q, %v", row.node, pt, err)
+			}
+			other := map[string]string{"gpu-1": "gpu-2", "gpu-2": "gpu-1"}[row.node]
+			if _, err := f.opener(t, other).Open(t0, scope, l, b); !errors.Is(err, lease.ErrRecipient) {
+				t.Fatalf("C6: opened on %s: %v", other, err)
+			}
+			if bytes.Contains(l.Ciphertext, []byte(row.secret)) {
+				t.Fatal("C5: the lease carries the plaintext")
+			}
+		})
+	}
+	if _, _, err := m.Lease(t0, Request{Model: "tiny", Node: "gpu-2", Provider: "vllm", Target: "tiny"}); !errors.Is(err, ErrNoRoute) {
+		t.Fatalf("C6: a lease for a route that does not exist: %v", err)
+	}
+	if gen1 != uint64(t0.UnixMilli()) {
+		t.Fatalf("first generation %d, want the load time %d", gen1, t0.UnixMilli())
+	}
+	off, err := Load(f.config(t, false), nil, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, b, err := off.Lease(t0, rows[0].req); l != nil || b != nil || err != nil {
+		t.Fatalf("plane off: got %v %v %v, want nothing", l, b, err)
+	}
+}
+
+// C6: a reload keeps a node's projection generation when nothing its
+// leases say changed, and raises it (and the slot revision) when its slot
+// is rotated; an unaffected node keeps its generation; a clock that went
+// back still raises it.
+func TestProjectionGenerations(t *testing.T) {
+	f := newFixture(t)
+	m1, err := Load(f.config(t, true), nil, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := func(m *Material, node string) uint64 { return m.Projection().Nodes[node].Generation }
+	m2, _ := Load(f.config(t, true), m1, t0.Add(time.Minute))
+	if g(m2, "gpu-1") != g(m1, "gpu-1") || g(m2, "gpu-2") != g(m1, "gpu-2") {
+		t.Fatal("C6: an unchanged reload raised a generation")
+	}
+	f.set(t, "ollama", "sk-ollama-2") // edge secrets set; gpu-1's routes use it, gpu-2's do not
+	m3, err := Load(f.config(t, true), m2, t0.Add(-time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g(m3, "gpu-1") != g(m2, "gpu-1")+1 {
+		t.Fatalf("C6: rotation with the clock gone back: generation %d, want %d", g(m3, "gpu-1"), g(m2, "gpu-1")+1)
+	}
+	if g(m3, "gpu-2") != g(m2, "gpu-2") {
+		t.Fatal("C6: rotating gpu-1's slot raised gpu-2's generation")
+	}
+	if rev := m3.Projection().Nodes["gpu-1"].SlotRevisions["ollama"]; rev != 2 {
+		t.Fatalf("C6: slot revision %d after rotation, want 2", rev)
+	}
+	_, b, err := m3.Lease(t0, Request{Model: "tiny", Node: "gpu-1", Provider: "ollama", Target: "tiny"})
+	if err != nil || b.CredentialRevision != 2 || b.ProjectionGeneration != g(m3, "gpu-1") {
+		t.Fatalf("new leases: %v, %v", b, err)
+	}
+	m4, _ := Load(f.config(t, true, [2]string{`"target": "big-model"`, `"target": "bigger"`}), m3, t0.Add(time.Hour))
+	if g(m4, "gpu-2") != uint64(t0.Add(time.Hour).UnixMilli()) || g(m4, "gpu-1") != g(m3, "gpu-1") {
+		t.Fatal("C6: a route's target change must raise its node's generation only")
+	}
+}
+
+// C1: Load fails, naming what is wrong, when a file is missing or a slot
+// is absent or does not open with the key.
+func TestLoadErrors(t *testing.T) {
+	f := newFixture(t)
+	rows := []struct {
+		name string
+		edit [2]string
+		want string
+	}{
+		{"C1 slot not in the store", [2]string{`"credential_slot": "llama"}]},`, `"credential_slot": "nope"}]},`}, `models[0].providers[1]`},
+		{"C1 no store file", [2]string{`secrets.json`, `missing.json`}, "credentials.store_file"},
+		{"C1 no issuer key", [2]string{identity.IssuerKeyFile, "none.key"}, "credentials.issuer_key_file"},
+	}
+	for _, row := range rows {
+		t.Run(row.name, func(t *testing.T) {
+			cfg := f.config(t, true, row.edit)
+			if row.name == "C1 slot not in the store" {
+				cfg.Models[0].Providers[1].CredentialSlot = ""
+			}
+			_, err := Load(cfg, nil, t0)
+			if err == nil || !strings.Contains(err.Error(), row.want) {
+				t.Fatalf("got %v, want an error naming %s", err, row.want)
+			}
+		})
+	}
+	other := filepath.Join(f.dir, "other.key")
+	secretstore.WriteNewKey(other)
+	_, err := Load(f.config(t, true, [2]string{filepath.Join(f.dir, "store.key"), other}), nil, t0)
+	if !errors.Is(err, secretstore.ErrDecrypt) {
+		t.Fatalf("C1 wrong store key: got %v, want ErrDecrypt", err)
+	}
+}
