@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"iop/internal/edge/config"
 	"iop/internal/edge/dispatch"
 	apisurface "iop/internal/edge/surface"
 	"iop/internal/edge/surface/openai"
@@ -14,7 +15,7 @@ import (
 // surface from the client's body; its sink encodes the run's events in that
 // surface's response shape (SPEC T5).
 func (h *Handler) run(x *exchange) (dispatch.Stream, sink) {
-	in, tools, e := openai.ChatInput(x.body)
+	in, cp, e := openai.ChatInput(x.body)
 	if e != nil {
 		writeError(x.out.w, x.ep.surface, fromSurface(e))
 		return nil, nil
@@ -33,7 +34,8 @@ func (h *Handler) run(x *exchange) (dispatch.Stream, sink) {
 	}
 	s := &runSink[openai.Chat, *openai.Chat]{h: h, x: x}
 	s.enc.Init(openai.ChatOptions{Model: hd.model, ID: "chatcmpl-" + h.o.NewID(), Created: h.o.Now().Unix(),
-		Stream: hd.stream, IncludeUsage: hd.includeUsage, Tools: tools, NewID: h.o.NewID})
+		Stream: hd.stream, IncludeUsage: hd.includeUsage, Tools: cp.Tools, Hold: l.Type != config.TypeOllama,
+		Logprobs: cp.Logprobs, MaxToolCalls: cp.MaxToolCalls, NewID: h.o.NewID})
 	return st, s
 }
 

@@ -1462,7 +1462,12 @@ type RunRequest struct {
 	// sanitized, or one the Edge minted): informational, for the Node's log
 	// lines and the upstream request's X-Request-Id header. Never selects
 	// anything. At most 128 bytes of [A-Za-z0-9._:-].
-	RequestId     string `protobuf:"bytes,12,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId string `protobuf:"bytes,12,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// What the run does: "" or "chat" = a chat over input.messages;
+	// "embeddings" = embed input.embed_input (COMPLETE carries embeddings and
+	// usage, no text). A Node that does not know the operation ends the run
+	// with ERROR invalid_request.
+	Operation     string `protobuf:"bytes,13,opt,name=operation,proto3" json:"operation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1574,6 +1579,13 @@ func (x *RunRequest) GetRequestId() string {
 	return ""
 }
 
+func (x *RunRequest) GetOperation() string {
+	if x != nil {
+		return x.Operation
+	}
+	return ""
+}
+
 // RunInput is the normalized provider input, an OpenAI chat request reduced
 // to what every adapter understands.
 type RunInput struct {
@@ -1584,11 +1596,28 @@ type RunInput struct {
 	// OpenAI-shaped "tool_choice" as JSON; empty = backend default.
 	ToolChoiceJson []byte `protobuf:"bytes,3,opt,name=tool_choice_json,json=toolChoiceJson,proto3" json:"tool_choice_json,omitempty"`
 	// Maximum completion tokens; 0 = backend default.
-	MaxTokens     int64    `protobuf:"varint,4,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
-	Temperature   *float64 `protobuf:"fixed64,5,opt,name=temperature,proto3,oneof" json:"temperature,omitempty"`
-	TopP          *float64 `protobuf:"fixed64,6,opt,name=top_p,json=topP,proto3,oneof" json:"top_p,omitempty"`
-	Stop          []string `protobuf:"bytes,7,rep,name=stop,proto3" json:"stop,omitempty"`
-	Seed          *int64   `protobuf:"varint,8,opt,name=seed,proto3,oneof" json:"seed,omitempty"`
+	MaxTokens   int64    `protobuf:"varint,4,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
+	Temperature *float64 `protobuf:"fixed64,5,opt,name=temperature,proto3,oneof" json:"temperature,omitempty"`
+	TopP        *float64 `protobuf:"fixed64,6,opt,name=top_p,json=topP,proto3,oneof" json:"top_p,omitempty"`
+	Stop        []string `protobuf:"bytes,7,rep,name=stop,proto3" json:"stop,omitempty"`
+	Seed        *int64   `protobuf:"varint,8,opt,name=seed,proto3,oneof" json:"seed,omitempty"`
+	// OpenAI-shaped "response_format" as JSON ({"type":"json_object"} or
+	// {"type":"json_schema","json_schema":{"name","schema","strict"}}); empty
+	// = text.
+	ResponseFormatJson []byte `protobuf:"bytes,9,opt,name=response_format_json,json=responseFormatJson,proto3" json:"response_format_json,omitempty"`
+	// Return the log probability of each output token (RunEvent.logprobs),
+	// with top_logprobs (0–20) alternatives per position.
+	Logprobs         bool     `protobuf:"varint,10,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
+	TopLogprobs      int32    `protobuf:"varint,11,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	FrequencyPenalty *float64 `protobuf:"fixed64,12,opt,name=frequency_penalty,json=frequencyPenalty,proto3,oneof" json:"frequency_penalty,omitempty"`
+	PresencePenalty  *float64 `protobuf:"fixed64,13,opt,name=presence_penalty,json=presencePenalty,proto3,oneof" json:"presence_penalty,omitempty"`
+	// Sample from the k most likely tokens only; unset = backend default.
+	TopK *int64 `protobuf:"varint,14,opt,name=top_k,json=topK,proto3,oneof" json:"top_k,omitempty"`
+	// Operation "embeddings": the texts to embed, one vector each, in order.
+	EmbedInput []string `protobuf:"bytes,15,rep,name=embed_input,json=embedInput,proto3" json:"embed_input,omitempty"`
+	// Operation "embeddings": truncate each vector to this many dimensions;
+	// 0 = the model's own size.
+	Dimensions    int64 `protobuf:"varint,16,opt,name=dimensions,proto3" json:"dimensions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1679,6 +1708,62 @@ func (x *RunInput) GetSeed() int64 {
 	return 0
 }
 
+func (x *RunInput) GetResponseFormatJson() []byte {
+	if x != nil {
+		return x.ResponseFormatJson
+	}
+	return nil
+}
+
+func (x *RunInput) GetLogprobs() bool {
+	if x != nil {
+		return x.Logprobs
+	}
+	return false
+}
+
+func (x *RunInput) GetTopLogprobs() int32 {
+	if x != nil {
+		return x.TopLogprobs
+	}
+	return 0
+}
+
+func (x *RunInput) GetFrequencyPenalty() float64 {
+	if x != nil && x.FrequencyPenalty != nil {
+		return *x.FrequencyPenalty
+	}
+	return 0
+}
+
+func (x *RunInput) GetPresencePenalty() float64 {
+	if x != nil && x.PresencePenalty != nil {
+		return *x.PresencePenalty
+	}
+	return 0
+}
+
+func (x *RunInput) GetTopK() int64 {
+	if x != nil && x.TopK != nil {
+		return *x.TopK
+	}
+	return 0
+}
+
+func (x *RunInput) GetEmbedInput() []string {
+	if x != nil {
+		return x.EmbedInput
+	}
+	return nil
+}
+
+func (x *RunInput) GetDimensions() int64 {
+	if x != nil {
+		return x.Dimensions
+	}
+	return 0
+}
+
 // ChatMessage is one message of a conversation.
 type ChatMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1691,6 +1776,9 @@ type ChatMessage struct {
 	ToolCallId string `protobuf:"bytes,4,opt,name=tool_call_id,json=toolCallId,proto3" json:"tool_call_id,omitempty"`
 	// For role "assistant": OpenAI-shaped tool_calls array as JSON.
 	ToolCallsJson []byte `protobuf:"bytes,5,opt,name=tool_calls_json,json=toolCallsJson,proto3" json:"tool_calls_json,omitempty"`
+	// Images attached to the message (role "user"), in order. The Edge
+	// accepts only inline image data, never a URL a node would fetch.
+	Images        []*ChatImage `protobuf:"bytes,6,rep,name=images,proto3" json:"images,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1760,6 +1848,183 @@ func (x *ChatMessage) GetToolCallsJson() []byte {
 	return nil
 }
 
+func (x *ChatMessage) GetImages() []*ChatImage {
+	if x != nil {
+		return x.Images
+	}
+	return nil
+}
+
+// ChatImage is one inline image: its media type (e.g. "image/png") and the
+// decoded bytes.
+type ChatImage struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	MediaType     string                 `protobuf:"bytes,1,opt,name=media_type,json=mediaType,proto3" json:"media_type,omitempty"`
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChatImage) Reset() {
+	*x = ChatImage{}
+	mi := &file_iop_runtime_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChatImage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChatImage) ProtoMessage() {}
+
+func (x *ChatImage) ProtoReflect() protoreflect.Message {
+	mi := &file_iop_runtime_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChatImage.ProtoReflect.Descriptor instead.
+func (*ChatImage) Descriptor() ([]byte, []int) {
+	return file_iop_runtime_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ChatImage) GetMediaType() string {
+	if x != nil {
+		return x.MediaType
+	}
+	return ""
+}
+
+func (x *ChatImage) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+// TokenLogprob is one output token's log probability (natural log) with
+// its text and UTF-8 bytes; top_logprobs holds the most likely alternatives
+// at that position (their own top_logprobs empty).
+type TokenLogprob struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Token         string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	Logprob       float64                `protobuf:"fixed64,2,opt,name=logprob,proto3" json:"logprob,omitempty"`
+	Bytes         []byte                 `protobuf:"bytes,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	TopLogprobs   []*TokenLogprob        `protobuf:"bytes,4,rep,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenLogprob) Reset() {
+	*x = TokenLogprob{}
+	mi := &file_iop_runtime_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenLogprob) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenLogprob) ProtoMessage() {}
+
+func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
+	mi := &file_iop_runtime_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenLogprob.ProtoReflect.Descriptor instead.
+func (*TokenLogprob) Descriptor() ([]byte, []int) {
+	return file_iop_runtime_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *TokenLogprob) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *TokenLogprob) GetLogprob() float64 {
+	if x != nil {
+		return x.Logprob
+	}
+	return 0
+}
+
+func (x *TokenLogprob) GetBytes() []byte {
+	if x != nil {
+		return x.Bytes
+	}
+	return nil
+}
+
+func (x *TokenLogprob) GetTopLogprobs() []*TokenLogprob {
+	if x != nil {
+		return x.TopLogprobs
+	}
+	return nil
+}
+
+// Embedding is one embedding vector.
+type Embedding struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Values        []float32              `protobuf:"fixed32,1,rep,packed,name=values,proto3" json:"values,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Embedding) Reset() {
+	*x = Embedding{}
+	mi := &file_iop_runtime_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Embedding) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Embedding) ProtoMessage() {}
+
+func (x *Embedding) ProtoReflect() protoreflect.Message {
+	mi := &file_iop_runtime_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Embedding.ProtoReflect.Descriptor instead.
+func (*Embedding) Descriptor() ([]byte, []int) {
+	return file_iop_runtime_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *Embedding) GetValues() []float32 {
+	if x != nil {
+		return x.Values
+	}
+	return nil
+}
+
 // RunEvent is one event of a run; Envelope.run_id names the run.
 type RunEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1790,14 +2055,19 @@ type RunEvent struct {
 	// ERROR: the HTTP status the upstream answered, when it answered one.
 	UpstreamStatus int32 `protobuf:"varint,12,opt,name=upstream_status,json=upstreamStatus,proto3" json:"upstream_status,omitempty"`
 	// ERROR with failure_code "response_stalled" only (SPEC H1, W4).
-	Failure       *ExecutionFailure `protobuf:"bytes,13,opt,name=failure,proto3" json:"failure,omitempty"`
+	Failure *ExecutionFailure `protobuf:"bytes,13,opt,name=failure,proto3" json:"failure,omitempty"`
+	// With input.logprobs: DELTA carries the log probabilities of the tokens
+	// of its text; COMPLETE of a non-stream run carries all of them.
+	Logprobs []*TokenLogprob `protobuf:"bytes,14,rep,name=logprobs,proto3" json:"logprobs,omitempty"`
+	// COMPLETE of operation "embeddings": one vector per input, in order.
+	Embeddings    []*Embedding `protobuf:"bytes,15,rep,name=embeddings,proto3" json:"embeddings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_iop_runtime_proto_msgTypes[16]
+	mi := &file_iop_runtime_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1809,7 +2079,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[16]
+	mi := &file_iop_runtime_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1822,7 +2092,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{16}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RunEvent) GetSeq() uint64 {
@@ -1916,6 +2186,20 @@ func (x *RunEvent) GetFailure() *ExecutionFailure {
 	return nil
 }
 
+func (x *RunEvent) GetLogprobs() []*TokenLogprob {
+	if x != nil {
+		return x.Logprobs
+	}
+	return nil
+}
+
+func (x *RunEvent) GetEmbeddings() []*Embedding {
+	if x != nil {
+		return x.Embeddings
+	}
+	return nil
+}
+
 // Usage is token accounting as the backend reported it, in tokens.
 type Usage struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
@@ -1928,7 +2212,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_iop_runtime_proto_msgTypes[17]
+	mi := &file_iop_runtime_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1940,7 +2224,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[17]
+	mi := &file_iop_runtime_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1953,7 +2237,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{17}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Usage) GetPromptTokens() int64 {
@@ -2009,7 +2293,7 @@ type ExecutionFailure struct {
 
 func (x *ExecutionFailure) Reset() {
 	*x = ExecutionFailure{}
-	mi := &file_iop_runtime_proto_msgTypes[18]
+	mi := &file_iop_runtime_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2021,7 +2305,7 @@ func (x *ExecutionFailure) String() string {
 func (*ExecutionFailure) ProtoMessage() {}
 
 func (x *ExecutionFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[18]
+	mi := &file_iop_runtime_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2034,7 +2318,7 @@ func (x *ExecutionFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecutionFailure.ProtoReflect.Descriptor instead.
 func (*ExecutionFailure) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{18}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ExecutionFailure) GetCode() string {
@@ -2133,7 +2417,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[19]
+	mi := &file_iop_runtime_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2145,7 +2429,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[19]
+	mi := &file_iop_runtime_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2158,7 +2442,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{19}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CancelRequest) GetReason() string {
@@ -2179,7 +2463,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_iop_runtime_proto_msgTypes[20]
+	mi := &file_iop_runtime_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2191,7 +2475,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[20]
+	mi := &file_iop_runtime_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2204,7 +2488,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{20}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Header) GetName() string {
@@ -2257,7 +2541,7 @@ type ProviderTunnelRequest struct {
 
 func (x *ProviderTunnelRequest) Reset() {
 	*x = ProviderTunnelRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[21]
+	mi := &file_iop_runtime_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2269,7 +2553,7 @@ func (x *ProviderTunnelRequest) String() string {
 func (*ProviderTunnelRequest) ProtoMessage() {}
 
 func (x *ProviderTunnelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[21]
+	mi := &file_iop_runtime_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2282,7 +2566,7 @@ func (x *ProviderTunnelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderTunnelRequest.ProtoReflect.Descriptor instead.
 func (*ProviderTunnelRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{21}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ProviderTunnelRequest) GetAdapter() string {
@@ -2419,7 +2703,7 @@ type ProviderTunnelFrame struct {
 
 func (x *ProviderTunnelFrame) Reset() {
 	*x = ProviderTunnelFrame{}
-	mi := &file_iop_runtime_proto_msgTypes[22]
+	mi := &file_iop_runtime_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2431,7 +2715,7 @@ func (x *ProviderTunnelFrame) String() string {
 func (*ProviderTunnelFrame) ProtoMessage() {}
 
 func (x *ProviderTunnelFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[22]
+	mi := &file_iop_runtime_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2444,7 +2728,7 @@ func (x *ProviderTunnelFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderTunnelFrame.ProtoReflect.Descriptor instead.
 func (*ProviderTunnelFrame) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{22}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ProviderTunnelFrame) GetSeq() uint64 {
@@ -2546,7 +2830,7 @@ type NodeCommandRequest struct {
 
 func (x *NodeCommandRequest) Reset() {
 	*x = NodeCommandRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[23]
+	mi := &file_iop_runtime_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2558,7 +2842,7 @@ func (x *NodeCommandRequest) String() string {
 func (*NodeCommandRequest) ProtoMessage() {}
 
 func (x *NodeCommandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[23]
+	mi := &file_iop_runtime_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2571,7 +2855,7 @@ func (x *NodeCommandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeCommandRequest.ProtoReflect.Descriptor instead.
 func (*NodeCommandRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{23}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *NodeCommandRequest) GetType() NodeCommandType {
@@ -2617,7 +2901,7 @@ type NodeCommandResponse struct {
 
 func (x *NodeCommandResponse) Reset() {
 	*x = NodeCommandResponse{}
-	mi := &file_iop_runtime_proto_msgTypes[24]
+	mi := &file_iop_runtime_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2629,7 +2913,7 @@ func (x *NodeCommandResponse) String() string {
 func (*NodeCommandResponse) ProtoMessage() {}
 
 func (x *NodeCommandResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[24]
+	mi := &file_iop_runtime_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2642,7 +2926,7 @@ func (x *NodeCommandResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeCommandResponse.ProtoReflect.Descriptor instead.
 func (*NodeCommandResponse) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{24}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *NodeCommandResponse) GetOk() bool {
@@ -2677,7 +2961,7 @@ type NodeConfigRefreshRequest struct {
 
 func (x *NodeConfigRefreshRequest) Reset() {
 	*x = NodeConfigRefreshRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[25]
+	mi := &file_iop_runtime_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2689,7 +2973,7 @@ func (x *NodeConfigRefreshRequest) String() string {
 func (*NodeConfigRefreshRequest) ProtoMessage() {}
 
 func (x *NodeConfigRefreshRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[25]
+	mi := &file_iop_runtime_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2702,7 +2986,7 @@ func (x *NodeConfigRefreshRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeConfigRefreshRequest.ProtoReflect.Descriptor instead.
 func (*NodeConfigRefreshRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{25}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *NodeConfigRefreshRequest) GetConfig() *NodeConfigPayload {
@@ -2722,7 +3006,7 @@ type NodeConfigRefreshResponse struct {
 
 func (x *NodeConfigRefreshResponse) Reset() {
 	*x = NodeConfigRefreshResponse{}
-	mi := &file_iop_runtime_proto_msgTypes[26]
+	mi := &file_iop_runtime_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2734,7 +3018,7 @@ func (x *NodeConfigRefreshResponse) String() string {
 func (*NodeConfigRefreshResponse) ProtoMessage() {}
 
 func (x *NodeConfigRefreshResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[26]
+	mi := &file_iop_runtime_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2747,7 +3031,7 @@ func (x *NodeConfigRefreshResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeConfigRefreshResponse.ProtoReflect.Descriptor instead.
 func (*NodeConfigRefreshResponse) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{26}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *NodeConfigRefreshResponse) GetStatus() RefreshStatus {
@@ -2794,7 +3078,7 @@ type CredentialLease struct {
 
 func (x *CredentialLease) Reset() {
 	*x = CredentialLease{}
-	mi := &file_iop_runtime_proto_msgTypes[27]
+	mi := &file_iop_runtime_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2806,7 +3090,7 @@ func (x *CredentialLease) String() string {
 func (*CredentialLease) ProtoMessage() {}
 
 func (x *CredentialLease) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[27]
+	mi := &file_iop_runtime_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2819,7 +3103,7 @@ func (x *CredentialLease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CredentialLease.ProtoReflect.Descriptor instead.
 func (*CredentialLease) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{27}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CredentialLease) GetLeaseId() string {
@@ -2917,7 +3201,7 @@ type CredentialLeaseBinding struct {
 
 func (x *CredentialLeaseBinding) Reset() {
 	*x = CredentialLeaseBinding{}
-	mi := &file_iop_runtime_proto_msgTypes[28]
+	mi := &file_iop_runtime_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2929,7 +3213,7 @@ func (x *CredentialLeaseBinding) String() string {
 func (*CredentialLeaseBinding) ProtoMessage() {}
 
 func (x *CredentialLeaseBinding) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[28]
+	mi := &file_iop_runtime_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2942,7 +3226,7 @@ func (x *CredentialLeaseBinding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CredentialLeaseBinding.ProtoReflect.Descriptor instead.
 func (*CredentialLeaseBinding) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{28}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CredentialLeaseBinding) GetPrincipal() string {
@@ -3062,7 +3346,7 @@ type ProviderSnapshot struct {
 
 func (x *ProviderSnapshot) Reset() {
 	*x = ProviderSnapshot{}
-	mi := &file_iop_runtime_proto_msgTypes[29]
+	mi := &file_iop_runtime_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3074,7 +3358,7 @@ func (x *ProviderSnapshot) String() string {
 func (*ProviderSnapshot) ProtoMessage() {}
 
 func (x *ProviderSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[29]
+	mi := &file_iop_runtime_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3087,7 +3371,7 @@ func (x *ProviderSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderSnapshot.ProtoReflect.Descriptor instead.
 func (*ProviderSnapshot) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{29}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ProviderSnapshot) GetProviderId() string {
@@ -3252,7 +3536,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\rHeartbeatPong\x12 \n" +
 	"\fsent_unix_ms\x18\x01 \x01(\x03R\n" +
 	"sentUnixMs\x12\x14\n" +
-	"\x05nonce\x18\x02 \x01(\x04R\x05nonce\"\xc6\x04\n" +
+	"\x05nonce\x18\x02 \x01(\x04R\x05nonce\"\xe4\x04\n" +
 	"\n" +
 	"RunRequest\x12\x18\n" +
 	"\aadapter\x18\x01 \x01(\tR\aadapter\x12\x16\n" +
@@ -3269,10 +3553,11 @@ const file_iop_runtime_proto_rawDesc = "" +
 	" \x01(\x03R\x16responseStallTimeoutMs\x12\x16\n" +
 	"\x06stream\x18\v \x01(\bR\x06stream\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\f \x01(\tR\trequestId\x1a;\n" +
+	"request_id\x18\f \x01(\tR\trequestId\x12\x1c\n" +
+	"\toperation\x18\r \x01(\tR\toperation\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbc\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9f\x05\n" +
 	"\bRunInput\x127\n" +
 	"\bmessages\x18\x01 \x03(\v2\x1b.iop.runtime.v1.ChatMessageR\bmessages\x12\x1d\n" +
 	"\n" +
@@ -3283,17 +3568,44 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\vtemperature\x18\x05 \x01(\x01H\x00R\vtemperature\x88\x01\x01\x12\x18\n" +
 	"\x05top_p\x18\x06 \x01(\x01H\x01R\x04topP\x88\x01\x01\x12\x12\n" +
 	"\x04stop\x18\a \x03(\tR\x04stop\x12\x17\n" +
-	"\x04seed\x18\b \x01(\x03H\x02R\x04seed\x88\x01\x01B\x0e\n" +
+	"\x04seed\x18\b \x01(\x03H\x02R\x04seed\x88\x01\x01\x120\n" +
+	"\x14response_format_json\x18\t \x01(\fR\x12responseFormatJson\x12\x1a\n" +
+	"\blogprobs\x18\n" +
+	" \x01(\bR\blogprobs\x12!\n" +
+	"\ftop_logprobs\x18\v \x01(\x05R\vtopLogprobs\x120\n" +
+	"\x11frequency_penalty\x18\f \x01(\x01H\x03R\x10frequencyPenalty\x88\x01\x01\x12.\n" +
+	"\x10presence_penalty\x18\r \x01(\x01H\x04R\x0fpresencePenalty\x88\x01\x01\x12\x18\n" +
+	"\x05top_k\x18\x0e \x01(\x03H\x05R\x04topK\x88\x01\x01\x12\x1f\n" +
+	"\vembed_input\x18\x0f \x03(\tR\n" +
+	"embedInput\x12\x1e\n" +
+	"\n" +
+	"dimensions\x18\x10 \x01(\x03R\n" +
+	"dimensionsB\x0e\n" +
 	"\f_temperatureB\b\n" +
 	"\x06_top_pB\a\n" +
-	"\x05_seed\"\x99\x01\n" +
+	"\x05_seedB\x14\n" +
+	"\x12_frequency_penaltyB\x13\n" +
+	"\x11_presence_penaltyB\b\n" +
+	"\x06_top_k\"\xcc\x01\n" +
 	"\vChatMessage\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\tR\acontent\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12 \n" +
 	"\ftool_call_id\x18\x04 \x01(\tR\n" +
 	"toolCallId\x12&\n" +
-	"\x0ftool_calls_json\x18\x05 \x01(\fR\rtoolCallsJson\"\xa1\x04\n" +
+	"\x0ftool_calls_json\x18\x05 \x01(\fR\rtoolCallsJson\x121\n" +
+	"\x06images\x18\x06 \x03(\v2\x19.iop.runtime.v1.ChatImageR\x06images\">\n" +
+	"\tChatImage\x12\x1d\n" +
+	"\n" +
+	"media_type\x18\x01 \x01(\tR\tmediaType\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"\x95\x01\n" +
+	"\fTokenLogprob\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\x12\x18\n" +
+	"\alogprob\x18\x02 \x01(\x01R\alogprob\x12\x14\n" +
+	"\x05bytes\x18\x03 \x01(\fR\x05bytes\x12?\n" +
+	"\ftop_logprobs\x18\x04 \x03(\v2\x1c.iop.runtime.v1.TokenLogprobR\vtopLogprobs\"#\n" +
+	"\tEmbedding\x12\x16\n" +
+	"\x06values\x18\x01 \x03(\x02R\x06values\"\x96\x05\n" +
 	"\bRunEvent\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x120\n" +
 	"\x04type\x18\x02 \x01(\x0e2\x1c.iop.runtime.v1.RunEventTypeR\x04type\x12\x14\n" +
@@ -3308,7 +3620,11 @@ const file_iop_runtime_proto_rawDesc = "" +
 	" \x01(\tR\aadapter\x12\x16\n" +
 	"\x06target\x18\v \x01(\tR\x06target\x12'\n" +
 	"\x0fupstream_status\x18\f \x01(\x05R\x0eupstreamStatus\x12:\n" +
-	"\afailure\x18\r \x01(\v2 .iop.runtime.v1.ExecutionFailureR\afailure\x1a;\n" +
+	"\afailure\x18\r \x01(\v2 .iop.runtime.v1.ExecutionFailureR\afailure\x128\n" +
+	"\blogprobs\x18\x0e \x03(\v2\x1c.iop.runtime.v1.TokenLogprobR\blogprobs\x129\n" +
+	"\n" +
+	"embeddings\x18\x0f \x03(\v2\x19.iop.runtime.v1.EmbeddingR\n" +
+	"embeddings\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"|\n" +
@@ -3477,7 +3793,7 @@ func file_iop_runtime_proto_rawDescGZIP() []byte {
 }
 
 var file_iop_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_iop_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_iop_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_iop_runtime_proto_goTypes = []any{
 	(RunEventType)(0),                 // 0: iop.runtime.v1.RunEventType
 	(TunnelFrameKind)(0),              // 1: iop.runtime.v1.TunnelFrameKind
@@ -3499,27 +3815,30 @@ var file_iop_runtime_proto_goTypes = []any{
 	(*RunRequest)(nil),                // 17: iop.runtime.v1.RunRequest
 	(*RunInput)(nil),                  // 18: iop.runtime.v1.RunInput
 	(*ChatMessage)(nil),               // 19: iop.runtime.v1.ChatMessage
-	(*RunEvent)(nil),                  // 20: iop.runtime.v1.RunEvent
-	(*Usage)(nil),                     // 21: iop.runtime.v1.Usage
-	(*ExecutionFailure)(nil),          // 22: iop.runtime.v1.ExecutionFailure
-	(*CancelRequest)(nil),             // 23: iop.runtime.v1.CancelRequest
-	(*Header)(nil),                    // 24: iop.runtime.v1.Header
-	(*ProviderTunnelRequest)(nil),     // 25: iop.runtime.v1.ProviderTunnelRequest
-	(*ProviderTunnelFrame)(nil),       // 26: iop.runtime.v1.ProviderTunnelFrame
-	(*NodeCommandRequest)(nil),        // 27: iop.runtime.v1.NodeCommandRequest
-	(*NodeCommandResponse)(nil),       // 28: iop.runtime.v1.NodeCommandResponse
-	(*NodeConfigRefreshRequest)(nil),  // 29: iop.runtime.v1.NodeConfigRefreshRequest
-	(*NodeConfigRefreshResponse)(nil), // 30: iop.runtime.v1.NodeConfigRefreshResponse
-	(*CredentialLease)(nil),           // 31: iop.runtime.v1.CredentialLease
-	(*CredentialLeaseBinding)(nil),    // 32: iop.runtime.v1.CredentialLeaseBinding
-	(*ProviderSnapshot)(nil),          // 33: iop.runtime.v1.ProviderSnapshot
-	nil,                               // 34: iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntry
-	nil,                               // 35: iop.runtime.v1.RunRequest.MetadataEntry
-	nil,                               // 36: iop.runtime.v1.RunEvent.MetadataEntry
-	nil,                               // 37: iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
-	nil,                               // 38: iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
-	nil,                               // 39: iop.runtime.v1.NodeCommandRequest.ArgsEntry
-	nil,                               // 40: iop.runtime.v1.NodeCommandResponse.ResultEntry
+	(*ChatImage)(nil),                 // 20: iop.runtime.v1.ChatImage
+	(*TokenLogprob)(nil),              // 21: iop.runtime.v1.TokenLogprob
+	(*Embedding)(nil),                 // 22: iop.runtime.v1.Embedding
+	(*RunEvent)(nil),                  // 23: iop.runtime.v1.RunEvent
+	(*Usage)(nil),                     // 24: iop.runtime.v1.Usage
+	(*ExecutionFailure)(nil),          // 25: iop.runtime.v1.ExecutionFailure
+	(*CancelRequest)(nil),             // 26: iop.runtime.v1.CancelRequest
+	(*Header)(nil),                    // 27: iop.runtime.v1.Header
+	(*ProviderTunnelRequest)(nil),     // 28: iop.runtime.v1.ProviderTunnelRequest
+	(*ProviderTunnelFrame)(nil),       // 29: iop.runtime.v1.ProviderTunnelFrame
+	(*NodeCommandRequest)(nil),        // 30: iop.runtime.v1.NodeCommandRequest
+	(*NodeCommandResponse)(nil),       // 31: iop.runtime.v1.NodeCommandResponse
+	(*NodeConfigRefreshRequest)(nil),  // 32: iop.runtime.v1.NodeConfigRefreshRequest
+	(*NodeConfigRefreshResponse)(nil), // 33: iop.runtime.v1.NodeConfigRefreshResponse
+	(*CredentialLease)(nil),           // 34: iop.runtime.v1.CredentialLease
+	(*CredentialLeaseBinding)(nil),    // 35: iop.runtime.v1.CredentialLeaseBinding
+	(*ProviderSnapshot)(nil),          // 36: iop.runtime.v1.ProviderSnapshot
+	nil,                               // 37: iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntry
+	nil,                               // 38: iop.runtime.v1.RunRequest.MetadataEntry
+	nil,                               // 39: iop.runtime.v1.RunEvent.MetadataEntry
+	nil,                               // 40: iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
+	nil,                               // 41: iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
+	nil,                               // 42: iop.runtime.v1.NodeCommandRequest.ArgsEntry
+	nil,                               // 43: iop.runtime.v1.NodeCommandResponse.ResultEntry
 }
 var file_iop_runtime_proto_depIdxs = []int32{
 	5,  // 0: iop.runtime.v1.Envelope.register_request:type_name -> iop.runtime.v1.RegisterRequest
@@ -3529,49 +3848,53 @@ var file_iop_runtime_proto_depIdxs = []int32{
 	15, // 4: iop.runtime.v1.Envelope.ping:type_name -> iop.runtime.v1.HeartbeatPing
 	16, // 5: iop.runtime.v1.Envelope.pong:type_name -> iop.runtime.v1.HeartbeatPong
 	17, // 6: iop.runtime.v1.Envelope.run_request:type_name -> iop.runtime.v1.RunRequest
-	20, // 7: iop.runtime.v1.Envelope.run_event:type_name -> iop.runtime.v1.RunEvent
-	25, // 8: iop.runtime.v1.Envelope.tunnel_request:type_name -> iop.runtime.v1.ProviderTunnelRequest
-	26, // 9: iop.runtime.v1.Envelope.tunnel_frame:type_name -> iop.runtime.v1.ProviderTunnelFrame
-	23, // 10: iop.runtime.v1.Envelope.cancel_request:type_name -> iop.runtime.v1.CancelRequest
-	27, // 11: iop.runtime.v1.Envelope.command_request:type_name -> iop.runtime.v1.NodeCommandRequest
-	28, // 12: iop.runtime.v1.Envelope.command_response:type_name -> iop.runtime.v1.NodeCommandResponse
-	29, // 13: iop.runtime.v1.Envelope.refresh_request:type_name -> iop.runtime.v1.NodeConfigRefreshRequest
-	30, // 14: iop.runtime.v1.Envelope.refresh_response:type_name -> iop.runtime.v1.NodeConfigRefreshResponse
+	23, // 7: iop.runtime.v1.Envelope.run_event:type_name -> iop.runtime.v1.RunEvent
+	28, // 8: iop.runtime.v1.Envelope.tunnel_request:type_name -> iop.runtime.v1.ProviderTunnelRequest
+	29, // 9: iop.runtime.v1.Envelope.tunnel_frame:type_name -> iop.runtime.v1.ProviderTunnelFrame
+	26, // 10: iop.runtime.v1.Envelope.cancel_request:type_name -> iop.runtime.v1.CancelRequest
+	30, // 11: iop.runtime.v1.Envelope.command_request:type_name -> iop.runtime.v1.NodeCommandRequest
+	31, // 12: iop.runtime.v1.Envelope.command_response:type_name -> iop.runtime.v1.NodeCommandResponse
+	32, // 13: iop.runtime.v1.Envelope.refresh_request:type_name -> iop.runtime.v1.NodeConfigRefreshRequest
+	33, // 14: iop.runtime.v1.Envelope.refresh_response:type_name -> iop.runtime.v1.NodeConfigRefreshResponse
 	14, // 15: iop.runtime.v1.Envelope.draining_notice:type_name -> iop.runtime.v1.NodeDrainingNotice
 	7,  // 16: iop.runtime.v1.RegisterResponse.config:type_name -> iop.runtime.v1.NodeConfigPayload
 	8,  // 17: iop.runtime.v1.NodeConfigPayload.adapters:type_name -> iop.runtime.v1.AdapterConfig
 	11, // 18: iop.runtime.v1.NodeConfigPayload.runtime:type_name -> iop.runtime.v1.NodeRuntimeConfig
 	9,  // 19: iop.runtime.v1.AdapterConfig.openai_compat:type_name -> iop.runtime.v1.OpenAICompatAdapterConfig
 	10, // 20: iop.runtime.v1.OpenAICompatAdapterConfig.protocol_profile:type_name -> iop.runtime.v1.ConcreteProtocolProfile
-	34, // 21: iop.runtime.v1.NodeRuntimeConfig.credential_slot_revisions:type_name -> iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntry
+	37, // 21: iop.runtime.v1.NodeRuntimeConfig.credential_slot_revisions:type_name -> iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntry
 	18, // 22: iop.runtime.v1.RunRequest.input:type_name -> iop.runtime.v1.RunInput
-	35, // 23: iop.runtime.v1.RunRequest.metadata:type_name -> iop.runtime.v1.RunRequest.MetadataEntry
-	31, // 24: iop.runtime.v1.RunRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
-	32, // 25: iop.runtime.v1.RunRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
+	38, // 23: iop.runtime.v1.RunRequest.metadata:type_name -> iop.runtime.v1.RunRequest.MetadataEntry
+	34, // 24: iop.runtime.v1.RunRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
+	35, // 25: iop.runtime.v1.RunRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
 	19, // 26: iop.runtime.v1.RunInput.messages:type_name -> iop.runtime.v1.ChatMessage
-	0,  // 27: iop.runtime.v1.RunEvent.type:type_name -> iop.runtime.v1.RunEventType
-	21, // 28: iop.runtime.v1.RunEvent.usage:type_name -> iop.runtime.v1.Usage
-	36, // 29: iop.runtime.v1.RunEvent.metadata:type_name -> iop.runtime.v1.RunEvent.MetadataEntry
-	22, // 30: iop.runtime.v1.RunEvent.failure:type_name -> iop.runtime.v1.ExecutionFailure
-	24, // 31: iop.runtime.v1.ProviderTunnelRequest.headers:type_name -> iop.runtime.v1.Header
-	37, // 32: iop.runtime.v1.ProviderTunnelRequest.metadata:type_name -> iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
-	31, // 33: iop.runtime.v1.ProviderTunnelRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
-	32, // 34: iop.runtime.v1.ProviderTunnelRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
-	1,  // 35: iop.runtime.v1.ProviderTunnelFrame.kind:type_name -> iop.runtime.v1.TunnelFrameKind
-	24, // 36: iop.runtime.v1.ProviderTunnelFrame.headers:type_name -> iop.runtime.v1.Header
-	21, // 37: iop.runtime.v1.ProviderTunnelFrame.usage:type_name -> iop.runtime.v1.Usage
-	38, // 38: iop.runtime.v1.ProviderTunnelFrame.metadata:type_name -> iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
-	22, // 39: iop.runtime.v1.ProviderTunnelFrame.failure:type_name -> iop.runtime.v1.ExecutionFailure
-	2,  // 40: iop.runtime.v1.NodeCommandRequest.type:type_name -> iop.runtime.v1.NodeCommandType
-	39, // 41: iop.runtime.v1.NodeCommandRequest.args:type_name -> iop.runtime.v1.NodeCommandRequest.ArgsEntry
-	40, // 42: iop.runtime.v1.NodeCommandResponse.result:type_name -> iop.runtime.v1.NodeCommandResponse.ResultEntry
-	7,  // 43: iop.runtime.v1.NodeConfigRefreshRequest.config:type_name -> iop.runtime.v1.NodeConfigPayload
-	3,  // 44: iop.runtime.v1.NodeConfigRefreshResponse.status:type_name -> iop.runtime.v1.RefreshStatus
-	45, // [45:45] is the sub-list for method output_type
-	45, // [45:45] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	20, // 27: iop.runtime.v1.ChatMessage.images:type_name -> iop.runtime.v1.ChatImage
+	21, // 28: iop.runtime.v1.TokenLogprob.top_logprobs:type_name -> iop.runtime.v1.TokenLogprob
+	0,  // 29: iop.runtime.v1.RunEvent.type:type_name -> iop.runtime.v1.RunEventType
+	24, // 30: iop.runtime.v1.RunEvent.usage:type_name -> iop.runtime.v1.Usage
+	39, // 31: iop.runtime.v1.RunEvent.metadata:type_name -> iop.runtime.v1.RunEvent.MetadataEntry
+	25, // 32: iop.runtime.v1.RunEvent.failure:type_name -> iop.runtime.v1.ExecutionFailure
+	21, // 33: iop.runtime.v1.RunEvent.logprobs:type_name -> iop.runtime.v1.TokenLogprob
+	22, // 34: iop.runtime.v1.RunEvent.embeddings:type_name -> iop.runtime.v1.Embedding
+	27, // 35: iop.runtime.v1.ProviderTunnelRequest.headers:type_name -> iop.runtime.v1.Header
+	40, // 36: iop.runtime.v1.ProviderTunnelRequest.metadata:type_name -> iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
+	34, // 37: iop.runtime.v1.ProviderTunnelRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
+	35, // 38: iop.runtime.v1.ProviderTunnelRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
+	1,  // 39: iop.runtime.v1.ProviderTunnelFrame.kind:type_name -> iop.runtime.v1.TunnelFrameKind
+	27, // 40: iop.runtime.v1.ProviderTunnelFrame.headers:type_name -> iop.runtime.v1.Header
+	24, // 41: iop.runtime.v1.ProviderTunnelFrame.usage:type_name -> iop.runtime.v1.Usage
+	41, // 42: iop.runtime.v1.ProviderTunnelFrame.metadata:type_name -> iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
+	25, // 43: iop.runtime.v1.ProviderTunnelFrame.failure:type_name -> iop.runtime.v1.ExecutionFailure
+	2,  // 44: iop.runtime.v1.NodeCommandRequest.type:type_name -> iop.runtime.v1.NodeCommandType
+	42, // 45: iop.runtime.v1.NodeCommandRequest.args:type_name -> iop.runtime.v1.NodeCommandRequest.ArgsEntry
+	43, // 46: iop.runtime.v1.NodeCommandResponse.result:type_name -> iop.runtime.v1.NodeCommandResponse.ResultEntry
+	7,  // 47: iop.runtime.v1.NodeConfigRefreshRequest.config:type_name -> iop.runtime.v1.NodeConfigPayload
+	3,  // 48: iop.runtime.v1.NodeConfigRefreshResponse.status:type_name -> iop.runtime.v1.RefreshStatus
+	49, // [49:49] is the sub-list for method output_type
+	49, // [49:49] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_iop_runtime_proto_init() }
@@ -3604,7 +3927,7 @@ func file_iop_runtime_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_iop_runtime_proto_rawDesc), len(file_iop_runtime_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   37,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

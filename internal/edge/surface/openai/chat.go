@@ -1,8 +1,8 @@
 package openai
 
 import (
+	"math"
 	"strconv"
-	"strings"
 
 	"iop/internal/edge/surface"
 	iop "iop/proto/gen/iop"
@@ -28,30 +28,39 @@ import (
 // '{' or '`' on is held until COMPLETE: only then is it known whether the
 // run used the text tool-call fallback (SPEC E9), whose JSON must become
 // tool_calls and never reach the client as content. Text before that point
-// streams as usual. The zero value is not usable; call Init. Not safe for
-// concurrent use; one per request.
+// streams as usual. That holding is on only with ChatOptions.Hold.
+//
+// With ChatOptions.Logprobs every content chunk (and the non-stream choice)
+// carries "logprobs": {"content": [...], "refusal": null} from the events'
+// token log probabilities; otherwise "logprobs" is null. With MaxToolCalls
+// 1 (parallel_tool_calls false) only the first tool call is returned.
+//
+// The zero value is not usable; call Init. Not safe for concurrent use; one
+// per request.
 type Chat struct {
 	model        string // the client's requested model name
 	id           string // "chatcmpl-…"
 	created      int64  // Unix seconds
 	stream       bool
 	includeUsage bool
+	logprobs     bool
+	maxCalls     int      // 0 = any number of tool calls
 	tools        []string // declared tool names (text tool-call fallback)
 	newID        func() string
 
 	roleSent bool
-	streamed bool // any content delta was sent
-	holding  bool // content from the first '{' or '`' on is held (tools)
-	held     []byte
-	text     []byte // non-stream: accumulated deltas
-	prefix   []byte // `data: {"id":…,"choices":[`
+	text     surface.Text
+	lp       []*iop.TokenLogprob // logprobs not sent yet
+	prefix   []byte              // `data: {"id":…,"choices":[`
 }
 
 // ChatOptions describe one chat response: Model is the client's model name
 // (echoed), ID the response id ("chatcmpl-…"), Created its Unix time in
 // seconds, Stream and IncludeUsage the request's stream and
 // stream_options.include_usage, Tools the declared tool names (from
-// ChatInput) and NewID the source of fresh "call_<id>" suffixes.
+// ChatInput), Hold whether text that may be a text tool call is held (see
+// Chat), Logprobs the request's logprobs, MaxToolCalls the most tool calls
+// returned (0 = any) and NewID the source of fresh "call_<id>" suffixes.
 type ChatOptions struct {
 	Model        string
 	ID           string
@@ -59,13 +68,18 @@ type ChatOptions struct {
 	Stream       bool
 	IncludeUsage bool
 	Tools        []string
+	Hold         bool
+	Logprobs     bool
+	MaxToolCalls int
 	NewID        func() string
 }
 
 // Init makes c ready for one response described by o.
 func (c *Chat) Init(o ChatOptions) {
 	*c = Chat{model: o.Model, id: o.ID, created: o.Created, stream: o.Stream,
-		includeUsage: o.IncludeUsage && o.Stream, tools: o.Tools, newID: o.NewID}
+		includeUsage: o.IncludeUsage && o.Stream, logprobs: o.Logprobs, maxCalls: o.MaxToolCalls,
+		tools: o.Tools, newID: o.NewID}
+	c.text.Init(o.Stream, o.Hold && len(o.Tools) > 0)
 	if o.Stream {
 		// The chunk prefix, sized for ids and names that need no escaping.
 		p := make([]byte, 0, 104+len(o.ID)+len(o.Model))
@@ -84,7 +98,7 @@ func (c *Chat) Init(o ChatOptions) {
 func (c *Chat) Event(dst []byte, ev *iop.RunEvent) ([]byte, bool, *surface.Error) {
 	switch ev.Type {
 	case iop.RunEventType_RUN_EVENT_DELTA:
-		return c.delta(dst, ev.Delta), false, nil
+		return c.delta(dst, ev), false, nil
 	case iop.RunEventType_RUN_EVENT_COMPLETE:
 		out, err := c.complete(dst, ev)
 		return out, true, err
@@ -100,52 +114,29 @@ func (c *Chat) AppendError(dst []byte, e *surface.Error) []byte {
 	return append(dst, '\n', '\n')
 }
 
-func (c *Chat) delta(dst []byte, d string) []byte {
+func (c *Chat) delta(dst []byte, ev *iop.RunEvent) []byte {
+	if c.logprobs {
+		c.lp = append(c.lp, ev.Logprobs...)
+	}
+	d := c.text.Delta(ev.Delta)
 	if d == "" {
 		return dst
 	}
-	if !c.stream {
-		c.text = append(c.text, d...)
-		return dst
-	}
-	if c.holding {
-		c.held = append(c.held, d...)
-		return dst
-	}
-	if len(c.tools) > 0 {
-		// A text tool call (SPEC E9 fallback) is only known at COMPLETE;
-		// hold what could be one so it is never sent as content first.
-		if k := strings.IndexAny(d, "{`"); k >= 0 {
-			c.holding = true
-			c.held = append(c.held, d[k:]...)
-			d = d[:k]
-			if d == "" {
-				return dst
-			}
-		}
-	}
 	dst = c.appendRole(dst)
-	dst = c.appendContent(dst, d)
-	c.streamed = true
-	return dst
+	return c.appendContent(dst, d)
 }
 
 func (c *Chat) complete(dst []byte, ev *iop.RunEvent) ([]byte, *surface.Error) {
-	var pending string
-	switch {
-	case !c.stream:
-		pending = ev.Content
-		if pending == "" {
-			pending = string(c.text)
-		}
-	case c.holding:
-		pending = string(c.held)
-	case !c.streamed:
-		pending = ev.Content
+	if c.logprobs {
+		c.lp = append(c.lp, ev.Logprobs...)
 	}
+	pending := c.text.Rest(ev.Content)
 	calls, pending, err := surface.CompleteToolCalls(ev.Metadata, pending, c.tools, c.newID)
 	if err != nil {
 		return dst, surface.BadGateway("provider_error", "provider returned malformed tool calls")
+	}
+	if c.maxCalls > 0 && len(calls) > c.maxCalls {
+		calls = calls[:c.maxCalls]
 	}
 	finish := ev.FinishReason
 	switch {
@@ -212,7 +203,9 @@ func (c *Chat) finishJSON(b []byte, text string, calls []surface.ToolCall, finis
 		}
 		b = append(b, ']')
 	}
-	b = append(b, `},"logprobs":null,"finish_reason":`...)
+	b = append(b, `},"logprobs":`...)
+	b = c.appendLogprobs(b)
+	b = append(b, `,"finish_reason":`...)
 	b = surface.AppendString(b, finish)
 	b = append(b, `}],"usage":`...)
 	b = AppendUsage(b, u)
@@ -241,8 +234,57 @@ func (c *Chat) appendContent(b []byte, s string) []byte {
 	b = append(b, c.prefix...)
 	b = append(b, `{"index":0,"delta":{"content":`...)
 	b = surface.AppendString(b, s)
-	b = append(b, `},"logprobs":null,"finish_reason":null}`...)
+	b = append(b, `},"logprobs":`...)
+	b = c.appendLogprobs(b)
+	b = append(b, `,"finish_reason":null}`...)
 	return c.endChunk(b)
+}
+
+// appendLogprobs appends the choice's logprobs: null without the request's
+// logprobs, else {"content":[…],"refusal":null} with the log probabilities
+// not sent yet (OpenAI API reference, "The chat completion object").
+func (c *Chat) appendLogprobs(b []byte) []byte {
+	if !c.logprobs {
+		return append(b, "null"...)
+	}
+	b = append(b, `{"content":`...)
+	b = AppendTokenLogprobs(b, c.lp, true)
+	c.lp = c.lp[:0]
+	return append(b, `,"refusal":null}`...)
+}
+
+// AppendTokenLogprobs appends lps as OpenAI's array of {"token","logprob",
+// "bytes","top_logprobs"} (top only with top; "bytes" from the token's
+// bytes, else its text's).
+func AppendTokenLogprobs(b []byte, lps []*iop.TokenLogprob, top bool) []byte {
+	b = append(b, '[')
+	for i, lp := range lps {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"token":`...)
+		b = surface.AppendString(b, lp.Token)
+		b = append(b, `,"logprob":`...)
+		b = appendLogprob(b, lp.Logprob)
+		b = append(b, `,"bytes":[`...)
+		raw := lp.Bytes
+		if raw == nil {
+			raw = []byte(lp.Token)
+		}
+		for j, x := range raw {
+			if j > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendInt(b, int64(x), 10)
+		}
+		b = append(b, ']')
+		if top {
+			b = append(b, `,"top_logprobs":`...)
+			b = AppendTokenLogprobs(b, lp.TopLogprobs, false)
+		}
+		b = append(b, '}')
+	}
+	return append(b, ']')
 }
 
 // appendToolCall appends two chunks for call i: its index, id, type and
@@ -287,3 +329,12 @@ func AppendUsage(b []byte, u *iop.Usage) []byte {
 }
 
 var _ surface.Encoder = (*Chat)(nil)
+
+// appendLogprob appends a log probability; one JSON cannot hold (-Inf,
+// NaN) is written as OpenAI's floor for "practically impossible", -9999.
+func appendLogprob(b []byte, v float64) []byte {
+	if math.IsInf(v, 0) || math.IsNaN(v) {
+		v = -9999
+	}
+	return strconv.AppendFloat(b, v, 'g', -1, 64)
+}

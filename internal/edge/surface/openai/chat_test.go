@@ -76,7 +76,7 @@ func TestConversionGolden(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var c Chat
 			c.Init(ChatOptions{Model: "tiny", ID: "chatcmpl-id0", Created: 1700000000, Stream: tc.stream,
-				IncludeUsage: tc.includeUsage, Tools: tc.tools, NewID: st.SeqIDs()})
+				IncludeUsage: tc.includeUsage, Tools: tc.tools, Hold: true, NewID: st.SeqIDs()})
 			status, body := st.Drive(t, &c, tc.events, testFailure, surface.AppendOpenAIError)
 			if status != tc.status {
 				t.Fatalf("status: got %d, want %d; body %s", status, tc.status, body)

@@ -2,123 +2,251 @@ package openai
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 
 	"iop/internal/edge/surface"
 	iop "iop/proto/gen/iop"
 )
 
-// chatRequest is the part of an OpenAI chat completions request the
-// normalized run path understands (OpenAI API reference, "Create chat
-// completion"). Unknown fields are ignored, as OpenAI-compatible servers do.
+// chatRequest is an OpenAI chat completions request as the run path parses
+// it (OpenAI API reference, "Create chat completion"): every documented
+// field, so that none is dropped unseen; ChatFields says what happens to
+// each. A member not listed here is a 400 naming it, as OpenAI answers.
 type chatRequest struct {
+	Model               json.RawMessage `json:"model"`
 	Messages            []chatMessage   `json:"messages"`
-	Tools               json.RawMessage `json:"tools"`
-	ToolChoice          json.RawMessage `json:"tool_choice"`
-	MaxTokens           *int64          `json:"max_tokens"`
+	Stream              json.RawMessage `json:"stream"`
+	StreamOptions       *streamOptions  `json:"stream_options"`
+	Audio               json.RawMessage `json:"audio"`
+	FrequencyPenalty    *float64        `json:"frequency_penalty"`
+	FunctionCall        json.RawMessage `json:"function_call"`
+	Functions           json.RawMessage `json:"functions"`
+	LogitBias           json.RawMessage `json:"logit_bias"`
+	Logprobs            *bool           `json:"logprobs"`
 	MaxCompletionTokens *int64          `json:"max_completion_tokens"`
-	Temperature         *float64        `json:"temperature"`
-	TopP                *float64        `json:"top_p"`
-	Stop                json.RawMessage `json:"stop"`
-	Seed                *int64          `json:"seed"`
+	MaxTokens           *int64          `json:"max_tokens"`
+	Metadata            json.RawMessage `json:"metadata"`
+	Modalities          []string        `json:"modalities"`
 	N                   *int64          `json:"n"`
+	ParallelToolCalls   *bool           `json:"parallel_tool_calls"`
+	Prediction          json.RawMessage `json:"prediction"`
+	PresencePenalty     *float64        `json:"presence_penalty"`
+	PromptCacheKey      json.RawMessage `json:"prompt_cache_key"`
+	PromptCacheRetain   json.RawMessage `json:"prompt_cache_retention"`
+	ReasoningEffort     json.RawMessage `json:"reasoning_effort"`
+	ResponseFormat      json.RawMessage `json:"response_format"`
+	SafetyIdentifier    json.RawMessage `json:"safety_identifier"`
+	Seed                *int64          `json:"seed"`
+	ServiceTier         json.RawMessage `json:"service_tier"`
+	Stop                json.RawMessage `json:"stop"`
+	Store               *bool           `json:"store"`
+	Temperature         *float64        `json:"temperature"`
+	ToolChoice          json.RawMessage `json:"tool_choice"`
+	Tools               json.RawMessage `json:"tools"`
+	TopLogprobs         *int64          `json:"top_logprobs"`
+	TopP                *float64        `json:"top_p"`
+	User                json.RawMessage `json:"user"`
+	Verbosity           json.RawMessage `json:"verbosity"`
+	WebSearchOptions    json.RawMessage `json:"web_search_options"`
+}
+
+type streamOptions struct {
+	IncludeUsage       *bool           `json:"include_usage"`
+	IncludeObfuscation json.RawMessage `json:"include_obfuscation"`
 }
 
 type chatMessage struct {
-	Role       string          `json:"role"`
-	Content    json.RawMessage `json:"content"`
-	Name       string          `json:"name"`
-	ToolCalls  json.RawMessage `json:"tool_calls"`
-	ToolCallID string          `json:"tool_call_id"`
+	Role         string          `json:"role"`
+	Content      json.RawMessage `json:"content"`
+	Name         string          `json:"name"`
+	ToolCalls    json.RawMessage `json:"tool_calls"`
+	ToolCallID   string          `json:"tool_call_id"`
+	Refusal      json.RawMessage `json:"refusal"`
+	Audio        json.RawMessage `json:"audio"`
+	FunctionCall json.RawMessage `json:"function_call"`
 }
 
 type contentPart struct {
-	Type string  `json:"type"`
-	Text *string `json:"text"`
+	Type       string          `json:"type"`
+	Text       *string         `json:"text"`
+	ImageURL   *imageURL       `json:"image_url"`
+	InputAudio json.RawMessage `json:"input_audio"`
+	File       json.RawMessage `json:"file"`
+	Refusal    json.RawMessage `json:"refusal"`
+}
+
+type imageURL struct {
+	URL    string          `json:"url"`
+	Detail json.RawMessage `json:"detail"`
+}
+
+// ChatFields is the run path's table of chat request fields (issue 14):
+// every field chatRequest parses has a row, each translated to Ollama's
+// native /api/chat form, refused with a 400 naming it, read by the Edge, or
+// advisory (no effect on the answer by OpenAI's own definition).
+var ChatFields = []surface.Field{
+	surface.Row("model", surface.Routing, "selects the model group; the provider's target replaces it"),
+	surface.Row("messages", surface.Translated, "messages (developer → system); text parts joined with \"\\n\"; image_url data: URLs → images"),
+	surface.Row("stream", surface.Routing, "RunRequest.stream"),
+	surface.Row("stream_options", surface.Translated, "include_usage: the usage chunk; include_obfuscation: advisory (no obfuscation is added)"),
+	surface.Row("audio", surface.Refused, "no audio output"),
+	surface.Row("frequency_penalty", surface.Translated, "options.frequency_penalty"),
+	surface.Row("function_call", surface.Refused, "deprecated; use tool_choice"),
+	surface.Row("functions", surface.Refused, "deprecated; use tools"),
+	surface.Row("logit_bias", surface.Refused, "Ollama has no logit bias"),
+	surface.Row("logprobs", surface.Translated, "logprobs; returned as choices[].logprobs.content"),
+	surface.Row("max_completion_tokens", surface.Translated, "options.num_predict"),
+	surface.Row("max_tokens", surface.Translated, "options.num_predict (max_completion_tokens wins)"),
+	surface.Row("metadata", surface.Advisory, "tags for stored completions; nothing is stored"),
+	surface.Row("modalities", surface.Refused, "any value but [\"text\"]"),
+	surface.Row("n", surface.Refused, "any value but 1"),
+	surface.Row("parallel_tool_calls", surface.Translated, "false: the Edge returns at most one tool call"),
+	surface.Row("prediction", surface.Refused, "no predicted outputs"),
+	surface.Row("presence_penalty", surface.Translated, "options.presence_penalty"),
+	surface.Row("prompt_cache_key", surface.Advisory, "a prompt-cache routing hint"),
+	surface.Row("prompt_cache_retention", surface.Advisory, "a prompt-cache retention hint"),
+	surface.Row("reasoning_effort", surface.Refused, "no reasoning control on the run path"),
+	surface.Row("response_format", surface.Translated, "json_object → format \"json\"; json_schema → format <schema>; text → none"),
+	surface.Row("safety_identifier", surface.Advisory, "an end-user id for abuse monitoring"),
+	surface.Row("seed", surface.Translated, "options.seed"),
+	surface.Row("service_tier", surface.Advisory, "a processing tier; the answer is the same"),
+	surface.Row("stop", surface.Translated, "options.stop"),
+	surface.Row("store", surface.Refused, "true (nothing is stored); false is the behaviour"),
+	surface.Row("temperature", surface.Translated, "options.temperature"),
+	surface.Row("tool_choice", surface.Translated, "\"none\" drops the tools, \"auto\" is Ollama's behaviour; \"required\" and a named function are refused by the Ollama adapter"),
+	surface.Row("tools", surface.Translated, "tools (function tools only)"),
+	surface.Row("top_logprobs", surface.Translated, "top_logprobs (0–20, needs logprobs)"),
+	surface.Row("top_p", surface.Translated, "options.top_p"),
+	surface.Row("user", surface.Advisory, "an end-user id for abuse monitoring"),
+	surface.Row("verbosity", surface.Refused, "no verbosity control"),
+	surface.Row("web_search_options", surface.Refused, "no web search"),
+}
+
+// ChatRequestFields lists the JSON names of every field the chat parser
+// knows (for the field-table test).
+func ChatRequestFields() []string { return surface.JSONNames(chatRequest{}) }
+
+// ChatParams is what ChatInput read besides the RunInput: the declared tool
+// names (text tool-call fallback), whether the client wants logprobs and
+// at most how many tool calls (0 = any; 1 with parallel_tool_calls false).
+type ChatParams struct {
+	Tools        []string
+	Logprobs     bool
+	MaxToolCalls int
 }
 
 // ChatInput turns a chat completions body into the normalized RunInput the
-// node's run path takes (SPEC Q3): messages with string or multi-part text
-// content (text parts joined with "\n"; "developer" is sent as "system"),
-// assistant tool_calls and tool_call_id, tools and tool_choice as raw JSON,
-// max_completion_tokens (else max_tokens), temperature, top_p, stop (string
-// or array) and seed. It also returns the names of the declared tools (for
-// the text tool-call fallback). Errors are 400s naming the field.
-func ChatInput(body []byte) (*iop.RunInput, []string, *surface.Error) {
+// node's run path takes (SPEC Q3; ChatFields says what happens to each
+// field). Errors are 400s naming the field.
+func ChatInput(body []byte) (*iop.RunInput, ChatParams, *surface.Error) {
 	var req chatRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		return nil, nil, surface.JSONFieldError(err)
+	var p ChatParams
+	if e := surface.Decode(body, &req); e != nil {
+		return nil, p, e
+	}
+	if e := refuseChat(&req); e != nil {
+		return nil, p, e
 	}
 	in := &iop.RunInput{Messages: make([]*iop.ChatMessage, 0, len(req.Messages))}
 	for i := range req.Messages {
 		m, e := runMessage(i, &req.Messages[i])
 		if e != nil {
-			return nil, nil, e
+			return nil, p, e
 		}
 		in.Messages = append(in.Messages, m)
 	}
 	if len(in.Messages) == 0 {
-		return nil, nil, surface.BadRequest("messages", "field \"messages\" must hold at least one message")
+		return nil, p, surface.BadRequest("messages", "field \"messages\" must hold at least one message")
 	}
-	var names []string
-	if surface.Present(req.Tools) {
-		var tools []struct {
-			Type     string `json:"type"`
-			Function struct {
-				Name string `json:"name"`
-			} `json:"function"`
-		}
-		if err := json.Unmarshal(req.Tools, &tools); err != nil {
-			return nil, nil, surface.BadRequest("tools", "field \"tools\" must be an array of tool objects")
-		}
-		for i, t := range tools {
-			if t.Function.Name == "" {
-				return nil, nil, surface.BadRequest("tools", "tools[%d].function.name is required", i)
-			}
-			names = append(names, t.Function.Name)
-		}
+	var e *surface.Error
+	if p.Tools, e = FunctionToolNames("tools", req.Tools); e != nil {
+		return nil, p, e
+	}
+	if p.Tools != nil {
 		in.ToolsJson = req.Tools
 	}
 	if surface.Present(req.ToolChoice) {
+		if e := CheckToolChoice("tool_choice", req.ToolChoice); e != nil {
+			return nil, p, e
+		}
 		in.ToolChoiceJson = req.ToolChoice
+	}
+	if req.ParallelToolCalls != nil && !*req.ParallelToolCalls {
+		p.MaxToolCalls = 1
 	}
 	switch {
 	case req.MaxCompletionTokens != nil:
 		if *req.MaxCompletionTokens < 1 {
-			return nil, nil, surface.BadRequest("max_completion_tokens", "field \"max_completion_tokens\" must be at least 1")
+			return nil, p, surface.BadRequest("max_completion_tokens", "field \"max_completion_tokens\" must be at least 1")
 		}
 		in.MaxTokens = *req.MaxCompletionTokens
 	case req.MaxTokens != nil:
 		if *req.MaxTokens < 1 {
-			return nil, nil, surface.BadRequest("max_tokens", "field \"max_tokens\" must be at least 1")
+			return nil, p, surface.BadRequest("max_tokens", "field \"max_tokens\" must be at least 1")
 		}
 		in.MaxTokens = *req.MaxTokens
 	}
-	in.Temperature = req.Temperature
-	in.TopP = req.TopP
-	in.Seed = req.Seed
-	if req.N != nil && *req.N != 1 {
-		return nil, nil, surface.BadRequest("n", "field \"n\": only 1 choice is supported by this model's provider")
+	in.Temperature, in.TopP, in.Seed = req.Temperature, req.TopP, req.Seed
+	in.FrequencyPenalty, in.PresencePenalty = req.FrequencyPenalty, req.PresencePenalty
+	if in.Stop, e = stopList("stop", req.Stop); e != nil {
+		return nil, p, e
 	}
-	if surface.Present(req.Stop) {
-		switch req.Stop[0] {
-		case '"':
-			var s string
-			_ = json.Unmarshal(req.Stop, &s)
-			in.Stop = []string{s}
-		case '[':
-			if err := json.Unmarshal(req.Stop, &in.Stop); err != nil {
-				return nil, nil, surface.BadRequest("stop", "field \"stop\" must be a string or an array of strings")
-			}
-		default:
-			return nil, nil, surface.BadRequest("stop", "field \"stop\" must be a string or an array of strings")
+	if in.ResponseFormatJson, e = ResponseFormat("response_format", req.ResponseFormat); e != nil {
+		return nil, p, e
+	}
+	if req.Logprobs != nil && *req.Logprobs {
+		in.Logprobs, p.Logprobs = true, true
+	}
+	if req.TopLogprobs != nil {
+		if *req.TopLogprobs < 0 || *req.TopLogprobs > 20 {
+			return nil, p, surface.BadRequest("top_logprobs", "field \"top_logprobs\" must be between 0 and 20")
+		}
+		if *req.TopLogprobs > 0 && !in.Logprobs {
+			return nil, p, surface.BadRequest("top_logprobs", "field \"top_logprobs\" needs \"logprobs\": true")
+		}
+		in.TopLogprobs = int32(*req.TopLogprobs)
+	}
+	return in, p, nil
+}
+
+// refuseChat answers the fields ChatFields marks refused (for the values
+// its notes name) with a 400 naming the field.
+func refuseChat(r *chatRequest) *surface.Error {
+	for _, f := range []struct {
+		name string
+		raw  json.RawMessage
+		why  string
+	}{
+		{"audio", r.Audio, "audio output is not supported by this model's provider"},
+		{"function_call", r.FunctionCall, "deprecated and not supported; use \"tool_choice\""},
+		{"functions", r.Functions, "deprecated and not supported; use \"tools\""},
+		{"logit_bias", r.LogitBias, "not supported by this model's provider"},
+		{"prediction", r.Prediction, "predicted outputs are not supported by this model's provider"},
+		{"reasoning_effort", r.ReasoningEffort, "not supported by this model's provider"},
+		{"verbosity", r.Verbosity, "not supported by this model's provider"},
+		{"web_search_options", r.WebSearchOptions, "web search is not supported by this model's provider"},
+	} {
+		if surface.Present(f.raw) {
+			return surface.BadRequest(f.name, "field %q: %s", f.name, f.why)
 		}
 	}
-	return in, names, nil
+	if r.N != nil && *r.N != 1 {
+		return surface.BadRequest("n", "field \"n\": only 1 choice is supported by this model's provider")
+	}
+	for _, m := range r.Modalities {
+		if m != "text" {
+			return surface.BadRequest("modalities", "field \"modalities\": only \"text\" is supported by this model's provider")
+		}
+	}
+	if r.Store != nil && *r.Store {
+		return surface.BadRequest("store", "field \"store\": this gateway stores nothing; send false or leave it out")
+	}
+	return nil
 }
 
 func runMessage(i int, m *chatMessage) (*iop.ChatMessage, *surface.Error) {
-	out := &iop.ChatMessage{Role: m.Role, Name: m.Name, ToolCallId: m.ToolCallID}
+	out := &iop.ChatMessage{Role: m.Role, ToolCallId: m.ToolCallID}
 	switch m.Role {
 	case "system", "user", "assistant", "tool":
 	case "developer":
@@ -128,11 +256,22 @@ func runMessage(i int, m *chatMessage) (*iop.ChatMessage, *surface.Error) {
 	default:
 		return nil, surface.BadRequest("messages", "messages[%d].role %q is not one of system, developer, user, assistant, tool", i, m.Role)
 	}
-	text, e := textContent(i, m.Content)
+	switch {
+	case surface.Present(m.Audio):
+		return nil, surface.BadRequest("messages", "messages[%d].audio is not supported by this model's provider", i)
+	case surface.Present(m.FunctionCall):
+		return nil, surface.BadRequest("messages", "messages[%d].function_call is deprecated and not supported; use tool_calls", i)
+	case surface.Present(m.Refusal):
+		return nil, surface.BadRequest("messages", "messages[%d].refusal is not supported by this model's provider", i)
+	case m.Name != "" && m.Role != "tool":
+		return nil, surface.BadRequest("messages", "messages[%d].name: participant names are not supported by this model's provider", i)
+	}
+	out.Name = m.Name
+	text, images, e := content(i, m.Role, m.Content)
 	if e != nil {
 		return nil, e
 	}
-	out.Content = text
+	out.Content, out.Images = text, images
 	if surface.Present(m.ToolCalls) {
 		if m.Role != "assistant" {
 			return nil, surface.BadRequest("messages", "messages[%d].tool_calls is only allowed on assistant messages", i)
@@ -148,36 +287,158 @@ func runMessage(i int, m *chatMessage) (*iop.ChatMessage, *surface.Error) {
 	return out, nil
 }
 
-// textContent accepts a string, null, or an array of text parts.
-func textContent(i int, raw json.RawMessage) (string, *surface.Error) {
+// content accepts a string, null, or an array of parts: text (joined with
+// "\n") and, on user messages, image_url with a data: URL.
+func content(i int, role string, raw json.RawMessage) (string, []*iop.ChatImage, *surface.Error) {
 	if !surface.Present(raw) {
-		return "", nil
+		return "", nil, nil
 	}
 	switch raw[0] {
 	case '"':
 		var s string
 		_ = json.Unmarshal(raw, &s)
-		return s, nil
+		return s, nil, nil
 	case '[':
-		var parts []contentPart
-		if err := json.Unmarshal(raw, &parts); err != nil {
-			return "", surface.BadRequest("messages", "messages[%d].content must be a string or an array of content parts", i)
+	default:
+		return "", nil, surface.BadRequest("messages", "messages[%d].content must be a string or an array of content parts", i)
+	}
+	var parts []contentPart
+	if e := surface.Decode(raw, &parts); e != nil {
+		if e.Param == "" || strings.HasPrefix(e.Message, "unknown field") {
+			e.Message = fmt.Sprintf("messages[%d].content: %s", i, e.Message)
 		}
-		var b strings.Builder
-		for j, p := range parts {
-			if p.Type != "text" {
-				return "", surface.BadRequest("messages", "messages[%d].content[%d]: part type %q is not supported by this model's provider (text only)", i, j, p.Type)
-			}
+		return "", nil, e
+	}
+	var b strings.Builder
+	var images []*iop.ChatImage
+	texts := 0
+	for j, p := range parts {
+		at := fmt.Sprintf("messages[%d].content[%d]", i, j)
+		switch {
+		case p.Type == "text":
 			if p.Text == nil {
-				return "", surface.BadRequest("messages", "messages[%d].content[%d].text is required", i, j)
+				return "", nil, surface.BadRequest("messages", "%s.text is required", at)
 			}
-			if j > 0 {
+			if texts > 0 {
 				b.WriteByte('\n')
 			}
+			texts++
 			b.WriteString(*p.Text)
+		case p.Type == "image_url" && role == "user":
+			if p.ImageURL == nil {
+				return "", nil, surface.BadRequest("messages", "%s.image_url is required", at)
+			}
+			img, e := surface.DataURLImage(at+".image_url.url", p.ImageURL.URL)
+			if e != nil {
+				e.Param = "messages"
+				return "", nil, e
+			}
+			images = append(images, img)
+		default:
+			return "", nil, surface.BadRequest("messages", "%s: part type %q is not supported by this model's provider on a %s message (text, and image_url on user messages)", at, p.Type, role)
 		}
-		return b.String(), nil
-	default:
-		return "", surface.BadRequest("messages", "messages[%d].content must be a string or an array of content parts", i)
 	}
+	return b.String(), images, nil
+}
+
+// FunctionToolNames checks an OpenAI chat "tools" array (only function
+// tools, each with a name) and returns the names; nil when absent.
+func FunctionToolNames(field string, raw json.RawMessage) ([]string, *surface.Error) {
+	if !surface.Present(raw) {
+		return nil, nil
+	}
+	var tools []struct {
+		Type     string `json:"type"`
+		Function struct {
+			Name string `json:"name"`
+		} `json:"function"`
+	}
+	if err := json.Unmarshal(raw, &tools); err != nil {
+		return nil, surface.BadRequest(field, "field %q must be an array of tool objects", field)
+	}
+	names := make([]string, 0, len(tools))
+	for i, t := range tools {
+		if t.Type != "function" {
+			return nil, surface.BadRequest(field, "%s[%d].type %q is not supported by this model's provider (function tools only)", field, i, t.Type)
+		}
+		if t.Function.Name == "" {
+			return nil, surface.BadRequest(field, "%s[%d].function.name is required", field, i)
+		}
+		names = append(names, t.Function.Name)
+	}
+	return names, nil
+}
+
+// CheckToolChoice checks an OpenAI chat "tool_choice": "none", "auto",
+// "required" or {"type":"function","function":{"name"}}.
+func CheckToolChoice(field string, raw json.RawMessage) *surface.Error {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		switch s {
+		case "none", "auto", "required":
+			return nil
+		}
+		return surface.BadRequest(field, "field %q: want \"none\", \"auto\", \"required\" or a function, got %q", field, s)
+	}
+	var f struct {
+		Type     string `json:"type"`
+		Function struct {
+			Name string `json:"name"`
+		} `json:"function"`
+	}
+	if json.Unmarshal(raw, &f) != nil || f.Type != "function" || f.Function.Name == "" {
+		return surface.BadRequest(field, "field %q: want \"none\", \"auto\", \"required\" or {\"type\":\"function\",\"function\":{\"name\":…}}", field)
+	}
+	return nil
+}
+
+// ResponseFormat checks an OpenAI "response_format" and returns it for
+// RunInput.response_format_json: nil for absent or {"type":"text"}, the
+// value for json_object and json_schema (which needs json_schema.schema as
+// an object).
+func ResponseFormat(field string, raw json.RawMessage) ([]byte, *surface.Error) {
+	if !surface.Present(raw) {
+		return nil, nil
+	}
+	var f struct {
+		Type       string `json:"type"`
+		JSONSchema *struct {
+			Name   string          `json:"name"`
+			Schema json.RawMessage `json:"schema"`
+		} `json:"json_schema"`
+	}
+	if err := json.Unmarshal(raw, &f); err != nil {
+		return nil, surface.BadRequest(field, "field %q must be an object with a \"type\"", field)
+	}
+	switch f.Type {
+	case "text":
+		return nil, nil
+	case "json_object":
+		return raw, nil
+	case "json_schema":
+		if f.JSONSchema == nil || len(f.JSONSchema.Schema) == 0 || f.JSONSchema.Schema[0] != '{' {
+			return nil, surface.BadRequest(field, "field %q: json_schema.schema must be a JSON Schema object", field)
+		}
+		return raw, nil
+	}
+	return nil, surface.BadRequest(field, "field %q: type %q is not one of text, json_object, json_schema", field, f.Type)
+}
+
+// stopList reads "stop": a string or an array of strings.
+func stopList(field string, raw json.RawMessage) ([]string, *surface.Error) {
+	if !surface.Present(raw) {
+		return nil, nil
+	}
+	var out []string
+	switch raw[0] {
+	case '"':
+		var s string
+		_ = json.Unmarshal(raw, &s)
+		return []string{s}, nil
+	case '[':
+		if json.Unmarshal(raw, &out) == nil {
+			return out, nil
+		}
+	}
+	return nil, surface.BadRequest(field, "field %q must be a string or an array of strings", field)
 }

@@ -66,7 +66,7 @@ func TestRunInput(t *testing.T) {
 	}
 	for _, row := range rows {
 		t.Run(row.name, func(t *testing.T) {
-			in, tools, e := ChatInput([]byte(row.body))
+			in, p, e := ChatInput([]byte(row.body))
 			if row.err != "" {
 				if e == nil || e.Status != 400 || !strings.Contains(e.Message, row.err) {
 					t.Fatalf("got %v, want a 400 naming %s", e, row.err)
@@ -76,7 +76,7 @@ func TestRunInput(t *testing.T) {
 			if e != nil {
 				t.Fatal(e)
 			}
-			row.check(t, in, tools)
+			row.check(t, in, p.Tools)
 		})
 	}
 }

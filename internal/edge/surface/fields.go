@@ -1,0 +1,93 @@
+package surface
+
+import (
+	"bytes"
+	"encoding/json"
+	"reflect"
+	"strings"
+)
+
+// Disposition says what the run path does with one request field (issue
+// 14: no request field is accepted and silently dropped).
+type Disposition uint8
+
+const (
+	// Translated: sent to the backend in its native form (Ollama's
+	// /api/chat: options, format, images, …) or enforced by the Edge.
+	Translated Disposition = iota + 1
+	// Refused: a 400 naming the field (for every value, or for the values
+	// the row's note names; the others are translated).
+	Refused
+	// Routing: read by the Edge itself (model, stream).
+	Routing
+	// Advisory: accepted without effect because, by the API's own
+	// definition, it does not change the answer (an end-user id for abuse
+	// monitoring, a prompt-cache hint). The note says which definition.
+	Advisory
+)
+
+func (d Disposition) String() string {
+	switch d {
+	case Translated:
+		return "translated"
+	case Refused:
+		return "refused"
+	case Routing:
+		return "routing"
+	case Advisory:
+		return "advisory"
+	}
+	return "unknown"
+}
+
+// Field is one row of a surface's request field table: the field's JSON
+// name (nested ones dotted, "messages[].content[].image_url"), what the run
+// path does with it and how.
+type Field struct {
+	Name        string
+	Disposition Disposition
+	Note        string
+}
+
+// JSONNames lists the JSON member names of struct type v (a struct value
+// or pointer), in declaration order: the fields a parser knows. Tests use
+// it to check that every parsed field has a table row.
+func JSONNames(v any) []string {
+	t := reflect.TypeOf(v)
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	var out []string
+	for i := range t.NumField() {
+		tag := t.Field(i).Tag.Get("json")
+		name, _, _ := strings.Cut(tag, ",")
+		if name != "" && name != "-" {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// Decode decodes one JSON object body into v, refusing members v does not
+// know (as OpenAI's and Anthropic's APIs do) and anything after the object.
+// Errors are 400s naming the field.
+func Decode(body []byte, v any) *Error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+			field := strings.Trim(name, `"`)
+			return BadRequest(field, "unknown field %s: not a field of this API, or not one the model's provider supports", name)
+		}
+		return JSONFieldError(err)
+	}
+	if dec.More() {
+		return BadRequest("", "request body must hold one JSON object")
+	}
+	return nil
+}
+
+// Row is a Field: a table row written on one line.
+func Row(name string, d Disposition, note string) Field {
+	return Field{Name: name, Disposition: d, Note: note}
+}
