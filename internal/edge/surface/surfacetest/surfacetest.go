@@ -6,9 +6,12 @@ package surfacetest
 
 import (
 	"bytes"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -114,4 +117,49 @@ func Drive(t testing.TB, enc surface.Encoder, events []*iop.RunEvent, fail func(
 		return status, enc.AppendError(body, e)
 	}
 	return status, body
+}
+
+// RunInputJSON renders in as indented JSON with sorted keys and its
+// *_json fields shown as the JSON they hold (deterministic, unlike
+// protojson): the golden form of a request conversion.
+func RunInputJSON(t testing.TB, in *iop.RunInput) []byte {
+	t.Helper()
+	raw, err := json.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.MarshalIndent(expandJSONFields(v), "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append(b, '\n')
+}
+
+// expandJSONFields replaces every base64 string under a "*_json" key with
+// the JSON it encodes.
+func expandJSONFields(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			if s, ok := e.(string); ok && strings.HasSuffix(k, "_json") {
+				if raw, err := base64.StdEncoding.DecodeString(s); err == nil {
+					var inner any
+					if json.Unmarshal(raw, &inner) == nil {
+						x[k] = inner
+						continue
+					}
+				}
+			}
+			x[k] = expandJSONFields(e)
+		}
+	case []any:
+		for i, e := range x {
+			x[i] = expandJSONFields(e)
+		}
+	}
+	return v
 }

@@ -1,0 +1,476 @@
+package anthropic
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"iop/internal/edge/surface"
+	iop "iop/proto/gen/iop"
+)
+
+// request is an Anthropic Messages request as the run path parses it
+// (Anthropic API reference, "Create a Message"): every documented field,
+// so that none is dropped unseen; Fields says what happens to each. A
+// member not listed here is a 400 naming it, as Anthropic answers.
+type request struct {
+	Model             json.RawMessage `json:"model"`
+	Messages          []message       `json:"messages"`
+	MaxTokens         *int64          `json:"max_tokens"`
+	System            json.RawMessage `json:"system"`
+	StopSequences     []string        `json:"stop_sequences"`
+	Stream            json.RawMessage `json:"stream"`
+	Temperature       *float64        `json:"temperature"`
+	TopP              *float64        `json:"top_p"`
+	TopK              *int64          `json:"top_k"`
+	Tools             []tool          `json:"tools"`
+	ToolChoice        *toolChoice     `json:"tool_choice"`
+	Metadata          json.RawMessage `json:"metadata"`
+	Thinking          json.RawMessage `json:"thinking"`
+	ServiceTier       json.RawMessage `json:"service_tier"`
+	Container         json.RawMessage `json:"container"`
+	MCPServers        json.RawMessage `json:"mcp_servers"`
+	ContextManagement json.RawMessage `json:"context_management"`
+}
+
+type message struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+// block is any content block a request may carry.
+type block struct {
+	Type         string          `json:"type"`
+	Text         *string         `json:"text"`
+	CacheControl json.RawMessage `json:"cache_control"`
+	Citations    json.RawMessage `json:"citations"`
+	Source       *source         `json:"source"`
+	ID           string          `json:"id"`
+	Name         string          `json:"name"`
+	Input        json.RawMessage `json:"input"`
+	ToolUseID    string          `json:"tool_use_id"`
+	Content      json.RawMessage `json:"content"`
+	IsError      *bool           `json:"is_error"`
+	Thinking     json.RawMessage `json:"thinking"`
+	Signature    json.RawMessage `json:"signature"`
+	Data         json.RawMessage `json:"data"`
+	Title        json.RawMessage `json:"title"`
+	Context      json.RawMessage `json:"context"`
+}
+
+type source struct {
+	Type      string `json:"type"`
+	MediaType string `json:"media_type"`
+	Data      string `json:"data"`
+	URL       string `json:"url"`
+	FileID    string `json:"file_id"`
+}
+
+type tool struct {
+	Type         string          `json:"type"`
+	Name         string          `json:"name"`
+	Description  *string         `json:"description"`
+	InputSchema  json.RawMessage `json:"input_schema"`
+	CacheControl json.RawMessage `json:"cache_control"`
+}
+
+type toolChoice struct {
+	Type                   string `json:"type"`
+	Name                   string `json:"name"`
+	DisableParallelToolUse *bool  `json:"disable_parallel_tool_use"`
+}
+
+// Fields is the run path's table of Messages request fields (issue 14):
+// every field request parses has a row.
+var Fields = []surface.Field{
+	surface.Row("model", surface.Routing, "selects the model group; the provider's target replaces it"),
+	surface.Row("messages", surface.Translated, "text blocks → content; image (base64) → images; tool_use → tool_calls; tool_result → tool messages (is_error → content prefixed \"Error: \"); cache_control and citations advisory"),
+	surface.Row("max_tokens", surface.Translated, "options.num_predict (required, as Anthropic requires it)"),
+	surface.Row("system", surface.Translated, "a system message (text blocks joined with \"\\n\")"),
+	surface.Row("stop_sequences", surface.Translated, "options.stop"),
+	surface.Row("stream", surface.Routing, "RunRequest.stream"),
+	surface.Row("temperature", surface.Translated, "options.temperature"),
+	surface.Row("top_p", surface.Translated, "options.top_p"),
+	surface.Row("top_k", surface.Translated, "options.top_k"),
+	surface.Row("tools", surface.Translated, "tools (custom tools; server tools refused)"),
+	surface.Row("tool_choice", surface.Translated, "auto → \"auto\", none → \"none\", any/tool → refused by the Ollama adapter; disable_parallel_tool_use: the Edge returns at most one tool_use"),
+	surface.Row("metadata", surface.Advisory, "metadata.user_id: an end-user id for abuse monitoring"),
+	surface.Row("thinking", surface.Refused, "enabled; {\"type\":\"disabled\"} is the behaviour"),
+	surface.Row("service_tier", surface.Advisory, "a capacity tier; the answer is the same"),
+	surface.Row("container", surface.Refused, "no code-execution containers"),
+	surface.Row("mcp_servers", surface.Refused, "no MCP connector"),
+	surface.Row("context_management", surface.Refused, "no server-side context editing"),
+}
+
+// RequestFields lists the JSON names of every field the parser knows (for
+// the field-table test).
+func RequestFields() []string { return surface.JSONNames(request{}) }
+
+// Params is what Input read besides the RunInput: the declared tool names
+// and at most how many tool calls to return (0 = any; 1 with
+// tool_choice.disable_parallel_tool_use).
+type Params struct {
+	Tools        []string
+	MaxToolCalls int
+}
+
+// Input turns a Messages body into the normalized RunInput (SPEC Q3;
+// Fields says what happens to each field). With count set the body is a
+// count_tokens request: no max_tokens or sampling fields are allowed and
+// the run generates at most one token (the count is the prompt's). Errors
+// are 400s naming the field.
+func Input(body []byte, count bool) (*iop.RunInput, Params, *surface.Error) {
+	var req request
+	var p Params
+	if e := surface.Decode(body, &req); e != nil {
+		return nil, p, e
+	}
+	if e := refuse(&req, count); e != nil {
+		return nil, p, e
+	}
+	in := &iop.RunInput{}
+	sys, e := systemText(req.System)
+	if e != nil {
+		return nil, p, e
+	}
+	if sys != "" {
+		in.Messages = append(in.Messages, &iop.ChatMessage{Role: "system", Content: sys})
+	}
+	if len(req.Messages) == 0 {
+		return nil, p, surface.BadRequest("messages", "field \"messages\" must hold at least one message")
+	}
+	for i := range req.Messages {
+		ms, e := convertMessage(i, &req.Messages[i])
+		if e != nil {
+			return nil, p, e
+		}
+		in.Messages = append(in.Messages, ms...)
+	}
+	if in.ToolsJson, p.Tools, e = convertTools(req.Tools); e != nil {
+		return nil, p, e
+	}
+	if tc := req.ToolChoice; tc != nil {
+		var choice string
+		switch tc.Type {
+		case "auto":
+			choice = `"auto"`
+		case "none":
+			choice = `"none"`
+		case "any":
+			choice = `"required"`
+		case "tool":
+			if tc.Name == "" {
+				return nil, p, surface.BadRequest("tool_choice", "tool_choice.name is required for type \"tool\"")
+			}
+			choice = string(surface.AppendString([]byte(`{"type":"function","function":{"name":`), tc.Name)) + "}}"
+		default:
+			return nil, p, surface.BadRequest("tool_choice", "tool_choice.type %q is not one of auto, any, tool, none", tc.Type)
+		}
+		in.ToolChoiceJson = []byte(choice)
+		if tc.DisableParallelToolUse != nil && *tc.DisableParallelToolUse {
+			p.MaxToolCalls = 1
+		}
+	}
+	if count {
+		in.MaxTokens = 1
+		return in, p, nil
+	}
+	if req.MaxTokens == nil {
+		return nil, p, surface.BadRequest("max_tokens", "missing required field \"max_tokens\"")
+	}
+	if *req.MaxTokens < 1 {
+		return nil, p, surface.BadRequest("max_tokens", "field \"max_tokens\" must be at least 1")
+	}
+	in.MaxTokens = *req.MaxTokens
+	in.Stop = req.StopSequences
+	in.Temperature, in.TopP, in.TopK = req.Temperature, req.TopP, req.TopK
+	return in, p, nil
+}
+
+// refuse answers the fields Fields marks refused, and in count mode the
+// fields count_tokens does not take, with a 400 naming the field.
+func refuse(r *request, count bool) *surface.Error {
+	if surface.Present(r.Thinking) {
+		var t struct {
+			Type string `json:"type"`
+		}
+		if json.Unmarshal(r.Thinking, &t) != nil || t.Type != "disabled" {
+			return surface.BadRequest("thinking", "field \"thinking\": extended thinking is not supported by this model's provider")
+		}
+	}
+	for _, f := range []struct {
+		name string
+		raw  json.RawMessage
+	}{{"container", r.Container}, {"mcp_servers", r.MCPServers}, {"context_management", r.ContextManagement}} {
+		if surface.Present(f.raw) {
+			return surface.BadRequest(f.name, "field %q is not supported by this model's provider", f.name)
+		}
+	}
+	if !count {
+		return nil
+	}
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{{"max_tokens", r.MaxTokens != nil}, {"stop_sequences", r.StopSequences != nil}, {"stream", surface.Present(r.Stream)},
+		{"temperature", r.Temperature != nil}, {"top_p", r.TopP != nil}, {"top_k", r.TopK != nil},
+		{"metadata", surface.Present(r.Metadata)}, {"service_tier", surface.Present(r.ServiceTier)}} {
+		if f.set {
+			return surface.BadRequest(f.name, "field %q is not a field of count_tokens", f.name)
+		}
+	}
+	return nil
+}
+
+// systemText reads "system": a string or an array of text blocks (joined
+// with "\n").
+func systemText(raw json.RawMessage) (string, *surface.Error) {
+	if !surface.Present(raw) {
+		return "", nil
+	}
+	if raw[0] == '"' {
+		var s string
+		_ = json.Unmarshal(raw, &s)
+		return s, nil
+	}
+	var blocks []block
+	if raw[0] != '[' {
+		return "", surface.BadRequest("system", "field \"system\" must be a string or an array of text blocks")
+	}
+	if e := surface.Decode(raw, &blocks); e != nil {
+		e.Message = "system: " + e.Message
+		return "", e
+	}
+	var b strings.Builder
+	for j, bl := range blocks {
+		if bl.Type != "text" || bl.Text == nil {
+			return "", surface.BadRequest("system", "system[%d]: want a text block with \"text\"", j)
+		}
+		if j > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(*bl.Text)
+	}
+	return b.String(), nil
+}
+
+// convertMessage turns one Messages message into chat messages: a user
+// message's tool_result blocks become tool messages, in order, around its
+// text and images; an assistant message's tool_use blocks become
+// tool_calls.
+func convertMessage(i int, m *message) ([]*iop.ChatMessage, *surface.Error) {
+	if m.Role != "user" && m.Role != "assistant" {
+		return nil, surface.BadRequest("messages", "messages[%d].role %q is not one of user, assistant", i, m.Role)
+	}
+	if !surface.Present(m.Content) {
+		return nil, surface.BadRequest("messages", "messages[%d].content is required", i)
+	}
+	if m.Content[0] == '"' {
+		var s string
+		_ = json.Unmarshal(m.Content, &s)
+		return []*iop.ChatMessage{{Role: m.Role, Content: s}}, nil
+	}
+	if m.Content[0] != '[' {
+		return nil, surface.BadRequest("messages", "messages[%d].content must be a string or an array of content blocks", i)
+	}
+	var blocks []block
+	if e := surface.Decode(m.Content, &blocks); e != nil {
+		e.Message = fmt.Sprintf("messages[%d].content: %s", i, e.Message)
+		return nil, e
+	}
+	if m.Role == "assistant" {
+		am, e := assistantMessage(i, blocks)
+		if e != nil {
+			return nil, e
+		}
+		return []*iop.ChatMessage{am}, nil
+	}
+	var out []*iop.ChatMessage
+	var cur *iop.ChatMessage // the user message being filled
+	for j := range blocks {
+		bl := &blocks[j]
+		at := fmt.Sprintf("messages[%d].content[%d]", i, j)
+		switch bl.Type {
+		case "text":
+			if bl.Text == nil {
+				return nil, surface.BadRequest("messages", "%s.text is required", at)
+			}
+			if cur == nil {
+				cur = &iop.ChatMessage{Role: "user"}
+				out = append(out, cur)
+			} else if cur.Content != "" {
+				cur.Content += "\n"
+			}
+			cur.Content += *bl.Text
+		case "image":
+			img, e := image(at, bl.Source)
+			if e != nil {
+				return nil, e
+			}
+			if cur == nil {
+				cur = &iop.ChatMessage{Role: "user"}
+				out = append(out, cur)
+			}
+			cur.Images = append(cur.Images, img)
+		case "tool_result":
+			tm, e := toolResult(at, bl)
+			if e != nil {
+				return nil, e
+			}
+			out = append(out, tm)
+			cur = nil
+		default:
+			return nil, surface.BadRequest("messages", "%s: block type %q is not supported by this model's provider on a user message (text, image, tool_result)", at, bl.Type)
+		}
+	}
+	if len(out) == 0 {
+		out = append(out, &iop.ChatMessage{Role: "user"})
+	}
+	return out, nil
+}
+
+func assistantMessage(i int, blocks []block) (*iop.ChatMessage, *surface.Error) {
+	am := &iop.ChatMessage{Role: "assistant"}
+	var calls []byte
+	texts := 0
+	for j := range blocks {
+		bl := &blocks[j]
+		at := fmt.Sprintf("messages[%d].content[%d]", i, j)
+		switch bl.Type {
+		case "text":
+			if bl.Text == nil {
+				return nil, surface.BadRequest("messages", "%s.text is required", at)
+			}
+			if texts > 0 {
+				am.Content += "\n"
+			}
+			texts++
+			am.Content += *bl.Text
+		case "tool_use":
+			if bl.ID == "" || bl.Name == "" {
+				return nil, surface.BadRequest("messages", "%s: tool_use needs \"id\" and \"name\"", at)
+			}
+			input := strings.TrimSpace(string(bl.Input))
+			if input == "" || input == "null" {
+				input = "{}"
+			}
+			if input[0] != '{' {
+				return nil, surface.BadRequest("messages", "%s.input must be an object", at)
+			}
+			if calls == nil {
+				calls = append(calls, '[')
+			} else {
+				calls = append(calls, ',')
+			}
+			calls = append(calls, `{"id":`...)
+			calls = surface.AppendString(calls, bl.ID)
+			calls = append(calls, `,"type":"function","function":{"name":`...)
+			calls = surface.AppendString(calls, bl.Name)
+			calls = append(calls, `,"arguments":`...)
+			calls = surface.AppendString(calls, input)
+			calls = append(calls, "}}"...)
+		default:
+			return nil, surface.BadRequest("messages", "%s: block type %q is not supported by this model's provider on an assistant message (text, tool_use)", at, bl.Type)
+		}
+	}
+	if calls != nil {
+		am.ToolCallsJson = append(calls, ']')
+	}
+	return am, nil
+}
+
+// toolResult turns a tool_result block into a tool message: its content
+// (a string or text blocks joined with "\n"), prefixed "Error: " when
+// is_error.
+func toolResult(at string, bl *block) (*iop.ChatMessage, *surface.Error) {
+	if bl.ToolUseID == "" {
+		return nil, surface.BadRequest("messages", "%s.tool_use_id is required", at)
+	}
+	tm := &iop.ChatMessage{Role: "tool", ToolCallId: bl.ToolUseID}
+	raw := bl.Content
+	switch {
+	case !surface.Present(raw):
+	case raw[0] == '"':
+		_ = json.Unmarshal(raw, &tm.Content)
+	case raw[0] == '[':
+		var parts []block
+		if e := surface.Decode(raw, &parts); e != nil {
+			e.Message = at + ".content: " + e.Message
+			return nil, e
+		}
+		for k, p := range parts {
+			if p.Type != "text" || p.Text == nil {
+				return nil, surface.BadRequest("messages", "%s.content[%d]: block type %q is not supported in a tool_result by this model's provider (text only)", at, k, p.Type)
+			}
+			if k > 0 {
+				tm.Content += "\n"
+			}
+			tm.Content += *p.Text
+		}
+	default:
+		return nil, surface.BadRequest("messages", "%s.content must be a string or an array of text blocks", at)
+	}
+	if bl.IsError != nil && *bl.IsError {
+		tm.Content = "Error: " + tm.Content
+	}
+	return tm, nil
+}
+
+// image reads an image block's source: base64 data only; a URL or a file
+// id is refused (the node would have to fetch it).
+func image(at string, s *source) (*iop.ChatImage, *surface.Error) {
+	if s == nil {
+		return nil, surface.BadRequest("messages", "%s.source is required", at)
+	}
+	switch s.Type {
+	case "base64":
+		if !strings.HasPrefix(s.MediaType, "image/") {
+			return nil, surface.BadRequest("messages", "%s.source.media_type %q is not an image type", at, s.MediaType)
+		}
+		img, e := surface.Base64Image(at+".source.data", s.MediaType, s.Data)
+		if e != nil {
+			e.Param = "messages"
+		}
+		return img, e
+	case "url":
+		return nil, surface.BadRequest("messages", "%s.source: remote image URLs are not supported by this model's provider; send the image as base64", at)
+	default:
+		return nil, surface.BadRequest("messages", "%s.source.type %q is not supported by this model's provider (base64 only)", at, s.Type)
+	}
+}
+
+// convertTools turns Anthropic tools into an OpenAI chat "tools" array and
+// their names.
+func convertTools(tools []tool) ([]byte, []string, *surface.Error) {
+	if len(tools) == 0 {
+		return nil, nil, nil
+	}
+	out := []byte{'['}
+	names := make([]string, 0, len(tools))
+	for i, t := range tools {
+		if t.Type != "" && t.Type != "custom" {
+			return nil, nil, surface.BadRequest("tools", "tools[%d].type %q: server tools are not supported by this model's provider", i, t.Type)
+		}
+		if t.Name == "" {
+			return nil, nil, surface.BadRequest("tools", "tools[%d].name is required", i)
+		}
+		schema := t.InputSchema
+		if !surface.Present(schema) {
+			return nil, nil, surface.BadRequest("tools", "tools[%d].input_schema is required", i)
+		}
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, `{"type":"function","function":{"name":`...)
+		out = surface.AppendString(out, t.Name)
+		if t.Description != nil {
+			out = append(out, `,"description":`...)
+			out = surface.AppendString(out, *t.Description)
+		}
+		out = append(out, `,"parameters":`...)
+		out = append(out, schema...)
+		out = append(out, "}}"...)
+		names = append(names, t.Name)
+	}
+	return append(out, ']'), names, nil
+}
