@@ -1617,7 +1617,11 @@ type RunInput struct {
 	EmbedInput []string `protobuf:"bytes,15,rep,name=embed_input,json=embedInput,proto3" json:"embed_input,omitempty"`
 	// Operation "embeddings": truncate each vector to this many dimensions;
 	// 0 = the model's own size.
-	Dimensions    int64 `protobuf:"varint,16,opt,name=dimensions,proto3" json:"dimensions,omitempty"`
+	Dimensions int64 `protobuf:"varint,16,opt,name=dimensions,proto3" json:"dimensions,omitempty"`
+	// Whether the backend may drop the oldest messages when the prompt
+	// exceeds its context (true) or must fail (false); unset = backend
+	// default.
+	Truncate      *bool `protobuf:"varint,17,opt,name=truncate,proto3,oneof" json:"truncate,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1762,6 +1766,13 @@ func (x *RunInput) GetDimensions() int64 {
 		return x.Dimensions
 	}
 	return 0
+}
+
+func (x *RunInput) GetTruncate() bool {
+	if x != nil && x.Truncate != nil {
+		return *x.Truncate
+	}
+	return false
 }
 
 // ChatMessage is one message of a conversation.
@@ -3557,7 +3568,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\toperation\x18\r \x01(\tR\toperation\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9f\x05\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcd\x05\n" +
 	"\bRunInput\x127\n" +
 	"\bmessages\x18\x01 \x03(\v2\x1b.iop.runtime.v1.ChatMessageR\bmessages\x12\x1d\n" +
 	"\n" +
@@ -3580,13 +3591,15 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"embedInput\x12\x1e\n" +
 	"\n" +
 	"dimensions\x18\x10 \x01(\x03R\n" +
-	"dimensionsB\x0e\n" +
+	"dimensions\x12\x1f\n" +
+	"\btruncate\x18\x11 \x01(\bH\x06R\btruncate\x88\x01\x01B\x0e\n" +
 	"\f_temperatureB\b\n" +
 	"\x06_top_pB\a\n" +
 	"\x05_seedB\x14\n" +
 	"\x12_frequency_penaltyB\x13\n" +
 	"\x11_presence_penaltyB\b\n" +
-	"\x06_top_k\"\xcc\x01\n" +
+	"\x06_top_kB\v\n" +
+	"\t_truncate\"\xcc\x01\n" +
 	"\vChatMessage\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\tR\acontent\x12\x12\n" +

@@ -1,0 +1,565 @@
+package responses
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"iop/internal/edge/surface"
+	"iop/internal/edge/surface/openai"
+	iop "iop/proto/gen/iop"
+)
+
+// request is an OpenAI Responses request as the run path parses it (OpenAI
+// API reference, "Create a model response"): every documented field, so
+// that none is dropped unseen; Fields says what happens to each. A member
+// not listed here is a 400 naming it, as OpenAI answers.
+type request struct {
+	Model              json.RawMessage `json:"model"`
+	Input              json.RawMessage `json:"input"`
+	Instructions       *string         `json:"instructions"`
+	MaxOutputTokens    *int64          `json:"max_output_tokens"`
+	MaxToolCalls       json.RawMessage `json:"max_tool_calls"`
+	Background         *bool           `json:"background"`
+	Conversation       json.RawMessage `json:"conversation"`
+	Include            []string        `json:"include"`
+	Metadata           json.RawMessage `json:"metadata"`
+	ParallelToolCalls  *bool           `json:"parallel_tool_calls"`
+	PreviousResponseID json.RawMessage `json:"previous_response_id"`
+	Prompt             json.RawMessage `json:"prompt"`
+	PromptCacheKey     json.RawMessage `json:"prompt_cache_key"`
+	PromptCacheRetain  json.RawMessage `json:"prompt_cache_retention"`
+	Reasoning          *reasoning      `json:"reasoning"`
+	SafetyIdentifier   json.RawMessage `json:"safety_identifier"`
+	ServiceTier        json.RawMessage `json:"service_tier"`
+	Store              *bool           `json:"store"`
+	Stream             json.RawMessage `json:"stream"`
+	StreamOptions      json.RawMessage `json:"stream_options"`
+	Temperature        *float64        `json:"temperature"`
+	Text               *textConfig     `json:"text"`
+	ToolChoice         json.RawMessage `json:"tool_choice"`
+	Tools              []tool          `json:"tools"`
+	TopLogprobs        *int64          `json:"top_logprobs"`
+	TopP               *float64        `json:"top_p"`
+	Truncation         *string         `json:"truncation"`
+	User               json.RawMessage `json:"user"`
+}
+
+type reasoning struct {
+	Effort          json.RawMessage `json:"effort"`
+	Summary         json.RawMessage `json:"summary"`
+	GenerateSummary json.RawMessage `json:"generate_summary"`
+}
+
+type textConfig struct {
+	Format    json.RawMessage `json:"format"`
+	Verbosity json.RawMessage `json:"verbosity"`
+}
+
+type tool struct {
+	Type        string          `json:"type"`
+	Name        string          `json:"name"`
+	Description *string         `json:"description"`
+	Parameters  json.RawMessage `json:"parameters"`
+	Strict      *bool           `json:"strict"`
+}
+
+// item is any input item.
+type item struct {
+	Type      string          `json:"type"`
+	ID        string          `json:"id"`
+	Role      string          `json:"role"`
+	Content   json.RawMessage `json:"content"`
+	Status    string          `json:"status"`
+	CallID    string          `json:"call_id"`
+	Name      string          `json:"name"`
+	Arguments *string         `json:"arguments"`
+	Output    json.RawMessage `json:"output"`
+}
+
+type part struct {
+	Type        string          `json:"type"`
+	Text        *string         `json:"text"`
+	Annotations json.RawMessage `json:"annotations"`
+	Logprobs    json.RawMessage `json:"logprobs"`
+	ImageURL    *string         `json:"image_url"`
+	FileID      json.RawMessage `json:"file_id"`
+	Detail      json.RawMessage `json:"detail"`
+}
+
+// Fields is the run path's table of Responses request fields (issue 14):
+// every field request parses has a row.
+var Fields = []surface.Field{
+	surface.Row("model", surface.Routing, "selects the model group; the provider's target replaces it"),
+	surface.Row("input", surface.Translated, "a string or items: messages (input_text/output_text joined with \"\\n\", input_image data: URLs → images), function_call → assistant tool_calls, function_call_output → tool messages"),
+	surface.Row("instructions", surface.Translated, "a system message first"),
+	surface.Row("max_output_tokens", surface.Translated, "options.num_predict; the limit ends the response as incomplete"),
+	surface.Row("max_tool_calls", surface.Advisory, "limits calls to built-in tools, and there are none"),
+	surface.Row("background", surface.Refused, "true (stateless); false is the behaviour"),
+	surface.Row("conversation", surface.Refused, "stateless: no stored conversations"),
+	surface.Row("include", surface.Refused, "any value but reasoning.encrypted_content (no reasoning items are produced, so it adds nothing)"),
+	surface.Row("metadata", surface.Advisory, "tags echoed on the response; no effect on the answer"),
+	surface.Row("parallel_tool_calls", surface.Translated, "false: the Edge returns at most one function call"),
+	surface.Row("previous_response_id", surface.Refused, "stateless: no stored responses"),
+	surface.Row("prompt", surface.Refused, "no stored prompt templates"),
+	surface.Row("prompt_cache_key", surface.Advisory, "a prompt-cache routing hint"),
+	surface.Row("prompt_cache_retention", surface.Advisory, "a prompt-cache retention hint"),
+	surface.Row("reasoning", surface.Refused, "any non-null effort or summary: no reasoning control on the run path"),
+	surface.Row("safety_identifier", surface.Advisory, "an end-user id for abuse monitoring"),
+	surface.Row("service_tier", surface.Advisory, "a processing tier; the answer is the same"),
+	surface.Row("store", surface.Refused, "true (stateless); false is the behaviour"),
+	surface.Row("stream", surface.Routing, "RunRequest.stream"),
+	surface.Row("stream_options", surface.Advisory, "include_obfuscation: no obfuscation is added"),
+	surface.Row("temperature", surface.Translated, "options.temperature"),
+	surface.Row("text", surface.Translated, "format: json_object → format \"json\", json_schema → format <schema>; verbosity refused"),
+	surface.Row("tool_choice", surface.Translated, "\"none\" drops the tools, \"auto\" is Ollama's behaviour; \"required\" and a named function are refused by the Ollama adapter; other kinds refused"),
+	surface.Row("tools", surface.Translated, "function tools → tools; built-in tools refused"),
+	surface.Row("top_logprobs", surface.Refused, "any value but 0: output_text logprobs are not offered on this surface"),
+	surface.Row("top_p", surface.Translated, "options.top_p"),
+	surface.Row("truncation", surface.Translated, "\"auto\" → truncate true, \"disabled\" (the default) → truncate false"),
+	surface.Row("user", surface.Advisory, "an end-user id for abuse monitoring"),
+}
+
+// RequestFields lists the JSON names of every field the parser knows (for
+// the field-table test).
+func RequestFields() []string { return surface.JSONNames(request{}) }
+
+// Params is what Input read besides the RunInput: the declared tool names,
+// at most how many calls to return (0 = any; 1 with parallel_tool_calls
+// false) and Echo, the JSON members the response object repeats from the
+// request (`"instructions":…,…,"user":null`, without braces).
+type Params struct {
+	Tools        []string
+	MaxToolCalls int
+	Echo         []byte
+}
+
+// Input turns a Responses body into the normalized RunInput (SPEC Q3;
+// Fields says what happens to each field). Errors are 400s naming the
+// field.
+func Input(body []byte) (*iop.RunInput, Params, *surface.Error) {
+	var req request
+	var p Params
+	if e := surface.Decode(body, &req); e != nil {
+		return nil, p, e
+	}
+	if e := refuse(&req); e != nil {
+		return nil, p, e
+	}
+	in := &iop.RunInput{}
+	if req.Instructions != nil && *req.Instructions != "" {
+		in.Messages = append(in.Messages, &iop.ChatMessage{Role: "system", Content: *req.Instructions})
+	}
+	msgs, e := convertInput(req.Input)
+	if e != nil {
+		return nil, p, e
+	}
+	in.Messages = append(in.Messages, msgs...)
+	toolsJSON, names, e := convertTools(req.Tools)
+	if e != nil {
+		return nil, p, e
+	}
+	in.ToolsJson, p.Tools = toolsJSON, names
+	if in.ToolChoiceJson, e = toolChoice(req.ToolChoice); e != nil {
+		return nil, p, e
+	}
+	if req.ParallelToolCalls != nil && !*req.ParallelToolCalls {
+		p.MaxToolCalls = 1
+	}
+	if req.MaxOutputTokens != nil {
+		if *req.MaxOutputTokens < 1 {
+			return nil, p, surface.BadRequest("max_output_tokens", "field \"max_output_tokens\" must be at least 1")
+		}
+		in.MaxTokens = *req.MaxOutputTokens
+	}
+	in.Temperature, in.TopP = req.Temperature, req.TopP
+	if req.Text != nil && surface.Present(req.Text.Format) {
+		if in.ResponseFormatJson, e = responseFormat(req.Text.Format); e != nil {
+			return nil, p, e
+		}
+	}
+	truncation := "disabled"
+	if req.Truncation != nil {
+		truncation = *req.Truncation
+	}
+	switch truncation {
+	case "disabled":
+		in.Truncate = new(bool)
+	case "auto":
+		t := true
+		in.Truncate = &t
+	default:
+		return nil, p, surface.BadRequest("truncation", "field \"truncation\": want \"auto\" or \"disabled\", got %q", truncation)
+	}
+	p.Echo = echo(&req, truncation)
+	return in, p, nil
+}
+
+// refuse answers the fields Fields marks refused with a 400 naming the
+// field.
+func refuse(r *request) *surface.Error {
+	switch {
+	case surface.Present(r.PreviousResponseID):
+		return surface.BadRequest("previous_response_id", "field \"previous_response_id\": this model's provider is stateless; send the whole conversation in \"input\"")
+	case surface.Present(r.Conversation):
+		return surface.BadRequest("conversation", "field \"conversation\": this model's provider is stateless; send the whole conversation in \"input\"")
+	case r.Store != nil && *r.Store:
+		return surface.BadRequest("store", "field \"store\": this model's provider is stateless and stores nothing; send \"store\": false")
+	case r.Background != nil && *r.Background:
+		return surface.BadRequest("background", "field \"background\": background responses need stored state, which this model's provider does not keep")
+	case surface.Present(r.Prompt):
+		return surface.BadRequest("prompt", "field \"prompt\": stored prompt templates are not supported by this model's provider")
+	case r.TopLogprobs != nil && *r.TopLogprobs != 0:
+		return surface.BadRequest("top_logprobs", "field \"top_logprobs\": log probabilities are not offered on /v1/responses by this model's provider; use /v1/chat/completions")
+	case r.Text != nil && surface.Present(r.Text.Verbosity):
+		return surface.BadRequest("text", "field \"text.verbosity\" is not supported by this model's provider")
+	}
+	if r.Reasoning != nil && (surface.Present(r.Reasoning.Effort) || surface.Present(r.Reasoning.Summary) || surface.Present(r.Reasoning.GenerateSummary)) {
+		return surface.BadRequest("reasoning", "field \"reasoning\": reasoning control is not supported by this model's provider")
+	}
+	for _, inc := range r.Include {
+		if inc != "reasoning.encrypted_content" {
+			return surface.BadRequest("include", "field \"include\": %q is not supported by this model's provider", inc)
+		}
+	}
+	return nil
+}
+
+// convertInput reads "input": a string (one user message) or an array of
+// items.
+func convertInput(raw json.RawMessage) ([]*iop.ChatMessage, *surface.Error) {
+	if !surface.Present(raw) {
+		return nil, surface.BadRequest("input", "missing required field \"input\"")
+	}
+	if raw[0] == '"' {
+		var s string
+		_ = json.Unmarshal(raw, &s)
+		return []*iop.ChatMessage{{Role: "user", Content: s}}, nil
+	}
+	if raw[0] != '[' {
+		return nil, surface.BadRequest("input", "field \"input\" must be a string or an array of items")
+	}
+	var items []item
+	if e := surface.Decode(raw, &items); e != nil {
+		e.Message = "input: " + e.Message
+		return nil, e
+	}
+	if len(items) == 0 {
+		return nil, surface.BadRequest("input", "field \"input\" must hold at least one item")
+	}
+	var out []*iop.ChatMessage
+	for i := range items {
+		it := &items[i]
+		at := "input[" + strconv.Itoa(i) + "]"
+		switch it.Type {
+		case "", "message":
+			m, e := message(at, it)
+			if e != nil {
+				return nil, e
+			}
+			out = append(out, m)
+		case "function_call":
+			if it.CallID == "" || it.Name == "" {
+				return nil, surface.BadRequest("input", "%s: a function_call needs \"call_id\" and \"name\"", at)
+			}
+			args := "{}"
+			if it.Arguments != nil && *it.Arguments != "" {
+				args = *it.Arguments
+			}
+			var last *iop.ChatMessage
+			if n := len(out); n > 0 && out[n-1].Role == "assistant" {
+				last = out[n-1]
+			} else {
+				last = &iop.ChatMessage{Role: "assistant"}
+				out = append(out, last)
+			}
+			last.ToolCallsJson = appendCall(last.ToolCallsJson, it.CallID, it.Name, args)
+		case "function_call_output":
+			if it.CallID == "" {
+				return nil, surface.BadRequest("input", "%s: a function_call_output needs \"call_id\"", at)
+			}
+			text, e := outputText(at, it.Output)
+			if e != nil {
+				return nil, e
+			}
+			out = append(out, &iop.ChatMessage{Role: "tool", ToolCallId: it.CallID, Content: text})
+		default:
+			return nil, surface.BadRequest("input", "%s: item type %q is not supported by this model's provider (message, function_call, function_call_output)", at, it.Type)
+		}
+	}
+	return out, nil
+}
+
+// appendCall adds one OpenAI-shaped tool call to a tool_calls JSON array.
+func appendCall(calls []byte, id, name, args string) []byte {
+	if len(calls) == 0 {
+		calls = append(calls, '[')
+	} else {
+		calls = calls[:len(calls)-1]
+		calls = append(calls, ',')
+	}
+	calls = append(calls, `{"id":`...)
+	calls = surface.AppendString(calls, id)
+	calls = append(calls, `,"type":"function","function":{"name":`...)
+	calls = surface.AppendString(calls, name)
+	calls = append(calls, `,"arguments":`...)
+	calls = surface.AppendString(calls, args)
+	return append(calls, "}}]"...)
+}
+
+func message(at string, it *item) (*iop.ChatMessage, *surface.Error) {
+	m := &iop.ChatMessage{Role: it.Role}
+	switch it.Role {
+	case "user", "assistant", "system":
+	case "developer":
+		m.Role = "system"
+	default:
+		return nil, surface.BadRequest("input", "%s.role %q is not one of user, assistant, system, developer", at, it.Role)
+	}
+	raw := it.Content
+	switch {
+	case !surface.Present(raw):
+		return nil, surface.BadRequest("input", "%s.content is required", at)
+	case raw[0] == '"':
+		_ = json.Unmarshal(raw, &m.Content)
+		return m, nil
+	case raw[0] != '[':
+		return nil, surface.BadRequest("input", "%s.content must be a string or an array of content parts", at)
+	}
+	var parts []part
+	if e := surface.Decode(raw, &parts); e != nil {
+		e.Message = at + ".content: " + e.Message
+		return nil, e
+	}
+	var b strings.Builder
+	texts := 0
+	for j, p := range parts {
+		pat := fmt.Sprintf("%s.content[%d]", at, j)
+		switch {
+		case p.Type == "input_text" || p.Type == "output_text":
+			if p.Text == nil {
+				return nil, surface.BadRequest("input", "%s.text is required", pat)
+			}
+			if texts > 0 {
+				b.WriteByte('\n')
+			}
+			texts++
+			b.WriteString(*p.Text)
+		case p.Type == "input_image" && m.Role == "user":
+			if surface.Present(p.FileID) || p.ImageURL == nil {
+				return nil, surface.BadRequest("input", "%s: only image_url with a data: URL is supported by this model's provider", pat)
+			}
+			img, e := surface.DataURLImage(pat+".image_url", *p.ImageURL)
+			if e != nil {
+				e.Param = "input"
+				return nil, e
+			}
+			m.Images = append(m.Images, img)
+		default:
+			return nil, surface.BadRequest("input", "%s: part type %q is not supported by this model's provider on a %s message", pat, p.Type, it.Role)
+		}
+	}
+	m.Content = b.String()
+	return m, nil
+}
+
+// outputText reads a function_call_output's output: a string or an array
+// of input_text parts.
+func outputText(at string, raw json.RawMessage) (string, *surface.Error) {
+	switch {
+	case !surface.Present(raw):
+		return "", nil
+	case raw[0] == '"':
+		var s string
+		_ = json.Unmarshal(raw, &s)
+		return s, nil
+	case raw[0] == '[':
+		var parts []part
+		if e := surface.Decode(raw, &parts); e != nil {
+			e.Message = at + ".output: " + e.Message
+			return "", e
+		}
+		var b strings.Builder
+		for j, p := range parts {
+			if p.Type != "input_text" || p.Text == nil {
+				return "", surface.BadRequest("input", "%s.output[%d]: part type %q is not supported by this model's provider (input_text only)", at, j, p.Type)
+			}
+			if j > 0 {
+				b.WriteByte('\n')
+			}
+			b.WriteString(*p.Text)
+		}
+		return b.String(), nil
+	}
+	return "", surface.BadRequest("input", "%s.output must be a string or an array of input_text parts", at)
+}
+
+// convertTools turns Responses function tools into an OpenAI chat "tools"
+// array and their names.
+func convertTools(tools []tool) ([]byte, []string, *surface.Error) {
+	if len(tools) == 0 {
+		return nil, nil, nil
+	}
+	out := []byte{'['}
+	names := make([]string, 0, len(tools))
+	for i, t := range tools {
+		if t.Type != "function" {
+			return nil, nil, surface.BadRequest("tools", "tools[%d].type %q: built-in tools are not supported by this model's provider (function tools only)", i, t.Type)
+		}
+		if t.Name == "" {
+			return nil, nil, surface.BadRequest("tools", "tools[%d].name is required", i)
+		}
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, `{"type":"function","function":{"name":`...)
+		out = surface.AppendString(out, t.Name)
+		if t.Description != nil {
+			out = append(out, `,"description":`...)
+			out = surface.AppendString(out, *t.Description)
+		}
+		if surface.Present(t.Parameters) {
+			out = append(out, `,"parameters":`...)
+			out = append(out, t.Parameters...)
+		}
+		if t.Strict != nil {
+			out = append(out, `,"strict":`...)
+			out = strconv.AppendBool(out, *t.Strict)
+		}
+		out = append(out, "}}"...)
+		names = append(names, t.Name)
+	}
+	return append(out, ']'), names, nil
+}
+
+// toolChoice turns a Responses tool_choice into the chat shape.
+func toolChoice(raw json.RawMessage) ([]byte, *surface.Error) {
+	if !surface.Present(raw) {
+		return nil, nil
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		switch s {
+		case "none", "auto", "required":
+			return raw, nil
+		}
+		return nil, surface.BadRequest("tool_choice", "field \"tool_choice\": want \"none\", \"auto\", \"required\" or a function, got %q", s)
+	}
+	var f struct {
+		Type string `json:"type"`
+		Name string `json:"name"`
+	}
+	if json.Unmarshal(raw, &f) != nil || f.Type != "function" || f.Name == "" {
+		return nil, surface.BadRequest("tool_choice", "field \"tool_choice\": only \"none\", \"auto\", \"required\" and {\"type\":\"function\",\"name\":…} are supported by this model's provider")
+	}
+	return append(surface.AppendString([]byte(`{"type":"function","function":{"name":`), f.Name), "}}"...), nil
+}
+
+// responseFormat turns text.format into the chat response_format:
+// {"type":"json_schema","name","schema","strict"} → {"type":"json_schema",
+// "json_schema":{…}}.
+func responseFormat(raw json.RawMessage) ([]byte, *surface.Error) {
+	var f struct {
+		Type        string          `json:"type"`
+		Name        string          `json:"name"`
+		Schema      json.RawMessage `json:"schema"`
+		Strict      *bool           `json:"strict"`
+		Description *string         `json:"description"`
+	}
+	if err := json.Unmarshal(raw, &f); err != nil {
+		return nil, surface.BadRequest("text", "field \"text.format\" must be an object with a \"type\"")
+	}
+	switch f.Type {
+	case "text":
+		return nil, nil
+	case "json_object":
+		return []byte(`{"type":"json_object"}`), nil
+	case "json_schema":
+		if len(f.Schema) == 0 || f.Schema[0] != '{' {
+			return nil, surface.BadRequest("text", "field \"text.format.schema\" must be a JSON Schema object")
+		}
+		b := append([]byte(`{"type":"json_schema","json_schema":{"name":`), surface.AppendString(nil, f.Name)...)
+		b = append(b, `,"schema":`...)
+		b = append(b, f.Schema...)
+		if f.Strict != nil {
+			b = append(b, `,"strict":`...)
+			b = strconv.AppendBool(b, *f.Strict)
+		}
+		b = append(b, "}}"...)
+		if _, e := openai.ResponseFormat("text", b); e != nil {
+			return nil, e
+		}
+		return b, nil
+	}
+	return nil, surface.BadRequest("text", "field \"text.format\": type %q is not one of text, json_object, json_schema", f.Type)
+}
+
+// echo builds the members a response object repeats from the request.
+func echo(r *request, truncation string) []byte {
+	raw := func(b []byte, v json.RawMessage, def string) []byte {
+		if surface.Present(v) {
+			return append(b, v...)
+		}
+		return append(b, def...)
+	}
+	b := []byte(`"instructions":`)
+	if r.Instructions != nil {
+		b = surface.AppendString(b, *r.Instructions)
+	} else {
+		b = append(b, "null"...)
+	}
+	b = append(b, `,"max_output_tokens":`...)
+	if r.MaxOutputTokens != nil {
+		b = strconv.AppendInt(b, *r.MaxOutputTokens, 10)
+	} else {
+		b = append(b, "null"...)
+	}
+	b = append(b, `,"metadata":`...)
+	b = raw(b, r.Metadata, "{}")
+	b = append(b, `,"parallel_tool_calls":`...)
+	b = strconv.AppendBool(b, r.ParallelToolCalls == nil || *r.ParallelToolCalls)
+	b = append(b, `,"previous_response_id":null,"reasoning":{"effort":null,"summary":null},"store":false,"temperature":`...)
+	b = appendFloat(b, r.Temperature, 1)
+	b = append(b, `,"text":{"format":`...)
+	if r.Text != nil {
+		b = raw(b, r.Text.Format, `{"type":"text"}`)
+	} else {
+		b = append(b, `{"type":"text"}`...)
+	}
+	b = append(b, `},"tool_choice":`...)
+	b = raw(b, r.ToolChoice, `"auto"`)
+	b = append(b, `,"tools":[`...)
+	for i, t := range r.Tools {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"type":"function","name":`...)
+		b = surface.AppendString(b, t.Name)
+		b = append(b, `,"description":`...)
+		if t.Description != nil {
+			b = surface.AppendString(b, *t.Description)
+		} else {
+			b = append(b, "null"...)
+		}
+		b = append(b, `,"parameters":`...)
+		b = raw(b, t.Parameters, "null")
+		b = append(b, `,"strict":`...)
+		b = strconv.AppendBool(b, t.Strict == nil || *t.Strict)
+		b = append(b, '}')
+	}
+	b = append(b, `],"top_p":`...)
+	b = appendFloat(b, r.TopP, 1)
+	b = append(b, `,"truncation":`...)
+	b = surface.AppendString(b, truncation)
+	b = append(b, `,"user":`...)
+	return raw(b, r.User, "null")
+}
+
+func appendFloat(b []byte, v *float64, def float64) []byte {
+	f := def
+	if v != nil {
+		f = *v
+	}
+	return strconv.AppendFloat(b, f, 'g', -1, 64)
+}
