@@ -109,7 +109,7 @@ var outCases = []outCase{
 			map[string]string{surface.MetaToolCalls: st.OneCall})}},
 	{name: "T5 non-stream two tool calls", golden: "nonstream_two_tool_uses.json", tools: []string{"get_weather", "get_time"}, status: 200,
 		wantStop: "tool_use",
-		events: []*iop.RunEvent{st.Start(), st.Complete(2, "", "tool_calls", st.Usage(40, 8), map[string]string{surface.MetaToolCalls: st.TwoCalls})}},
+		events:   []*iop.RunEvent{st.Start(), st.Complete(2, "", "tool_calls", st.Usage(40, 8), map[string]string{surface.MetaToolCalls: st.TwoCalls})}},
 	{name: "T5 disable_parallel_tool_use keeps the first call", golden: "stream_one_of_two_tool_uses.sse", stream: true,
 		tools: []string{"get_weather", "get_time"}, maxCalls: 1, status: 200, wantStop: "tool_use",
 		events: []*iop.RunEvent{st.Start(), st.Complete(2, "", "tool_calls", st.Usage(40, 8), map[string]string{surface.MetaToolCalls: st.TwoCalls})}},
