@@ -65,7 +65,7 @@ func parseHead(body []byte, ep *endpoint, hd *head) *apiError {
 			default:
 				return badRequest("stream", "field \"stream\" must be a boolean")
 			}
-		case ep.chat && keyIs(key, "stream_options"):
+		case ep.run == runChat && keyIs(key, "stream_options"):
 			switch kind(body, val) {
 			case 'n':
 			case '{':
@@ -268,8 +268,10 @@ func (h *Handler) start(x *exchange) (dispatch.Stream, sink) {
 	switch {
 	case l.Type == config.TypeOpenAICompat:
 		return h.tunnel(x)
-	case l.Type == config.TypeOllama && x.ep.chat:
+	case l.Type == config.TypeOllama && x.ep.run != runNone:
 		return h.run(x)
+	case l.Type == config.TypeOllama:
+		return h.tunnel(x) // the node's built-in Ollama profile (/v1/completions)
 	}
 	writeError(x.out.w, x.ep.surface, badGateway("operation_not_supported", "provider "+l.Provider+" of type "+
 		l.Type+" cannot serve "+x.ep.path))

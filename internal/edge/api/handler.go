@@ -204,17 +204,19 @@ func PrincipalFromContext(ctx context.Context) (principal string, ok bool) {
 // endpoint describes one model-serving route.
 type endpoint struct {
 	surface   surface
-	operation string // pool/profile operation (SPEC T1)
-	path      string // the tunnel's fallback path
-	chat      bool   // /v1/chat/completions: the run path is possible
-	field     string // the required array field ("messages"), if any
+	operation string  // pool/profile operation (SPEC T1)
+	path      string  // the tunnel's fallback path
+	run       runKind // the run-path surface (run.go); runNone = tunnel only
+	field     string  // the required array field ("messages"), if any
 }
 
 var (
-	epChat        = endpoint{surfaceOpenAI, config.OpChatCompletions, "/v1/chat/completions", true, "messages"}
-	epResponses   = endpoint{surfaceOpenAI, config.OpResponses, "/v1/responses", false, ""}
-	epMessages    = endpoint{surfaceAnthropic, config.OpMessages, "/v1/messages", false, "messages"}
-	epCountTokens = endpoint{surfaceAnthropic, config.OpCountTokens, "/v1/messages/count_tokens", false, "messages"}
+	epChat        = endpoint{surfaceOpenAI, config.OpChatCompletions, "/v1/chat/completions", runChat, "messages"}
+	epResponses   = endpoint{surfaceOpenAI, config.OpResponses, "/v1/responses", runResponses, ""}
+	epMessages    = endpoint{surfaceAnthropic, config.OpMessages, "/v1/messages", runMessages, "messages"}
+	epCountTokens = endpoint{surfaceAnthropic, config.OpCountTokens, "/v1/messages/count_tokens", runCountTokens, "messages"}
+	epCompletions = endpoint{surfaceOpenAI, config.OpCompletions, "/v1/completions", runNone, ""}
+	epEmbeddings  = endpoint{surfaceOpenAI, config.OpEmbeddings, "/v1/embeddings", runEmbeddings, ""}
 )
 
 // ServeHTTP routes one request. Unknown paths get 404 and known paths with
@@ -288,6 +290,10 @@ func surfaceOf(path string) string {
 		return epMessages.operation
 	case epCountTokens.path:
 		return epCountTokens.operation
+	case epCompletions.path:
+		return epCompletions.operation
+	case epEmbeddings.path:
+		return epEmbeddings.operation
 	}
 	return surfaceOther
 }
@@ -317,6 +323,10 @@ func (h *Handler) route(w *recorder, r *http.Request) (context.Context, *view, *
 		ep = &epMessages
 	case "/v1/messages/count_tokens":
 		ep = &epCountTokens
+	case "/v1/completions":
+		ep = &epCompletions
+	case "/v1/embeddings":
+		ep = &epEmbeddings
 	default:
 		s := surfaceOpenAI
 		if strings.HasPrefix(r.URL.Path, "/v1/messages/") {

@@ -7,22 +7,37 @@ import (
 	"iop/internal/edge/config"
 	"iop/internal/edge/dispatch"
 	apisurface "iop/internal/edge/surface"
+	"iop/internal/edge/surface/anthropic"
 	"iop/internal/edge/surface/openai"
+	"iop/internal/edge/surface/responses"
 	iop "iop/proto/gen/iop"
+)
+
+// runKind is the run-path surface of an endpoint: which package converts
+// its requests and encodes its responses.
+type runKind uint8
+
+const (
+	runNone        runKind = iota // tunnel only
+	runChat                       // surface/openai Chat
+	runMessages                   // surface/anthropic Messages
+	runCountTokens                // surface/anthropic Count
+	runResponses                  // surface/responses Encoder
+	runEmbeddings                 // surface/openai Embeddings
 )
 
 // run sends the normalized RunRequest (SPEC Q3) built by the endpoint's
 // surface from the client's body; its sink encodes the run's events in that
 // surface's response shape (SPEC T5).
 func (h *Handler) run(x *exchange) (dispatch.Stream, sink) {
-	in, cp, e := openai.ChatInput(x.body)
+	s, req, e := h.runSurface(x)
 	if e != nil {
 		writeError(x.out.w, x.ep.surface, fromSurface(e))
 		return nil, nil
 	}
-	l, hd := x.lease, &x.head
-	req := &iop.RunRequest{Adapter: l.Provider, Target: l.Target, Input: in, ResponseStallTimeoutMs: l.StallTimeoutMs,
-		Stream: hd.stream, RequestId: x.acc.rec.RequestID}
+	l := x.lease
+	req.Adapter, req.Target, req.ResponseStallTimeoutMs = l.Provider, l.Target, l.StallTimeoutMs
+	req.RequestId = x.acc.rec.RequestID
 	var ok bool
 	if req.CredentialLease, req.CredentialBinding, ok = h.credential(x); !ok {
 		return nil, nil
@@ -32,11 +47,59 @@ func (h *Handler) run(x *exchange) (dispatch.Stream, sink) {
 		h.startFailed(x, err)
 		return nil, nil
 	}
-	s := &runSink[openai.Chat, *openai.Chat]{h: h, x: x}
-	s.enc.Init(openai.ChatOptions{Model: hd.model, ID: "chatcmpl-" + h.o.NewID(), Created: h.o.Now().Unix(),
-		Stream: hd.stream, IncludeUsage: hd.includeUsage, Tools: cp.Tools, Hold: l.Type != config.TypeOllama,
-		Logprobs: cp.Logprobs, MaxToolCalls: cp.MaxToolCalls, NewID: h.o.NewID})
 	return st, s
+}
+
+// runSurface converts x's body with its endpoint's surface into the
+// RunRequest's input and returns the sink that encodes the answer.
+func (h *Handler) runSurface(x *exchange) (sink, *iop.RunRequest, *apisurface.Error) {
+	hd := &x.head
+	hold := x.lease.Type != config.TypeOllama // text tool calls (E9) only on openai_compat adapters
+	switch x.ep.run {
+	case runChat:
+		in, p, e := openai.ChatInput(x.body)
+		if e != nil {
+			return nil, nil, e
+		}
+		s := &runSink[openai.Chat, *openai.Chat]{h: h, x: x, stream: hd.stream}
+		s.enc.Init(openai.ChatOptions{Model: hd.model, ID: "chatcmpl-" + h.o.NewID(), Created: h.o.Now().Unix(),
+			Stream: hd.stream, IncludeUsage: hd.includeUsage, Tools: p.Tools, Hold: hold,
+			Logprobs: p.Logprobs, MaxToolCalls: p.MaxToolCalls, NewID: h.o.NewID})
+		return s, &iop.RunRequest{Input: in, Stream: hd.stream}, nil
+	case runMessages:
+		in, p, e := anthropic.Input(x.body, false)
+		if e != nil {
+			return nil, nil, e
+		}
+		s := &runSink[anthropic.Messages, *anthropic.Messages]{h: h, x: x, stream: hd.stream}
+		s.enc.Init(anthropic.Options{Model: hd.model, ID: "msg_" + h.o.NewID(), Stream: hd.stream, Tools: p.Tools,
+			MaxToolCalls: p.MaxToolCalls, Hold: hold, NewID: h.o.NewID})
+		return s, &iop.RunRequest{Input: in, Stream: hd.stream}, nil
+	case runCountTokens:
+		in, _, e := anthropic.Input(x.body, true)
+		if e != nil {
+			return nil, nil, e
+		}
+		return &runSink[anthropic.Count, *anthropic.Count]{h: h, x: x}, &iop.RunRequest{Input: in}, nil
+	case runResponses:
+		in, p, e := responses.Input(x.body)
+		if e != nil {
+			return nil, nil, e
+		}
+		s := &runSink[responses.Encoder, *responses.Encoder]{h: h, x: x, stream: hd.stream}
+		s.enc.Init(responses.Options{Model: hd.model, ID: "resp_" + h.o.NewID(), Created: h.o.Now().Unix(), Stream: hd.stream,
+			Tools: p.Tools, MaxToolCalls: p.MaxToolCalls, Echo: p.Echo, Hold: hold, NewID: h.o.NewID})
+		return s, &iop.RunRequest{Input: in, Stream: hd.stream}, nil
+	case runEmbeddings:
+		in, b64, e := openai.EmbeddingsInput(x.body)
+		if e != nil {
+			return nil, nil, e
+		}
+		s := &runSink[openai.Embeddings, *openai.Embeddings]{h: h, x: x}
+		s.enc.Init(hd.model, b64)
+		return s, &iop.RunRequest{Input: in, Operation: "embeddings"}, nil
+	}
+	return nil, nil, apisurface.BadRequest("", "%s has no run-path surface", x.ep.path)
 }
 
 // encoder is a surface encoder held by value in its runSink, so that a
@@ -53,9 +116,10 @@ type encoder[T any] interface {
 // COMPLETE, ends the response with exactly one error outcome: an HTTP error
 // in the surface's shape before any byte, the encoder's error event after.
 type runSink[T any, E encoder[T]] struct {
-	h   *Handler
-	x   *exchange
-	enc T
+	h      *Handler
+	x      *exchange
+	enc    T
+	stream bool // SSE events, else one JSON body
 
 	committed bool // status line written
 	finished  bool // a terminal outcome was written
@@ -112,7 +176,7 @@ func (s *runSink[T, E]) handle(env *iop.Envelope) (bool, error) {
 // write sends p: the stream's next events, or the whole non-stream body.
 func (s *runSink[T, E]) write(p []byte) error {
 	w := s.x.out.w
-	if !s.x.head.stream {
+	if !s.stream {
 		h := w.Header()
 		h.Set("Content-Type", "application/json")
 		h.Set("Content-Length", strconv.Itoa(len(p)))

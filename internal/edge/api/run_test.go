@@ -379,16 +379,17 @@ func TestResponseWaitTimeout(t *testing.T) {
 	}
 }
 
-// Q3: a lease whose type cannot serve the endpoint (an ollama provider for
-// /v1/messages) is refused in the surface's shape and still released once.
+// Q3: a lease whose type cannot serve the endpoint (one of a type this
+// Edge does not know) is refused in the surface's shape and still released
+// once.
 func TestLeaseTypeCannotServeEndpoint(t *testing.T) {
 	leakcheck.Check(t)
-	r := newRig(t, config.TypeOllama, nil)
-	resp, got := r.do(t, "POST", "/v1/messages", chatBody)
+	r := newRig(t, "vllm_native", nil)
+	resp, got := r.do(t, "POST", "/v1/completions", `{"model":"tiny","prompt":"hi"}`)
 	if resp.StatusCode != 502 {
 		t.Fatalf("status %d: %s", resp.StatusCode, got)
 	}
-	checkShape(t, got, true)
+	checkShape(t, got, false)
 	r.srv.Close()
 	if r.fp.releases.Load() != 1 || len(r.d.targets) != 0 {
 		t.Errorf("releases %d dispatches %d, want 1 0", r.fp.releases.Load(), len(r.d.targets))

@@ -176,6 +176,8 @@ type ProfileOverrides struct {
 	MessagesPath        *string `json:"messages_path"`
 	CountTokensPath     *string `json:"count_tokens_path"`
 	ResponsesPath       *string `json:"responses_path"`
+	CompletionsPath     *string `json:"completions_path"`
+	EmbeddingsPath      *string `json:"embeddings_path"`
 	HealthPath          *string `json:"health_path"`
 	NativeTools         *bool   `json:"native_tools"`
 }
@@ -556,7 +558,8 @@ func (c *Config) validateAdapter(ap string, a *Adapter, add func(string, string,
 				name string
 				v    *string
 			}{{"models_path", o.ModelsPath}, {"chat_completions_path", o.ChatCompletionsPath}, {"messages_path", o.MessagesPath},
-				{"count_tokens_path", o.CountTokensPath}, {"responses_path", o.ResponsesPath}, {"health_path", o.HealthPath}} {
+				{"count_tokens_path", o.CountTokensPath}, {"responses_path", o.ResponsesPath}, {"health_path", o.HealthPath},
+				{"completions_path", o.CompletionsPath}, {"embeddings_path", o.EmbeddingsPath}} {
 				if f.v != nil && *f.v != "" && !validPath(*f.v) {
 					add(ap+".profile_overrides."+f.name, "want a path starting with '/', without a host, query or '..', got %q", *f.v)
 				}

@@ -174,7 +174,8 @@ func TestNodePayload(t *testing.T) {
 	}
 	ls := p.Adapters[1]
 	prof := ls.GetOpenaiCompat().GetProtocolProfile()
-	if prof.GetName() != "llamacpp" || prof.GetMessagesPath() != "/v1/messages" || prof.GetBaseUrl() != "http://127.0.0.1:8081" || prof.GetResponsesPath() != "" {
+	if prof.GetName() != "llamacpp" || prof.GetMessagesPath() != "/v1/messages" || prof.GetBaseUrl() != "http://127.0.0.1:8081" || prof.GetResponsesPath() != "/v1/responses" ||
+		prof.GetCompletionsPath() != "/v1/completions" || prof.GetEmbeddingsPath() != "/v1/embeddings" {
 		t.Errorf("resolved profile: got %v", prof)
 	}
 	if ls.ApiKeyEnv != "LLAMA_KEY" {
@@ -209,10 +210,10 @@ func TestProfileOverridesAndOperations(t *testing.T) {
 	if p.ResponsesPath != "" || p.AuthHeader != "x-api-key" || p.NativeTools {
 		t.Errorf("overrides not applied: %v", p)
 	}
-	if got := strings.Join(Operations(a), ","); got != "models,chat_completions" {
+	if got := strings.Join(Operations(a), ","); got != "models,chat_completions,completions,embeddings" {
 		t.Errorf("vllm ops with responses disabled: got %s", got)
 	}
-	if got := strings.Join(Operations(&Adapter{Type: TypeOllama}), ","); got != "chat_completions,models" {
+	if got := strings.Join(Operations(&Adapter{Type: TypeOllama}), ","); got != "chat_completions,models,messages,count_tokens,responses,completions,embeddings" {
 		t.Errorf("ollama ops: got %s", got)
 	}
 	for _, name := range []string{ProfileOpenAI, ProfileVLLM, ProfileLlamaCpp, ProfileOllama} {

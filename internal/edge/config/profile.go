@@ -17,6 +17,8 @@ const (
 	OpMessages        = "messages"
 	OpCountTokens     = "count_tokens"
 	OpResponses       = "responses"
+	OpCompletions     = "completions"
+	OpEmbeddings      = "embeddings"
 )
 
 // profileDefaults is one named profile before overrides.
@@ -24,17 +26,21 @@ type profileDefaults struct {
 	defaultBaseURL                                                                        string
 	authHeader, authScheme                                                                string
 	modelsPath, chatCompletionsPath, messagesPath, countTokensPath, responsesPath, health string
+	completionsPath, embeddingsPath                                                       string
 	nativeTools                                                                           bool
 }
 
-// namedProfile returns the defaults of a named profile. Paths follow each
-// server's documentation: OpenAI's API reference; vLLM's OpenAI-compatible
-// server; llama.cpp's llama-server (which also serves Anthropic /v1/messages
-// and /v1/messages/count_tokens); Ollama's /v1 compatibility layer (which
-// also serves /v1/messages and /v1/responses).
+// namedProfile returns the defaults of a named profile. Paths follow what
+// each server serves: OpenAI's API reference; vLLM's OpenAI-compatible
+// server; llama.cpp's llama-server (commit e95dae18: also Anthropic
+// /v1/messages and /v1/messages/count_tokens, and /v1/responses); Ollama
+// 0.17.4's /v1 compatibility layer (also /v1/messages and /v1/responses, no
+// count_tokens). The llamacpp and ollama paths were checked against those
+// real servers (README, "Backends checked").
 func namedProfile(name string) (profileDefaults, bool) {
 	d := profileDefaults{authHeader: "Authorization", authScheme: "Bearer",
-		modelsPath: "/v1/models", chatCompletionsPath: "/v1/chat/completions", nativeTools: true}
+		modelsPath: "/v1/models", chatCompletionsPath: "/v1/chat/completions",
+		completionsPath: "/v1/completions", embeddingsPath: "/v1/embeddings", nativeTools: true}
 	switch name {
 	case ProfileOpenAI:
 		d.defaultBaseURL = "https://api.openai.com"
@@ -46,6 +52,7 @@ func namedProfile(name string) (profileDefaults, bool) {
 	case ProfileLlamaCpp:
 		d.messagesPath = "/v1/messages"
 		d.countTokensPath = "/v1/messages/count_tokens"
+		d.responsesPath = "/v1/responses"
 		d.health = "/health"
 	case ProfileOllama:
 		d.messagesPath = "/v1/messages"
@@ -74,6 +81,7 @@ func ResolveProfile(a *Adapter) *iop.ConcreteProtocolProfile {
 		ModelsPath: d.modelsPath, ChatCompletionsPath: d.chatCompletionsPath,
 		MessagesPath: d.messagesPath, CountTokensPath: d.countTokensPath,
 		ResponsesPath: d.responsesPath, NativeTools: d.nativeTools, HealthPath: d.health,
+		CompletionsPath: d.completionsPath, EmbeddingsPath: d.embeddingsPath,
 	}
 	if o := a.ProfileOverrides; o != nil {
 		set := func(dst *string, v *string) {
@@ -89,6 +97,8 @@ func ResolveProfile(a *Adapter) *iop.ConcreteProtocolProfile {
 		set(&p.CountTokensPath, o.CountTokensPath)
 		set(&p.ResponsesPath, o.ResponsesPath)
 		set(&p.HealthPath, o.HealthPath)
+		set(&p.CompletionsPath, o.CompletionsPath)
+		set(&p.EmbeddingsPath, o.EmbeddingsPath)
 		if o.NativeTools != nil {
 			p.NativeTools = *o.NativeTools
 		}
@@ -96,13 +106,15 @@ func ResolveProfile(a *Adapter) *iop.ConcreteProtocolProfile {
 	return p
 }
 
-// Operations lists the operations adapter a serves: an ollama adapter serves
-// chat_completions (through the normalized run path) and models; an
+// Operations lists the operations adapter a serves: an ollama adapter
+// serves chat_completions, messages, count_tokens, responses and embeddings
+// through the normalized run path (Ollama's /api/chat and /api/embed) and
+// models and completions through the node's tunnel to Ollama's /v1 layer; an
 // openai_compat adapter serves each operation its resolved profile has a
 // path for.
 func Operations(a *Adapter) []string {
 	if a.Type == TypeOllama {
-		return []string{OpChatCompletions, OpModels}
+		return []string{OpChatCompletions, OpModels, OpMessages, OpCountTokens, OpResponses, OpCompletions, OpEmbeddings}
 	}
 	p := ResolveProfile(a)
 	if p == nil {
@@ -112,7 +124,8 @@ func Operations(a *Adapter) []string {
 	for _, o := range []struct {
 		op, path string
 	}{{OpModels, p.ModelsPath}, {OpChatCompletions, p.ChatCompletionsPath}, {OpMessages, p.MessagesPath},
-		{OpCountTokens, p.CountTokensPath}, {OpResponses, p.ResponsesPath}} {
+		{OpCountTokens, p.CountTokensPath}, {OpResponses, p.ResponsesPath},
+		{OpCompletions, p.CompletionsPath}, {OpEmbeddings, p.EmbeddingsPath}} {
 		if o.path != "" {
 			ops = append(ops, o.op)
 		}

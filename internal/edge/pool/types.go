@@ -16,14 +16,16 @@ type Key struct {
 
 func (k Key) String() string { return k.Node + "/" + k.Provider }
 
-// Operations a provider profile can support (SPEC T1). An Ollama resource
-// supports OpChatCompletions only.
+// Operations a provider profile can support (SPEC T1); config.Operations
+// says which one a resource serves.
 const (
 	OpModels          = "models"
 	OpChatCompletions = "chat_completions"
 	OpMessages        = "messages"
 	OpCountTokens     = "count_tokens"
 	OpResponses       = "responses"
+	OpCompletions     = "completions"
+	OpEmbeddings      = "embeddings"
 )
 
 // Resource is one configured provider resource (one adapter instance of a

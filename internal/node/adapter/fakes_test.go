@@ -114,6 +114,7 @@ func llamaProfile(base string) *iop.ConcreteProtocolProfile {
 		Name: "llamacpp", BaseUrl: base, AuthHeader: "Authorization", AuthScheme: "Bearer",
 		ModelsPath: "/v1/models", ChatCompletionsPath: "/v1/chat/completions", MessagesPath: "/v1/messages",
 		CountTokensPath: "/v1/messages/count_tokens", ResponsesPath: "/v1/responses",
+		CompletionsPath: "/v1/completions", EmbeddingsPath: "/v1/embeddings",
 		NativeTools: true, HealthPath: "/health",
 	}
 }

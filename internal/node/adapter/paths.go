@@ -15,12 +15,14 @@ const (
 	OpMessages        = "messages"
 	OpCountTokens     = "count_tokens"
 	OpResponses       = "responses"
+	OpCompletions     = "completions"
+	OpEmbeddings      = "embeddings"
 )
 
 // ollamaProfile is the built-in profile of an "ollama" instance, used by
-// tunnels and probes: Ollama's OpenAI- and Anthropic-compatible endpoints
-// (Ollama docs/openai.md, docs/api/anthropic-compatibility) and /api/tags as
-// health path.
+// tunnels and probes: Ollama 0.17's OpenAI- and Anthropic-compatible
+// endpoints (Ollama docs/openai.md, docs/api/anthropic-compatibility; no
+// count_tokens) and /api/tags as health path.
 func ollamaProfile(base string) *iop.ConcreteProtocolProfile {
 	return &iop.ConcreteProtocolProfile{
 		Name:                "ollama",
@@ -28,6 +30,9 @@ func ollamaProfile(base string) *iop.ConcreteProtocolProfile {
 		ModelsPath:          "/v1/models",
 		ChatCompletionsPath: "/v1/chat/completions",
 		MessagesPath:        "/v1/messages",
+		ResponsesPath:       "/v1/responses",
+		CompletionsPath:     "/v1/completions",
+		EmbeddingsPath:      "/v1/embeddings",
 		NativeTools:         true,
 		HealthPath:          "/api/tags",
 	}
@@ -42,6 +47,8 @@ func checkProfile(p *iop.ConcreteProtocolProfile) error {
 		{"messages_path", p.GetMessagesPath()},
 		{"count_tokens_path", p.GetCountTokensPath()},
 		{"responses_path", p.GetResponsesPath()},
+		{"completions_path", p.GetCompletionsPath()},
+		{"embeddings_path", p.GetEmbeddingsPath()},
 		{"health_path", p.GetHealthPath()},
 	} {
 		if f.path == "" {
@@ -76,8 +83,12 @@ func tunnelPath(p *iop.ConcreteProtocolProfile, op, reqPath string) (string, err
 		path = p.GetCountTokensPath()
 	case OpResponses:
 		path = p.GetResponsesPath()
+	case OpCompletions:
+		path = p.GetCompletionsPath()
+	case OpEmbeddings:
+		path = p.GetEmbeddingsPath()
 	default:
-		return "", fmt.Errorf("%w %q (want models, chat_completions, messages, count_tokens or responses)", errUnknownOperation, op)
+		return "", fmt.Errorf("%w %q (want models, chat_completions, messages, count_tokens, responses, completions or embeddings)", errUnknownOperation, op)
 	}
 	if op != "" && path == "" {
 		return "", fmt.Errorf("%w: profile %q has no %s path", errUnsupported, p.GetName(), op)

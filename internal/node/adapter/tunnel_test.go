@@ -164,7 +164,9 @@ func TestTunnelPaths(t *testing.T) {
 		{"T1 messages", adapter.OpMessages, "", "POST", "/base/v1/messages", "", ""},
 		{"T1 count_tokens", adapter.OpCountTokens, "", "POST", "/base/v1/messages/count_tokens", "", ""},
 		{"T1 operation the profile lacks", adapter.OpResponses, "", "POST", "", "", adapter.CodeUnsupportedOperation},
-		{"T1 unknown operation", "embeddings", "", "POST", "", "", adapter.CodeInvalidRequest},
+		{"T1 completions", adapter.OpCompletions, "", "POST", "/base/v1/completions", "", ""},
+		{"T1 embeddings", adapter.OpEmbeddings, "", "POST", "/base/v1/embeddings", "", ""},
+		{"T1 unknown operation", "rerank", "", "POST", "", "", adapter.CodeInvalidRequest},
 		{"T1 empty operation falls back to path", "", "/v1/completions?stream=true", "POST", "/base/v1/completions", "stream=true", ""},
 		{"T1 relative path joins the base", "", "v1/embeddings", "POST", "/base/v1/embeddings", "", ""},
 		{"T1 absolute URL rejected", "", "http://evil.example/v1/models", "GET", "", "", adapter.CodeInvalidRequest},
@@ -325,21 +327,23 @@ func TestTunnelBoundary(t *testing.T) {
 }
 
 // T1: an "ollama" instance tunnels to Ollama's OpenAI- and
-// Anthropic-compatible endpoints.
+// Anthropic-compatible endpoints (Ollama 0.17.4: no count_tokens).
 func TestTunnelOllamaInstance(t *testing.T) {
 	leakcheck.Check(t)
 	want := sample(t, "ollama_v1_chat_stream.sse")
 	up := newFake(t, replay(200, "text/event-stream", want))
 	s := newSet(t, adapter.Options{}, ollamaAdapter("", up.URL, 1))
-	for _, tc := range []struct{ op, path string }{{adapter.OpChatCompletions, "/v1/chat/completions"}, {adapter.OpMessages, "/v1/messages"}, {adapter.OpModels, "/v1/models"}} {
+	for _, tc := range []struct{ op, path string }{{adapter.OpChatCompletions, "/v1/chat/completions"}, {adapter.OpMessages, "/v1/messages"},
+		{adapter.OpModels, "/v1/models"}, {adapter.OpResponses, "/v1/responses"}, {adapter.OpCompletions, "/v1/completions"},
+		{adapter.OpEmbeddings, "/v1/embeddings"}} {
 		last, _, body, usages := checkTunnel(t, tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Target: "tiny", Operation: tc.op, Body: []byte(`{}`)}))
 		reqs := up.requests()
 		if last.GetKind() != iop.TunnelFrameKind_TUNNEL_FRAME_END || reqs[len(reqs)-1].Path != tc.path || !bytes.Equal(body, want) || len(usages) != 1 {
 			t.Fatalf("T1 %s: got %v %q to %s", tc.op, last.GetKind(), last.GetError(), reqs[len(reqs)-1].Path)
 		}
 	}
-	last, _, _, _ := checkTunnel(t, tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Operation: adapter.OpResponses}))
+	last, _, _, _ := checkTunnel(t, tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Operation: adapter.OpCountTokens}))
 	if last.GetFailureCode() != adapter.CodeUnsupportedOperation {
-		t.Fatalf("T1 responses on ollama: got %q, want unsupported_operation", last.GetFailureCode())
+		t.Fatalf("T1 count_tokens on ollama (Ollama 0.17.4 has none): got %q, want unsupported_operation", last.GetFailureCode())
 	}
 }

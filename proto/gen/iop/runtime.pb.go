@@ -962,9 +962,13 @@ type ConcreteProtocolProfile struct {
 	// Whether the backend accepts the native OpenAI tools API (SPEC E9).
 	NativeTools bool `protobuf:"varint,10,opt,name=native_tools,json=nativeTools,proto3" json:"native_tools,omitempty"`
 	// Path probed for health, e.g. "/v1/models" or "/health".
-	HealthPath    string `protobuf:"bytes,11,opt,name=health_path,json=healthPath,proto3" json:"health_path,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	HealthPath string `protobuf:"bytes,11,opt,name=health_path,json=healthPath,proto3" json:"health_path,omitempty"`
+	// Paths of the "completions" and "embeddings" operations (SPEC T1), e.g.
+	// "/v1/completions", "/v1/embeddings"; empty = not served.
+	CompletionsPath string `protobuf:"bytes,12,opt,name=completions_path,json=completionsPath,proto3" json:"completions_path,omitempty"`
+	EmbeddingsPath  string `protobuf:"bytes,13,opt,name=embeddings_path,json=embeddingsPath,proto3" json:"embeddings_path,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ConcreteProtocolProfile) Reset() {
@@ -1070,6 +1074,20 @@ func (x *ConcreteProtocolProfile) GetNativeTools() bool {
 func (x *ConcreteProtocolProfile) GetHealthPath() string {
 	if x != nil {
 		return x.HealthPath
+	}
+	return ""
+}
+
+func (x *ConcreteProtocolProfile) GetCompletionsPath() string {
+	if x != nil {
+		return x.CompletionsPath
+	}
+	return ""
+}
+
+func (x *ConcreteProtocolProfile) GetEmbeddingsPath() string {
+	if x != nil {
+		return x.EmbeddingsPath
 	}
 	return ""
 }
@@ -3505,7 +3523,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x19response_stall_timeout_ms\x18\b \x01(\x03R\x16responseStallTimeoutMs\x12\x1e\n" +
 	"\vapi_key_env\x18\t \x01(\tR\tapiKeyEnv\"o\n" +
 	"\x19OpenAICompatAdapterConfig\x12R\n" +
-	"\x10protocol_profile\x18\x01 \x01(\v2'.iop.runtime.v1.ConcreteProtocolProfileR\x0fprotocolProfile\"\x9b\x03\n" +
+	"\x10protocol_profile\x18\x01 \x01(\v2'.iop.runtime.v1.ConcreteProtocolProfileR\x0fprotocolProfile\"\xef\x03\n" +
 	"\x17ConcreteProtocolProfile\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
 	"\bbase_url\x18\x02 \x01(\tR\abaseUrl\x12\x1f\n" +
@@ -3522,7 +3540,9 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\fnative_tools\x18\n" +
 	" \x01(\bR\vnativeTools\x12\x1f\n" +
 	"\vhealth_path\x18\v \x01(\tR\n" +
-	"healthPath\"\xde\x03\n" +
+	"healthPath\x12)\n" +
+	"\x10completions_path\x18\f \x01(\tR\x0fcompletionsPath\x12'\n" +
+	"\x0fembeddings_path\x18\r \x01(\tR\x0eembeddingsPath\"\xde\x03\n" +
 	"\x11NodeRuntimeConfig\x12 \n" +
 	"\vconcurrency\x18\x01 \x01(\x05R\vconcurrency\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\x120\n" +
