@@ -90,11 +90,16 @@ func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit f
 	if req.GetStream() {
 		// A non-stream caller gets the whole content on COMPLETE; one DELTA
 		// frame per token would only be discarded by the Edge.
-		hooks.OnDelta = func(text string) { rs.send(&iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_DELTA, Delta: text}) }
+		hooks.OnDelta = func(text string, lp []*iop.TokenLogprob) {
+			rs.send(&iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_DELTA, Delta: text, Logprobs: lp})
+		}
 	}
 	s.supervise(ctx, a, runID, inst.name, req.GetTarget(), attemptIO{
 		call: func() func() {
 			res, err := s.callRunner(runCtx, inst, runner, req, hooks, runID)
+			if req.GetStream() {
+				res.Logprobs = nil // the deltas carried them
+			}
 			return func() { rs.end(s.runTerminal(ctx, runCtx, inst.name, runID, res, err), true) }
 		},
 		fenced: func(st *stallTerminal, returnSlot bool) {
@@ -119,6 +124,8 @@ func (s *Set) runTerminal(ctx, runCtx context.Context, adapter, runID string, re
 			FinishReason: res.FinishReason,
 			Usage:        res.Usage,
 			Metadata:     res.Metadata,
+			Logprobs:     res.Logprobs,
+			Embeddings:   res.Embeddings,
 		}
 	case ctx.Err() != nil:
 		return &iop.RunEvent{
@@ -143,7 +150,31 @@ func (s *Set) callRunner(ctx context.Context, inst *instance, r runner, req *iop
 			err = fmt.Errorf("%w: internal error", errPanic)
 		}
 	}()
-	return r.Run(ctx, req.GetTarget(), req.GetInput(), h)
+	switch op := req.GetOperation(); op {
+	case "", OpRunChat:
+		return r.Run(ctx, req.GetTarget(), req.GetInput(), h)
+	case OpRunEmbeddings:
+		e, ok := r.(embedder)
+		if !ok {
+			return upstream.Result{}, fmt.Errorf("%w: embeddings are not served on the run path by adapter %q; use its tunnel", upstream.ErrInvalidInput, inst.name)
+		}
+		return e.Embed(ctx, req.GetTarget(), req.GetInput(), h)
+	default:
+		return upstream.Result{}, fmt.Errorf("%w: unknown run operation %q (want chat or embeddings)", upstream.ErrInvalidInput, op)
+	}
+}
+
+// Run operations (RunRequest.operation).
+const (
+	OpRunChat       = "chat"
+	OpRunEmbeddings = "embeddings"
+)
+
+// embedder is what a runner that serves the "embeddings" run operation
+// implements: one vector per input.embed_input in Result.Embeddings and the
+// prompt token count in Result.Usage.
+type embedder interface {
+	Embed(ctx context.Context, target string, in *iop.RunInput, h upstream.Hooks) (upstream.Result, error)
 }
 
 // classify maps a failed attempt to a failure code and, for a non-2xx

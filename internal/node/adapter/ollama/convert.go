@@ -9,18 +9,24 @@ import (
 	iop "iop/proto/gen/iop"
 )
 
-// chatRequest is the body of POST /api/chat (Ollama docs/api.md).
+// chatRequest is the body of POST /api/chat (Ollama docs/api.md; the
+// fields of Ollama 0.17.4's api.ChatRequest this adapter uses).
 type chatRequest struct {
-	Model    string          `json:"model"`
-	Messages []message       `json:"messages"`
-	Stream   bool            `json:"stream"`
-	Options  *options        `json:"options,omitempty"`
-	Tools    json.RawMessage `json:"tools,omitempty"`
+	Model       string          `json:"model"`
+	Messages    []message       `json:"messages"`
+	Stream      bool            `json:"stream"`
+	Format      json.RawMessage `json:"format,omitempty"`
+	Options     *options        `json:"options,omitempty"`
+	Tools       json.RawMessage `json:"tools,omitempty"`
+	Truncate    *bool           `json:"truncate,omitempty"`
+	Logprobs    bool            `json:"logprobs,omitempty"`
+	TopLogprobs int32           `json:"top_logprobs,omitempty"`
 }
 
 type message struct {
 	Role       string        `json:"role"`
 	Content    string        `json:"content"`
+	Images     [][]byte      `json:"images,omitempty"` // base64 in JSON, as Ollama's ImageData
 	ToolCalls  []reqToolCall `json:"tool_calls,omitempty"`
 	ToolName   string        `json:"tool_name,omitempty"`
 	ToolCallID string        `json:"tool_call_id,omitempty"`
@@ -35,20 +41,28 @@ type reqToolCall struct {
 }
 
 type options struct {
-	NumPredict  *int64   `json:"num_predict,omitempty"`
-	Temperature *float64 `json:"temperature,omitempty"`
-	TopP        *float64 `json:"top_p,omitempty"`
-	Stop        []string `json:"stop,omitempty"`
-	Seed        *int64   `json:"seed,omitempty"`
+	NumPredict       *int64   `json:"num_predict,omitempty"`
+	Temperature      *float64 `json:"temperature,omitempty"`
+	TopP             *float64 `json:"top_p,omitempty"`
+	TopK             *int64   `json:"top_k,omitempty"`
+	Stop             []string `json:"stop,omitempty"`
+	Seed             *int64   `json:"seed,omitempty"`
+	FrequencyPenalty *float64 `json:"frequency_penalty,omitempty"`
+	PresencePenalty  *float64 `json:"presence_penalty,omitempty"`
 }
 
 // BuildChatRequest returns the JSON body of a streaming /api/chat request for
-// target. It converts OpenAI-shaped input: assistant tool_calls get their
-// arguments as a JSON object (OpenAI sends a JSON string), tool messages get
-// tool_name (from their name, or the call they answer) and tool_call_id;
-// tools pass through (same shape in both APIs) unless tool_choice is "none";
-// max_tokens becomes options.num_predict. Errors wrap
-// upstream.ErrInvalidInput and name the bad message.
+// target. It converts OpenAI-shaped input to Ollama's native fields, each
+// input field either translated or refused (issue 14): assistant tool_calls
+// get their arguments as a JSON object (OpenAI sends a JSON string), tool
+// messages get tool_name (from their name, or the call they answer) and
+// tool_call_id, images go as base64 "images"; tools pass through (same
+// shape in both APIs) unless tool_choice is "none", and tool_choice
+// "required" or a named function (which Ollama cannot force) is refused;
+// response_format json_object becomes format "json" and json_schema its
+// schema; max_tokens, temperature, top_p, top_k, stop, seed and the
+// penalties become options; logprobs, top_logprobs and truncate pass as
+// they are. Errors wrap upstream.ErrInvalidInput and name the bad field.
 func BuildChatRequest(target string, in *iop.RunInput) ([]byte, error) {
 	if in == nil {
 		return nil, fmt.Errorf("%w: no input", upstream.ErrInvalidInput)
@@ -57,6 +71,9 @@ func BuildChatRequest(target string, in *iop.RunInput) ([]byte, error) {
 	callNames := map[string]string{} // tool-call id → function name
 	for i, m := range in.GetMessages() {
 		msg := message{Role: m.GetRole(), Content: m.GetContent()}
+		for _, img := range m.GetImages() {
+			msg.Images = append(msg.Images, img.GetData())
+		}
 		switch m.GetRole() {
 		case "system", "user":
 		case "assistant":
@@ -96,9 +113,20 @@ func BuildChatRequest(target string, in *iop.RunInput) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !bytes.Equal(bytes.TrimSpace(in.GetToolChoiceJson()), []byte(`"none"`)) {
+	switch choice := string(bytes.TrimSpace(in.GetToolChoiceJson())); choice {
+	case `"none"`:
+	case "", `"auto"`:
 		req.Tools = tools
+	default:
+		return nil, fmt.Errorf("%w: tool_choice %.64s cannot be enforced by Ollama's /api/chat (only \"auto\" and \"none\")", upstream.ErrInvalidInput, choice)
 	}
+	format, err := nativeFormat(in.GetResponseFormatJson())
+	if err != nil {
+		return nil, err
+	}
+	req.Format = format
+	req.Logprobs, req.TopLogprobs = in.GetLogprobs(), in.GetTopLogprobs()
+	req.Truncate = in.Truncate
 	var o options
 	set := false
 	if in.GetMaxTokens() > 0 {
@@ -117,6 +145,15 @@ func BuildChatRequest(target string, in *iop.RunInput) ([]byte, error) {
 	if in.Seed != nil {
 		o.Seed, set = in.Seed, true
 	}
+	if in.TopK != nil {
+		o.TopK, set = in.TopK, true
+	}
+	if in.FrequencyPenalty != nil {
+		o.FrequencyPenalty, set = in.FrequencyPenalty, true
+	}
+	if in.PresencePenalty != nil {
+		o.PresencePenalty, set = in.PresencePenalty, true
+	}
 	if set {
 		req.Options = &o
 	}
@@ -134,4 +171,35 @@ func argumentsObject(s string) (json.RawMessage, error) {
 		return nil, fmt.Errorf("arguments are not a JSON object: %.64q", s)
 	}
 	return json.RawMessage(b), nil
+}
+
+// nativeFormat turns an OpenAI response_format into Ollama's "format":
+// json_object → "json", json_schema → its schema object; empty or text →
+// none.
+func nativeFormat(raw []byte) (json.RawMessage, error) {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return nil, nil
+	}
+	var f struct {
+		Type       string `json:"type"`
+		JSONSchema struct {
+			Schema json.RawMessage `json:"schema"`
+		} `json:"json_schema"`
+	}
+	if err := json.Unmarshal(raw, &f); err != nil {
+		return nil, fmt.Errorf("%w: response_format: %v", upstream.ErrInvalidInput, err)
+	}
+	switch f.Type {
+	case "text":
+		return nil, nil
+	case "json_object":
+		return json.RawMessage(`"json"`), nil
+	case "json_schema":
+		s := bytes.TrimSpace(f.JSONSchema.Schema)
+		if len(s) == 0 || s[0] != '{' {
+			return nil, fmt.Errorf("%w: response_format.json_schema.schema must be an object", upstream.ErrInvalidInput)
+		}
+		return json.RawMessage(s), nil
+	}
+	return nil, fmt.Errorf("%w: response_format type %q", upstream.ErrInvalidInput, f.Type)
 }

@@ -60,11 +60,35 @@ type chatLine struct {
 		Content   string         `json:"content"`
 		ToolCalls []chatToolCall `json:"tool_calls"`
 	} `json:"message"`
-	Done            bool   `json:"done"`
-	DoneReason      string `json:"done_reason"`
-	PromptEvalCount int64  `json:"prompt_eval_count"`
-	EvalCount       int64  `json:"eval_count"`
-	Error           string `json:"error"`
+	Logprobs        []logprob `json:"logprobs"`
+	Done            bool      `json:"done"`
+	DoneReason      string    `json:"done_reason"`
+	PromptEvalCount int64     `json:"prompt_eval_count"`
+	EvalCount       int64     `json:"eval_count"`
+	Error           string    `json:"error"`
+}
+
+// logprob is one token's log probability on a chat line (Ollama 0.17's
+// api.Logprob): token, logprob, bytes and the top alternatives.
+type logprob struct {
+	Token       string    `json:"token"`
+	Logprob     float64   `json:"logprob"`
+	Bytes       []int     `json:"bytes"`
+	TopLogprobs []logprob `json:"top_logprobs"`
+}
+
+func (l *logprob) proto() *iop.TokenLogprob {
+	out := &iop.TokenLogprob{Token: l.Token, Logprob: l.Logprob}
+	if l.Bytes != nil {
+		out.Bytes = make([]byte, len(l.Bytes))
+		for i, b := range l.Bytes {
+			out.Bytes[i] = byte(b)
+		}
+	}
+	for i := range l.TopLogprobs {
+		out.TopLogprobs = append(out.TopLogprobs, l.TopLogprobs[i].proto())
+	}
+	return out
 }
 
 type chatToolCall struct {
@@ -84,13 +108,15 @@ func readChatStream(r io.Reader, h upstream.Hooks) (upstream.Result, error) {
 	var (
 		content strings.Builder
 		calls   []upstream.ToolCall
-		pending int // bytes at the end of content not yet passed to h.Delta
+		pending int                 // bytes at the end of content not yet passed to h.Delta
+		lps     []*iop.TokenLogprob // every token's log probability
+		lpSent  int                 // lps already passed to h.Delta
 	)
 	flush := func() {
-		if pending > 0 {
+		if pending > 0 || lpSent < len(lps) {
 			s := content.String()
-			h.Delta(s[len(s)-pending:])
-			pending = 0
+			h.Delta(s[len(s)-pending:], lps[lpSent:len(lps):len(lps)])
+			pending, lpSent = 0, len(lps)
 		}
 	}
 	defer flush() // text read before a failure still goes out before the terminal
@@ -113,6 +139,9 @@ func readChatStream(r io.Reader, h upstream.Hooks) (upstream.Result, error) {
 			content.WriteString(line.Message.Content)
 			pending += len(line.Message.Content)
 		}
+		for i := range line.Logprobs {
+			lps = append(lps, line.Logprobs[i].proto())
+		}
 		if line.Done || len(line.Message.ToolCalls) > 0 || !lines.LineBuffered() {
 			flush()
 		}
@@ -132,6 +161,7 @@ func readChatStream(r io.Reader, h upstream.Hooks) (upstream.Result, error) {
 					CompletionTokens: line.EvalCount,
 					TotalTokens:      line.PromptEvalCount + line.EvalCount,
 				},
+				Logprobs: lps,
 			}
 			res.SetToolCalls(calls)
 			return res, nil

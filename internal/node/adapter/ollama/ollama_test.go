@@ -47,6 +47,16 @@ func TestBuildChatRequest(t *testing.T) {
 		}, `{"model":"tiny","stream":true,"messages":[{"role":"user","content":"Hi"}]}`},
 		{"E8 empty tools array is no tools", &iop.RunInput{Messages: []*iop.ChatMessage{{Role: "user", Content: "Hi"}}, ToolsJson: []byte(`[]`)},
 			`{"model":"tiny","stream":true,"messages":[{"role":"user","content":"Hi"}]}`},
+		{"issue 14 images, json_object, logprobs, penalties, top_k, truncate", &iop.RunInput{
+			Messages: []*iop.ChatMessage{{Role: "user", Content: "What is it?", Images: []*iop.ChatImage{{MediaType: "image/png", Data: []byte("\x89PNG")}}}},
+			ResponseFormatJson: []byte(`{"type":"json_object"}`), Logprobs: true, TopLogprobs: 2,
+			FrequencyPenalty: f64(0.5), PresencePenalty: f64(-0.5), TopK: i64(40), Truncate: new(bool), ToolChoiceJson: []byte(`"auto"`),
+		}, `{"model":"tiny","stream":true,"messages":[{"role":"user","content":"What is it?","images":["iVBORw=="]}],"format":"json",
+			"logprobs":true,"top_logprobs":2,"truncate":false,"options":{"top_k":40,"frequency_penalty":0.5,"presence_penalty":-0.5}}`},
+		{"issue 14 json_schema becomes format <schema>", &iop.RunInput{
+			Messages:           []*iop.ChatMessage{{Role: "user", Content: "Hi"}},
+			ResponseFormatJson: []byte(`{"type":"json_schema","json_schema":{"name":"w","schema":{"type":"object","properties":{"a":{"type":"string"}}},"strict":true}}`),
+		}, `{"model":"tiny","stream":true,"messages":[{"role":"user","content":"Hi"}],"format":{"type":"object","properties":{"a":{"type":"string"}}}}`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -72,6 +82,11 @@ func TestBuildChatRequestErrors(t *testing.T) {
 		{"E8 arguments not a JSON object", &iop.RunInput{Messages: []*iop.ChatMessage{{Role: "assistant", ToolCallsJson: []byte(`[{"function":{"name":"f","arguments":"[1]"}}]`)}}}},
 		{"E8 tool_calls not an array", &iop.RunInput{Messages: []*iop.ChatMessage{{Role: "assistant", ToolCallsJson: []byte(`{"x":1}`)}}}},
 		{"E8 tools not an array", &iop.RunInput{Messages: []*iop.ChatMessage{{Role: "user"}}, ToolsJson: []byte(`{"type":"function"}`)}},
+		{"issue 14 tool_choice required cannot be enforced", &iop.RunInput{Messages: []*iop.ChatMessage{{Role: "user"}},
+			ToolsJson: []byte(`[{"type":"function","function":{"name":"f"}}]`), ToolChoiceJson: []byte(`"required"`)}},
+		{"issue 14 a named tool_choice cannot be enforced", &iop.RunInput{Messages: []*iop.ChatMessage{{Role: "user"}},
+			ToolsJson: []byte(`[{"type":"function","function":{"name":"f"}}]`), ToolChoiceJson: []byte(`{"type":"function","function":{"name":"f"}}`)}},
+		{"issue 14 unknown response_format", &iop.RunInput{Messages: []*iop.ChatMessage{{Role: "user"}}, ResponseFormatJson: []byte(`{"type":"xml"}`)}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -98,7 +113,7 @@ func TestReadChatStreamSplits(t *testing.T) {
 			}
 			for k := 0; k <= len(b); k++ {
 				var deltas strings.Builder
-				res, err := readChatStream(io.MultiReader(bytes.NewReader(b[:k]), bytes.NewReader(b[k:])), upstream.Hooks{OnDelta: func(s string) { deltas.WriteString(s) }})
+				res, err := readChatStream(io.MultiReader(bytes.NewReader(b[:k]), bytes.NewReader(b[k:])), upstream.Hooks{OnDelta: func(s string, _ []*iop.TokenLogprob) { deltas.WriteString(s) }})
 				if err != nil {
 					t.Fatalf("split %d: %v", k, err)
 				}
@@ -178,7 +193,7 @@ func TestDeltasFollowArrival(t *testing.T) {
 	} {
 		var got []string
 		_, err := readChatStream(&pieces{chunks: append([]string(nil), tc.chunks...)},
-			upstream.Hooks{OnDelta: func(s string) { got = append(got, s) }})
+			upstream.Hooks{OnDelta: func(s string, _ []*iop.TokenLogprob) { got = append(got, s) }})
 		if (err != nil) != tc.wantErr || strings.Join(got, "|") != strings.Join(tc.want, "|") {
 			t.Errorf("%s: deltas %q err %v; want %q (error %v)", tc.name, got, err, tc.want, tc.wantErr)
 		}

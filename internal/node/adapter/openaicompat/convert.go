@@ -32,6 +32,10 @@ type chatRequest struct {
 	Seed                *int64          `json:"seed,omitempty"`
 	Tools               json.RawMessage `json:"tools,omitempty"`
 	ToolChoice          json.RawMessage `json:"tool_choice,omitempty"`
+	ResponseFormat      json.RawMessage `json:"response_format,omitempty"`
+	FrequencyPenalty    *float64        `json:"frequency_penalty,omitempty"`
+	PresencePenalty     *float64        `json:"presence_penalty,omitempty"`
+	TopK                *int64          `json:"top_k,omitempty"` // llama-server and vLLM extension
 }
 
 type streamOptions struct {
@@ -53,9 +57,14 @@ type chatMessage struct {
 // tool_choice are left out, the text tool-call instruction is merged into the
 // leading system message (one is created when the conversation has none),
 // earlier assistant tool calls become content in TextToolCallFormat and tool
-// results become user messages (SPEC E9). Errors wrap
-// upstream.ErrInvalidInput and name the bad message.
+// results become user messages (SPEC E9). response_format, the penalties
+// and top_k pass through; images, logprobs and truncate true (which this
+// driver cannot send or read back) are refused, never dropped (issue 14).
+// Errors wrap upstream.ErrInvalidInput and name the bad field or message.
 func BuildChatRequest(profile, target string, in *iop.RunInput, textTools bool) ([]byte, error) {
+	if err := refuseUnsent(in); err != nil {
+		return nil, err
+	}
 	tools, err := upstream.Tools(in.GetToolsJson())
 	if err != nil {
 		return nil, err
@@ -68,6 +77,16 @@ func BuildChatRequest(profile, target string, in *iop.RunInput, textTools bool) 
 		TopP:          in.TopP,
 		Stop:          in.GetStop(),
 		Seed:          in.Seed,
+
+		FrequencyPenalty: in.FrequencyPenalty,
+		PresencePenalty:  in.PresencePenalty,
+		TopK:             in.TopK,
+	}
+	if rf := bytes.TrimSpace(in.GetResponseFormatJson()); len(rf) > 0 {
+		if !json.Valid(rf) {
+			return nil, fmt.Errorf("%w: response_format is not JSON", upstream.ErrInvalidInput)
+		}
+		req.ResponseFormat = json.RawMessage(rf)
 	}
 	if profile == "openai" {
 		req.MaxCompletionTokens = in.GetMaxTokens()
@@ -247,4 +266,20 @@ func TextToolInstruction(tools json.RawMessage, toolChoice []byte) (string, erro
 		fmt.Fprintf(&b, "\nYou must call the tool %q.", named.Function.Name)
 	}
 	return b.String(), nil
+}
+
+// refuseUnsent refuses the RunInput fields this driver cannot carry.
+func refuseUnsent(in *iop.RunInput) error {
+	switch {
+	case in.GetLogprobs() || in.GetTopLogprobs() > 0:
+		return fmt.Errorf("%w: logprobs are not read back on the run path of an openai_compat adapter", upstream.ErrInvalidInput)
+	case in.Truncate != nil && *in.Truncate:
+		return fmt.Errorf("%w: truncate: an OpenAI-compatible chat request cannot ask the server to drop history", upstream.ErrInvalidInput)
+	}
+	for i, m := range in.GetMessages() {
+		if len(m.GetImages()) > 0 {
+			return fmt.Errorf("%w: message %d: images are not sent on the run path of an openai_compat adapter", upstream.ErrInvalidInput, i)
+		}
+	}
+	return nil
 }

@@ -94,7 +94,7 @@ func ReadChatStream(r io.Reader, h upstream.Hooks) (upstream.Result, error) {
 			}
 			if ch.Delta.Content != nil && *ch.Delta.Content != "" {
 				content.WriteString(*ch.Delta.Content)
-				h.Delta(*ch.Delta.Content)
+				h.Delta(*ch.Delta.Content, nil)
 			}
 			for _, tc := range ch.Delta.ToolCalls {
 				calls.add(tc)

@@ -203,8 +203,9 @@ func ErrorMessage(body []byte, fallback string) string {
 
 // Hooks observe one attempt. Nil fields are ignored.
 type Hooks struct {
-	// OnDelta receives each piece of assistant text as it is read.
-	OnDelta func(text string)
+	// OnDelta receives each piece of assistant text as it is read, with the
+	// log probabilities of its tokens when the input asked for them.
+	OnDelta func(text string, logprobs []*iop.TokenLogprob)
 	// OnActivity is called when the response headers arrive and after
 	// every upstream read that returned bytes; the stall watchdog (SPEC H1)
 	// measures idleness from it. It must be cheap and safe to call from the
@@ -221,10 +222,10 @@ func (h Hooks) Activity() {
 	}
 }
 
-// Delta calls OnDelta when set and text is non-empty.
-func (h Hooks) Delta(text string) {
-	if h.OnDelta != nil && text != "" {
-		h.OnDelta(text)
+// Delta calls OnDelta when set and there is text or a log probability.
+func (h Hooks) Delta(text string, logprobs []*iop.TokenLogprob) {
+	if h.OnDelta != nil && (text != "" || len(logprobs) > 0) {
+		h.OnDelta(text, logprobs)
 	}
 }
 
@@ -260,6 +261,11 @@ type Result struct {
 	Usage *iop.Usage
 	// Metadata holds MetaToolCalls and MetaTextToolFallback when set.
 	Metadata map[string]string
+	// Logprobs holds every output token's log probability when the input
+	// asked for them (RunInput.logprobs).
+	Logprobs []*iop.TokenLogprob
+	// Embeddings holds one vector per input of an "embeddings" run.
+	Embeddings []*iop.Embedding
 }
 
 // ToolCall is one tool call in the OpenAI chat-completions shape (OpenAI API
