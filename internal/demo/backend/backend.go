@@ -264,13 +264,14 @@ func (b *Backend) route(c *call) {
 	method, path := c.r.Method, c.r.URL.Path
 	want := http.MethodGet
 	switch path {
-	case "/api/chat", "/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens":
+	case "/api/chat", "/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens", "/api/embed", "/v1/embeddings":
 		want = http.MethodPost
 	}
 	if method != want {
 		switch path {
 		case "/", "/api/chat", "/api/tags", "/api/ps", "/api/version", "/v1/models",
-			"/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens", "/health", "/_demo/stats":
+			"/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens", "/health", "/_demo/stats",
+			"/api/embed", "/v1/embeddings":
 			c.w.Header().Set("Allow", want)
 			c.writeError(shapeFor(path), http.StatusMethodNotAllowed, "method "+method+" not allowed on "+path, nil)
 			return
@@ -285,6 +286,10 @@ func (b *Backend) route(c *call) {
 		c.chat(shapeAnthropic)
 	case "/v1/messages/count_tokens":
 		c.countTokens()
+	case "/api/embed":
+		c.embed(shapeOllama)
+	case "/v1/embeddings":
+		c.embed(shapeOpenAI)
 	case "/api/tags":
 		c.writeJSON(http.StatusOK, b.tagsBody)
 	case "/api/ps":

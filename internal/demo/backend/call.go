@@ -48,6 +48,12 @@ type chatRequest struct {
 	} `json:"messages"`
 	System json.RawMessage `json:"system"`
 	Tools  json.RawMessage `json:"tools"`
+	// Embeddings (/api/embed, /v1/embeddings).
+	Input      json.RawMessage `json:"input"`
+	Dimensions int             `json:"dimensions"`
+	// Ollama /api/chat: log probabilities of the output tokens.
+	Logprobs    bool `json:"logprobs"`
+	TopLogprobs int  `json:"top_logprobs"`
 }
 
 // limit returns the request's token limit (0 = none): max_completion_tokens,

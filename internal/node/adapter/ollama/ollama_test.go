@@ -48,7 +48,7 @@ func TestBuildChatRequest(t *testing.T) {
 		{"E8 empty tools array is no tools", &iop.RunInput{Messages: []*iop.ChatMessage{{Role: "user", Content: "Hi"}}, ToolsJson: []byte(`[]`)},
 			`{"model":"tiny","stream":true,"messages":[{"role":"user","content":"Hi"}]}`},
 		{"issue 14 images, json_object, logprobs, penalties, top_k, truncate", &iop.RunInput{
-			Messages: []*iop.ChatMessage{{Role: "user", Content: "What is it?", Images: []*iop.ChatImage{{MediaType: "image/png", Data: []byte("\x89PNG")}}}},
+			Messages:           []*iop.ChatMessage{{Role: "user", Content: "What is it?", Images: []*iop.ChatImage{{MediaType: "image/png", Data: []byte("\x89PNG")}}}},
 			ResponseFormatJson: []byte(`{"type":"json_object"}`), Logprobs: true, TopLogprobs: 2,
 			FrequencyPenalty: f64(0.5), PresencePenalty: f64(-0.5), TopK: i64(40), Truncate: new(bool), ToolChoiceJson: []byte(`"auto"`),
 		}, `{"model":"tiny","stream":true,"messages":[{"role":"user","content":"What is it?","images":["iVBORw=="]}],"format":"json",
