@@ -1,0 +1,100 @@
+package routing
+
+import "math"
+
+// DefaultEpsilon is the load bound's slack when the config says nothing:
+// a candidate takes a request only while its in-flight count stays within
+// 1.25 × its capacity share of the group's load.
+const DefaultEpsilon = 0.25
+
+// Candidate is one of a group's candidates as the pool sees it at the
+// moment of a decision.
+type Candidate struct {
+	// ID is the candidate's rendezvous identity (ProviderID).
+	ID uint64
+	// Live: the candidate may serve at all (node ready, no overlay, not
+	// cooling). Only live candidates count towards the average load.
+	Live bool
+	// Free: Live and a capacity slot (and a long slot for a long request)
+	// is free now. Only a free candidate is ever chosen.
+	Free bool
+	// Load is the requests it has in flight; Weight its capacity (> 0).
+	Load, Weight int
+	// Match is how many leading boundaries of the request's prefix it holds
+	// (Table.Longest); 0 = none.
+	Match int
+}
+
+// Choose picks the candidate for a request under prefix affinity and says
+// how it decided; it returns -1 when no candidate is free (the request
+// then waits, as under any mode). hasKey says the request carries a
+// conversation; key is its conversation key (Prefix[0]). epsilon is the
+// load bound's slack (≥ 0).
+//
+// A free candidate is within bound while Load+1 ≤ ⌈(1+ε)·m·Weight/W⌉, with
+// m the live candidates' load plus this request and W their capacity. Among
+// free candidates within bound the one with the longest Match wins, ties
+// broken by the highest weighted rendezvous score for key (−Weight/ln u,
+// u uniform from key and ID). When no free candidate is within bound (it
+// can happen only when capacities are uneven), or the request has no key,
+// the least loaded free candidate (Load/Weight, then slice order) takes it:
+// affinity never makes a request wait while a candidate is free.
+func Choose(cands []Candidate, hasKey bool, key uint64, epsilon float64) (int, Result) {
+	m, w, maxMatch := 1, 0, 0
+	for i := range cands {
+		c := &cands[i]
+		if c.Live {
+			m += c.Load
+			w += c.Weight
+			maxMatch = max(maxMatch, c.Match)
+		}
+	}
+	best, least := -1, -1
+	var bestScore float64
+	for i := range cands {
+		c := &cands[i]
+		if !c.Free {
+			continue
+		}
+		if least < 0 || c.Load*cands[least].Weight < cands[least].Load*c.Weight {
+			least = i
+		}
+		if !hasKey || !withinBound(c, m, w, epsilon) {
+			continue
+		}
+		s := score(key, c.ID, c.Weight)
+		if best < 0 || c.Match > cands[best].Match || c.Match == cands[best].Match && s > bestScore {
+			best, bestScore = i, s
+		}
+	}
+	switch {
+	case least < 0:
+		return -1, ResultFallback
+	case best < 0:
+		return least, ResultFallback
+	case maxMatch == 0:
+		return best, ResultHash
+	case cands[best].Match == maxMatch:
+		return best, ResultPrefixHit
+	}
+	return best, ResultFallback
+}
+
+// withinBound: the candidate's load after taking the request stays within
+// (1+ε) times its capacity share of the m requests in flight.
+func withinBound(c *Candidate, m, w int, epsilon float64) bool {
+	if w <= 0 || c.Weight <= 0 {
+		return false
+	}
+	bound := math.Ceil((1+epsilon)*float64(m)*float64(c.Weight)/float64(w) - 1e-9)
+	return float64(c.Load+1) <= bound
+}
+
+// score is the weighted rendezvous (highest random weight) score of
+// candidate id for key: −weight / ln(u) with u in (0, 1) drawn from the
+// pair, so that each candidate wins a share of keys proportional to its
+// weight and removing one moves only the keys it won.
+func score(key, id uint64, weight int) float64 {
+	u := (float64(mix(key^id)>>11) + 0.5) / (1 << 53)
+	return -float64(weight) / math.Log(u)
+}

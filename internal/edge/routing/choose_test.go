@@ -1,0 +1,213 @@
+package routing
+
+import (
+	"fmt"
+	"testing"
+)
+
+// free returns a live candidate with a free slot.
+func free(id uint64, load, weight, match int) Candidate {
+	return Candidate{ID: id, Live: true, Free: true, Load: load, Weight: weight, Match: match}
+}
+
+// TestChoose: issue 16 — the decision table of prefix affinity.
+func TestChoose(t *testing.T) {
+	busy := func(c Candidate) Candidate { c.Free = false; return c }
+	down := func(c Candidate) Candidate { c.Free, c.Live = false, false; return c }
+	rows := []struct {
+		name   string
+		cands  []Candidate
+		noKey  bool
+		want   int // -2: any candidate, checked by result only
+		result Result
+	}{
+		{name: "issue16 nobody free: the request waits",
+			cands: []Candidate{busy(free(1, 4, 4, 3)), down(free(2, 0, 4, 0))}, want: -1, result: ResultFallback},
+		{name: "issue16 the holder of the longest prefix wins",
+			cands: []Candidate{free(1, 0, 4, 0), free(2, 0, 4, 2), free(3, 0, 4, 0)}, want: 1, result: ResultPrefixHit},
+		{name: "issue16 longer match beats shorter",
+			cands: []Candidate{free(1, 0, 4, 2), free(2, 0, 4, 5)}, want: 1, result: ResultPrefixHit},
+		{name: "issue16 holder at capacity: another free candidate, never a wait",
+			cands: []Candidate{busy(free(1, 4, 4, 3)), free(2, 0, 4, 0)}, want: 1, result: ResultFallback},
+		{name: "issue16 holder above its load bound: fallback to one within",
+			// m = 5+0+1 = 6, bound for the holder = ⌈1.25·6/2⌉ = 4 < 5+1
+			cands: []Candidate{free(1, 5, 8, 3), free(2, 0, 8, 0)}, want: 1, result: ResultFallback},
+		{name: "issue16 holder cooling or overlaid (not live) is skipped, its match ignored",
+			cands: []Candidate{down(free(1, 0, 4, 3)), free(2, 0, 4, 0), free(3, 0, 4, 0)}, want: -2, result: ResultHash},
+		{name: "issue16 shorter holder beats a stranger when the longest is busy",
+			cands: []Candidate{busy(free(1, 4, 4, 3)), free(2, 0, 4, 1), free(3, 0, 4, 0)}, want: 1, result: ResultFallback},
+		{name: "issue16 no conversation: least loaded free candidate",
+			cands: []Candidate{free(1, 2, 4, 0), free(2, 1, 4, 0), free(3, 3, 4, 0)}, noKey: true, want: 1, result: ResultFallback},
+		{name: "issue16 no match: the hash decides",
+			cands: []Candidate{free(1, 0, 4, 0), free(2, 0, 4, 0)}, want: -2, result: ResultHash},
+	}
+	for _, r := range rows {
+		t.Run(r.name, func(t *testing.T) {
+			got, res := Choose(r.cands, !r.noKey, 0xfeed, DefaultEpsilon)
+			if r.want != -2 && got != r.want || r.want == -2 && got < 0 {
+				t.Errorf("chose %d, want %d", got, r.want)
+			}
+			if res != r.result {
+				t.Errorf("result %s, want %s", res, r.result)
+			}
+		})
+	}
+}
+
+// TestConversationStaysOnItsProvider: issue 16 — the later turns of a
+// conversation go to the provider that served its first turn, through the
+// tables, while load allows.
+func TestConversationStaysOnItsProvider(t *testing.T) {
+	hs := NewHasher()
+	ids := []uint64{ProviderID("gpu-1/a"), ProviderID("gpu-1/b"), ProviderID("gpu-2/a")}
+	tables := []*Table{NewTable(1, 0), NewTable(1, 0), NewTable(1, 0)}
+	home := map[int]int{}
+	for turn := range 5 {
+		for conv := range 60 {
+			ch := hs.Start("tiny")
+			ch.Add([]byte(`{"role":"system","content":"shared"}`))
+			var prefix []uint64
+			for k := 0; k <= 2*turn; k++ {
+				role := "user"
+				if k%2 == 1 {
+					role = "assistant"
+				}
+				prefix = append(prefix, ch.Add(fmt.Appendf(nil, `{"role":%q,"content":"conv %d msg %d"}`, role, conv, k)))
+			}
+			cands := make([]Candidate, len(ids))
+			for i := range ids {
+				cands[i] = free(ids[i], 0, 4, tables[i].Longest(prefix))
+			}
+			got, res := Choose(cands, true, prefix[0], DefaultEpsilon)
+			tables[got].Record(prefix)
+			if turn == 0 {
+				if res != ResultHash {
+					t.Fatalf("conv %d turn 0: result %s, want hash", conv, res)
+				}
+				home[conv] = got
+				continue
+			}
+			if got != home[conv] || res != ResultPrefixHit {
+				t.Fatalf("conv %d turn %d: provider %d (%s), want %d (prefix_hit)", conv, turn, got, res, home[conv])
+			}
+		}
+	}
+	count := make([]int, len(ids))
+	for _, p := range home {
+		count[p]++
+	}
+	for i, n := range count {
+		if n < 10 || n > 30 {
+			t.Errorf("provider %d is home of %d of 60 conversations, want 10-30 (the hash spreads them)", i, n)
+		}
+	}
+}
+
+// TestLoadNeverExceedsBound: issue 16 — under any mix of arrivals and
+// departures, with equal capacities, every choice stays within
+// ⌈(1+ε)·m/n⌉, even for conversations whose holder is overloaded.
+func TestLoadNeverExceedsBound(t *testing.T) {
+	for _, eps := range []float64{0, 0.1, 0.25, 1} {
+		t.Run(fmt.Sprintf("issue16 epsilon %g", eps), func(t *testing.T) {
+			const n, capacity = 4, 64
+			load := make([]int, n)
+			match := make([]int, n)
+			x := uint64(42)
+			for step := range 20000 {
+				x = mix(x + uint64(step))
+				total := 0
+				for _, l := range load {
+					total += l
+				}
+				if (x%2 == 0 || total == n*capacity) && total > 0 { // a departure
+					i := int(x>>8) % n
+					for load[i] == 0 {
+						i = (i + 1) % n
+					}
+					load[i]--
+					continue
+				}
+				// Skewed affinity: candidate 0 holds most conversations.
+				clear(match)
+				if x%4 != 0 {
+					match[0] = 3
+				}
+				cands := make([]Candidate, n)
+				for i := range cands {
+					cands[i] = Candidate{ID: uint64(i + 1), Live: true, Free: load[i] < capacity, Load: load[i], Weight: capacity, Match: match[i]}
+				}
+				got, _ := Choose(cands, true, x, eps)
+				if got < 0 {
+					t.Fatalf("step %d: nothing chosen with loads %v", step, load)
+				}
+				bound := int(ceilDiv(float64(total+1)*(1+eps), n))
+				if load[got]+1 > bound {
+					t.Fatalf("step %d: loads %v, chose %d → %d, above bound %d", step, load, got, load[got]+1, bound)
+				}
+				load[got]++
+			}
+		})
+	}
+}
+
+func ceilDiv(a float64, n int) float64 {
+	q := a / float64(n)
+	if q != float64(int(q)) {
+		return float64(int(q) + 1)
+	}
+	return q
+}
+
+// TestLeavingProviderMovesOnlyItsConversations: issue 16 — when a provider
+// leaves or cools, only the conversations it held move; every other
+// conversation keeps its provider (by its table and by the hash alike).
+func TestLeavingProviderMovesOnlyItsConversations(t *testing.T) {
+	ids := []uint64{ProviderID("n1/a"), ProviderID("n2/a"), ProviderID("n3/a"), ProviderID("n4/a")}
+	assign := func(keys int, gone int, withTables []*Table) []int {
+		out := make([]int, keys)
+		for k := range keys {
+			key := mix(uint64(k) + 7)
+			cands := make([]Candidate, len(ids))
+			for i := range ids {
+				cands[i] = free(ids[i], 0, 4, 0)
+				if withTables != nil {
+					cands[i].Match = withTables[i].Longest([]uint64{key})
+				}
+				if i == gone {
+					cands[i].Live, cands[i].Free = false, false
+				}
+			}
+			out[k], _ = Choose(cands, true, key, DefaultEpsilon)
+		}
+		return out
+	}
+	for _, withTables := range []bool{false, true} {
+		t.Run(fmt.Sprintf("issue16 tables %t", withTables), func(t *testing.T) {
+			var tables []*Table
+			before := assign(2000, -1, nil)
+			if withTables {
+				tables = []*Table{NewTable(1, 0), NewTable(1, 0), NewTable(1, 0), NewTable(1, 0)}
+				for k, p := range before {
+					tables[p].Record([]uint64{mix(uint64(k) + 7)})
+				}
+			}
+			for gone := range ids {
+				after := assign(2000, gone, tables)
+				moved := 0
+				for k := range before {
+					switch {
+					case before[k] == gone && after[k] == gone:
+						t.Fatalf("key %d stayed on the gone provider %d", k, gone)
+					case before[k] == gone:
+						moved++
+					case after[k] != before[k]:
+						t.Fatalf("provider %d left: key %d moved from %d to %d", gone, k, before[k], after[k])
+					}
+				}
+				if moved == 0 {
+					t.Fatalf("provider %d held no key", gone)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,45 @@
+// Package routing is the choice policy of a model group: which of the
+// candidates that can serve a request right now gets it (issue 16). It
+// owns the routing modes (ordered, least_loaded, prefix_affinity), the
+// prefix hash of a conversation (Hasher), the per-provider affinity table
+// of recently routed prefixes (Table) and the choice by longest matching
+// prefix with bounded-load rendezvous hashing (Choose).
+//
+// It must never do I/O, start goroutines, read a clock, log, or own a
+// lease or a waiter: the provider pool (internal/edge/pool) calls it under
+// its own lock with the candidates' state and carries out the choice. A
+// candidate the pool cannot use (offline, overlaid, cooling, at capacity)
+// is marked so by the pool; this package never makes a request wait.
+//
+// # Prefix affinity
+//
+// Inference servers keep a prefix cache (llama-server's KV cache and prompt
+// cache report it as timings.cache_n, vLLM and SGLang as automatic prefix
+// caching): a request whose prompt starts with a prompt the server has just
+// processed skips that part of the prefill. The HTTP layer hashes each
+// request's conversation at message boundaries — the shared preamble
+// (tools, leading system messages) seeds the chain, then one cumulative
+// hash per message from the first non-system message on — so that
+// Prefix[i] names the whole conversation up to message i. Prefix[0], the
+// conversation through its first user turn, is the conversation's key.
+//
+// Each provider remembers the prefixes routed to it in a Table (an LRU of
+// bounded size). A request goes to the live candidate holding the longest
+// prefix of it; among equals, or when nobody holds any, rendezvous hashing
+// (highest random weight, weighted by capacity) on the conversation key
+// orders the candidates, and a candidate is taken only while its load stays
+// within (1+ε) × its share of the group's load, the bound of consistent
+// hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam, 2018). So
+// a new conversation lands on a deterministic provider, its later turns
+// follow it, a provider that leaves or cools moves only the conversations
+// it held, and no provider takes more than its bounded share while another
+// has room.
+//
+// # Memory
+//
+// A Table holds at most its entry limit (DefaultTableEntries unless told
+// otherwise) of 8-byte hashes; each entry costs TableEntryBytes bytes
+// (the hash, two int32 LRU links and its map slot), so a provider's table
+// at the default limit is about 1 MiB. A conversation of n messages uses at
+// most n entries per provider it ran on.
+package routing
