@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -393,7 +394,7 @@ func TestRedispatchSameRequest(t *testing.T) {
 	p.mu.Lock()
 	reqs := append([]pool.Request(nil), p.reqs...)
 	p.mu.Unlock()
-	if len(reqs) != 2 || reqs[0] != reqs[1] {
+	if len(reqs) != 2 || !reflect.DeepEqual(reqs[0], reqs[1]) {
 		t.Errorf("pool requests %+v, want the same request twice", reqs)
 	}
 	p.checkReleased(t)

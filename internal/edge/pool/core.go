@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"iop/internal/edge/routing"
 )
 
 // state is the pool's state machine. Its methods are the transitions; none
@@ -18,12 +20,24 @@ type state struct {
 
 	maxWaiters  int
 	waitTimeout time.Duration
+	affEntries  int // routing.Table limit per resource
+
+	// routeStats counts prefix_affinity decisions per model name; it
+	// survives Reconfigure so the counters only rise.
+	routeStats map[string]*routeCounts
+	scratch    []routing.Candidate // reused by pickAffinity
 
 	seq     uint64  // arrival number of the last waiter
 	waiters int     // queued waiters, all groups
 	leases  int     // held leases, all resources
 	all     wlist   // every queued waiter in arrival order
 	fx      effects // effects of the current transition
+
+	// Affinity wait (pin.go): waiters pinned to the provider holding their
+	// conversation, in arrival order (class links), and the holder admit
+	// chose for the next enqueue.
+	pinned wlist
+	pinTo  *resource
 }
 
 // effects are what a transition asks the wrapper to carry out.
@@ -90,6 +104,13 @@ type resource struct {
 	overlayGen uint64
 	seqGen     uint64 // generation lastSeq belongs to
 	lastSeq    uint64 // highest health_observation_seq accepted for seqGen
+
+	// Prefix affinity (issue 16): the rendezvous identity and the table of
+	// prefixes routed here, created on first use and valid only for the
+	// node generation it names (a reconnected backend may have lost its
+	// cache).
+	id  uint64
+	aff *routing.Table
 }
 
 func (r *resource) isOverlaid() bool {
@@ -116,9 +137,13 @@ func (r *resource) supports(op string) bool {
 }
 
 type group struct {
-	name       string
-	longTokens int
-	classes    []*class
+	name         string
+	longTokens   int
+	classes      []*class
+	mode         routing.Mode
+	epsilon      float64
+	affinityWait time.Duration
+	stats        *routeCounts
 }
 
 func (g *group) isLong(promptTokens int) bool {
@@ -150,23 +175,6 @@ type cand struct {
 	stall  int64
 }
 
-// pick returns the candidate to grant now, or nil: live, free, least loaded
-// by in_flight/capacity, then config order.
-func (c *class) pick() *cand {
-	var best *cand
-	for i := range c.cands {
-		cd := &c.cands[i]
-		r := cd.res
-		if !r.live() || !r.free(c.long) {
-			continue
-		}
-		if best == nil || r.inFlight*best.res.cfg.Capacity < best.res.inFlight*r.cfg.Capacity {
-			best = cd
-		}
-	}
-	return best
-}
-
 // waiter is one queued request. Its links are owned by the state; ch and
 // stop by the wrapper.
 type waiter struct {
@@ -174,6 +182,8 @@ type waiter struct {
 	model        string
 	op           string
 	promptTokens int
+	prefix       []uint64  // Request.Prefix, read while queued
+	pin          *resource // while pinned: the provider it waits for (pin.go)
 	cls          *class
 	queued       bool
 	timeout      time.Duration
@@ -247,8 +257,9 @@ func (q *wlist) remove(w *waiter, byAll bool) {
 
 func newState(cfg Config) *state {
 	s := &state{
-		nodes:     make(map[string]*nodeState),
-		resources: make(map[Key]*resource),
+		nodes:      make(map[string]*nodeState),
+		resources:  make(map[Key]*resource),
+		routeStats: make(map[string]*routeCounts),
 	}
 	s.reconfigure(cfg)
 	return s
@@ -268,8 +279,12 @@ func (s *state) admit(r Request) (*Lease, *class, error) {
 		return nil, nil, &NoCandidateError{Model: r.Model, Operation: r.Operation, Long: long}
 	}
 	if c.q.n == 0 {
-		if cd := c.pick(); cd != nil {
-			return s.grant(c, cd), nil, nil
+		if cd, res, holder := s.choose(c, r.Prefix); cd != nil {
+			if holder == nil || g.affinityWait <= 0 || s.waiters >= s.maxWaiters {
+				return s.grant(c, cd, r.Prefix, res), nil, nil
+			}
+			s.pinTo = holder // the group waits for the holder (see pin.go)
+			return nil, c, nil
 		}
 	}
 	if s.waiters >= s.maxWaiters {
@@ -278,23 +293,38 @@ func (s *state) admit(r Request) (*Lease, *class, error) {
 	return nil, c, nil
 }
 
-// enqueue appends w (with model, op and promptTokens set) to c, the class
-// admit returned in the same critical section; timeout is the wait timeout
-// the wrapper arms for w, kept for the error text.
-func (s *state) enqueue(c *class, w *waiter, timeout time.Duration) {
+// enqueue appends w (with model, op, promptTokens and prefix set) to c,
+// the class admit returned in the same critical section; timeout is the
+// wait timeout the wrapper arms for w, kept for the error text. When admit
+// decided that w waits for the provider holding its conversation, w is
+// pinned to it instead (pin.go) and enqueue reports true: the wrapper then
+// arms the group's affinity wait, after which unpin moves w to c.
+func (s *state) enqueue(c *class, w *waiter, timeout time.Duration) (pinned bool) {
 	s.seq++
 	w.seq = s.seq
 	w.cls = c
 	w.queued = true
 	w.timeout = timeout
-	c.q.push(w, false)
+	if s.pinTo != nil {
+		w.pin, s.pinTo = s.pinTo, nil
+		s.pinned.push(w, false)
+	} else {
+		c.q.push(w, false)
+	}
 	s.all.push(w, true)
 	s.waiters++
+	return w.pin != nil
 }
 
-// dequeue removes a queued waiter from its class and from the arrival list.
+// dequeue removes a queued waiter from its class (or the pinned list) and
+// from the arrival list.
 func (s *state) dequeue(w *waiter) {
-	w.cls.q.remove(w, false)
+	if w.pin != nil {
+		s.pinned.remove(w, false)
+		w.pin = nil
+	} else {
+		w.cls.q.remove(w, false)
+	}
 	s.all.remove(w, true)
 	w.queued = false
 	s.waiters--
@@ -316,13 +346,22 @@ func (s *state) timeout(w *waiter) {
 	if !w.queued {
 		return
 	}
+	reason := w.cls.why()
+	if w.pin != nil {
+		reason = "waiting for provider " + w.pin.cfg.Key.String() + ", which holds the conversation: " + reason
+	}
 	s.dequeue(w)
-	err := &WaitTimeoutError{Model: w.model, Waited: w.timeout, Reason: w.cls.why()}
+	err := &WaitTimeoutError{Model: w.model, Waited: w.timeout, Reason: reason}
 	s.fx.failed = append(s.fx.failed, failure{w, err})
 }
 
-func (s *state) grant(c *class, cd *cand) *Lease {
+// grant gives cd's resource to a request of class c with prefix, decided
+// as res (counted and recorded for prefix_affinity groups only).
+func (s *state) grant(c *class, cd *cand, prefix []uint64, res routing.Result) *Lease {
 	r := cd.res
+	if c.g.mode == routing.PrefixAffinity {
+		s.recordAffinity(c.g, r, prefix, res)
+	}
 	l := &Lease{
 		Key:            r.cfg.Key,
 		Model:          c.g.name,
@@ -384,22 +423,30 @@ func (s *state) pump() {
 	for s.waiters > 0 {
 		var best *class
 		var bestCand *cand
+		var bestRes routing.Result
+		pw, pcd := s.servablePinned()
 		for _, g := range s.groupList {
 			for _, c := range g.classes {
 				if c.q.head == nil || (best != nil && c.q.head.seq > best.q.head.seq) {
 					continue
 				}
-				if cd := c.pick(); cd != nil {
-					best, bestCand = c, cd
+				if cd, res := s.pick(c, c.q.head.prefix); cd != nil {
+					best, bestCand, bestRes = c, cd, res
 				}
 			}
+		}
+		if pw != nil && (best == nil || pw.seq < best.q.head.seq) {
+			c := pw.cls
+			s.dequeue(pw)
+			s.fx.grants = append(s.fx.grants, grant{pw, s.grant(c, pcd, pw.prefix, routing.ResultPrefixHit)})
+			continue
 		}
 		if best == nil {
 			return
 		}
 		w := best.q.head
 		s.dequeue(w)
-		s.fx.grants = append(s.fx.grants, grant{w, s.grant(best, bestCand)})
+		s.fx.grants = append(s.fx.grants, grant{w, s.grant(best, bestCand, w.prefix, bestRes)})
 	}
 }
 
@@ -446,7 +493,9 @@ func (s *state) fence(id string, gen uint64) int {
 	}
 	s.endGeneration(n)
 	n.gen, n.ready, n.fenced, n.readySince = gen, false, true, time.Time{}
-	return s.fenceLeases(n, gen)
+	count := s.fenceLeases(n, gen)
+	s.repin()
+	return count
 }
 
 // endGeneration schedules the close of the ready generation's fence
@@ -484,6 +533,7 @@ func (s *state) setOverlay(k Key, gen, seq uint64) bool {
 	}
 	r.seqGen, r.lastSeq = gen, seq
 	r.overlaid, r.overlayGen = true, gen
+	s.repin()
 	return true
 }
 

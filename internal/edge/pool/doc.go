@@ -32,9 +32,19 @@
 // class has no waiters may take free capacity at once without overtaking
 // anybody who could have used it.
 //
-// The choice among servable candidates: free capacity (and free long
-// capacity for a long request), then least loaded by in_flight/capacity, then
-// config order (SPEC Q1, Q3). Provider type never excludes a candidate.
+// The choice among servable candidates — live, with free capacity (and
+// free long capacity for a long request) — is the group's routing mode
+// (route.go, issue 16): least_loaded (the default) takes the lowest
+// in_flight/capacity, then config order; ordered the first in config
+// order; prefix_affinity asks internal/edge/routing for the candidate
+// holding the longest prefix of the request's conversation, else a
+// bounded-load rendezvous hash (SPEC Q1, Q3). Each resource keeps its
+// affinity table (prefixes granted to it) for its node's current
+// generation only. Provider type never excludes a candidate, and no mode
+// makes a request wait while a candidate is free — except a
+// prefix_affinity group with an affinity wait, whose request may wait that
+// long for the busy provider holding its conversation as a pinned waiter
+// (pin.go) that blocks nobody behind it.
 //
 // # Concurrency
 //
@@ -51,5 +61,8 @@
 //
 // An uncontended Acquire+Release allocates only the Lease; the Fenced
 // channel is one per node generation. A pump does O(classes × candidates)
-// work per grant, and nothing when no request waits.
+// work per grant (× the prefix's boundaries under prefix_affinity: one
+// table lookup each), and nothing when no request waits. Affinity tables
+// are bounded: Config.AffinityEntries hashes per resource, about
+// routing.TableEntryBytes each.
 package pool

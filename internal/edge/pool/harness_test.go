@@ -75,7 +75,7 @@ func (h *harness) acq(name string, r Request) {
 	case l != nil:
 		h.leases[name] = l
 	default:
-		w := &waiter{model: r.Model, op: r.Operation, promptTokens: r.PromptTokens}
+		w := &waiter{model: r.Model, op: r.Operation, promptTokens: r.PromptTokens, prefix: r.Prefix}
 		h.s.enqueue(c, w, h.s.waitTimeout)
 		h.waiters[name], h.names[w] = w, name
 	}
@@ -185,9 +185,18 @@ func (h *harness) checkInvariants() {
 	for _, g := range h.s.groupList {
 		for _, c := range g.classes {
 			queued += c.q.n
-			if c.q.n > 0 && c.pick() != nil {
+			if c.q.n == 0 {
+				continue
+			}
+			if cd, _ := h.s.pick(c, c.q.head.prefix); cd != nil {
 				h.t.Fatalf("Q5 class %s/%s long=%v has %d waiters and a free live candidate", g.name, c.op, c.long, c.q.n)
 			}
+		}
+	}
+	for w := h.s.pinned.head; w != nil; w = w.next {
+		queued++
+		if !w.pin.live() || w.pin.free(w.cls.long) {
+			h.t.Fatalf("pinned waiter %s: its holder %v is free or not live", h.names[w], w.pin.cfg.Key)
 		}
 	}
 	if queued != h.s.waiters || h.s.all.n != h.s.waiters {

@@ -91,9 +91,19 @@ func (p *Pool) Acquire(ctx context.Context, r Request) (*Lease, error) {
 		p.mu.Unlock()
 		return l, err
 	}
-	w := &waiter{model: r.Model, op: r.Operation, promptTokens: r.PromptTokens, ch: make(chan result, 1)}
+	w := &waiter{model: r.Model, op: r.Operation, promptTokens: r.PromptTokens, prefix: r.Prefix, ch: make(chan result, 1)}
 	timeout := p.s.waitTimeout
-	p.s.enqueue(c, w, timeout)
+	if p.s.enqueue(c, w, timeout) {
+		// Pinned to the provider holding the conversation (issue 16):
+		// after the group's affinity wait it competes for any candidate.
+		stopPin := p.clk.AfterFunc(c.g.affinityWait, func() {
+			p.mu.Lock()
+			p.s.affinityExpired(w)
+			p.apply()
+			p.mu.Unlock()
+		})
+		defer stopPin()
+	}
 	p.mu.Unlock()
 
 	if timeout > 0 {
@@ -170,6 +180,7 @@ func (p *Pool) NodeFenced(node string, gen uint64) int {
 func (p *Pool) SetOverlay(k Key, gen, seq uint64) bool {
 	p.mu.Lock()
 	ok := p.s.setOverlay(k, gen, seq)
+	p.apply() // waiters pinned to k may move (issue 16)
 	p.mu.Unlock()
 	return ok
 }
@@ -193,6 +204,15 @@ func (p *Pool) Snapshot() []NodeSnapshot {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.s.snapshot()
+}
+
+// Routing returns every configured model group's routing mode and its
+// prefix_affinity decision counts, in config order (issue 16). The result
+// is a copy the caller owns.
+func (p *Pool) Routing() []GroupRouting {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.s.routing()
 }
 
 // Stats returns the number of leases held and of waiters queued, over all

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"iop/internal/edge/routing"
 )
 
 type outcome struct {
@@ -267,6 +269,30 @@ func TestPool(t *testing.T) {
 				t.Fatalf("w got (%v, %v), want a lease on gpu-2/llama", o.l, o.err)
 			} else {
 				p.Release(o.l)
+			}
+		}},
+		{"issue16 affinity wait: a pinned Acquire takes the other provider when the wait expires; no timer stays armed", func(t *testing.T, p *Pool, clk *fakeClock) {
+			p.Reconfigure(affinityConfig(routing.PrefixAffinity, true)())
+			p.NodeReady("gpu-1", 1)
+			p.NodeReady("gpu-2", 1)
+			home := mustAcquire(t, p, turn(7, 1)).Key
+			if k := mustAcquire(t, p, turn(7, 1)).Key; k != home {
+				t.Fatalf("the same conversation went to %v, want its holder %v", k, home)
+			}
+			out := make(chan outcome, 1)
+			start(context.Background(), p, "t2", turn(7, 3), out)
+			noOutcome(t, out)
+			clk.Advance(49 * time.Millisecond)
+			noOutcome(t, out)
+			clk.Advance(time.Millisecond)
+			if o := <-out; o.err != nil || o.l.Key != other(home) {
+				t.Fatalf("t2 got (%v, %v), want a lease on %v", o.l, o.err, other(home))
+			}
+			if n := clk.pending(); n != 0 {
+				t.Fatalf("%d timers still armed, want 0", n)
+			}
+			if r := p.Routing(); r[0].Model != "tiny" || r[0].Mode != "prefix_affinity" || r[0].PrefixHit != 1 || r[0].Hash != 1 || r[0].Fallback != 1 {
+				t.Fatalf("Routing()[0] = %+v, want tiny prefix_affinity: 1 hash (first), 1 prefix hit (second), 1 fallback (the expired wait)", r[0])
 			}
 		}},
 		{"Q4 a done context is refused before admission", func(t *testing.T, p *Pool, clk *fakeClock) {

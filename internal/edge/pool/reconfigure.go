@@ -3,6 +3,8 @@ package pool
 import (
 	"fmt"
 	"strings"
+
+	"iop/internal/edge/routing"
 )
 
 // reconfigure installs cfg (SPEC Q5 config change). Leases, node
@@ -15,6 +17,7 @@ import (
 func (s *state) reconfigure(cfg Config) {
 	s.maxWaiters = cfg.MaxWaiters
 	s.waitTimeout = cfg.WaitTimeout
+	s.affEntries = cfg.AffinityEntries
 
 	for _, r := range s.resources {
 		r.configured = false
@@ -39,7 +42,7 @@ func (s *state) reconfigure(cfg Config) {
 		n := addNode(rc.Node)
 		r := s.resources[rc.Key]
 		if r == nil {
-			r = &resource{node: n}
+			r = &resource{node: n, id: routing.ProviderID(rc.Key.String())}
 			s.resources[rc.Key] = r
 			n.all = append(n.all, r)
 		}
@@ -59,6 +62,7 @@ func (s *state) reconfigure(cfg Config) {
 		s.groupList = append(s.groupList, g)
 	}
 
+	s.unpinAll()
 	for w := s.all.head; w != nil; {
 		next := w.anext
 		s.rehome(w)
@@ -72,7 +76,15 @@ func (s *state) reconfigure(cfg Config) {
 // first entry in config order wins) and limited to resources that can ever
 // serve it.
 func (s *state) buildGroup(gc Group) *group {
-	g := &group{name: gc.Name, longTokens: gc.LongContextTokens}
+	g := &group{name: gc.Name, longTokens: gc.LongContextTokens, mode: gc.Routing, epsilon: max(gc.Epsilon, 0)}
+	if gc.Routing == routing.PrefixAffinity {
+		g.affinityWait = gc.AffinityWait
+	}
+	g.stats = s.routeStats[gc.Name]
+	if g.stats == nil {
+		g.stats = &routeCounts{}
+		s.routeStats[gc.Name] = g.stats
+	}
 	var ops []string
 	for _, cc := range gc.Candidates {
 		r := s.resources[cc.Key]

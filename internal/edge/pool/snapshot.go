@@ -39,6 +39,19 @@ func (s *state) snapshot() []NodeSnapshot {
 	var pressure map[*resource]*counts
 	if s.waiters > 0 {
 		pressure = make(map[*resource]*counts)
+		for w := s.pinned.head; w != nil; w = w.next { // a pinned waiter counts only its holder
+			if w.pin.live() {
+				pc := pressure[w.pin]
+				if pc == nil {
+					pc = &counts{}
+					pressure[w.pin] = pc
+				}
+				pc.queued++
+				if w.cls.long {
+					pc.longQueued++
+				}
+			}
+		}
 		for _, g := range s.groupList {
 			for _, c := range g.classes {
 				if c.q.n == 0 {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"iop/internal/edge/routing"
 )
 
 // Key identifies a provider resource fleet-wide: the node id and the adapter
@@ -57,11 +59,24 @@ type Candidate struct {
 
 // Group is one configured model: the external model name clients send, the
 // long-context threshold in estimated prompt tokens (0 = no request is long,
-// SPEC Q7) and the candidates in config order.
+// SPEC Q7), the candidates in config order and how to choose among them
+// (issue 16).
 type Group struct {
 	Name              string
 	LongContextTokens int
 	Candidates        []Candidate
+	// Routing is the choice among free candidates (models[].routing); the
+	// zero value is routing.LeastLoaded.
+	Routing routing.Mode
+	// Epsilon is prefix affinity's load-bound slack (≥ 0): a candidate
+	// takes a request only while its in-flight count stays within
+	// (1+Epsilon) × its capacity share of the group's load.
+	Epsilon float64
+	// AffinityWait: under prefix affinity, how long a request whose
+	// conversation is held by a provider at capacity waits for that
+	// provider while another candidate is free (models[].affinity_wait_ms;
+	// 0 = never, the request takes the free candidate at once).
+	AffinityWait time.Duration
 }
 
 // Config is the pool's part of the Edge config. The config layer validates
@@ -80,15 +95,25 @@ type Config struct {
 	// WaitTimeout bounds how long a waiter waits (queue.wait_timeout_ms);
 	// <= 0 means until the caller's context ends.
 	WaitTimeout time.Duration
+	// AffinityEntries bounds each provider's affinity table (prefix
+	// hashes, routing.TableEntryBytes each); <= 0 means
+	// routing.DefaultTableEntries.
+	AffinityEntries int
 }
 
 // Request is what the HTTP layer asks for. PromptTokens is the estimated
 // prompt size in tokens (see EstimatePromptTokens); the request is long when
-// it reaches the group's LongContextTokens (SPEC Q7).
+// it reaches the group's LongContextTokens (SPEC Q7). Prefix is the
+// request's conversation as cumulative hashes at message boundaries
+// (routing.Chain; Prefix[0] is the conversation key), nil when the request
+// carries no conversation; only prefix_affinity groups read it. The pool
+// reads Prefix during Acquire only and keeps a copy of nothing but the
+// hashes it records.
 type Request struct {
 	Model        string
 	Operation    string
 	PromptTokens int
+	Prefix       []uint64
 }
 
 // QueueFullRetryAfter is the Retry-After a QueueFullError suggests.

@@ -1,0 +1,130 @@
+package pool
+
+import "iop/internal/edge/routing"
+
+// pick returns the candidate of class c to grant now to a request with
+// prefix, or nil when none is free; for prefix_affinity groups also how
+// routing decided. Only live, free candidates are ever returned (SPEC Q3):
+//   - least_loaded: lowest in_flight/capacity, then config order;
+//   - ordered: the first in config order;
+//   - prefix_affinity: routing.Choose (longest held prefix, then
+//     bounded-load rendezvous hashing; never a wait while one is free).
+//
+// It changes nothing: the pump calls it for every class head and grants
+// only one.
+func (s *state) pick(c *class, prefix []uint64) (*cand, routing.Result) {
+	cd, res, _ := s.choose(c, prefix)
+	return cd, res
+}
+
+// choose is pick that also returns, for a prefix_affinity request that was
+// not given to the holder of its longest prefix because that holder is at
+// capacity, the holder (admit may pin the request to it, pin.go).
+func (s *state) choose(c *class, prefix []uint64) (*cand, routing.Result, *resource) {
+	switch c.g.mode {
+	case routing.PrefixAffinity:
+		return s.pickAffinity(c, prefix)
+	case routing.Ordered:
+		for i := range c.cands {
+			if r := c.cands[i].res; r.live() && r.free(c.long) {
+				return &c.cands[i], routing.ResultFallback, nil
+			}
+		}
+		return nil, routing.ResultFallback, nil
+	}
+	var best *cand
+	for i := range c.cands {
+		cd := &c.cands[i]
+		r := cd.res
+		if !r.live() || !r.free(c.long) {
+			continue
+		}
+		if best == nil || r.inFlight*best.res.cfg.Capacity < best.res.inFlight*r.cfg.Capacity {
+			best = cd
+		}
+	}
+	return best, routing.ResultFallback, nil
+}
+
+func (s *state) pickAffinity(c *class, prefix []uint64) (*cand, routing.Result, *resource) {
+	cs := s.scratch[:0]
+	holder := -1 // the live candidate with the longest match, first in config order
+	for i := range c.cands {
+		r := c.cands[i].res
+		live := r.live()
+		match := 0
+		if live && len(prefix) > 0 && r.aff != nil && r.aff.Gen() == r.node.gen {
+			match = r.aff.Longest(prefix)
+		}
+		if match > 0 && (holder < 0 || match > cs[holder].Match) {
+			holder = i
+		}
+		cs = append(cs, routing.Candidate{ID: r.id, Live: live, Free: live && r.free(c.long),
+			Load: r.inFlight, Weight: r.cfg.Capacity, Match: match})
+	}
+	s.scratch = cs
+	var key uint64
+	if len(prefix) > 0 {
+		key = prefix[0]
+	}
+	i, res := routing.Choose(cs, len(prefix) > 0, key, c.g.epsilon)
+	if i < 0 {
+		return nil, res, nil
+	}
+	var busy *resource
+	if res == routing.ResultFallback && holder >= 0 && !cs[holder].Free && cs[i].Match < cs[holder].Match {
+		busy = c.cands[holder].res
+	}
+	return &c.cands[i], res, busy
+}
+
+// recordAffinity counts a prefix_affinity decision for g and records the
+// request's prefix in r's table, which is reset first when it belongs to
+// an older generation of r's node (a reconnected backend may have lost
+// its cache).
+func (s *state) recordAffinity(g *group, r *resource, prefix []uint64, res routing.Result) {
+	g.stats[res]++
+	if len(prefix) == 0 {
+		return
+	}
+	switch {
+	case r.aff == nil:
+		r.aff = routing.NewTable(r.node.gen, s.affEntries)
+	case r.aff.Gen() != r.node.gen:
+		r.aff.Reset(r.node.gen)
+	}
+	r.aff.Record(prefix)
+}
+
+// routeCounts are one model's prefix_affinity decisions by routing.Result.
+type routeCounts [routing.NumResults]uint64
+
+// GroupRouting is one model group's routing mode and the prefix_affinity
+// decisions taken for it since the pool started (issue 16). The counts
+// survive config reloads and never fall; a group that was never in
+// prefix_affinity mode has all zero.
+type GroupRouting struct {
+	Model string
+	// Mode is the configured mode's name (routing.NameOrdered, …).
+	Mode                      string
+	PrefixHit, Hash, Fallback uint64
+}
+
+// HitRatio is PrefixHit over all decisions, 0 when there were none.
+func (g GroupRouting) HitRatio() float64 {
+	n := g.PrefixHit + g.Hash + g.Fallback
+	if n == 0 {
+		return 0
+	}
+	return float64(g.PrefixHit) / float64(n)
+}
+
+// routing projects every configured group, in config order.
+func (s *state) routing() []GroupRouting {
+	out := make([]GroupRouting, 0, len(s.groupList))
+	for _, g := range s.groupList {
+		out = append(out, GroupRouting{Model: g.name, Mode: g.mode.String(),
+			PrefixHit: g.stats[routing.ResultPrefixHit], Hash: g.stats[routing.ResultHash], Fallback: g.stats[routing.ResultFallback]})
+	}
+	return out
+}
