@@ -26,6 +26,7 @@ import (
 	"iop/internal/edge/events"
 	"iop/internal/edge/health"
 	"iop/internal/edge/pool"
+	"iop/internal/edge/routing"
 	"iop/internal/edge/transport"
 	"iop/internal/identity"
 )
@@ -70,7 +71,12 @@ func PoolConfig(c *config.Config) pool.Config {
 		}
 	}
 	for _, m := range c.Models {
-		g := pool.Group{Name: m.Name, LongContextTokens: m.LongContextTokens}
+		mode, _ := routing.ParseMode(m.Routing) // validated by config
+		g := pool.Group{Name: m.Name, LongContextTokens: m.LongContextTokens, Routing: mode,
+			Epsilon: routing.DefaultEpsilon, AffinityWait: time.Duration(m.AffinityWaitMs) * time.Millisecond}
+		if m.AffinityEpsilon != nil {
+			g.Epsilon = *m.AffinityEpsilon
+		}
 		for _, mp := range m.Providers {
 			g.Candidates = append(g.Candidates, pool.Candidate{
 				Key:            pool.Key{Node: mp.Node, Provider: mp.Provider},

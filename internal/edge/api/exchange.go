@@ -25,6 +25,11 @@ type head struct {
 	spanBuf      [2]span
 	stream       bool
 	includeUsage bool
+	// prefix is the conversation prefix for prefix_affinity routing
+	// (prefixOf), nil for other groups; it lives in prefixBuf up to 8
+	// boundaries.
+	prefix    []uint64
+	prefixBuf [8]uint64
 }
 
 // parseHead validates body as one JSON object and reads its top level:
@@ -150,7 +155,8 @@ type exchange struct {
 // poolRequest is x's admission request (SPEC Q4, Q7); a re-dispatch asks
 // again with it (H11), while the body is still there.
 func (x *exchange) poolRequest() pool.Request {
-	return pool.Request{Model: x.head.model, Operation: x.ep.operation, PromptTokens: pool.EstimatePromptTokens(len(x.body))}
+	return pool.Request{Model: x.head.model, Operation: x.ep.operation, PromptTokens: pool.EstimatePromptTokens(len(x.body)),
+		Prefix: x.head.prefix}
 }
 
 // principal is the request's authenticated principal; "" in open mode.
@@ -229,6 +235,9 @@ func (h *Handler) admit(ctx context.Context, w *recorder, r *http.Request, v *vi
 		h.dropBody(x)
 		writeError(w, ep.surface, e)
 		return nil
+	}
+	if v.affinity[hd.model] {
+		hd.prefix = prefixOf(h.hasher, body, ep, hd.model, hd.prefixBuf[:0])
 	}
 	h.setModel(w, v, hd.model)
 	queued := time.Now()

@@ -20,6 +20,7 @@ import (
 	"iop/internal/edge/dispatch"
 	"iop/internal/edge/limit"
 	"iop/internal/edge/pool"
+	"iop/internal/edge/routing"
 	iop "iop/proto/gen/iop"
 )
 
@@ -98,12 +99,13 @@ type Options struct {
 // /v1/models, POST /v1/chat/completions, /v1/responses, /v1/messages,
 // /v1/messages/count_tokens, GET /healthz. Safe for concurrent use.
 type Handler struct {
-	o     Options
-	log   *slog.Logger
-	view  atomic.Pointer[view]
-	bufs  sync.Pool // *[]byte: encoding buffers of run-path responses (runSink)
-	drain *drainer
-	lim   limits // connections, body bytes and per-key bounds (issue 12)
+	o      Options
+	log    *slog.Logger
+	view   atomic.Pointer[view]
+	bufs   sync.Pool // *[]byte: encoding buffers of run-path responses (runSink)
+	drain  *drainer
+	lim    limits          // connections, body bytes and per-key bounds (issue 12)
+	hasher *routing.Hasher // conversation prefixes for prefix_affinity groups (issue 16)
 }
 
 // New returns the Handler for o.
@@ -129,7 +131,7 @@ func New(o Options) *Handler {
 	if o.ResponseWaitGrace <= 0 {
 		o.ResponseWaitGrace = DefaultResponseWaitGrace
 	}
-	return &Handler{o: o, log: o.Logger, drain: newDrainer()}
+	return &Handler{o: o, log: o.Logger, drain: newDrainer(), hasher: routing.NewHasher()}
 }
 
 // view is what the Handler derives from one config value, rebuilt when
@@ -142,6 +144,9 @@ type view struct {
 	// keyLimits holds the api_keys bounds of the principals that have one.
 	keyLimits map[string]limit.KeyLimit
 	models    []byte // the GET /v1/models body
+	// affinity names the model groups routed by prefix_affinity: only
+	// their requests carry a conversation prefix (issue 16).
+	affinity map[string]bool
 }
 
 type apiKey struct {
@@ -180,6 +185,14 @@ func (h *Handler) current() *view {
 			inflight = cfg.HTTP.MaxInflightBodyBytes
 		}
 		v.models = modelList(cfg, h.o.Now().Unix())
+		for _, m := range cfg.Models {
+			if m.Routing == routing.NamePrefixAffinity {
+				if v.affinity == nil {
+					v.affinity = make(map[string]bool)
+				}
+				v.affinity[m.Name] = true
+			}
+		}
 	}
 	h.lim.bodies.SetMax(inflight)
 	h.lim.keys.Retain(func(p string) bool { _, ok := v.keyLimits[p]; return ok })

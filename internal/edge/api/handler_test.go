@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -265,19 +266,25 @@ func TestAcquireRequest(t *testing.T) {
 		{"/v1/messages", chatBody, config.OpMessages},
 		{"/v1/messages/count_tokens", chatBody, config.OpCountTokens},
 	}
-	for _, row := range rows {
-		t.Run("Q3 "+row.op, func(t *testing.T) {
-			r := newRig(t, config.TypeOpenAICompat, nil)
-			r.fp.err = pool.ErrUnknownModel
-			r.do(t, "POST", row.path, row.body)
-			reqs := r.fp.requests()
-			want := pool.Request{Model: "tiny", Operation: row.op, PromptTokens: pool.EstimatePromptTokens(len(row.body))}
-			if len(reqs) == 1 {
-				reqs[0].Prefix = nil // TestPrefixOf covers the prefix
-			}
-			if len(reqs) != 1 || reqs[0].Model != want.Model || reqs[0].Operation != want.Operation || reqs[0].PromptTokens != want.PromptTokens {
-				t.Fatalf("Acquire: got %+v, want %+v", reqs, want)
-			}
-		})
+	for _, routing := range []string{"least_loaded", "prefix_affinity"} {
+		for _, row := range rows {
+			// issue 16: only a prefix_affinity group's requests carry a
+			// conversation prefix, and count_tokens never does.
+			wantPrefix := routing == "prefix_affinity" && row.op != config.OpCountTokens
+			t.Run(fmt.Sprintf("Q3 issue16 %s %s", row.op, routing), func(t *testing.T) {
+				r := newRig(t, config.TypeOpenAICompat, nil)
+				r.cfg.Models[0].Routing = routing
+				r.fp.err = pool.ErrUnknownModel
+				r.do(t, "POST", row.path, row.body)
+				reqs := r.fp.requests()
+				want := pool.Request{Model: "tiny", Operation: row.op, PromptTokens: pool.EstimatePromptTokens(len(row.body))}
+				if len(reqs) != 1 || reqs[0].Model != want.Model || reqs[0].Operation != want.Operation || reqs[0].PromptTokens != want.PromptTokens {
+					t.Fatalf("Acquire: got %+v, want %+v", reqs, want)
+				}
+				if got := len(reqs[0].Prefix) > 0; got != wantPrefix {
+					t.Fatalf("Acquire prefix %x: present %t, want %t", reqs[0].Prefix, got, wantPrefix)
+				}
+			})
+		}
 	}
 }

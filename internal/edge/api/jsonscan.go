@@ -53,6 +53,39 @@ func (m *members) next() (key []byte, val span, ok bool) {
 	return key, span{i, ve}, true
 }
 
+// elements iterates over the values of one JSON array without allocating.
+// Like members, it needs valid JSON.
+type elements struct {
+	b []byte
+	i int
+}
+
+// newElements starts an iteration over the array in b[v.start:v.end]; a
+// value that is not an array yields no elements.
+func newElements(b []byte, v span) elements {
+	i := skipWS(b, v.start)
+	if i >= v.end || b[i] != '[' {
+		return elements{b: b[:v.end], i: v.end}
+	}
+	return elements{b: b[:v.end], i: i + 1}
+}
+
+// next returns the span of the next element, or ok=false after the last.
+func (e *elements) next() (val span, ok bool) {
+	b := e.b
+	i := skipWS(b, e.i)
+	if i < len(b) && b[i] == ',' {
+		i = skipWS(b, i+1)
+	}
+	if i >= len(b) || b[i] == ']' {
+		e.i = len(b)
+		return span{}, false
+	}
+	ve := skipValue(b, i)
+	e.i = ve
+	return span{i, ve}, true
+}
+
 // keyIs reports whether the raw key equals name, decoding escapes when the
 // key has any (a client may spell "model" as "mod\u0065l").
 func keyIs(raw []byte, name string) bool {

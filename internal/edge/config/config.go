@@ -22,6 +22,7 @@ import (
 	"strings"
 	"time"
 
+	"iop/internal/edge/routing"
 	"iop/internal/jsonconfig"
 	iop "iop/proto/gen/iop"
 
@@ -54,6 +55,9 @@ const (
 	DefaultLeaseTTLMs     = 60000  // credentials.lease_ttl_ms
 	MinLeaseTTLMs         = 1000   // a lease must outlive one dispatch
 	MaxLeaseTTLMs         = 300000 // lease.MaxTTL
+	// MaxAffinityEpsilon bounds models[].affinity_epsilon: beyond it the
+	// load bound no longer bounds anything.
+	MaxAffinityEpsilon = 100.0
 	// MaxStallTimeoutMs is the largest stall timeout that is still a
 	// time.Duration (SPEC E2).
 	MaxStallTimeoutMs = math.MaxInt64 / int64(time.Millisecond)
@@ -189,6 +193,17 @@ type Model struct {
 	// (SPEC Q7); 0 = never long.
 	LongContextTokens int             `json:"long_context_tokens"`
 	Providers         []ModelProvider `json:"providers"`
+	// Routing chooses among the free providers (issue 16): "least_loaded"
+	// (the default), "ordered" or "prefix_affinity".
+	Routing string `json:"routing"`
+	// AffinityEpsilon is prefix_affinity's load-bound slack ε: a provider
+	// takes a request only while its in-flight count stays within (1+ε) ×
+	// its capacity share of the group's load. Omitted = 0.25.
+	AffinityEpsilon *float64 `json:"affinity_epsilon"`
+	// AffinityWaitMs: under prefix_affinity, how long (ms) a request waits
+	// for the busy provider holding its conversation while another
+	// provider is free; 0 = never.
+	AffinityWaitMs int64 `json:"affinity_wait_ms"`
 }
 
 // ModelProvider is one (node, provider, target) candidate.
@@ -337,6 +352,14 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Credentials.LeaseTTLMs == 0 {
 		c.Credentials.LeaseTTLMs = DefaultLeaseTTLMs
+	}
+	for i := range c.Models {
+		m := &c.Models[i]
+		def(&m.Routing, routing.NameLeastLoaded)
+		if m.AffinityEpsilon == nil {
+			e := routing.DefaultEpsilon
+			m.AffinityEpsilon = &e
+		}
 	}
 	for i := range c.Nodes {
 		for j := range c.Nodes[i].Adapters {
@@ -489,6 +512,15 @@ func (c *Config) validate() jsonconfig.Errors {
 		}
 		if len(m.Providers) == 0 {
 			add(p+".providers", "at least one provider is required")
+		}
+		if _, err := routing.ParseMode(m.Routing); err != nil {
+			add(p+".routing", "want %q, %q or %q, got %q", routing.NameLeastLoaded, routing.NameOrdered, routing.NamePrefixAffinity, m.Routing)
+		}
+		if e := *m.AffinityEpsilon; !(e >= 0 && e <= MaxAffinityEpsilon) {
+			add(p+".affinity_epsilon", "must be between 0 and %g, got %g", float64(MaxAffinityEpsilon), e)
+		}
+		if m.AffinityWaitMs < 0 || m.AffinityWaitMs > c.Queue.WaitTimeoutMs {
+			add(p+".affinity_wait_ms", "must be between 0 and queue.wait_timeout_ms (%d), got %d", c.Queue.WaitTimeoutMs, m.AffinityWaitMs)
 		}
 		seen := map[[2]string]bool{}
 		for j, mp := range m.Providers {

@@ -54,6 +54,9 @@ func TestDefaults(t *testing.T) {
 		{"max connections", c.HTTP.MaxConnections, 4096},
 		{"api key max_concurrent: no bound", c.APIKeys[0].MaxConcurrent, 0},
 		{"api key requests_per_minute: no bound", c.APIKeys[0].RequestsPerMinute, 0},
+		{"issue16 routing", c.Models[0].Routing, "least_loaded"},
+		{"issue16 affinity_epsilon", *c.Models[0].AffinityEpsilon, 0.25},
+		{"issue16 affinity_wait_ms", c.Models[0].AffinityWaitMs, int64(0)},
 	}
 	for _, ck := range checks {
 		if ck.got != ck.want {
@@ -96,7 +99,9 @@ func TestValidateReportsEveryProblem(t *testing.T) {
   "models": [
     {"name": "m", "providers": [{"node": "gpu-9", "provider": "x", "target": ""}]},
     {"name": "m", "providers": [{"node": "gpu 1", "provider": "nope", "target": "t", "response_stall_timeout_ms": -5}]},
-    {"name": "empty", "providers": []}
+    {"name": "empty", "providers": []},
+    {"name": "r", "routing": "random", "affinity_epsilon": -1, "affinity_wait_ms": 99999999,
+     "providers": [{"node": "gpu-9", "provider": "x", "target": "t"}]}
   ],
   "queue": {"max_waiters": -1},
   "http": {"max_body_bytes": 999999999, "max_inflight_body_bytes": 1000, "max_connections": -1},
@@ -128,6 +133,9 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 		"models[1].providers[0].provider: node \"gpu 1\" has no adapter \"nope\"",
 		"models[1].providers[0].response_stall_timeout_ms: must be between",
 		"models[2].providers: at least one provider",
+		"models[3].routing: want \"least_loaded\", \"ordered\" or \"prefix_affinity\", got \"random\"",
+		"models[3].affinity_epsilon: must be between 0 and 100, got -1",
+		"models[3].affinity_wait_ms: must be between 0 and queue.wait_timeout_ms (30000), got 99999999",
 		"queue.max_waiters: must be ≥ 0",
 		"http.max_body_bytes: must be between",
 		"shutdown.drain_timeout_ms: must be between",
