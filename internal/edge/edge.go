@@ -137,7 +137,7 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	for _, m := range ht.Metrics() {
 		counters = append(counters, admin.Counter{Name: m.Name, Help: m.Help, Type: "counter", Samples: m.Samples})
 	}
-	adm := admin.New(admin.Options{Status: p, Events: bus, Metrics: counters, Collectors: []admin.Collector{metrics},
+	adm := admin.New(admin.Options{Status: p, Routing: p, Events: bus, Metrics: counters, Collectors: []admin.Collector{metrics},
 		Recent: recent, Pprof: cfg.Admin.Pprof, Version: o.Version})
 
 	listen := func(given net.Listener, addr string) (net.Listener, error) {

@@ -1,6 +1,7 @@
 // Package admin serves the Edge's operator surface on admin_listen:
 //
-//	GET /status   JSON: configured nodes and their ProviderSnapshots (SPEC N3)
+//	GET /status   JSON: configured nodes and their ProviderSnapshots (SPEC N3),
+//	              model groups with their routing mode and hit ratio (issue 16)
 //	GET /metrics  Prometheus text exposition format 0.0.4
 //	GET /events   SSE of node.connected / node.disconnected events (SPEC N4)
 //	/debug/pprof/ net/http/pprof, only when Options.Pprof is set
@@ -39,6 +40,12 @@ type EventSource interface {
 	Dropped() uint64
 }
 
+// RoutingSource gives each model group's routing mode and its
+// prefix_affinity decisions (the pool, issue 16).
+type RoutingSource interface {
+	Routing() []pool.GroupRouting
+}
+
 // Counter is one extra metric family other packages export: name, help, and
 // samples keyed by a pre-rendered, bounded label set (e.g. `code="200"`).
 type Counter struct {
@@ -59,7 +66,10 @@ type RecentSource interface {
 
 // Options configures the admin handler.
 type Options struct {
-	Status     StatusSource
+	Status StatusSource
+	// Routing, when set, adds "models" to /status and
+	// iop_edge_routing_decisions_total to /metrics.
+	Routing    RoutingSource
 	Events     EventSource
 	Metrics    []Counter
 	Collectors []Collector
@@ -72,7 +82,7 @@ type Options struct {
 // New returns the admin http.Handler.
 func New(o Options) http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) { serveStatus(w, o.Status) })
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) { serveStatus(w, o.Status, o.Routing) })
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) { serveMetrics(w, o) })
 	mux.HandleFunc("GET /events", func(w http.ResponseWriter, r *http.Request) { serveEvents(w, r, o.Events) })
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
@@ -88,9 +98,12 @@ func New(o Options) http.Handler {
 
 var providerJSON = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}
 
-// serveStatus writes {"nodes":[{"id","connected","ready_since","providers":[…]}]}.
-// ready_since is RFC 3339 and present only while connected.
-func serveStatus(w http.ResponseWriter, src StatusSource) {
+// serveStatus writes {"nodes":[{"id","connected","ready_since","providers":[…]}]}
+// and, with a routing source,, "models":[{"name","routing","decisions":
+// {"prefix_hit","hash","fallback"},"hit_ratio"}] (issue 16; hit_ratio is
+// prefix_hit over all decisions, 0 without any). ready_since is RFC 3339
+// and present only while connected.
+func serveStatus(w http.ResponseWriter, src StatusSource, rs RoutingSource) {
 	var buf bytes.Buffer
 	buf.WriteString(`{"nodes":[`)
 	for i, n := range src.Snapshot() {
@@ -116,7 +129,20 @@ func serveStatus(w http.ResponseWriter, src StatusSource) {
 		}
 		buf.WriteString(`]}`)
 	}
-	buf.WriteString("]}\n")
+	buf.WriteByte(']')
+	if rs != nil {
+		buf.WriteString(`,"models":[`)
+		for i, g := range rs.Routing() {
+			if i > 0 {
+				buf.WriteByte(',')
+			}
+			name, _ := json.Marshal(g.Model)
+			fmt.Fprintf(&buf, `{"name":%s,"routing":%q,"decisions":{"prefix_hit":%d,"hash":%d,"fallback":%d},"hit_ratio":%s}`,
+				name, g.Mode, g.PrefixHit, g.Hash, g.Fallback, strconv.FormatFloat(g.HitRatio(), 'g', 4, 64))
+		}
+		buf.WriteByte(']')
+	}
+	buf.WriteString("}\n")
 	w.Header().Set("Content-Type", "application/json")
 	w.Write(buf.Bytes())
 }
@@ -165,6 +191,21 @@ func serveMetrics(w http.ResponseWriter, o Options) {
 	fmt.Fprintf(&buf, "iop_edge_leases %d\n", leases)
 	family("iop_edge_waiters", "gauge", "Requests waiting for a provider.")
 	fmt.Fprintf(&buf, "iop_edge_waiters %d\n", waiters)
+	if o.Routing != nil {
+		family("iop_edge_routing_decisions_total", "counter",
+			"prefix_affinity routing decisions per model: prefix_hit (the holder of the longest prefix took it), hash (nobody held a prefix; the bounded-load hash chose), fallback (the holder was busy or the request had no conversation).")
+		for _, g := range o.Routing.Routing() {
+			if g.Mode != "prefix_affinity" && g.PrefixHit+g.Hash+g.Fallback == 0 {
+				continue
+			}
+			for _, r := range []struct {
+				name string
+				n    uint64
+			}{{"prefix_hit", g.PrefixHit}, {"hash", g.Hash}, {"fallback", g.Fallback}} {
+				fmt.Fprintf(&buf, "iop_edge_routing_decisions_total{model=%s,result=%q} %d\n", strconv.Quote(g.Model), r.name, r.n)
+			}
+		}
+	}
 	if o.Events != nil {
 		family("iop_edge_events_dropped_total", "counter", "Node events dropped by the droppable fan-out (SPEC N4).")
 		fmt.Fprintf(&buf, "iop_edge_events_dropped_total %d\n", o.Events.Dropped())

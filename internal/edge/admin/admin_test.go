@@ -139,3 +139,66 @@ func TestEvents(t *testing.T) {
 		t.Errorf("subscribers after the client left: %d, want 0", s)
 	}
 }
+
+type fakeRouting []pool.GroupRouting
+
+func (f fakeRouting) Routing() []pool.GroupRouting { return f }
+
+var routes = fakeRouting{
+	{Model: "tiny", Mode: "prefix_affinity", PrefixHit: 6, Hash: 3, Fallback: 1},
+	{Model: "plain", Mode: "least_loaded"},
+}
+
+// issue 16: /status shows per model group the routing mode and its hit
+// ratio; /metrics counts prefix_affinity decisions by result.
+func TestRoutingStatusAndMetrics(t *testing.T) {
+	srv := httptest.NewServer(New(Options{Status: status(), Routing: routes}))
+	defer srv.Close()
+	get := func(path string) string {
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	var st struct {
+		Nodes  []json.RawMessage `json:"nodes"`
+		Models []struct {
+			Name      string            `json:"name"`
+			Routing   string            `json:"routing"`
+			Decisions map[string]uint64 `json:"decisions"`
+			HitRatio  float64           `json:"hit_ratio"`
+		} `json:"models"`
+	}
+	body := get("/status")
+	if err := json.Unmarshal([]byte(body), &st); err != nil {
+		t.Fatalf("status is not JSON: %v: %s", err, body)
+	}
+	if len(st.Nodes) != 2 || len(st.Models) != 2 {
+		t.Fatalf("status: %d nodes, %d models; want 2, 2: %s", len(st.Nodes), len(st.Models), body)
+	}
+	m := st.Models[0]
+	if m.Name != "tiny" || m.Routing != "prefix_affinity" || m.HitRatio != 0.6 ||
+		m.Decisions["prefix_hit"] != 6 || m.Decisions["hash"] != 3 || m.Decisions["fallback"] != 1 {
+		t.Errorf("status models[0] = %+v, want tiny prefix_affinity 6/3/1, hit ratio 0.6", m)
+	}
+	if p := st.Models[1]; p.Routing != "least_loaded" || p.HitRatio != 0 {
+		t.Errorf("status models[1] = %+v, want least_loaded, hit ratio 0", p)
+	}
+	metrics := get("/metrics")
+	for _, want := range []string{
+		"# TYPE iop_edge_routing_decisions_total counter",
+		`iop_edge_routing_decisions_total{model="tiny",result="prefix_hit"} 6`,
+		`iop_edge_routing_decisions_total{model="tiny",result="hash"} 3`,
+		`iop_edge_routing_decisions_total{model="tiny",result="fallback"} 1`,
+	} {
+		if !strings.Contains(metrics, want+"\n") {
+			t.Errorf("metrics lack %q:\n%s", want, metrics)
+		}
+	}
+	if strings.Contains(metrics, `model="plain"`) {
+		t.Errorf("metrics count decisions of a least_loaded group without any:\n%s", metrics)
+	}
+}
