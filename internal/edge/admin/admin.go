@@ -99,7 +99,7 @@ func New(o Options) http.Handler {
 var providerJSON = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}
 
 // serveStatus writes {"nodes":[{"id","connected","ready_since","providers":[…]}]}
-// and, with a routing source,, "models":[{"name","routing","decisions":
+// and, with a routing source, "models":[{"name","routing","decisions":
 // {"prefix_hit","hash","fallback"},"hit_ratio"}] (issue 16; hit_ratio is
 // prefix_hit over all decisions, 0 without any). ready_since is RFC 3339
 // and present only while connected.
