@@ -26,8 +26,8 @@ func (a anthropicFormat) begin(c *call, dst []byte) []byte {
 	dst = a.head(c, dst)
 	dst = append(dst, `[],"model":`...)
 	dst = append(dst, c.modelJSON...)
-	dst = append(dst, `,"stop_reason":null,"stop_sequence":null,"usage":{"cache_read_input_tokens":0,"input_tokens":`...)
-	dst = strconv.AppendInt(dst, int64(c.prompt), 10)
+	dst = append(dst, `,"stop_reason":null,"stop_sequence":null,"usage":{"cache_read_input_tokens":`...)
+	dst = appendAnthropicInput(c, dst)
 	dst = append(dst, ",\"output_tokens\":0}}}\n\n"...)
 	if c.plan.kind != kindTool {
 		dst = append(dst, "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n"...)
@@ -76,11 +76,20 @@ func (a anthropicFormat) whole(c *call, dst []byte, pad int) []byte {
 	dst = append(dst, c.modelJSON...)
 	dst = append(dst, `,"stop_reason":"`...)
 	dst = append(dst, anthropicStop(c.plan.finish)...)
-	dst = append(dst, `","stop_sequence":null,"usage":{"cache_read_input_tokens":0,"input_tokens":`...)
-	dst = strconv.AppendInt(dst, int64(c.prompt), 10)
+	dst = append(dst, `","stop_sequence":null,"usage":{"cache_read_input_tokens":`...)
+	dst = appendAnthropicInput(c, dst)
 	dst = append(dst, `,"output_tokens":`...)
 	dst = strconv.AppendInt(dst, int64(c.plan.completion), 10)
 	return append(dst, `}}`...)
+}
+
+// appendAnthropicInput appends `N,"input_tokens":M`: llama-server reports
+// the cached prompt tokens as cache_read_input_tokens and only the rest as
+// input_tokens.
+func appendAnthropicInput(c *call, dst []byte) []byte {
+	dst = strconv.AppendInt(dst, int64(c.cached), 10)
+	dst = append(dst, `,"input_tokens":`...)
+	return strconv.AppendInt(dst, int64(c.prompt-c.cached), 10)
 }
 
 func anthropicStop(f finish) string {

@@ -52,6 +52,14 @@ type Options struct {
 	// LoopTokens is tiny-loop's token limit when a request sets none;
 	// 0 = DefaultLoopTokens.
 	LoopTokens int
+	// PrefixCache is how many prompt prefixes (message boundaries) the
+	// instance's prefix cache holds; 0 = no cache: every prompt token is
+	// evaluated and reported uncached (see prefixCache).
+	PrefixCache int
+	// PrefillPerToken is the simulated prefill time per prompt token not
+	// served from the prefix cache, waited before anything is written
+	// (0 = none). The binary's -prefill-per-token, e.g. 1ms.
+	PrefillPerToken time.Duration
 	// OnRequestEnd, if set, is called on the request's goroutine after the
 	// handler is done writing (for a client abort: after the request's
 	// context ended and the handler noticed). It must not block for long.
@@ -98,6 +106,9 @@ type Stats struct {
 	Active  int    // requests in flight
 	Started uint64 // requests accepted since New
 	Ended   uint64 // requests finished since New
+	// PromptTokens and CachedTokens sum the chat requests' prompt tokens and
+	// the part of them served from the prefix cache.
+	PromptTokens, CachedTokens uint64
 }
 
 // Backend is the demo backend's http.Handler. It is safe for concurrent use.
@@ -120,6 +131,10 @@ type Backend struct {
 	started atomic.Uint64
 	ended   atomic.Uint64
 
+	cache        *prefixCache // nil without Options.PrefixCache
+	promptTokens atomic.Uint64
+	cachedTokens atomic.Uint64
+
 	mu     sync.Mutex
 	loaded map[string]time.Time // guarded by mu: catalogue name → last use (/api/ps)
 }
@@ -136,6 +151,12 @@ func New(opts Options) (*Backend, error) {
 	}
 	if opts.PadBytes < 0 {
 		errs = append(errs, fmt.Errorf("PadBytes %d is negative: %w", opts.PadBytes, ErrBadOption))
+	}
+	if opts.PrefixCache < 0 {
+		errs = append(errs, fmt.Errorf("PrefixCache %d is negative: %w", opts.PrefixCache, ErrBadOption))
+	}
+	if opts.PrefillPerToken < 0 {
+		errs = append(errs, fmt.Errorf("PrefillPerToken %s is negative: %w", opts.PrefillPerToken, ErrBadOption))
 	}
 	if opts.LoopTokens < 0 || opts.LoopTokens > maxTokenLimit {
 		errs = append(errs, fmt.Errorf("LoopTokens %d is outside 0-%d: %w", opts.LoopTokens, maxTokenLimit, ErrBadOption))
@@ -175,6 +196,9 @@ func New(opts Options) (*Backend, error) {
 			return nil, fmt.Errorf("token %q needs escaping: %w", s, ErrBadOption)
 		}
 	}
+	if opts.PrefixCache > 0 {
+		b.cache = newPrefixCache(opts.PrefixCache)
+	}
 	b.tagsBody = b.renderTags()
 	b.versionBody = []byte(`{"version":"0.17.4"}`)
 	b.bufs.New = func() any { s := make([]byte, 0, 4096); return &s }
@@ -186,7 +210,8 @@ func (b *Backend) Active() int { return int(b.active.Load()) }
 
 // Stats returns the request counters.
 func (b *Backend) Stats() Stats {
-	return Stats{Active: b.Active(), Started: b.started.Load(), Ended: b.ended.Load()}
+	return Stats{Active: b.Active(), Started: b.started.Load(), Ended: b.ended.Load(),
+		PromptTokens: b.promptTokens.Load(), CachedTokens: b.cachedTokens.Load()}
 }
 
 // Serve answers HTTP/1.1 on ln until ctx ends, then shuts down: request
@@ -307,6 +332,10 @@ func (b *Backend) route(c *call) {
 		buf = strconv.AppendUint(buf, b.started.Load(), 10)
 		buf = append(buf, `,"ended":`...)
 		buf = strconv.AppendUint(buf, b.ended.Load(), 10)
+		buf = append(buf, `,"prompt_tokens":`...)
+		buf = strconv.AppendUint(buf, b.promptTokens.Load(), 10)
+		buf = append(buf, `,"cached_tokens":`...)
+		buf = strconv.AppendUint(buf, b.cachedTokens.Load(), 10)
 		c.writeJSON(http.StatusOK, append(buf, '}'))
 	case "/":
 		c.w.Header().Set("Content-Type", "text/plain; charset=utf-8")

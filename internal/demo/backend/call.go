@@ -44,6 +44,7 @@ type chatRequest struct {
 		NumPredict *int `json:"num_predict"`
 	} `json:"options"`
 	Messages []struct {
+		Role    json.RawMessage `json:"role"`
 		Content json.RawMessage `json:"content"`
 	} `json:"messages"`
 	System json.RawMessage `json:"system"`
@@ -123,7 +124,9 @@ type call struct {
 	plan         plan
 	stream       bool
 	includeUsage bool
-	prompt       int // prompt tokens
+	prompt       int      // prompt tokens
+	cached       int      // of those, served from the prefix cache (Options.PrefixCache)
+	last         boundary // the prompt's whole-prompt boundary, when the cache is on
 	created      int64
 	idArr        [32]byte // chatcmpl id characters
 	toolArr      [32]byte // tool-call id characters
@@ -249,6 +252,10 @@ func (c *call) chat(sh shape) {
 		return
 	}
 	c.b.markLoaded(c.m, c.start)
+	if !c.prefill() {
+		c.outcome = OutcomeClientGone
+		return
+	}
 	var f format
 	switch sh {
 	case shapeOllama:
@@ -263,6 +270,35 @@ func (c *call) chat(sh shape) {
 	} else {
 		c.runOnce(f)
 	}
+	c.cacheAnswer()
+}
+
+// prefill looks the prompt up in the instance's prefix cache and waits
+// Options.PrefillPerToken for each prompt token not served from it,
+// before anything is written (a real server's time to first token). It
+// reports whether the client is still there.
+func (c *call) prefill() bool {
+	if pc := c.b.cache; pc != nil {
+		bs := pc.boundaries(c.m.name, &c.req)
+		c.last = bs[len(bs)-1]
+		c.cached = pc.use(bs, c.prompt)
+	}
+	c.b.promptTokens.Add(uint64(c.prompt))
+	c.b.cachedTokens.Add(uint64(c.cached))
+	return c.wait(time.Duration(c.prompt-c.cached) * c.b.opts.PrefillPerToken)
+}
+
+// cacheAnswer caches the prompt followed by the generated text answer,
+// once it was generated in full.
+func (c *call) cacheAnswer() {
+	if c.b.cache == nil || c.outcome != OutcomeOK || c.plan.kind == kindTool || c.emitted < c.plan.n {
+		return
+	}
+	var text []byte
+	for i := range c.plan.n {
+		text = append(text, c.plan.token(i)...)
+	}
+	c.b.cache.add(c.b.cache.answer(c.last, text))
 }
 
 // runStream writes a streamed answer, one flush per chunk.

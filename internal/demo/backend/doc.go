@@ -52,7 +52,9 @@
 //
 // Two extra routes serve humans and out-of-process tests: GET / says that this
 // is the demo stand-in, and GET /_demo/stats returns
-// {"active":N,"started":N,"ended":N} (active excludes the stats request).
+// {"active":N,"started":N,"ended":N,"prompt_tokens":N,"cached_tokens":N}
+// (active excludes the stats request; the token counters sum the chat
+// requests' prompt tokens and the part served from the prefix cache).
 //
 // # Models
 //
@@ -71,6 +73,21 @@
 // deterministic function of the request: 16 + Σ over messages (and an
 // Anthropic "system") of 4 + ceil(content bytes / 4), + ceil(tools bytes / 4).
 // The response's "model" echoes the requested name without the fault suffix.
+//
+// # Prefix cache (issue 16)
+//
+// With Options.PrefixCache > 0 each Backend models a real server's prompt
+// cache (see prefixCache): a chat request whose prompt starts with a
+// prompt this instance processed before — up to a message boundary, the
+// answer it generated included — reports those prompt tokens as cached,
+// where llama-server does: usage.prompt_tokens_details.cached_tokens and
+// timings.cache_n (timings.prompt_n is the rest) on /v1/chat/completions,
+// cache_read_input_tokens (input_tokens is the rest) on /v1/messages.
+// Ollama's native prompt_eval_count stays the whole prompt. With
+// Options.PrefillPerToken each uncached prompt token costs that much time
+// before the first byte of the answer, so routing that keeps a
+// conversation on one instance shows up as a shorter time to first token.
+// Several Backends are several instances with separate caches.
 //
 // # Fault injection
 //

@@ -105,7 +105,8 @@ func openAIFinish(f finish) string {
 	return "stop"
 }
 
-// appendLlamaUsage appends `,"usage":{…}` (tokens); the stand-in caches nothing.
+// appendLlamaUsage appends `,"usage":{…}` (tokens); cached_tokens counts the
+// prompt tokens served from the prefix cache, as llama-server reports them.
 func appendLlamaUsage(c *call, dst []byte) []byte {
 	dst = append(dst, `,"usage":{"completion_tokens":`...)
 	dst = strconv.AppendInt(dst, int64(c.plan.completion), 10)
@@ -113,7 +114,9 @@ func appendLlamaUsage(c *call, dst []byte) []byte {
 	dst = strconv.AppendInt(dst, int64(c.prompt), 10)
 	dst = append(dst, `,"total_tokens":`...)
 	dst = strconv.AppendInt(dst, int64(c.prompt+c.plan.completion), 10)
-	return append(dst, `,"prompt_tokens_details":{"cached_tokens":0}}`...)
+	dst = append(dst, `,"prompt_tokens_details":{"cached_tokens":`...)
+	dst = strconv.AppendInt(dst, int64(c.cached), 10)
+	return append(dst, `}}`...)
 }
 
 // appendCallTimings appends llama-server's timings measured on this request.
@@ -123,7 +126,7 @@ func appendCallTimings(c *call, dst []byte) []byte {
 	if first.IsZero() {
 		first = now
 	}
-	return appendTimings(dst, c.prompt, c.plan.completion, first.Sub(c.decoded), now.Sub(first))
+	return appendTimings(dst, c.cached, c.prompt-c.cached, c.plan.completion, first.Sub(c.decoded), now.Sub(first))
 }
 
 // renderV1Models renders llama-server's /v1/models for the served models

@@ -111,12 +111,15 @@ func splitmix64(x *uint64) uint64 {
 	return z ^ (z >> 31)
 }
 
-// timings renders llama-server's "timings" object from the prompt and
-// completion counts (tokens) and their processing times.
-func appendTimings(dst []byte, prompt, predicted int, promptDur, predDur time.Duration) []byte {
+// timings renders llama-server's "timings" object from the cached and
+// evaluated prompt counts, the completion count (tokens) and their
+// processing times.
+func appendTimings(dst []byte, cached, prompt, predicted int, promptDur, predDur time.Duration) []byte {
 	pms := msOf(promptDur)
 	gms := msOf(predDur)
-	dst = append(dst, `{"cache_n":0,"prompt_n":`...)
+	dst = append(dst, `{"cache_n":`...)
+	dst = strconv.AppendInt(dst, int64(cached), 10)
+	dst = append(dst, `,"prompt_n":`...)
 	dst = strconv.AppendInt(dst, int64(prompt), 10)
 	dst = append(dst, `,"prompt_ms":`...)
 	dst = appendFloat(dst, pms)

@@ -394,7 +394,7 @@ func TestInfoRoutes(t *testing.T) {
 		{"issue6 version", "/api/version", `{"version":"0.17.4"}`},
 		{"issue6 health", "/health", `{"status":"ok"}`},
 		{"issue6 root says stand-in", "/", "iop demo-backend: a deterministic stand-in for a model server, not a model\n"},
-		{"issue6 stats", "/_demo/stats", `{"active":0,"started":4,"ended":3}`},
+		{"issue6 issue16 stats", "/_demo/stats", `{"active":0,"started":4,"ended":3,"prompt_tokens":0,"cached_tokens":0}`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			code, _, got := h.do(t, "GET", tt.path, "")

@@ -4,6 +4,7 @@
 // models and the fault suffixes.
 //
 //	demo-backend -listen 127.0.0.1:11434 [-token-delay 20ms] [-pad-bytes 1024] [-seed N] [-loop-tokens 64] [-api-key-file FILE]
+//	             [-prefix-cache 4096] [-prefill-per-token 1ms]
 //
 // -api-key-file names a file holding an API key that the /v1 routes then
 // require, as llama-server's --api-key does (the key is read from a file,
@@ -51,6 +52,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	seed := fs.Uint64("seed", 0, "seed of the generated ids")
 	loop := fs.Int("loop-tokens", backend.DefaultLoopTokens, "tiny-loop's token limit when a request sets none")
 	keyFile := fs.String("api-key-file", "", "file holding an API key the /v1 routes require (llama-server's --api-key)")
+	cache := fs.Int("prefix-cache", 0, "prompt prefixes (message boundaries) the instance's prefix cache holds (0 = no cache)")
+	prefill := fs.Duration("prefill-per-token", 0, "simulated prefill time per uncached prompt token (0 = none)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -73,6 +76,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	log := slog.New(slog.NewJSONHandler(stderr, nil))
 	b, err := backend.New(backend.Options{
 		Logger: log, TokenDelay: *delay, PadBytes: *pad, Seed: *seed, LoopTokens: *loop, APIKey: apiKey,
+		PrefixCache: *cache, PrefillPerToken: *prefill,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "demo-backend: %v\n", err)
@@ -85,7 +89,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	}
 	log.Info("demo-backend listening: a deterministic demo stand-in for a model server, not a model",
 		"addr", ln.Addr().String(), "models", []string{"tiny", "tiny-tool", "tiny-loop"},
-		"token_delay", delay.String(), "pad_bytes", *pad, "api_key_required", apiKey != "")
+		"token_delay", delay.String(), "pad_bytes", *pad, "api_key_required", apiKey != "",
+		"prefix_cache", *cache, "prefill_per_token", prefill.String())
 	if err := b.Serve(ctx, ln); err != nil {
 		log.Error("serve failed", "error", err)
 		return 1

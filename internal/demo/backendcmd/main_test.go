@@ -24,6 +24,8 @@ func TestRunExitCodes(t *testing.T) {
 		{"issue6 stray argument", []string{"serve"}, 2},
 		{"issue6 negative padding", []string{"-pad-bytes", "-1"}, 2},
 		{"issue6 negative delay", []string{"-token-delay", "-5ms"}, 2},
+		{"issue16 negative prefix cache", []string{"-prefix-cache", "-1"}, 2},
+		{"issue16 negative prefill cost", []string{"-prefill-per-token", "-1ms"}, 2},
 		{"issue6 bad listen address", []string{"-listen", "127.0.0.1:99999"}, 1},
 	}
 	for _, tt := range tests {
