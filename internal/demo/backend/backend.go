@@ -289,14 +289,15 @@ func (b *Backend) route(c *call) {
 	method, path := c.r.Method, c.r.URL.Path
 	want := http.MethodGet
 	switch path {
-	case "/api/chat", "/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens", "/api/embed", "/v1/embeddings":
+	case "/api/chat", "/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens", "/api/embed", "/v1/embeddings",
+		"/v1/responses":
 		want = http.MethodPost
 	}
 	if method != want {
 		switch path {
 		case "/", "/api/chat", "/api/tags", "/api/ps", "/api/version", "/v1/models",
 			"/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens", "/health", "/_demo/stats",
-			"/api/embed", "/v1/embeddings":
+			"/api/embed", "/v1/embeddings", "/v1/responses":
 			c.w.Header().Set("Allow", want)
 			c.writeError(shapeFor(path), http.StatusMethodNotAllowed, "method "+method+" not allowed on "+path, nil)
 			return
@@ -311,6 +312,8 @@ func (b *Backend) route(c *call) {
 		c.chat(shapeAnthropic)
 	case "/v1/messages/count_tokens":
 		c.countTokens()
+	case "/v1/responses":
+		c.chat(shapeResponses)
 	case "/api/embed":
 		c.embed(shapeOllama)
 	case "/v1/embeddings":

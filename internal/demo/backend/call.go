@@ -18,6 +18,7 @@ const (
 	shapeOllama    shape = iota // /api/*: Ollama 0.17 native
 	shapeOpenAI                 // /v1/chat/completions, /v1/models: llama-server (errors: Ollama /v1)
 	shapeAnthropic              // /v1/messages*: llama-server's Anthropic endpoint
+	shapeResponses              // /v1/responses: llama-server (errors: Ollama /v1)
 )
 
 func shapeFor(path string) shape {
@@ -37,6 +38,7 @@ type chatRequest struct {
 	Stream              *bool  `json:"stream"`
 	MaxTokens           *int   `json:"max_tokens"`
 	MaxCompletionTokens *int   `json:"max_completion_tokens"`
+	MaxOutputTokens     *int   `json:"max_output_tokens"` // /v1/responses
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
@@ -65,6 +67,8 @@ func (q *chatRequest) limit() int {
 		return *q.MaxCompletionTokens
 	case q.MaxTokens != nil:
 		return *q.MaxTokens
+	case q.MaxOutputTokens != nil:
+		return *q.MaxOutputTokens
 	case q.Options != nil && q.Options.NumPredict != nil:
 		return *q.Options.NumPredict
 	}
@@ -83,6 +87,9 @@ func (q *chatRequest) promptTokens() int {
 	n := 16
 	for _, m := range q.Messages {
 		n += 4 + (textLen(m.Content)+3)/4
+	}
+	if len(q.Input) > 0 && string(q.Input) != "null" {
+		n += 4 + (textLen(q.Input)+3)/4
 	}
 	if len(q.System) > 0 && string(q.System) != "null" {
 		n += 4 + (textLen(q.System)+3)/4
@@ -262,6 +269,8 @@ func (c *call) chat(sh shape) {
 		f = ollamaFormat{}
 	case shapeOpenAI:
 		f = llamaChatFormat{}
+	case shapeResponses:
+		f = llamaResponsesFormat{}
 	default:
 		f = anthropicFormat{}
 	}

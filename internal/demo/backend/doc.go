@@ -17,7 +17,12 @@
 //
 //	POST /api/chat       NDJSON when "stream" is absent or true, one JSON object when false;
 //	                     tool calls as {"id":"call_xxxxxxxx","function":{"index":0,...,"arguments":{...}}};
-//	                     usage as prompt_eval_count/eval_count, durations in ns, done_reason stop|length
+//	                     usage as prompt_eval_count/eval_count, durations in ns, done_reason stop|length;
+//	                     with "logprobs": true a "logprobs" array per token line (the whole answer's
+//	                     on the non-stream object), each token at -8.8e-13 with its bytes, top
+//	                     alternatives the token itself and "<unk>" (at most those two)
+//	POST /api/embed      {"model","embeddings":[[1,0,0,…]],…,"prompt_eval_count"}: 128 dimensions
+//	                     (the tiny models' n_embd), truncated to "dimensions"
 //	GET  /api/tags       installed models (name:tag), sorted by name
 //	GET  /api/ps         models used since start ("loaded"), expires_at = last use + 5 min
 //	GET  /api/version    {"version":"0.17.4"}
@@ -35,6 +40,11 @@
 //	POST /v1/messages               Anthropic shape; the stream ends with message_delta + message_stop,
 //	                                no [DONE]; tool calls become a tool_use block (input_json_delta)
 //	POST /v1/messages/count_tokens  {"input_tokens":N}
+//	POST /v1/responses              llama-server's Responses: sorted keys, no sequence_number; the
+//	                                function_call item's call_id is "fc_<id>" and it has no id;
+//	                                status "completed" even on the token limit
+//	POST /v1/embeddings             Ollama 0.17.4's /v1 shape (llama-server answers 501 there
+//	                                without --embeddings)
 //	GET  /health                    {"status":"ok"}
 //
 // Errors on the /v1 OpenAI routes use the error object that Ollama's /v1

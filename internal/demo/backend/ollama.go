@@ -42,7 +42,52 @@ func (o ollamaFormat) chunk(c *call, dst []byte, i int) []byte {
 		dst = append(dst, c.plan.token(i)...)
 		dst = append(dst, '"')
 	}
-	return append(dst, "},\"done\":false}\n"...)
+	dst = append(dst, "},\"done\":false"...)
+	if c.req.Logprobs && c.plan.kind != kindTool {
+		dst = append(dst, `,"logprobs":[`...)
+		dst = appendLogprob(dst, c.plan.token(i), c.req.TopLogprobs)
+		dst = append(dst, ']')
+	}
+	return append(dst, "}\n"...)
+}
+
+// Log probabilities as real Ollama 0.17.4 reports them for the tiny models
+// (which are certain of every token): the chosen token at
+// -8.799627693178991e-13 with its UTF-8 bytes, and as the top alternatives
+// that token itself and then "<unk>" at -33.91942596435547 (the stand-in
+// lists at most these two).
+const (
+	logprobChosen = "-8.799627693178991e-13"
+	logprobUnk    = `{"token":"\u003cunk\u003e","logprob":-33.91942596435547,"bytes":[60,117,110,107,62]}`
+)
+
+// appendLogprob appends one token's log-probability object with top
+// alternatives (Ollama's api.Logprob); tok is already JSON-escaped text.
+func appendLogprob(dst []byte, tok string, top int) []byte {
+	one := func(dst []byte) []byte {
+		dst = append(dst, `{"token":"`...)
+		dst = append(dst, tok...)
+		dst = append(dst, `","logprob":`+logprobChosen+`,"bytes":[`...)
+		for j := 0; j < len(tok); j++ {
+			if j > 0 {
+				dst = append(dst, ',')
+			}
+			dst = strconv.AppendInt(dst, int64(tok[j]), 10)
+		}
+		return append(dst, ']')
+	}
+	dst = one(dst)
+	if top > 0 {
+		dst = append(dst, `,"top_logprobs":[`...)
+		dst = one(dst)
+		dst = append(dst, '}')
+		if top > 1 {
+			dst = append(dst, ',')
+			dst = append(dst, logprobUnk...)
+		}
+		dst = append(dst, ']')
+	}
+	return append(dst, '}')
 }
 
 func (o ollamaFormat) end(c *call, dst []byte) []byte {
@@ -66,7 +111,11 @@ func (ollamaFormat) done(c *call, dst []byte) []byte {
 	}
 	dst = append(dst, `,"done":true,"done_reason":"`...)
 	dst = append(dst, reason...)
-	dst = append(dst, `","total_duration":`...)
+	dst = append(dst, '"')
+	if !c.stream {
+		dst = appendLogprobs(c, dst) // a stream's done line carries none
+	}
+	dst = append(dst, `,"total_duration":`...)
 	dst = strconv.AppendInt(dst, int64(now.Sub(c.start)), 10)
 	dst = append(dst, `,"load_duration":`...)
 	dst = strconv.AppendInt(dst, int64(c.decoded.Sub(c.start)), 10)
@@ -96,6 +145,22 @@ func (o ollamaFormat) whole(c *call, dst []byte, pad int) []byte {
 	}
 	dst = append(dst, '}')
 	return o.done(c, dst)
+}
+
+// appendLogprobs appends `,"logprobs":[…]` for every token of a non-stream
+// answer when the request asked for them.
+func appendLogprobs(c *call, dst []byte) []byte {
+	if !c.req.Logprobs || c.plan.kind == kindTool {
+		return dst
+	}
+	dst = append(dst, `,"logprobs":[`...)
+	for i := range c.plan.n {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = appendLogprob(dst, c.plan.token(i), c.req.TopLogprobs)
+	}
+	return append(dst, ']')
 }
 
 // renderTags renders /api/tags for the served models.
