@@ -50,13 +50,12 @@ func testErrors(t *testing.T, s *stack) {
 		opts   []aoption.RequestOption
 		status int
 	}{
-		{"401 no key", anthropicModel, []aoption.RequestOption{aoption.WithHeaderDel("x-api-key")}, http.StatusUnauthorized},
+		{"401 no key", "tiny", []aoption.RequestOption{aoption.WithHeaderDel("x-api-key")}, http.StatusUnauthorized},
 		{"404 unknown model", "no-such-model", nil, http.StatusNotFound},
 	}
 	for _, r := range anthropicRows {
 		t.Run("anthropic "+r.name, func(t *testing.T) {
-			p := messageParams()
-			p.Model = r.model
+			p := messageParams(r.model)
 			_, err := s.anthropic(r.opts...).Messages.New(reqCtx(t), p)
 			var apiErr *anthropic.Error
 			if !errors.As(err, &apiErr) {

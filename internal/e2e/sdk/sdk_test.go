@@ -18,6 +18,11 @@ func TestSDK(t *testing.T) {
 		{"tiny-loop max_tokens length", testLoopLength},
 		{"T1 messages", testMessages},
 		{"T1 T2 messages stream", testMessagesStream},
+		{"issue 14 messages tool round trip", testMessagesTools},
+		{"issue 14 count_tokens", testCountTokens},
+		{"issue 14 responses", testResponses},
+		{"issue 14 responses stream", testResponsesStream},
+		{"issue 14 responses function tool round trip", testResponsesTools},
 		{"T5 errors", testErrors},
 	}
 	for _, c := range cases {
