@@ -10,6 +10,20 @@
 // response (SPEC P2, T5), import a node package, log or expose an address in
 // status, or let a slow peer or consumer block the read loop or a caller.
 //
+// # Peer input (issue 12)
+//
+// What a node (or anyone reaching node_listen) sends is bounded before it
+// costs memory: the TLS handshake has Options.HandshakeTimeout and its
+// refusals are logged at most ratelog.DefaultBurst lines a second with a
+// count of suppressed ones; frames are read with internal/wire (64 KiB until
+// ready, 16 MiB after, buffered as the bytes arrive); a stream holds at
+// most Options.StreamBuffer bytes of frames unread (then it is cancelled
+// as a slow consumer); each stream's envelopes are checked against SPEC E3
+// and T2 (order.go) and a misordered one is dropped, never delivered, with
+// the stream failing with dispatch.ErrProtocol and the run cancelled on
+// the node; the last endedRing streams that ended are remembered to log
+// frames after their terminal.
+//
 // # Goroutines
 //
 // Serve runs the accept loop. Each accepted connection gets one goroutine

@@ -26,6 +26,24 @@
 // hop-by-hop or Edge-internal headers upstream (SPEC T4), never reads the
 // environment itself (Options.LookupEnv) and never logs a secret or a body.
 //
+// # Peer input (issue 12)
+//
+// Every buffer that holds a backend's bytes grows with the bytes received
+// and has a cap:
+//   - tunnel bodies: read into one pooled MaxBodyFrame (32 KiB) buffer per
+//     tunnel and sent as read, never accumulated; the usage scanner beside
+//     them carries at most 256 KiB of a line or 1 MiB of a JSON body and
+//     skips the rest (usage.go);
+//   - run streams: Ollama's NDJSON lines (internal/ndjson, 4 MiB a line) and
+//     OpenAI-compatible SSE (internal/sse, 1 MiB a line, 4 MiB an event);
+//     what a driver accumulates for COMPLETE is capped at
+//     upstream.MaxResultBytes and upstream.MaxToolCalls (ErrResultTooLarge,
+//     "upstream_error");
+//   - error bodies of a non-2xx answer: 64 KiB (upstream.ReadStatusError);
+//     probe answers: 4 MiB (model lists), health bodies unread;
+//   - response heads on plain HTTP: h1.MaxResponseHeaderBytes (1 MiB) on a
+//     4 KiB connection buffer.
+//
 // Goroutines: Run and Tunnel make their provider call on one goroutine of
 // their own and, after a stall, probe on another; both have ended when Run
 // or Tunnel returns. Probe runs on the caller's goroutine. The HTTP client

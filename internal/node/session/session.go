@@ -7,6 +7,13 @@
 // the environment, never talks to a backend itself (the Executor does) and
 // never logs a payload or a secret.
 //
+// # Peer input (issue 12)
+//
+// The Edge's frames are read with internal/wire: 64 KiB a frame until ready,
+// 16 MiB after, each body buffered as its bytes arrive (a declared length
+// reserves nothing). Every frame is decoded into a fresh Envelope and
+// handed on; the session keeps no buffer of its own.
+//
 // # Goroutines
 //
 // Connect's caller is the session's only reader: it runs the pre-ready

@@ -21,6 +21,8 @@ import (
 	"iop/internal/ndjson"
 	"iop/internal/node/adapter/upstream"
 	iop "iop/proto/gen/iop"
+
+	"google.golang.org/protobuf/proto"
 )
 
 // Paths of the Ollama API used here (Ollama docs/api.md).
@@ -111,6 +113,7 @@ func readChatStream(r io.Reader, h upstream.Hooks) (upstream.Result, error) {
 		pending int                 // bytes at the end of content not yet passed to h.Delta
 		lps     []*iop.TokenLogprob // every token's log probability
 		lpSent  int                 // lps already passed to h.Delta
+		size    int                 // counted toward upstream.MaxResultBytes
 	)
 	flush := func() {
 		if pending > 0 || lpSent < len(lps) {
@@ -136,11 +139,18 @@ func readChatStream(r io.Reader, h upstream.Hooks) (upstream.Result, error) {
 			return upstream.Result{}, fmt.Errorf("%w: ollama error mid-stream: %s", upstream.ErrProtocol, line.Error)
 		}
 		if line.Message.Content != "" {
+			if size += len(line.Message.Content); size > upstream.MaxResultBytes {
+				return upstream.Result{}, upstream.ErrResultTooLarge
+			}
 			content.WriteString(line.Message.Content)
 			pending += len(line.Message.Content)
 		}
 		for i := range line.Logprobs {
-			lps = append(lps, line.Logprobs[i].proto())
+			lp := line.Logprobs[i].proto()
+			if size += proto.Size(lp); size > upstream.MaxResultBytes {
+				return upstream.Result{}, upstream.ErrResultTooLarge
+			}
+			lps = append(lps, lp)
 		}
 		if line.Done || len(line.Message.ToolCalls) > 0 || !lines.LineBuffered() {
 			flush()
@@ -149,6 +159,10 @@ func readChatStream(r io.Reader, h upstream.Hooks) (upstream.Result, error) {
 			call, err := toOpenAIToolCall(tc)
 			if err != nil {
 				return upstream.Result{}, fmt.Errorf("%w: ollama stream line %d: %v", upstream.ErrProtocol, n, err)
+			}
+			size += len(call.Function.Name) + len(call.Function.Arguments) + upstream.ToolCallOverhead
+			if size > upstream.MaxResultBytes || len(calls) >= upstream.MaxToolCalls {
+				return upstream.Result{}, upstream.ErrResultTooLarge
 			}
 			calls = append(calls, call)
 		}

@@ -199,3 +199,45 @@ func TestDeltasFollowArrival(t *testing.T) {
 		}
 	}
 }
+
+// endless repeats line forever: a backend that never sends its done line.
+type endless struct {
+	line []byte
+	off  int
+}
+
+func (e *endless) Read(p []byte) (int, error) {
+	n := 0
+	for n < len(p) {
+		c := copy(p[n:], e.line[e.off:])
+		n += c
+		e.off = (e.off + c) % len(e.line)
+	}
+	return n, nil
+}
+
+// Issue 12: a backend that streams without end fails the run with
+// ErrResultTooLarge once the answer passes upstream.MaxResultBytes or
+// upstream.MaxToolCalls; the text read before still went out as deltas.
+func TestReadChatStreamBounded(t *testing.T) {
+	text := strings.Repeat("x", 60<<10)
+	rows := []struct {
+		name string
+		line string
+	}{
+		{"content without end", `{"message":{"role":"assistant","content":"` + text + `"},"done":false}` + "\n"},
+		{"tool calls without end", `{"message":{"role":"assistant","content":"","tool_calls":[{"function":{"name":"f","arguments":{}}}]},"done":false}` + "\n"},
+	}
+	for _, row := range rows {
+		t.Run(row.name, func(t *testing.T) {
+			var deltas int
+			_, err := readChatStream(&endless{line: []byte(row.line)}, upstream.Hooks{OnDelta: func(s string) { deltas += len(s) }})
+			if !errors.Is(err, upstream.ErrResultTooLarge) || !errors.Is(err, upstream.ErrProtocol) {
+				t.Fatalf("got %v, want ErrResultTooLarge", err)
+			}
+			if deltas > upstream.MaxResultBytes {
+				t.Errorf("%d bytes of deltas, over the bound", deltas)
+			}
+		})
+	}
+}

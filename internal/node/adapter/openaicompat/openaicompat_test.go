@@ -219,3 +219,51 @@ func TestReadChatStreamEdges(t *testing.T) {
 		t.Fatalf("got %+v, %v", res, err)
 	}
 }
+
+// endless repeats chunk forever: a backend that never stops.
+type endless struct {
+	chunk []byte
+	off   int
+}
+
+func (e *endless) Read(p []byte) (int, error) {
+	n := 0
+	for n < len(p) {
+		c := copy(p[n:], e.chunk[e.off:])
+		n += c
+		e.off = (e.off + c) % len(e.chunk)
+	}
+	return n, nil
+}
+
+// Issue 12: a backend that streams without end fails the run with
+// ErrResultTooLarge once the answer passes upstream.MaxResultBytes or
+// upstream.MaxToolCalls, instead of growing the node's memory.
+func TestReadChatStreamBounded(t *testing.T) {
+	text := strings.Repeat("x", 60<<10)
+	rows := []struct {
+		name  string
+		chunk string
+	}{
+		{"content without end", "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"" + text + "\"}}]}\n\n"},
+		{"tool-call arguments without end", "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"" + text + "\"}}]}}]}\n\n"},
+	}
+	for _, row := range rows {
+		t.Run(row.name, func(t *testing.T) {
+			_, err := ReadChatStream(&endless{chunk: []byte(row.chunk)}, upstream.Hooks{})
+			if !errors.Is(err, upstream.ErrResultTooLarge) || !errors.Is(err, upstream.ErrProtocol) {
+				t.Fatalf("got %v, want ErrResultTooLarge", err)
+			}
+		})
+	}
+	t.Run("tool calls without end", func(t *testing.T) {
+		var b strings.Builder
+		for i := range upstream.MaxToolCalls + 1 {
+			fmt.Fprintf(&b, "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":%d,\"function\":{\"name\":\"f\"}}]}}]}\n\n", i)
+		}
+		b.WriteString("data: [DONE]\n\n")
+		if _, err := ReadChatStream(strings.NewReader(b.String()), upstream.Hooks{}); !errors.Is(err, upstream.ErrResultTooLarge) {
+			t.Fatalf("got %v, want ErrResultTooLarge", err)
+		}
+	})
+}

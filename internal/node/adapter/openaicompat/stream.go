@@ -93,11 +93,17 @@ func ReadChatStream(r io.Reader, h upstream.Hooks) (upstream.Result, error) {
 				continue // n = 1: only the first choice is the run's
 			}
 			if ch.Delta.Content != nil && *ch.Delta.Content != "" {
+				if content.Len()+len(*ch.Delta.Content)+calls.size > upstream.MaxResultBytes {
+					return upstream.Result{}, upstream.ErrResultTooLarge
+				}
 				content.WriteString(*ch.Delta.Content)
 				h.Delta(*ch.Delta.Content, nil)
 			}
 			for _, tc := range ch.Delta.ToolCalls {
 				calls.add(tc)
+				if content.Len()+calls.size > upstream.MaxResultBytes || len(calls.list) > upstream.MaxToolCalls {
+					return upstream.Result{}, upstream.ErrResultTooLarge
+				}
 			}
 			if ch.FinishReason != nil && *ch.FinishReason != "" {
 				finish = *ch.FinishReason
@@ -128,6 +134,7 @@ func normalizeFinish(s string) string {
 // toolCalls assembles streamed tool-call fragments.
 type toolCalls struct {
 	list []*callBuilder
+	size int // bytes counted toward upstream.MaxResultBytes
 }
 
 type callBuilder struct {
@@ -164,6 +171,7 @@ func (t *toolCalls) add(d toolCallDelta) {
 	}
 	b.name.WriteString(d.Function.Name)
 	b.args.WriteString(d.Function.Arguments)
+	t.size += len(d.Function.Name) + len(d.Function.Arguments)
 }
 
 func (t *toolCalls) find(match func(*callBuilder) bool) *callBuilder {
@@ -176,6 +184,7 @@ func (t *toolCalls) find(match func(*callBuilder) bool) *callBuilder {
 }
 
 func (t *toolCalls) open(index int) *callBuilder {
+	t.size += upstream.ToolCallOverhead
 	b := &callBuilder{index: index}
 	t.list = append(t.list, b)
 	return b

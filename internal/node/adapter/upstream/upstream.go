@@ -250,6 +250,26 @@ func (a *activityReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// MaxResultBytes bounds what a driver accumulates from a backend's stream
+// for one Result, in bytes (issue 12): the assistant text plus every tool
+// call's name and arguments, and ToolCallOverhead per call. The Result
+// travels in one COMPLETE frame (16 MiB cap); a backend that streams past
+// the bound fails the run with ErrResultTooLarge instead of growing the
+// node's memory without end.
+const MaxResultBytes = 8 << 20
+
+// ToolCallOverhead is what one tool call counts toward MaxResultBytes
+// besides its name and arguments (its id, type and framing).
+const ToolCallOverhead = 64
+
+// MaxToolCalls bounds the tool calls of one Result; more fail the run with
+// ErrResultTooLarge.
+const MaxToolCalls = 1024
+
+// ErrResultTooLarge: the backend's answer passed MaxResultBytes; it wraps
+// ErrProtocol (→ "upstream_error").
+var ErrResultTooLarge = fmt.Errorf("%w: the answer exceeds %d bytes", ErrProtocol, MaxResultBytes)
+
 // Result is a finished normalized run (the COMPLETE event of SPEC E3).
 type Result struct {
 	// Content is the whole assistant text.
