@@ -6,6 +6,7 @@
 #   ./run.sh proto      regenerate proto/gen/iop from proto/iop/runtime.proto
 #   ./run.sh e2e        built binaries + backend + official SDK clients
 #   ./run.sh bench      benchmarks (see BENCHMARKS.md)
+#   ./run.sh fuzz [s]   every fuzz target for s seconds each (default 10; scripts/fuzz.sh)
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=$(pwd)
@@ -107,5 +108,6 @@ case "${1:-main}" in
   proto) cmd_proto ;;
   e2e) shift; source "$ROOT/scripts/e2e.sh"; e2e_main "$@" ;;
   bench) shift; source "$ROOT/scripts/bench.sh"; bench_main "$@" ;;
-  *) echo "usage: ./run.sh [test|build|proto|e2e|bench]" >&2; exit 2 ;;
+  fuzz) shift; source "$ROOT/scripts/fuzz.sh"; fuzz_main "$@" ;;
+  *) echo "usage: ./run.sh [test|build|proto|e2e|bench|fuzz]" >&2; exit 2 ;;
 esac

@@ -141,3 +141,80 @@ func TestMisorderedStreamFails(t *testing.T) {
 		t.Fatalf("other stream got %v", env)
 	}
 }
+
+// FuzzOrder: any sequence of envelopes a node sends for one stream (peer
+// input) is accepted exactly when it follows SPEC E3/T2 as the simple
+// model below reads it; a refusal changes nothing, and nothing is accepted
+// after a terminal.
+func FuzzOrder(f *testing.F) {
+	f.Add([]byte{1, 1, 2, 2, 3, 2, 4, 3}, false)
+	f.Add([]byte{1, 1, 2, 2, 2, 2}, false)
+	f.Add([]byte{1, 1, 2, 2, 3, 4, 4, 5}, true)
+	f.Add([]byte{2, 1, 1, 2}, true)
+	f.Fuzz(func(t *testing.T, script []byte, tunnel bool) {
+		o := order{tunnel: tunnel}
+		var lastSeq uint64
+		started, body, ended := false, false, false
+		for i := 0; i+1 < len(script); i += 2 {
+			kind, seq := int32(script[i]%7), uint64(script[i+1])
+			var env *iop.Envelope
+			if tunnel {
+				env = &iop.Envelope{Kind: &iop.Envelope_TunnelFrame{TunnelFrame: &iop.ProviderTunnelFrame{Seq: seq, Kind: iop.TunnelFrameKind(kind)}}}
+			} else {
+				env = &iop.Envelope{Kind: &iop.Envelope_RunEvent{RunEvent: &iop.RunEvent{Seq: seq, Type: iop.RunEventType(kind)}}}
+			}
+			// The model.
+			ok, term := seq > lastSeq && !ended, false
+			if !tunnel {
+				switch iop.RunEventType(kind) {
+				case iop.RunEventType_RUN_EVENT_START:
+					ok = ok && !started && lastSeq == 0
+				case iop.RunEventType_RUN_EVENT_DELTA:
+					ok = ok && started
+				case iop.RunEventType_RUN_EVENT_COMPLETE:
+					ok, term = ok && started, true
+				case iop.RunEventType_RUN_EVENT_ERROR, iop.RunEventType_RUN_EVENT_CANCELLED:
+					term = true
+				}
+			} else {
+				switch iop.TunnelFrameKind(kind) {
+				case iop.TunnelFrameKind_TUNNEL_FRAME_RESPONSE_START:
+					ok = ok && !started && !body
+				case iop.TunnelFrameKind_TUNNEL_FRAME_END, iop.TunnelFrameKind_TUNNEL_FRAME_ERROR:
+					term = true
+				}
+			}
+			before := o
+			gotTerm, err := o.step(env)
+			if ended {
+				// The session unregisters a stream at its terminal: step is
+				// never called after it, so the model stops here.
+				return
+			}
+			if (err == nil) != ok {
+				t.Fatalf("envelope %d (kind %d seq %d after %d): accepted=%v, model says %v", i/2, kind, seq, lastSeq, err == nil, ok)
+			}
+			if err != nil {
+				if o != before {
+					t.Fatalf("a refusal changed the order")
+				}
+				return // the stream failed
+			}
+			if gotTerm != term {
+				t.Fatalf("envelope %d: terminal %v, model says %v", i/2, gotTerm, term)
+			}
+			lastSeq, ended = seq, term
+			if !tunnel && iop.RunEventType(kind) == iop.RunEventType_RUN_EVENT_START {
+				started = true
+			}
+			if tunnel {
+				switch iop.TunnelFrameKind(kind) {
+				case iop.TunnelFrameKind_TUNNEL_FRAME_RESPONSE_START:
+					started = true
+				case iop.TunnelFrameKind_TUNNEL_FRAME_BODY, iop.TunnelFrameKind_TUNNEL_FRAME_USAGE:
+					body = true
+				}
+			}
+		}
+	})
+}

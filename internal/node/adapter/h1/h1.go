@@ -175,8 +175,13 @@ func (t *Transport) exchange(ctx context.Context, c *conn, req *http.Request) (*
 			stop()
 			return nil, err
 		}
+		if resp.StatusCode < 100 { // "000"-"099" parse, but no status is below 100 (RFC 9110 §15)
+			stop()
+			resp.Body.Close()
+			return nil, fmt.Errorf("h1: invalid status %q from the backend", resp.Status)
+		}
 		// 1xx informational answers (103 Early Hints) precede the real one.
-		if resp.StatusCode < 100 || resp.StatusCode >= 200 {
+		if resp.StatusCode >= 200 {
 			break
 		}
 		if resp.StatusCode == http.StatusSwitchingProtocols || n+1 >= maxInformational {

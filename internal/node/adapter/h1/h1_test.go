@@ -309,6 +309,7 @@ func TestMisbehavingBackend(t *testing.T) {
 	for _, tc := range []struct{ name, head, want string }{
 		{"headers over the cap", big, "response headers over"},
 		{"101 nobody asked for", "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: Upgrade\r\n\r\n", "unexpected 101"},
+		{"status below 100 (found by FuzzResponse)", "HTTP/1.1 000 Zero\r\nContent-Length: 0\r\n\r\n", "invalid status"},
 		{"endless 1xx", strings.Repeat("HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n", 6) + "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", "unexpected 103"},
 	} {
 		addr := rawBackend(t, answer(tc.head))
