@@ -20,11 +20,11 @@ func FuzzParseHead(f *testing.F) {
 	for _, s := range []string{chatBody, `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[]}`,
 		`{"model":"m","input":"hi"}`, `{"model":"m","messages":{}}`, `{"model":"","messages":[]}`, `{"stream":null,"model":"x"}`,
 		`{"model":"a","model":"b","messages":[1]}`, "{\"model\":\"\\ud800\",\"messages\":[]}", `[{"model":"m"}]`, `{`} {
-		for ep := range 4 {
+		for ep := range 6 {
 			f.Add([]byte(s), uint8(ep))
 		}
 	}
-	eps := [...]*endpoint{&epChat, &epResponses, &epMessages, &epCountTokens}
+	eps := [...]*endpoint{&epChat, &epResponses, &epMessages, &epCountTokens, &epCompletions, &epEmbeddings}
 	f.Fuzz(func(t *testing.T, body []byte, which uint8) {
 		ep := eps[int(which)%len(eps)]
 		var hd head

@@ -1,12 +1,9 @@
 package openai
 
 import (
-	"bytes"
-	"encoding/json"
 	"testing"
 
-	"iop/internal/edge/surface"
-	iop "iop/proto/gen/iop"
+	"iop/internal/edge/surface/surfacetest"
 
 	"google.golang.org/protobuf/proto"
 )
@@ -39,7 +36,7 @@ func FuzzChatInput(f *testing.F) {
 		if _, err := proto.Marshal(in); err != nil {
 			t.Fatalf("accepted %q into a RunInput that does not encode: %v", body, err)
 		}
-		for _, name := range tools {
+		for _, name := range tools.Tools {
 			if name == "" {
 				t.Fatalf("a declared tool without a name from %q", body)
 			}
@@ -48,92 +45,53 @@ func FuzzChatInput(f *testing.F) {
 }
 
 // FuzzChatEvents: whatever run events a node sends (peer input: any order
-// the transport lets through, any text, any tool-call metadata), the chat
-// encoder never panics and writes only well-formed output: a stream is a
-// sequence of `data: <JSON>` events (or `data: [DONE]`), a non-stream
-// answer one JSON document.
+// the transport lets through, any text, log probabilities, tool-call
+// metadata), the chat encoder never panics and writes only well-formed
+// output: a stream of `data: <JSON>` events (or `data: [DONE]`), a
+// non-stream answer one JSON document.
 func FuzzChatEvents(f *testing.F) {
 	f.Add([]byte("\x01\x02Hello\x00\x02 world\x00\x03Hello world"), true, false, "", false)
 	f.Add([]byte("\x01\x02{\"tool_calls\":[{\"name\":\"f\",\"arguments\":{}}]}\x00\x03"), true, true, "", true)
 	f.Add([]byte("\x01\x03"), false, false, `[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]`, false)
 	f.Add([]byte("\x02late\x00\x03\x02after"), true, true, "[", false)
+	f.Add([]byte("\x01\x04ab\x00\x04\xff\x00\x03ab"), true, false, "", true)
+	f.Add([]byte("\x01\x04ab\x00\x03ab"), false, false, "", true)
 	f.Fuzz(func(t *testing.T, script []byte, stream, tools bool, meta string, fallback bool) {
 		var c Chat
-		o := ChatOptions{Model: "m\"odel", ID: "chatcmpl-1", Created: 1, Stream: stream, IncludeUsage: true, NewID: func() string { return "x" }}
+		o := ChatOptions{Model: "m\"odel", ID: "chatcmpl-1", Created: 1, Stream: stream, IncludeUsage: true, NewID: func() string { return "x" },
+			Logprobs: fallback, MaxToolCalls: len(meta) % 3}
 		if tools {
-			o.Tools = []string{"f", "get_weather"}
+			o.Tools, o.Hold = []string{"f", "get_weather"}, true
 		}
 		c.Init(o)
-		var out []byte
-		for _, ev := range scriptEvents(script, meta, fallback) {
-			var done bool
-			var e *surface.Error
-			out, done, e = c.Event(out, ev)
-			if e != nil {
-				if !stream {
-					return // the caller answers with an HTTP error instead
-				}
-				out = c.AppendError(out, e)
-				done = true
-			}
-			if done {
-				break
-			}
-		}
-		if !stream {
-			if len(out) > 0 && !json.Valid(out) {
-				t.Fatalf("non-stream body is not JSON: %q", out)
-			}
-			return
-		}
-		for _, ev := range bytes.Split(out, []byte("\n\n")) {
-			if len(ev) == 0 {
-				continue
-			}
-			data, ok := bytes.CutPrefix(ev, []byte("data: "))
-			if !ok || (string(data) != "[DONE]" && !json.Valid(data)) {
-				t.Fatalf("malformed stream event %q in %q", ev, out)
-			}
+		out, httpErr := surfacetest.RunScript(&c, surfacetest.Script(script, meta, fallback), stream)
+		if !httpErr {
+			surfacetest.CheckWellFormed(t, out, stream)
 		}
 	})
 }
 
-// scriptEvents turns fuzz bytes into run events: 0x01 START, 0x02 DELTA
-// (text up to the next 0x00), 0x03 COMPLETE (its content up to the next
-// 0x00, meta as openai_tool_calls when set); other bytes are skipped.
-func scriptEvents(script []byte, meta string, fallback bool) []*iop.RunEvent {
-	var evs []*iop.RunEvent
-	text := func() string {
-		i := bytes.IndexByte(script, 0)
-		if i < 0 {
-			i = len(script)
-		}
-		s := string(script[:i])
-		script = script[min(i+1, len(script)):]
-		return s
-	}
-	for seq := uint64(1); len(script) > 0; {
-		op := script[0]
-		script = script[1:]
-		switch op {
-		case 1:
-			evs = append(evs, &iop.RunEvent{Seq: seq, Type: iop.RunEventType_RUN_EVENT_START})
-		case 2:
-			evs = append(evs, &iop.RunEvent{Seq: seq, Type: iop.RunEventType_RUN_EVENT_DELTA, Delta: text()})
-		case 3:
-			ev := &iop.RunEvent{Seq: seq, Type: iop.RunEventType_RUN_EVENT_COMPLETE, Content: text(), FinishReason: "stop",
-				Usage: &iop.Usage{PromptTokens: 1, CompletionTokens: 2, TotalTokens: 3}, Metadata: map[string]string{}}
-			if meta != "" {
-				ev.Metadata[surface.MetaToolCalls] = meta
+// FuzzEmbeddings: any embeddings body (client input) never panics
+// EmbeddingsInput, an accepted one encodes as a frame; any COMPLETE a node
+// sends (vectors with any float32, NaN and ±Inf included) encodes as one
+// JSON document.
+func FuzzEmbeddings(f *testing.F) {
+	f.Add([]byte(`{"model":"m","input":"hi"}`), []byte("\x05\x00\x00\x80\x3f\x00\x00\xc0\x7f"), false)
+	f.Add([]byte(`{"model":"m","input":["a","b"],"encoding_format":"base64","dimensions":3}`), []byte("\x05\x00\x00\x80\x7f"), true)
+	f.Add([]byte(`{"model":"m","input":[1,2]}`), []byte("\x03x"), false)
+	f.Fuzz(func(t *testing.T, body, script []byte, base64Out bool) {
+		if in, _, e := EmbeddingsInput(body); e == nil {
+			if _, err := proto.Marshal(in); err != nil {
+				t.Fatalf("accepted %q into a RunInput that does not encode: %v", body, err)
 			}
-			if fallback {
-				ev.Metadata[surface.MetaTextToolFallback] = "true"
-			}
-			evs = append(evs, ev)
-		default:
-			continue
+		} else if e.Status != 400 {
+			t.Fatalf("refusal %+v, want a 400", e)
 		}
-		seq++
-	}
-	return evs
+		var enc Embeddings
+		enc.Init("m", base64Out)
+		out, httpErr := surfacetest.RunScript(&enc, surfacetest.Script(script, "", false), false)
+		if !httpErr {
+			surfacetest.CheckWellFormed(t, out, false)
+		}
+	})
 }

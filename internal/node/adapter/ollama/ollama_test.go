@@ -231,7 +231,7 @@ func TestReadChatStreamBounded(t *testing.T) {
 	for _, row := range rows {
 		t.Run(row.name, func(t *testing.T) {
 			var deltas int
-			_, err := readChatStream(&endless{line: []byte(row.line)}, upstream.Hooks{OnDelta: func(s string) { deltas += len(s) }})
+			_, err := readChatStream(&endless{line: []byte(row.line)}, upstream.Hooks{OnDelta: func(s string, _ []*iop.TokenLogprob) { deltas += len(s) }})
 			if !errors.Is(err, upstream.ErrResultTooLarge) || !errors.Is(err, upstream.ErrProtocol) {
 				t.Fatalf("got %v, want ErrResultTooLarge", err)
 			}

@@ -38,7 +38,7 @@ func FuzzReadChatStream(f *testing.F) {
 			r = iotest.OneByteReader(r)
 		}
 		var deltas bytes.Buffer
-		res, err := ReadChatStream(r, upstream.Hooks{OnDelta: func(s string) { deltas.WriteString(s) }})
+		res, err := ReadChatStream(r, upstream.Hooks{OnDelta: func(s string, _ []*iop.TokenLogprob) { deltas.WriteString(s) }})
 		if err != nil {
 			if !errors.Is(err, upstream.ErrProtocol) {
 				t.Fatalf("a stream from memory failed with %v, want ErrProtocol", err)
