@@ -1,7 +1,7 @@
 # shellcheck shell=bash
-# ./run.sh bench [quick|hold]: the end-to-end performance benchmark of issue 7
-# (full: ~14 min; quick: ~3.5 min, for iteration; hold: the slow-stream runs
-# only).
+# ./run.sh bench [quick|hold|creds]: the end-to-end performance benchmark of
+# issue 7 (full: ~14 min; quick: ~3.5 min, for iteration; hold: the
+# slow-stream runs only; creds: the credential plane's added latency, ~3 min).
 # Sourced by run.sh (which sets ROOT and log). Not part of CI.
 #
 # Separate processes on loopback, all started and stopped here:
@@ -27,15 +27,28 @@
 # BENCH_HOLD_TOKENS (15), BENCH_STREAM_RATE (50 streams/s),
 # BENCH_PRODUCT_ENV (extra environment for the edge and node only, e.g.
 # "GOMAXPROCS=1").
+#
+# Mode creds (issue 13) starts a second edge and node beside the first, the
+# same config with the credential plane on (a secret store with one slot
+# used by every adapter; a sealed, signed lease per request):
+#   edge (plane on)      127.0.0.1:28180  (admin 127.0.0.1:29190, nodes 127.0.0.1:27543)
+# and measures paths c and d on both at BENCH_RATES (default 1000) in
+# alternating rounds: ck and dk are c and d with the plane on, and the
+# report's Δ vs c / vs d is the plane's added latency.
 
 BENCH_DIR="$ROOT/.run/bench"
 BENCH_KEY=iop-bench-key
-BENCH_BACKEND=127.0.0.1:28434
-BENCH_SLOW=127.0.0.1:28435
-BENCH_FLOOR=127.0.0.1:28081
-BENCH_HTTP=127.0.0.1:28080
-BENCH_ADMIN=127.0.0.1:29090
-BENCH_NODE_LISTEN=127.0.0.1:27443
+# Addresses; each may be overridden from the environment (e.g. to run
+# beside another benchmark).
+BENCH_BACKEND=${BENCH_BACKEND:-127.0.0.1:28434}
+BENCH_SLOW=${BENCH_SLOW:-127.0.0.1:28435}
+BENCH_FLOOR=${BENCH_FLOOR:-127.0.0.1:28081}
+BENCH_HTTP=${BENCH_HTTP:-127.0.0.1:28080}
+BENCH_ADMIN=${BENCH_ADMIN:-127.0.0.1:29090}
+BENCH_NODE_LISTEN=${BENCH_NODE_LISTEN:-127.0.0.1:27443}
+BENCH_K_HTTP=${BENCH_K_HTTP:-127.0.0.1:28180}
+BENCH_K_ADMIN=${BENCH_K_ADMIN:-127.0.0.1:29190}
+BENCH_K_NODE_LISTEN=${BENCH_K_NODE_LISTEN:-127.0.0.1:27543}
 bench_pids=()
 
 bench_cleanup() {
@@ -146,10 +159,45 @@ bench_start_product() {
   return 1
 }
 
+# bench_start_creds: the plane-on edge and node (mode creds) in
+# .run/bench/creds: the stack's config with credentials on, a store key and
+# a store whose slot "bench" every adapter uses. Sets KEDGE_PID, KNODE_PID.
+bench_start_creds() {
+  local bin="$BENCH_DIR/bin" k="$BENCH_DIR/creds" rk i
+  rm -rf "$k" && mkdir -p "$k" && cp -r "$BENCH_DIR/pki" "$k/pki"
+  "$bin/edge" secrets init -key "$k/store.key" >/dev/null
+  # A throwaway secret for the benchmark, piped in as an operator would.
+  head -c 24 /dev/urandom | base64 | "$bin/edge" secrets set -store "$k/secrets.json" -key "$k/store.key" -slot bench >/dev/null
+  # The raw X25519 key is the last 32 bytes of the PEM's SubjectPublicKeyInfo.
+  rk=$(sed '1d;$d' "$k/pki/gpu-1.recipient.pub" | base64 -d | tail -c 32 | base64)
+  sed -e "s#$BENCH_HTTP#$BENCH_K_HTTP#; s#$BENCH_ADMIN#$BENCH_K_ADMIN#; s#$BENCH_NODE_LISTEN#$BENCH_K_NODE_LISTEN#" \
+      -e "s#\"nodes\": \[{\"id\": \"gpu-1\",#\"credentials\": {\"enabled\": true, \"store_file\": \"secrets.json\", \"store_key_file\": \"store.key\", \"issuer_key_file\": \"pki/issuer.key\"},\n  \"nodes\": [{\"id\": \"gpu-1\", \"lease_recipient_public_key\": \"$rk\",#" \
+      -e 's#"type": #"credential_slot": "bench", "type": #' "$BENCH_DIR/edge.json" >"$k/edge.json"
+  sed -e "s#$BENCH_NODE_LISTEN#$BENCH_K_NODE_LISTEN#" \
+      -e 's#"reconnect":#"credentials": {"recipient_private_key_file": "pki/gpu-1.recipient.key", "issuer_public_key": "pki/issuer.pub"},\n  "reconnect":#' \
+      "$BENCH_DIR/node.json" >"$k/node.json"
+  env ${BENCH_PRODUCT_ENV:-} "$bin/edge" -config "$k/edge.json" >>"$BENCH_DIR/edge-creds.log" 2>&1 &
+  KEDGE_PID=$!
+  bench_pids+=($KEDGE_PID)
+  env ${BENCH_PRODUCT_ENV:-} "$bin/node" -config "$k/node.json" >>"$BENCH_DIR/node-creds.log" 2>&1 &
+  KNODE_PID=$!
+  bench_pids+=($KNODE_PID)
+  for i in $(seq 1 150); do
+    if curl -fsS -m 1 "http://$BENCH_K_ADMIN/status" 2>/dev/null | grep -q '"connected":true'; then
+      log "plane-on stack up: edge pid $KEDGE_PID, node pid $KNODE_PID"
+      return 0
+    fi
+    sleep 0.2
+  done
+  log "plane-on node did not become ready in 30 s; see .run/bench/edge-creds.log and node-creds.log"
+  return 1
+}
+
 # bench_target PATH KIND: sets T_URL, T_BODY, T_KEY, T_FORMAT, T_TOKENS.
 # KIND: ns (one ~1 KB answer), stream (100 chunks), slow (slow stream).
+# PATH ck and dk are c and d on the plane-on edge.
 bench_target() {
-  local path=$1 kind=$2 model tokens=100 msg='"messages":[{"role":"user","content":"Say hello."}]'
+  local path=${1%k} kind=$2 model tokens=100 msg='"messages":[{"role":"user","content":"Say hello."}]'
   T_KEY="" T_FORMAT=sse
   [ "$kind" = slow ] && tokens=$BENCH_HOLD_TOKENS
   T_TOKENS=$tokens
@@ -184,6 +232,7 @@ bench_target() {
   else
     T_BODY="{\"model\":\"$model\",\"stream\":true,\"max_tokens\":$tokens,$msg}"
   fi
+  case $1 in ck|dk) T_URL=${T_URL/$BENCH_HTTP/$BENCH_K_HTTP} ;; esac
 }
 
 # bench_restart_product: stop edge and node and start fresh ones, so that a
@@ -195,7 +244,12 @@ bench_restart_product() {
   bench_start_product && sleep 1
 }
 
-bench_pids_arg() { echo "edge=$EDGE_PID,node=$NODE_PID,floor=$FLOOR_PID"; }
+bench_pids_arg() { # [PATH]: the edge and node serving PATH
+  case ${1:-} in
+    ck|dk) echo "edge=$KEDGE_PID,node=$KNODE_PID,floor=$FLOOR_PID" ;;
+    *) echo "edge=$EDGE_PID,node=$NODE_PID,floor=$FLOOR_PID" ;;
+  esac
+}
 
 # bench_run SUBCOMMAND PATH KIND ROUND [flags…]: one measurement, appended to results.jsonl.
 bench_run() {
@@ -203,7 +257,7 @@ bench_run() {
   bench_target "$path" "$kind"
   local out
   if out=$("$BENCH_DIR/bin/iopbench" "$sub" -path "$path" -round "$round" -key "$T_KEY" \
-      -url "$T_URL" -body "$T_BODY" -pids "$(bench_pids_arg)" "$@" \
+      -url "$T_URL" -body "$T_BODY" -pids "$(bench_pids_arg "$path")" "$@" \
       $( [ "$sub" = stream ] || [ "$sub" = hold ] && echo "-format $T_FORMAT -tokens $T_TOKENS" ) \
       2>>"$BENCH_DIR/iopbench.log"); then
     echo "$out" >>"$BENCH_DIR/results.jsonl"
@@ -270,7 +324,8 @@ bench_hold() {
 
 bench_main() {
   local mode=${1:-full}
-  case $mode in full|quick|hold) ;; *) echo "usage: ./run.sh bench [quick|hold]" >&2; return 2 ;; esac
+  case $mode in full|quick|hold|creds) ;; *) echo "usage: ./run.sh bench [quick|hold|creds]" >&2; return 2 ;; esac
+  if [ "$mode" = creds ]; then bench_creds; return; fi
   local secs rounds holds
   if [ "$mode" = quick ]; then secs=${BENCH_SECONDS:-5}; rounds=${BENCH_ROUNDS:-1}; holds=${BENCH_HOLD:-1000}
   else secs=${BENCH_SECONDS:-10}; rounds=${BENCH_ROUNDS:-3}; holds=${BENCH_HOLD:-1000 10000}; fi
@@ -317,6 +372,41 @@ bench_main() {
     for p in c d; do bench_hold "$p" "$n" || return 1; done
   done
 
+  "$BENCH_DIR/bin/iopbench" report -in "$BENCH_DIR/results.jsonl" >"$BENCH_DIR/results.md"
+  log "done in $((SECONDS - t0)) s; load average $(cut -d' ' -f1-3 /proc/loadavg); tables in .run/bench/results.md"
+  cat "$BENCH_DIR/results.md"
+}
+
+# bench_creds: mode creds — paths c and d with the credential plane off
+# (the first stack) and on (the second: ck, dk), at BENCH_RATES (default
+# 1000) for BENCH_SECONDS (10) in BENCH_ROUNDS (3) alternating rounds.
+bench_creds() {
+  local secs=${BENCH_SECONDS:-10} rounds=${BENCH_ROUNDS:-3} rates=${BENCH_RATES:-1000} round rate p order
+  BENCH_SLOW_DELAY=${BENCH_SLOW_DELAY:-1s}
+  BENCH_HOLD_TOKENS=${BENCH_HOLD_TOKENS:-15}
+  ulimit -n 65536 2>/dev/null || true
+  log "bench creds: $rounds round(s), ${secs}s per rate, rates $rates; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  bench_tools
+  trap 'bench_cleanup; exit 130' INT
+  trap 'bench_cleanup; exit 143' TERM
+  trap bench_cleanup EXIT
+  : >"$BENCH_DIR/edge-creds.log"
+  : >"$BENCH_DIR/node-creds.log"
+  bench_start_stack || return 1
+  bench_start_creds || return 1
+  : >"$BENCH_DIR/results.jsonl"
+  : >"$BENCH_DIR/iopbench.log"
+  local t0=$SECONDS
+  sleep 1
+  for round in $(seq 1 "$rounds"); do
+    if [ $((round % 2)) = 1 ]; then order="a a2 c ck d dk"; else order="dk d ck c a2 a"; fi
+    for rate in $rates; do
+      for p in $order; do bench_run rate "$p" ns "$round" -rate "$rate" -duration "${secs}s"; done
+    done
+  done
+  if grep -q 'credential lease rejected' "$BENCH_DIR/node-creds.log"; then
+    log "WARNING: the plane-on node rejected leases; see .run/bench/node-creds.log"
+  fi
   "$BENCH_DIR/bin/iopbench" report -in "$BENCH_DIR/results.jsonl" >"$BENCH_DIR/results.md"
   log "done in $((SECONDS - t0)) s; load average $(cut -d' ' -f1-3 /proc/loadavg); tables in .run/bench/results.md"
   cat "$BENCH_DIR/results.md"

@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	iop "iop/proto/gen/iop"
@@ -17,9 +18,21 @@ import (
 func suite() (hpke.KDF, hpke.AEAD) { return hpke.HKDFSHA256(), hpke.AES256GCM() }
 
 // Recipient is a Node's lease recipient public key, ready to seal to.
+// Safe for concurrent use.
 type Recipient struct {
 	pub   hpke.PublicKey
 	keyID string
+	// ready holds HPKE encapsulations to pub prepared ahead of need (nil:
+	// none; see Precompute). Each is used for exactly one lease.
+	ready   chan prepared
+	filling atomic.Bool // a refill goroutine is running
+}
+
+// prepared is one HPKE encapsulation: the encapsulated key and its
+// single-use sending context.
+type prepared struct {
+	enc    []byte
+	sender *hpke.Sender
 }
 
 // NewRecipient wraps a Node's X25519 recipient public key (from `edge pki`,
@@ -34,6 +47,62 @@ func NewRecipient(pub *ecdh.PublicKey) (*Recipient, error) {
 		return nil, fmt.Errorf("lease recipient: %w", err)
 	}
 	return &Recipient{pub: hp, keyID: KeyID(pub.Bytes())}, nil
+}
+
+// Precompute keeps up to n HPKE encapsulations to r prepared, so that
+// Issue's seal costs one AES-GCM pass instead of an X25519 key generation
+// and exchange (two scalar multiplications) on the request's path. Each
+// prepared encapsulation is fresh (a new ephemeral key) and used once, as
+// RFC 9180's single-shot Seal would; preparing them early changes when the
+// work happens, not what is sent. Call it once, before r is shared.
+//
+// Goroutines: a refill goroutine is started when the store runs low; it
+// prepares encapsulations until the store is full, then exits (a few
+// milliseconds). It is owned by r and never outlives a full store.
+func (r *Recipient) Precompute(n int) {
+	if n <= 0 {
+		return
+	}
+	r.ready = make(chan prepared, n)
+	r.refill()
+}
+
+// refill starts the refill goroutine unless one is running.
+func (r *Recipient) refill() {
+	if r.ready == nil || !r.filling.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer r.filling.Store(false)
+		kdf, aead := suite()
+		for len(r.ready) < cap(r.ready) {
+			enc, s, err := hpke.NewSender(r.pub, kdf, aead, []byte(hpkeInfo))
+			if err != nil {
+				return
+			}
+			select {
+			case r.ready <- prepared{enc: enc, sender: s}:
+			default:
+				return
+			}
+		}
+	}()
+}
+
+// encapsulate returns a fresh encapsulation to r: a prepared one when there
+// is one (and a refill is started), else one made now.
+func (r *Recipient) encapsulate() ([]byte, *hpke.Sender, error) {
+	if r.ready != nil {
+		select {
+		case p := <-r.ready:
+			r.refill()
+			return p.enc, p.sender, nil
+		default:
+			r.refill()
+		}
+	}
+	kdf, aead := suite()
+	return hpke.NewSender(r.pub, kdf, aead, []byte(hpkeInfo))
 }
 
 // KeyID is the recipient key's id (KeyID of its raw bytes).
@@ -88,8 +157,7 @@ func (is *Issuer) Issue(now time.Time, r *Recipient, b *iop.CredentialLeaseBindi
 		RecipientKeyId:  r.keyID,
 	}
 	canon := CanonicalBinding(b)
-	kdf, aead := suite()
-	enc, sender, err := hpke.NewSender(r.pub, kdf, aead, []byte(hpkeInfo))
+	enc, sender, err := r.encapsulate()
 	if err != nil {
 		return nil, fmt.Errorf("lease: hpke sender: %w", err)
 	}

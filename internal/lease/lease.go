@@ -26,7 +26,9 @@
 //
 // The package never logs, never keeps a plaintext after returning it, and
 // never puts a secret, a ciphertext or a private key into an error message.
-// It starts no goroutine.
+// Goroutines: Opener.Open runs its HPKE decapsulation on a goroutine that
+// has ended when Open returns; Recipient.Precompute's refill goroutine
+// exits once its store of prepared encapsulations is full.
 package lease
 
 import (

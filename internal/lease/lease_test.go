@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/leakcheck"
 	iop "iop/proto/gen/iop"
 
 	"google.golang.org/protobuf/proto"
@@ -345,5 +346,33 @@ func TestIssuerRejects(t *testing.T) {
 	l2, _ := is.Issue(t0, r, baseBinding(), secret)
 	if l.LeaseId == l2.LeaseId || bytes.Equal(l.HpkeEnc, l2.HpkeEnc) {
 		t.Fatal("two leases share an id or an encapsulated key")
+	}
+}
+
+// C2: leases sealed with prepared encapsulations open like any other, each
+// with its own encapsulated key; the refill goroutine ends once the store
+// is full.
+func TestPrecompute(t *testing.T) {
+	leakcheck.Check(t)
+	k := newKeys(t)
+	is, _ := NewIssuer(k.issuer, 0)
+	r, _ := NewRecipient(k.node.PublicKey())
+	r.Precompute(4)
+	o, _ := NewOpener(k.node, k.issuer.Public().(ed25519.PublicKey), nil, 0)
+	seen := map[string]bool{}
+	for i := 0; i < 12; i++ { // more than the store holds: some made inline
+		b := baseBinding()
+		l, err := is.Issue(t0, r, b, secret)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[string(l.HpkeEnc)] {
+			t.Fatalf("lease %d reuses an encapsulated key", i)
+		}
+		seen[string(l.HpkeEnc)] = true
+		pt, err := o.Open(t0, baseScope(), l, b)
+		if err != nil || !bytes.Equal(pt, secret) {
+			t.Fatalf("lease %d: %v", i, err)
+		}
 	}
 }

@@ -86,26 +86,43 @@ func (o *Opener) RecipientKeyID() string { return o.keyID }
 // ErrScope, ErrLifetime, ErrNotYetValid, ErrExpired, ErrReplayed,
 // ErrReplayFull or ErrOpen. Presence rules are CheckPresence's; Open
 // treats a nil l or b as ErrMalformed.
+//
+// The HPKE decapsulation (an X25519 exchange, independent of every check)
+// runs on a second goroutine while the signature, scope, lifetime and
+// replay are checked on the caller's, halving the wait on a multi-core
+// Node; its result is used only once every check passed, and the goroutine
+// has ended when Open returns.
 func (o *Opener) Open(now time.Time, s Scope, l *iop.CredentialLease, b *iop.CredentialLeaseBinding) ([]byte, error) {
-	if err := o.verify(now, s, l, b); err != nil {
+	if err := checkShape(l, b); err != nil {
 		return nil, err
 	}
-	canon := CanonicalBinding(b)
-	kdf, aead := suite()
-	r, err := hpke.NewRecipient(l.GetHpkeEnc(), o.priv, kdf, aead, []byte(hpkeInfo))
+	type decap struct {
+		r   *hpke.Recipient
+		err error
+	}
+	done := make(chan decap, 1)
+	go func() {
+		kdf, aead := suite()
+		r, err := hpke.NewRecipient(l.GetHpkeEnc(), o.priv, kdf, aead, []byte(hpkeInfo))
+		done <- decap{r, err}
+	}()
+	err := o.verify(now, s, l, b)
+	d := <-done
 	if err != nil {
+		return nil, err
+	}
+	if d.err != nil {
 		return nil, reject(ErrOpen, "encapsulated key")
 	}
-	pt, err := r.Open(sealAAD(canon, l), l.GetCiphertext())
+	pt, err := d.r.Open(sealAAD(CanonicalBinding(b), l), l.GetCiphertext())
 	if err != nil {
 		return nil, reject(ErrOpen, "ciphertext or binding")
 	}
 	return pt, nil
 }
 
-// verify runs every check but the seal, in the documented order, and
-// records the lease id in the replay cache last.
-func (o *Opener) verify(now time.Time, s Scope, l *iop.CredentialLease, b *iop.CredentialLeaseBinding) error {
+// checkShape rejects a lease whose fields are absent or out of shape.
+func checkShape(l *iop.CredentialLease, b *iop.CredentialLeaseBinding) error {
 	if l == nil || b == nil {
 		return reject(ErrMalformed, "lease or binding absent")
 	}
@@ -119,6 +136,12 @@ func (o *Opener) verify(now time.Time, s Scope, l *iop.CredentialLease, b *iop.C
 	case len(l.GetSignature()) != ed25519.SignatureSize:
 		return reject(ErrMalformed, "signature")
 	}
+	return nil
+}
+
+// verify runs every check after the shape but the seal, in the documented
+// order, and records the lease id in the replay cache last.
+func (o *Opener) verify(now time.Time, s Scope, l *iop.CredentialLease, b *iop.CredentialLeaseBinding) error {
 	if l.GetIssuerKeyId() != o.issuerID {
 		return reject(ErrIssuer, "issuer_key_id %.32q, this node trusts %s", l.GetIssuerKeyId(), o.issuerID)
 	}

@@ -14,7 +14,7 @@
 //	mem     -pids edge=P,node=Q -label L           VmRSS / VmHWM of the product processes
 //	report  -in results.jsonl                      medians of the rounds as Markdown
 //
-// Common flags: -path (the path's label: a, a2, b, c, d), -round, -key
+// Common flags: -path (the path's label: a, a2, b, c, d; ck, dk with the credential plane on), -round, -key
 // (Bearer key, empty = none), -pids (edge=PID,node=PID: CPU µs per request
 // from /proc/<pid>/stat utime+stime deltas, RSS from /proc/<pid>/status).
 //

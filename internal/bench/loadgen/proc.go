@@ -30,7 +30,7 @@ type common struct {
 }
 
 func (c *common) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.path, "path", "", "label of the measured path (a, a2, b, c, d)")
+	fs.StringVar(&c.path, "path", "", "label of the measured path (a, a2, b, c, d, ck, dk)")
 	fs.IntVar(&c.round, "round", 1, "round number")
 	fs.StringVar(&c.key, "key", "", "Bearer key (empty = no Authorization header)")
 	fs.Func("pids", "edge=PID,node=PID: processes whose CPU and memory are sampled", func(s string) error {

@@ -21,6 +21,11 @@ var paths = []pathInfo{
 	{"b", "(b) floor: httputil.ReverseProxy, one hop", "a"},
 	{"c", "(c) edge → node, tunnel path (openai_compat)", "a"},
 	{"d", "(d) edge → node, run path (ollama → /api/chat)", "a2"},
+	// ./run.sh bench creds: the same paths on a second edge and node with
+	// the credential plane on (a sealed, signed lease per request), each
+	// compared with its plane-off twin: Δ = the plane's added latency.
+	{"ck", "(c·k) tunnel path, credential plane on", "c"},
+	{"dk", "(d·k) run path, credential plane on", "d"},
 }
 
 type key struct {
@@ -149,7 +154,7 @@ func success(rs map[int]record) string {
 func onPath(path, proc string) bool {
 	switch proc {
 	case "edge", "node":
-		return path == "c" || path == "d"
+		return path == "c" || path == "d" || path == "ck" || path == "dk"
 	case "floor":
 		return path == "b"
 	}
