@@ -106,14 +106,33 @@ type stack struct {
 	backend, edge, node  *proc
 	hc                   *http.Client // every client of this stack, so idle conns can be closed
 	edgeConfig, nodeConf string
+	// secret is the upstream key the credential plane carries (stack
+	// option withCredentials); "" with the plane off.
+	secret string
 }
+
+// stackOptions tune newStack.
+type stackOptions struct {
+	// credentials turns the credential plane on (SPEC C1–C6): `edge
+	// secrets` stores a random upstream key in slot "demo", every adapter
+	// uses the slot, the node gets its lease keys, and the demo backend
+	// requires the key on its /v1 routes (-api-key-file).
+	credentials bool
+}
+
+// withCredentials is the stack option that turns the credential plane on.
+func withCredentials(o *stackOptions) { o.credentials = true }
 
 // newStack mints PKI, writes configs, starts the demo backend (unless a real
 // server is configured), the edge and the node, and waits until /status
 // shows the node connected. Cleanup stops everything (SIGTERM, then the
 // process group is checked gone) and checks for goroutine leaks.
-func newStack(t *testing.T) *stack {
+func newStack(t *testing.T, opts ...func(*stackOptions)) *stack {
 	t.Helper()
+	var o stackOptions
+	for _, f := range opts {
+		f(&o)
+	}
 	env := loadEnv(t)
 	checkGoroutines(t)
 	s := &stack{t: t, env: env, dir: t.TempDir()}
@@ -127,11 +146,20 @@ func newStack(t *testing.T) *stack {
 		t.Fatalf("edge pki init: %v\n%s", err, out)
 	}
 	ollamaURL, openaiURL, profile := env.ollamaURL, env.openaiURL, env.openaiProfile
+	var backendArgs []string
+	if o.credentials {
+		s.secret = s.storeSecret()
+		keyFile := filepath.Join(s.dir, "backend.key")
+		if err := os.WriteFile(keyFile, []byte(s.secret), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		backendArgs = []string{"-api-key-file", keyFile}
+	}
 	if !env.realServer() {
 		s.backendAddr = ports[3]
 		var err error
 		s.backend, err = startProc("demo-backend", filepath.Join(env.bin, "demo-backend"),
-			"-listen", s.backendAddr, "-token-delay", env.tokenDelay)
+			append([]string{"-listen", s.backendAddr, "-token-delay", env.tokenDelay}, backendArgs...)...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -140,8 +168,12 @@ func newStack(t *testing.T) *stack {
 	}
 	s.edgeConfig = filepath.Join(s.dir, "edge.json")
 	s.nodeConf = filepath.Join(s.dir, "node.json")
-	writeJSON(t, s.edgeConfig, edgeConfig(s.httpAddr, s.adminAddr, s.nodeAddr, ollamaURL, openaiURL, profile, env))
-	writeJSON(t, s.nodeConf, nodeConfig(s.nodeAddr))
+	ec, nc := edgeConfig(s.httpAddr, s.adminAddr, s.nodeAddr, ollamaURL, openaiURL, profile, env), nodeConfig(s.nodeAddr)
+	if o.credentials {
+		s.planeOn(ec, nc)
+	}
+	writeJSON(t, s.edgeConfig, ec)
+	writeJSON(t, s.nodeConf, nc)
 	s.startEdge()
 	s.startNode()
 	s.waitConnected(true, readyTimeout)
