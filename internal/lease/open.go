@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/textproto"
+	"runtime"
 	"time"
 
 	iop "iop/proto/gen/iop"
@@ -89,9 +90,9 @@ func (o *Opener) RecipientKeyID() string { return o.keyID }
 //
 // The HPKE decapsulation (an X25519 exchange, independent of every check)
 // runs on a second goroutine while the signature, scope, lifetime and
-// replay are checked on the caller's, halving the wait on a multi-core
-// Node; its result is used only once every check passed, and the goroutine
-// has ended when Open returns.
+// replay are checked on the caller's (when GOMAXPROCS > 1), so the two
+// waits overlap on a multi-core Node; its result is used only once every
+// check passed, and the goroutine has ended when Open returns.
 func (o *Opener) Open(now time.Time, s Scope, l *iop.CredentialLease, b *iop.CredentialLeaseBinding) ([]byte, error) {
 	if err := checkShape(l, b); err != nil {
 		return nil, err
@@ -101,15 +102,25 @@ func (o *Opener) Open(now time.Time, s Scope, l *iop.CredentialLease, b *iop.Cre
 		err error
 	}
 	done := make(chan decap, 1)
-	go func() {
+	run := func() {
 		kdf, aead := suite()
 		r, err := hpke.NewRecipient(l.GetHpkeEnc(), o.priv, kdf, aead, []byte(hpkeInfo))
 		done <- decap{r, err}
-	}()
-	err := o.verify(now, s, l, b)
-	d := <-done
-	if err != nil {
-		return nil, err
+	}
+	var d decap
+	if runtime.GOMAXPROCS(0) > 1 {
+		go run()
+		err := o.verify(now, s, l, b)
+		d = <-done // the goroutine has ended
+		if err != nil {
+			return nil, err
+		}
+	} else { // on one P a second goroutine only adds a switch
+		if err := o.verify(now, s, l, b); err != nil {
+			return nil, err
+		}
+		run()
+		d = <-done
 	}
 	if d.err != nil {
 		return nil, reject(ErrOpen, "encapsulated key")
