@@ -120,7 +120,8 @@ func TestCredentialRejectedByNode(t *testing.T) {
 	for _, row := range rows {
 		t.Run(row.name, func(t *testing.T) {
 			leakcheck.Check(t)
-			r := newCredRig(t, config.TypeOpenAICompat, &fakeCredentials{})
+			fc := &fakeCredentials{}
+			r := newCredRig(t, config.TypeOpenAICompat, fc)
 			r.st.frames(fError(row.code, `credential lease rejected: credential lease expired: expired 9000 ms ago`))
 			resp, body := r.do(t, "POST", row.path, chatBody, "Authorization", "Bearer k-a")
 			if resp.StatusCode != 502 || !strings.Contains(body, "refused the request's credential lease: credential lease rejected: credential lease expired") {
@@ -131,6 +132,9 @@ func TestCredentialRejectedByNode(t *testing.T) {
 				t.Fatalf("code %v, want credential_rejected", e.Error.Code)
 			}
 			checkOneOutcome(t, r, 0)
+			if n := len(fc.reqs); n != 1 {
+				t.Fatalf("C6: %d leases issued, want 1: a refused route never retries with another credential", n)
+			}
 		})
 	}
 }

@@ -95,3 +95,43 @@ func TestLoadResolvesRelativePaths(t *testing.T) {
 		t.Fatal("got nil error for a missing file")
 	}
 }
+
+// C3: the lease keys come as a pair; the issuer key is inline base64 or a
+// file path resolved against the config's directory.
+func TestCredentialKeys(t *testing.T) {
+	dir := t.TempDir()
+	const inline = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="
+	rows := []struct {
+		name, creds string
+		wantErr     bool
+		wantIssuer  string
+	}{
+		{"C3 neither", `{}`, false, ""},
+		{"C3 only the private key", `{"recipient_private_key_file":"r.key"}`, true, ""},
+		{"C3 only the issuer key", `{"issuer_public_key":"` + inline + `"}`, true, ""},
+		{"C3 inline issuer key kept", `{"recipient_private_key_file":"r.key","issuer_public_key":"` + inline + `"}`, false, inline},
+		{"C3 issuer key file resolved", `{"recipient_private_key_file":"r.key","issuer_public_key":"pki/issuer.pub"}`, false, filepath.Join(dir, "pki/issuer.pub")},
+	}
+	for _, row := range rows {
+		t.Run(row.name, func(t *testing.T) {
+			p := filepath.Join(dir, "node.json")
+			os.WriteFile(p, []byte("{"+base+`,"credentials":`+row.creds+"}"), 0o600)
+			c, err := Load(p)
+			if (err != nil) != row.wantErr {
+				t.Fatalf("got %v, want error %v", err, row.wantErr)
+			}
+			if err != nil {
+				if !strings.Contains(err.Error(), "credentials: set both") {
+					t.Fatalf("error %v does not name the pair", err)
+				}
+				return
+			}
+			if c.Credentials.IssuerPublicKey != row.wantIssuer {
+				t.Fatalf("issuer_public_key %q, want %q", c.Credentials.IssuerPublicKey, row.wantIssuer)
+			}
+			if row.wantIssuer != "" && c.Credentials.RecipientPrivateKeyFile != filepath.Join(dir, "r.key") {
+				t.Fatalf("recipient key %q not resolved", c.Credentials.RecipientPrivateKeyFile)
+			}
+		})
+	}
+}
