@@ -23,8 +23,10 @@
 //
 // ServeHTTP → authenticate → read body (413 over the cap; the buffer grows
 // with the bytes received, see body.go) → parseHead (400
-// naming the field) → Pool.Acquire (404/400/429/503) → StartTunnel or
-// StartRun by lease type → relay → Stream.Close → Pool.Release. relay is the
+// naming the field) → Pool.Acquire (404/400/429/503) → with the credential
+// plane on, the route's credential lease (credential.go; 502 when none can
+// be issued) → StartTunnel or StartRun by lease type → relay → Stream.Close
+// → Pool.Release. relay is the
 // only loop: it calls Stream.Recv with a context that ends when the client
 // disconnects, the lease is fenced (one watcher goroutine per request, gone
 // when relay returns) or the response-wait timer fires (time.AfterFunc, reset
