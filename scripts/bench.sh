@@ -1,7 +1,9 @@
 # shellcheck shell=bash
-# ./run.sh bench [quick|hold|creds]: the end-to-end performance benchmark of
-# issue 7 (full: ~14 min; quick: ~3.5 min, for iteration; hold: the
-# slow-stream runs only; creds: the credential plane's added latency, ~3 min).
+# ./run.sh bench [quick|hold|creds|affinity]: the end-to-end performance
+# benchmark of issue 7 (full: ~14 min; quick: ~3.5 min, for iteration; hold:
+# the slow-stream runs only; creds: the credential plane's added latency,
+# ~3 min; affinity: issue 16's cache-aware routing figures,
+# scripts/bench_affinity.sh).
 # Sourced by run.sh (which sets ROOT and log). Not part of CI.
 #
 # Separate processes on loopback, all started and stopped here:
@@ -324,7 +326,11 @@ bench_hold() {
 
 bench_main() {
   local mode=${1:-full}
-  case $mode in full|quick|hold|creds) ;; *) echo "usage: ./run.sh bench [quick|hold|creds]" >&2; return 2 ;; esac
+  case $mode in
+    full|quick|hold|creds) ;;
+    affinity) source "$ROOT/scripts/bench_affinity.sh"; bench_affinity_main; return ;;
+    *) echo "usage: ./run.sh bench [quick|hold|creds|affinity]" >&2; return 2 ;;
+  esac
   if [ "$mode" = creds ]; then bench_creds; return; fi
   local secs rounds holds
   if [ "$mode" = quick ]; then secs=${BENCH_SECONDS:-5}; rounds=${BENCH_ROUNDS:-1}; holds=${BENCH_HOLD:-1000}

@@ -13,6 +13,7 @@
 //	hold    -url U -body JSON -streams N -ramp R    N concurrent slow streams, bytes checked, RSS
 //	mem     -pids edge=P,node=Q -label L           VmRSS / VmHWM of the product processes
 //	report  -in results.jsonl                      medians of the rounds as Markdown
+//	affinity -url U -model M -label MODE            issue 16's multi-turn workload: cached tokens, TTFT, requests per replica
 //
 // Common flags: -path (the path's label: a, a2, b, c, d; ck, dk with the credential plane on), -round, -key
 // (Bearer key, empty = none), -pids (edge=PID,node=PID: CPU µs per request
@@ -36,17 +37,18 @@ func main() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: iopbench floor|rate|wrk|stream|hold|mem|report [flags]")
+		fmt.Fprintln(stderr, "usage: iopbench floor|rate|wrk|stream|hold|mem|report|affinity [flags]")
 		return 2
 	}
 	cmds := map[string]func([]string, io.Writer, io.Writer) error{
-		"floor":  cmdFloor,
-		"rate":   cmdRate,
-		"wrk":    cmdWrk,
-		"stream": cmdStream,
-		"hold":   cmdHold,
-		"mem":    cmdMem,
-		"report": cmdReport,
+		"floor":    cmdFloor,
+		"rate":     cmdRate,
+		"wrk":      cmdWrk,
+		"stream":   cmdStream,
+		"hold":     cmdHold,
+		"mem":      cmdMem,
+		"report":   cmdReport,
+		"affinity": cmdAffinity,
 	}
 	f, ok := cmds[args[0]]
 	if !ok {
@@ -82,6 +84,8 @@ type record struct {
 	// Streams: time to first event and total time.
 	FirstP50 float64 `json:"first_p50_us,omitempty"`
 	FirstP99 float64 `json:"first_p99_us,omitempty"`
+	FirstP90 float64 `json:"first_p90_us,omitempty"`  // affinity
+	FirstAvg float64 `json:"first_mean_us,omitempty"` // affinity
 	TotalP50 float64 `json:"total_p50_us,omitempty"`
 	TotalP99 float64 `json:"total_p99_us,omitempty"`
 
@@ -98,6 +102,13 @@ type record struct {
 	RSSBefore map[string]uint64  `json:"rss_before_kib,omitempty"`
 	RSS       map[string]uint64  `json:"rss_kib,omitempty"` // at the sample point (mem) or at peak in flight (hold)
 	HWM       map[string]uint64  `json:"hwm_kib,omitempty"`
+
+	// Affinity (issue 16): the backend-reported prompt and cached prompt
+	// tokens summed over the run, and requests per replica (response
+	// "model").
+	PromptTokens int64          `json:"prompt_tokens,omitempty"`
+	CachedTokens int64          `json:"cached_tokens,omitempty"`
+	Replicas     map[string]int `json:"replicas,omitempty"`
 
 	Errors []string `json:"errors,omitempty"` // a few distinct error texts
 }

@@ -49,7 +49,7 @@ func cmdReport(args []string, stdout, stderr io.Writer) error {
 	}
 	defer f.Close()
 	byKey := map[key]map[int]record{}
-	var mems, holds []record
+	var mems, holds, affs []record
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
@@ -62,6 +62,8 @@ func cmdReport(args []string, stdout, stderr io.Writer) error {
 			mems = append(mems, r)
 		case "hold":
 			holds = append(holds, r)
+		case "affinity":
+			affs = append(affs, r)
 		default:
 			k := key{r.Kind, r.Path, r.Rate}
 			if byKey[k] == nil {
@@ -81,6 +83,7 @@ func cmdReport(args []string, stdout, stderr io.Writer) error {
 	reportSys(w, byKey)
 	reportHold(w, holds)
 	reportMem(w, mems)
+	reportAffinity(w, affs)
 	return nil
 }
 
