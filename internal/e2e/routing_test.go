@@ -36,8 +36,9 @@ type routingRun struct {
 // rotates every turn, so least_loaded (the least in-flight replica) puts
 // a conversation's turns on different replicas while prefix_affinity keeps
 // each on the replica holding its history: every later turn is cached up to
-// the previous answer, the cached tokens are far more and the prefill time
-// far less, and /status and /metrics say so.
+// the previous answer, the cached tokens are at least twice, the uncached
+// (prefilled) tokens at most half and the measured prefill time lower, and
+// /status and /metrics say so.
 func TestRoutingModesThroughEdgeAndNode(t *testing.T) {
 	leakcheck.Check(t)
 	runs := map[string]routingRun{}
@@ -54,8 +55,15 @@ func TestRoutingModesThroughEdgeAndNode(t *testing.T) {
 	if pa.cached < 2*ll.cached {
 		t.Errorf("cached prompt tokens: prefix_affinity %d, least_loaded %d; want at least twice", pa.cached, ll.cached)
 	}
-	if pa.promptMs >= ll.promptMs/2 {
-		t.Errorf("prefill time: prefix_affinity %.0f ms, least_loaded %.0f ms; want less than half", pa.promptMs, ll.promptMs)
+	// Prefill: the demo waits 2 ms per uncached token; the measured
+	// prompt_ms adds scheduling delay, which a loaded machine inflates, so
+	// the halving is asserted on the uncached tokens and the measured time
+	// only has to be lower.
+	if pu, lu := pa.prompt-pa.cached, ll.prompt-ll.cached; 2*pu > lu {
+		t.Errorf("uncached prompt tokens: prefix_affinity %d, least_loaded %d; want at most half", pu, lu)
+	}
+	if pa.promptMs >= ll.promptMs {
+		t.Errorf("prefill time: prefix_affinity %.0f ms, least_loaded %.0f ms; want less", pa.promptMs, ll.promptMs)
 	}
 	t.Logf("issue 16 e2e: later turns cached tokens least_loaded %d/%d (%.0f ms prefill), prefix_affinity %d/%d (%.0f ms prefill)",
 		ll.cached, ll.prompt, ll.promptMs, pa.cached, pa.prompt, pa.promptMs)
