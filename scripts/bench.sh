@@ -1,9 +1,10 @@
 # shellcheck shell=bash
-# ./run.sh bench [quick|hold|creds|affinity]: the end-to-end performance
-# benchmark of issue 7 (full: ~14 min; quick: ~3.5 min, for iteration; hold:
-# the slow-stream runs only; creds: the credential plane's added latency,
-# ~3 min; affinity: issue 16's cache-aware routing figures,
-# scripts/bench_affinity.sh).
+# ./run.sh bench [quick|hold|creds|affinity|hostile]: the end-to-end
+# performance benchmark of issue 7 (full: ~14 min; quick: ~3.5 min, for
+# iteration; hold: the slow-stream runs only; creds: the credential plane's
+# added latency, ~3 min; affinity: issue 16's cache-aware routing figures,
+# scripts/bench_affinity.sh; hostile: held declared-large bodies, issue 12,
+# ~10 s).
 # Sourced by run.sh (which sets ROOT and log). Not part of CI.
 #
 # Separate processes on loopback, all started and stopped here:
@@ -329,7 +330,11 @@ bench_main() {
   case $mode in
     full|quick|hold|creds) ;;
     affinity) source "$ROOT/scripts/bench_affinity.sh"; bench_affinity_main; return ;;
-    *) echo "usage: ./run.sh bench [quick|hold|creds|affinity]" >&2; return 2 ;;
+    hostile) # issue 12: held declared-large bodies against a whole Edge (BENCHMARKS.md "Hostile clients")
+      log "bench hostile: load average $(cut -d' ' -f1-3 /proc/loadavg)"
+      go test -run '^$' -bench BenchmarkHeldBodies -benchtime 1x -count "${BENCH_ROUNDS:-3}" ./internal/e2e/
+      return ;;
+    *) echo "usage: ./run.sh bench [quick|hold|creds|affinity|hostile]" >&2; return 2 ;;
   esac
   if [ "$mode" = creds ]; then bench_creds; return; fi
   local secs rounds holds
