@@ -123,6 +123,7 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 				p.NodeFenced(node, gen)
 				ht.NodeFenced(node, gen) // H9: no overlay outlives its generation
 			},
+			OnDraining: func(node string, gen uint64) { p.NodeDraining(node, gen) },
 		},
 	})
 	ht = health.New(health.Options{Overlay: p, Commander: tr, Logger: log.With("component", "health"),

@@ -48,7 +48,10 @@ type Options struct {
 // key or CA file is fatal at once, before any dial (SPEC S3). Then one
 // supervisor dials cfg.EdgeAddr and reconnects with cfg's reconnect policy
 // (SPEC S2). It returns
-//   - nil after ctx is done (SIGINT/SIGTERM), promptly even mid-backoff;
+//   - nil after ctx is done (SIGINT/SIGTERM): promptly when not connected
+//     (even mid-backoff); a ready session drains first (session.Connect:
+//     the Edge stops dispatching to it, work in flight gets
+//     shutdown.drain_timeout_ms);
 //   - an error wrapping supervisor.ErrFatal (and an *identity.FileError for a
 //     credential file) for a local error;
 //   - an error wrapping supervisor.ErrExhausted after
@@ -79,6 +82,9 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 		Version:     o.Version,
 		Logger:      log,
 		Timeouts:    o.Timeouts,
+		// SIGTERM on a ready session: NodeDrainingNotice, then the work in
+		// flight gets shutdown.drain_timeout_ms to finish (issue 15).
+		DrainTimeout: cfg.DrainTimeout(),
 	}
 	p := supervisor.Policy{Interval: cfg.Interval(), MaxAttempts: cfg.MaxAttempts()}
 	log.Info("node starting", "edge_addr", cfg.EdgeAddr, "reconnect_interval_ms", p.Interval.Milliseconds(), "max_attempts", p.MaxAttempts)

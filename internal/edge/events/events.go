@@ -20,6 +20,9 @@ import (
 const (
 	TypeConnected    = "node.connected"
 	TypeDisconnected = "node.disconnected"
+	// TypeDraining: a ready node said it is shutting down (SIGTERM); it
+	// gets no new work and its disconnection follows.
+	TypeDraining = "node.draining"
 )
 
 // Event is one node lifecycle event.

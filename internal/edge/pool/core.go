@@ -76,6 +76,7 @@ type nodeState struct {
 	gen        uint64
 	ready      bool // gen is the live, ready generation
 	fenced     bool // gen was fenced; it cannot become ready again
+	draining   bool // gen said it is shutting down: no new leases, held ones go on
 	readySince time.Time
 	// fence is shared by every lease of the ready generation and cancelled
 	// when that generation ends (one allocation per generation, not per
@@ -118,9 +119,10 @@ func (r *resource) isOverlaid() bool {
 }
 
 // live reports whether r may be a candidate (SPEC Q3, P3): configured, its
-// node ready at the current generation, no overlay, some capacity.
+// node ready at the current generation and not draining, no overlay, some
+// capacity.
 func (r *resource) live() bool {
-	return r.configured && r.node.ready && !r.isOverlaid() && r.cfg.Capacity > 0
+	return r.configured && r.node.ready && !r.node.draining && !r.isOverlaid() && r.cfg.Capacity > 0
 }
 
 func (r *resource) free(long bool) bool {
@@ -474,7 +476,7 @@ func (s *state) ready(id string, gen uint64, now time.Time) bool {
 		s.endGeneration(n)
 		s.fenceLeases(n, gen-1)
 	}
-	n.gen, n.ready, n.fenced, n.readySince = gen, true, false, now
+	n.gen, n.ready, n.fenced, n.draining, n.readySince = gen, true, false, false, now
 	n.fence, n.fenceCancel = context.WithCancel(context.Background())
 	s.pump()
 	return true
@@ -492,10 +494,26 @@ func (s *state) fence(id string, gen uint64) int {
 		return 0
 	}
 	s.endGeneration(n)
-	n.gen, n.ready, n.fenced, n.readySince = gen, false, true, time.Time{}
+	n.gen, n.ready, n.fenced, n.draining, n.readySince = gen, false, true, false, time.Time{}
 	count := s.fenceLeases(n, gen)
 	s.repin()
 	return count
+}
+
+// drain marks ready generation gen of node as draining (its node is
+// shutting down): its resources stop being candidates at once, while the
+// leases it holds go on until they are released or the generation is
+// fenced. Waiters stay queued against the remaining live candidates. Only
+// the current ready generation can drain; anything else is a no-op (L9).
+// It reports whether it changed anything.
+func (s *state) drain(id string, gen uint64) bool {
+	n := s.node(id)
+	if gen != n.gen || !n.ready || n.draining {
+		return false
+	}
+	n.draining = true
+	s.repin() // waiters pinned to its providers may go elsewhere now
+	return true
 }
 
 // endGeneration schedules the close of the ready generation's fence

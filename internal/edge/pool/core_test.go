@@ -342,6 +342,30 @@ func TestStateMachine(t *testing.T) {
 			h.wantLease("w", kLlama)
 			h.wantStats(2, 0)
 		}},
+		{name: "Q3 N3 a draining node takes no new lease; held ones go on; a new generation is live", run: func(h *harness) {
+			h.ready("gpu-1", 1, true)
+			h.ready("gpu-2", 1, true)
+			h.acq("a", chat("tiny", 0)) // ollama
+			h.wantLease("a", kOllama)
+			h.drain("gpu-2", 2, false) // not its generation (L9)
+			h.drain("gpu-1", 1, true)
+			h.drain("gpu-1", 1, false) // repeat
+			h.acq("b", chat("tiny", 0))
+			h.wantLease("b", kLlama) // ollama has room but drains
+			h.acq("c", chat("tiny", 0))
+			h.wantLease("c", kLlama)
+			h.acq("w", chat("tiny", 0))
+			h.wantQueued("w")
+			if st := h.s.snapshot()[0]; !st.Draining || st.Providers[0].Status != StatusDraining || st.Providers[0].InFlight != 1 {
+				h.t.Fatalf("gpu-1 snapshot %+v %v, want draining with its lease shown", st, st.Providers[0])
+			}
+			h.release("a", true) // the held lease finished normally
+			h.wantQueued("w")
+			h.fence("gpu-1", 1, 0) // the draining node closed
+			h.ready("gpu-1", 2, true)
+			h.wantLease("w", kOllama) // its next generation is live again
+			h.wantStats(3, 0)
+		}},
 		{name: "L5 L9 stale or duplicate ready and stale fence change nothing", run: func(h *harness) {
 			h.ready("gpu-2", 2, true)
 			h.acq("a", chat("big", 0))

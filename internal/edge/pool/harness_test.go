@@ -106,6 +106,14 @@ func (h *harness) fence(node string, gen uint64, want int) {
 	h.settle()
 }
 
+func (h *harness) drain(node string, gen uint64, want bool) {
+	h.t.Helper()
+	if got := h.s.drain(node, gen); got != want {
+		h.t.Fatalf("drain(%s, %d) = %v, want %v", node, gen, got, want)
+	}
+	h.settle()
+}
+
 func (h *harness) cancel(name string, want bool) {
 	h.t.Helper()
 	if got := h.s.cancel(h.waiters[name]); got != want {

@@ -96,7 +96,7 @@ func (s *state) unpinAll() {
 }
 
 // repin runs after a transition that takes a provider out of the
-// candidates without freeing anything (fence, overlay): waiters pinned to
+// candidates without freeing anything (fence, overlay, drain): waiters pinned to
 // it move to their classes and may be served by another candidate now.
 func (s *state) repin() {
 	if s.pinned.n > 0 {

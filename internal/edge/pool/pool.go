@@ -172,6 +172,19 @@ func (p *Pool) NodeFenced(node string, gen uint64) int {
 	return n
 }
 
+// NodeDraining marks ready generation gen of node as draining (the node
+// sent NodeDrainingNotice on SIGTERM): its providers get no new lease from
+// now on, while leases already held go on until released or fenced. A
+// stale generation, one not ready, or a repeat is a no-op (SPEC L9); a new
+// generation of the node starts live. It reports whether it applied.
+func (p *Pool) NodeDraining(node string, gen uint64) bool {
+	p.mu.Lock()
+	ok := p.s.drain(node, gen)
+	p.apply()
+	p.mu.Unlock()
+	return ok
+}
+
 // SetOverlay marks provider k of node generation gen runtime-unavailable
 // (SPEC H8, H9): excluded from candidates and projected as unavailable. It
 // applies only to the node's current ready generation and only when seq

@@ -10,6 +10,9 @@ import (
 const (
 	StatusAvailable   = "available"
 	StatusUnavailable = "unavailable"
+	// StatusDraining: the node is shutting down; the provider takes no new
+	// request but still shows its load.
+	StatusDraining    = "draining"
 	HealthHealthy     = "healthy"
 	HealthOffline     = "offline"
 	HealthUnavailable = "unavailable"
@@ -22,6 +25,11 @@ type NodeSnapshot struct {
 	Node       string
 	Connected  bool
 	ReadySince time.Time
+	// Draining: the ready generation said it is shutting down.
+	Draining bool
+	// Generation is the node's current generation (Edge-internal; 0 when
+	// none was ever ready or pending).
+	Generation uint64
 	Providers  []*iop.ProviderSnapshot
 }
 
@@ -33,7 +41,8 @@ type NodeSnapshot struct {
 //   - otherwise status=available, health=healthy, configured capacity and
 //     long capacity, in_flight/long_in_flight = leases held, and
 //     queued/long_queued = queued requests that count it as a live
-//     candidate (each request once per provider, possibly under several).
+//     candidate (each request once per provider, possibly under several);
+//     status=draining instead while the node drains (no new leases).
 func (s *state) snapshot() []NodeSnapshot {
 	type counts struct{ queued, longQueued int }
 	var pressure map[*resource]*counts
@@ -78,7 +87,8 @@ func (s *state) snapshot() []NodeSnapshot {
 
 	out := make([]NodeSnapshot, 0, len(s.nodeOrder))
 	for _, n := range s.nodeOrder {
-		ns := NodeSnapshot{Node: n.id, Connected: n.ready, Providers: make([]*iop.ProviderSnapshot, 0, len(n.resources))}
+		ns := NodeSnapshot{Node: n.id, Connected: n.ready, Draining: n.ready && n.draining, Generation: n.gen,
+			Providers: make([]*iop.ProviderSnapshot, 0, len(n.resources))}
 		if n.ready {
 			ns.ReadySince = n.readySince
 		}
@@ -91,6 +101,9 @@ func (s *state) snapshot() []NodeSnapshot {
 				ps.Status, ps.Health = StatusUnavailable, HealthUnavailable
 			default:
 				ps.Status, ps.Health = StatusAvailable, HealthHealthy
+				if n.draining {
+					ps.Status = StatusDraining
+				}
 				ps.Capacity = int32(r.cfg.Capacity)
 				ps.LongCapacity = int32(r.cfg.LongCapacity)
 				ps.InFlight = int32(r.inFlight)

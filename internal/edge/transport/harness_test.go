@@ -48,7 +48,7 @@ func testConfig(t testing.TB, intervalMs, nodeTimeoutMs, timeoutMs int, capacity
 }
 
 type hookCall struct {
-	kind string // "ready" or "fence"
+	kind string // "ready", "fence" or "draining"
 	node string
 	gen  uint64
 }
@@ -106,7 +106,8 @@ func newHarness(t testing.TB, ho harnessOpts) *harness {
 		Events: h.bus,
 		Hooks: Hooks{
 			OnReady: func(n string, g uint64) { h.hooks <- hookCall{"ready", n, g} },
-			OnFence: func(n string, g uint64) { h.hooks <- hookCall{"fence", n, g} },
+			OnFence:    func(n string, g uint64) { h.hooks <- hookCall{"fence", n, g} },
+			OnDraining: func(n string, g uint64) { h.hooks <- hookCall{"draining", n, g} },
 		},
 	}
 	if ho.modify != nil {

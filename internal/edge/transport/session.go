@@ -14,6 +14,7 @@ import (
 
 	"iop/internal/edge/config"
 	"iop/internal/edge/dispatch"
+	"iop/internal/edge/events"
 	"iop/internal/edge/registry"
 	"iop/internal/identity"
 	"iop/internal/wire"
@@ -284,6 +285,7 @@ const (
 func (c *session) readLoop(br *bufio.Reader) error {
 	rd := wire.NewReader(br, wire.DefaultPreReadyCap)
 	ph := phaseNew
+	drained := false // a NodeDrainingNotice was handled
 	var env *iop.Envelope
 	for {
 		body, err := rd.ReadFrame()
@@ -324,6 +326,11 @@ func (c *session) readLoop(br *bufio.Reader) error {
 		case *iop.Envelope_CommandResponse, *iop.Envelope_RefreshResponse:
 			if ph == phaseReady {
 				kept = c.answer(env)
+			}
+		case *iop.Envelope_DrainingNotice:
+			if ph == phaseReady && !drained {
+				drained = true
+				c.draining(k.DrainingNotice)
 			}
 		default:
 			c.s.log.Debug("envelope kind not expected from a node ignored", "node", c.peer, "kind", fmt.Sprintf("%T", k))
@@ -378,6 +385,27 @@ func (c *session) ready(req *iop.NodeReadyRequest) bool {
 		s.log.Warn("node ready refused", "node", req.GetNodeId(), "reason", res.Err)
 	}
 	return res.OK
+}
+
+// draining handles the ready node's NodeDrainingNotice: when this session
+// is still the node's current ready generation, OnDraining stops new
+// dispatch to it at once and a node.draining event is published; its
+// streams in flight go on.
+func (c *session) draining(n *iop.NodeDrainingNotice) {
+	s := c.s
+	s.mu.Lock()
+	node, gen, current := s.reg.Binding(c.id)
+	s.mu.Unlock()
+	if !current {
+		return
+	}
+	s.log.Info("node draining", "node", node, "generation", gen, "node_drain_timeout_ms", n.GetDrainTimeoutMs())
+	if f := s.o.Hooks.OnDraining; f != nil {
+		f(node, gen)
+	}
+	if s.o.Events != nil {
+		s.o.Events.Publish(events.Event{Type: events.TypeDraining, Node: node, Time: s.now()})
+	}
 }
 
 // route hands a run event or tunnel frame to its stream; frames for

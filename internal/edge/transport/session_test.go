@@ -262,6 +262,36 @@ func TestTakeoverFencesOldGenerationOnce(t *testing.T) {
 	h.noHooks()
 }
 
+// Issue 15: a ready node's NodeDrainingNotice reaches OnDraining once with
+// its generation and publishes node.draining; the session stays up (its
+// streams go on) until the node closes it. A notice before ready, or a
+// second one, changes nothing.
+func TestDrainingNotice(t *testing.T) {
+	leakcheck.Check(t)
+	h := newHarness(t, harnessOpts{})
+	notice := &iop.Envelope{Kind: &iop.Envelope_DrainingNotice{DrainingNotice: &iop.NodeDrainingNotice{DrainTimeoutMs: 30000}}}
+	a := h.dial("gpu-1")
+	a.register("gpu-1")
+	a.send(notice) // pending: ignored
+	if r := a.ready("gpu-1"); !r.GetReady() {
+		t.Fatalf("ready refused: %s", r.GetReason())
+	}
+	h.wantHooks(hookCall{"ready", "gpu-1", 1})
+	h.wantEvent(events.TypeConnected, "gpu-1")
+	a.send(notice)
+	a.send(notice)
+	a.roundTrip(7) // both notices were read
+	h.wantHooks(hookCall{"draining", "gpu-1", 1})
+	h.wantEvent(events.TypeDraining, "gpu-1")
+	h.noHooks()
+	h.noEvents()
+	if st := h.node("gpu-1"); !st.Connected {
+		t.Fatalf("gpu-1 = %+v after draining, want still connected", st)
+	}
+	a.conn.Close()
+	h.wantHooks(hookCall{"fence", "gpu-1", 1})
+}
+
 // L9: the new generation becomes ready before the old connection's read
 // loop reports its close; that late close leaves the new one ready, calls
 // no hook and emits no event.

@@ -140,6 +140,12 @@ type Hooks struct {
 	// OnFence: ready generation gen of node ended: takeover, connection
 	// loss, heartbeat timeout, removal from config or shutdown.
 	OnFence func(node string, gen uint64)
+	// OnDraining: ready generation gen of node sent NodeDrainingNotice (it
+	// is shutting down and wants no new work). Called from that session's
+	// read loop, at most once per generation, and not ordered with the
+	// other hooks: the callee must treat a generation that is no longer
+	// the ready one as stale (pool.NodeDraining does).
+	OnDraining func(node string, gen uint64)
 }
 
 // Options configure a Server. TLS and Config are required.

@@ -25,6 +25,10 @@ const (
 	DefaultMaxAttempts      = 10
 	// MaxIntervalSec bounds reconnect.interval_sec (one day).
 	MaxIntervalSec = 86400
+	// DefaultDrainTimeoutMs is shutdown.drain_timeout_ms.
+	DefaultDrainTimeoutMs = 30000
+	// MaxDrainTimeoutMs bounds shutdown.drain_timeout_ms (one hour).
+	MaxDrainTimeoutMs = 3600000
 )
 
 // Config is the Node config file.
@@ -34,6 +38,15 @@ type Config struct {
 	TLS         TLS         `json:"tls"`
 	Reconnect   Reconnect   `json:"reconnect"`
 	Credentials Credentials `json:"credentials"`
+	Shutdown    Shutdown    `json:"shutdown"`
+}
+
+// Shutdown tunes the graceful drain on SIGTERM.
+type Shutdown struct {
+	// DrainTimeoutMs: after SIGTERM the node tells the edge it is draining
+	// (no new work) and lets its runs and tunnels finish for this long;
+	// then it cancels what is left and exits 0. 0 = 30000.
+	DrainTimeoutMs int64 `json:"drain_timeout_ms"`
 }
 
 // TLS holds the node's workload certificate and the Edge identity it expects
@@ -72,6 +85,11 @@ type Credentials struct {
 // Interval is the reconnect interval.
 func (c *Config) Interval() time.Duration {
 	return time.Duration(*c.Reconnect.IntervalSec) * time.Second
+}
+
+// DrainTimeout is shutdown.drain_timeout_ms.
+func (c *Config) DrainTimeout() time.Duration {
+	return time.Duration(c.Shutdown.DrainTimeoutMs) * time.Millisecond
 }
 
 // MaxAttempts is the finite attempt limit, or 0 for unlimited.
@@ -132,6 +150,9 @@ func Parse(data []byte) (*Config, error) {
 		n := DefaultMaxAttempts
 		c.Reconnect.MaxAttempts = &n
 	}
+	if c.Shutdown.DrainTimeoutMs == 0 {
+		c.Shutdown.DrainTimeoutMs = DefaultDrainTimeoutMs
+	}
 	if errs := append(decodeErrs, c.validate()...); len(errs) > 0 {
 		return nil, errs
 	}
@@ -177,6 +198,9 @@ func (c *Config) validate() jsonconfig.Errors {
 		add("reconnect.interval_sec", "must be between 0 and %d, got %d", MaxIntervalSec, iv)
 	} else if iv == 0 && ma == 0 {
 		add("reconnect.interval_sec", "must be positive when reconnect.max_attempts is 0 (unlimited)")
+	}
+	if d := c.Shutdown.DrainTimeoutMs; d < 0 || d > MaxDrainTimeoutMs {
+		add("shutdown.drain_timeout_ms", "must be between 1 and %d, got %d", MaxDrainTimeoutMs, d)
 	}
 	return errs
 }

@@ -135,3 +135,30 @@ func TestCredentialKeys(t *testing.T) {
 		})
 	}
 }
+
+// Issue 15: shutdown.drain_timeout_ms defaults to 30000, bounded.
+func TestDrainTimeout(t *testing.T) {
+	rows := []struct {
+		name, extra, wantErr string
+		want                 time.Duration
+	}{
+		{"default", ``, "", 30 * time.Second},
+		{"set", `,"shutdown":{"drain_timeout_ms":1500}`, "", 1500 * time.Millisecond},
+		{"negative", `,"shutdown":{"drain_timeout_ms":-1}`, "shutdown.drain_timeout_ms: must be between", 0},
+		{"too large", `,"shutdown":{"drain_timeout_ms":99999999999}`, "shutdown.drain_timeout_ms: must be between", 0},
+	}
+	for _, r := range rows {
+		t.Run(r.name, func(t *testing.T) {
+			c, err := Parse([]byte("{" + base + r.extra + "}"))
+			if r.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), r.wantErr) {
+					t.Fatalf("got err %v, want %q", err, r.wantErr)
+				}
+				return
+			}
+			if err != nil || c.DrainTimeout() != r.want {
+				t.Fatalf("got %v, %v; want %v", c, err, r.want)
+			}
+		})
+	}
+}

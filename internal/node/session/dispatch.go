@@ -104,6 +104,10 @@ func (s *session) finishRun(runID string, ex *execRef) {
 	s.mu.Lock()
 	cancel := s.runs[runID]
 	delete(s.runs, runID)
+	if len(s.runs) == 0 && s.idle != nil {
+		close(s.idle) // a drain waits for this
+		s.idle = nil
+	}
 	s.mu.Unlock()
 	if cancel != nil {
 		cancel()

@@ -34,6 +34,9 @@ type session struct {
 	// loop and a busy connection queue, and sendLoop drains the queue.
 	w       *direct.Writer
 	hbReset chan struct{} // cap 1: heartbeat interval changed
+	// flushReq asks sendLoop to write everything queued and flush, then
+	// close the channel it was given (a drain's last step).
+	flushReq chan chan struct{}
 
 	hbInterval atomic.Int64 // ns
 	hbTimeout  atomic.Int64 // ns
@@ -51,6 +54,9 @@ type session struct {
 	mu   sync.Mutex
 	runs map[string]context.CancelFunc // run_id → cancel, runs and tunnels (guarded by mu)
 	exec *execRef                      // Executor for new work (guarded by mu)
+	// idle, while a drain waits, is closed when runs becomes empty
+	// (guarded by mu).
+	idle chan struct{}
 }
 
 // execRef counts the work running on one Executor so that a replaced one is
@@ -73,8 +79,9 @@ func newSession(ctx context.Context, cancel context.CancelCauseFunc, conn net.Co
 		log:    log,
 		w: direct.New(conn, direct.Options{Queue: o.SendQueue, BufferSize: sendBufferSize,
 			WriteTimeout: o.Timeouts.Write, MaxBurst: maxBurst}),
-		hbReset: make(chan struct{}, 1),
-		runs:    make(map[string]context.CancelFunc),
+		hbReset:  make(chan struct{}, 1),
+		flushReq: make(chan chan struct{}),
+		runs:     make(map[string]context.CancelFunc),
 	}
 	s.hbInterval.Store(int64(DefaultHeartbeatInterval))
 	s.hbTimeout.Store(int64(DefaultHeartbeatTimeout))
@@ -83,7 +90,8 @@ func newSession(ctx context.Context, cancel context.CancelCauseFunc, conn net.Co
 
 // live runs the ready session until it ends and returns the cause, after the
 // writer and all work goroutines have returned and every Executor is closed.
-func (s *session) live(ex *execRef) error {
+// When stop closes first, the session drains (see Connect).
+func (s *session) live(ex *execRef, stop <-chan struct{}) error {
 	s.exec = ex
 	s.readySince = time.Now()
 	s.isLive.Store(true)
@@ -92,9 +100,19 @@ func (s *session) live(ex *execRef) error {
 		defer close(writerDone)
 		s.sendLoop()
 	}()
+	drainDone := make(chan struct{})
+	go func() {
+		defer close(drainDone)
+		select {
+		case <-stop:
+			s.drain()
+		case <-s.ctx.Done():
+		}
+	}()
 
 	s.cancel(s.readLoop()) // the first cause wins; this also closes the conn
 	<-writerDone
+	<-drainDone
 	s.work.Wait() // every run and tunnel saw ctx cancelled (E6)
 
 	s.mu.Lock()
@@ -108,6 +126,72 @@ func (s *session) live(ex *execRef) error {
 	cause := context.Cause(s.ctx)
 	s.log.Warn("session ended", "err", cause)
 	return cause
+}
+
+// drain is the graceful end of a live session (local shutdown): tell the
+// Edge (NodeDrainingNotice: no new dispatch), wait for the runs and tunnels
+// in flight up to Options.DrainTimeout, cancel what is left and wait up to
+// DrainCancelGrace for their terminals, then end the session with
+// ErrDrained. It returns early when the session ends first.
+func (s *session) drain() {
+	s.mu.Lock()
+	active := len(s.runs)
+	s.mu.Unlock()
+	s.log.Info("draining: no new work; waiting for the work in flight", "in_flight", active,
+		"drain_timeout_ms", s.o.DrainTimeout.Milliseconds())
+	s.sendFromWork(&iop.Envelope{Kind: &iop.Envelope_DrainingNotice{DrainingNotice: &iop.NodeDrainingNotice{
+		DrainTimeoutMs: s.o.DrainTimeout.Milliseconds()}}}, direct.Flush)
+	if !s.waitIdle(s.o.DrainTimeout) {
+		if s.ctx.Err() != nil {
+			return
+		}
+		s.mu.Lock()
+		left := make([]context.CancelFunc, 0, len(s.runs))
+		for _, c := range s.runs {
+			left = append(left, c)
+		}
+		s.mu.Unlock()
+		s.log.Warn("drain timeout: cancelling the work still in flight", "in_flight", len(left))
+		for _, c := range left {
+			c()
+		}
+		s.waitIdle(DrainCancelGrace)
+	}
+	done := make(chan struct{})
+	select { // the terminals the Edge has not got yet leave before the close
+	case s.flushReq <- done:
+		select {
+		case <-done:
+		case <-s.ctx.Done():
+		}
+	case <-s.ctx.Done():
+	}
+	s.log.Info("drained")
+	s.cancel(ErrDrained)
+}
+
+// waitIdle waits up to d for the run table to empty; false when it did not
+// or the session ended.
+func (s *session) waitIdle(d time.Duration) bool {
+	s.mu.Lock()
+	if len(s.runs) == 0 {
+		s.mu.Unlock()
+		return true
+	}
+	if s.idle == nil {
+		s.idle = make(chan struct{})
+	}
+	idle := s.idle
+	s.mu.Unlock()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-idle:
+		return true
+	case <-t.C:
+	case <-s.ctx.Done():
+	}
+	return false
 }
 
 // readLoop is the session's only reader. Any inbound frame counts as
@@ -159,6 +243,14 @@ func (s *session) sendLoop() {
 			}}}, false)
 		case env := <-s.w.Queue():
 			n, err = s.w.Drain(env, true)
+		case done := <-s.flushReq:
+			n, err = s.w.Drain(nil, false)
+			for err == nil && s.w.Queued() > 0 { // sendLoop is the queue's only reader
+				var m int
+				m, err = s.w.Drain(nil, false)
+				n += m
+			}
+			close(done)
 		}
 		s.framesOut.Add(uint64(n))
 		if err != nil {

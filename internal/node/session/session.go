@@ -100,6 +100,9 @@ var (
 	// ErrSendQueueFull: a must-deliver frame could not be queued (see the
 	// package comment).
 	ErrSendQueueFull = errors.New("session: send queue full for a must-deliver frame")
+	// ErrDrained: the session ended after a graceful drain (local
+	// shutdown of a ready session; see Connect).
+	ErrDrained = errors.New("session: drained for shutdown")
 )
 
 // Executor runs work on the adapter instances of one NodeConfigPayload. The
@@ -155,6 +158,10 @@ const (
 	DefaultHeartbeatInterval = 5000 * time.Millisecond  // NodeRuntimeConfig.heartbeat_interval_ms = 0
 	DefaultHeartbeatTimeout  = 15000 * time.Millisecond // NodeRuntimeConfig.heartbeat_timeout_ms = 0
 	DefaultSendQueue         = 256                      // frames
+	DefaultDrainTimeout      = 30 * time.Second         // node shutdown.drain_timeout_ms
+	// DrainCancelGrace bounds the wait for the terminals of the work a
+	// drain timeout cancelled.
+	DrainCancelGrace = 5 * time.Second
 )
 
 // Options configure Connect.
@@ -175,6 +182,9 @@ type Options struct {
 	Timeouts Timeouts
 	// SendQueue is the send queue length in frames; 0 = DefaultSendQueue.
 	SendQueue int
+	// DrainTimeout bounds the graceful drain of a ready session when
+	// Connect's ctx ends; 0 = DefaultDrainTimeout.
+	DrainTimeout time.Duration
 }
 
 func (o *Options) applyDefaults() {
@@ -194,6 +204,7 @@ func (o *Options) applyDefaults() {
 	if o.SendQueue <= 0 {
 		o.SendQueue = DefaultSendQueue
 	}
+	def(&o.DrainTimeout, DefaultDrainTimeout)
 }
 
 // Connect runs one session attempt on the calling goroutine: dial (SPEC W1),
@@ -202,9 +213,16 @@ func (o *Options) applyDefaults() {
 // after ready=true, the live session until it ends. Frames are capped at 64
 // KiB until ready and 16 MiB after.
 //
+// ctx is the local shutdown (SIGTERM). Before ready it aborts the attempt at
+// once. A ready session drains instead: it sends NodeDrainingNotice (the
+// Edge stops dispatching to it), lets its runs and tunnels finish for up to
+// Options.DrainTimeout, then cancels what is left (each still ends with its
+// terminal, waited for up to DrainCancelGrace), closes the connection and
+// returns ErrDrained.
+//
 // reachedReady reports whether the Edge answered ready=true. The error says
 // why the session ended: one of the sentinels above, or ctx's cause when ctx
-// was done (local shutdown). Connect returns only after every goroutine it
+// was done before ready. Connect returns only after every goroutine it
 // started has returned. It matches supervisor.ConnectFunc when closed over
 // its Options.
 func Connect(ctx context.Context, o Options) (reachedReady bool, err error) {
@@ -234,9 +252,11 @@ func Connect(ctx context.Context, o Options) (reachedReady bool, err error) {
 	// The session's lifetime context: cancelled with the cause when the
 	// session ends. Closing the TCP connection (not the TLS one, whose Close
 	// may wait up to 5 s to send close_notify to a peer that stopped
-	// reading) unblocks the reader and the writer.
-	sctx, cancel := context.WithCancelCause(ctx)
+	// reading) unblocks the reader and the writer. A local shutdown ends it
+	// at once only before ready (abort); a live session drains first.
+	sctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancel(nil)
+	abort := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
 	stop := context.AfterFunc(sctx, func() { raw.Close() })
 	defer func() {
 		stop()
@@ -261,8 +281,12 @@ func Connect(ctx context.Context, o Options) (reachedReady bool, err error) {
 		}
 		return false, err
 	}
+	if !abort() { // the local shutdown came first
+		ex.ex.Close()
+		return false, context.Cause(ctx)
+	}
 	log.Info("session ready")
-	return true, s.live(ex)
+	return true, s.live(ex, ctx.Done())
 }
 
 // register runs the pre-ready exchange on the reader's goroutine: Register →

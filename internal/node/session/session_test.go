@@ -93,8 +93,8 @@ func (c *edgeConn) alive(nonce uint64) {
 	}
 }
 
-// L3, L5: register → config applied → ready, then live; shutdown closes the
-// Executor.
+// L3, L5: register → config applied → ready, then live; a local shutdown
+// drains (NodeDrainingNotice) and closes the Executor.
 func TestRegisterApplyReady(t *testing.T) {
 	leakcheck.Check(t)
 	dir := newPKI(t)
@@ -118,10 +118,13 @@ func TestRegisterApplyReady(t *testing.T) {
 	if evs := c.runEvents("run-1"); len(evs) != 4 {
 		t.Fatalf("got %d events, want 4", len(evs))
 	}
-	cancel()
+	cancel() // local shutdown of a ready session: it drains (issue 15)
+	if env := c.recv(); env.GetDrainingNotice() == nil {
+		t.Fatalf("after the local shutdown got %v, want NodeDrainingNotice", env)
+	}
 	r := waitResult(t, res)
-	if !r.ready || !errors.Is(r.err, context.Canceled) {
-		t.Errorf("Connect = (%v, %v), want (true, context.Canceled)", r.ready, r.err)
+	if !r.ready || !errors.Is(r.err, session.ErrDrained) {
+		t.Errorf("Connect = (%v, %v), want (true, ErrDrained)", r.ready, r.err)
 	}
 	if ex := f.exec(0); ex.closes.Load() != 1 {
 		t.Errorf("executor closed %d times, want 1", ex.closes.Load())
@@ -660,4 +663,59 @@ func TestMustDeliverOverflow(t *testing.T) {
 	if !r.ready || !(errors.Is(r.err, session.ErrSendQueueFull) || errors.Is(r.err, session.ErrWrite)) {
 		t.Errorf("Connect = (%v, %v), want (true, ErrSendQueueFull or ErrWrite)", r.ready, r.err)
 	}
+}
+
+// Issue 15 (S4, E3): a local shutdown of a ready session drains it: the
+// Edge gets NodeDrainingNotice at once, the session keeps serving (pongs,
+// terminals) while the work in flight finishes, or — past the drain timeout
+// — the work is cancelled and still ends with its terminal; then Connect
+// returns ErrDrained, after every terminal went out.
+func TestDrain(t *testing.T) {
+	t.Run("work finishes within the drain", func(t *testing.T) {
+		leakcheck.Check(t)
+		s := startReady(t, payload("r1"), nil)
+		s.c.send(runReq("run-1", tHold))
+		recvOn(t, s.f.started, "run start")
+		if ev := s.c.recv().GetRunEvent(); ev.GetType() != iop.RunEventType_RUN_EVENT_START {
+			t.Fatalf("got %v, want START", ev)
+		}
+		s.cancel()
+		if env := s.c.recv(); env.GetDrainingNotice().GetDrainTimeoutMs() != session.DefaultDrainTimeout.Milliseconds() {
+			t.Fatalf("got %v, want NodeDrainingNotice{30000}", env)
+		}
+		s.c.alive(7) // still serving
+		select {
+		case r := <-s.res:
+			t.Fatalf("session ended with work in flight: %v", r.err)
+		default:
+		}
+		s.f.releaseAll()
+		if ev := s.c.recv().GetRunEvent(); ev.GetType() != iop.RunEventType_RUN_EVENT_COMPLETE {
+			t.Fatalf("got %v, want the run's COMPLETE", ev)
+		}
+		if r := waitResult(t, s.res); !r.ready || !errors.Is(r.err, session.ErrDrained) {
+			t.Errorf("Connect = (%v, %v), want (true, ErrDrained)", r.ready, r.err)
+		}
+	})
+	t.Run("drain timeout cancels what is left", func(t *testing.T) {
+		leakcheck.Check(t)
+		s := startReady(t, payload("r1"), func(o *session.Options) { o.DrainTimeout = 50 * time.Millisecond })
+		s.f.releaseAll() // block runs end once cancelled
+		s.c.send(runReq("run-1", tBlock))
+		recvOn(t, s.f.started, "run start")
+		s.c.recv() // START
+		s.cancel()
+		if env := s.c.recv(); env.GetDrainingNotice() == nil {
+			t.Fatalf("got %v, want NodeDrainingNotice", env)
+		}
+		if got := recvOn(t, s.f.cancelled, "run cancel"); got != "run-1" {
+			t.Fatalf("cancelled %q, want run-1", got)
+		}
+		if ev := s.c.recv().GetRunEvent(); ev.GetType() != iop.RunEventType_RUN_EVENT_CANCELLED {
+			t.Fatalf("got %v, want the run's CANCELLED terminal before the close", ev)
+		}
+		if r := waitResult(t, s.res); !errors.Is(r.err, session.ErrDrained) {
+			t.Errorf("Connect = %v, want ErrDrained", r.err)
+		}
+	})
 }
