@@ -315,6 +315,10 @@ type nodeOpts struct {
 	maxAttempts int
 	client      *http.Client // upstream client; nil = a fresh one closed at cleanup
 	log         *slog.Logger
+	// drainMs is the node's shutdown.drain_timeout_ms; 0 = its default.
+	// A test that "kills" a node mid-stream sets 1: stop then cancels the
+	// work at once.
+	drainMs int
 }
 
 // startReady starts an edge for cfg and node gpu-1 against it, and waits
@@ -347,6 +351,9 @@ func startNodeNoCleanup(t testing.TB, p pkiDir, id, edgeAddr string, o nodeOpts)
 		interval = *o.intervalSec
 	}
 	cfg, err := nodeConfigFor(p, id, edgeAddr, interval, o.maxAttempts)
+	if err == nil && o.drainMs > 0 {
+		cfg.Shutdown.DrainTimeoutMs = int64(o.drainMs)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -77,7 +77,7 @@ func newLiveStack(t *testing.T, tweak func(*config.Config)) *liveStack {
 // session ends (interval 0, finite attempts).
 func (s *liveStack) startNode(t *testing.T) *nodeProc {
 	zero := 0
-	return startNode(t, s.p, "gpu-1", s.rl.addr(), nodeOpts{intervalSec: &zero, maxAttempts: 1000, log: s.logs.logger("node")})
+	return startNode(t, s.p, "gpu-1", s.rl.addr(), nodeOpts{intervalSec: &zero, maxAttempts: 1000, log: s.logs.logger("node"), drainMs: 1})
 }
 
 // waitDisconnected waits until /status shows gpu-1 disconnected.

@@ -325,9 +325,11 @@ type nodeEvent struct {
 	at     time.Time
 }
 
-// subscribeEvents reads GET /events into a recorder until cleanup. The
-// subscription is live when it returns (the Edge subscribes before it
-// writes the response header).
+// subscribeEvents reads GET /events into a recorder until cleanup, keeping
+// the node lifecycle pair only (node.connected, node.disconnected; SPEC N4):
+// node.draining and provider events are left out. The subscription is live
+// when it returns (the Edge subscribes before it writes the response
+// header).
 func (a *adminClient) subscribeEvents(t testing.TB) *recorder[nodeEvent] {
 	t.Helper()
 	rec := newRecorder[nodeEvent]()
@@ -354,7 +356,7 @@ func (a *adminClient) subscribeEvents(t testing.TB) *recorder[nodeEvent] {
 				continue
 			}
 			var ev nodeEvent
-			if json.Unmarshal([]byte(data), &ev) == nil {
+			if json.Unmarshal([]byte(data), &ev) == nil && (ev.Type == "node.connected" || ev.Type == "node.disconnected") {
 				ev.at = time.Now()
 				rec.add(ev)
 			}

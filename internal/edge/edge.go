@@ -126,7 +126,7 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 			OnDraining: func(node string, gen uint64) { p.NodeDraining(node, gen) },
 		},
 	})
-	ht = health.New(health.Options{Overlay: p, Commander: tr, Logger: log.With("component", "health"),
+	ht = health.New(health.Options{Overlay: overlayEvents{p, bus}, Commander: tr, Logger: log.With("component", "health"),
 		ProbeInterval: o.HealthProbeInterval})
 	metrics, recent := access.NewMetrics(), access.NewRecent(0)
 	h := api.New(api.Options{Config: current, Pool: p, Dispatcher: tr, Health: ht, Logger: log.With("component", "api"),
@@ -138,7 +138,7 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	for _, m := range ht.Metrics() {
 		counters = append(counters, admin.Counter{Name: m.Name, Help: m.Help, Type: "counter", Samples: m.Samples})
 	}
-	adm := admin.New(admin.Options{Status: p, Routing: p, Events: bus, Metrics: counters, Collectors: []admin.Collector{metrics},
+	adm := admin.New(admin.Options{Status: p, Routing: p, Groups: p, Events: bus, Metrics: counters, Collectors: []admin.Collector{metrics},
 		Recent: recent, Pprof: cfg.Admin.Pprof, Version: o.Version})
 
 	listen := func(given net.Listener, addr string) (net.Listener, error) {
@@ -234,6 +234,32 @@ loop:
 	wg.Wait()
 	log.Info("edge stopped")
 	return runErr
+}
+
+// overlayEvents is the pool's overlay as the health tracker sees it, with
+// each applied change published on the droppable fan-out (SPEC N4, L10:
+// published after the pool changed, never waited for).
+type overlayEvents struct {
+	p   *pool.Pool
+	bus *events.Bus
+}
+
+func (o overlayEvents) SetOverlay(k pool.Key, gen, seq uint64) bool {
+	ok := o.p.SetOverlay(k, gen, seq)
+	if ok {
+		o.bus.Publish(events.Event{Type: events.TypeProviderUnavailable, Node: k.Node, Provider: k.Provider, Time: time.Now(),
+			Reason: "runtime-unavailable overlay (stall evidence)"})
+	}
+	return ok
+}
+
+func (o overlayEvents) ClearOverlay(k pool.Key, gen, seq uint64) bool {
+	ok := o.p.ClearOverlay(k, gen, seq)
+	if ok {
+		o.bus.Publish(events.Event{Type: events.TypeProviderAvailable, Node: k.Node, Provider: k.Provider, Time: time.Now(),
+			Reason: "recovery probe answered available"})
+	}
+	return ok
 }
 
 // drainHTTP is the graceful drain (SIGTERM): new requests get 503 with

@@ -99,6 +99,9 @@ type RequestEnd struct {
 	Tokens     int       // content chunks written or generated
 	Start, End time.Time // by Options.Now
 	Err        error     // wraps ErrBadRequest, ErrUnknownModel, ErrBadFault or ErrHijack, else nil
+	// RequestID is the request's X-Request-Id header ("" when absent): the
+	// tests check the node passes the Edge's request id upstream.
+	RequestID string
 }
 
 // Stats are the request counters of /_demo/stats.
@@ -363,7 +366,7 @@ func (b *Backend) finish(c *call) {
 	end := RequestEnd{
 		Seq: c.seq, Method: c.r.Method, Path: c.r.URL.Path, Model: c.echo, Fault: c.fault.suffix,
 		Stream: c.stream, Status: c.status, Outcome: c.outcome, Tokens: c.emitted,
-		Start: c.start, End: b.now(), Err: c.err,
+		Start: c.start, End: b.now(), Err: c.err, RequestID: c.r.Header.Get("X-Request-Id"),
 	}
 	b.active.Add(-1)
 	b.ended.Add(1)
@@ -381,6 +384,9 @@ func (b *Backend) finish(c *call) {
 		}
 		if end.Fault != "" {
 			attrs = append(attrs, slog.String("fault", end.Fault))
+		}
+		if end.RequestID != "" {
+			attrs = append(attrs, slog.String("request_id", end.RequestID))
 		}
 		if end.Err != nil {
 			attrs = append(attrs, slog.String("error", end.Err.Error()))

@@ -1,9 +1,13 @@
 // Package admin serves the Edge's operator surface on admin_listen:
 //
-//	GET /status   JSON: configured nodes and their ProviderSnapshots (SPEC N3),
-//	              model groups with their routing mode and hit ratio (issue 16)
+//	GET /         the operator page: one self-contained HTML page (no
+//	              external assets) whose script polls /status and follows
+//	              /events
+//	GET /status   JSON: configured nodes and their ProviderSnapshots (SPEC
+//	              N3), model groups with their waiters and routing mode and
+//	              hit ratio (issue 16), the last errors
 //	GET /metrics  Prometheus text exposition format 0.0.4
-//	GET /events   SSE of node.connected / node.disconnected events (SPEC N4)
+//	GET /events   SSE of node and provider events (SPEC N4)
 //	/debug/pprof/ net/http/pprof, only when Options.Pprof is set
 //
 // It reads state through small interfaces and never changes it. It never
@@ -64,12 +68,19 @@ type RecentSource interface {
 	List() []access.RecentError
 }
 
+// GroupSource gives the model groups' queues (the pool).
+type GroupSource interface {
+	Groups() []pool.GroupSnapshot
+}
+
 // Options configures the admin handler.
 type Options struct {
 	Status StatusSource
-	// Routing, when set, adds "models" to /status and
-	// iop_edge_routing_decisions_total to /metrics.
-	Routing    RoutingSource
+	// Routing, when set, adds the routing fields to "models" in /status
+	// and iop_edge_routing_decisions_total to /metrics.
+	Routing RoutingSource
+	// Groups, when set, adds the queue fields to "models" in /status.
+	Groups     GroupSource
 	Events     EventSource
 	Metrics    []Counter
 	Collectors []Collector
@@ -82,7 +93,9 @@ type Options struct {
 // New returns the admin http.Handler.
 func New(o Options) http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) { serveStatus(w, o.Status, o.Routing) })
+	page := pageTemplate()
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) { servePage(w, page, o.Version) })
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) { serveStatus(w, o) })
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) { serveMetrics(w, o) })
 	mux.HandleFunc("GET /events", func(w http.ResponseWriter, r *http.Request) { serveEvents(w, r, o.Events) })
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
@@ -98,22 +111,28 @@ func New(o Options) http.Handler {
 
 var providerJSON = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}
 
-// serveStatus writes {"nodes":[{"id","connected","ready_since","providers":[…]}]}
-// and, with a routing source, "models":[{"name","routing","decisions":
-// {"prefix_hit","hash","fallback"},"hit_ratio"}] (issue 16; hit_ratio is
-// prefix_hit over all decisions, 0 without any). ready_since is RFC 3339
-// and present only while connected.
-func serveStatus(w http.ResponseWriter, src StatusSource, rs RoutingSource) {
+// serveStatus writes {"nodes":[{"id","connected","generation","draining",
+// "ready_since","providers":[…]}],"models":[…],"recent_errors":[…]}.
+// ready_since (RFC 3339) and generation are present only while connected,
+// draining only while true. "models" lists the model groups when a group or
+// routing source is set: {"name","waiters","long_waiters","candidates",
+// "live"} from Groups and {"routing","decisions":{"prefix_hit","hash",
+// "fallback"},"hit_ratio"} from Routing (issue 16; hit_ratio is prefix_hit
+// over all decisions, 0 without any). recent_errors only with Recent.
+func serveStatus(w http.ResponseWriter, o Options) {
 	var buf bytes.Buffer
 	buf.WriteString(`{"nodes":[`)
-	for i, n := range src.Snapshot() {
+	for i, n := range o.Status.Snapshot() {
 		if i > 0 {
 			buf.WriteByte(',')
 		}
 		id, _ := json.Marshal(n.Node)
 		fmt.Fprintf(&buf, `{"id":%s,"connected":%t`, id, n.Connected)
 		if n.Connected {
-			fmt.Fprintf(&buf, `,"ready_since":%q`, n.ReadySince.UTC().Format(time.RFC3339))
+			fmt.Fprintf(&buf, `,"generation":%d,"ready_since":%q`, n.Generation, n.ReadySince.UTC().Format(time.RFC3339))
+			if n.Draining {
+				buf.WriteString(`,"draining":true`)
+			}
 		}
 		buf.WriteString(`,"providers":[`)
 		for j, p := range n.Providers {
@@ -130,20 +149,17 @@ func serveStatus(w http.ResponseWriter, src StatusSource, rs RoutingSource) {
 		buf.WriteString(`]}`)
 	}
 	buf.WriteByte(']')
-	if rs != nil {
-		buf.WriteString(`,"models":[`)
-		for i, g := range rs.Routing() {
-			if i > 0 {
-				buf.WriteByte(',')
-			}
-			name, _ := json.Marshal(g.Model)
-			fmt.Fprintf(&buf, `{"name":%s,"routing":%q,"decisions":{"prefix_hit":%d,"hash":%d,"fallback":%d},"hit_ratio":%s}`,
-				name, g.Mode, g.PrefixHit, g.Hash, g.Fallback, strconv.FormatFloat(g.HitRatio(), 'g', 4, 64))
-		}
-		buf.WriteByte(']')
+	if o.Groups != nil || o.Routing != nil {
+		writeModels(&buf, o.Groups, o.Routing)
+	}
+	if o.Recent != nil {
+		b, _ := json.Marshal(o.Recent.List())
+		buf.WriteString(`,"recent_errors":`)
+		buf.Write(b)
 	}
 	buf.WriteString("}\n")
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
 	w.Write(buf.Bytes())
 }
 
@@ -153,6 +169,51 @@ func compactJSON(b []byte) []byte {
 		return b
 	}
 	return out.Bytes()
+}
+
+// writeModels appends ,"models":[…] (see serveStatus): groups in config
+// order, then any routed model the group source does not list.
+func writeModels(buf *bytes.Buffer, gs GroupSource, rs RoutingSource) {
+	var groups []pool.GroupSnapshot
+	if gs != nil {
+		groups = gs.Groups()
+	}
+	routes := map[string]pool.GroupRouting{}
+	var order []string
+	if rs != nil {
+		for _, g := range rs.Routing() {
+			routes[g.Model] = g
+			order = append(order, g.Model)
+		}
+	}
+	buf.WriteString(`,"models":[`)
+	n := 0
+	one := func(name string, g *pool.GroupSnapshot) {
+		if n > 0 {
+			buf.WriteByte(',')
+		}
+		n++
+		nb, _ := json.Marshal(name)
+		fmt.Fprintf(buf, `{"name":%s`, nb)
+		if g != nil {
+			fmt.Fprintf(buf, `,"waiters":%d,"long_waiters":%d,"candidates":%d,"live":%d`, g.Waiters, g.LongWaiters, g.Candidates, g.Live)
+		}
+		if r, ok := routes[name]; ok {
+			fmt.Fprintf(buf, `,"routing":%q,"decisions":{"prefix_hit":%d,"hash":%d,"fallback":%d},"hit_ratio":%s`,
+				r.Mode, r.PrefixHit, r.Hash, r.Fallback, strconv.FormatFloat(r.HitRatio(), 'g', 4, 64))
+			delete(routes, name)
+		}
+		buf.WriteByte('}')
+	}
+	for i := range groups {
+		one(groups[i].Name, &groups[i])
+	}
+	for _, name := range order {
+		if _, ok := routes[name]; ok {
+			one(name, nil)
+		}
+	}
+	buf.WriteByte(']')
 }
 
 func serveMetrics(w http.ResponseWriter, o Options) {
@@ -268,11 +329,12 @@ func serveEvents(w http.ResponseWriter, r *http.Request, src EventSource) {
 				return
 			}
 			b, _ := json.Marshal(struct {
-				Type   string `json:"type"`
-				Node   string `json:"node"`
-				Time   string `json:"time"`
-				Reason string `json:"reason,omitempty"`
-			}{ev.Type, ev.Node, ev.Time.UTC().Format(time.RFC3339Nano), ev.Reason})
+				Type     string `json:"type"`
+				Node     string `json:"node"`
+				Provider string `json:"provider,omitempty"`
+				Time     string `json:"time"`
+				Reason   string `json:"reason,omitempty"`
+			}{ev.Type, ev.Node, ev.Provider, ev.Time.UTC().Format(time.RFC3339Nano), ev.Reason})
 			if _, err := fmt.Fprintf(w, "event: %s\ndata: %s\n\n", ev.Type, b); err != nil {
 				return
 			}

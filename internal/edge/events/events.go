@@ -1,6 +1,9 @@
 // Package events is the Edge's bounded, droppable fan-out of node lifecycle
 // events: node.connected on a node's first ready transition and
-// node.disconnected when its ready generation is fenced (SPEC N4, L5, L8).
+// node.disconnected when its ready generation is fenced (SPEC N4, L5, L8),
+// node.draining when a node shuts down gracefully, and provider health
+// changes (provider.unavailable when the runtime-unavailable overlay is set,
+// provider.available when a recovery probe clears it; SPEC H8–H10).
 //
 // It owns delivery only. Publish never blocks: a subscriber whose buffer is
 // full loses the event and the loss is counted. Nothing in the Edge may wait
@@ -23,6 +26,12 @@ const (
 	// TypeDraining: a ready node said it is shutting down (SIGTERM); it
 	// gets no new work and its disconnection follows.
 	TypeDraining = "node.draining"
+	// TypeProviderUnavailable: a provider got the runtime-unavailable
+	// overlay (SPEC H8): excluded from candidates.
+	TypeProviderUnavailable = "provider.unavailable"
+	// TypeProviderAvailable: a recovery probe cleared the overlay (SPEC
+	// H10).
+	TypeProviderAvailable = "provider.available"
 )
 
 // Event is one node lifecycle event.
@@ -31,6 +40,9 @@ type Event struct {
 	Type string `json:"type"`
 	// Node is the node id.
 	Node string `json:"node"`
+	// Provider is the provider id (adapter instance name) of a provider.*
+	// event; empty for node events.
+	Provider string `json:"provider,omitempty"`
 	// Time is when the Edge made the transition.
 	Time time.Time `json:"time"`
 	// Reason says why a node disconnected, e.g. "heartbeat timeout";

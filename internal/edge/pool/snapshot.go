@@ -118,3 +118,50 @@ func (s *state) snapshot() []NodeSnapshot {
 	}
 	return out
 }
+
+// GroupSnapshot is one configured model group's queue (operator page).
+// Waiters counts the requests waiting for a lease, LongWaiters those of
+// them that are long (SPEC Q7); Live counts the group's candidates that
+// could take a request now or once one of theirs is released (SPEC Q3).
+type GroupSnapshot struct {
+	Name        string `json:"name"`
+	Waiters     int    `json:"waiters"`
+	LongWaiters int    `json:"long_waiters"`
+	Candidates  int    `json:"candidates"`
+	Live        int    `json:"live"`
+}
+
+// Groups returns every configured model group in config order with its
+// waiters and candidates; the caller owns the result.
+func (p *Pool) Groups() []GroupSnapshot {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.s.groupSnapshots()
+}
+
+func (s *state) groupSnapshots() []GroupSnapshot {
+	out := make([]GroupSnapshot, 0, len(s.groupList))
+	for _, g := range s.groupList {
+		gs := GroupSnapshot{Name: g.name}
+		seen := map[*resource]bool{}
+		for _, c := range g.classes {
+			gs.Waiters += c.q.n
+			if c.long {
+				gs.LongWaiters += c.q.n
+			}
+			for i := range c.cands {
+				r := c.cands[i].res
+				if seen[r] {
+					continue
+				}
+				seen[r] = true
+				gs.Candidates++
+				if r.live() {
+					gs.Live++
+				}
+			}
+		}
+		out = append(out, gs)
+	}
+	return out
+}

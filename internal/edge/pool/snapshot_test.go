@@ -123,6 +123,31 @@ func TestSnapshot(t *testing.T) {
 	}
 }
 
+// Q4 Q8 (operator page): a group's waiters (long ones apart) and its live
+// candidates, in config order.
+func TestGroupsSnapshot(t *testing.T) {
+	h := newHarness(t, baseConfig())
+	h.ready("gpu-2", 1, true)
+	for _, n := range []string{"a", "b"} {
+		h.acq(n, chat("big", 0)) // fills llama
+	}
+	h.acq("w", chat("tiny", 0))
+	h.acq("L", chat("big", 300))
+	got := h.s.groupSnapshots()
+	want := []GroupSnapshot{
+		{Name: "tiny", Waiters: 1, Candidates: 2, Live: 1},
+		{Name: "big", Waiters: 1, LongWaiters: 1, Candidates: 1, Live: 1},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("groups %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("group %d = %+v, want %+v", i, got[i], want[i])
+		}
+	}
+}
+
 // Q7: the documented estimate is ceil(bytes/4).
 func TestEstimatePromptTokens(t *testing.T) {
 	for _, c := range []struct{ bytes, want int }{{-5, 0}, {0, 0}, {1, 1}, {4, 1}, {5, 2}, {400, 100}, {401, 101}} {
