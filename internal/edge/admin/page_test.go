@@ -89,7 +89,7 @@ func TestStatusOperatorFields(t *testing.T) {
 			Generation *uint64 `json:"generation"`
 			Draining   *bool   `json:"draining"`
 		} `json:"nodes"`
-		Models []pool.GroupSnapshot  `json:"models"`
+		Models []pool.GroupSnapshot `json:"models"`
 		Recent []access.RecentError `json:"recent_errors"`
 	}
 	if err := json.Unmarshal([]byte(body), &got); err != nil {

@@ -105,7 +105,7 @@ func newHarness(t testing.TB, ho harnessOpts) *harness {
 		Logger: slog.New(slog.NewTextHandler(testWriter{t, h.logs}, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Events: h.bus,
 		Hooks: Hooks{
-			OnReady: func(n string, g uint64) { h.hooks <- hookCall{"ready", n, g} },
+			OnReady:    func(n string, g uint64) { h.hooks <- hookCall{"ready", n, g} },
 			OnFence:    func(n string, g uint64) { h.hooks <- hookCall{"fence", n, g} },
 			OnDraining: func(n string, g uint64) { h.hooks <- hookCall{"draining", n, g} },
 		},
