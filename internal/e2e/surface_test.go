@@ -174,6 +174,8 @@ type statusDoc struct {
 type nodeStatus struct {
 	ID         string           `json:"id"`
 	Connected  bool             `json:"connected"`
+	Draining   bool             `json:"draining"`
+	Generation uint64           `json:"generation"`
 	ReadySince string           `json:"ready_since"`
 	Providers  []providerStatus `json:"providers"`
 }
