@@ -6,11 +6,28 @@
 # (or uses the real server named by IOP_OLLAMA_URL / IOP_OPENAI_URL, see
 # scripts/demo.sh), the edge and a node as processes on free loopback ports,
 # drives them with the SDKs, kills and restarts them, and stops everything it
-# started. Extra arguments go to `go test` (e.g. -run TestSDK).
+# started. The operator page is checked in a real headless browser:
+# Debian's chromium, installed here when missing (IOP_CHROMIUM names another
+# binary); its screenshot lands in .run/operator-page.png. Extra arguments
+# go to `go test` (e.g. -run TestSDK).
 # Sourced by run.sh.
+
+ensure_chromium() {
+  if [ -n "${IOP_CHROMIUM:-}" ] || command -v chromium >/dev/null 2>&1; then return 0; fi
+  log "installing chromium (Debian) for the operator page test"
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo=sudo
+  if ! { $sudo apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null; }; then
+    log "FAIL: could not install chromium (apt-get install chromium); set IOP_CHROMIUM to a Chromium binary"
+    return 1
+  fi
+}
 
 e2e_main() {
   cmd_build
+  ensure_chromium
+  mkdir -p "$ROOT/.run"
   log "e2e: official SDK clients against bin/edge + bin/node (internal/e2e/sdk)"
-  (cd "$ROOT/internal/e2e/sdk" && IOP_E2E=1 IOP_BIN="$ROOT/bin" go test -count=1 -v -timeout 10m "$@" ./...)
+  (cd "$ROOT/internal/e2e/sdk" && IOP_E2E=1 IOP_BIN="$ROOT/bin" IOP_RUN_DIR="$ROOT/.run" \
+    IOP_CHROMIUM="${IOP_CHROMIUM:-$(command -v chromium)}" go test -count=1 -v -timeout 10m "$@" ./...)
 }

@@ -118,10 +118,18 @@ type stackOptions struct {
 	// uses the slot, the node gets its lease keys, and the demo backend
 	// requires the key on its /v1 routes (-api-key-file).
 	credentials bool
+	// configs edit the edge and node configs before they are written.
+	configs []func(edgeCfg, nodeCfg map[string]any)
 }
 
 // withCredentials is the stack option that turns the credential plane on.
 func withCredentials(o *stackOptions) { o.credentials = true }
+
+// withConfig is the stack option that edits the configs (say, a shutdown
+// key) before they are written.
+func withConfig(f func(edgeCfg, nodeCfg map[string]any)) func(*stackOptions) {
+	return func(o *stackOptions) { o.configs = append(o.configs, f) }
+}
 
 // newStack mints PKI, writes configs, starts the demo backend (unless a real
 // server is configured), the edge and the node, and waits until /status
@@ -171,6 +179,9 @@ func newStack(t *testing.T, opts ...func(*stackOptions)) *stack {
 	ec, nc := edgeConfig(s.httpAddr, s.adminAddr, s.nodeAddr, ollamaURL, openaiURL, profile, env), nodeConfig(s.nodeAddr)
 	if o.credentials {
 		s.planeOn(ec, nc)
+	}
+	for _, f := range o.configs {
+		f(ec, nc)
 	}
 	writeJSON(t, s.edgeConfig, ec)
 	writeJSON(t, s.nodeConf, nc)
