@@ -143,3 +143,19 @@ func TestProviderEvent(t *testing.T) {
 		t.Errorf("event: %q", got)
 	}
 }
+
+// Issue 15, 16: "models" joins each group's queue and its routing, in the
+// groups' config order; a routed model the group source lacks still shows.
+func TestStatusModelsMerged(t *testing.T) {
+	srv := httptest.NewServer(New(Options{Status: status(),
+		Groups:  fakeGroups{{Name: "tiny", Waiters: 1, Candidates: 2, Live: 2}, {Name: "big", Candidates: 1}},
+		Routing: fakeRouting{{Model: "big", Mode: "prefix_affinity", PrefixHit: 3, Hash: 1}, {Model: "ghost", Mode: "ordered"}}}))
+	defer srv.Close()
+	_, body := get(t, srv.URL+"/status")
+	want := `"models":[{"name":"tiny","waiters":1,"long_waiters":0,"candidates":2,"live":2},` +
+		`{"name":"big","waiters":0,"long_waiters":0,"candidates":1,"live":0,"routing":"prefix_affinity","decisions":{"prefix_hit":3,"hash":1,"fallback":0},"hit_ratio":0.75},` +
+		`{"name":"ghost","routing":"ordered","decisions":{"prefix_hit":0,"hash":0,"fallback":0},"hit_ratio":0}]`
+	if !strings.Contains(body, want) {
+		t.Errorf("status models:\n%s\nwant %s", body, want)
+	}
+}
