@@ -9,21 +9,25 @@ import (
 	"testing"
 
 	"iop/internal/edge/limit"
+	"iop/internal/edge/routing"
 )
 
 // FuzzParseHead: a client body of any endpoint never panics parseHead, and
 // whatever it accepts encoding/json reads the same way: a JSON object whose
 // "model" is that non-empty string, "stream" that boolean, and the
 // endpoint's required field an array (issue 12: every request body of each
-// surface is fuzzed).
+// surface is fuzzed). The routing prefix scan of an accepted body never
+// panics and stays within maxPrefixBoundaries.
 func FuzzParseHead(f *testing.F) {
 	for _, s := range []string{chatBody, `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[]}`,
 		`{"model":"m","input":"hi"}`, `{"model":"m","messages":{}}`, `{"model":"","messages":[]}`, `{"stream":null,"model":"x"}`,
-		`{"model":"a","model":"b","messages":[1]}`, "{\"model\":\"\\ud800\",\"messages\":[]}", `[{"model":"m"}]`, `{`} {
+		`{"model":"a","model":"b","messages":[1]}`, `{"model":"m","system":"s","messages":[{"role":"system","content":"x"},{"role":"user"},2]}`,
+		`{"model":"m","instructions":"i","input":[{"role":"developer"},"x"],"tools":[]}`, `{"model":"m","input":"hi","previous_response_id":"r"}`, "{\"model\":\"\\ud800\",\"messages\":[]}", `[{"model":"m"}]`, `{`} {
 		for ep := range 6 {
 			f.Add([]byte(s), uint8(ep))
 		}
 	}
+	hasher := routing.NewHasher()
 	eps := [...]*endpoint{&epChat, &epResponses, &epMessages, &epCountTokens, &epCompletions, &epEmbeddings}
 	f.Fuzz(func(t *testing.T, body []byte, which uint8) {
 		ep := eps[int(which)%len(eps)]
@@ -59,6 +63,11 @@ func FuzzParseHead(f *testing.F) {
 			if sp.start < 0 || sp.end > len(body) || !sp.ok() {
 				t.Fatalf("model span %v outside the body of %d bytes", sp, len(body))
 			}
+		}
+		// The conversation prefix of prefix-affinity routing scans the same
+		// body (issue 16): it must stay within its bound.
+		if keys := prefixOf(hasher, body, ep, hd.model, nil); len(keys) > maxPrefixBoundaries {
+			t.Fatalf("%d prefix boundaries, over %d", len(keys), maxPrefixBoundaries)
 		}
 	})
 }
