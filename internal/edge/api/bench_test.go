@@ -69,7 +69,11 @@ func benchHandler(typ string, envs []*iop.Envelope) *Handler {
 }
 
 func runHandler(b *testing.B, h *Handler, body []byte) {
-	req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
+	runHandlerPath(b, h, "/v1/chat/completions", body)
+}
+
+func runHandlerPath(b *testing.B, h *Handler, path string, body []byte) {
+	req := httptest.NewRequest("POST", path, nil)
 	req.Header.Set("Authorization", "Bearer sk-bench")
 	req.Header.Set("Content-Type", "application/json")
 	rd := bytes.NewReader(body)
@@ -108,4 +112,25 @@ func BenchmarkRunStream100(b *testing.B) {
 	envs = append(envs, &iop.Envelope{Kind: &iop.Envelope_RunEvent{RunEvent: evComplete(102, "", "stop", usage(5, 100), nil)}})
 	body := []byte(`{"model":"tiny","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`)
 	runHandler(b, benchHandler(config.TypeOllama, envs), body)
+}
+
+// BenchmarkRunStreamSurface100: the 100-delta streamed run of
+// BenchmarkRunStream100 through each run-path surface (issue 14): chat
+// completions, Anthropic Messages, Responses; surface only (request
+// conversion, event encoding, writes), node transport excluded.
+func BenchmarkRunStreamSurface100(b *testing.B) {
+	envs := []*iop.Envelope{{Kind: &iop.Envelope_RunEvent{RunEvent: evStart()}}}
+	for i := range 100 {
+		envs = append(envs, &iop.Envelope{Kind: &iop.Envelope_RunEvent{RunEvent: evDelta(uint64(i+2), " token")}})
+	}
+	envs = append(envs, &iop.Envelope{Kind: &iop.Envelope_RunEvent{RunEvent: evComplete(102, "", "stop", usage(5, 100), nil)}})
+	for _, s := range []struct{ name, path, body string }{
+		{"chat", "/v1/chat/completions", `{"model":"tiny","stream":true,"messages":[{"role":"user","content":"hi"}]}`},
+		{"messages", "/v1/messages", `{"model":"tiny","stream":true,"max_tokens":200,"messages":[{"role":"user","content":"hi"}]}`},
+		{"responses", "/v1/responses", `{"model":"tiny","stream":true,"input":"hi"}`},
+	} {
+		b.Run(s.name, func(b *testing.B) {
+			runHandlerPath(b, benchHandler(config.TypeOllama, envs), s.path, []byte(s.body))
+		})
+	}
 }

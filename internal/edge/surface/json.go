@@ -72,3 +72,38 @@ func AppendNullable(dst []byte, s string) []byte {
 func Present(raw json.RawMessage) bool {
 	return len(raw) > 0 && !bytes.Equal(raw, []byte("null"))
 }
+
+// Skip is a request member the parser reads nothing from (the HTTP layer
+// already read it, e.g. "model", "stream"); decoding it allocates nothing.
+type Skip struct{}
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (*Skip) UnmarshalJSON([]byte) error { return nil }
+
+// Seen records whether a member was given with a value other than null,
+// for members whose presence alone decides (refused or advisory ones);
+// decoding it allocates nothing.
+type Seen bool
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (s *Seen) UnmarshalJSON(b []byte) error {
+	*s = Seen(!bytes.Equal(b, []byte("null")))
+	return nil
+}
+
+// StringValue decodes a JSON string value; ok is false when raw is not a
+// string. A string without escapes costs one allocation (the result).
+func StringValue(raw []byte) (string, bool) {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return "", false
+	}
+	in := raw[1 : len(raw)-1]
+	if bytes.IndexByte(in, '\\') < 0 && utf8.Valid(in) {
+		return string(in), true
+	}
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		return "", false
+	}
+	return s, true
+}

@@ -14,23 +14,23 @@ import (
 // so that none is dropped unseen; Fields says what happens to each. A
 // member not listed here is a 400 naming it, as Anthropic answers.
 type request struct {
-	Model             json.RawMessage `json:"model"`
+	Model             surface.Skip    `json:"model"`
 	Messages          []message       `json:"messages"`
 	MaxTokens         *int64          `json:"max_tokens"`
 	System            json.RawMessage `json:"system"`
 	StopSequences     []string        `json:"stop_sequences"`
-	Stream            json.RawMessage `json:"stream"`
+	Stream            surface.Seen    `json:"stream"`
 	Temperature       *float64        `json:"temperature"`
 	TopP              *float64        `json:"top_p"`
 	TopK              *int64          `json:"top_k"`
 	Tools             []tool          `json:"tools"`
 	ToolChoice        *toolChoice     `json:"tool_choice"`
-	Metadata          json.RawMessage `json:"metadata"`
+	Metadata          surface.Seen    `json:"metadata"`
 	Thinking          json.RawMessage `json:"thinking"`
-	ServiceTier       json.RawMessage `json:"service_tier"`
-	Container         json.RawMessage `json:"container"`
-	MCPServers        json.RawMessage `json:"mcp_servers"`
-	ContextManagement json.RawMessage `json:"context_management"`
+	ServiceTier       surface.Seen    `json:"service_tier"`
+	Container         surface.Seen    `json:"container"`
+	MCPServers        surface.Seen    `json:"mcp_servers"`
+	ContextManagement surface.Seen    `json:"context_management"`
 }
 
 type message struct {
@@ -122,7 +122,7 @@ type Params struct {
 func Input(body []byte, count bool) (*iop.RunInput, Params, *surface.Error) {
 	var req request
 	var p Params
-	if e := surface.Decode(body, &req); e != nil {
+	if e := surface.DecodeRequest(body, &req, Fields); e != nil {
 		return nil, p, e
 	}
 	if e := refuse(&req, count); e != nil {
@@ -200,9 +200,9 @@ func refuse(r *request, count bool) *surface.Error {
 	}
 	for _, f := range []struct {
 		name string
-		raw  json.RawMessage
+		set  surface.Seen
 	}{{"container", r.Container}, {"mcp_servers", r.MCPServers}, {"context_management", r.ContextManagement}} {
-		if surface.Present(f.raw) {
+		if f.set {
 			return surface.BadRequest(f.name, "field %q is not supported by this model's provider", f.name)
 		}
 	}
@@ -212,9 +212,9 @@ func refuse(r *request, count bool) *surface.Error {
 	for _, f := range []struct {
 		name string
 		set  bool
-	}{{"max_tokens", r.MaxTokens != nil}, {"stop_sequences", r.StopSequences != nil}, {"stream", surface.Present(r.Stream)},
+	}{{"max_tokens", r.MaxTokens != nil}, {"stop_sequences", r.StopSequences != nil}, {"stream", bool(r.Stream)},
 		{"temperature", r.Temperature != nil}, {"top_p", r.TopP != nil}, {"top_k", r.TopK != nil},
-		{"metadata", surface.Present(r.Metadata)}, {"service_tier", surface.Present(r.ServiceTier)}} {
+		{"metadata", bool(r.Metadata)}, {"service_tier", bool(r.ServiceTier)}} {
 		if f.set {
 			return surface.BadRequest(f.name, "field %q is not a field of count_tokens", f.name)
 		}
@@ -229,8 +229,7 @@ func systemText(raw json.RawMessage) (string, *surface.Error) {
 		return "", nil
 	}
 	if raw[0] == '"' {
-		var s string
-		_ = json.Unmarshal(raw, &s)
+		s, _ := surface.StringValue(raw)
 		return s, nil
 	}
 	var blocks []block
@@ -266,8 +265,7 @@ func convertMessage(i int, m *message) ([]*iop.ChatMessage, *surface.Error) {
 		return nil, surface.BadRequest("messages", "messages[%d].content is required", i)
 	}
 	if m.Content[0] == '"' {
-		var s string
-		_ = json.Unmarshal(m.Content, &s)
+		s, _ := surface.StringValue(m.Content)
 		return []*iop.ChatMessage{{Role: m.Role, Content: s}}, nil
 	}
 	if m.Content[0] != '[' {

@@ -14,31 +14,31 @@ import (
 // field, so that none is dropped unseen; ChatFields says what happens to
 // each. A member not listed here is a 400 naming it, as OpenAI answers.
 type chatRequest struct {
-	Model               json.RawMessage `json:"model"`
+	Model               surface.Skip    `json:"model"`
 	Messages            []chatMessage   `json:"messages"`
-	Stream              json.RawMessage `json:"stream"`
+	Stream              surface.Skip    `json:"stream"`
 	StreamOptions       *streamOptions  `json:"stream_options"`
-	Audio               json.RawMessage `json:"audio"`
+	Audio               surface.Seen    `json:"audio"`
 	FrequencyPenalty    *float64        `json:"frequency_penalty"`
-	FunctionCall        json.RawMessage `json:"function_call"`
-	Functions           json.RawMessage `json:"functions"`
-	LogitBias           json.RawMessage `json:"logit_bias"`
+	FunctionCall        surface.Seen    `json:"function_call"`
+	Functions           surface.Seen    `json:"functions"`
+	LogitBias           surface.Seen    `json:"logit_bias"`
 	Logprobs            *bool           `json:"logprobs"`
 	MaxCompletionTokens *int64          `json:"max_completion_tokens"`
 	MaxTokens           *int64          `json:"max_tokens"`
-	Metadata            json.RawMessage `json:"metadata"`
+	Metadata            surface.Seen    `json:"metadata"`
 	Modalities          []string        `json:"modalities"`
 	N                   *int64          `json:"n"`
 	ParallelToolCalls   *bool           `json:"parallel_tool_calls"`
-	Prediction          json.RawMessage `json:"prediction"`
+	Prediction          surface.Seen    `json:"prediction"`
 	PresencePenalty     *float64        `json:"presence_penalty"`
-	PromptCacheKey      json.RawMessage `json:"prompt_cache_key"`
-	PromptCacheRetain   json.RawMessage `json:"prompt_cache_retention"`
-	ReasoningEffort     json.RawMessage `json:"reasoning_effort"`
+	PromptCacheKey      surface.Seen    `json:"prompt_cache_key"`
+	PromptCacheRetain   surface.Seen    `json:"prompt_cache_retention"`
+	ReasoningEffort     surface.Seen    `json:"reasoning_effort"`
 	ResponseFormat      json.RawMessage `json:"response_format"`
-	SafetyIdentifier    json.RawMessage `json:"safety_identifier"`
+	SafetyIdentifier    surface.Seen    `json:"safety_identifier"`
 	Seed                *int64          `json:"seed"`
-	ServiceTier         json.RawMessage `json:"service_tier"`
+	ServiceTier         surface.Seen    `json:"service_tier"`
 	Stop                json.RawMessage `json:"stop"`
 	Store               *bool           `json:"store"`
 	Temperature         *float64        `json:"temperature"`
@@ -46,14 +46,14 @@ type chatRequest struct {
 	Tools               json.RawMessage `json:"tools"`
 	TopLogprobs         *int64          `json:"top_logprobs"`
 	TopP                *float64        `json:"top_p"`
-	User                json.RawMessage `json:"user"`
-	Verbosity           json.RawMessage `json:"verbosity"`
-	WebSearchOptions    json.RawMessage `json:"web_search_options"`
+	User                surface.Seen    `json:"user"`
+	Verbosity           surface.Seen    `json:"verbosity"`
+	WebSearchOptions    surface.Seen    `json:"web_search_options"`
 }
 
 type streamOptions struct {
-	IncludeUsage       *bool           `json:"include_usage"`
-	IncludeObfuscation json.RawMessage `json:"include_obfuscation"`
+	IncludeUsage       *bool        `json:"include_usage"`
+	IncludeObfuscation surface.Seen `json:"include_obfuscation"`
 }
 
 type chatMessage struct {
@@ -62,9 +62,9 @@ type chatMessage struct {
 	Name         string          `json:"name"`
 	ToolCalls    json.RawMessage `json:"tool_calls"`
 	ToolCallID   string          `json:"tool_call_id"`
-	Refusal      json.RawMessage `json:"refusal"`
-	Audio        json.RawMessage `json:"audio"`
-	FunctionCall json.RawMessage `json:"function_call"`
+	Refusal      surface.Seen    `json:"refusal"`
+	Audio        surface.Seen    `json:"audio"`
+	FunctionCall surface.Seen    `json:"function_call"`
 }
 
 type contentPart struct {
@@ -142,7 +142,7 @@ type ChatParams struct {
 func ChatInput(body []byte) (*iop.RunInput, ChatParams, *surface.Error) {
 	var req chatRequest
 	var p ChatParams
-	if e := surface.Decode(body, &req); e != nil {
+	if e := surface.DecodeRequest(body, &req, ChatFields); e != nil {
 		return nil, p, e
 	}
 	if e := refuseChat(&req); e != nil {
@@ -215,7 +215,7 @@ func ChatInput(body []byte) (*iop.RunInput, ChatParams, *surface.Error) {
 func refuseChat(r *chatRequest) *surface.Error {
 	for _, f := range []struct {
 		name string
-		raw  json.RawMessage
+		set  surface.Seen
 		why  string
 	}{
 		{"audio", r.Audio, "audio output is not supported by this model's provider"},
@@ -227,7 +227,7 @@ func refuseChat(r *chatRequest) *surface.Error {
 		{"verbosity", r.Verbosity, "not supported by this model's provider"},
 		{"web_search_options", r.WebSearchOptions, "web search is not supported by this model's provider"},
 	} {
-		if surface.Present(f.raw) {
+		if f.set {
 			return surface.BadRequest(f.name, "field %q: %s", f.name, f.why)
 		}
 	}
@@ -257,11 +257,11 @@ func runMessage(i int, m *chatMessage) (*iop.ChatMessage, *surface.Error) {
 		return nil, surface.BadRequest("messages", "messages[%d].role %q is not one of system, developer, user, assistant, tool", i, m.Role)
 	}
 	switch {
-	case surface.Present(m.Audio):
+	case bool(m.Audio):
 		return nil, surface.BadRequest("messages", "messages[%d].audio is not supported by this model's provider", i)
-	case surface.Present(m.FunctionCall):
+	case bool(m.FunctionCall):
 		return nil, surface.BadRequest("messages", "messages[%d].function_call is deprecated and not supported; use tool_calls", i)
-	case surface.Present(m.Refusal):
+	case bool(m.Refusal):
 		return nil, surface.BadRequest("messages", "messages[%d].refusal is not supported by this model's provider", i)
 	case m.Name != "" && m.Role != "tool":
 		return nil, surface.BadRequest("messages", "messages[%d].name: participant names are not supported by this model's provider", i)
@@ -295,8 +295,7 @@ func content(i int, role string, raw json.RawMessage) (string, []*iop.ChatImage,
 	}
 	switch raw[0] {
 	case '"':
-		var s string
-		_ = json.Unmarshal(raw, &s)
+		s, _ := surface.StringValue(raw)
 		return s, nil, nil
 	case '[':
 	default:

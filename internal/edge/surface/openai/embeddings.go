@@ -41,7 +41,7 @@ func EmbeddingsRequestFields() []string { return surface.JSONNames(embeddingsReq
 // whether the client wants base64. Errors are 400s naming the field.
 func EmbeddingsInput(body []byte) (in *iop.RunInput, base64Out bool, e *surface.Error) {
 	var req embeddingsRequest
-	if e := surface.Decode(body, &req); e != nil {
+	if e := surface.DecodeRequest(body, &req, EmbeddingsFields); e != nil {
 		return nil, false, e
 	}
 	in = &iop.RunInput{}

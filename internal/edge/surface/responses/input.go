@@ -16,26 +16,26 @@ import (
 // that none is dropped unseen; Fields says what happens to each. A member
 // not listed here is a 400 naming it, as OpenAI answers.
 type request struct {
-	Model              json.RawMessage `json:"model"`
+	Model              surface.Skip    `json:"model"`
 	Input              json.RawMessage `json:"input"`
 	Instructions       *string         `json:"instructions"`
 	MaxOutputTokens    *int64          `json:"max_output_tokens"`
-	MaxToolCalls       json.RawMessage `json:"max_tool_calls"`
+	MaxToolCalls       surface.Seen    `json:"max_tool_calls"`
 	Background         *bool           `json:"background"`
-	Conversation       json.RawMessage `json:"conversation"`
+	Conversation       surface.Seen    `json:"conversation"`
 	Include            []string        `json:"include"`
 	Metadata           json.RawMessage `json:"metadata"`
 	ParallelToolCalls  *bool           `json:"parallel_tool_calls"`
-	PreviousResponseID json.RawMessage `json:"previous_response_id"`
-	Prompt             json.RawMessage `json:"prompt"`
-	PromptCacheKey     json.RawMessage `json:"prompt_cache_key"`
-	PromptCacheRetain  json.RawMessage `json:"prompt_cache_retention"`
+	PreviousResponseID surface.Seen    `json:"previous_response_id"`
+	Prompt             surface.Seen    `json:"prompt"`
+	PromptCacheKey     surface.Seen    `json:"prompt_cache_key"`
+	PromptCacheRetain  surface.Seen    `json:"prompt_cache_retention"`
 	Reasoning          *reasoning      `json:"reasoning"`
-	SafetyIdentifier   json.RawMessage `json:"safety_identifier"`
-	ServiceTier        json.RawMessage `json:"service_tier"`
+	SafetyIdentifier   surface.Seen    `json:"safety_identifier"`
+	ServiceTier        surface.Seen    `json:"service_tier"`
 	Store              *bool           `json:"store"`
-	Stream             json.RawMessage `json:"stream"`
-	StreamOptions      json.RawMessage `json:"stream_options"`
+	Stream             surface.Skip    `json:"stream"`
+	StreamOptions      surface.Seen    `json:"stream_options"`
 	Temperature        *float64        `json:"temperature"`
 	Text               *textConfig     `json:"text"`
 	ToolChoice         json.RawMessage `json:"tool_choice"`
@@ -141,7 +141,7 @@ type Params struct {
 func Input(body []byte) (*iop.RunInput, Params, *surface.Error) {
 	var req request
 	var p Params
-	if e := surface.Decode(body, &req); e != nil {
+	if e := surface.DecodeRequest(body, &req, Fields); e != nil {
 		return nil, p, e
 	}
 	if e := refuse(&req); e != nil {
@@ -200,15 +200,15 @@ func Input(body []byte) (*iop.RunInput, Params, *surface.Error) {
 // field.
 func refuse(r *request) *surface.Error {
 	switch {
-	case surface.Present(r.PreviousResponseID):
+	case bool(r.PreviousResponseID):
 		return surface.BadRequest("previous_response_id", "field \"previous_response_id\": this model's provider is stateless; send the whole conversation in \"input\"")
-	case surface.Present(r.Conversation):
+	case bool(r.Conversation):
 		return surface.BadRequest("conversation", "field \"conversation\": this model's provider is stateless; send the whole conversation in \"input\"")
 	case r.Store != nil && *r.Store:
 		return surface.BadRequest("store", "field \"store\": this model's provider is stateless and stores nothing; send \"store\": false")
 	case r.Background != nil && *r.Background:
 		return surface.BadRequest("background", "field \"background\": background responses need stored state, which this model's provider does not keep")
-	case surface.Present(r.Prompt):
+	case bool(r.Prompt):
 		return surface.BadRequest("prompt", "field \"prompt\": stored prompt templates are not supported by this model's provider")
 	case r.TopLogprobs != nil && *r.TopLogprobs != 0:
 		return surface.BadRequest("top_logprobs", "field \"top_logprobs\": log probabilities are not offered on /v1/responses by this model's provider; use /v1/chat/completions")
@@ -233,8 +233,7 @@ func convertInput(raw json.RawMessage) ([]*iop.ChatMessage, *surface.Error) {
 		return nil, surface.BadRequest("input", "missing required field \"input\"")
 	}
 	if raw[0] == '"' {
-		var s string
-		_ = json.Unmarshal(raw, &s)
+		s, _ := surface.StringValue(raw)
 		return []*iop.ChatMessage{{Role: "user", Content: s}}, nil
 	}
 	if raw[0] != '[' {
