@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httputil"
+	neturl "net/url"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -228,13 +231,22 @@ var embeddingsCases = []fieldCase{
 // refused with a 400 naming it, never accepted and dropped; routing and
 // advisory fields succeed. Every table row has a case here and every case a
 // row, so a field added to a parser without a row, or a row without a case,
-// fails.
+// fails. With IOP_TEST_OLLAMA_URL set the upstream is that real Ollama.
 func TestRunPathFieldTables(t *testing.T) {
 	leakcheck.Check(t)
 	logs := newLogSink(t)
 	p := newPKI(t, "gpu-1")
 	bp := startBackend(t, backend.Options{})
 	capt := &captor{next: bp.b}
+	if real := os.Getenv("IOP_TEST_OLLAMA_URL"); real != "" {
+		// The same table against a real Ollama (backends.md): the captor
+		// sits in front of it.
+		u, err := neturl.Parse(real)
+		if err != nil {
+			t.Fatalf("IOP_TEST_OLLAMA_URL: %v", err)
+		}
+		capt.next = httputil.NewSingleHostReverseProxy(u)
+	}
 	url := bp.serve(t, capt)
 	cfg := edgeConfig(t, p, []config.Node{{ID: "gpu-1", Adapters: []config.Adapter{ollamaAdapter("ollama", url, 4)}}},
 		[]config.Model{modelGroup("tiny", provider("gpu-1", "ollama", "tiny"))}, nil)

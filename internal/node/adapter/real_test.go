@@ -63,6 +63,56 @@ func TestRealOllama(t *testing.T) {
 		}
 	})
 	realTunnelChecks(ctx, t, s, "ollama", target)
+	t.Run("issue 14 logprobs per delta and on a non-stream COMPLETE", func(t *testing.T) {
+		in := userInput("Hi")
+		in.Logprobs, in.TopLogprobs, in.MaxTokens = true, 2, 3
+		evs := runAll(ctx, s, &iop.RunRequest{Stream: true, Adapter: "ollama", Target: target, Input: in})
+		last, text := checkRun(t, evs)
+		var lps []*iop.TokenLogprob
+		for _, ev := range evs {
+			lps = append(lps, ev.GetLogprobs()...)
+		}
+		var joined strings.Builder
+		for _, lp := range lps {
+			joined.WriteString(lp.GetToken())
+			if len(lp.GetTopLogprobs()) != 2 || len(lp.GetBytes()) == 0 {
+				t.Errorf("logprob %v: want 2 alternatives and the token's bytes", lp)
+			}
+		}
+		if last.GetType() != iop.RunEventType_RUN_EVENT_COMPLETE || len(last.GetLogprobs()) != 0 || len(lps) != 3 || joined.String() != text {
+			t.Fatalf("stream: %d logprobs %q for text %q (COMPLETE carries %d)", len(lps), joined.String(), text, len(last.GetLogprobs()))
+		}
+		last, _ = checkRun(t, runAll(ctx, s, &iop.RunRequest{Adapter: "ollama", Target: target, Input: in}))
+		if len(last.GetLogprobs()) != 3 {
+			t.Fatalf("non-stream COMPLETE carries %d logprobs, want 3", len(last.GetLogprobs()))
+		}
+	})
+	t.Run("issue 14 count from a one-token run", func(t *testing.T) {
+		in := userInput("Say hello in one short sentence.")
+		in.MaxTokens = 1
+		last, _ := checkRun(t, runAll(ctx, s, &iop.RunRequest{Adapter: "ollama", Target: target, Input: in}))
+		again, _ := checkRun(t, runAll(ctx, s, &iop.RunRequest{Adapter: "ollama", Target: target, Input: in}))
+		n := last.GetUsage().GetPromptTokens()
+		if n <= 0 || again.GetUsage().GetPromptTokens() != n || last.GetUsage().GetCompletionTokens() != 1 {
+			t.Fatalf("prompt tokens %d then %d (completion %d): want the same positive count with the prompt cached",
+				n, again.GetUsage().GetPromptTokens(), last.GetUsage().GetCompletionTokens())
+		}
+	})
+	t.Run("issue 14 embeddings through /api/embed", func(t *testing.T) {
+		in := &iop.RunInput{EmbedInput: []string{"a", "b"}, Dimensions: 4}
+		last, _ := checkRun(t, runAll(ctx, s, &iop.RunRequest{Adapter: "ollama", Target: target, Operation: adapter.OpRunEmbeddings, Input: in}))
+		if last.GetType() != iop.RunEventType_RUN_EVENT_COMPLETE || len(last.GetEmbeddings()) != 2 || len(last.GetEmbeddings()[0].GetValues()) != 4 {
+			t.Fatalf("got %v (%q), want 2 vectors of 4", last.GetEmbeddings(), last.GetError())
+		}
+	})
+	t.Run("issue 14 json format is honoured", func(t *testing.T) {
+		in := userInput("Hi")
+		in.ResponseFormatJson, in.MaxTokens = []byte(`{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"object","properties":{"a":{"type":"string"}},"required":["a"]}}}`), 12
+		last, _ := checkRun(t, runAll(ctx, s, &iop.RunRequest{Adapter: "ollama", Target: target, Input: in}))
+		if text := last.GetContent(); !strings.HasPrefix(strings.TrimSpace(text), "{") {
+			t.Fatalf("text %q: want JSON output under the schema", text)
+		}
+	})
 }
 
 // E9, T1, T2 against a real OpenAI-compatible server.
