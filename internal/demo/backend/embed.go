@@ -74,7 +74,9 @@ func (c *call) embed(sh shape) {
 	buf = strconv.AppendInt(buf, int64(tokens), 10)
 	buf = append(buf, `,"total_tokens":`...)
 	buf = strconv.AppendInt(buf, int64(tokens), 10)
-	c.writeJSON(http.StatusOK, append(buf, "}}"...))
+	c.w.Header().Set("Content-Type", "application/json") // Ollama's /v1 sets no charset
+	c.writeHeader(http.StatusOK)
+	c.out(append(buf, "}}\n"...)) // json.Encoder's newline, as Ollama writes it
 }
 
 // embedInputs reads "input": a string or an array of strings.

@@ -12,6 +12,8 @@ const (
 	hiMessages   = `"messages":[{"role":"user","content":"Hi"}]`
 	weatherTools = `"tools":[{"type":"function","function":{"name":"get_weather","description":"Get the weather",` +
 		`"parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}]`
+	weatherRespTools = `"tools":[{"type":"function","name":"get_weather","description":"Get the weather",` +
+		`"parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}]`
 )
 
 // TestGolden compares each emulated route's bytes with the real server's
@@ -65,6 +67,20 @@ func TestGolden(t *testing.T) {
 		{name: "T2 llama /v1/messages stream", method: "POST", path: "/v1/messages",
 			body:    `{"model":"tiny","max_tokens":64,"stream":true,` + hiMessages + `}`,
 			capture: "llama_v1_messages_stream.sse", ctype: "text/event-stream"},
+		{name: "issue 14 llama /v1/responses stream", method: "POST", path: "/v1/responses",
+			body: `{"model":"tiny","stream":true,"input":"Hi"}`, capture: "llama_v1_responses_stream.sse", ctype: "text/event-stream"},
+		{name: "issue 14 llama /v1/responses non-stream", method: "POST", path: "/v1/responses",
+			body: `{"model":"tiny","input":"Hi"}`, capture: "llama_v1_responses_nonstream.json", ctype: "application/json; charset=utf-8"},
+		{name: "issue 14 llama /v1/responses tool stream", method: "POST", path: "/v1/responses",
+			body:    `{"model":"tiny-tool","stream":true,"input":"Hi",` + weatherRespTools + `}`,
+			capture: "llama_v1_responses_tool_stream.sse", ctype: "text/event-stream"},
+		{name: "issue 14 ollama /api/chat logprobs stream", method: "POST", path: "/api/chat",
+			body:    `{"model":"tiny",` + hiMessages + `,"logprobs":true,"top_logprobs":2}`,
+			capture: "ollama_api_chat_logprobs_stream.ndjson", ctype: "application/x-ndjson"},
+		{name: "issue 14 ollama /api/embed", method: "POST", path: "/api/embed",
+			body: `{"model":"tiny","input":["Hi","there"]}`, capture: "ollama_api_embed.json", ctype: "application/json; charset=utf-8"},
+		{name: "issue 14 ollama /v1/embeddings", method: "POST", path: "/v1/embeddings",
+			body: `{"model":"tiny","input":"Hi"}`, capture: "ollama_v1_embeddings.json", ctype: "application/json"},
 		{name: "T2 llama /v1/models", models: []string{"tiny"}, method: "GET", path: "/v1/models",
 			capture: "llama_v1_models.json", ctype: "application/json; charset=utf-8"},
 		{name: "issue6 /v1 bad JSON", method: "POST", path: "/v1/chat/completions",
