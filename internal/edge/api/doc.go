@@ -34,6 +34,24 @@
 // once. Exactly one terminal outcome is written per request: a success, an
 // error response before any byte, or an error event after bytes.
 //
+// # Accounting and drain (issue 15)
+//
+// Every response carries X-Request-Id (access.RequestID: the client's,
+// sanitized and bounded, or a new one), which also rides the RunRequest or
+// ProviderTunnelRequest to the node. ServeHTTP wraps the ResponseWriter in a
+// recorder (account.go) that notes the status line and the time of the
+// first byte; the rest of the layer fills the same access.Record (principal,
+// model, lease, queue wait, tokens, the client leaving, the error written)
+// and end writes it exactly once when the handler returns: one access-log
+// line (Options.AccessLog) and one Metrics sample, whatever the outcome,
+// even when the handler aborts the connection. /healthz is not recorded.
+//
+// Drain (drain.go) makes every new request a 503 with Retry-After while
+// the ones in flight go on; Stop ends what is left through each request's
+// context (ErrShutdown): node work is cancelled and the client gets a 503
+// or its surface's error event (code edge_shutdown). edge.Run calls them on
+// SIGTERM around shutdown.drain_timeout_ms.
+//
 // # Hostile clients (issue 12)
 //
 // Memory follows the bytes a peer sent, capped, never what it declared, and

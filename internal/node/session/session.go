@@ -29,6 +29,15 @@
 // and Connect returns only after the writer and every work goroutine have
 // returned and the Executors are closed.
 //
+// # Drain (issue 15)
+//
+// A local shutdown (Connect's ctx) of a live session is graceful: drain
+// sends NodeDrainingNotice (the Edge dispatches nothing new to this
+// connection), waits for the run table to empty for up to
+// Options.DrainTimeout, cancels what is left (each still emits its
+// terminal, waited for up to DrainCancelGrace), has sendLoop write and
+// flush everything queued, and only then ends the session (ErrDrained).
+//
 // # Send queue policy (STYLE 3)
 //
 //   - Pongs are droppable: when the queue is full they are dropped and
