@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"log/slog"
 	"strings"
 	"testing"
@@ -89,7 +90,7 @@ func TestRecordLog(t *testing.T) {
 	}
 	want := map[string]any{"msg": Msg, "request_id": "r1", "principal": "team-a", "surface": "chat_completions",
 		"model": "tiny", "node": "gpu-1", "provider": "ollama", "path": "run", "status": 200.0, "outcome": "ok",
-		"code": "", "error": "", "queue_wait_ms": 1.5, "ttfb_ms": 20.0, "duration_ms": 250.0, "prompt_tokens": 12.0,
+		"code": "", "error": "", "queue_wait_ms": 2.0, "ttfb_ms": 20.0, "duration_ms": 250.0, "prompt_tokens": 12.0,
 		"completion_tokens": 34.0, "retries": 1.0, "level": "INFO"}
 	for k, v := range want {
 		if got[k] != v {
@@ -160,5 +161,29 @@ func TestMetricsText(t *testing.T) {
 	}
 	if got := EscapeLabel("a\"b\\c\nd"); got != `a\"b\\c\nd` {
 		t.Errorf("EscapeLabel = %s", got)
+	}
+}
+
+// BenchmarkObserve: one finished request into the metrics (issue 15).
+func BenchmarkObserve(b *testing.B) {
+	m := NewMetrics()
+	r := &Record{Model: "tiny", Known: true, Surface: "chat_completions", Path: PathTunnel, Status: 200, Outcome: OK,
+		QueueWait: time.Millisecond, TTFB: 30 * time.Millisecond, Duration: 200 * time.Millisecond, PromptTokens: 5, CompletionTokens: 7}
+	b.ReportAllocs()
+	for b.Loop() {
+		m.Observe(r)
+	}
+}
+
+// BenchmarkLog: one access line through slog's JSON handler into a
+// discarding writer (issue 15).
+func BenchmarkLog(b *testing.B) {
+	l := slog.New(slog.NewJSONHandler(io.Discard, nil))
+	r := &Record{RequestID: "Q2XJ7V4M3KZ5N6P8R9S0T1U2VW", Principal: "team-a", Surface: "chat_completions", Model: "tiny",
+		Known: true, Node: "gpu-1", Provider: "ollama", Path: PathRun, Status: 200, Outcome: OK,
+		QueueWait: time.Millisecond, TTFB: 30 * time.Millisecond, Duration: 200 * time.Millisecond}
+	b.ReportAllocs()
+	for b.Loop() {
+		r.Log(context.Background(), l)
 	}
 }

@@ -167,7 +167,8 @@ const MaxModelLen = 128
 const Msg = "access"
 
 // Log writes r as one Info line with message Msg: every field under a
-// snake_case key, durations in ms (queue_wait_ms, ttfb_ms, duration_ms).
+// snake_case key, durations in whole ms (queue_wait_ms, ttfb_ms,
+// duration_ms).
 func (r *Record) Log(ctx context.Context, l *slog.Logger) {
 	if l == nil {
 		return
@@ -193,16 +194,18 @@ func (r *Record) Attrs() []slog.Attr {
 		slog.String("outcome", string(r.Outcome)),
 		slog.String("code", r.Code),
 		slog.String("error", r.Error),
-		slog.Float64("queue_wait_ms", ms(r.QueueWait)),
-		slog.Float64("ttfb_ms", ms(r.TTFB)),
-		slog.Float64("duration_ms", ms(r.Duration)),
+		slog.Int64("queue_wait_ms", ms(r.QueueWait)),
+		slog.Int64("ttfb_ms", ms(r.TTFB)),
+		slog.Int64("duration_ms", ms(r.Duration)),
 		slog.Int64("prompt_tokens", r.PromptTokens),
 		slog.Int64("completion_tokens", r.CompletionTokens),
 		slog.Int("retries", r.Retries),
 	}
 }
 
-// ms is d in milliseconds with microsecond precision.
-func ms(d time.Duration) float64 {
-	return float64(d.Microseconds()) / 1000
+// ms is d in whole milliseconds, rounded to the nearest (the histograms
+// keep the precise seconds). Integers because slog's JSON handler encodes
+// a float through encoding/json, several times the cost of an integer.
+func ms(d time.Duration) int64 {
+	return int64((d + time.Millisecond/2) / time.Millisecond)
 }

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 
+	"iop/internal/edge/access"
 	"iop/internal/edge/config"
 	"iop/internal/edge/dispatch"
 	"iop/internal/edge/pool"
@@ -133,4 +135,20 @@ func BenchmarkRunStreamSurface100(b *testing.B) {
 			runHandlerPath(b, benchHandler(config.TypeOllama, envs), s.path, []byte(s.body))
 		})
 	}
+}
+
+// BenchmarkTunnelRoundTripAccounted: BenchmarkTunnelRoundTrip with the
+// Edge's accounting on, as edge.Run wires it (issue 15): the JSON access
+// line (into io.Discard), the request metrics and the recent errors.
+func BenchmarkTunnelRoundTripAccounted(b *testing.B) {
+	up := []byte(`{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hello"},"finish_reason":"stop"}]}`)
+	envs := []*iop.Envelope{
+		{Kind: &iop.Envelope_TunnelFrame{TunnelFrame: fStart(200, "Content-Type", "application/json")}},
+		{Kind: &iop.Envelope_TunnelFrame{TunnelFrame: fBody(up)}},
+		{Kind: &iop.Envelope_TunnelFrame{TunnelFrame: fEnd()}},
+	}
+	h := benchHandler(config.TypeOpenAICompat, envs)
+	h.o.AccessLog = slog.New(slog.NewJSONHandler(io.Discard, nil))
+	h.o.Metrics, h.o.Recent = access.NewMetrics(), access.NewRecent(0)
+	runHandler(b, h, []byte(chatBody))
 }

@@ -182,7 +182,7 @@ func (s *session) logDone(kind, runID, requestID, adapter, target, end string, s
 	attrs := append([]slog.Attr{
 		slog.String("kind", kind), slog.String("run_id", runID), slog.String("request_id", requestID),
 		slog.String("adapter", adapter), slog.String("target", target), slog.String("end", end),
-		slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000),
+		slog.Int64("duration_ms", time.Since(start).Milliseconds()),
 	}, extra...)
 	s.log.LogAttrs(context.Background(), slog.LevelInfo, "run done", attrs...)
 }
