@@ -795,9 +795,15 @@ type AdapterConfig struct {
 	ResponseStallTimeoutMs int64 `protobuf:"varint,8,opt,name=response_stall_timeout_ms,json=responseStallTimeoutMs,proto3" json:"response_stall_timeout_ms,omitempty"`
 	// Name of a Node-local environment variable holding the upstream API key
 	// when the credential plane is off. The key itself never travels (SPEC C5).
-	ApiKeyEnv     string `protobuf:"bytes,9,opt,name=api_key_env,json=apiKeyEnv,proto3" json:"api_key_env,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ApiKeyEnv string `protobuf:"bytes,9,opt,name=api_key_env,json=apiKeyEnv,proto3" json:"api_key_env,omitempty"`
+	// How long an idle upstream keep-alive connection may be reused, in ms:
+	// the Edge sends its effective value (the adapter's
+	// upstream_idle_timeout_ms, else the profile's default, kept below the
+	// backend's own keep-alive timeout: llama-server and vLLM close idle
+	// connections after 5 s). 0 = the Node's default (90000).
+	UpstreamIdleTimeoutMs int64 `protobuf:"varint,10,opt,name=upstream_idle_timeout_ms,json=upstreamIdleTimeoutMs,proto3" json:"upstream_idle_timeout_ms,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *AdapterConfig) Reset() {
@@ -891,6 +897,13 @@ func (x *AdapterConfig) GetApiKeyEnv() string {
 		return x.ApiKeyEnv
 	}
 	return ""
+}
+
+func (x *AdapterConfig) GetUpstreamIdleTimeoutMs() int64 {
+	if x != nil {
+		return x.UpstreamIdleTimeoutMs
+	}
+	return 0
 }
 
 // OpenAICompatAdapterConfig holds the settings of an OpenAI-compatible
@@ -2089,7 +2102,10 @@ type RunEvent struct {
 	// of its text; COMPLETE of a non-stream run carries all of them.
 	Logprobs []*TokenLogprob `protobuf:"bytes,14,rep,name=logprobs,proto3" json:"logprobs,omitempty"`
 	// COMPLETE of operation "embeddings": one vector per input, in order.
-	Embeddings    []*Embedding `protobuf:"bytes,15,rep,name=embeddings,proto3" json:"embeddings,omitempty"`
+	Embeddings []*Embedding `protobuf:"bytes,15,rep,name=embeddings,proto3" json:"embeddings,omitempty"`
+	// ERROR with upstream_status: the upstream's Retry-After (RFC 9110
+	// §10.2.3) in ms, when it sent one (seconds or an HTTP date); 0 = none.
+	RetryAfterMs  int64 `protobuf:"varint,16,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2227,6 +2243,13 @@ func (x *RunEvent) GetEmbeddings() []*Embedding {
 		return x.Embeddings
 	}
 	return nil
+}
+
+func (x *RunEvent) GetRetryAfterMs() int64 {
+	if x != nil {
+		return x.RetryAfterMs
+	}
+	return 0
 }
 
 // Usage is token accounting as the backend reported it, in tokens.
@@ -3358,7 +3381,8 @@ type ProviderSnapshot struct {
 	Category string `protobuf:"bytes,2,opt,name=category,proto3" json:"category,omitempty"`
 	// "available" or "unavailable".
 	Status string `protobuf:"bytes,3,opt,name=status,proto3" json:"status,omitempty"`
-	// "healthy", "offline" or "unavailable".
+	// "healthy", "offline", "unavailable" (SPEC H9 overlay) or "cooling"
+	// (passive health, see cooling_until).
 	Health string `protobuf:"bytes,4,opt,name=health,proto3" json:"health,omitempty"`
 	// Effective capacity; 0 while offline or overlaid (SPEC N3, H9).
 	Capacity     int32 `protobuf:"varint,5,opt,name=capacity,proto3" json:"capacity,omitempty"`
@@ -3367,8 +3391,15 @@ type ProviderSnapshot struct {
 	InFlight     int32 `protobuf:"varint,7,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
 	LongInFlight int32 `protobuf:"varint,8,opt,name=long_in_flight,json=longInFlight,proto3" json:"long_in_flight,omitempty"`
 	// Unique pending requests that count this provider as a live candidate.
-	Queued        int32 `protobuf:"varint,9,opt,name=queued,proto3" json:"queued,omitempty"`
-	LongQueued    int32 `protobuf:"varint,10,opt,name=long_queued,json=longQueued,proto3" json:"long_queued,omitempty"`
+	Queued     int32 `protobuf:"varint,9,opt,name=queued,proto3" json:"queued,omitempty"`
+	LongQueued int32 `protobuf:"varint,10,opt,name=long_queued,json=longQueued,proto3" json:"long_queued,omitempty"`
+	// Passive health (outlier ejection): while the Edge has ejected the
+	// provider after connect failures, resets before the first byte, failing
+	// 5xx or 429 answers, the RFC 3339 time (UTC, ms) it is re-admitted and
+	// why it was ejected ("connect", "reset", "status", "rate_limited");
+	// both empty otherwise. status is then "unavailable", health "cooling".
+	CoolingUntil  string `protobuf:"bytes,11,opt,name=cooling_until,json=coolingUntil,proto3" json:"cooling_until,omitempty"`
+	CoolingReason string `protobuf:"bytes,12,opt,name=cooling_reason,json=coolingReason,proto3" json:"cooling_reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3473,6 +3504,20 @@ func (x *ProviderSnapshot) GetLongQueued() int32 {
 	return 0
 }
 
+func (x *ProviderSnapshot) GetCoolingUntil() string {
+	if x != nil {
+		return x.CoolingUntil
+	}
+	return ""
+}
+
+func (x *ProviderSnapshot) GetCoolingReason() string {
+	if x != nil {
+		return x.CoolingReason
+	}
+	return ""
+}
+
 var File_iop_runtime_proto protoreflect.FileDescriptor
 
 const file_iop_runtime_proto_rawDesc = "" +
@@ -3511,7 +3556,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x11NodeConfigPayload\x129\n" +
 	"\badapters\x18\x01 \x03(\v2\x1d.iop.runtime.v1.AdapterConfigR\badapters\x12;\n" +
 	"\aruntime\x18\x02 \x01(\v2!.iop.runtime.v1.NodeRuntimeConfigR\aruntime\x12\x1a\n" +
-	"\brevision\x18\x03 \x01(\tR\brevision\"\xda\x02\n" +
+	"\brevision\x18\x03 \x01(\tR\brevision\"\x93\x03\n" +
 	"\rAdapterConfig\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x1a\n" +
@@ -3521,7 +3566,9 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\bbase_url\x18\x06 \x01(\tR\abaseUrl\x12N\n" +
 	"\ropenai_compat\x18\a \x01(\v2).iop.runtime.v1.OpenAICompatAdapterConfigR\fopenaiCompat\x129\n" +
 	"\x19response_stall_timeout_ms\x18\b \x01(\x03R\x16responseStallTimeoutMs\x12\x1e\n" +
-	"\vapi_key_env\x18\t \x01(\tR\tapiKeyEnv\"o\n" +
+	"\vapi_key_env\x18\t \x01(\tR\tapiKeyEnv\x127\n" +
+	"\x18upstream_idle_timeout_ms\x18\n" +
+	" \x01(\x03R\x15upstreamIdleTimeoutMs\"o\n" +
 	"\x19OpenAICompatAdapterConfig\x12R\n" +
 	"\x10protocol_profile\x18\x01 \x01(\v2'.iop.runtime.v1.ConcreteProtocolProfileR\x0fprotocolProfile\"\xef\x03\n" +
 	"\x17ConcreteProtocolProfile\x12\x12\n" +
@@ -3638,7 +3685,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x05bytes\x18\x03 \x01(\fR\x05bytes\x12?\n" +
 	"\ftop_logprobs\x18\x04 \x03(\v2\x1c.iop.runtime.v1.TokenLogprobR\vtopLogprobs\"#\n" +
 	"\tEmbedding\x12\x16\n" +
-	"\x06values\x18\x01 \x03(\x02R\x06values\"\x96\x05\n" +
+	"\x06values\x18\x01 \x03(\x02R\x06values\"\xbc\x05\n" +
 	"\bRunEvent\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x120\n" +
 	"\x04type\x18\x02 \x01(\x0e2\x1c.iop.runtime.v1.RunEventTypeR\x04type\x12\x14\n" +
@@ -3657,7 +3704,8 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\blogprobs\x18\x0e \x03(\v2\x1c.iop.runtime.v1.TokenLogprobR\blogprobs\x129\n" +
 	"\n" +
 	"embeddings\x18\x0f \x03(\v2\x19.iop.runtime.v1.EmbeddingR\n" +
-	"embeddings\x1a;\n" +
+	"embeddings\x12$\n" +
+	"\x0eretry_after_ms\x18\x10 \x01(\x03R\fretryAfterMs\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"|\n" +
@@ -3773,7 +3821,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"authHeader\x12\x1f\n" +
 	"\vauth_scheme\x18\f \x01(\tR\n" +
 	"authScheme\x12\x1a\n" +
-	"\bprovider\x18\r \x01(\tR\bprovider\"\xbc\x02\n" +
+	"\bprovider\x18\r \x01(\tR\bprovider\"\x88\x03\n" +
 	"\x10ProviderSnapshot\x12\x1f\n" +
 	"\vprovider_id\x18\x01 \x01(\tR\n" +
 	"providerId\x12\x1a\n" +
@@ -3787,7 +3835,9 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x06queued\x18\t \x01(\x05R\x06queued\x12\x1f\n" +
 	"\vlong_queued\x18\n" +
 	" \x01(\x05R\n" +
-	"longQueued*\x9e\x01\n" +
+	"longQueued\x12#\n" +
+	"\rcooling_until\x18\v \x01(\tR\fcoolingUntil\x12%\n" +
+	"\x0ecooling_reason\x18\f \x01(\tR\rcoolingReason*\x9e\x01\n" +
 	"\fRunEventType\x12\x1e\n" +
 	"\x1aRUN_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fRUN_EVENT_START\x10\x01\x12\x13\n" +
