@@ -11,11 +11,13 @@
 //	wrk     -url U -body JSON -duration D           closed loop, wrk -t2 -c64 (Debian's wrk)
 //	stream  -url U -body JSON -rate N -duration D   fixed-rate streams: time to first event, total
 //	hold    -url U -body JSON -streams N -ramp R    N concurrent slow streams, bytes checked, RSS
+//	conc    -url U -body JSON -n N -c C             closed loop: N requests, C at a time
 //	mem     -pids edge=P,node=Q -label L           VmRSS / VmHWM of the product processes
 //	report  -in results.jsonl                      medians of the rounds as Markdown
 //	affinity -url U -model M -label MODE            issue 16's multi-turn workload: cached tokens, TTFT, requests per replica
 //
-// Common flags: -path (the path's label: a, a2, b, c, d; ck, dk with the credential plane on), -round, -key
+// Common flags: -path (the path's label: a, a2, b, c, d; ck, dk with the credential plane on;
+// c2, d2 with the node on net/http's Transport; e, e5, f, f5 the passive-health pairs), -round, -key
 // (Bearer key, empty = none), -pids (edge=PID,node=PID: CPU µs per request
 // from /proc/<pid>/stat utime+stime deltas, RSS from /proc/<pid>/status).
 //
@@ -37,7 +39,7 @@ func main() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: iopbench floor|rate|wrk|stream|hold|mem|report|affinity [flags]")
+		fmt.Fprintln(stderr, "usage: iopbench floor|rate|wrk|stream|hold|mem|conc|report|affinity [flags]")
 		return 2
 	}
 	cmds := map[string]func([]string, io.Writer, io.Writer) error{
@@ -46,6 +48,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		"wrk":      cmdWrk,
 		"stream":   cmdStream,
 		"hold":     cmdHold,
+		"conc":     cmdConc,
 		"mem":      cmdMem,
 		"report":   cmdReport,
 		"affinity": cmdAffinity,
@@ -65,12 +68,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 // record is one measurement, one JSON line. Durations are in µs, memory in
 // KiB, CPU in µs of utime+stime.
 type record struct {
-	Kind  string `json:"kind"` // rate, wrk, stream, hold, mem
+	Kind  string `json:"kind"` // rate, wrk, stream, hold, conc, mem
 	Path  string `json:"path,omitempty"`
 	Round int    `json:"round,omitempty"`
 	Label string `json:"label,omitempty"`
 
-	Rate     int     `json:"rate,omitempty"`     // requested rate, per second
+	Rate     int     `json:"rate,omitempty"`     // requested rate, per second (conc: concurrency)
 	Seconds  float64 `json:"seconds,omitempty"`  // measured interval
 	Requests int     `json:"requests,omitempty"` // sent
 	OK       int     `json:"ok,omitempty"`       // answered 200 with a well-formed body

@@ -56,7 +56,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -64,7 +63,6 @@ import (
 	"time"
 
 	"iop/internal/lease"
-	"iop/internal/node/adapter/h1"
 	"iop/internal/node/adapter/ollama"
 	"iop/internal/node/adapter/openaicompat"
 	"iop/internal/node/adapter/upstream"
@@ -87,10 +85,12 @@ const (
 	CodeUnsupportedOperation = "unsupported_operation"
 	CodeCredentialRequired   = "credential_required"
 	CodeCredentialInvalid    = "credential_invalid"
-	CodeUpstreamStatus       = "upstream_status" // run path: non-2xx; upstream_status set
-	CodeUpstreamError        = "upstream_error"  // transport failure, reset, malformed stream
-	CodeTimeout              = "timeout"         // the request's timeout_sec expired
-	CodeCancelled            = "cancelled"       // ctx cancelled (SPEC E5, E6, T3)
+	CodeUpstreamStatus       = "upstream_status"  // run path: non-2xx; upstream_status (and retry_after_ms) set
+	CodeUpstreamConnect      = "upstream_connect" // no connection to the backend could be opened
+	CodeUpstreamReset        = "upstream_reset"   // the connection closed or broke before the response head
+	CodeUpstreamError        = "upstream_error"   // a failure after the response head: reset mid-body, malformed stream
+	CodeTimeout              = "timeout"          // the request's timeout_sec expired
+	CodeCancelled            = "cancelled"        // ctx cancelled (SPEC E5, E6, T3)
 	CodeInternal             = "internal_error"
 )
 
@@ -121,6 +121,7 @@ var (
 	ErrBadProfile       = errors.New("bad protocol_profile")
 	ErrBadCapacity      = errors.New("bad capacity")
 	ErrBadStallTimeout  = errors.New("bad response_stall_timeout_ms")
+	ErrBadIdleTimeout   = errors.New("bad upstream_idle_timeout_ms")
 	ErrMissingAPIKey    = errors.New("api_key_env names no set environment variable")
 	ErrBadAuthHeader    = errors.New("bad upstream auth header")
 	errRunDeadline      = errors.New("request timeout_sec expired")
@@ -132,10 +133,15 @@ var (
 
 // Options for NewSet; zero values get defaults.
 type Options struct {
-	// HTTPClient is the shared upstream client (keep-alive pooling). nil = a
-	// client tuned for many long streams to few hosts, with no proxy and no
-	// overall timeout. Its Timeout must be 0: streams last long.
+	// HTTPClient, when set, is the upstream client of every instance (tests);
+	// its Timeout must be 0 (streams last long) and the adapters'
+	// upstream_idle_timeout_ms does not apply to it. nil = a client per
+	// instance, tuned for long streams to one backend, with that instance's
+	// idle lifetime (client.go).
 	HTTPClient *http.Client
+	// UpstreamClient picks the per-instance client: ClientH1 (the default)
+	// or ClientStdlib (see client.go). Ignored with HTTPClient.
+	UpstreamClient string
 	// Logger; nil = slog.Default().
 	Logger *slog.Logger
 	// LookupEnv resolves AdapterConfig.api_key_env (os.LookupEnv in main);
@@ -172,8 +178,9 @@ type Options struct {
 type Set struct {
 	instances map[string]*instance
 	names     []string
-	client    *http.Client
-	ownClient bool
+	shared    *http.Client   // Options.HTTPClient
+	kind      string         // Options.UpstreamClient
+	clients   []*http.Client // one per instance when shared is nil
 	log       *slog.Logger
 	stallDef  time.Duration
 	probeTO   time.Duration
@@ -223,7 +230,8 @@ func NewSet(cfg *iop.NodeConfigPayload, o Options) (*Set, error) {
 	}
 	s := &Set{
 		instances: map[string]*instance{},
-		client:    o.HTTPClient,
+		shared:    o.HTTPClient,
+		kind:      o.UpstreamClient,
 		log:       o.Logger,
 		stallDef:  o.DefaultStallTimeout,
 		probeTO:   o.ProbeTimeout,
@@ -242,8 +250,8 @@ func NewSet(cfg *iop.NodeConfigPayload, o Options) (*Set, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
-	if s.client == nil {
-		s.client, s.ownClient = defaultClient(), true
+	if err := validClient(s.kind); err != nil {
+		return nil, err
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -260,14 +268,14 @@ func NewSet(cfg *iop.NodeConfigPayload, o Options) (*Set, error) {
 	s.bufs.New = func() any { b := make([]byte, MaxBodyFrame); return &b }
 	for i, ac := range cfg.GetAdapters() {
 		inst, err := s.build(ac, o.LookupEnv)
-		if err != nil {
-			if s.ownClient {
-				s.client.CloseIdleConnections()
+		if err == nil {
+			if _, dup := s.instances[inst.name]; dup {
+				err = fmt.Errorf("adapter %q: %w", inst.name, ErrDuplicateName)
 			}
-			return nil, fmt.Errorf("adapters[%d]: %w", i, err)
 		}
-		if _, dup := s.instances[inst.name]; dup {
-			return nil, fmt.Errorf("adapters[%d]: adapter %q: %w", i, inst.name, ErrDuplicateName)
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("adapters[%d]: %w", i, err)
 		}
 		s.instances[inst.name] = inst
 		s.names = append(s.names, inst.name)
@@ -292,6 +300,10 @@ func (s *Set) build(ac *iop.AdapterConfig, lookupEnv func(string) (string, bool)
 	}
 	inst.gate.limit = int64(ac.GetCapacity())
 	if _, err := StallTimeout(ac.GetResponseStallTimeoutMs(), DefaultStallTimeout); err != nil {
+		return nil, fail(err, "")
+	}
+	idle, err := idleTimeout(ac.GetUpstreamIdleTimeoutMs())
+	if err != nil {
 		return nil, fail(err, "")
 	}
 	var base string
@@ -322,7 +334,12 @@ func (s *Set) build(ac *iop.AdapterConfig, lookupEnv func(string) (string, bool)
 	if err != nil {
 		return nil, fail(err, "")
 	}
-	inst.ep = &upstream.Endpoint{Client: s.client, Base: u}
+	client := s.shared
+	if client == nil {
+		client = newClient(s.kind, idle)
+		s.clients = append(s.clients, client)
+	}
+	inst.ep = &upstream.Endpoint{Client: client, Base: u}
 	if env := ac.GetApiKeyEnv(); env != "" {
 		if err := setAuth(inst, env, lookupEnv); err != nil {
 			return nil, fail(err, "")
@@ -401,9 +418,16 @@ func StallTimeout(ms int64, def time.Duration) (time.Duration, error) {
 // Names lists the instance names in config order.
 func (s *Set) Names() []string { return append([]string(nil), s.names...) }
 
-// Close releases the upstream client's idle connections. In-flight requests
+// Close releases the upstream clients' idle connections. In-flight requests
 // are not affected; call Close after they returned.
-func (s *Set) Close() { s.client.CloseIdleConnections() }
+func (s *Set) Close() {
+	if s.shared != nil {
+		s.shared.CloseIdleConnections()
+	}
+	for _, c := range s.clients {
+		c.CloseIdleConnections()
+	}
+}
 
 // lookup resolves an adapter name (SPEC E1). An empty name is the legacy
 // single instance: the only instance of the set, or else the one named after
@@ -422,24 +446,6 @@ func (s *Set) lookup(name, legacyType string) (*instance, error) {
 		return inst, nil
 	}
 	return nil, fmt.Errorf("unknown adapter %q", name)
-}
-
-// defaultClient returns an HTTP client for long streams to few hosts:
-// plain-HTTP backends through h1.Transport (no goroutine hand-off per
-// request), https ones through net/http's Transport (HTTP/2 when offered).
-// It uses no proxy (reading proxy settings from the environment is main's
-// job).
-func defaultClient() *http.Client {
-	return &http.Client{Transport: &h1.Transport{Fallback: &http.Transport{
-		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		ForceAttemptHTTP2:     true,
-		MaxIdleConns:          256,
-		MaxIdleConnsPerHost:   64,
-		IdleConnTimeout:       90 * time.Second,
-		TLSHandshakeTimeout:   10 * time.Second,
-		ExpectContinueTimeout: time.Second,
-		DisableCompression:    true,
-	}}}
 }
 
 // validToken reports whether s is a non-empty RFC 9110 token (a header name).

@@ -137,8 +137,13 @@ func (s *Set) runTerminal(ctx, runCtx context.Context, adapter, runID string, re
 	code, status := classify(runCtx, err)
 	s.log.Debug("adapter run failed", "adapter", adapter, "run_id", runID, "request_id", upstream.RequestID(ctx),
 		"failure_code", code, "upstream_status", status)
-	return &iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_ERROR, Error: fmt.Sprintf("adapter %q: %v", adapter, err),
+	ev := &iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_ERROR, Error: fmt.Sprintf("adapter %q: %v", adapter, err),
 		FailureCode: code, UpstreamStatus: status}
+	var se *upstream.StatusError
+	if errors.As(err, &se) {
+		ev.RetryAfterMs = se.RetryAfter.Milliseconds()
+	}
+	return ev
 }
 
 // callRunner calls the instance's runner, turning a panic into an error so
@@ -181,11 +186,14 @@ type embedder interface {
 // answer, the upstream status.
 func classify(runCtx context.Context, err error) (string, int32) {
 	var se *upstream.StatusError
+	var re *upstream.RequestError
 	switch {
 	case runCtx.Err() != nil && errors.Is(context.Cause(runCtx), errRunDeadline):
 		return CodeTimeout, 0
 	case errors.As(err, &se):
 		return CodeUpstreamStatus, int32(se.Status)
+	case errors.As(err, &re):
+		return requestErrorCode(re), 0
 	case errors.Is(err, upstream.ErrInvalidInput):
 		return CodeInvalidRequest, 0
 	case errors.Is(err, upstream.ErrUnsupported):
@@ -194,6 +202,15 @@ func classify(runCtx context.Context, err error) (string, int32) {
 		return CodeInternal, 0
 	}
 	return CodeUpstreamError, 0
+}
+
+// requestErrorCode is the failure code of a request that got no response
+// head: upstream_connect when no connection opened, else upstream_reset.
+func requestErrorCode(re *upstream.RequestError) string {
+	if re.Connect {
+		return CodeUpstreamConnect
+	}
+	return CodeUpstreamReset
 }
 
 // admit applies the boundary checks shared by runs and tunnels: stall

@@ -126,7 +126,7 @@ func (s *Set) relay(ctx, runCtx context.Context, inst *instance, ep *upstream.En
 	if len(req.GetBody()) > 0 && hreq.Header.Get("Content-Type") == "" {
 		hreq.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := ep.Client.Do(hreq)
+	resp, err := ep.Do(hreq)
 	if err != nil {
 		return failFrame(ctx, runCtx, inst.name, "upstream request", err)
 	}
@@ -306,14 +306,18 @@ func errorFrame(code, msg string) *iop.ProviderTunnelFrame {
 }
 
 // failFrame is the terminal of a failed request or read: cancelled when
-// ctx ended (SPEC E5, T3), timeout when timeout_sec expired, upstream_error
-// otherwise.
+// ctx ended (SPEC E5, T3), timeout when timeout_sec expired,
+// upstream_connect or upstream_reset when the request got no response head
+// (*upstream.RequestError), upstream_error otherwise.
 func failFrame(ctx, runCtx context.Context, adapter, what string, err error) *iop.ProviderTunnelFrame {
+	var re *upstream.RequestError
 	switch {
 	case ctx.Err() != nil:
 		return errorFrame(CodeCancelled, fmt.Sprintf("tunnel cancelled: %v", context.Cause(ctx)))
 	case runCtx.Err() != nil && errors.Is(context.Cause(runCtx), errRunDeadline):
 		return errorFrame(CodeTimeout, fmt.Sprintf("adapter %q: %s: %v", adapter, what, errRunDeadline))
+	case errors.As(err, &re):
+		return errorFrame(requestErrorCode(re), fmt.Sprintf("adapter %q: %s: %v", adapter, what, err))
 	}
 	return errorFrame(CodeUpstreamError, fmt.Sprintf("adapter %q: %s: %v", adapter, what, err))
 }

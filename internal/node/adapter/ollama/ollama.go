@@ -227,7 +227,7 @@ func (d *Driver) Probe(ctx context.Context, target string) string {
 	if err != nil {
 		return "unknown"
 	}
-	resp, err := d.EP.Client.Do(req)
+	resp, err := d.EP.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
 			return "unknown"

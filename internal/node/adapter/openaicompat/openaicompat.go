@@ -173,7 +173,7 @@ func (d *Driver) get(ctx context.Context, rel string, limit int64) (int, []byte,
 	if err != nil {
 		return 0, nil, "unknown"
 	}
-	resp, err := d.EP.Client.Do(req)
+	resp, err := d.EP.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
 			return 0, nil, "unknown"

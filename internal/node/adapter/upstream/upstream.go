@@ -19,9 +19,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
+	"time"
 
 	iop "iop/proto/gen/iop"
 )
@@ -43,14 +46,43 @@ var (
 
 // StatusError: the provider answered a non-2xx HTTP status before any
 // output. Message is the provider's own error message (from its JSON error
-// object when it sent one), at most 1 KiB. → "upstream_status".
+// object when it sent one), at most 1 KiB. RetryAfter is the answer's
+// Retry-After (RFC 9110 §10.2.3: delay-seconds or an HTTP date), 0 when
+// absent or unreadable. → "upstream_status".
 type StatusError struct {
-	Status  int
-	Message string
+	Status     int
+	Message    string
+	RetryAfter time.Duration
 }
 
 func (e *StatusError) Error() string {
 	return fmt.Sprintf("upstream status %d: %s", e.Status, e.Message)
+}
+
+// RequestError: the request got no response head. Connect says the
+// connection could not be opened at all (the dial failed: refused,
+// unreachable, DNS, dial timeout) → "upstream_connect"; otherwise the
+// connection was closed, reset or broken after it was opened and before the
+// status line arrived → "upstream_reset". The caller's own cancel and
+// deadline are not RequestErrors' business: the adapter checks its contexts
+// first.
+type RequestError struct {
+	Err     error
+	Connect bool
+}
+
+func (e *RequestError) Error() string { return e.Err.Error() }
+func (e *RequestError) Unwrap() error { return e.Err }
+
+// Do sends req with e.Client and wraps a transport failure (no response
+// head) as *RequestError.
+func (e *Endpoint) Do(req *http.Request) (*http.Response, error) {
+	resp, err := e.Client.Do(req)
+	if err != nil {
+		var op *net.OpError
+		return nil, &RequestError{Err: err, Connect: errors.As(err, &op) && op.Op == "dial"}
+	}
+	return resp, nil
 }
 
 // Metadata keys of a COMPLETE run event (SPEC E8, E9).
@@ -137,7 +169,8 @@ func (e *Endpoint) NewRequest(ctx context.Context, method, rel string, body io.R
 
 // PostJSON sends body as application/json to rel and returns the response
 // when its status is 2xx. A non-2xx response is read (at most 64 KiB),
-// closed and returned as *StatusError.
+// closed and returned as *StatusError; no response at all is a
+// *RequestError.
 func (e *Endpoint) PostJSON(ctx context.Context, rel string, body []byte, accept string) (*http.Response, error) {
 	req, err := e.NewRequest(ctx, http.MethodPost, rel, bytes.NewReader(body))
 	if err != nil {
@@ -147,7 +180,7 @@ func (e *Endpoint) PostJSON(ctx context.Context, rel string, body []byte, accept
 	if accept != "" {
 		req.Header.Set("Accept", accept)
 	}
-	resp, err := e.Client.Do(req)
+	resp, err := e.Do(req)
 	if err != nil {
 		return nil, err
 	}
@@ -162,7 +195,32 @@ func (e *Endpoint) PostJSON(ctx context.Context, rel string, body []byte, accept
 func ReadStatusError(resp *http.Response) *StatusError {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	return &StatusError{Status: resp.StatusCode, Message: ErrorMessage(b, resp.Status)}
+	return &StatusError{Status: resp.StatusCode, Message: ErrorMessage(b, resp.Status),
+		RetryAfter: RetryAfter(resp.Header.Get("Retry-After"), time.Now())}
+}
+
+// MaxRetryAfter bounds a parsed Retry-After: a larger value is taken as
+// this (a day), so that no later arithmetic overflows.
+const MaxRetryAfter = 24 * time.Hour
+
+// RetryAfter parses a Retry-After value (RFC 9110 §10.2.3): delay-seconds
+// or an HTTP date, which counts from now. It returns 0 for an empty,
+// malformed or past value, and at most MaxRetryAfter.
+func RetryAfter(v string, now time.Time) time.Duration {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0
+	}
+	var d time.Duration
+	if n, err := strconv.ParseUint(v, 10, 64); err == nil {
+		if n > uint64(MaxRetryAfter/time.Second) {
+			return MaxRetryAfter
+		}
+		d = time.Duration(n) * time.Second
+	} else if t, err := http.ParseTime(v); err == nil {
+		d = t.Sub(now)
+	}
+	return max(0, min(d, MaxRetryAfter))
 }
 
 // ErrorMessage extracts the human message of a provider error body: OpenAI
