@@ -394,8 +394,11 @@ func TestRedispatchSameRequest(t *testing.T) {
 	p.mu.Lock()
 	reqs := append([]pool.Request(nil), p.reqs...)
 	p.mu.Unlock()
-	if len(reqs) != 2 || !reflect.DeepEqual(reqs[0], reqs[1]) {
-		t.Errorf("pool requests %+v, want the same request twice", reqs)
+	// H11: the same request, excluding the provider already tried.
+	want := reqs[0]
+	want.Exclude = []pool.Key{leaseA.Key}
+	if len(reqs) != 2 || len(reqs[0].Exclude) != 0 || !reflect.DeepEqual(reqs[1], want) {
+		t.Errorf("pool requests %+v, want the same request twice, the second excluding %v", reqs, leaseA.Key)
 	}
 	p.checkReleased(t)
 }

@@ -57,7 +57,11 @@ const (
 	MaxLeaseTTLMs         = 300000 // lease.MaxTTL
 	// MaxAffinityEpsilon bounds models[].affinity_epsilon: beyond it the
 	// load bound no longer bounds anything.
-	MaxAffinityEpsilon = 100.0
+	MaxAffinityEpsilon    = 100.0
+	DefaultBaseEjectionMs = 1000  // outlier_detection.base_ejection_ms
+	DefaultMaxEjectionMs  = 30000 // outlier_detection.max_ejection_ms
+	// MaxIdleTimeoutMs bounds upstream_idle_timeout_ms (a day).
+	MaxIdleTimeoutMs = 86400000
 	// MaxStallTimeoutMs is the largest stall timeout that is still a
 	// time.Duration (SPEC E2).
 	MaxStallTimeoutMs = math.MaxInt64 / int64(time.Millisecond)
@@ -90,6 +94,9 @@ type Config struct {
 	HTTP        HTTP        `json:"http"`
 	Admin       Admin       `json:"admin"`
 	Shutdown    Shutdown    `json:"shutdown"`
+	// OutlierDetection is passive health: providers whose requests fail
+	// are skipped for a while (issue 11).
+	OutlierDetection OutlierDetection `json:"outlier_detection"`
 
 	// CredentialProjection is not read from the file: the Edge sets it
 	// after loading the secret store (internal/edge/creds), and NodePayload
@@ -108,6 +115,32 @@ type CredentialProjection struct {
 type NodeCredentials struct {
 	Generation    uint64
 	SlotRevisions map[string]uint64
+}
+
+// DefaultEjectStatuses are the upstream statuses that count as a provider
+// failure by default: 500 and the gateway errors. The edge validates the
+// JSON it forwards, so llama-server's 500 for malformed JSON cannot be a
+// client's doing; a deployment whose backend answers some valid but
+// unservable requests with 500 sets outlier_detection.statuses without it.
+var DefaultEjectStatuses = []int{500, 502, 503, 504}
+
+// OutlierDetection is the passive-health policy (issue 11): a provider
+// whose request fails before the first byte — the connection could not be
+// opened, it was reset before the response head, the upstream answered one
+// of Statuses, or 429 — is ejected (skipped while another live candidate
+// can take the request) for a cooling-down window: 429 for its
+// Retry-After, otherwise BaseEjectionMs doubled for every consecutive
+// failure, at most MaxEjectionMs; a success resets the doubling. Such a
+// request is re-dispatched to a candidate it has not tried yet
+// (models[].max_attempts).
+type OutlierDetection struct {
+	// Enabled: omitted = true; false turns ejection off (re-dispatch stays).
+	Enabled        *bool `json:"enabled"`
+	BaseEjectionMs int64 `json:"base_ejection_ms"`
+	MaxEjectionMs  int64 `json:"max_ejection_ms"`
+	// Statuses: 5xx statuses that count as a failure; omitted =
+	// DefaultEjectStatuses, [] = none (429 always counts).
+	Statuses []int `json:"statuses"`
 }
 
 // TLS holds the Edge's workload certificate for the node listener (SPEC I1).
@@ -168,6 +201,9 @@ type Adapter struct {
 	CredentialSlot         string            `json:"credential_slot"`
 	ResponseStallTimeoutMs int64             `json:"response_stall_timeout_ms"`
 	ProfileOverrides       *ProfileOverrides `json:"profile_overrides"`
+	// UpstreamIdleTimeoutMs: how long the node reuses an idle upstream
+	// connection; 0 = the profile's default (EffectiveUpstreamIdleTimeoutMs).
+	UpstreamIdleTimeoutMs int64 `json:"upstream_idle_timeout_ms"`
 }
 
 // ProfileOverrides replaces single fields of a named profile. A path set to
@@ -204,6 +240,11 @@ type Model struct {
 	// for the busy provider holding its conversation while another
 	// provider is free; 0 = never.
 	AffinityWaitMs int64 `json:"affinity_wait_ms"`
+	// MaxAttempts bounds the providers one request is sent to: the first
+	// plus re-dispatches after a failure or stall before the first byte
+	// (issue 11, SPEC H11), never the same provider twice. 0 = every
+	// provider of the group once; 1 = no re-dispatch.
+	MaxAttempts int `json:"max_attempts"`
 }
 
 // ModelProvider is one (node, provider, target) candidate.
@@ -361,6 +402,20 @@ func (c *Config) applyDefaults() {
 			m.AffinityEpsilon = &e
 		}
 	}
+	od := &c.OutlierDetection
+	if od.Enabled == nil {
+		on := true
+		od.Enabled = &on
+	}
+	if od.BaseEjectionMs == 0 {
+		od.BaseEjectionMs = DefaultBaseEjectionMs
+	}
+	if od.MaxEjectionMs == 0 {
+		od.MaxEjectionMs = max(DefaultMaxEjectionMs, od.BaseEjectionMs)
+	}
+	if od.Statuses == nil {
+		od.Statuses = append([]int(nil), DefaultEjectStatuses...)
+	}
 	for i := range c.Nodes {
 		for j := range c.Nodes[i].Adapters {
 			a := &c.Nodes[i].Adapters[j]
@@ -510,6 +565,9 @@ func (c *Config) validate() jsonconfig.Errors {
 		if m.LongContextTokens < 0 {
 			add(p+".long_context_tokens", "must be ≥ 0, got %d", m.LongContextTokens)
 		}
+		if m.MaxAttempts < 0 || m.MaxAttempts > len(m.Providers) {
+			add(p+".max_attempts", "must be between 0 (every provider once) and the number of providers (%d), got %d", len(m.Providers), m.MaxAttempts)
+		}
 		if len(m.Providers) == 0 {
 			add(p+".providers", "at least one provider is required")
 		}
@@ -557,6 +615,18 @@ func (c *Config) validate() jsonconfig.Errors {
 		add("shutdown.drain_timeout_ms", "must be between 1 and %d, got %d", MaxDrainTimeoutMs, c.Shutdown.DrainTimeoutMs)
 	}
 	c.validateCredentials(add)
+	od := c.OutlierDetection
+	if od.BaseEjectionMs < 0 || od.BaseEjectionMs > MaxIdleTimeoutMs {
+		add("outlier_detection.base_ejection_ms", "must be between 1 and %d, got %d", int64(MaxIdleTimeoutMs), od.BaseEjectionMs)
+	}
+	if od.MaxEjectionMs < od.BaseEjectionMs || od.MaxEjectionMs > MaxIdleTimeoutMs {
+		add("outlier_detection.max_ejection_ms", "must be between base_ejection_ms (%d) and %d, got %d", od.BaseEjectionMs, int64(MaxIdleTimeoutMs), od.MaxEjectionMs)
+	}
+	for i, st := range od.Statuses {
+		if st < 500 || st > 599 {
+			add(fmt.Sprintf("outlier_detection.statuses[%d]", i), "want a 5xx status (429 always counts), got %d", st)
+		}
+	}
 	if c.HTTP.MaxBodyBytes < 0 || c.HTTP.MaxBodyBytes > MaxBodyBytesLimit {
 		add("http.max_body_bytes", "must be between 1 and %d (a tunnel frame carries the whole body), got %d", MaxBodyBytesLimit, c.HTTP.MaxBodyBytes)
 	}
@@ -633,6 +703,9 @@ func (c *Config) validateAdapter(ap string, a *Adapter, add func(string, string,
 			add(ap+".credential_slot", "set either credential_slot (the edge's secret store) or api_key_env (the node's environment), not both")
 		}
 	}
+	if a.UpstreamIdleTimeoutMs < 0 || a.UpstreamIdleTimeoutMs > MaxIdleTimeoutMs {
+		add(ap+".upstream_idle_timeout_ms", "must be between 0 (the profile's default) and %d, got %d", int64(MaxIdleTimeoutMs), a.UpstreamIdleTimeoutMs)
+	}
 }
 
 var (
@@ -698,6 +771,15 @@ func (c *Config) ModelByName(name string) *Model {
 	return nil
 }
 
+// AttemptBound is how many providers one request of model m may be sent
+// to: m.MaxAttempts, or (0) every provider of the group once.
+func (m *Model) AttemptBound() int {
+	if m.MaxAttempts > 0 {
+		return m.MaxAttempts
+	}
+	return len(m.Providers)
+}
+
 // EffectiveStallTimeoutMs is the stall timeout a request dispatched to mp
 // carries (SPEC Q6): the provider entry's value, else its adapter's, else
 // 300000 ms.
@@ -742,6 +824,7 @@ func (c *Config) NodePayload(nodeID string) *iop.NodeConfigPayload {
 			BaseUrl:                a.BaseURL,
 			ResponseStallTimeoutMs: a.ResponseStallTimeoutMs,
 			ApiKeyEnv:              a.APIKeyEnv,
+			UpstreamIdleTimeoutMs:  EffectiveUpstreamIdleTimeoutMs(a),
 		}
 		if a.Type == TypeOpenAICompat {
 			ac.OpenaiCompat = &iop.OpenAICompatAdapterConfig{ProtocolProfile: ResolveProfile(a)}

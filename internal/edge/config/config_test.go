@@ -2,6 +2,7 @@ package config
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -276,5 +277,72 @@ func TestListenClashSpelledDifferently(t *testing.T) {
 	s := strings.Replace(valid, `"tls":`, `"http_listen": "127.0.0.1:8123", "admin_listen": "127.0.0.2:8123", "tls":`, 1)
 	if _, err := Parse([]byte(s)); err != nil {
 		t.Errorf("different hosts, same port: %v", err)
+	}
+}
+
+// Issue 11: the upstream idle lifetime the node gets — the adapter's
+// upstream_idle_timeout_ms, else below the server's own keep-alive timeout
+// for llama-server and vLLM, else 0 (the node's default) for servers that
+// keep idle connections.
+func TestUpstreamIdleTimeout(t *testing.T) {
+	rows := []struct {
+		name string
+		a    Adapter
+		want int64
+	}{
+		{"llamacpp profile default", Adapter{Type: TypeOpenAICompat, Profile: ProfileLlamaCpp}, DefaultKeepAliveIdleMs},
+		{"vllm profile default", Adapter{Type: TypeOpenAICompat, Profile: ProfileVLLM}, DefaultKeepAliveIdleMs},
+		{"ollama profile keeps", Adapter{Type: TypeOpenAICompat, Profile: ProfileOllama}, 0},
+		{"openai profile keeps", Adapter{Type: TypeOpenAICompat, Profile: ProfileOpenAI}, 0},
+		{"ollama type keeps", Adapter{Type: TypeOllama}, 0},
+		{"override wins", Adapter{Type: TypeOpenAICompat, Profile: ProfileLlamaCpp, UpstreamIdleTimeoutMs: 1500}, 1500},
+		{"override on ollama", Adapter{Type: TypeOllama, UpstreamIdleTimeoutMs: 60000}, 60000},
+	}
+	for _, r := range rows {
+		t.Run(r.name, func(t *testing.T) {
+			if got := EffectiveUpstreamIdleTimeoutMs(&r.a); got != r.want {
+				t.Errorf("got %d ms, want %d", got, r.want)
+			}
+		})
+	}
+	c := mustParse(t, valid)
+	p := c.NodePayload("gpu-1")
+	if got := p.Adapters[0].UpstreamIdleTimeoutMs; got != 0 {
+		t.Errorf("payload: ollama adapter gets %d, want 0", got)
+	}
+	if got := p.Adapters[1].UpstreamIdleTimeoutMs; got != DefaultKeepAliveIdleMs {
+		t.Errorf("payload: llamacpp adapter gets %d, want %d", got, DefaultKeepAliveIdleMs)
+	}
+}
+
+// Issue 11: outlier_detection and models[].max_attempts defaults and
+// validation.
+func TestOutlierDetectionAndAttempts(t *testing.T) {
+	c := mustParse(t, valid)
+	od := c.OutlierDetection
+	if !*od.Enabled || od.BaseEjectionMs != DefaultBaseEjectionMs || od.MaxEjectionMs != DefaultMaxEjectionMs ||
+		fmt.Sprint(od.Statuses) != "[502 503 504]" {
+		t.Errorf("defaults: got %+v (statuses %v)", od, od.Statuses)
+	}
+	if got := c.Models[0].AttemptBound(); got != 2 {
+		t.Errorf("max_attempts 0: bound %d, want every provider once (2)", got)
+	}
+	c2 := mustParse(t, strings.Replace(valid, `"models"`, `"outlier_detection": {"enabled": false, "statuses": []}, "models"`, 1))
+	if *c2.OutlierDetection.Enabled || len(c2.OutlierDetection.Statuses) != 0 {
+		t.Errorf("explicit off and no statuses: got %+v", c2.OutlierDetection)
+	}
+	bad := strings.Replace(valid, `"models"`, `"outlier_detection": {"base_ejection_ms": -1, "max_ejection_ms": 5, "statuses": [429, 503]}, "models"`, 1)
+	bad = strings.Replace(bad, `"long_context_tokens": 8192`, `"long_context_tokens": 8192, "max_attempts": 3`, 1)
+	bad = strings.Replace(bad, `"api_key_env": "LLAMA_KEY"`, `"api_key_env": "LLAMA_KEY", "upstream_idle_timeout_ms": -2`, 1)
+	_, err := Parse([]byte(bad))
+	for _, w := range []string{
+		"outlier_detection.base_ejection_ms: must be between",
+		"outlier_detection.statuses[0]: want a 5xx status",
+		"models[0].max_attempts: must be between 0",
+		"nodes[0].adapters[1].upstream_idle_timeout_ms: must be between",
+	} {
+		if err == nil || !strings.Contains(err.Error(), w) {
+			t.Errorf("missing %q in: %v", w, err)
+		}
 	}
 }

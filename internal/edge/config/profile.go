@@ -28,7 +28,16 @@ type profileDefaults struct {
 	modelsPath, chatCompletionsPath, messagesPath, countTokensPath, responsesPath, health string
 	completionsPath, embeddingsPath                                                       string
 	nativeTools                                                                           bool
+	// idleMs is the default upstream_idle_timeout_ms (0 = the node's
+	// default, 90000): below the server's own keep-alive timeout.
+	idleMs int64
 }
+
+// DefaultKeepAliveIdleMs is the default upstream_idle_timeout_ms of the
+// profiles whose servers close a keep-alive connection idle for 5 s
+// (llama-server's cpp-httplib, vLLM's uvicorn): 3 s leaves 2 s for the
+// node to read the end of an answer after the server wrote it (issue 11).
+const DefaultKeepAliveIdleMs = 3000
 
 // namedProfile returns the defaults of a named profile. Paths follow what
 // each server serves: OpenAI's API reference; vLLM's OpenAI-compatible
@@ -49,11 +58,13 @@ func namedProfile(name string) (profileDefaults, bool) {
 	case ProfileVLLM:
 		d.responsesPath = "/v1/responses"
 		d.health = "/health"
+		d.idleMs = DefaultKeepAliveIdleMs
 	case ProfileLlamaCpp:
 		d.messagesPath = "/v1/messages"
 		d.countTokensPath = "/v1/messages/count_tokens"
 		d.responsesPath = "/v1/responses"
 		d.health = "/health"
+		d.idleMs = DefaultKeepAliveIdleMs
 	case ProfileOllama:
 		d.messagesPath = "/v1/messages"
 		d.responsesPath = "/v1/responses"
@@ -104,6 +115,23 @@ func ResolveProfile(a *Adapter) *iop.ConcreteProtocolProfile {
 		}
 	}
 	return p
+}
+
+// EffectiveUpstreamIdleTimeoutMs is how long (ms) the node may reuse an
+// idle upstream connection of adapter a: its upstream_idle_timeout_ms, else
+// its profile's default (llamacpp, vllm: DefaultKeepAliveIdleMs), else 0
+// (the node's default, 90000: Ollama's server and hosted APIs keep idle
+// connections).
+func EffectiveUpstreamIdleTimeoutMs(a *Adapter) int64 {
+	if a.UpstreamIdleTimeoutMs > 0 {
+		return a.UpstreamIdleTimeoutMs
+	}
+	if a.Type == TypeOpenAICompat {
+		if d, ok := namedProfile(a.Profile); ok {
+			return d.idleMs
+		}
+	}
+	return 0
 }
 
 // Operations lists the operations adapter a serves: an ollama adapter

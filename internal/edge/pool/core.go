@@ -112,6 +112,12 @@ type resource struct {
 	// cache).
 	id  uint64
 	aff *routing.Table
+
+	// Passive-health ejection (cooling.go); no generation: it is about
+	// the backend, not the node's connection.
+	ejected      bool
+	ejectedUntil time.Time
+	ejectReason  string
 }
 
 func (r *resource) isOverlaid() bool {
@@ -119,10 +125,10 @@ func (r *resource) isOverlaid() bool {
 }
 
 // live reports whether r may be a candidate (SPEC Q3, P3): configured, its
-// node ready at the current generation and not draining, no overlay, some
-// capacity.
+// node ready at the current generation and not draining, no overlay, not
+// ejected by passive health (cooling.go), some capacity.
 func (r *resource) live() bool {
-	return r.configured && r.node.ready && !r.node.draining && !r.isOverlaid() && r.cfg.Capacity > 0
+	return r.configured && r.node.ready && !r.node.draining && !r.isOverlaid() && !r.ejected && r.cfg.Capacity > 0
 }
 
 func (r *resource) free(long bool) bool {
@@ -154,7 +160,7 @@ func (g *group) isLong(promptTokens int) bool {
 
 func (g *group) class(op string, long bool) *class {
 	for _, c := range g.classes {
-		if c.long == long && c.op == op {
+		if c.long == long && c.op == op && !c.narrowed {
 			return c
 		}
 	}
@@ -169,6 +175,10 @@ type class struct {
 	long  bool
 	cands []cand // supporting, capacity > 0, deduplicated by Key, config order
 	q     wlist
+	// narrowed: the class of re-dispatched requests that excluded some
+	// providers (exclude.go); in g.classes only while it has waiters.
+	narrowed   bool
+	registered bool
 }
 
 type cand struct {
@@ -186,6 +196,7 @@ type waiter struct {
 	promptTokens int
 	prefix       []uint64  // Request.Prefix, read while queued
 	pin          *resource // while pinned: the provider it waits for (pin.go)
+	exclude      []Key // Request.Exclude
 	cls          *class
 	queued       bool
 	timeout      time.Duration
@@ -280,6 +291,11 @@ func (s *state) admit(r Request) (*Lease, *class, error) {
 	if c == nil {
 		return nil, nil, &NoCandidateError{Model: r.Model, Operation: r.Operation, Long: long}
 	}
+	if len(r.Exclude) > 0 {
+		if c = c.narrow(r.Exclude); c == nil {
+			return nil, nil, fmt.Errorf("model %q: %w", r.Model, ErrAllTried)
+		}
+	}
 	if c.q.n == 0 {
 		if cd, res, holder := s.choose(c, r.Prefix); cd != nil {
 			if holder == nil || g.affinityWait <= 0 || s.waiters >= s.maxWaiters {
@@ -311,6 +327,7 @@ func (s *state) enqueue(c *class, w *waiter, timeout time.Duration) (pinned bool
 		w.pin, s.pinTo = s.pinTo, nil
 		s.pinned.push(w, false)
 	} else {
+		c.register()
 		c.q.push(w, false)
 	}
 	s.all.push(w, true)
@@ -326,6 +343,7 @@ func (s *state) dequeue(w *waiter) {
 		w.pin = nil
 	} else {
 		w.cls.q.remove(w, false)
+		w.cls.unregisterIfEmpty()
 	}
 	s.all.remove(w, true)
 	w.queued = false

@@ -75,7 +75,7 @@ func (h *harness) acq(name string, r Request) {
 	case l != nil:
 		h.leases[name] = l
 	default:
-		w := &waiter{model: r.Model, op: r.Operation, promptTokens: r.PromptTokens, prefix: r.Prefix}
+		w := &waiter{model: r.Model, op: r.Operation, promptTokens: r.PromptTokens, prefix: r.Prefix, exclude: r.Exclude}
 		h.s.enqueue(c, w, h.s.waitTimeout)
 		h.waiters[name], h.names[w] = w, name
 	}

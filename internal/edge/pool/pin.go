@@ -49,6 +49,7 @@ func (s *state) unpin(w *waiter) {
 	}
 	s.pinned.remove(w, false)
 	w.pin = nil
+	w.cls.register() // a narrowed class (exclude.go) is listed only while it has waiters
 	q := &w.cls.q
 	at := q.tail // insert after the last earlier arrival
 	for at != nil && at.seq > w.seq {

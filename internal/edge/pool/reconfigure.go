@@ -3,6 +3,7 @@ package pool
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"iop/internal/edge/routing"
 )
@@ -132,12 +133,18 @@ func (s *state) rehome(w *waiter) {
 	if g != nil {
 		c = g.class(w.op, g.isLong(w.promptTokens))
 	}
+	if c != nil && len(w.exclude) > 0 {
+		c = c.narrow(w.exclude)
+	}
 	if c == nil {
 		s.all.remove(w, true)
 		w.queued = false
 		s.waiters--
 		var err error = fmt.Errorf("model %q removed by reconfigure: %w", w.model, ErrUnknownModel)
-		if g != nil {
+		switch {
+		case g != nil && len(w.exclude) > 0 && g.class(w.op, g.isLong(w.promptTokens)) != nil:
+			err = fmt.Errorf("model %q: %w", w.model, ErrAllTried)
+		case g != nil:
 			err = &NoCandidateError{Model: w.model, Operation: w.op, Long: g.isLong(w.promptTokens)}
 		}
 		s.fx.failed = append(s.fx.failed, failure{w, err})
@@ -146,6 +153,7 @@ func (s *state) rehome(w *waiter) {
 	// The old class is garbage now; only w's class links need resetting.
 	w.prev, w.next = nil, nil
 	w.cls = c
+	c.register()
 	c.q.push(w, false)
 }
 
@@ -171,6 +179,9 @@ func (c *class) why() string {
 			down = append(down, "node "+r.node.id+" not ready")
 		case r.isOverlaid():
 			down = append(down, "provider "+r.cfg.Key.String()+" unavailable")
+		case r.ejected:
+			down = append(down, "provider "+r.cfg.Key.String()+" cooling down after "+r.ejectReason+" failures until "+
+				r.ejectedUntil.UTC().Format(time.RFC3339))
 		default:
 			down = append(down, "provider "+r.cfg.Key.String()+" not configured")
 		}

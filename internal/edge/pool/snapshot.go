@@ -18,6 +18,10 @@ const (
 	HealthUnavailable = "unavailable"
 )
 
+// coolingTime is the format of ProviderSnapshot.cooling_until: RFC 3339,
+// UTC, milliseconds.
+const coolingTime = "2006-01-02T15:04:05.000Z07:00"
+
 // NodeSnapshot is one configured node as the Edge sees it (SPEC N3).
 // Connected is true only while a generation is ready (P3); ReadySince is
 // the zero time otherwise. Providers are in config order.
@@ -38,6 +42,9 @@ type NodeSnapshot struct {
 //     every provider status=unavailable, health=offline, all numbers 0;
 //   - overlaid provider: status=unavailable, health=unavailable, all numbers
 //     0 (identity and category kept);
+//   - ejected by passive health (cooling.go): as below but status=unavailable,
+//     health=cooling; cooling_until and cooling_reason are set whenever it is
+//     ejected, whatever its node's state;
 //   - otherwise status=available, health=healthy, configured capacity and
 //     long capacity, in_flight/long_in_flight = leases held, and
 //     queued/long_queued = queued requests that count it as a live
@@ -104,6 +111,9 @@ func (s *state) snapshot() []NodeSnapshot {
 				if n.draining {
 					ps.Status = StatusDraining
 				}
+				if r.ejected {
+					ps.Status, ps.Health = StatusUnavailable, HealthCooling
+				}
 				ps.Capacity = int32(r.cfg.Capacity)
 				ps.LongCapacity = int32(r.cfg.LongCapacity)
 				ps.InFlight = int32(r.inFlight)
@@ -111,6 +121,10 @@ func (s *state) snapshot() []NodeSnapshot {
 				if pc := pressure[r]; pc != nil {
 					ps.Queued, ps.LongQueued = int32(pc.queued), int32(pc.longQueued)
 				}
+			}
+			if r.ejected {
+				ps.CoolingUntil = r.ejectedUntil.UTC().Format(coolingTime)
+				ps.CoolingReason = r.ejectReason
 			}
 			ns.Providers = append(ns.Providers, ps)
 		}

@@ -114,6 +114,10 @@ type Request struct {
 	Operation    string
 	PromptTokens int
 	Prefix       []uint64
+	// Exclude lists providers the request must not be given: those a
+	// re-dispatched request already tried (issue 11, SPEC H11: never the
+	// same provider twice in one request). Empty for a first admission.
+	Exclude []Key
 }
 
 // QueueFullRetryAfter is the Retry-After a QueueFullError suggests.
@@ -135,6 +139,9 @@ var (
 	ErrQueueFull = errors.New("pool: queue full")
 	// ErrWaitTimeout: the request waited WaitTimeout without a lease.
 	ErrWaitTimeout = errors.New("pool: wait timeout")
+	// ErrAllTried: Request.Exclude leaves no configured provider for the
+	// request: a re-dispatch has no candidate left to try.
+	ErrAllTried = errors.New("pool: every provider of the request was tried")
 )
 
 // NoCandidateError wraps ErrNoCandidate.
