@@ -25,6 +25,7 @@ import (
 	"iop/internal/edge/creds"
 	"iop/internal/edge/events"
 	"iop/internal/edge/health"
+	"iop/internal/edge/outlier"
 	"iop/internal/edge/pool"
 	"iop/internal/edge/routing"
 	"iop/internal/edge/transport"
@@ -89,6 +90,17 @@ func PoolConfig(c *config.Config) pool.Config {
 	return pc
 }
 
+// OutlierPolicy projects outlier_detection onto the passive-health policy
+// (issue 11).
+func OutlierPolicy(c *config.Config) outlier.Policy {
+	od := c.OutlierDetection
+	return outlier.Policy{
+		Base:     time.Duration(od.BaseEjectionMs) * time.Millisecond,
+		Max:      time.Duration(od.MaxEjectionMs) * time.Millisecond,
+		Disabled: od.Enabled != nil && !*od.Enabled,
+	}
+}
+
 // Run serves until ctx is done, then drains HTTP (bounded), closes node
 // sessions and returns nil. It returns an error at once when the TLS
 // material is unusable or a listener cannot be opened.
@@ -129,13 +141,21 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	ht = health.New(health.Options{Overlay: overlayEvents{p, bus}, Commander: tr, Logger: log.With("component", "health"),
 		ProbeInterval: o.HealthProbeInterval})
 	metrics, recent := access.NewMetrics(), access.NewRecent(0)
-	h := api.New(api.Options{Config: current, Pool: p, Dispatcher: tr, Health: ht, Logger: log.With("component", "api"),
+	od := outlier.New(outlier.Options{Pool: p, Policy: OutlierPolicy(cfg), Logger: log.With("component", "outlier")})
+	defer od.Close()
+	h := api.New(api.Options{Config: current, Pool: p, Dispatcher: tr, Health: ht, Outlier: od, Logger: log.With("component", "api"),
 		AccessLog: log, Metrics: metrics, Recent: recent, Credentials: plane})
 	if h.OpenMode() {
 		log.Warn("no api_keys configured: the HTTP API is open to anyone who can reach it")
 	}
 	var counters []admin.Counter
 	for _, m := range ht.Metrics() {
+		counters = append(counters, admin.Counter{Name: m.Name, Help: m.Help, Type: "counter", Samples: m.Samples})
+	}
+	for _, m := range od.Metrics() {
+		counters = append(counters, admin.Counter{Name: m.Name, Help: m.Help, Type: "counter", Samples: m.Samples})
+	}
+	for _, m := range h.Metrics() {
 		counters = append(counters, admin.Counter{Name: m.Name, Help: m.Help, Type: "counter", Samples: m.Samples})
 	}
 	adm := admin.New(admin.Options{Status: p, Routing: p, Groups: p, Events: bus, Metrics: counters, Collectors: []admin.Collector{metrics},
@@ -223,6 +243,7 @@ loop:
 				continue
 			}
 			reload(ctx, log, cfg, nc, &cur, plane, p, tr)
+			od.SetPolicy(OutlierPolicy(nc))
 		}
 	}
 

@@ -146,17 +146,36 @@ func poolError(model string, err error) *apiError {
 
 // Failure codes a node puts on RunEvent/ProviderTunnelFrame ERROR.
 const (
-	failureStalled      = "response_stalled"
-	failureOverCapacity = "over_capacity"
-	failureInvalid      = "invalid_request"
+	failureStalled        = "response_stalled"
+	failureOverCapacity   = "over_capacity"
+	failureInvalid        = "invalid_request"
+	failureUpstreamStatus = "upstream_status"  // run path: upstream_status (and retry_after_ms) set
+	failureConnect        = "upstream_connect" // no connection to the backend
+	failureReset          = "upstream_reset"   // closed or reset before the response head
+	failureUpstreamError  = "upstream_error"   // broken after the response head
 )
 
-// nodeFailure maps a node's ERROR terminal to the client-visible error: a
-// stall is 504 (SPEC H1); the node's capacity gate 503; a request the node
-// or the upstream rejected as invalid passes through as 4xx; anything else is
-// a provider failure, 502. upstreamStatus is the upstream's HTTP status when
-// it answered one (run path only).
+// runFailure is the client-visible error of a run's ERROR event.
+func runFailure(ev *iop.RunEvent) *apiError {
+	e := nodeFailure(ev.FailureCode, ev.Error, ev.UpstreamStatus, ev.Failure)
+	if ra := time.Duration(ev.RetryAfterMs) * time.Millisecond; ra > 0 && ev.UpstreamStatus > 0 {
+		e.retryAfter = ra
+	}
+	return e
+}
+
+// nodeFailure maps a node's ERROR terminal to the client-visible error
+// (issue 11: the upstream's class, with its message, never an upstream
+// address or adapter name): a stall is 504 (SPEC H1); the node's capacity
+// gate 503; an upstream status on the run path keeps its class — 429 with a
+// Retry-After (the upstream's, else 1 s), 503, 504, a client error (400,
+// 413, 422 …) with the upstream's message, any other 5xx 502 with it — but
+// 401, 403, 404 and 407 describe the provider's own setup and are 502; an
+// invalid request 400; no connection or no answer 502; anything else 502.
+// upstreamStatus is the upstream's HTTP status when it answered one (run
+// path only).
 func nodeFailure(code, msg string, upstreamStatus int32, failure *iop.ExecutionFailure) *apiError {
+	st := int(upstreamStatus)
 	switch {
 	case code == failureStalled:
 		m := "the provider stopped responding (response stalled)"
@@ -171,11 +190,30 @@ func nodeFailure(code, msg string, upstreamStatus int32, failure *iop.ExecutionF
 		e := badGateway("credential_rejected", "the provider's node refused the request's credential lease: "+clientDetail(msg))
 		e.detail = msg
 		return e
-	case passThroughStatus(int(upstreamStatus)):
-		return &apiError{status: int(upstreamStatus), typ: "invalid_request_error", code: code, msg: "provider rejected the request: " + msg}
+	case st == http.StatusTooManyRequests:
+		return &apiError{status: st, typ: "rate_limit_error", code: "rate_limited", retryAfter: time.Second,
+			msg: "the provider is rate limited: " + clientDetail(msg), detail: msg}
+	case passThroughStatus(st):
+		return &apiError{status: st, typ: "invalid_request_error", code: code, msg: "provider rejected the request: " + clientDetail(msg),
+			detail: msg}
+	case st == http.StatusServiceUnavailable || st == http.StatusGatewayTimeout:
+		return &apiError{status: st, typ: "server_error", code: "provider_unavailable",
+			msg: "the provider is unavailable: " + clientDetail(msg), detail: msg}
+	case st >= 500 && st <= 599:
+		e := badGateway("provider_error", "the provider failed: "+clientDetail(msg))
+		e.detail = msg
+		return e
 	case code == failureInvalid:
 		return &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", code: code,
 			msg: "invalid request: " + clientDetail(msg), detail: msg}
+	case code == failureConnect:
+		e := badGateway("provider_unreachable", "the provider could not be reached")
+		e.detail = msg
+		return e
+	case code == failureReset:
+		e := badGateway("provider_error", "the provider closed the connection without answering")
+		e.detail = msg
+		return e
 	default:
 		if msg == "" {
 			msg = "unknown error"
@@ -188,11 +226,19 @@ func nodeFailure(code, msg string, upstreamStatus int32, failure *iop.ExecutionF
 
 // clientDetail is the part of a node's error message a client may see: the
 // node prefixes the adapter instance (`adapter "name": `), which names
-// internal topology, and Go decoding errors name internal types.
+// internal topology, and the status (`upstream status 503: `); Go decoding
+// errors name internal types.
 func clientDetail(msg string) string {
 	if strings.HasPrefix(msg, "adapter ") {
 		if i := strings.Index(msg, ": "); i > 0 {
 			msg = msg[i+2:]
+		}
+	}
+	// The node's "upstream status NNN: " prefix before the upstream's own
+	// message (the status is the response's already).
+	if rest, ok := strings.CutPrefix(msg, "upstream status "); ok {
+		if i := strings.Index(rest, ": "); i > 0 {
+			msg = rest[i+2:]
 		}
 	}
 	if i := strings.Index(msg, "Go struct field"); i >= 0 {

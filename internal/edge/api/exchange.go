@@ -135,16 +135,29 @@ type exchange struct {
 	// lease, handed to drain, which releases the lease once the node
 	// confirms (SPEC Q2, E4).
 	handoff bool
-	// released: lease went back (Q2); a re-dispatch releases the stalled
+	// released: lease went back (Q2); a re-dispatch releases the failed
 	// lease before it takes the next one (H11).
 	released bool
 	ok       bool // a success outcome was written
-	attempt  int  // 0, or 1 after a re-dispatch (H11)
-	// redispatch: relay stopped at an eligible stall terminal without
-	// writing anything; this is the stall's error, answered when no
-	// second lease comes (H11).
-	redispatch *apiError
-	head       head
+	head     head
+	// Re-dispatch (retry.go; SPEC H11, issue 11): the providers this
+	// request was sent to, in order (never one twice), how many it may be
+	// sent to, the deadline for re-dispatching after a failure (arrival +
+	// queue.wait_timeout_ms; zero = none), and the upstream statuses that
+	// count as a provider failure (outlier_detection.statuses).
+	tried    []pool.Key
+	bound    int
+	deadline time.Time
+	statuses []int
+	// retry: relay stopped at a failure before any byte that another
+	// candidate may answer; it answers the request when none comes. holding:
+	// a failing tunnel response being collected until its END.
+	retry, holding *retry
+	// observed: passive health has this attempt's verdict.
+	observed bool
+	// stallFirst: the lease a stall re-dispatch left, until the next
+	// attempt's outcome is recorded (SPEC H12).
+	stallFirst *pool.Lease
 	// The current attempt's watchers (relay): its context's cancel, the
 	// fence callback's stop and the response-wait timer.
 	cancel    context.CancelCauseFunc
@@ -156,7 +169,7 @@ type exchange struct {
 // again with it (H11), while the body is still there.
 func (x *exchange) poolRequest() pool.Request {
 	return pool.Request{Model: x.head.model, Operation: x.ep.operation, PromptTokens: pool.EstimatePromptTokens(len(x.body)),
-		Prefix: x.head.prefix}
+		Prefix: x.head.prefix, Exclude: x.tried}
 }
 
 // principal is the request's authenticated principal; "" in open mode.
@@ -180,8 +193,9 @@ type sink interface {
 
 // serveModel runs one model request: read and validate the body, acquire a
 // lease (waiting in the queue), dispatch by lease type (SPEC Q3) and relay
-// the result. The lease is released exactly once, after the stream closed.
-// A stall before any byte may be re-dispatched once on a new lease (H11).
+// the result. Every lease is released exactly once, after its stream
+// closed. A failure or stall before any byte may be re-dispatched to a
+// provider not tried yet (retry.go; H11).
 //
 // Its goroutine is parked in relay for the stream's whole life, so the
 // frames below relay are kept small: admission and the stream's start run
@@ -200,20 +214,17 @@ func (h *Handler) serveModel(ctx context.Context, w *recorder, r *http.Request, 
 		}
 	}()
 	defer h.releaseLease(x)
-	if st, s := h.start(x); st != nil {
-		h.relay(x, st, s)
+	for {
+		if st, s := h.start(x); st != nil {
+			h.relay(x, st, s)
+		}
+		if x.stallFirst != nil {
+			h.recovered(x)
+		}
+		if x.retry == nil || !h.reacquire(x) {
+			return
+		}
 	}
-	if x.redispatch == nil {
-		return
-	}
-	first := h.reacquire(x) // SPEC H11: once, on a second lease
-	if first == nil {
-		return
-	}
-	if st, s := h.start(x); st != nil {
-		h.relay(x, st, s)
-	}
-	h.recovered(x, first)
 }
 
 // admit reads and validates the body and acquires a lease, waiting in the
@@ -229,7 +240,11 @@ func (h *Handler) admit(ctx context.Context, w *recorder, r *http.Request, v *vi
 	// The body is in: lift the read deadline so that nothing later on this
 	// connection (its disconnect detector's read) ever runs into it.
 	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
-	x := &exchange{ctx: ctx, r: r, acc: w, out: output{w: w}, ep: ep, body: body, held: int64(cap(body))}
+	x := &exchange{ctx: ctx, r: r, acc: w, out: output{w: w}, ep: ep, body: body, held: int64(cap(body)),
+		statuses: v.cfg.OutlierDetection.Statuses}
+	if ms := v.cfg.Queue.WaitTimeoutMs; ms > 0 {
+		x.deadline = time.Now().Add(time.Duration(ms) * time.Millisecond)
+	}
 	hd := &x.head
 	if e := parseHead(body, ep, hd); e != nil {
 		h.dropBody(x)
@@ -265,6 +280,7 @@ func (h *Handler) admit(ctx context.Context, w *recorder, r *http.Request, v *vi
 		return nil
 	}
 	x.lease, x.model = lease, hd.model
+	x.tried, x.bound = append(x.tried, lease.Key), v.attemptBound(hd.model)
 	return x
 }
 
@@ -320,7 +336,12 @@ func (h *Handler) startFailed(x *exchange, err error) {
 	}
 	h.log.Warn("dispatch failed", "model", x.model, "node", x.lease.Node, "provider", x.lease.Provider,
 		"request_id", x.acc.rec.RequestID, "err", err)
-	writeError(x.out.w, x.ep.surface, badGateway("provider_unavailable", msg))
+	e := badGateway("provider_unavailable", msg)
+	if h.mayRetry(x, false) {
+		x.retry = &retry{reason: retryNodeLost, err: e} // nothing was sent: another candidate may take it
+		return
+	}
+	writeError(x.out.w, x.ep.surface, e)
 }
 
 // responseWait is the Edge's response-wait timeout between two envelopes:
@@ -395,13 +416,29 @@ func (h *Handler) unwatch(x *exchange, st dispatch.Stream) {
 }
 
 // deliver hands one envelope to s and reports whether relay is done: a
-// terminal was written, the client is gone, or a stall is re-dispatched
-// (H11). Once s wrote, the body can never be resent and is dropped.
+// terminal was written, the client is gone, or the attempt failed before
+// any byte and may be re-dispatched (x.retry, retry.go). Passive health
+// hears the attempt's verdict first (observe). Once s wrote, the body can
+// never be resent and is dropped.
 func (h *Handler) deliver(x *exchange, st dispatch.Stream, s sink, env *iop.Envelope) bool {
 	x.timer.Reset(h.responseWait(x.lease))
+	h.observe(x, env)
 	if h.stalled(x, s, env) {
 		return true // nothing written: serveModel re-dispatches (H11)
 	}
+	switch h.holdFailure(x, s, env) {
+	case holdKept:
+		return false
+	case holdDone:
+		return true // a failure before any byte: serveModel re-dispatches
+	case holdFlush:
+		return h.flushHeld(x, st, s)
+	}
+	return h.pass(x, st, s, env)
+}
+
+// pass is deliver's plain path: s writes env.
+func (h *Handler) pass(x *exchange, st dispatch.Stream, s sink, env *iop.Envelope) bool {
 	x.out.batch = st.Pending() // flush once per burst of frames (SPEC T2)
 	done, err := s.handle(env)
 	if err == nil && !done {
@@ -442,6 +479,9 @@ func (h *Handler) recvFailed(x *exchange, st dispatch.Stream, s sink, ctx contex
 		case errors.Is(cause, ErrFenced):
 			st.Cancel("fenced")
 			e = badGateway("provider_lost", "the provider's node connection was lost")
+			if h.retryLost(x, s, e) {
+				return false
+			}
 		case errors.Is(cause, ErrResponseWait):
 			st.Cancel("response_wait_timeout")
 			cancelled = true
@@ -459,6 +499,9 @@ func (h *Handler) recvFailed(x *exchange, st dispatch.Stream, s sink, ctx contex
 		}
 	case errors.Is(err, dispatch.ErrSessionLost):
 		e = badGateway("provider_lost", "the provider's node connection was lost")
+		if h.retryLost(x, s, e) {
+			return false
+		}
 	case errors.Is(err, io.EOF):
 		e = badGateway("provider_error", "the provider's stream ended without a result")
 	case errors.Is(err, dispatch.ErrProtocol):

@@ -28,8 +28,9 @@ func keySum(key string) string {
 	return hex.EncodeToString(s[:])
 }
 
-// testConfig is an Edge config with models "tiny" and "other"; keys maps
-// principal → key (none = open mode).
+// testConfig is an Edge config with models "tiny" and "other", one
+// provider each (so nothing is re-dispatched); keys maps principal → key
+// (none = open mode).
 func testConfig(keys map[string]string) *config.Config {
 	c := &config.Config{
 		Models: []config.Model{
@@ -40,6 +41,18 @@ func testConfig(keys map[string]string) *config.Config {
 	}
 	for p, k := range keys {
 		c.APIKeys = append(c.APIKeys, config.APIKey{Principal: p, KeySHA256: keySum(k)})
+	}
+	return c
+}
+
+// retryConfig is testConfig with n providers for "tiny" (n1/ollama,
+// n2/ollama, n3/ollama …): a request may go to each once (SPEC H11).
+func retryConfig(n int) *config.Config {
+	c := testConfig(nil)
+	c.Models[0].Providers = nil
+	for i := 1; i <= n; i++ {
+		c.Models[0].Providers = append(c.Models[0].Providers,
+			config.ModelProvider{Node: fmt.Sprintf("n%d", i), Provider: "ollama", Target: "tiny:latest"})
 	}
 	return c
 }

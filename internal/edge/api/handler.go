@@ -75,10 +75,13 @@ type Options struct {
 	// response is decided (SPEC H8) and the re-dispatch decisions (H11,
 	// H12). Without it no stall is re-dispatched.
 	Health Health
-	// RedispatchWait bounds the wait for a second lease when a stalled
+	// RedispatchWait bounds the wait for the next lease when a stalled
 	// request is re-dispatched (SPEC H11); 0 means DefaultRedispatchWait,
-	// a negative value turns re-dispatch off.
+	// a negative value turns every re-dispatch off (retry.go).
 	RedispatchWait time.Duration
+	// Outlier, when set, hears every attempt's verdict (passive health,
+	// retry.go): failures before the first byte and successes.
+	Outlier Outlier
 	// OnUsage, when set, observes token usage reported by a run's COMPLETE
 	// event or a tunnel's USAGE frames (observation only; never merged into
 	// a body, SPEC T2). principal is "" in open mode.
@@ -99,13 +102,14 @@ type Options struct {
 // /v1/models, POST /v1/chat/completions, /v1/responses, /v1/messages,
 // /v1/messages/count_tokens, GET /healthz. Safe for concurrent use.
 type Handler struct {
-	o      Options
-	log    *slog.Logger
-	view   atomic.Pointer[view]
-	bufs   sync.Pool // *[]byte: encoding buffers of run-path responses (runSink)
-	drain  *drainer
-	lim    limits          // connections, body bytes and per-key bounds (issue 12)
-	hasher *routing.Hasher // conversation prefixes for prefix_affinity groups (issue 16)
+	o       Options
+	log     *slog.Logger
+	view    atomic.Pointer[view]
+	bufs    sync.Pool // *[]byte: encoding buffers of run-path responses (runSink)
+	drain   *drainer
+	lim     limits          // connections, body bytes and per-key bounds (issue 12)
+	hasher  *routing.Hasher // conversation prefixes for prefix_affinity groups (issue 16)
+	retries [nRetryReasons]atomic.Uint64
 }
 
 // New returns the Handler for o.
@@ -147,6 +151,13 @@ type view struct {
 	// affinity names the model groups routed by prefix_affinity: only
 	// their requests carry a conversation prefix (issue 16).
 	affinity map[string]bool
+	bounds   map[string]int // model → models[].max_attempts in effect
+}
+
+// attemptBound is how many providers one request of model may be sent to
+// (at least 1).
+func (v *view) attemptBound(model string) int {
+	return max(v.bounds[model], 1)
 }
 
 type apiKey struct {
@@ -192,6 +203,10 @@ func (h *Handler) current() *view {
 				}
 				v.affinity[m.Name] = true
 			}
+		}
+		v.bounds = make(map[string]int, len(cfg.Models))
+		for i := range cfg.Models {
+			v.bounds[cfg.Models[i].Name] = cfg.Models[i].AttemptBound()
 		}
 	}
 	h.lim.bodies.SetMax(inflight)

@@ -148,7 +148,7 @@ func (s *runSink[T, E]) handle(env *iop.Envelope) (bool, error) {
 			}
 		}
 	case iop.RunEventType_RUN_EVENT_ERROR:
-		return true, s.fail(nodeFailure(ev.FailureCode, ev.Error, ev.UpstreamStatus, ev.Failure))
+		return true, s.fail(runFailure(ev))
 	case iop.RunEventType_RUN_EVENT_CANCELLED:
 		return true, s.fail(badGateway("run_cancelled", "the provider run was cancelled"))
 	case iop.RunEventType_RUN_EVENT_DELTA:

@@ -1,8 +1,6 @@
 package api
 
 import (
-	"context"
-	"log/slog"
 	"time"
 
 	"iop/internal/edge/health"
@@ -27,10 +25,11 @@ type Health interface {
 	RecoveryOutcome(first, second *pool.Lease, model string, r health.RecoveryResult)
 }
 
-// DefaultRedispatchWait bounds the wait for a second lease when a stalled
+// DefaultRedispatchWait bounds the wait for the next lease when a stalled
 // request is re-dispatched (SPEC H11). The client has already waited the
 // stall timeout; a re-dispatch that would queue longer gives up and answers
-// the stall (504).
+// the stall (504). Other failures re-dispatch within the request's own
+// deadline (retry.go).
 const DefaultRedispatchWait = 2 * time.Second
 
 // stallOf returns the ExecutionFailure and message of env when env is a
@@ -56,13 +55,13 @@ func stallOf(env *iop.Envelope) (f *iop.ExecutionFailure, msg string, ok bool) {
 // it hands the evidence to Options.Health (SPEC H8: the failure is
 // validated and decorated before the response is decided) and decides
 // whether the request may be re-dispatched (H11): only with a confirmed
-// handoff, on the first attempt, while nothing was written to the client
-// and the client is still there. It reports true when it chose to
-// re-dispatch: env is then not written and x.redispatch holds the stall's
-// error for the case that no second lease comes. The lease goes back
-// exactly once either way (serveModel).
+// handoff, while the request's attempt bound (models[].max_attempts) is not
+// used up, nothing was written to the client and the client is still
+// there. It reports true when it chose to re-dispatch: env is then not
+// written and x.retry holds it, to answer with when no other candidate
+// comes. The lease goes back exactly once either way (serveModel).
 func (h *Handler) stalled(x *exchange, s sink, env *iop.Envelope) bool {
-	f, msg, ok := stallOf(env)
+	f, _, ok := stallOf(env)
 	if !ok || h.o.Health == nil {
 		return false
 	}
@@ -73,9 +72,9 @@ func (h *Handler) stalled(x *exchange, s sink, env *iop.Envelope) bool {
 		e = health.IneligibleDisabled
 	case !validated:
 		e = health.IneligibleEvidence
-	case x.attempt > 0:
+	case len(x.tried) >= x.bound:
 		e = health.IneligibleAttempted
-	case s.wrote():
+	case s.wrote() || x.body == nil:
 		e = health.IneligibleStarted
 	case x.ctx.Err() != nil:
 		e = health.IneligibleClientGone
@@ -86,7 +85,7 @@ func (h *Handler) stalled(x *exchange, s sink, env *iop.Envelope) bool {
 	if e != health.Eligible {
 		return false
 	}
-	x.redispatch = nodeFailure(failureStalled, msg, 0, f)
+	x.retry = &retry{reason: retryStall, sink: s, envs: []*iop.Envelope{env}}
 	return true
 }
 
@@ -100,52 +99,14 @@ func (h *Handler) releaseLease(x *exchange) {
 	h.o.Pool.Release(x.lease)
 }
 
-// reacquire prepares the re-dispatch of a request whose first attempt
-// stalled before any byte (SPEC H11): the stalled lease goes back first,
-// then the pool picks again (an overlaid provider is no candidate; the
-// stalled one may be picked again when it is still live), waiting at most
-// RedispatchWait. It returns the first lease with x on the second one; with
-// no lease in time the client gets the stall's own error (504) and it
-// returns nil. There is never a third attempt.
-func (h *Handler) reacquire(x *exchange) (first *pool.Lease) {
-	stall := x.redispatch
-	x.redispatch = nil
-	first = x.lease
-	h.releaseLease(x)
-	ctx, cancel := context.WithTimeout(x.ctx, h.o.RedispatchWait)
-	queued := time.Now()
-	l, err := h.o.Pool.Acquire(ctx, x.poolRequest())
-	setLease(x.acc, l, time.Since(queued))
-	cancel()
-	if err != nil {
-		h.o.Health.RecoveryOutcome(first, nil, x.model, health.RecoveryNoLease)
-		if x.ctx.Err() != nil {
-			if shuttingDown(x.ctx) {
-				writeError(x.out.w, x.ep.surface, shutdownError())
-				return nil
-			}
-			x.acc.leave()
-			h.log.Debug("client left during re-dispatch", "model", x.model, "request_id", x.acc.rec.RequestID)
-			return nil
-		}
-		h.log.LogAttrs(x.ctx, slog.LevelWarn, "request failed", slog.String("request_id", x.acc.rec.RequestID),
-			slog.String("model", x.model), slog.String("node", first.Node), slog.String("provider", first.Provider),
-			slog.Int("status", stall.status), slog.String("code", stall.code), slog.String("error", stall.msg),
-			slog.String("detail", "no second lease for a re-dispatch: "+err.Error()))
-		writeError(x.out.w, x.ep.surface, stall)
-		return nil
-	}
-	x.lease, x.released, x.attempt = l, false, 1
-	x.acc.rec.Retries = x.attempt
-	return first
-}
-
-// recovered records the outcome of the re-dispatch from first to x.lease
-// (SPEC H12).
-func (h *Handler) recovered(x *exchange, first *pool.Lease) {
+// recovered records the outcome of the attempt that followed a stall
+// re-dispatch (SPEC H12): recovered when it answered, failed otherwise
+// (also when it failed in turn and was re-dispatched again).
+func (h *Handler) recovered(x *exchange) {
 	r := health.RecoveryFailed
 	if x.ok {
 		r = health.RecoveryRecovered
 	}
-	h.o.Health.RecoveryOutcome(first, x.lease, x.model, r)
+	h.o.Health.RecoveryOutcome(x.stallFirst, x.lease, x.model, r)
+	x.stallFirst = nil
 }

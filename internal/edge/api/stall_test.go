@@ -297,7 +297,7 @@ func TestStallRedispatch(t *testing.T) {
 			}
 			ov := &overlayRec{}
 			tr := health.New(health.Options{Overlay: ov})
-			cfg := testConfig(nil)
+			cfg := retryConfig(2)
 			o := Options{Config: func() *config.Config { return cfg }, Pool: p, Dispatcher: d, Now: fixedNow, NewID: seqIDs(),
 				RedispatchWait: r.wait}
 			if !r.noHealth {
@@ -377,7 +377,7 @@ func TestRedispatchSameRequest(t *testing.T) {
 	st1.run(evStall(1, stalledFailure("ollama", "tiny:latest", health.Available, 1)))
 	st2.run(evComplete(1, "ok", "stop", nil, nil))
 	d := &streamDispatcher{streams: []*fakeStream{st1, st2}}
-	cfg := testConfig(nil)
+	cfg := retryConfig(2)
 	srv := httptest.NewServer(New(Options{Config: func() *config.Config { return cfg }, Pool: p, Dispatcher: d,
 		Health: health.New(health.Options{Overlay: &overlayRec{}})}))
 	t.Cleanup(srv.Close)
