@@ -241,7 +241,7 @@ func (h *Handler) admit(ctx context.Context, w *recorder, r *http.Request, v *vi
 	// connection (its disconnect detector's read) ever runs into it.
 	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
 	x := &exchange{ctx: ctx, r: r, acc: w, out: output{w: w}, ep: ep, body: body, held: int64(cap(body)),
-		statuses: v.cfg.OutlierDetection.Statuses}
+		statuses: v.statuses}
 	if ms := v.cfg.Queue.WaitTimeoutMs; ms > 0 {
 		x.deadline = time.Now().Add(time.Duration(ms) * time.Millisecond)
 	}

@@ -152,6 +152,7 @@ type view struct {
 	// their requests carry a conversation prefix (issue 16).
 	affinity map[string]bool
 	bounds   map[string]int // model → models[].max_attempts in effect
+	statuses []int          // outlier_detection.statuses in effect
 }
 
 // attemptBound is how many providers one request of model may be sent to
@@ -203,6 +204,10 @@ func (h *Handler) current() *view {
 				}
 				v.affinity[m.Name] = true
 			}
+		}
+		v.statuses = cfg.OutlierDetection.Statuses
+		if v.statuses == nil { // a config that did not go through config.Parse
+			v.statuses = config.DefaultEjectStatuses
 		}
 		v.bounds = make(map[string]int, len(cfg.Models))
 		for i := range cfg.Models {

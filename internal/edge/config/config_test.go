@@ -321,7 +321,7 @@ func TestOutlierDetectionAndAttempts(t *testing.T) {
 	c := mustParse(t, valid)
 	od := c.OutlierDetection
 	if !*od.Enabled || od.BaseEjectionMs != DefaultBaseEjectionMs || od.MaxEjectionMs != DefaultMaxEjectionMs ||
-		fmt.Sprint(od.Statuses) != "[502 503 504]" {
+		fmt.Sprint(od.Statuses) != "[500 502 503 504]" {
 		t.Errorf("defaults: got %+v (statuses %v)", od, od.Statuses)
 	}
 	if got := c.Models[0].AttemptBound(); got != 2 {
