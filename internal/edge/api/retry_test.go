@@ -265,7 +265,9 @@ func TestNoCandidateLeftErrorClass(t *testing.T) {
 		absent     []string
 	}{
 		{name: "run 429 with Retry-After: 429 with it", typ: config.TypeOllama,
-			events:     func(int) []*iop.RunEvent { return []*iop.RunEvent{evStart(), runStatus(429, 5000, "429: quota exceeded")} },
+			events: func(int) []*iop.RunEvent {
+				return []*iop.RunEvent{evStart(), runStatus(429, 5000, "429: quota exceeded")}
+			},
 			dispatches: 2, want: 429, retryAfter: "5", contains: []string{"quota exceeded", `"type":"rate_limit_error"`},
 			absent: []string{`adapter`, "ollama", "upstream status"}},
 		{name: "run 429 without Retry-After: 429 with 1 s", typ: config.TypeOllama,
@@ -275,7 +277,9 @@ func TestNoCandidateLeftErrorClass(t *testing.T) {
 			events:     func(int) []*iop.RunEvent { return []*iop.RunEvent{evStart(), runStatus(503, 0, "503: Loading model")} },
 			dispatches: 2, want: 503, contains: []string{"Loading model"}, absent: []string{"adapter", "upstream status"}},
 		{name: "run 400: the client's fault, not re-dispatched, with the upstream's message", typ: config.TypeOllama,
-			events:     func(int) []*iop.RunEvent { return []*iop.RunEvent{evStart(), runStatus(400, 0, "400: context too long")} },
+			events: func(int) []*iop.RunEvent {
+				return []*iop.RunEvent{evStart(), runStatus(400, 0, "400: context too long")}
+			},
 			dispatches: 1, want: 400, contains: []string{"context too long"}, absent: []string{"adapter", "upstream status"}},
 		{name: "run 413: passes through", typ: config.TypeOllama,
 			events:     func(int) []*iop.RunEvent { return []*iop.RunEvent{evStart(), runStatus(413, 0, "413: too large")} },

@@ -194,7 +194,6 @@ func TestUpstreamFailureCodes(t *testing.T) {
 	}
 }
 
-
 // Issue 11: the keep-alive race and the idle lifetime that removes it. The
 // backend answers a request on a connection that was idle for less than
 // 150 ms and resets one that was idle longer (llama-server closing an idle
