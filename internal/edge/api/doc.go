@@ -86,12 +86,26 @@
 // to Options.Health before the sink sees it: the evidence is validated
 // against the lease (transport identity, never payload identity) and a
 // validated stall gets provider_id, provider_health and
-// recovery_handoff="confirmed". With a confirmed handoff, on the first
-// attempt, while nothing was written and the client is there, the stalled
-// lease goes back and the request is re-dispatched once on a new lease
-// (waiting at most RedispatchWait); otherwise the stall is answered: 504
-// before any byte, an error event after bytes. Every lease goes back
-// exactly once; there is never a third attempt.
+// recovery_handoff="confirmed". With a confirmed handoff, while the
+// request's attempt bound is not used up, nothing was written and the
+// client is there, the stalled lease goes back and the request is
+// re-dispatched to a provider it has not tried (waiting at most
+// RedispatchWait); otherwise the stall is answered: 504 before any byte, an
+// error event after bytes. Every lease goes back exactly once.
+//
+// # Failures before the first byte (issue 11)
+//
+// The same holds for a provider that could not be reached, reset the
+// connection before its response head, answered a failing 5xx
+// (outlier_detection.statuses) or 429, broke its response before any byte
+// reached the client, or whose node refused or lost the request: the
+// failure is kept from the client, the lease goes back and the request goes
+// to a provider of its group it has not tried, within models[].max_attempts
+// and the request's deadline (retry.go). Passive health
+// (internal/edge/outlier, Options.Outlier) hears each attempt's verdict
+// first, so a failing provider is cooling before the pool picks again.
+// With no candidate left the client gets the last failure: the upstream's
+// own answer on the tunnel path, its class on the run path (below).
 //
 // # Statuses
 //
@@ -103,5 +117,10 @@
 // gate, a connection beyond http.max_connections or a body beyond
 // http.max_inflight_body_bytes (Retry-After), 504 response stalled (failure_code
 // response_stalled) or the Edge's response-wait timeout. On the tunnel path
-// an upstream status passes through with its body.
+// an upstream status passes through with its body and Retry-After. On the
+// run path an upstream status keeps its class with the upstream's message
+// (never an upstream address or adapter name): 429 with Retry-After (the
+// upstream's, else 1 s), 503 and 504, other 5xx as 502, client errors (400,
+// 413, 422 …) as they are; 401/403/404/407 describe the provider's own
+// setup and are 502.
 package api

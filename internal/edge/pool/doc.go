@@ -46,6 +46,12 @@
 // long for the busy provider holding its conversation as a pinned waiter
 // (pin.go) that blocks nobody behind it.
 //
+// A provider ejected by passive health (cooling.go, decided by
+// internal/edge/outlier) is no candidate until it is re-admitted, which
+// pumps. A re-dispatched request that must not get the providers it already
+// tried (Request.Exclude, issue 11) waits in a narrowed class of its own
+// (exclude.go), so the rule above still holds for every class.
+//
 // # Concurrency
 //
 // One mutex (Pool.mu) guards all state. It is held only for one transition
