@@ -196,7 +196,7 @@ type waiter struct {
 	promptTokens int
 	prefix       []uint64  // Request.Prefix, read while queued
 	pin          *resource // while pinned: the provider it waits for (pin.go)
-	exclude      []Key // Request.Exclude
+	exclude      []Key     // Request.Exclude
 	cls          *class
 	queued       bool
 	timeout      time.Duration
