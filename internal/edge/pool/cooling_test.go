@@ -4,6 +4,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"iop/internal/edge/routing"
 )
 
 func (h *harness) eject(k Key, until time.Time, want bool) {
@@ -197,4 +199,45 @@ func TestPoolReadmitPumps(t *testing.T) {
 			t.Fatalf("after Readmit: %v", s)
 		}
 	})
+}
+
+// H11 with issue 16's affinity wait: a re-dispatched request (Exclude) of
+// a prefix_affinity group, pinned to the busy provider holding its
+// conversation, moves to its narrowed class when the wait expires and is
+// served there by the untried free provider — never by the one it tried.
+func TestExclusionWithAffinityPin(t *testing.T) {
+	cfg := baseConfig()
+	cfg.Resources = append(cfg.Resources, Resource{Key: kVLLM, Type: "openai_compat", Category: "local_inference",
+		Capacity: 2, LongCapacity: 1, Operations: allOps})
+	cfg.Groups[0].Candidates = append(cfg.Groups[0].Candidates, Candidate{Key: kVLLM, Target: "tiny-v"})
+	cfg.Groups[0].Routing = routing.PrefixAffinity
+	cfg.Groups[0].Epsilon = 1
+	cfg.Groups[0].AffinityWait = 50e6
+	cfg.Nodes = append(cfg.Nodes, "gpu-3")
+	h := newHarness(t, cfg)
+	h.ready("gpu-1", 1, true)
+	h.ready("gpu-2", 1, true)
+	h.ready("gpu-3", 1, true)
+	h.acq("a", turn(1, 1))
+	holder := h.leases["a"].Key
+	h.acq("b", turn(1, 1))
+	h.wantLease("b", holder) // the conversation's provider, now full
+	var used, free Key
+	for _, k := range []Key{kOllama, kLlama, kVLLM} {
+		switch {
+		case k == holder:
+		case used == Key{}:
+			used = k
+		default:
+			free = k
+		}
+	}
+	h.acq("p", tried(turn(1, 2), used))
+	h.wantQueued("p")
+	if h.waiters["p"].pin == nil {
+		t.Fatalf("p not pinned to the holder %v", holder)
+	}
+	h.s.affinityExpired(h.waiters["p"])
+	h.settle()
+	h.wantLease("p", free)
 }
