@@ -46,8 +46,9 @@ const (
 	// queue.wait_timeout_ms (503), the response-wait timeout (504), the
 	// body read timeout (408), or the drain timeout ended the stream.
 	Timeout Outcome = "timeout"
-	// RateLimited: 429, from the queue bound or a rate limit (the
-	// provider's own 429 on the tunnel path too).
+	// RateLimited: 429, from the queue bound or a per-key limit (the
+	// provider's own 429 on the tunnel path too), or the Edge's own load
+	// shedding (503 too_many_connections, server_overloaded).
 	RateLimited Outcome = "rate_limited"
 )
 
@@ -75,6 +76,11 @@ const (
 	// CodeShutdown ends a request the drain timeout cut (SPEC: surface's
 	// error event, 503 before any byte).
 	CodeShutdown = "edge_shutdown"
+	// CodeTooManyConnections and CodeOverloaded are the Edge's own load
+	// shedding (http.max_connections, http.max_inflight_body_bytes; 503
+	// with Retry-After, internal/edge/api limits.go): rate_limited.
+	CodeTooManyConnections = "too_many_connections"
+	CodeOverloaded         = "server_overloaded"
 )
 
 // StatusClientClosed is the status recorded for a request whose client
@@ -94,6 +100,8 @@ func Classify(status int, code string, failed bool) Outcome {
 		return Timeout
 	case CodeDraining:
 		return Rejected
+	case CodeTooManyConnections, CodeOverloaded:
+		return RateLimited
 	}
 	switch {
 	case status == 429:

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"iop/internal/edge/access"
 	"iop/internal/edge/limit"
 	"iop/internal/ratelog"
 )
@@ -68,7 +69,7 @@ func (h *Handler) overConnections(w http.ResponseWriter, r *http.Request) bool {
 		slog.Int("max_connections", h.current().maxConns))
 	w.Header().Set("Connection", "close")
 	reject(w, r, surfaceFor(r.URL.Path), &apiError{status: http.StatusServiceUnavailable, typ: "server_error",
-		code: "too_many_connections", retryAfter: time.Second,
+		code: access.CodeTooManyConnections, retryAfter: time.Second,
 		msg: "the edge has too many client connections open; retry later"})
 	return true
 }
@@ -115,7 +116,7 @@ func releaseKey(ctx context.Context) {
 func (h *Handler) bodyBusy() *apiError {
 	h.logRefusal(&h.lim.bodyLog, "request refused: request bodies held over http.max_inflight_body_bytes",
 		slog.Int64("held_bytes", h.lim.bodies.Used()))
-	return &apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: "server_overloaded", retryAfter: time.Second,
+	return &apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: access.CodeOverloaded, retryAfter: time.Second,
 		msg: "the edge is receiving too many request bodies; retry later"}
 }
 
