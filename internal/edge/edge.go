@@ -141,7 +141,7 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	ht = health.New(health.Options{Overlay: overlayEvents{p, bus}, Commander: tr, Logger: log.With("component", "health"),
 		ProbeInterval: o.HealthProbeInterval})
 	metrics, recent := access.NewMetrics(), access.NewRecent(0)
-	od := outlier.New(outlier.Options{Pool: p, Policy: OutlierPolicy(cfg), Logger: log.With("component", "outlier")})
+	od := outlier.New(outlier.Options{Pool: ejectEvents{p, bus}, Policy: OutlierPolicy(cfg), Logger: log.With("component", "outlier")})
 	defer od.Close()
 	h := api.New(api.Options{Config: current, Pool: p, Dispatcher: tr, Health: ht, Outlier: od, Logger: log.With("component", "api"),
 		AccessLog: log, Metrics: metrics, Recent: recent, Credentials: plane})
@@ -279,6 +279,31 @@ func (o overlayEvents) ClearOverlay(k pool.Key, gen, seq uint64) bool {
 	if ok {
 		o.bus.Publish(events.Event{Type: events.TypeProviderAvailable, Node: k.Node, Provider: k.Provider, Time: time.Now(),
 			Reason: "recovery probe answered available"})
+	}
+	return ok
+}
+
+// ejectEvents is the pool's passive-health ejection as the outlier
+// detector drives it, with each change published on the droppable fan-out
+// (provider.cooling, provider.readmitted; SPEC N4, L10).
+type ejectEvents struct {
+	p   *pool.Pool
+	bus *events.Bus
+}
+
+func (e ejectEvents) Eject(k pool.Key, until time.Time, reason string) bool {
+	ok := e.p.Eject(k, until, reason)
+	if ok {
+		e.bus.Publish(events.Event{Type: events.TypeProviderCooling, Node: k.Node, Provider: k.Provider, Time: time.Now(),
+			Reason: reason + ", until " + until.UTC().Format(time.RFC3339)})
+	}
+	return ok
+}
+
+func (e ejectEvents) Readmit(k pool.Key) bool {
+	ok := e.p.Readmit(k)
+	if ok {
+		e.bus.Publish(events.Event{Type: events.TypeProviderReadmitted, Node: k.Node, Provider: k.Provider, Time: time.Now()})
 	}
 	return ok
 }

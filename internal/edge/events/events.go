@@ -3,7 +3,9 @@
 // node.disconnected when its ready generation is fenced (SPEC N4, L5, L8),
 // node.draining when a node shuts down gracefully, and provider health
 // changes (provider.unavailable when the runtime-unavailable overlay is set,
-// provider.available when a recovery probe clears it; SPEC H8–H10).
+// provider.available when a recovery probe clears it, SPEC H8–H10;
+// provider.cooling and provider.readmitted around a passive-health
+// ejection).
 //
 // It owns delivery only. Publish never blocks: a subscriber whose buffer is
 // full loses the event and the loss is counted. Nothing in the Edge may wait
@@ -32,6 +34,11 @@ const (
 	// TypeProviderAvailable: a recovery probe cleared the overlay (SPEC
 	// H10).
 	TypeProviderAvailable = "provider.available"
+	// TypeProviderCooling: passive health ejected a provider for a cooling
+	// window (issue 11); Reason names why and until when.
+	TypeProviderCooling = "provider.cooling"
+	// TypeProviderReadmitted: the cooling window ended; a candidate again.
+	TypeProviderReadmitted = "provider.readmitted"
 )
 
 // Event is one node lifecycle event.
