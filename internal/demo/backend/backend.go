@@ -293,14 +293,14 @@ func (b *Backend) route(c *call) {
 	want := http.MethodGet
 	switch path {
 	case "/api/chat", "/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens", "/api/embed", "/v1/embeddings",
-		"/v1/responses":
+		"/v1/responses", "/v1/completions":
 		want = http.MethodPost
 	}
 	if method != want {
 		switch path {
 		case "/", "/api/chat", "/api/tags", "/api/ps", "/api/version", "/v1/models",
 			"/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens", "/health", "/_demo/stats",
-			"/api/embed", "/v1/embeddings", "/v1/responses":
+			"/api/embed", "/v1/embeddings", "/v1/responses", "/v1/completions":
 			c.w.Header().Set("Allow", want)
 			c.writeError(shapeFor(path), http.StatusMethodNotAllowed, "method "+method+" not allowed on "+path, nil)
 			return
@@ -317,6 +317,8 @@ func (b *Backend) route(c *call) {
 		c.countTokens()
 	case "/v1/responses":
 		c.chat(shapeResponses)
+	case "/v1/completions":
+		c.chat(shapeCompletions)
 	case "/api/embed":
 		c.embed(shapeOllama)
 	case "/v1/embeddings":

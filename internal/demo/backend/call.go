@@ -15,10 +15,11 @@ import (
 type shape uint8
 
 const (
-	shapeOllama    shape = iota // /api/*: Ollama 0.17 native
-	shapeOpenAI                 // /v1/chat/completions, /v1/models: llama-server (errors: Ollama /v1)
-	shapeAnthropic              // /v1/messages*: llama-server's Anthropic endpoint
-	shapeResponses              // /v1/responses: llama-server (errors: Ollama /v1)
+	shapeOllama      shape = iota // /api/*: Ollama 0.17 native
+	shapeOpenAI                   // /v1/chat/completions, /v1/models: llama-server (errors: Ollama /v1)
+	shapeAnthropic                // /v1/messages*: llama-server's Anthropic endpoint
+	shapeResponses                // /v1/responses: llama-server (errors: Ollama /v1)
+	shapeCompletions              // /v1/completions: llama-server (errors: Ollama /v1)
 )
 
 func shapeFor(path string) shape {
@@ -51,6 +52,8 @@ type chatRequest struct {
 	} `json:"messages"`
 	System json.RawMessage `json:"system"`
 	Tools  json.RawMessage `json:"tools"`
+	// /v1/completions.
+	Prompt json.RawMessage `json:"prompt"`
 	// Embeddings (/api/embed, /v1/embeddings).
 	Input      json.RawMessage `json:"input"`
 	Dimensions int             `json:"dimensions"`
@@ -87,6 +90,9 @@ func (q *chatRequest) promptTokens() int {
 	n := 16
 	for _, m := range q.Messages {
 		n += 4 + (textLen(m.Content)+3)/4
+	}
+	if len(q.Prompt) > 0 && string(q.Prompt) != "null" {
+		n += 4 + (textLen(q.Prompt)+3)/4
 	}
 	if len(q.Input) > 0 && string(q.Input) != "null" {
 		n += 4 + (textLen(q.Input)+3)/4
@@ -271,6 +277,8 @@ func (c *call) chat(sh shape) {
 		f = llamaChatFormat{}
 	case shapeResponses:
 		f = llamaResponsesFormat{}
+	case shapeCompletions:
+		f = llamaCompletionFormat{}
 	default:
 		f = anthropicFormat{}
 	}

@@ -43,6 +43,8 @@
 //	POST /v1/responses              llama-server's Responses: sorted keys, no sequence_number; the
 //	                                function_call item's call_id is "fc_<id>" and it has no id;
 //	                                status "completed" even on the token limit
+//	POST /v1/completions            llama-server's text_completion chunks, an empty chunk for the
+//	                                end-of-sequence token, usage and timings on the finish chunk
 //	POST /v1/embeddings             Ollama 0.17.4's /v1 shape (llama-server answers 501 there
 //	                                without --embeddings)
 //	GET  /health                    {"status":"ok"}

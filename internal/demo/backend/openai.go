@@ -150,3 +150,76 @@ func (b *Backend) renderV1Models(dst []byte, now time.Time) []byte {
 	}
 	return append(dst, `]}`...)
 }
+
+// llamaCompletionFormat renders /v1/completions as llama-server (commit
+// e95dae18) does (captures llama_v1_completions_*): one text_completion
+// chunk per token, an empty-text chunk for the end-of-sequence token when
+// the answer ended by itself, then a finish_reason chunk carrying usage and
+// timings whether or not stream_options asked for usage, then
+// "data: [DONE]".
+type llamaCompletionFormat struct{}
+
+func (llamaCompletionFormat) contentType() string { return "text/event-stream" }
+
+func (llamaCompletionFormat) begin(_ *call, dst []byte) []byte { return dst }
+
+// tail appends the fields after "choices":
+// `,"created":T,"model":M,"system_fingerprint":"b0-unknown","object":"text_completion"`.
+func (llamaCompletionFormat) tail(c *call, dst []byte) []byte {
+	dst = append(dst, `,"created":`...)
+	dst = strconv.AppendInt(dst, c.created, 10)
+	dst = append(dst, `,"model":`...)
+	dst = append(dst, c.modelJSON...)
+	return append(dst, `,"system_fingerprint":"b0-unknown","object":"text_completion"`...)
+}
+
+func (llamaCompletionFormat) id(c *call, dst []byte) []byte {
+	dst = append(dst, `,"id":"chatcmpl-`...)
+	dst = append(dst, c.idArr[:]...)
+	return append(dst, '"')
+}
+
+func (l llamaCompletionFormat) textChunk(c *call, dst []byte, text string) []byte {
+	dst = append(dst, `data: {"choices":[{"text":"`...)
+	dst = append(dst, text...)
+	dst = append(dst, `","index":0,"logprobs":null,"finish_reason":null}]`...)
+	dst = l.tail(c, dst)
+	dst = l.id(c, dst)
+	return append(dst, "}\n\n"...)
+}
+
+func (l llamaCompletionFormat) chunk(c *call, dst []byte, i int) []byte {
+	return l.textChunk(c, dst, c.plan.token(i))
+}
+
+func (l llamaCompletionFormat) end(c *call, dst []byte) []byte {
+	if c.plan.finish != finishLength {
+		dst = l.textChunk(c, dst, "") // the end-of-sequence token
+	}
+	dst = append(dst, `data: {"choices":[{"text":"","index":0,"logprobs":null,"finish_reason":"`...)
+	dst = append(dst, openAIFinish(c.plan.finish)...)
+	dst = append(dst, `"}]`...)
+	dst = l.tail(c, dst)
+	dst = appendLlamaUsage(c, dst)
+	dst = l.id(c, dst)
+	dst = append(dst, `,"timings":`...)
+	dst = appendCallTimings(c, dst)
+	return append(dst, "}\n\ndata: [DONE]\n\n"...)
+}
+
+func (l llamaCompletionFormat) whole(c *call, dst []byte, pad int) []byte {
+	dst = append(dst, `{"choices":[{"text":"`...)
+	for i := range c.plan.n {
+		dst = append(dst, c.plan.token(i)...)
+	}
+	dst = appendPadding(dst, pad)
+	dst = append(dst, `","index":0,"logprobs":null,"finish_reason":"`...)
+	dst = append(dst, openAIFinish(c.plan.finish)...)
+	dst = append(dst, `"}]`...)
+	dst = l.tail(c, dst)
+	dst = appendLlamaUsage(c, dst)
+	dst = l.id(c, dst)
+	dst = append(dst, `,"timings":`...)
+	dst = appendCallTimings(c, dst)
+	return append(dst, '}')
+}

@@ -20,6 +20,8 @@ var sdkCases = []struct {
 	{"issue 14 responses", testResponses},
 	{"issue 14 responses stream", testResponsesStream},
 	{"issue 14 responses function tool round trip", testResponsesTools},
+	{"issue 14 embeddings", testEmbeddings},
+	{"issue 14 completions", testCompletions},
 	{"T5 errors", testErrors},
 }
 
