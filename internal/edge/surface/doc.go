@@ -1,8 +1,13 @@
 // Package surface holds what every client-surface converter of the Edge
 // shares: the client-visible Error and its OpenAI and Anthropic wire shapes,
-// JSON string encoding, the restoration of assistant tool calls from a run's
+// JSON string encoding, the request field tables (Field, Disposition) and
+// the zero-allocation check of a body's top-level members against one
+// (CheckMembers, DecodeRequest), inline images (data: URLs and base64;
+// never a URL a node would fetch), the streamed-text bookkeeping of an
+// encoder (Text), the restoration of assistant tool calls from a run's
 // COMPLETE event (SPEC E8, E9), and the Encoder contract that the
-// per-surface packages (surface/openai, …) implement.
+// per-surface packages (surface/openai, surface/anthropic,
+// surface/responses) implement.
 //
 // Each surface is a package of pure functions and values: a request body in,
 // a normalized iop.RunInput out (or an Error naming the field); run events
