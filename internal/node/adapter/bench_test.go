@@ -157,3 +157,50 @@ func TestTunnelRelayAllocs(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkUpstreamClient compares the node's two upstream clients (issue
+// 11) on the request a node makes most: a tunnel of one small chat answer
+// (1 KiB JSON, Content-Length) and of a 100-chunk SSE stream, from a
+// loopback backend, keep-alive. Run both in one process (same machine
+// state): go test -run '^$' -bench BenchmarkUpstreamClient -benchmem -count 5 [-cpu 1,2].
+func BenchmarkUpstreamClient(b *testing.B) {
+	chunk := benchChunk()
+	small := []byte(`{"choices":[{"index":0,"message":{"role":"assistant","content":"` + strings.Repeat("x", 950) + `"},"finish_reason":"stop"}]}`)
+	fake := newFake(b, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if strings.Contains(string(body), `"stream":true`) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			rc := http.NewResponseController(w)
+			for range 100 {
+				_, _ = w.Write(chunk)
+				_ = rc.Flush()
+			}
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(small)
+	})
+	for _, kind := range []string{"small", "sse100"} {
+		for _, client := range []string{adapter.ClientH1, adapter.ClientStdlib} {
+			b.Run(kind+"/"+client, func(b *testing.B) {
+				s := newSet(b, adapter.Options{UpstreamClient: client, ReuseBodyBuffers: true},
+					compatAdapter("llama", llamaProfile(fake.URL), 0))
+				body := []byte(`{"model":"tiny"}`)
+				if kind == "sse100" {
+					body = []byte(`{"model":"tiny","stream":true}`)
+				}
+				req := &iop.ProviderTunnelRequest{Adapter: "llama", Target: "tiny", Operation: adapter.OpChatCompletions, Body: body}
+				var last iop.TunnelFrameKind
+				emit := func(f *iop.ProviderTunnelFrame) { last = f.GetKind() }
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					s.Tunnel(context.Background(), "bench", req, emit)
+				}
+				b.StopTimer()
+				if last != iop.TunnelFrameKind_TUNNEL_FRAME_END {
+					b.Fatalf("tunnel ended with %v", last)
+				}
+			})
+		}
+	}
+}
