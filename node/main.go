@@ -37,17 +37,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	cfgPath := fs.String("config", "", "path of the node config file (JSON)")
 	check := fs.Bool("check", false, "validate the config and exit")
 	showVersion := fs.Bool("version", false, "print the version and exit")
-	upstreamClient := fs.String("upstream-client", "", "upstream HTTP client for plain-http backends: h1 (default) or stdlib (net/http's Transport); for benchmarks")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if *showVersion {
 		fmt.Fprintln(stdout, "node", version)
 		return 0
-	}
-	if u := *upstreamClient; u != "" && u != "h1" && u != "stdlib" {
-		fmt.Fprintf(stderr, "node: -upstream-client %q: want h1 or stdlib\n", u)
-		return 2
 	}
 	if *cfgPath == "" {
 		fmt.Fprintln(stderr, "node: -config FILE is required (see README.md)")
@@ -69,8 +64,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	logger := slog.New(slog.NewJSONHandler(stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	err = node.Run(ctx, cfg, node.Options{Logger: logger, Version: version, LookupEnv: os.LookupEnv,
-		UpstreamClient: *upstreamClient})
+	err = node.Run(ctx, cfg, node.Options{Logger: logger, Version: version, LookupEnv: os.LookupEnv})
 	if err != nil {
 		logger.Error("node stopped", "err", err)
 		fmt.Fprintln(stderr, "node:", err)

@@ -1,10 +1,10 @@
 # shellcheck shell=bash
-# ./run.sh bench [quick|hold|creds|affinity|hostile|client]: the end-to-end
+# ./run.sh bench [quick|hold|creds|affinity|hostile]: the end-to-end
 # performance benchmark of issue 7 (full: ~14 min; quick: ~3.5 min, for
 # iteration; hold: the slow-stream runs only; creds: the credential plane's
 # added latency, ~3 min; affinity: issue 16's cache-aware routing figures,
 # scripts/bench_affinity.sh; hostile: held declared-large bodies, issue 12,
-# ~10 s; client: the node's upstream clients compared, issue 11).
+# ~10 s).
 # Sourced by run.sh (which sets ROOT and log). Not part of CI.
 #
 # Separate processes on loopback, all started and stopped here:
@@ -13,7 +13,6 @@
 #   floor                127.0.0.1:28081  iopbench floor: httputil.ReverseProxy → fast backend
 #   edge                 127.0.0.1:28080  (admin 127.0.0.1:29090 with admin.pprof, nodes 127.0.0.1:27443)
 #   node gpu-1           dials the edge over mTLS; adapters oa/ol (and oa-b/ol-b) → fast, slow-oa/slow-ol → slow
-#   node gpu-2           (client mode only) the same adapters, started with -upstream-client stdlib
 # and the load generators (iopbench from internal/bench/loadgen, its own Go
 # module with vegeta; Debian's wrk). Paths, measured in the same run with
 # rounds alternating (odd rounds a→d, even rounds d→a):
@@ -22,7 +21,6 @@
 #   b   POST floor /v1/chat/completions                 (one stdlib hop, compared with a)
 #   c   POST edge, model bench-oa: openai_compat tunnel (compared with a)
 #   d   POST edge, model bench: ollama run path          (compared with a2, and with a)
-#   c2, d2  (client mode) c and d through node gpu-2 (net/http's Transport), compared with c and d
 # and the passive-health pairs (issue 11; every mode but hold): BENCH_PAIR_N
 # requests at concurrency BENCH_PAIR_C to a group of two providers on the
 # fast backend, both healthy (e: tunnel, f: run path) or the first answering
@@ -96,7 +94,7 @@ bench_start_stack() {
   local bin="$BENCH_DIR/bin" key_sha
   key_sha=$(printf '%s' "$BENCH_KEY" | sha256sum | cut -d' ' -f1)
   rm -rf "$BENCH_DIR/pki"
-  "$bin/edge" pki init -dir "$BENCH_DIR/pki" -edge edge-1 -node gpu-1 -node gpu-2 >/dev/null
+  "$bin/edge" pki init -dir "$BENCH_DIR/pki" -edge edge-1 -node gpu-1 >/dev/null
   : >"$BENCH_DIR/edge.log"
   : >"$BENCH_DIR/node.log"
   # The backends log two JSON lines per request; at thousands of requests/s
@@ -111,17 +109,7 @@ bench_start_stack() {
   bench_wait "http://$BENCH_BACKEND/api/tags" 50 || { log "fast backend did not start"; return 1; }
   bench_wait "http://$BENCH_SLOW/api/tags" 50 || { log "slow backend did not start"; return 1; }
   bench_wait "http://$BENCH_FLOOR/api/tags" 50 || { log "floor did not start; see .run/bench/floor.log"; return 1; }
-  local fast="http://$BENCH_BACKEND" slow="http://$BENCH_SLOW" node2="" models2=""
-  if [ "${BENCH_NODE2:-0}" = 1 ]; then # client mode: node gpu-2 on net/http's Transport, same backend
-    node2=', {"id": "gpu-2", "adapters": [
-    {"name": "ol", "type": "ollama", "capacity": 4096, "base_url": "'$fast'"},
-    {"name": "oa", "type": "openai_compat", "profile": "llamacpp", "capacity": 4096, "base_url": "'$fast'"}
-  ]}'
-    models2='    {"name": "std",           "providers": [{"node": "gpu-2", "provider": "ol", "target": "tiny"}]},
-    {"name": "std-oa",        "providers": [{"node": "gpu-2", "provider": "oa", "target": "tiny"}]},
-    {"name": "std-loop",      "providers": [{"node": "gpu-2", "provider": "ol", "target": "tiny-loop"}]},
-    {"name": "std-loop-oa",   "providers": [{"node": "gpu-2", "provider": "oa", "target": "tiny-loop"}]},'
-  fi
+  local fast="http://$BENCH_BACKEND" slow="http://$BENCH_SLOW"
   cat >"$BENCH_DIR/edge.json" <<JSON
 {
   "http_listen": "$BENCH_HTTP",
@@ -138,7 +126,7 @@ bench_start_stack() {
     {"name": "oa-b",    "type": "openai_compat", "profile": "llamacpp", "capacity": 4096,  "base_url": "$fast"},
     {"name": "slow-ol", "type": "ollama",        "capacity": 20000, "base_url": "$slow"},
     {"name": "slow-oa", "type": "openai_compat", "profile": "llamacpp", "capacity": 20000, "base_url": "$slow"}
-  ]}$node2],
+  ]}],
   "models": [
     {"name": "bench",         "providers": [{"node": "gpu-1", "provider": "ol", "target": "tiny"}]},
     {"name": "bench-oa",      "providers": [{"node": "gpu-1", "provider": "oa", "target": "tiny"}]},
@@ -146,7 +134,6 @@ bench_start_stack() {
     {"name": "bench-loop-oa", "providers": [{"node": "gpu-1", "provider": "oa", "target": "tiny-loop"}]},
     {"name": "slow",          "providers": [{"node": "gpu-1", "provider": "slow-ol", "target": "tiny-loop"}]},
     {"name": "slow-oa",       "providers": [{"node": "gpu-1", "provider": "slow-oa", "target": "tiny-loop"}]},
-$models2
     {"name": "pair-oa",       "providers": [{"node": "gpu-1", "provider": "oa-b", "target": "tiny"}, {"node": "gpu-1", "provider": "oa", "target": "tiny"}]},
     {"name": "pair-oa-503",   "providers": [{"node": "gpu-1", "provider": "oa-b", "target": "tiny+status=503"}, {"node": "gpu-1", "provider": "oa", "target": "tiny"}]},
     {"name": "pair",          "providers": [{"node": "gpu-1", "provider": "ol-b", "target": "tiny"}, {"node": "gpu-1", "provider": "ol", "target": "tiny"}]},
@@ -154,49 +141,35 @@ $models2
   ]
 }
 JSON
-  local n f
-  for n in gpu-1 gpu-2; do
-    f="$BENCH_DIR/node.json"
-    [ "$n" = gpu-2 ] && f="$BENCH_DIR/node-gpu-2.json"
-    cat >"$f" <<JSON
+  cat >"$BENCH_DIR/node.json" <<JSON
 {
-  "node_id": "$n",
+  "node_id": "gpu-1",
   "edge_addr": "$BENCH_NODE_LISTEN",
-  "tls": {"cert_file": "pki/$n.crt", "key_file": "pki/$n.key", "ca_file": "pki/ca.crt", "expected_edge_name": "edge-1"},
+  "tls": {"cert_file": "pki/gpu-1.crt", "key_file": "pki/gpu-1.key", "ca_file": "pki/ca.crt", "expected_edge_name": "edge-1"},
   "reconnect": {"interval_sec": 1, "max_attempts": 0}
 }
 JSON
-  done
   bench_start_product
 }
 
-# bench_start_product: edge and node gpu-1 (and, with BENCH_NODE2=1, node
-# gpu-2 on net/http's Transport), fresh processes; waits for ready. Sets
-# EDGE_PID, NODE_PID (and NODE2_PID). Logs are appended to
-# .run/bench/{edge,node,node2}.log.
+# bench_start_product: edge and node, fresh processes; waits for ready.
+# Sets EDGE_PID and NODE_PID. Logs are appended to .run/bench/{edge,node}.log.
 bench_start_product() {
-  local bin="$BENCH_DIR/bin" i want=1
+  local bin="$BENCH_DIR/bin" i
   env ${BENCH_PRODUCT_ENV:-} "$bin/edge" -config "$BENCH_DIR/edge.json" >>"$BENCH_DIR/edge.log" 2>&1 &
   EDGE_PID=$!
   bench_pids+=($EDGE_PID)
   env ${BENCH_PRODUCT_ENV:-} "$bin/node" -config "$BENCH_DIR/node.json" >>"$BENCH_DIR/node.log" 2>&1 &
   NODE_PID=$!
   bench_pids+=($NODE_PID)
-  NODE2_PID=""
-  if [ "${BENCH_NODE2:-0}" = 1 ]; then
-    env ${BENCH_PRODUCT_ENV:-} "$bin/node" -upstream-client stdlib -config "$BENCH_DIR/node-gpu-2.json" >>"$BENCH_DIR/node2.log" 2>&1 &
-    NODE2_PID=$!
-    bench_pids+=($NODE2_PID)
-    want=2
-  fi
   for i in $(seq 1 150); do
-    if [ "$(curl -fsS -m 1 "http://$BENCH_ADMIN/status" 2>/dev/null | grep -o '"connected":true' | wc -l)" -ge "$want" ]; then
+    if curl -fsS -m 1 "http://$BENCH_ADMIN/status" 2>/dev/null | grep -q '"connected":true'; then
       log "stack up: edge pid $EDGE_PID, node pid $NODE_PID"
       return 0
     fi
     sleep 0.2
   done
-  log "node(s) did not become ready in 30 s; see .run/bench/edge.log and node*.log"
+  log "node did not become ready in 30 s; see .run/bench/edge.log and node.log"
   return 1
 }
 
@@ -252,8 +225,6 @@ bench_target() {
     a:ns|b:ns|a2:ns) model=tiny ;;
     c:ns) model=bench-oa ;;
     d:ns) model=bench ;;
-    c2:ns) model=std-oa ;;
-    d2:ns) model=std ;;
     e:ns) model=pair-oa ;;
     e5:ns) model=pair-oa-503 ;;
     f:ns) model=pair ;;
@@ -261,8 +232,6 @@ bench_target() {
     a:*|b:*|a2:*) model=tiny-loop ;;
     c:stream) model=bench-loop-oa ;;
     d:stream) model=bench-loop ;;
-    c2:stream) model=std-loop-oa ;;
-    d2:stream) model=std-loop ;;
     c:slow) model=slow-oa ;;
     d:slow) model=slow ;;
   esac
@@ -287,15 +256,14 @@ bench_target() {
 # hold run's "before" RSS is a fresh idle process's, not a heap grown by the
 # runs before it (Go returns freed memory to the OS only slowly).
 bench_restart_product() {
-  kill -TERM "$EDGE_PID" "$NODE_PID" ${NODE2_PID:+"$NODE2_PID"} 2>/dev/null || true
-  wait "$EDGE_PID" "$NODE_PID" ${NODE2_PID:+"$NODE2_PID"} 2>/dev/null || true
+  kill -TERM "$EDGE_PID" "$NODE_PID" 2>/dev/null || true
+  wait "$EDGE_PID" "$NODE_PID" 2>/dev/null || true
   bench_start_product && sleep 1
 }
 
 bench_pids_arg() { # [PATH]: the edge and node serving PATH
   case ${1:-} in
     ck|dk) echo "edge=$KEDGE_PID,node=$KNODE_PID,floor=$FLOOR_PID" ;;
-    c2|d2) echo "edge=$EDGE_PID,node=$NODE2_PID,floor=$FLOOR_PID" ;; # gpu-2: net/http's Transport
     *) echo "edge=$EDGE_PID,node=$NODE_PID,floor=$FLOOR_PID" ;;
   esac
 }
@@ -374,25 +342,19 @@ bench_hold() {
 bench_main() {
   local mode=${1:-full}
   case $mode in
-    full|quick|hold|creds|client) ;;
+    full|quick|hold|creds) ;;
     affinity) source "$ROOT/scripts/bench_affinity.sh"; bench_affinity_main; return ;;
     hostile) # issue 12: held declared-large bodies against a whole Edge (BENCHMARKS.md "Hostile clients")
       log "bench hostile: load average $(cut -d' ' -f1-3 /proc/loadavg)"
       go test -run '^$' -bench BenchmarkHeldBodies -benchtime 1x -count "${BENCH_ROUNDS:-3}" ./internal/e2e/
       return ;;
-    *) echo "usage: ./run.sh bench [quick|hold|creds|affinity|hostile|client]" >&2; return 2 ;;
+    *) echo "usage: ./run.sh bench [quick|hold|creds|affinity|hostile]" >&2; return 2 ;;
   esac
   if [ "$mode" = creds ]; then bench_creds; return; fi
   local secs rounds holds paths_odd="a a2 b c d" paths_even="d c b a2 a"
   if [ "$mode" = quick ]; then secs=${BENCH_SECONDS:-5}; rounds=${BENCH_ROUNDS:-1}; holds=${BENCH_HOLD:-1000}
   else secs=${BENCH_SECONDS:-10}; rounds=${BENCH_ROUNDS:-3}; holds=${BENCH_HOLD:-1000 10000}; fi
   [ "$mode" = hold ] && rounds=0
-  if [ "$mode" = client ]; then
-    # h1.Transport (gpu-1) against net/http's Transport (gpu-2), same rounds.
-    export BENCH_NODE2=1
-    holds=${BENCH_HOLD:-}
-    paths_odd="a a2 c c2 d d2" paths_even="d2 d c2 c a2 a"
-  fi
   local pair_n=${BENCH_PAIR_N:-1000} pair_c=${BENCH_PAIR_C:-10}
   local rates=${BENCH_RATES:-500 1000 2000}
   BENCH_SLOW_DELAY=${BENCH_SLOW_DELAY:-1s}
@@ -426,7 +388,7 @@ bench_main() {
     if [ $((round % 2)) = 1 ]; then order="e e5 f f5"; else order="f5 f e5 e"; fi
     for p in $order; do bench_run conc "$p" ns "$round" -n "$pair_n" -c "$pair_c"; done
   done
-  if [ "$rounds" -gt 0 ] && [ "$mode" != client ]; then
+  if [ "$rounds" -gt 0 ]; then
     bench_profile c
     bench_profile d
     bench_mem "after the runs above (HWM = their peak)"

@@ -34,9 +34,6 @@ type Options struct {
 	// HTTPClient is the upstream client shared by the adapter instances;
 	// nil = the adapter package's default.
 	HTTPClient *http.Client
-	// UpstreamClient picks the adapters' upstream client when HTTPClient is
-	// nil: adapter.ClientH1 ("" = that) or adapter.ClientStdlib.
-	UpstreamClient string
 	// NewExecutor overrides how a NodeConfigPayload becomes an Executor
 	// (tests); nil = the adapter set.
 	NewExecutor session.NewExecutorFunc
@@ -104,7 +101,6 @@ func adapterExecutor(o Options, log *slog.Logger, nodeID string, opener *lease.O
 	return func(p *iop.NodeConfigPayload) (session.Executor, error) {
 		set, err := adapter.NewSet(p, adapter.Options{
 			HTTPClient:       o.HTTPClient,
-			UpstreamClient:   o.UpstreamClient,
 			Logger:           log,
 			LookupEnv:        o.LookupEnv,
 			ReuseBodyBuffers: true,

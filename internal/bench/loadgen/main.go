@@ -17,7 +17,7 @@
 //	affinity -url U -model M -label MODE            issue 16's multi-turn workload: cached tokens, TTFT, requests per replica
 //
 // Common flags: -path (the path's label: a, a2, b, c, d; ck, dk with the credential plane on;
-// c2, d2 with the node on net/http's Transport; e, e5, f, f5 the passive-health pairs), -round, -key
+// e, e5, f, f5 the passive-health pairs), -round, -key
 // (Bearer key, empty = none), -pids (edge=PID,node=PID: CPU µs per request
 // from /proc/<pid>/stat utime+stime deltas, RSS from /proc/<pid>/status).
 //

@@ -26,8 +26,6 @@ var paths = []pathInfo{
 	// compared with its plane-off twin: Δ = the plane's added latency.
 	{"ck", "(c·k) tunnel path, credential plane on", "c"},
 	{"dk", "(d·k) run path, credential plane on", "d"},
-	{"c2", "(c₂) tunnel path, node on net/http's Transport", "a"},
-	{"d2", "(d₂) run path, node on net/http's Transport", "a2"},
 }
 
 // pairPaths are the passive-health runs (issue 11): a model group of two
@@ -94,7 +92,6 @@ func cmdReport(args []string, stdout, stderr io.Writer) error {
 	reportRate(w, byKey)
 	reportWrk(w, byKey)
 	reportStream(w, byKey)
-	reportClient(w, byKey)
 	reportSys(w, byKey)
 	reportPairs(w, concs)
 	reportHold(w, holds)
@@ -174,7 +171,7 @@ func onPath(path, proc string) bool {
 	switch proc {
 	case "edge", "node":
 		switch path {
-		case "c", "d", "ck", "dk", "c2", "d2", "e", "e5", "f", "f5":
+		case "c", "d", "ck", "dk", "e", "e5", "f", "f5":
 			return true
 		}
 		return false
@@ -364,7 +361,7 @@ func reportSys(w io.Writer, byKey map[key]map[int]record) {
 	var rows []row
 	for _, kind := range []string{"rate", "wrk", "stream"} {
 		for _, rate := range rates(byKey, kind) {
-			for _, p := range []string{"b", "c", "d", "c2", "d2"} {
+			for _, p := range []string{"b", "c", "d"} {
 				k := key{kind, p, rate}
 				rs := byKey[k]
 				if len(rs) == 0 || med(rs, func(r record) float64 { return float64(len(r.SysPerReq)) }) == 0 {
@@ -486,53 +483,6 @@ func rounds(byKey map[key]map[int]record, kind string) int {
 		}
 	}
 	return n
-}
-
-// reportClient compares the node's two upstream clients (issue 11): paths
-// c and d with the node on h1.Transport against c2 and d2, the same
-// requests through a second node on net/http's Transport, in the same
-// rounds. Δ = h1 − net/http (negative: h1 is faster), median over rounds.
-func reportClient(w io.Writer, byKey map[key]map[int]record) {
-	pairs := [][2]string{{"c", "c2"}, {"d", "d2"}}
-	have := false
-	for _, p := range pairs {
-		have = have || hasPath(byKey, "rate", p[1]) || hasPath(byKey, "wrk", p[1])
-	}
-	if !have {
-		return
-	}
-	fmt.Fprintln(w, "### Node upstream client: h1.Transport against net/http's Transport")
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "Same edge, same backend, same rounds: c and d go through node gpu-1 (h1), c2 and d2 through node gpu-2 (`-upstream-client stdlib`). Δ = h1 − net/http in the same round, median over rounds (negative: h1 faster or cheaper).")
-	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| load | path | h1 p50 | net/http p50 | Δp50 | h1 p99 | net/http p99 | Δp99 | h1 node CPU µs/req | net/http node CPU µs/req | h1 success | net/http success |")
-	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-	p50 := func(r record) float64 { return r.P50 }
-	p99 := func(r record) float64 { return r.P99 }
-	node := func(r record) float64 { return r.CPUPerReq["node"] }
-	for _, rate := range rates(byKey, "rate") {
-		for _, p := range pairs {
-			h, s := byKey[key{"rate", p[0], rate}], byKey[key{"rate", p[1], rate}]
-			if len(h) == 0 || len(s) == 0 {
-				continue
-			}
-			fmt.Fprintf(w, "| open loop %d RPS | %s | %s | %s | %s | %s | %s | %s | %.0f | %.0f | %s | %s |\n", rate, p[0],
-				ms(med(h, p50)), ms(med(s, p50)), signedMs(medDiff(h, s, p50)),
-				ms(med(h, p99)), ms(med(s, p99)), signedMs(medDiff(h, s, p99)),
-				med(h, node), med(s, node), success(h), success(s))
-		}
-	}
-	rps := func(r record) float64 { return r.RPS }
-	for _, p := range pairs {
-		h, s := byKey[key{"wrk", p[0], 0}], byKey[key{"wrk", p[1], 0}]
-		if len(h) == 0 || len(s) == 0 {
-			continue
-		}
-		ratio, ok := medRatio(h, s, rps)
-		fmt.Fprintf(w, "| closed loop (wrk): req/s %.0f vs %.0f, h1 ÷ net/http %s | %s | | | | | | | %.0f | %.0f | %s | %s |\n",
-			med(h, rps), med(s, rps), pct(ratio, ok), p[0], med(h, node), med(s, node), success(h), success(s))
-	}
-	fmt.Fprintln(w)
 }
 
 // reportPairs tabulates the passive-health runs (issue 11): N requests at

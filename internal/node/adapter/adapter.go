@@ -41,8 +41,7 @@
 //     "upstream_error");
 //   - error bodies of a non-2xx answer: 64 KiB (upstream.ReadStatusError);
 //     probe answers: 4 MiB (model lists), health bodies unread;
-//   - response heads on plain HTTP: h1.MaxResponseHeaderBytes (1 MiB) on a
-//     4 KiB connection buffer.
+//   - response heads: maxResponseHeaderBytes (1 MiB, client.go).
 //
 // Goroutines: Run and Tunnel make their provider call on one goroutine of
 // their own and, after a stall, probe on another; both have ended when Run
@@ -139,9 +138,6 @@ type Options struct {
 	// instance, tuned for long streams to one backend, with that instance's
 	// idle lifetime (client.go).
 	HTTPClient *http.Client
-	// UpstreamClient picks the per-instance client: ClientH1 (the default)
-	// or ClientStdlib (see client.go). Ignored with HTTPClient.
-	UpstreamClient string
 	// Logger; nil = slog.Default().
 	Logger *slog.Logger
 	// LookupEnv resolves AdapterConfig.api_key_env (os.LookupEnv in main);
@@ -179,7 +175,6 @@ type Set struct {
 	instances map[string]*instance
 	names     []string
 	shared    *http.Client   // Options.HTTPClient
-	kind      string         // Options.UpstreamClient
 	clients   []*http.Client // one per instance when shared is nil
 	log       *slog.Logger
 	stallDef  time.Duration
@@ -231,7 +226,6 @@ func NewSet(cfg *iop.NodeConfigPayload, o Options) (*Set, error) {
 	s := &Set{
 		instances: map[string]*instance{},
 		shared:    o.HTTPClient,
-		kind:      o.UpstreamClient,
 		log:       o.Logger,
 		stallDef:  o.DefaultStallTimeout,
 		probeTO:   o.ProbeTimeout,
@@ -249,9 +243,6 @@ func NewSet(cfg *iop.NodeConfigPayload, o Options) (*Set, error) {
 	}
 	if s.now == nil {
 		s.now = time.Now
-	}
-	if err := validClient(s.kind); err != nil {
-		return nil, err
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -336,7 +327,7 @@ func (s *Set) build(ac *iop.AdapterConfig, lookupEnv func(string) (string, bool)
 	}
 	client := s.shared
 	if client == nil {
-		client = newClient(s.kind, idle)
+		client = newClient(idle)
 		s.clients = append(s.clients, client)
 	}
 	inst.ep = &upstream.Endpoint{Client: client, Base: u}

@@ -108,8 +108,6 @@ func okChat(t *testing.T) string {
 	return "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: " + strconv.Itoa(len(b)) + "\r\n\r\n" + string(b)
 }
 
-var clients = []string{adapter.ClientH1, adapter.ClientStdlib}
-
 func closedAddr(t *testing.T) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -122,8 +120,8 @@ func closedAddr(t *testing.T) string {
 
 // Issue 11: a request that got no response head is upstream_connect (no
 // connection could be opened) or upstream_reset (closed or reset before
-// the status line), on the run path and the tunnel, with either upstream
-// client; the node never resends it (the backend saw it once). A non-2xx
+// the status line), on the run path and the tunnel; the node never resends
+// it (the backend saw it once). A non-2xx
 // answer on the run path carries its status and Retry-After.
 func TestUpstreamFailureCodes(t *testing.T) {
 	reset := func(int, time.Duration) string { return "" }
@@ -147,49 +145,47 @@ func TestUpstreamFailureCodes(t *testing.T) {
 		{name: "429 with a malformed Retry-After", answer: tooMany("soon"), code: adapter.CodeUpstreamStatus, status: 429},
 	}
 	for _, r := range rows {
-		for _, client := range clients {
-			for _, typ := range []string{"run-ollama", "run-compat", "tunnel"} {
-				t.Run(r.name+" "+client+" "+typ, func(t *testing.T) {
-					leakcheck.Check(t)
-					base := closedAddr(t)
-					var srv *connServer
-					if r.answer != nil {
-						srv = startConnServer(t, r.answer)
-						base = srv.url()
-					}
-					ac := compatAdapter("x", llamaProfile(base), 2)
-					if typ == "run-ollama" {
-						ac = ollamaAdapter("x", base, 2)
-					}
-					s := newSet(t, adapter.Options{UpstreamClient: client}, ac)
-					ctx := context.Background()
-					var code, msg string
-					var status int32
-					var retryAfter int64
-					if typ == "tunnel" {
-						frs := tunnelAll(ctx, s, &iop.ProviderTunnelRequest{Adapter: "x", Target: "tiny",
-							Operation: adapter.OpChatCompletions, Body: []byte(`{"model":"tiny"}`)})
-						last, st, _, _ := checkTunnel(t, frs)
-						code, msg, status = last.GetFailureCode(), last.GetError(), st
-						if r.status != 0 { // the tunnel relays a status as the upstream said it
-							if status != r.status || last.GetKind() != iop.TunnelFrameKind_TUNNEL_FRAME_END {
-								t.Fatalf("tunnel: got %v status %d, want the upstream's %d then END", last.GetKind(), status, r.status)
-							}
-							return
+		for _, typ := range []string{"run-ollama", "run-compat", "tunnel"} {
+			t.Run(r.name+" "+typ, func(t *testing.T) {
+				leakcheck.Check(t)
+				base := closedAddr(t)
+				var srv *connServer
+				if r.answer != nil {
+					srv = startConnServer(t, r.answer)
+					base = srv.url()
+				}
+				ac := compatAdapter("x", llamaProfile(base), 2)
+				if typ == "run-ollama" {
+					ac = ollamaAdapter("x", base, 2)
+				}
+				s := newSet(t, adapter.Options{}, ac)
+				ctx := context.Background()
+				var code, msg string
+				var status int32
+				var retryAfter int64
+				if typ == "tunnel" {
+					frs := tunnelAll(ctx, s, &iop.ProviderTunnelRequest{Adapter: "x", Target: "tiny",
+						Operation: adapter.OpChatCompletions, Body: []byte(`{"model":"tiny"}`)})
+					last, st, _, _ := checkTunnel(t, frs)
+					code, msg, status = last.GetFailureCode(), last.GetError(), st
+					if r.status != 0 { // the tunnel relays a status as the upstream said it
+						if status != r.status || last.GetKind() != iop.TunnelFrameKind_TUNNEL_FRAME_END {
+							t.Fatalf("tunnel: got %v status %d, want the upstream's %d then END", last.GetKind(), status, r.status)
 						}
-					} else {
-						last, _ := checkRun(t, runAll(ctx, s, &iop.RunRequest{Adapter: "x", Target: "tiny", Input: userInput("hi")}))
-						code, msg, status, retryAfter = last.GetFailureCode(), last.GetError(), last.GetUpstreamStatus(), last.GetRetryAfterMs()
+						return
 					}
-					if code != r.code || status != r.status || retryAfter != r.retryAfter {
-						t.Fatalf("got %q status %d retry_after_ms %d (%s), want %q %d %d", code, status, retryAfter, msg,
-							r.code, r.status, r.retryAfter)
-					}
-					if srv != nil && srv.reqs.Load() != 1 {
-						t.Errorf("the backend read %d requests, want 1 (a written POST is never resent)", srv.reqs.Load())
-					}
-				})
-			}
+				} else {
+					last, _ := checkRun(t, runAll(ctx, s, &iop.RunRequest{Adapter: "x", Target: "tiny", Input: userInput("hi")}))
+					code, msg, status, retryAfter = last.GetFailureCode(), last.GetError(), last.GetUpstreamStatus(), last.GetRetryAfterMs()
+				}
+				if code != r.code || status != r.status || retryAfter != r.retryAfter {
+					t.Fatalf("got %q status %d retry_after_ms %d (%s), want %q %d %d", code, status, retryAfter, msg,
+						r.code, r.status, r.retryAfter)
+				}
+				if srv != nil && srv.reqs.Load() != 1 {
+					t.Errorf("the backend read %d requests, want 1 (a written POST is never resent)", srv.reqs.Load())
+				}
+			})
 		}
 	}
 }
@@ -211,38 +207,36 @@ func TestUpstreamIdleLifetime(t *testing.T) {
 		}
 		return ok
 	}
-	for _, client := range clients {
-		for _, r := range []struct {
-			idleMs    int64
-			wantCode  string
-			wantConns int64
-		}{{50, "", 2}, {0, adapter.CodeUpstreamReset, 1}} {
-			t.Run(client+" idle "+strconv.FormatInt(r.idleMs, 10)+" ms", func(t *testing.T) {
-				leakcheck.Check(t)
-				srv := startConnServer(t, answer)
-				ac := compatAdapter("x", llamaProfile(srv.url()), 2)
-				ac.UpstreamIdleTimeoutMs = r.idleMs
-				s := newSet(t, adapter.Options{UpstreamClient: client}, ac)
-				run := func() *iop.RunEvent {
-					last, _ := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Adapter: "x", Target: "tiny", Input: userInput("hi")}))
-					return last
-				}
-				if last := run(); last.GetType() != iop.RunEventType_RUN_EVENT_COMPLETE {
-					t.Fatalf("first request: %v %q", last.GetFailureCode(), last.GetError())
-				}
-				<-time.After(gap) // the scenario: the connection sits idle this long (elapsed time, not an event)
-				last := run()
-				if last.GetFailureCode() != r.wantCode {
-					t.Fatalf("second request after %v idle: %q (%s), want %q", gap, last.GetFailureCode(), last.GetError(), r.wantCode)
-				}
-				if n := srv.conns.Load(); n != r.wantConns {
-					t.Errorf("%d connections, want %d", n, r.wantConns)
-				}
-				if n := srv.reqs.Load(); n != 2 {
-					t.Errorf("the backend read %d requests, want 2 (never a resend)", n)
-				}
-			})
-		}
+	for _, r := range []struct {
+		idleMs    int64
+		wantCode  string
+		wantConns int64
+	}{{50, "", 2}, {0, adapter.CodeUpstreamReset, 1}} {
+		t.Run("idle "+strconv.FormatInt(r.idleMs, 10)+" ms", func(t *testing.T) {
+			leakcheck.Check(t)
+			srv := startConnServer(t, answer)
+			ac := compatAdapter("x", llamaProfile(srv.url()), 2)
+			ac.UpstreamIdleTimeoutMs = r.idleMs
+			s := newSet(t, adapter.Options{}, ac)
+			run := func() *iop.RunEvent {
+				last, _ := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Adapter: "x", Target: "tiny", Input: userInput("hi")}))
+				return last
+			}
+			if last := run(); last.GetType() != iop.RunEventType_RUN_EVENT_COMPLETE {
+				t.Fatalf("first request: %v %q", last.GetFailureCode(), last.GetError())
+			}
+			<-time.After(gap) // the scenario: the connection sits idle this long (elapsed time, not an event)
+			last := run()
+			if last.GetFailureCode() != r.wantCode {
+				t.Fatalf("second request after %v idle: %q (%s), want %q", gap, last.GetFailureCode(), last.GetError(), r.wantCode)
+			}
+			if n := srv.conns.Load(); n != r.wantConns {
+				t.Errorf("%d connections, want %d", n, r.wantConns)
+			}
+			if n := srv.reqs.Load(); n != 2 {
+				t.Errorf("the backend read %d requests, want 2 (never a resend)", n)
+			}
+		})
 	}
 }
 
@@ -255,8 +249,5 @@ func TestUpstreamIdleTimeoutBounds(t *testing.T) {
 			!strings.Contains(err.Error(), "upstream_idle_timeout_ms") {
 			t.Errorf("%d ms: got %v, want a bad upstream_idle_timeout_ms error", ms, err)
 		}
-	}
-	if _, err := adapter.NewSet(&iop.NodeConfigPayload{}, adapter.Options{UpstreamClient: "curl"}); err == nil {
-		t.Error("an unknown upstream client was accepted")
 	}
 }
