@@ -81,7 +81,7 @@ const (
 // Why not a hand-written client: the node had one (h1.Transport: the
 // calling goroutine wrote the request and read the answer, no per-
 // connection goroutines) until issue 11 measured it against this one in
-// the same benchmark runs (BENCHMARKS.md, "Node upstream client"): 16
+// the same benchmark runs (BENCHMARKS.md, "Resilience (issue 11)"): 16
 // allocations and ~1.5 KiB less per request and some 10 % less node CPU
 // on a loopback demo backend, no latency difference above the noise —
 // nothing a user of a model server would notice.
