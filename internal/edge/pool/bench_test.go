@@ -3,6 +3,8 @@ package pool
 import (
 	"context"
 	"testing"
+
+	"iop/internal/edge/routing"
 )
 
 // BenchmarkAcquireRelease: one uncontended admit and release (issue target:
@@ -14,6 +16,44 @@ func BenchmarkAcquireRelease(b *testing.B) {
 	}
 	ctx := context.Background()
 	r := Request{Model: "m", Operation: OpChatCompletions, PromptTokens: 10}
+	b.ReportAllocs()
+	for b.Loop() {
+		l, err := p.Acquire(ctx, r)
+		if err != nil {
+			b.Fatal(err)
+		}
+		p.Release(l)
+	}
+}
+
+// BenchmarkAcquireReleaseAffinity: the same under prefix_affinity (issue
+// 16), three candidates whose tables hold 1,000 conversations of 12
+// boundaries, for a request on its 12th boundary: the table lookups, the
+// rendezvous choice and recording the prefix.
+func BenchmarkAcquireReleaseAffinity(b *testing.B) {
+	cfg := stressConfig()
+	cfg.Groups[0].Routing = routing.PrefixAffinity
+	cfg.Groups[0].Epsilon = routing.DefaultEpsilon
+	p := New(cfg, SystemClock())
+	for _, n := range []string{"gpu-1", "gpu-2", "gpu-3"} {
+		p.NodeReady(n, 1)
+	}
+	ctx := context.Background()
+	prefix := func(conv uint64) []uint64 {
+		out := make([]uint64, 12)
+		for i := range out {
+			out[i] = conv<<16 | uint64(i)
+		}
+		return out
+	}
+	for c := range uint64(1000) {
+		l, err := p.Acquire(ctx, Request{Model: "m", Operation: OpChatCompletions, Prefix: prefix(c)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		p.Release(l)
+	}
+	r := Request{Model: "m", Operation: OpChatCompletions, PromptTokens: 10, Prefix: prefix(7)}
 	b.ReportAllocs()
 	for b.Loop() {
 		l, err := p.Acquire(ctx, r)
