@@ -6,7 +6,7 @@
 # BENCH_AFF_TURNS (5) turns, BENCH_AFF_CONC (8) conversations at a time, a
 # shared system prompt of BENCH_AFF_SYSTEM (1536) bytes, user messages of
 # BENCH_AFF_USER (256) bytes, max_tokens BENCH_AFF_MAX_TOKENS (64), against
-# one model group of two replicas (affinity_epsilon BENCH_AFF_EPSILON, 0.25).
+# one model group of two replicas (affinity_epsilon BENCH_AFF_EPSILON, 0.5).
 # For each routing mode in BENCH_AFF_MODES
 # ("least_loaded prefix_affinity") the replicas, the edge and the node start
 # fresh (empty caches, empty affinity tables), so the modes are comparable.
@@ -74,7 +74,7 @@ bench_affinity_config() { # $1 = routing mode
     {"name": "r2", "type": "openai_compat", "profile": "llamacpp", "capacity": $BENCH_AFF_CAPACITY, "base_url": "http://$BENCH_AFF_R2"}
   ]}],
   "models": [
-    {"name": "conv", "routing": "$1", "affinity_epsilon": ${BENCH_AFF_EPSILON:-0.25}, "providers": [
+    {"name": "conv", "routing": "$1", "affinity_epsilon": ${BENCH_AFF_EPSILON:-0.5}, "providers": [
       {"node": "gpu-1", "provider": "r1", "target": "$t1"},
       {"node": "gpu-1", "provider": "r2", "target": "$t2"}]}
   ]

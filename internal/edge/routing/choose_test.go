@@ -30,7 +30,7 @@ func TestChoose(t *testing.T) {
 		{name: "issue16 holder at capacity: another free candidate, never a wait",
 			cands: []Candidate{busy(free(1, 4, 4, 3)), free(2, 0, 4, 0)}, want: 1, result: ResultFallback},
 		{name: "issue16 holder above its load bound: fallback to one within",
-			// m = 5+0+1 = 6, bound for the holder = ⌈1.25·6/2⌉ = 4 < 5+1
+			// m = 5+0+1 = 6, bound for the holder = ⌈1.5·6/2⌉ = 5 < 5+1
 			cands: []Candidate{free(1, 5, 8, 3), free(2, 0, 8, 0)}, want: 1, result: ResultFallback},
 		{name: "issue16 holder cooling or overlaid (not live) is skipped, its match ignored",
 			cands: []Candidate{down(free(1, 0, 4, 3)), free(2, 0, 4, 0), free(3, 0, 4, 0)}, want: -2, result: ResultHash},
