@@ -5,7 +5,8 @@
 # Workload (iopbench affinity): BENCH_AFF_CONVS (50) conversations ×
 # BENCH_AFF_TURNS (5) turns, BENCH_AFF_CONC (8) conversations at a time, a
 # shared system prompt of BENCH_AFF_SYSTEM (1536) bytes, user messages of
-# BENCH_AFF_USER (256) bytes, max_tokens BENCH_AFF_MAX_TOKENS (64), against
+# BENCH_AFF_USER (256) bytes, max_tokens BENCH_AFF_MAX_TOKENS (64), at most
+# BENCH_AFF_TIMEOUT (10m) per mode, against
 # one model group of two replicas (affinity_epsilon BENCH_AFF_EPSILON, 0.5).
 # For each routing mode in BENCH_AFF_MODES
 # ("least_loaded prefix_affinity") the replicas, the edge and the node start
@@ -119,7 +120,7 @@ bench_affinity_main() {
     "$BENCH_DIR/bin/iopbench" affinity -url "http://$BENCH_HTTP/v1/chat/completions" -model conv -key "$BENCH_KEY" \
       -label "$mode" -replicas "$AFF_REPLICAS" -conversations "${BENCH_AFF_CONVS:-50}" -turns "${BENCH_AFF_TURNS:-5}" \
       -concurrency "${BENCH_AFF_CONC:-8}" -system-bytes "${BENCH_AFF_SYSTEM:-1536}" -user-bytes "${BENCH_AFF_USER:-256}" \
-      -max-tokens "${BENCH_AFF_MAX_TOKENS:-64}" >>"$BENCH_DIR/affinity.jsonl" 2>>"$BENCH_DIR/iopbench.log" ||
+      -max-tokens "${BENCH_AFF_MAX_TOKENS:-64}" -timeout "${BENCH_AFF_TIMEOUT:-10m}" >>"$BENCH_DIR/affinity.jsonl" 2>>"$BENCH_DIR/iopbench.log" ||
       log "iopbench affinity $mode failed; see .run/bench/iopbench.log"
     curl -fsS -m 5 "http://$BENCH_ADMIN/status" >"$BENCH_DIR/affinity-status-$mode.json" 2>/dev/null || true
     bench_affinity_stop

@@ -311,14 +311,18 @@ func reportAffinity(w io.Writer, recs []record) {
 		}
 	}
 	fmt.Fprintln(w, "\n### Cache-aware routing (issue 16)")
-	fmt.Fprintln(w, "\n| routing | requests ok | cached prompt tokens | cached share | vs least_loaded | TTFT p50 ms | p90 | p99 | mean | TTFT p50 / mean vs least_loaded | requests per replica | max / mean |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "\n| routing | requests ok | cached prompt tokens | cached share | vs least_loaded | prefilled (uncached) tokens | vs least_loaded | TTFT p50 ms | p90 | p99 | mean | TTFT p50 / mean vs least_loaded | requests per replica | max / mean |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range recs {
 		share := 0.0
 		if r.PromptTokens > 0 {
 			share = float64(r.CachedTokens) / float64(r.PromptTokens)
 		}
-		vsCached, vsTTFT := "", ""
+		vsCached, vsTTFT, vsPrefill := "", "", ""
+		prefilled := r.PromptTokens - r.CachedTokens
+		if base != nil && base.PromptTokens > base.CachedTokens {
+			vsPrefill = fmt.Sprintf("%.2f×", float64(prefilled)/float64(base.PromptTokens-base.CachedTokens))
+		}
 		if base != nil && base.CachedTokens > 0 && base.FirstP50 > 0 {
 			vsCached = fmt.Sprintf("%.2f×", float64(r.CachedTokens)/float64(base.CachedTokens))
 			vsTTFT = fmt.Sprintf("%+.0f %% / %+.0f %%", (r.FirstP50/base.FirstP50-1)*100, (r.FirstAvg/base.FirstAvg-1)*100)
@@ -339,8 +343,8 @@ func reportAffinity(w io.Writer, recs []record) {
 		if len(names) > 0 && total > 0 {
 			imbalance = float64(most) / (float64(total) / float64(len(names)))
 		}
-		fmt.Fprintf(w, "| %s | %d/%d | %d | %.0f %% | %s | %s | %s | %s | %s | %s | %s | %.2f |\n", r.Label, r.OK, r.Requests,
-			r.CachedTokens, share*100, vsCached, ms(r.FirstP50), ms(r.FirstP90), ms(r.FirstP99), ms(r.FirstAvg), vsTTFT,
+		fmt.Fprintf(w, "| %s | %d/%d | %d | %.0f %% | %s | %d | %s | %s | %s | %s | %s | %s | %s | %.2f |\n", r.Label, r.OK, r.Requests,
+			r.CachedTokens, share*100, vsCached, prefilled, vsPrefill, ms(r.FirstP50), ms(r.FirstP90), ms(r.FirstP99), ms(r.FirstAvg), vsTTFT,
 			strings.Join(per, ", "), imbalance)
 	}
 }
