@@ -24,7 +24,9 @@
 #                   BENCH_LLAMA_MODEL (one .gguf, e.g. from gguf-gen -mode
 #                   random with a larger -embd/-layers): two llama-server
 #                   instances on the same ports with --alias r1 / r2,
-#                   -np BENCH_AFF_CAPACITY slots, -c BENCH_LLAMA_CTX (32768)
+#                   -np BENCH_AFF_CAPACITY slots, -c BENCH_LLAMA_CTX (131072: the
+#                   prompt cache holds at most n_ctx tokens, and 50 conversations
+#                   of ~3,000 tokens must fit)
 #                   and -t BENCH_LLAMA_THREADS (1) each; their default prompt
 #                   cache (--cache-ram) is on.
 # Cached prompt tokens are the backends' own reports
@@ -38,7 +40,7 @@ bench_affinity_start_replicas() { # $1 = mode label (for logs)
     addr=$([ $i = 1 ] && echo "$BENCH_AFF_R1" || echo "$BENCH_AFF_R2")
     if [ -n "${BENCH_LLAMA_SERVER:-}" ]; then
       "$BENCH_LLAMA_SERVER" -m "$BENCH_LLAMA_MODEL" --alias "r$i" --jinja --host "${addr%:*}" --port "${addr##*:}" \
-        -np "$BENCH_AFF_CAPACITY" -c "${BENCH_LLAMA_CTX:-32768}" -t "${BENCH_LLAMA_THREADS:-1}" \
+        -np "$BENCH_AFF_CAPACITY" -c "${BENCH_LLAMA_CTX:-131072}" -t "${BENCH_LLAMA_THREADS:-1}" \
         >>"$BENCH_DIR/affinity-r$i.log" 2>&1 &
     else
       "$bin/demo-backend" -listen "$addr" -token-delay "$BENCH_AFF_TOKEN_DELAY" -prefix-cache 65536 \
