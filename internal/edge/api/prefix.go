@@ -18,7 +18,8 @@ const maxPrefixBoundaries = 512
 // "messages", Responses "input" (a string is one message; an array one per
 // item). The first boundary is the conversation key. It returns dst
 // unchanged when the body carries no conversation: count_tokens (nothing
-// is generated, nothing cached), an empty message list, or a Responses
+// is generated, nothing cached), /v1/completions (one prompt string, no
+// message boundaries) and /v1/embeddings, an empty message list, or a Responses
 // request continuing a stored response (previous_response_id: the
 // conversation lives on the server, not in the body).
 //
