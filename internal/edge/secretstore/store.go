@@ -30,11 +30,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -161,7 +163,7 @@ func Load(path string) (*Store, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&f); err != nil {
-		return nil, fmt.Errorf("secret store %s: %w: %v", path, ErrBadStore, err)
+		return nil, fmt.Errorf("secret store %s: %w: %s", path, ErrBadStore, jsonProblem(err))
 	}
 	if f.Version != 1 {
 		return nil, fmt.Errorf("secret store %s: %w: version %d, want 1", path, ErrBadStore, f.Version)
@@ -183,6 +185,24 @@ func Load(path string) (*Store, error) {
 		s.slots[e.Name] = e
 	}
 	return s, nil
+}
+
+// jsonProblem describes a decoding error of the store file without quoting
+// the file: encoding/json's syntax errors quote the offending byte, which
+// would put a byte of whatever the path names — a store key given as the
+// store, another secret file — into a log line.
+func jsonProblem(err error) string {
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &syn):
+		return fmt.Sprintf("not JSON (syntax error at byte offset %d)", syn.Offset)
+	case errors.As(err, &typ):
+		return fmt.Sprintf("%s holds a JSON %s, want %v", typ.Field, strings.Fields(typ.Value)[0], typ.Type)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "not JSON (truncated)"
+	}
+	return err.Error() // unknown fields (named by key) and base64 errors (by offset)
 }
 
 // LoadOrNew is Load, or an empty store when path does not exist.

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -191,6 +192,27 @@ func TestLoadMalformed(t *testing.T) {
 			os.WriteFile(p, []byte(row.body), 0o600)
 			if _, err := Load(p); !errors.Is(err, ErrBadStore) {
 				t.Fatalf("got %v, want ErrBadStore", err)
+			}
+		})
+	}
+	// C1, C5: the error never quotes the file: a store key (or any other
+	// secret file) given as the store puts no byte of it into a log line.
+	for _, row := range []struct{ name, body, secret string }{
+		{"the store key given as the store", "\xd7\x9a\x01\xfe-key-bytes", "\xd7\x9a"},
+		{"a secret file given as the store", "sk-live-9f8e7d6c5b4a", "sk-live"},
+		{"a string where an object belongs", `"sk-live-9f8e7d6c5b4a"`, "sk-live"},
+		{"a control byte inside a string", "{\"version\":1,\"slots\":[{\"name\":\"a\x01sk-live\"}]}", "\\x01"},
+		{"a number where a string belongs", `{"version":1,"slots":[{"name":4242424242}]}`, "4242424242"},
+	} {
+		t.Run(row.name, func(t *testing.T) {
+			p := filepath.Join(dir, "store.json")
+			os.WriteFile(p, []byte(row.body), 0o600)
+			_, err := Load(p)
+			if !errors.Is(err, ErrBadStore) {
+				t.Fatalf("got %v, want ErrBadStore", err)
+			}
+			if msg := strings.TrimPrefix(err.Error(), "secret store "+p); strings.Contains(msg, row.secret) || strings.Contains(msg, "'") {
+				t.Fatalf("C5: the error quotes the file: %q", msg)
 			}
 		})
 	}
