@@ -142,6 +142,30 @@ func CheckPresence(planeOn bool, l *iop.CredentialLease, b *iop.CredentialLeaseB
 	return nil
 }
 
+// ErrNotHeaderValue: a secret that cannot travel as an HTTP header value
+// unchanged (CheckHeaderValue).
+var ErrNotHeaderValue = errors.New("not usable as an HTTP header value")
+
+// CheckHeaderValue reports whether secret can be an upstream credential:
+// the Node sends it as (the end of) one HTTP header field value, so it
+// must hold no control character (below 0x20, or 0x7F: CR and LF would
+// split the header, NUL, TAB and the others are refused or kept by servers
+// differently) and must not begin or end with a space, which HTTP parsers
+// strip from a field value (RFC 9110 §5.5), so the upstream would see
+// another key. Bytes from 0x80 up (obs-text) pass. The error wraps
+// ErrNotHeaderValue and names the offset, never the secret's bytes.
+func CheckHeaderValue(secret []byte) error {
+	for i, c := range secret {
+		if c < 0x20 || c == 0x7f {
+			return fmt.Errorf("%w: a control character at byte offset %d", ErrNotHeaderValue, i)
+		}
+	}
+	if n := len(secret); n > 0 && (secret[0] == ' ' || secret[n-1] == ' ') {
+		return fmt.Errorf("%w: it begins or ends with a space, which HTTP strips from a header value", ErrNotHeaderValue)
+	}
+	return nil
+}
+
 // KeyID is the key id of a raw public key (32 bytes for X25519 and
 // Ed25519): the first 8 bytes of its SHA-256, as 16 lowercase hex digits.
 func KeyID(raw []byte) string {

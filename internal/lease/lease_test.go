@@ -6,6 +6,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -240,6 +241,38 @@ func TestCheckPresence(t *testing.T) {
 
 // C2: the canonical binding bytes change with every field, so the seal and
 // the signature cover each of them.
+// C3, C5: a secret is usable as an upstream credential only when it goes
+// into an HTTP header value unchanged; the error never quotes it.
+func TestCheckHeaderValue(t *testing.T) {
+	for _, row := range []struct {
+		name   string
+		secret string
+		ok     bool
+	}{
+		{"C3 an API key", "sk-proj-AbC_123.xyz~", true},
+		{"C3 obs-text bytes pass as HTTP carries them", "sk-\xff\xfe", true},
+		{"C3 an inner space passes", "key with space", true},
+		{"C3 LF would split the header", "sk-a\nX-Evil: 1", false},
+		{"C3 CR", "sk-a\r", false},
+		{"C3 NUL", "sk-\x00", false},
+		{"C3 TAB", "sk-\tb", false},
+		{"C3 another control character", "sk-\x01b", false},
+		{"C3 DEL", "sk-\x7fb", false},
+		{"C3 a leading space HTTP would strip", " sk-a", false},
+		{"C3 a trailing space HTTP would strip", "sk-a ", false},
+	} {
+		t.Run(row.name, func(t *testing.T) {
+			err := CheckHeaderValue([]byte(row.secret))
+			if (err == nil) != row.ok || (err != nil && !errors.Is(err, ErrNotHeaderValue)) {
+				t.Fatalf("got %v, want ok=%v", err, row.ok)
+			}
+			if err != nil && strings.Contains(err.Error(), "sk-") {
+				t.Fatalf("C5: the error quotes the secret: %v", err)
+			}
+		})
+	}
+}
+
 func TestCanonicalBindingCoversEveryField(t *testing.T) {
 	base := CanonicalBinding(baseBinding())
 	fields := baseBinding().ProtoReflect().Descriptor().Fields()

@@ -38,6 +38,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"iop/internal/lease"
 )
 
 // KeySize is the store key's size in bytes (AES-256).
@@ -254,7 +256,9 @@ func (s *Store) Save(path string) error {
 // Set encrypts secret into slot name under k with a fresh nonce and the
 // next revision (1 for a new slot), and returns that revision. secret is
 // not retained. Errors: ErrBadSlotName, ErrBadSecret (empty, over
-// MaxSecretBytes, or holding CR, LF or NUL, which no HTTP header carries).
+// MaxSecretBytes, or not usable as an HTTP header value unchanged:
+// lease.CheckHeaderValue — a control character, or a leading or trailing
+// space).
 func (s *Store) Set(k *Key, name string, secret []byte, now time.Time) (uint64, error) {
 	if !ValidSlotName(name) {
 		return 0, fmt.Errorf("%w %q (1-63 of letters, digits, '.', '_', '-')", ErrBadSlotName, name)
@@ -262,8 +266,8 @@ func (s *Store) Set(k *Key, name string, secret []byte, now time.Time) (uint64, 
 	if len(secret) == 0 || len(secret) > MaxSecretBytes {
 		return 0, fmt.Errorf("%w: %d bytes (want 1..%d)", ErrBadSecret, len(secret), MaxSecretBytes)
 	}
-	if bytes.ContainsAny(secret, "\r\n\x00") {
-		return 0, fmt.Errorf("%w: it contains a line break or NUL", ErrBadSecret)
+	if err := lease.CheckHeaderValue(secret); err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrBadSecret, err)
 	}
 	rev := uint64(1)
 	if old := s.slots[name]; old != nil {

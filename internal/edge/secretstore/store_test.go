@@ -136,7 +136,8 @@ func TestStoreRejects(t *testing.T) {
 			}
 		})
 	}
-	for _, bad := range [][]byte{nil, []byte("a\nb"), []byte("a\x00"), make([]byte, MaxSecretBytes+1)} {
+	for _, bad := range [][]byte{nil, []byte("a\nb"), []byte("a\x00"), make([]byte, MaxSecretBytes+1),
+		[]byte("a\x01b"), []byte("a\tb"), []byte("a\x7f"), []byte(" sk-a"), []byte("sk-a ")} {
 		if _, err := s.Set(k, "x", bad, now); !errors.Is(err, ErrBadSecret) {
 			t.Errorf("secret %q: got %v, want ErrBadSecret", bad[:min(len(bad), 8)], err)
 		}

@@ -1,7 +1,6 @@
 package adapter
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 
@@ -68,8 +67,8 @@ func (s *Set) credential(inst *instance, target string, l *iop.CredentialLease, 
 	if err != nil {
 		return nil, fmt.Errorf("credential lease rejected: %w", err)
 	}
-	if bytes.ContainsAny(pt, "\r\n\x00") {
-		return nil, fmt.Errorf("credential lease rejected: %w", &lease.Error{Err: lease.ErrMalformed, Detail: "the credential holds a line break or NUL"})
+	if err := lease.CheckHeaderValue(pt); err != nil {
+		return nil, fmt.Errorf("credential lease rejected: %w", &lease.Error{Err: lease.ErrMalformed, Detail: "the credential: " + err.Error()})
 	}
 	v := make([]byte, 0, len(scheme)+1+len(pt))
 	if scheme != "" {

@@ -119,6 +119,14 @@ func TestCredentialLease(t *testing.T) {
 			l.Ciphertext[0] ^= 1
 			return l, b
 		}, adapter.CodeCredentialInvalid},
+		{"C3 a credential that is no HTTP header value", func() (*iop.CredentialLease, *iop.CredentialLeaseBinding) {
+			b := kitBinding()
+			l, err := k.issuer.Issue(k.now, k.recipient, b, []byte(kitSecret+"\x01"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return l, b
+		}, adapter.CodeCredentialInvalid},
 		{"C3 expired lease", func() (*iop.CredentialLease, *iop.CredentialLeaseBinding) {
 			b := kitBinding()
 			old := *k
