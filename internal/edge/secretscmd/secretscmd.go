@@ -150,14 +150,22 @@ func runSet(args []string, stdin io.Reader, stdout, stderr io.Writer, now func()
 }
 
 // readSecret reads the secret from r: everything up to EOF, without one
-// trailing newline (LF or CRLF), at most MaxSecretBytes.
+// trailing newline (LF or CRLF), at most MaxSecretBytes. It reads into one
+// buffer of fixed size, so no partial copy of the secret is left behind in
+// a grown and abandoned buffer (the caller clears the one it gets); on an
+// error it clears what it read.
 func readSecret(r io.Reader) ([]byte, error) {
-	b, err := io.ReadAll(io.LimitReader(r, secretstore.MaxSecretBytes+3))
-	if err != nil {
-		clear(b)
+	buf := make([]byte, secretstore.MaxSecretBytes+len("\r\n")+1)
+	n, err := io.ReadFull(r, buf)
+	switch {
+	case err == nil: // filled: over the bound even without a CRLF
+		clear(buf)
+		return nil, fmt.Errorf("%w: standard input holds more than %d bytes", secretstore.ErrBadSecret, secretstore.MaxSecretBytes)
+	case !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF):
+		clear(buf)
 		return nil, fmt.Errorf("read standard input: %w", err)
 	}
-	b = bytes.TrimSuffix(b, []byte("\n"))
+	b := bytes.TrimSuffix(buf[:n], []byte("\n"))
 	b = bytes.TrimSuffix(b, []byte("\r"))
 	if len(b) == 0 {
 		return nil, fmt.Errorf("%w: standard input is empty (pipe the secret in: edge secrets set ... < FILE)", secretstore.ErrBadSecret)

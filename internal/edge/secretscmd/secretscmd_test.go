@@ -2,6 +2,7 @@ package secretscmd
 
 import (
 	"bytes"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -77,5 +78,49 @@ func TestSecretsCommand(t *testing.T) {
 	if code := Main([]string{"set", "-store", store, "-key", other, "-slot", "b"}, strings.NewReader("x"), &bytes.Buffer{}, &errb, clock); code != ExitError ||
 		!strings.Contains(errb.String(), "is -key the store's key?") {
 		t.Fatalf("set with another key: exit %d: %s", code, errb.String())
+	}
+}
+
+// chunkReader hands out its data a chunk at a time and remembers every
+// buffer it wrote into.
+type chunkReader struct {
+	data    []byte
+	chunk   int
+	written [][]byte
+}
+
+func (r *chunkReader) Read(p []byte) (int, error) {
+	if len(r.data) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p[:min(len(p), r.chunk)], r.data)
+	r.data = r.data[n:]
+	r.written = append(r.written, p[:n])
+	return n, nil
+}
+
+// C1: set leaves no copy of the secret in memory it read into (a grown
+// and abandoned read buffer held its first part), and an oversized input
+// is named as such.
+func TestSetLeavesNoCopy(t *testing.T) {
+	dir := t.TempDir()
+	key, store := filepath.Join(dir, "store.key"), filepath.Join(dir, "secrets.json")
+	Main([]string{"init", "-key", key}, nil, &bytes.Buffer{}, &bytes.Buffer{}, clock)
+	secret := "sk-" + strings.Repeat("Q", 3000)
+	in := &chunkReader{data: []byte(secret), chunk: 100}
+	var errb bytes.Buffer
+	if code := Main([]string{"set", "-store", store, "-key", key, "-slot", "big"}, in, &bytes.Buffer{}, &errb, clock); code != ExitOK {
+		t.Fatalf("set: exit %d: %s", code, errb.String())
+	}
+	for i, w := range in.written {
+		if bytes.Contains(w, []byte("QQQQ")) {
+			t.Fatalf("C1: read buffer %d still holds the secret after set returned", i)
+		}
+	}
+	errb.Reset()
+	huge := strings.NewReader(strings.Repeat("Q", 10*secretstore.MaxSecretBytes))
+	if code := Main([]string{"set", "-store", store, "-key", key, "-slot", "huge"}, huge, &bytes.Buffer{}, &errb, clock); code != ExitError ||
+		!strings.Contains(errb.String(), "more than 16384 bytes") {
+		t.Fatalf("oversized stdin: exit %d: %s", code, errb.String())
 	}
 }
