@@ -125,6 +125,11 @@ func runSet(args []string, stdin io.Reader, stdout, stderr io.Writer, now func()
 		return fail(stderr, "set", err)
 	}
 	defer key.Clear()
+	unlock, err := secretstore.Lock(*v["store"])
+	if err != nil {
+		return fail(stderr, "set", err)
+	}
+	defer unlock()
 	st, err := secretstore.LoadOrNew(*v["store"])
 	if err != nil {
 		return fail(stderr, "set", err)
@@ -199,6 +204,11 @@ func runRemove(args []string, stdout, stderr io.Writer, now func() time.Time) in
 	if done {
 		return code
 	}
+	unlock, err := secretstore.Lock(*v["store"])
+	if err != nil {
+		return fail(stderr, "rm", err)
+	}
+	defer unlock()
 	st, err := secretstore.Load(*v["store"])
 	if err != nil {
 		return fail(stderr, "rm", err)

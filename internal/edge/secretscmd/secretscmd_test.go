@@ -2,10 +2,12 @@ package secretscmd
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -122,5 +124,40 @@ func TestSetLeavesNoCopy(t *testing.T) {
 	if code := Main([]string{"set", "-store", store, "-key", key, "-slot", "huge"}, huge, &bytes.Buffer{}, &errb, clock); code != ExitError ||
 		!strings.Contains(errb.String(), "more than 16384 bytes") {
 		t.Fatalf("oversized stdin: exit %d: %s", code, errb.String())
+	}
+}
+
+// C1: concurrent writers lose nothing: each set reads the store, adds its
+// slot and renames a new file; without a lock two of them read the same
+// old file and the later rename drops the other's slot.
+func TestConcurrentSetsLoseNothing(t *testing.T) {
+	dir := t.TempDir()
+	key, store := filepath.Join(dir, "store.key"), filepath.Join(dir, "secrets.json")
+	Main([]string{"init", "-key", key}, nil, &bytes.Buffer{}, &bytes.Buffer{}, clock)
+	const writers = 16
+	codes := make(chan string, writers)
+	var wg sync.WaitGroup
+	for i := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var errb bytes.Buffer
+			slot := fmt.Sprintf("slot-%02d", i)
+			if code := Main([]string{"set", "-store", store, "-key", key, "-slot", slot}, strings.NewReader("sk-"+slot), &bytes.Buffer{}, &errb, clock); code != ExitOK {
+				codes <- fmt.Sprintf("%s: exit %d: %s", slot, code, errb.String())
+			}
+		}()
+	}
+	wg.Wait()
+	close(codes)
+	for c := range codes {
+		t.Error(c)
+	}
+	s, err := secretstore.Load(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(s.Slots()); got != writers {
+		t.Fatalf("C1: %d of %d slots in the store after %d concurrent sets that all reported success", got, writers, writers)
 	}
 }

@@ -8,6 +8,9 @@
 // revision — a ciphertext moved to another slot or given another revision
 // does not open.
 //
+// Writers (edge secrets set, rm) hold Lock from reading the file to writing
+// it; the Edge reads it without (the write is a rename).
+//
 // File format (mode 0600, written atomically by rename):
 //
 //	{"version": 1, "slots": [{"name": "openai-prod", "revision": 3,
@@ -37,6 +40,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"iop/internal/lease"
@@ -205,6 +209,31 @@ func jsonProblem(err error) string {
 		return "not JSON (truncated)"
 	}
 	return err.Error() // unknown fields (named by key) and base64 errors (by offset)
+}
+
+// Lock takes an exclusive advisory lock (flock) on path's lock file,
+// path + ".lock" (created mode 0600, left in place), waiting while another
+// process or goroutine holds it, and returns its release. Writers hold it
+// from Load to Save so that two concurrent `edge secrets set` do not both
+// read the old file and lose one slot to the other's rename; readers need
+// none (Save renames atomically). The lock is released when the process
+// ends.
+func Lock(path string) (unlock func(), err error) {
+	f, err := os.OpenFile(path+".lock", os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("secret store lock: %w", err)
+	}
+	for {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+		if !errors.Is(err, syscall.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("secret store lock %s: %w", f.Name(), err)
+	}
+	return func() { f.Close() }, nil // closing the descriptor releases the lock
 }
 
 // LoadOrNew is Load, or an empty store when path does not exist.
