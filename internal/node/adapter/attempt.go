@@ -63,6 +63,10 @@ type attemptIO struct {
 	fenced func(st *stallTerminal, returnSlot bool)
 	// fence drops every later non-terminal event or frame.
 	fence func()
+	// probe is the stall's exact-target health probe, with the attempt's
+	// own credential (SPEC H1, C3): a keyed models path would answer a
+	// probe without it 401, "unavailable".
+	probe func(ctx context.Context) string
 }
 
 // supervise runs io.call on a goroutine of its own under the attempt's
@@ -120,7 +124,7 @@ func (s *Set) supervise(ctx context.Context, a *attempt, runID, adapter, target 
 		}
 		if fx.probe {
 			probed = make(chan string, 1)
-			go func() { probed <- s.Probe(ctx, adapter, target) }() // bounded by ProbeTimeout; awaited before the terminal
+			go func() { probed <- io.probe(ctx) }() // bounded by ProbeTimeout; awaited before the terminal
 		}
 		switch fx.emit {
 		case emitOwn:

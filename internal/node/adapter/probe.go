@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"runtime/debug"
+
+	iop "iop/proto/gen/iop"
 )
 
 // Probe runs one bounded, fail-closed exact-target health probe of an
@@ -15,11 +17,41 @@ import (
 // "unknown". The probe takes no capacity slot (it runs beside a stalled
 // attempt) and lasts at most Options.ProbeTimeout (2 s by default) or ctx,
 // whichever ends first.
-func (s *Set) Probe(ctx context.Context, adapter, target string) (status string) {
+//
+// Credentials (SPEC C3, H10): with the credential plane on, the Edge sends
+// a recovery probe (CAPABILITIES) with a lease for this adapter and target,
+// which Probe opens like a request's and puts into the probe's auth
+// header, so a models path that needs the key (OpenAI, vLLM --api-key)
+// answers the probe instead of 401. A lease that does not open, or one
+// sent with the plane off, makes the probe "unknown" without calling the
+// upstream; no lease probes without a credential (a public health path).
+// The stall probe of a request uses that request's credential.
+func (s *Set) Probe(ctx context.Context, adapter, target string, l *iop.CredentialLease, b *iop.CredentialLeaseBinding) (status string) {
 	inst, err := s.lookup(adapter, TypeOllama)
 	if err != nil || target == "" {
 		return HealthUnknown
 	}
+	r := inst.runner
+	if l != nil || b != nil {
+		if _, err := s.checkPresence(l, b); err != nil {
+			s.log.Warn("credential lease rejected", "adapter", inst.name, "probe", true, "err", err)
+			return HealthUnknown
+		}
+	}
+	if l != nil {
+		ep, err := s.credential(inst, target, l, b)
+		if err != nil {
+			s.log.Warn("credential lease rejected", "adapter", inst.name, "probe", true, "err", err)
+			return HealthUnknown
+		}
+		r = inst.runnerFor(ep)
+	}
+	return s.probeWith(ctx, inst, r, target)
+}
+
+// probeWith is Probe with the runner that calls the upstream (the
+// instance's, or one carrying a request's or a probe lease's credential).
+func (s *Set) probeWith(ctx context.Context, inst *instance, r runner, target string) (status string) {
 	ctx, cancel := context.WithTimeout(ctx, s.probeTO)
 	defer cancel()
 	defer func() {
@@ -28,7 +60,7 @@ func (s *Set) Probe(ctx context.Context, adapter, target string) (status string)
 			status = HealthUnknown
 		}
 	}()
-	switch st := inst.runner.Probe(ctx, target); st {
+	switch st := r.Probe(ctx, target); st {
 	case HealthAvailable, HealthUnavailable:
 		return st
 	}

@@ -92,7 +92,7 @@ func TestProbe(t *testing.T) {
 			if tc.adapter == "slow" {
 				set = short
 			}
-			if got := set.Probe(context.Background(), tc.adapter, tc.target); got != tc.want {
+			if got := set.Probe(context.Background(), tc.adapter, tc.target, nil, nil); got != tc.want {
 				t.Fatalf("Probe(%q, %q) = %q, want %q", tc.adapter, tc.target, got, tc.want)
 			}
 		})

@@ -49,10 +49,10 @@ func TestRealOllama(t *testing.T) {
 	defer cancel()
 	realRunChecks(ctx, t, s, "ollama", target, toolTarget)
 	t.Run("H10 probe", func(t *testing.T) {
-		if got := s.Probe(ctx, "ollama", target); got != adapter.HealthAvailable {
+		if got := s.Probe(ctx, "ollama", target, nil, nil); got != adapter.HealthAvailable {
 			t.Fatalf("probe %q = %q, want available", target, got)
 		}
-		if got := s.Probe(ctx, "ollama", "no-such-model"); got != adapter.HealthUnavailable {
+		if got := s.Probe(ctx, "ollama", "no-such-model", nil, nil); got != adapter.HealthUnavailable {
 			t.Fatalf("probe no-such-model = %q, want unavailable", got)
 		}
 	})
@@ -130,7 +130,7 @@ func TestRealOpenAICompat(t *testing.T) {
 	defer cancel()
 	realRunChecks(ctx, t, s, "compat", target, toolTarget)
 	t.Run("H10 probe", func(t *testing.T) {
-		if got := s.Probe(ctx, "compat", target); got != adapter.HealthAvailable {
+		if got := s.Probe(ctx, "compat", target, nil, nil); got != adapter.HealthAvailable {
 			t.Fatalf("probe %q = %q, want available", target, got)
 		}
 	})

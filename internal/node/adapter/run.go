@@ -95,6 +95,7 @@ func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit f
 		}
 	}
 	s.supervise(ctx, a, runID, inst.name, req.GetTarget(), attemptIO{
+		probe: func(ctx context.Context) string { return s.probeWith(ctx, inst, runner, req.GetTarget()) },
 		call: func() func() {
 			res, err := s.callRunner(runCtx, inst, runner, req, hooks, runID)
 			if req.GetStream() {

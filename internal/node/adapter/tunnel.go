@@ -96,6 +96,7 @@ func (s *Set) Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelR
 	runCtx := a.begin(ctx)
 	defer a.cancel(nil)
 	s.supervise(ctx, a, runID, inst.name, req.GetTarget(), attemptIO{
+		probe: func(ctx context.Context) string { return s.probeWith(ctx, inst, inst.runnerFor(ep), req.GetTarget()) },
 		call: func() func() {
 			f := s.relay(ctx, runCtx, inst, ep, a, method, path, req, ts)
 			return func() { ts.end(f, true) }

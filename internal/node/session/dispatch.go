@@ -342,7 +342,7 @@ func (s *session) capabilities(ex *execRef, req *iop.NodeCommandRequest) *iop.No
 	}
 	key := instanceName(inst)
 	ctx, cancel := context.WithTimeout(s.ctx, s.o.Timeouts.Probe)
-	status := ex.ex.Probe(ctx, key, req.GetTarget())
+	status := ex.ex.Probe(ctx, key, req.GetTarget(), req.GetCredentialLease(), req.GetCredentialBinding())
 	cancel()
 	switch status {
 	case "available", "unavailable", statusUnknown:

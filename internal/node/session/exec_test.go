@@ -33,7 +33,8 @@ type fakeFactory struct {
 	started   chan string // run ids that started
 	cancelled chan string // run ids whose ctx was cancelled
 	probes    chan [2]string
-	status    string // Probe answer
+	leases    chan *iop.CredentialLease // each Probe's credential lease (nil: none)
+	status    string                    // Probe answer
 
 	probeBounded atomic.Bool // a Probe ctx had a deadline within 2 s
 }
@@ -44,6 +45,7 @@ func newFactory() *fakeFactory {
 		started:   make(chan string, 64),
 		cancelled: make(chan string, 64),
 		probes:    make(chan [2]string, 64),
+		leases:    make(chan *iop.CredentialLease, 64),
 		status:    "available",
 	}
 }
@@ -110,13 +112,14 @@ func (e *fakeExec) Close() {
 	}
 }
 
-func (e *fakeExec) Probe(ctx context.Context, adapter, target string) string {
+func (e *fakeExec) Probe(ctx context.Context, adapter, target string, l *iop.CredentialLease, _ *iop.CredentialLeaseBinding) string {
 	e.active.Add(1)
 	defer e.active.Add(-1)
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= session.DefaultProbeTimeout {
 		e.f.probeBounded.Store(true)
 	}
 	e.f.probes <- [2]string{adapter, target}
+	e.f.leases <- l
 	return e.f.status
 }
 

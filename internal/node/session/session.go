@@ -136,8 +136,9 @@ type Executor interface {
 	Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelRequest, emit func(*iop.ProviderTunnelFrame))
 	// Probe runs one bounded, fail-closed exact-target health probe of an
 	// adapter instance and returns "available", "unavailable" or "unknown"
-	// (SPEC H2, H10).
-	Probe(ctx context.Context, adapter, target string) string
+	// (SPEC H2, H10). l and b are the CAPABILITIES command's credential
+	// lease and binding (SPEC C3; nil without one).
+	Probe(ctx context.Context, adapter, target string, l *iop.CredentialLease, b *iop.CredentialLeaseBinding) string
 	// Close releases the instances; called once, after every Run, Tunnel
 	// and Probe on this Executor has returned.
 	Close()

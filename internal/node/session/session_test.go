@@ -619,6 +619,23 @@ func TestCommands(t *testing.T) {
 	}
 }
 
+// C3, H10: a CAPABILITIES command's credential lease and binding reach the
+// executor's probe, which opens it like a request's (adapter package).
+func TestCapabilitiesCarryLease(t *testing.T) {
+	leakcheck.Check(t)
+	s := startReady(t, payload("r1"), nil)
+	env := commandReq("c1", iop.NodeCommandType_NODE_COMMAND_CAPABILITIES, "ollama", "tiny")
+	env.GetCommandRequest().CredentialLease = &iop.CredentialLease{LeaseId: "lease-1"}
+	env.GetCommandRequest().CredentialBinding = &iop.CredentialLeaseBinding{Slot: "openai"}
+	s.c.send(env)
+	if resp := s.c.recv().GetCommandResponse(); !resp.GetOk() {
+		t.Fatalf("CAPABILITIES: %v", resp)
+	}
+	if l := recvOn(t, s.f.leases, "probe lease"); l.GetLeaseId() != "lease-1" {
+		t.Fatalf("C3: the probe got lease %v, want lease-1", l)
+	}
+}
+
 // H5: the observation sequence belongs to the connection: a new session
 // starts again at 1.
 func TestObservationSeqPerConnection(t *testing.T) {

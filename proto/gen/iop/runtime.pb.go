@@ -2873,11 +2873,17 @@ type NodeCommandRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Type  NodeCommandType        `protobuf:"varint,1,opt,name=type,proto3,enum=iop.runtime.v1.NodeCommandType" json:"type,omitempty"`
 	// CAPABILITIES: adapter instance and exact target to probe (SPEC H10).
-	Adapter       string            `protobuf:"bytes,2,opt,name=adapter,proto3" json:"adapter,omitempty"`
-	Target        string            `protobuf:"bytes,3,opt,name=target,proto3" json:"target,omitempty"`
-	Args          map[string]string `protobuf:"bytes,4,rep,name=args,proto3" json:"args,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Adapter string            `protobuf:"bytes,2,opt,name=adapter,proto3" json:"adapter,omitempty"`
+	Target  string            `protobuf:"bytes,3,opt,name=target,proto3" json:"target,omitempty"`
+	Args    map[string]string `protobuf:"bytes,4,rep,name=args,proto3" json:"args,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// CAPABILITIES with the credential plane on: a lease for the probe's
+	// adapter and target, so that a probe of a models path that needs the
+	// key (OpenAI, vLLM --api-key) carries it (SPEC C2, C3, H10). They travel
+	// together, like a run's.
+	CredentialLease   *CredentialLease        `protobuf:"bytes,5,opt,name=credential_lease,json=credentialLease,proto3" json:"credential_lease,omitempty"`
+	CredentialBinding *CredentialLeaseBinding `protobuf:"bytes,6,opt,name=credential_binding,json=credentialBinding,proto3" json:"credential_binding,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *NodeCommandRequest) Reset() {
@@ -2934,6 +2940,20 @@ func (x *NodeCommandRequest) GetTarget() string {
 func (x *NodeCommandRequest) GetArgs() map[string]string {
 	if x != nil {
 		return x.Args
+	}
+	return nil
+}
+
+func (x *NodeCommandRequest) GetCredentialLease() *CredentialLease {
+	if x != nil {
+		return x.CredentialLease
+	}
+	return nil
+}
+
+func (x *NodeCommandRequest) GetCredentialBinding() *CredentialLeaseBinding {
+	if x != nil {
+		return x.CredentialBinding
 	}
 	return nil
 }
@@ -3773,12 +3793,14 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\afailure\x18\x0f \x01(\v2 .iop.runtime.v1.ExecutionFailureR\afailure\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf6\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x99\x03\n" +
 	"\x12NodeCommandRequest\x123\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x1f.iop.runtime.v1.NodeCommandTypeR\x04type\x12\x18\n" +
 	"\aadapter\x18\x02 \x01(\tR\aadapter\x12\x16\n" +
 	"\x06target\x18\x03 \x01(\tR\x06target\x12@\n" +
-	"\x04args\x18\x04 \x03(\v2,.iop.runtime.v1.NodeCommandRequest.ArgsEntryR\x04args\x1a7\n" +
+	"\x04args\x18\x04 \x03(\v2,.iop.runtime.v1.NodeCommandRequest.ArgsEntryR\x04args\x12J\n" +
+	"\x10credential_lease\x18\x05 \x01(\v2\x1f.iop.runtime.v1.CredentialLeaseR\x0fcredentialLease\x12U\n" +
+	"\x12credential_binding\x18\x06 \x01(\v2&.iop.runtime.v1.CredentialLeaseBindingR\x11credentialBinding\x1a7\n" +
 	"\tArgsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbf\x01\n" +
@@ -3970,14 +3992,16 @@ var file_iop_runtime_proto_depIdxs = []int32{
 	25, // 43: iop.runtime.v1.ProviderTunnelFrame.failure:type_name -> iop.runtime.v1.ExecutionFailure
 	2,  // 44: iop.runtime.v1.NodeCommandRequest.type:type_name -> iop.runtime.v1.NodeCommandType
 	42, // 45: iop.runtime.v1.NodeCommandRequest.args:type_name -> iop.runtime.v1.NodeCommandRequest.ArgsEntry
-	43, // 46: iop.runtime.v1.NodeCommandResponse.result:type_name -> iop.runtime.v1.NodeCommandResponse.ResultEntry
-	7,  // 47: iop.runtime.v1.NodeConfigRefreshRequest.config:type_name -> iop.runtime.v1.NodeConfigPayload
-	3,  // 48: iop.runtime.v1.NodeConfigRefreshResponse.status:type_name -> iop.runtime.v1.RefreshStatus
-	49, // [49:49] is the sub-list for method output_type
-	49, // [49:49] is the sub-list for method input_type
-	49, // [49:49] is the sub-list for extension type_name
-	49, // [49:49] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	34, // 46: iop.runtime.v1.NodeCommandRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
+	35, // 47: iop.runtime.v1.NodeCommandRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
+	43, // 48: iop.runtime.v1.NodeCommandResponse.result:type_name -> iop.runtime.v1.NodeCommandResponse.ResultEntry
+	7,  // 49: iop.runtime.v1.NodeConfigRefreshRequest.config:type_name -> iop.runtime.v1.NodeConfigPayload
+	3,  // 50: iop.runtime.v1.NodeConfigRefreshResponse.status:type_name -> iop.runtime.v1.RefreshStatus
+	51, // [51:51] is the sub-list for method output_type
+	51, // [51:51] is the sub-list for method input_type
+	51, // [51:51] is the sub-list for extension type_name
+	51, // [51:51] is the sub-list for extension extendee
+	0,  // [0:51] is the sub-list for field type_name
 }
 
 func init() { file_iop_runtime_proto_init() }
