@@ -139,7 +139,7 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 		},
 	})
 	ht = health.New(health.Options{Overlay: overlayEvents{p, bus}, Commander: tr, Logger: log.With("component", "health"),
-		ProbeInterval: o.HealthProbeInterval})
+		ProbeInterval: o.HealthProbeInterval, ProbeCredentials: plane.ProbeLease})
 	metrics, recent := access.NewMetrics(), access.NewRecent(0)
 	od := outlier.New(outlier.Options{Pool: ejectEvents{p, bus}, Policy: OutlierPolicy(cfg), Logger: log.With("component", "outlier")})
 	defer od.Close()

@@ -64,6 +64,9 @@ type Request struct {
 
 type routeKey struct{ model, node, provider string }
 
+// probeKey is what a health probe names: a provider and a target.
+type probeKey struct{ node, provider, target string }
+
 // route is what a lease for one route says besides the request.
 type route struct {
 	slot, profile, header, scheme string
@@ -78,6 +81,7 @@ type Material struct {
 	store      *secretstore.Store
 	recipients map[string]*lease.Recipient
 	routes     map[routeKey]route
+	probes     map[probeKey]routeKey // the first route (config order) to each provider and target
 	proj       config.CredentialProjection
 	digests    map[string][sha256.Size]byte
 }
@@ -127,6 +131,7 @@ func Load(cfg *config.Config, prev *Material, now time.Time) (*Material, error) 
 // checks that each slot is in the store and opens with its key.
 func (m *Material) loadRoutes(cfg *config.Config) error {
 	m.routes = map[routeKey]route{}
+	m.probes = map[probeKey]routeKey{}
 	opened := map[string]bool{}
 	for i, mod := range cfg.Models {
 		for j, mp := range mod.Providers {
@@ -145,8 +150,12 @@ func (m *Material) loadRoutes(cfg *config.Config) error {
 				opened[slot] = true
 			}
 			h, sch := config.AuthHeader(a)
-			m.routes[routeKey{mod.Name, mp.Node, mp.Provider}] = route{slot: slot, profile: config.ProfileName(a),
+			rk := routeKey{mod.Name, mp.Node, mp.Provider}
+			m.routes[rk] = route{slot: slot, profile: config.ProfileName(a),
 				header: h, scheme: sch, revision: routeRevision(mod.Name, mp, slot)}
+			if pk := (probeKey{mp.Node, mp.Provider, mp.Target}); m.probes[pk] == (routeKey{}) {
+				m.probes[pk] = rk
+			}
 		}
 	}
 	return nil
@@ -237,6 +246,24 @@ func (m *Material) Lease(now time.Time, r Request) (*iop.CredentialLease, *iop.C
 	return l, b, nil
 }
 
+// ProbeLease returns the lease and binding for a health probe of provider
+// on node for target (SPEC C3, H10: a recovery probe of a keyed models
+// path needs the credential as a request does), or nil, nil, nil with the
+// plane off. The first model group in config order that routes target to
+// that provider names the slot and the binding's route; the principal is
+// empty (the Edge's own). Errors: ErrNoRoute (no model group routes target
+// there), ErrIssue.
+func (m *Material) ProbeLease(now time.Time, node, provider, target string) (*iop.CredentialLease, *iop.CredentialLeaseBinding, error) {
+	if !m.enabled {
+		return nil, nil, nil
+	}
+	rk, ok := m.probes[probeKey{node, provider, target}]
+	if !ok {
+		return nil, nil, fmt.Errorf("%w: target %q on %s/%s", ErrNoRoute, target, node, provider)
+	}
+	return m.Lease(now, Request{Model: rk.model, Node: node, Provider: provider, Target: target})
+}
+
 // Plane is the Edge's credential plane: the current Material, swapped on
 // reload. Safe for concurrent use.
 type Plane struct {
@@ -264,4 +291,10 @@ func (p *Plane) Swap(m *Material) { p.cur.Store(m) }
 // Lease issues r's lease from the current Material (see Material.Lease).
 func (p *Plane) Lease(r Request) (*iop.CredentialLease, *iop.CredentialLeaseBinding, error) {
 	return p.cur.Load().Lease(p.now(), r)
+}
+
+// ProbeLease issues a health probe's lease from the current Material (see
+// Material.ProbeLease).
+func (p *Plane) ProbeLease(node, provider, target string) (*iop.CredentialLease, *iop.CredentialLeaseBinding, error) {
+	return p.cur.Load().ProbeLease(p.now(), node, provider, target)
 }

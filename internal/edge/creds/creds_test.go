@@ -187,6 +187,53 @@ func TestLease(t *testing.T) {
 	}
 }
 
+// C3, H10: a recovery probe's lease is the lease of the first route (in
+// config order) that sends the probed target to the probed provider: that
+// route's slot (a route's own overrides its adapter's), the Edge's empty
+// principal, opening on that node only; a target no route sends there has
+// none, and the plane off issues nothing.
+func TestProbeLease(t *testing.T) {
+	f := newFixture(t)
+	m, err := Load(f.config(t, true), nil, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, row := range []struct {
+		name, node, provider, target string
+		route, slot, secret, header  string
+	}{
+		{"C3 H10 ollama adapter's slot", "gpu-1", "ollama", "tiny", "tiny", "ollama", "sk-ollama-1", "Authorization"},
+		{"C3 H10 C6 the route's own slot", "gpu-1", "llama", "tiny", "tiny", "ollama", "sk-ollama-1", "Authorization"},
+		{"C3 H10 profile override: x-api-key", "gpu-2", "vllm", "big-model", "big", "llama", "sk-llama-1", "x-api-key"},
+	} {
+		t.Run(row.name, func(t *testing.T) {
+			l, b, err := m.ProbeLease(t0, row.node, row.provider, row.target)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b.Route != row.route || b.Slot != row.slot || b.Principal != "" || b.NodeId != row.node || b.Provider != row.provider ||
+				b.UpstreamTarget != row.target || b.AuthHeader != row.header {
+				t.Fatalf("binding %v", b)
+			}
+			scope := lease.Scope{Node: row.node, Provider: row.provider, Target: row.target, Profile: b.Profile,
+				AuthHeader: row.header, AuthScheme: b.AuthScheme, Generation: b.ProjectionGeneration}
+			if pt, err := f.opener(t, row.node).Open(t0, scope, l, b); err != nil || string(pt) != row.secret {
+				t.Fatalf("open on %s: %q, %v", row.node, pt, err)
+			}
+		})
+	}
+	if _, _, err := m.ProbeLease(t0, "gpu-2", "vllm", "tiny"); !errors.Is(err, ErrNoRoute) {
+		t.Fatalf("C6: a probe lease for a target no route sends there: %v", err)
+	}
+	off, err := Load(f.config(t, false), nil, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, b, err := off.ProbeLease(t0, "gpu-1", "ollama", "tiny"); l != nil || b != nil || err != nil {
+		t.Fatalf("plane off: got %v %v %v, want nothing", l, b, err)
+	}
+}
+
 // C6: a reload keeps a node's projection generation when nothing its
 // leases say changed, and raises it (and the slot revision) when its slot
 // is rotated; an unaffected node keeps its generation; a clock that went

@@ -13,7 +13,9 @@
 // come from the lease and the session that carried the terminal, SPEC H8),
 // add recovery_eligible to anything, return or hold a lease, build an HTTP
 // response, or put ids, payloads, credentials or caller identities into a
-// metric label (H12, P4).
+// metric label (H12, P4). A recovery probe carries the credential lease
+// Options.ProbeCredentials issues for it (SPEC C3), which the package
+// passes to the node once and never logs or keeps.
 //
 // # Locks and goroutines
 //
@@ -80,6 +82,13 @@ type Options struct {
 	// ProbeTimeout bounds one CAPABILITIES command; 0 means
 	// DefaultProbeTimeout, at most MaxProbeTimeout.
 	ProbeTimeout time.Duration
+	// ProbeCredentials, when set, issues the credential lease a recovery
+	// probe of provider on node for target carries (SPEC C3, H10;
+	// *creds.Plane's ProbeLease): with the credential plane on, a keyed
+	// models path answers a probe without it 401 and the overlay would
+	// never clear. nil, nil, nil: send the probe without one. An error is
+	// logged and the probe goes without.
+	ProbeCredentials func(node, provider, target string) (*iop.CredentialLease, *iop.CredentialLeaseBinding, error)
 }
 
 // Tracker is the Edge's provider-health owner. Safe for concurrent use.
@@ -253,10 +262,17 @@ func (t *Tracker) ProbeRound(ctx context.Context) {
 }
 
 func (t *Tracker) probe(ctx context.Context, pt probeTarget) {
+	req := &iop.NodeCommandRequest{Type: iop.NodeCommandType_NODE_COMMAND_CAPABILITIES, Adapter: pt.key.Provider, Target: pt.target}
+	if issue := t.o.ProbeCredentials; issue != nil {
+		l, b, err := issue(pt.key.Node, pt.key.Provider, pt.target)
+		if err != nil {
+			t.log.Warn("credential lease not issued for a recovery probe; probing without", "node", pt.key.Node,
+				"provider", pt.key.Provider, "err", err)
+		}
+		req.CredentialLease, req.CredentialBinding = l, b
+	}
 	cctx, cancel := context.WithTimeout(ctx, t.o.ProbeTimeout)
-	resp, err := t.o.Commander.Command(cctx, pt.key.Node, pt.gen, &iop.NodeCommandRequest{
-		Type: iop.NodeCommandType_NODE_COMMAND_CAPABILITIES, Adapter: pt.key.Provider, Target: pt.target,
-	})
+	resp, err := t.o.Commander.Command(cctx, pt.key.Node, pt.gen, req)
 	cancel()
 	if err != nil && ctx.Err() != nil {
 		return // shutting down: not an observation

@@ -253,6 +253,7 @@ func TestMetricLabelsBounded(t *testing.T) {
 type fakeCommander struct {
 	mu     sync.Mutex
 	calls  []string // "node/gen adapter target"
+	leases []string // each call's credential lease id and binding slot ("" "": none)
 	answer func(call int, node string, gen uint64) (*iop.NodeCommandResponse, error)
 }
 
@@ -260,6 +261,7 @@ func (c *fakeCommander) Command(ctx context.Context, node string, gen uint64, re
 	c.mu.Lock()
 	n := len(c.calls)
 	c.calls = append(c.calls, fmt.Sprintf("%s/%d %s %s %s", node, gen, req.GetType(), req.GetAdapter(), req.GetTarget()))
+	c.leases = append(c.leases, req.GetCredentialLease().GetLeaseId()+" "+req.GetCredentialBinding().GetSlot())
 	c.mu.Unlock()
 	if req.GetType() != iop.NodeCommandType_NODE_COMMAND_CAPABILITIES {
 		return nil, errors.New("not CAPABILITIES")
@@ -271,6 +273,47 @@ func (c *fakeCommander) callLog() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return append([]string(nil), c.calls...)
+}
+
+// C3, H10: with the credential plane on, each recovery probe carries the
+// lease ProbeCredentials issues for its node, provider and target (a keyed
+// models path answers a probe without it 401); when none can be issued
+// the probe goes without and the failure is logged.
+func TestRecoveryProbeCarriesLease(t *testing.T) {
+	leakcheck.Check(t)
+	p := testPool(t)
+	cmd := &fakeCommander{answer: func(int, string, uint64) (*iop.NodeCommandResponse, error) {
+		return capResp("ollama", "tiny", Unavailable, "9"), nil
+	}}
+	var asked []string
+	fail := false
+	issue := func(node, provider, target string) (*iop.CredentialLease, *iop.CredentialLeaseBinding, error) {
+		asked = append(asked, node+" "+provider+" "+target)
+		if fail {
+			return nil, nil, errors.New("no credential route")
+		}
+		return &iop.CredentialLease{LeaseId: fmt.Sprintf("lease-%d", len(asked))}, &iop.CredentialLeaseBinding{Slot: "openai"}, nil
+	}
+	var logs logBuf
+	tr := New(Options{Overlay: p, Commander: cmd, Logger: logs.logger(), ProbeCredentials: issue})
+	l := acquire(t, p)
+	tr.ObserveStall(l, stallFailure(Unavailable, 7))
+	p.Release(l)
+	tr.ProbeRound(t.Context())
+	fail = true
+	tr.ProbeRound(t.Context())
+	if want := []string{"n1 ollama tiny", "n1 ollama tiny"}; fmt.Sprint(asked) != fmt.Sprint(want) {
+		t.Errorf("C3: leases asked for %q, want %q", asked, want)
+	}
+	cmd.mu.Lock()
+	leases := append([]string(nil), cmd.leases...)
+	cmd.mu.Unlock()
+	if want := []string{"lease-1 openai", " "}; fmt.Sprint(leases) != fmt.Sprint(want) {
+		t.Errorf("C3: probes carried %q, want %q", leases, want)
+	}
+	if !strings.Contains(logs.String(), "credential lease not issued for a recovery probe") {
+		t.Errorf("the failed issue was not logged:\n%s", logs.String())
+	}
 }
 
 // H10: the recovery loop probes the overlaid provider every interval for
