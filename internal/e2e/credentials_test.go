@@ -88,6 +88,12 @@ func (k *credKit) tweak(t *testing.T) func(*config.Config) {
 // clock.
 func (k *credKit) startCredNode(t *testing.T, edgeAddr string, log *slog.Logger, now func() time.Time) {
 	t.Helper()
+	k.startCredNodeWithKey(t, edgeAddr, log, now, "gpu-1")
+}
+
+// startCredNodeWithKey runs gpu-1 with the lease recipient key of keyOf.
+func (k *credKit) startCredNodeWithKey(t *testing.T, edgeAddr string, log *slog.Logger, now func() time.Time, keyOf string) {
+	t.Helper()
 	cfg, err := nodeConfigFor(k.p, "gpu-1", edgeAddr, 1, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -96,7 +102,7 @@ func (k *credKit) startCredNode(t *testing.T, edgeAddr string, log *slog.Logger,
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Credentials = nodeconfig.Credentials{RecipientPrivateKeyFile: k.p.file(identity.RecipientKeyFileName("gpu-1")),
+	cfg.Credentials = nodeconfig.Credentials{RecipientPrivateKeyFile: k.p.file(identity.RecipientKeyFileName(keyOf)),
 		IssuerPublicKey: identity.IssuerPublicKeyBase64(pub)}
 	ctx, cancel := context.WithCancel(context.Background())
 	n := &nodeProc{id: "gpu-1", cancel: cancel, done: make(chan error, 1)}
@@ -302,6 +308,28 @@ func TestCredentialExpiredAtNode(t *testing.T) {
 	}
 	if items, _ := bp.ends.snapshot(); len(items) != 0 {
 		t.Fatalf("C4: %d requests reached the upstream", len(items))
+	}
+}
+
+// C3: a node given another node's lease recipient key refuses the edge's
+// payload, naming both key ids, and never becomes ready, so the edge routes
+// nothing to it (before, it became ready and refused every lease with a
+// 502).
+func TestCredentialWrongNodeKey(t *testing.T) {
+	leakcheck.Check(t)
+	p := newPKI(t, "gpu-1", "gpu-2")
+	k := newCredKit(t, p, "sk-e2e-WRONGKEY-4444")
+	bp := startBackend(t, backend.Options{})
+	url := bp.serve(t, nil)
+	cfg := edgeConfig(t, p, []config.Node{{ID: "gpu-1", Adapters: []config.Adapter{compatAdapter("llama", url, 4)}}},
+		[]config.Model{modelGroup("tiny-oa", provider("gpu-1", "llama", "tiny"))}, k.tweak(t))
+	logs := newLogSink(t)
+	e := startEdge(t, cfg, nil, logs.logger("edge"))
+	adm := newAdminClient(t, e)
+	k.startCredNodeWithKey(t, e.nodeAddr, logs.logger("node"), nil, "gpu-2")
+	logs.waitLine(t, "the node names the key mismatch", "not pairs", "recipient key", "credentials.recipient_private_key_file")
+	if d, err := adm.status(); err != nil || d.connected() != 0 {
+		t.Fatalf("C3: %d nodes connected (%v), want the node with the wrong key never ready", d.connected(), err)
 	}
 }
 

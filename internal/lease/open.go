@@ -78,6 +78,9 @@ func NewOpener(priv *ecdh.PrivateKey, issuer ed25519.PublicKey, replay *ReplayCa
 // RecipientKeyID is the id of the Node's recipient key.
 func (o *Opener) RecipientKeyID() string { return o.keyID }
 
+// IssuerKeyID is the id of the issuer key the Node trusts.
+func (o *Opener) IssuerKeyID() string { return o.issuerID }
+
 // Open verifies l and b for a request in scope s at time now and returns
 // the plaintext credential (SPEC C3). The caller owns the returned slice
 // and must clear() it once the credential is in the outgoing request. A

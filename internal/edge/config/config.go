@@ -115,6 +115,9 @@ type CredentialProjection struct {
 type NodeCredentials struct {
 	Generation    uint64
 	SlotRevisions map[string]uint64
+	// RecipientKeyID and IssuerKeyID are the key ids the node's leases are
+	// sealed to and signed with (lease.KeyID; public).
+	RecipientKeyID, IssuerKeyID string
 }
 
 // DefaultEjectStatuses are the upstream statuses that count as a provider
@@ -846,6 +849,7 @@ func (c *Config) addCredentials(rt *iop.NodeRuntimeConfig, node string) {
 	}
 	nc := c.CredentialProjection.Nodes[node]
 	rt.CredentialProjectionGeneration = nc.Generation
+	rt.CredentialRecipientKeyId, rt.CredentialIssuerKeyId = nc.RecipientKeyID, nc.IssuerKeyID
 	if len(nc.SlotRevisions) > 0 {
 		rt.CredentialSlotRevisions = make(map[string]uint64, len(nc.SlotRevisions))
 		for k, v := range nc.SlotRevisions {

@@ -79,15 +79,18 @@ func TestCredentialsConfig(t *testing.T) {
 	}
 }
 
-// C5, C6: with the plane on, a payload carries the node's projection
-// generation and slot revisions — names and numbers, never a path, a key
-// or a secret; with it off, nothing.
+// C3, C5, C6: with the plane on, a payload carries the node's projection
+// generation, slot revisions and the ids of the keys its leases are sealed
+// to and signed with — names and numbers, never a path, a key or a secret;
+// with it off, nothing.
 func TestNodePayloadCredentials(t *testing.T) {
 	c := mustParse(t, plane())
 	c.CredentialProjection = CredentialProjection{Nodes: map[string]NodeCredentials{
-		"gpu-1": {Generation: 1234, SlotRevisions: map[string]uint64{"llama": 3, "ollama": 1}}}}
+		"gpu-1": {Generation: 1234, SlotRevisions: map[string]uint64{"llama": 3, "ollama": 1},
+			RecipientKeyID: "00112233aabbccdd", IssuerKeyID: "ffeeddcc44332211"}}}
 	rt := c.NodePayload("gpu-1").GetRuntime()
-	if !rt.CredentialsEnabled || rt.CredentialProjectionGeneration != 1234 || rt.CredentialSlotRevisions["llama"] != 3 {
+	if !rt.CredentialsEnabled || rt.CredentialProjectionGeneration != 1234 || rt.CredentialSlotRevisions["llama"] != 3 ||
+		rt.CredentialRecipientKeyId != "00112233aabbccdd" || rt.CredentialIssuerKeyId != "ffeeddcc44332211" {
 		t.Fatalf("runtime %v", rt)
 	}
 	js := protojson.Format(c.NodePayload("gpu-1"))
@@ -98,7 +101,8 @@ func TestNodePayloadCredentials(t *testing.T) {
 	}
 	off := mustParse(t, valid)
 	off.CredentialProjection = c.CredentialProjection
-	if rt := off.NodePayload("gpu-1").GetRuntime(); rt.CredentialProjectionGeneration != 0 || len(rt.CredentialSlotRevisions) != 0 {
+	if rt := off.NodePayload("gpu-1").GetRuntime(); rt.CredentialProjectionGeneration != 0 || len(rt.CredentialSlotRevisions) != 0 ||
+		rt.CredentialRecipientKeyId != "" {
 		t.Fatalf("plane off: runtime %v", rt)
 	}
 }

@@ -199,7 +199,8 @@ func (m *Material) project(cfg *config.Config, prev *Material, now time.Time) {
 				}
 			}
 		}
-		m.proj.Nodes[n.ID] = config.NodeCredentials{Generation: gen, SlotRevisions: revs[n.ID]}
+		m.proj.Nodes[n.ID] = config.NodeCredentials{Generation: gen, SlotRevisions: revs[n.ID],
+			RecipientKeyID: m.recipients[n.ID].KeyID(), IssuerKeyID: m.issuer.KeyID()}
 	}
 }
 

@@ -170,6 +170,9 @@ func TestLease(t *testing.T) {
 			if bytes.Contains(l.Ciphertext, []byte(row.secret)) {
 				t.Fatal("C5: the lease carries the plaintext")
 			}
+			if nc := m.Projection().Nodes[row.node]; nc.RecipientKeyID != b.Recipient || nc.IssuerKeyID != l.IssuerKeyId || nc.RecipientKeyID == "" {
+				t.Fatalf("C3: the projection names keys %q/%q, the lease %q/%q", nc.RecipientKeyID, nc.IssuerKeyID, b.Recipient, l.IssuerKeyId)
+			}
 		})
 	}
 	if _, _, err := m.Lease(t0, Request{Model: "tiny", Node: "gpu-2", Provider: "vllm", Target: "tiny"}); !errors.Is(err, ErrNoRoute) {

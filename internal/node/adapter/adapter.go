@@ -163,7 +163,8 @@ type Options struct {
 	// Leases verifies and opens credential leases (SPEC C3); shared by
 	// every Set of the process so its replay cache outlives config
 	// refreshes. Required when the payload turns the credential plane on
-	// (else NewSet fails with ErrNoLeaseKeys).
+	// (else NewSet fails with ErrNoLeaseKeys); its keys must be the ones the
+	// payload names (else ErrLeaseKeyMismatch).
 	Leases *lease.Opener
 	// Now is the wall clock leases are checked against; nil = time.Now.
 	Now func() time.Time
@@ -240,6 +241,11 @@ func NewSet(cfg *iop.NodeConfigPayload, o Options) (*Set, error) {
 	}
 	if s.creds && (s.leases == nil || s.nodeID == "") {
 		return nil, ErrNoLeaseKeys
+	}
+	if s.creds {
+		if err := checkLeaseKeys(cfg.GetRuntime(), s.leases); err != nil {
+			return nil, err
+		}
 	}
 	if s.now == nil {
 		s.now = time.Now

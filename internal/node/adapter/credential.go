@@ -14,6 +14,25 @@ import (
 var ErrNoLeaseKeys = errors.New("the edge's credential plane is on (credentials.enabled) but this node has no lease keys: " +
 	"set credentials.recipient_private_key_file and credentials.issuer_public_key in the node config")
 
+// ErrLeaseKeyMismatch: the Edge seals this Node's leases to another
+// recipient key, or signs them with another issuer key, than the Node's
+// own (NewSet): every lease would be refused.
+var ErrLeaseKeyMismatch = errors.New("the edge's lease keys and this node's are not pairs")
+
+// checkLeaseKeys compares the key ids the payload names with the Node's
+// (an Edge that names none is not checked).
+func checkLeaseKeys(rt *iop.NodeRuntimeConfig, o *lease.Opener) error {
+	if id := rt.GetCredentialRecipientKeyId(); id != "" && id != o.RecipientKeyID() {
+		return fmt.Errorf("%w: the edge seals leases to recipient key %.16s, this node's credentials.recipient_private_key_file is key %s "+
+			"(nodes[].lease_recipient_public_key in the edge config must be this node's <node>.recipient.pub)", ErrLeaseKeyMismatch, id, o.RecipientKeyID())
+	}
+	if id := rt.GetCredentialIssuerKeyId(); id != "" && id != o.IssuerKeyID() {
+		return fmt.Errorf("%w: the edge signs leases with issuer key %.16s, this node's credentials.issuer_public_key is key %s "+
+			"(it must be the edge's issuer.pub)", ErrLeaseKeyMismatch, id, o.IssuerKeyID())
+	}
+	return nil
+}
+
 // checkPresence applies SPEC C4's presence rules at the boundary, before
 // capacity: lease and binding travel together, are required with the
 // plane on and refused with it off. It returns the failure code.

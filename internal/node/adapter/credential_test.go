@@ -5,6 +5,7 @@ import (
 	"crypto/ecdh"
 	"crypto/ed25519"
 	"crypto/rand"
+	"errors"
 	"net/http"
 	"strings"
 	"testing"
@@ -214,10 +215,39 @@ func TestCredentialOpenedAfterAdmission(t *testing.T) {
 	}
 }
 
-// C3: a Set with the plane on needs the node's lease keys.
+// C3: a Set with the plane on needs the node's lease keys, and they must
+// be the ones the payload says the edge seals to and signs with: a node
+// whose keys are not refuses the payload, naming both key ids, instead of
+// becoming ready and refusing every lease.
 func TestCredentialPlaneNeedsKeys(t *testing.T) {
 	_, err := adapter.NewSet(&iop.NodeConfigPayload{Runtime: &iop.NodeRuntimeConfig{CredentialsEnabled: true}}, adapter.Options{})
 	if err == nil || !strings.Contains(err.Error(), "recipient_private_key_file") {
 		t.Fatalf("got %v, want ErrNoLeaseKeys", err)
+	}
+	k := newLeaseKit(t)
+	rid, iid := k.opener.RecipientKeyID(), k.opener.IssuerKeyID()
+	for _, row := range []struct {
+		name       string
+		recipient  string
+		issuer     string
+		want       error
+		wantInText string
+	}{
+		{"C3 the payload names this node's keys", rid, iid, nil, ""},
+		{"C3 an edge that names no key ids is not checked", "", "", nil, ""},
+		{"C3 sealed to another recipient key", "0123456789abcdef", iid, adapter.ErrLeaseKeyMismatch, "recipient key 0123456789abcdef, this node's credentials.recipient_private_key_file is key " + rid},
+		{"C3 signed by another issuer key", rid, "fedcba9876543210", adapter.ErrLeaseKeyMismatch, "issuer key fedcba9876543210, this node's credentials.issuer_public_key is key " + iid},
+	} {
+		t.Run(row.name, func(t *testing.T) {
+			s, err := adapter.NewSet(&iop.NodeConfigPayload{Runtime: &iop.NodeRuntimeConfig{CredentialsEnabled: true,
+				CredentialRecipientKeyId: row.recipient, CredentialIssuerKeyId: row.issuer}},
+				adapter.Options{NodeID: "gpu-1", Leases: k.opener})
+			if err == nil {
+				s.Close()
+			}
+			if !errors.Is(err, row.want) || (row.want != nil && !strings.Contains(err.Error(), row.wantInText)) {
+				t.Fatalf("got %v, want %v naming %q", err, row.want, row.wantInText)
+			}
+		})
 	}
 }

@@ -1126,8 +1126,15 @@ type NodeRuntimeConfig struct {
 	// (SPEC C6): a lease of an older revision is rejected. Names and numbers
 	// only, never a secret or its ciphertext (SPEC C5).
 	CredentialSlotRevisions map[string]uint64 `protobuf:"bytes,6,rep,name=credential_slot_revisions,json=credentialSlotRevisions,proto3" json:"credential_slot_revisions,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
-	unknownFields           protoimpl.UnknownFields
-	sizeCache               protoimpl.SizeCache
+	// Key ids (lease.KeyID: the first 8 bytes of SHA-256 of the raw public
+	// key, hex) of the recipient key the Edge seals this Node's leases to and
+	// of the issuer key it signs them with (SPEC C2, C3). A Node whose own
+	// keys are not these refuses the payload, naming both, instead of
+	// becoming ready and rejecting every lease. Public values; "" = not sent.
+	CredentialRecipientKeyId string `protobuf:"bytes,7,opt,name=credential_recipient_key_id,json=credentialRecipientKeyId,proto3" json:"credential_recipient_key_id,omitempty"`
+	CredentialIssuerKeyId    string `protobuf:"bytes,8,opt,name=credential_issuer_key_id,json=credentialIssuerKeyId,proto3" json:"credential_issuer_key_id,omitempty"`
+	unknownFields            protoimpl.UnknownFields
+	sizeCache                protoimpl.SizeCache
 }
 
 func (x *NodeRuntimeConfig) Reset() {
@@ -1200,6 +1207,20 @@ func (x *NodeRuntimeConfig) GetCredentialSlotRevisions() map[string]uint64 {
 		return x.CredentialSlotRevisions
 	}
 	return nil
+}
+
+func (x *NodeRuntimeConfig) GetCredentialRecipientKeyId() string {
+	if x != nil {
+		return x.CredentialRecipientKeyId
+	}
+	return ""
+}
+
+func (x *NodeRuntimeConfig) GetCredentialIssuerKeyId() string {
+	if x != nil {
+		return x.CredentialIssuerKeyId
+	}
+	return ""
 }
 
 // NodeReadyRequest is sent after the Node applied its config, started its
@@ -3609,14 +3630,16 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\vhealth_path\x18\v \x01(\tR\n" +
 	"healthPath\x12)\n" +
 	"\x10completions_path\x18\f \x01(\tR\x0fcompletionsPath\x12'\n" +
-	"\x0fembeddings_path\x18\r \x01(\tR\x0eembeddingsPath\"\xde\x03\n" +
+	"\x0fembeddings_path\x18\r \x01(\tR\x0eembeddingsPath\"\xd6\x04\n" +
 	"\x11NodeRuntimeConfig\x12 \n" +
 	"\vconcurrency\x18\x01 \x01(\x05R\vconcurrency\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\x120\n" +
 	"\x14heartbeat_timeout_ms\x18\x03 \x01(\x03R\x12heartbeatTimeoutMs\x12/\n" +
 	"\x13credentials_enabled\x18\x04 \x01(\bR\x12credentialsEnabled\x12H\n" +
 	" credential_projection_generation\x18\x05 \x01(\x04R\x1ecredentialProjectionGeneration\x12z\n" +
-	"\x19credential_slot_revisions\x18\x06 \x03(\v2>.iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntryR\x17credentialSlotRevisions\x1aJ\n" +
+	"\x19credential_slot_revisions\x18\x06 \x03(\v2>.iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntryR\x17credentialSlotRevisions\x12=\n" +
+	"\x1bcredential_recipient_key_id\x18\a \x01(\tR\x18credentialRecipientKeyId\x127\n" +
+	"\x18credential_issuer_key_id\x18\b \x01(\tR\x15credentialIssuerKeyId\x1aJ\n" +
 	"\x1cCredentialSlotRevisionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"+\n" +
