@@ -1119,8 +1119,10 @@ type NodeRuntimeConfig struct {
 	CredentialsEnabled bool `protobuf:"varint,4,opt,name=credentials_enabled,json=credentialsEnabled,proto3" json:"credentials_enabled,omitempty"`
 	// The Edge's credential projection generation when it built this payload
 	// (SPEC C2, C6): a lease whose binding names an older generation is
-	// rejected. It rises at every Edge config or secret-store reload; 0 while
-	// the plane is off.
+	// rejected. It rises at an Edge config or secret-store reload that changes
+	// what this Node's leases say (a route to it, a slot revision, its
+	// recipient key, the issuer key) and stays otherwise; 0 while the plane
+	// is off.
 	CredentialProjectionGeneration uint64 `protobuf:"varint,5,opt,name=credential_projection_generation,json=credentialProjectionGeneration,proto3" json:"credential_projection_generation,omitempty"`
 	// Current revision of each credential slot the Edge holds, by slot name
 	// (SPEC C6): a lease of an older revision is rejected. Names and numbers
