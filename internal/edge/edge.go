@@ -247,12 +247,18 @@ loop:
 		}
 	}
 
-	drainHTTP(log, httpSrv, h, drainTimeout(current(), o.ShutdownGrace))
-	httpSrv.Close()
+	drainHTTP(log, httpSrv, h, drainTimeout(current(), o.ShutdownGrace), stopWait)
 	adminSrv.Close()
 	stopHealth()
 	stopTransport()
 	wg.Wait()
+	// The node sessions are gone: a stream whose cancel the node never
+	// confirmed gives its lease back at once (SPEC Q2).
+	dctx, cancel := context.WithTimeout(context.Background(), stopWait)
+	if h.WaitDetached(dctx) != nil {
+		log.Warn("leases of cancelled streams still held at exit")
+	}
+	cancel()
 	log.Info("edge stopped")
 	return runErr
 }
@@ -312,8 +318,12 @@ func (e ejectEvents) Readmit(k pool.Key) bool {
 // Retry-After while those in flight go on, with nodes still connected, for
 // up to timeout; then what is left is ended with an error in its surface's
 // shape (api.Handler.Stop) and, once those have answered (bounded by
-// stopWait), the server shuts down.
-func drainHTTP(log *slog.Logger, srv *http.Server, h *api.Handler, timeout time.Duration) {
+// stopWait), the server shuts down. A handler that still runs then is one
+// a client holds (it stopped reading the stream, or never sends the body
+// it declared): closing the connections ends it, and drainHTTP returns only
+// once every handler has returned (bounded by stopWait again), so that
+// each request has written its access line before the process exits.
+func drainHTTP(log *slog.Logger, srv *http.Server, h *api.Handler, timeout, stopWait time.Duration) {
 	h.Drain()
 	srv.SetKeepAlivesEnabled(false) // idle connections close; answers carry Connection: close
 	log.Info("edge draining", "in_flight", h.InFlight(), "drain_timeout_ms", timeout.Milliseconds())
@@ -325,16 +335,24 @@ func drainHTTP(log *slog.Logger, srv *http.Server, h *api.Handler, timeout time.
 		h.Stop()
 		wctx, cancel := context.WithTimeout(context.Background(), stopWait)
 		if h.WaitIdle(wctx) != nil {
-			log.Warn("requests still in flight after the stop", "in_flight", h.InFlight())
+			log.Warn("requests still in flight after the stop; closing their connections", "in_flight", h.InFlight())
 		}
 		cancel()
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	_ = srv.Shutdown(sctx)
 	cancel()
+	_ = srv.Close() // what Shutdown left: connections whose handler is blocked on its client
+	wctx, cancel := context.WithTimeout(context.Background(), stopWait)
+	if h.WaitIdle(wctx) != nil {
+		log.Warn("request handlers still running after their connections closed", "in_flight", h.InFlight())
+	}
+	cancel()
 }
 
-// stopWait bounds the wait for requests ended by api.Handler.Stop to answer.
+// stopWait bounds the wait for requests ended by api.Handler.Stop to
+// answer, for handlers whose connection was closed to return, and for the
+// cancelled streams' leases to come back after the node sessions closed.
 const stopWait = 5 * time.Second
 
 // drainTimeout is shutdown.drain_timeout_ms, or override when positive.

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"iop/internal/edge/access"
@@ -368,4 +370,41 @@ func TestDrainAndStop(t *testing.T) {
 	if l := sink.wait(t, "long-1"); l[0]["outcome"] != string(access.Timeout) || l[0]["code"] != access.CodeShutdown {
 		t.Errorf("access line of the stream: %v, want outcome timeout, code edge_shutdown", l[0])
 	}
+}
+
+// Issue 15, Q2 (edge.Run returns with every lease back): WaitDetached
+// waits for the goroutine that keeps a cancelled stream's lease until the
+// node confirms the cancel, and returns once the lease went back — here
+// when the node's session is lost (what closing the sessions at exit does).
+func TestWaitDetached(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fp := newFakePool(config.TypeOllama)
+		st := newFakeStream("run-w")
+		st.noTerminalOnCancel = true
+		cfg := testConfig(nil)
+		h := New(Options{Config: func() *config.Config { return cfg }, Pool: fp, Dispatcher: newFakeDispatcher(st),
+			Now: fixedNow, NewID: seqIDs(), CancelDrainTimeout: time.Minute})
+		if err := h.WaitDetached(context.Background()); err != nil {
+			t.Fatalf("WaitDetached with nothing detached: %v", err)
+		}
+		st.run(evStart(), evDelta(2, "a"))
+		w := &failingWriter{discardWriter: discardWriter{h: http.Header{}}}
+		h.ServeHTTP(w, httptest.NewRequest("POST", "/v1/chat/completions",
+			strings.NewReader(`{"model":"tiny","stream":true,"messages":[{"role":"user","content":"x"}]}`)))
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if err := h.WaitDetached(ctx); err != context.DeadlineExceeded {
+			t.Fatalf("WaitDetached while the cancel is unconfirmed: %v, want %v", err, context.DeadlineExceeded)
+		}
+		if n := fp.releases.Load(); n != 0 {
+			t.Fatalf("released %d times before the cancel was confirmed, want 0", n)
+		}
+		st.kill() // the node session closes
+		if err := h.WaitDetached(context.Background()); err != nil {
+			t.Fatalf("WaitDetached after the session closed: %v", err)
+		}
+		if n := fp.releases.Load(); n != 1 {
+			t.Errorf("released %d times when WaitDetached returned, want 1", n)
+		}
+	})
 }

@@ -26,14 +26,32 @@ type drainer struct {
 	active   atomic.Int64  // requests inside ServeHTTP
 	draining atomic.Bool   // Drain was called
 	idle     chan struct{} // cap 1: a request ended with active 0 while draining
-	stop     context.Context
-	stopFn   context.CancelFunc
-	once     sync.Once
+	// detached counts the cancel-confirmation goroutines (handOff) still
+	// holding a lease; detachedIdle (cap 1) is signalled when it drops to 0.
+	detached     atomic.Int64
+	detachedIdle chan struct{}
+	stop         context.Context
+	stopFn       context.CancelFunc
+	once         sync.Once
 }
 
 func newDrainer() *drainer {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &drainer{idle: make(chan struct{}, 1), stop: ctx, stopFn: cancel}
+	return &drainer{idle: make(chan struct{}, 1), detachedIdle: make(chan struct{}, 1), stop: ctx, stopFn: cancel}
+}
+
+// detach counts one cancel-confirmation goroutine in; its done must be
+// called when it has released its lease.
+func (d *drainer) detach() (done func()) {
+	d.detached.Add(1)
+	return func() {
+		if d.detached.Add(-1) == 0 {
+			select {
+			case d.detachedIdle <- struct{}{}:
+			default:
+			}
+		}
+	}
 }
 
 // enter counts one request in; false when the Edge drains (the request is
@@ -71,6 +89,23 @@ func (h *Handler) WaitIdle(ctx context.Context) error {
 	for h.drain.active.Load() > 0 {
 		select {
 		case <-h.drain.idle:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// WaitDetached waits until every goroutine that keeps the lease of a
+// cancelled stream until the node confirms the cancel (at most
+// Options.CancelDrainTimeout each; at once when the node's session is
+// gone) has released it, and returns nil; or ctx's error when ctx ends
+// first. edge.Run calls it after closing the node sessions, so that it
+// returns with every lease back (SPEC Q2).
+func (h *Handler) WaitDetached(ctx context.Context) error {
+	for h.drain.detached.Load() > 0 {
+		select {
+		case <-h.drain.detachedIdle:
 		case <-ctx.Done():
 			return ctx.Err()
 		}

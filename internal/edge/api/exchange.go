@@ -543,11 +543,13 @@ func terminal(env *iop.Envelope) bool {
 // would let the next waiter reach a node whose capacity gate (SPEC E4) still
 // counts the cancelled call, and be refused. The response is already ended;
 // this runs on its own goroutine, owned by the Handler, bounded by the
-// timeout.
+// timeout, and counted until it released the lease (WaitDetached).
 func (h *Handler) handOff(x *exchange, st dispatch.Stream) {
 	x.handoff = true
 	lease := x.lease
+	done := h.drain.detach()
 	go func() {
+		defer done()
 		defer h.o.Pool.Release(lease)
 		defer st.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), h.o.CancelDrainTimeout)
