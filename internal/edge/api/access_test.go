@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -407,4 +408,42 @@ func TestWaitDetached(t *testing.T) {
 			t.Errorf("released %d times when WaitDetached returned, want 1", n)
 		}
 	})
+}
+
+// Issue 15: a client that closes its connection before its request body
+// has arrived left: one access line, client_cancelled with status 499
+// (nothing is written), not a rejected 400, and no "last errors" entry.
+func TestAccessClientLeftDuringBody(t *testing.T) {
+	rows := []struct{ name, head, partial string }{
+		{"body cut short of Content-Length", "Content-Length: 1000\r\n", `{"model":"tiny",`},
+		{"chunked body cut", "Transfer-Encoding: chunked\r\n", "10\r\n{\"model\":\"tiny\",\r\n"},
+	}
+	for i, row := range rows {
+		t.Run(row.name, func(t *testing.T) {
+			leakcheck.Check(t)
+			sink, m := newAccessSink(), access.NewMetrics()
+			r := newAccessRig(t, config.TypeOllama, sink, m)
+			id := fmt.Sprintf("left-body-%d", i)
+			c, err := net.Dial("tcp", strings.TrimPrefix(r.srv.URL, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: edge\r\nContent-Type: application/json\r\n"+
+				"X-Request-Id: "+id+"\r\n"+row.head+"\r\n"+row.partial)
+			c.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := sink.wait(t, id)
+			if len(l) != 1 || l[0]["outcome"] != string(access.ClientCancelled) || l[0]["status"] != int64(access.StatusClientClosed) {
+				t.Errorf("access lines %v: want one, client_cancelled with status 499", l)
+			}
+			if got := r.h.o.Recent.List(); len(got) != 0 {
+				t.Errorf("last errors %v, want none for a client that left", got)
+			}
+			if r.fp.acquired != 0 {
+				t.Errorf("%d leases acquired for a request whose body never arrived", r.fp.acquired)
+			}
+		})
+	}
 }

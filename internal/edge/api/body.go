@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"syscall"
 
 	"iop/internal/edge/limit"
 )
@@ -119,5 +120,11 @@ func readError(err error, max int64) *apiError {
 		return &apiError{status: http.StatusRequestTimeout, typ: "invalid_request_error", code: "request_timeout",
 			msg: "the request body did not arrive in time"}
 	}
-	return badRequest("", "could not read the request body: %v", err)
+	e := badRequest("", "could not read the request body: %v", err)
+	// The connection ended before the body did: net/http reports a body
+	// cut short of its Content-Length (or a chunked body cut) as
+	// io.ErrUnexpectedEOF; a reset is ECONNRESET. Either way the client
+	// left (issue 15: client_cancelled, not a rejected request).
+	e.clientGone = errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
+	return e
 }

@@ -45,6 +45,10 @@ type apiError struct {
 	// detail is for the operator's log only: upstream addresses, adapter
 	// names and transport errors never reach the client.
 	detail string
+	// clientGone: the client closed the connection before the request
+	// was read (its body ended short of Content-Length, or the connection
+	// was reset); nobody is left to answer (client_cancelled, 499).
+	clientGone bool
 }
 
 func (e *apiError) Error() string { return strconv.Itoa(e.status) + " " + e.msg }

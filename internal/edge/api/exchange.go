@@ -234,6 +234,11 @@ func (h *Handler) admit(ctx context.Context, w *recorder, r *http.Request, v *vi
 	body, e := h.readBody(w, r, v.maxBody)
 	if e != nil {
 		closeUnread(w, r)
+		if e.clientGone {
+			w.leave() // nothing is written: 499, client_cancelled
+			h.log.Debug("client left before its request body arrived", "request_id", w.rec.RequestID, "err", e.msg)
+			return nil
+		}
 		writeError(w, ep.surface, e)
 		return nil
 	}
