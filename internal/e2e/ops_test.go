@@ -361,3 +361,79 @@ func TestNodeDrain(t *testing.T) {
 		return !ns.Connected, "still connected"
 	})
 }
+
+// Issue 15: what a node's drain timeout cuts says so. gpu-1 is stopped with
+// two requests in flight that outlive its shutdown.drain_timeout_ms: a
+// stream of a group only gpu-1 serves ends with one error event of code
+// node_shutdown (outcome timeout, not upstream_error "the provider failed
+// to answer"); a non-stream request of a group gpu-2 serves too, cut before
+// any byte reached its client, is re-dispatched to gpu-2 and answered.
+func TestNodeDrainTimeout(t *testing.T) {
+	leakcheck.Check(t)
+	logs := newLogSink(t)
+	p := newPKI(t, "gpu-1", "gpu-2")
+	bp := startBackend(t, backend.Options{TokenDelay: 20 * time.Millisecond, LoopTokens: 100000})
+	url := bp.serve(t, nil)
+	both := modelGroup("loop", provider("gpu-1", "ollama", "tiny-loop"), provider("gpu-2", "ollama", "tiny-loop"))
+	both.Routing = "ordered" // gpu-1 first
+	cfg := edgeConfig(t, p,
+		[]config.Node{
+			{ID: "gpu-1", Adapters: []config.Adapter{ollamaAdapter("ollama", url, 4)}},
+			{ID: "gpu-2", Adapters: []config.Adapter{ollamaAdapter("ollama", url, 4)}},
+		},
+		[]config.Model{both, modelGroup("loop-1", provider("gpu-1", "ollama", "tiny-loop"))}, nil)
+	e := startEdge(t, cfg, nil, logs.logger("edge"))
+	adm, api := newAdminClient(t, e), newAPIClient(t, e)
+	n1 := startNodeNoCleanup(t, p, "gpu-1", e.nodeAddr, nodeOpts{log: logs.logger("node1"), drainMs: 300})
+	t.Cleanup(func() { _ = n1.stop() })
+	adm.waitConnected(t, 10*time.Second, "gpu-1")
+	startNode(t, p, "gpu-2", e.nodeAddr, nodeOpts{log: logs.logger("node2")})
+	adm.waitConnected(t, 10*time.Second, "gpu-1", "gpu-2")
+
+	// 200 tokens × 20 ms: far longer than the node's 300 ms drain.
+	s := startStream(api, "cut-stream", chatRequest{model: "loop-1", maxTokens: 200})
+	s.waitFirst(t)
+	type answer struct {
+		status int
+		body   string
+		err    error
+	}
+	plain := make(chan answer, 1)
+	go func() {
+		resp, err := api.send(context.Background(), "/v1/chat/completions", chatRequest{model: "loop", maxTokens: 100}.body(), "cut-plain")
+		if err != nil {
+			plain <- answer{err: err}
+			return
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		plain <- answer{resp.StatusCode, string(b), err}
+	}()
+	eventually(t, 10*time.Second, "both requests on gpu-1", func() (bool, string) {
+		st, err := adm.status()
+		if err != nil {
+			return false, err.Error()
+		}
+		ns, _ := st.node("gpu-1")
+		return len(ns.Providers) == 1 && ns.Providers[0].InFlight == 2, fmt.Sprintf("%+v", ns)
+	})
+	if err := n1.stop(); err != nil {
+		t.Fatalf("node.Run: %v, want nil after the drain", err)
+	}
+
+	s.wait(t)
+	if s.res.done || len(s.res.errs) != 1 || !strings.Contains(s.res.errs[0], `"code":"node_shutdown"`) {
+		t.Errorf("stream cut by the node's drain: [DONE] %v errors %v; want exactly one node_shutdown error event", s.res.done, s.res.errs)
+	}
+	logs.waitLine(t, "access line of the cut stream", " access ", "request_id=cut-stream", "outcome=timeout", "code=node_shutdown")
+	var a answer
+	select {
+	case a = <-plain:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the plain request got no answer")
+	}
+	if a.err != nil || a.status != 200 || !strings.Contains(a.body, `"finish_reason":"length"`) {
+		t.Fatalf("plain request cut by gpu-1's drain: %d %v %s; want gpu-2's whole answer", a.status, a.err, a.body)
+	}
+	logs.waitLine(t, "access line of the re-dispatched request", " access ", "request_id=cut-plain", "outcome=ok", "node=gpu-2", "retries=1")
+}

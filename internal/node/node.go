@@ -85,6 +85,9 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 		// SIGTERM on a ready session: NodeDrainingNotice, then the work in
 		// flight gets shutdown.drain_timeout_ms to finish (issue 15).
 		DrainTimeout: cfg.DrainTimeout(),
+		// What the drain timeout leaves is cancelled with this cause: the
+		// adapters end it with failure code node_shutdown.
+		DrainCause: adapter.ErrNodeShutdown,
 	}
 	p := supervisor.Policy{Interval: cfg.Interval(), MaxAttempts: cfg.MaxAttempts()}
 	log.Info("node starting", "edge_addr", cfg.EdgeAddr, "reconnect_interval_ms", p.Interval.Milliseconds(), "max_attempts", p.MaxAttempts)

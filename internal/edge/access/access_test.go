@@ -27,6 +27,8 @@ func TestClassify(t *testing.T) {
 		{"response-wait timeout 504", 504, CodeResponseTimeout, true, Timeout},
 		{"Q4 wait timeout 503", 503, CodeNoProvider, true, Timeout},
 		{"drain timeout ended the stream", 200, CodeShutdown, true, Timeout},
+		{"the node's drain timeout ended the stream", 200, CodeNodeShutdown, true, Timeout},
+		{"the node's drain timeout before any byte 503", 503, CodeNodeShutdown, true, Timeout},
 		{"body read timeout 408", 408, "request_timeout", true, Timeout},
 		{"Q4 queue full 429", 429, "queue_full", true, RateLimited},
 		{"provider's own 429 passed through", 429, "", false, RateLimited},

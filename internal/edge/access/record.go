@@ -44,7 +44,8 @@ const (
 	Rejected Outcome = "rejected"
 	// Timeout: an Edge-side wait ran out: no provider within
 	// queue.wait_timeout_ms (503), the response-wait timeout (504), the
-	// body read timeout (408), or the drain timeout ended the stream.
+	// body read timeout (408), or a drain timeout ended the stream (the
+	// Edge's, edge_shutdown, or its node's, node_shutdown).
 	Timeout Outcome = "timeout"
 	// RateLimited: 429, from the queue bound or a per-key limit (the
 	// provider's own 429 on the tunnel path too), or the Edge's own load
@@ -76,6 +77,9 @@ const (
 	// CodeShutdown ends a request the drain timeout cut (SPEC: surface's
 	// error event, 503 before any byte).
 	CodeShutdown = "edge_shutdown"
+	// CodeNodeShutdown ends a request its node's own drain timeout cut
+	// (the node's SIGTERM; 503 or an error event).
+	CodeNodeShutdown = "node_shutdown"
 	// CodeTooManyConnections and CodeOverloaded are the Edge's own load
 	// shedding (http.max_connections, http.max_inflight_body_bytes; 503
 	// with Retry-After, internal/edge/api limits.go): rate_limited.
@@ -96,7 +100,7 @@ func Classify(status int, code string, failed bool) Outcome {
 	switch code {
 	case CodeStalled:
 		return Stalled
-	case CodeResponseTimeout, CodeNoProvider, CodeShutdown:
+	case CodeResponseTimeout, CodeNoProvider, CodeShutdown, CodeNodeShutdown:
 		return Timeout
 	case CodeDraining:
 		return Rejected

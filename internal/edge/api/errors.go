@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"iop/internal/edge/access"
 	"iop/internal/edge/pool"
 	apisurface "iop/internal/edge/surface"
 	iop "iop/proto/gen/iop"
@@ -157,6 +158,9 @@ const (
 	failureConnect        = "upstream_connect" // no connection to the backend
 	failureReset          = "upstream_reset"   // closed or reset before the response head
 	failureUpstreamError  = "upstream_error"   // broken after the response head
+	// failureNodeShutdown: the node's own drain timeout cancelled the work
+	// (its SIGTERM, issue 15); access.CodeNodeShutdown.
+	failureNodeShutdown = access.CodeNodeShutdown
 )
 
 // runFailure is the client-visible error of a run's ERROR event.
@@ -171,7 +175,7 @@ func runFailure(ev *iop.RunEvent) *apiError {
 // nodeFailure maps a node's ERROR terminal to the client-visible error
 // (issue 11: the upstream's class, with its message, never an upstream
 // address or adapter name): a stall is 504 (SPEC H1); the node's capacity
-// gate 503; an upstream status on the run path keeps its class — 429 with a
+// gate 503; the node's drain timeout 503 (node_shutdown); an upstream status on the run path keeps its class — 429 with a
 // Retry-After (the upstream's, else 1 s), 503, 504, a client error (400,
 // 413, 422 …) with the upstream's message, any other 5xx 502 with it — but
 // 401, 403, 404 and 407 describe the provider's own setup and are 502; an
@@ -190,6 +194,9 @@ func nodeFailure(code, msg string, upstreamStatus int32, failure *iop.ExecutionF
 	case code == failureOverCapacity:
 		return &apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: failureOverCapacity, retryAfter: time.Second,
 			msg: "the provider is at capacity; retry later"}
+	case code == failureNodeShutdown:
+		return &apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: failureNodeShutdown, retryAfter: time.Second,
+			msg: "the provider's node shut down before the response was complete; retry"}
 	case code == failureCredentialRequired || code == failureCredentialInvalid:
 		e := badGateway("credential_rejected", "the provider's node refused the request's credential lease: "+clientDetail(msg))
 		e.detail = msg

@@ -33,7 +33,8 @@ import (
 //	stall           response_stalled with a confirmed handoff (SPEC H8, H11)
 //	provider_error  the response broke after its head but before any byte reached the client (upstream_error)
 //	over_capacity   the node's capacity gate refused it (SPEC E4)
-//	node_lost       the node could not take it or its connection was lost (dispatch error, fence)
+//	node_lost       the node could not take it, its connection was lost (dispatch error, fence),
+//	                or its drain timeout cut the work (node_shutdown)
 //
 // Bounds: at most models[].max_attempts providers per request (default:
 // every provider of the group once); never after a byte was written (the
@@ -156,6 +157,8 @@ func codeReason(code string) (retryReason, bool) {
 		return retryProviderError, true
 	case failureOverCapacity:
 		return retryOverCapacity, true
+	case failureNodeShutdown:
+		return retryNodeLost, true // the node went away; nothing reached the client
 	}
 	return 0, false
 }

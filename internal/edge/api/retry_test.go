@@ -108,6 +108,8 @@ func failures() []failure {
 			reason: "provider_error"},
 		{name: "node capacity gate", events: []*iop.RunEvent{evStart(), evError(2, failureOverCapacity, "at capacity")},
 			frames: []*iop.ProviderTunnelFrame{fError(failureOverCapacity, "at capacity")}, reason: "over_capacity"},
+		{name: "the node's drain timeout (issue 15)", events: []*iop.RunEvent{evStart(), evError(2, failureNodeShutdown, "run cancelled: the node is shutting down")},
+			frames: []*iop.ProviderTunnelFrame{fError(failureNodeShutdown, "tunnel cancelled: the node is shutting down")}, reason: "node_lost"},
 	}
 }
 

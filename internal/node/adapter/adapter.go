@@ -90,6 +90,7 @@ const (
 	CodeUpstreamError        = "upstream_error"   // a failure after the response head: reset mid-body, malformed stream
 	CodeTimeout              = "timeout"          // the request's timeout_sec expired
 	CodeCancelled            = "cancelled"        // ctx cancelled (SPEC E5, E6, T3)
+	CodeNodeShutdown         = "node_shutdown"    // ctx cancelled with ErrNodeShutdown: the node's drain timeout passed (issue 15)
 	CodeInternal             = "internal_error"
 )
 
@@ -108,6 +109,13 @@ const (
 	DefaultOllamaURL    = "http://127.0.0.1:11434"  // Ollama's own default
 	MaxBodyFrame        = 32 << 10                  // bytes per BODY frame (SPEC T2)
 )
+
+// ErrNodeShutdown is the cause the node's drain cancels its work in flight
+// with once shutdown.drain_timeout_ms has passed (session
+// Options.DrainCause): the terminal is an ERROR with failure code
+// node_shutdown instead of CANCELLED, so the Edge can tell a node going
+// away from a cancel of its own (issue 15).
+var ErrNodeShutdown = errors.New("the node is shutting down: its drain timeout passed")
 
 // Errors of NewSet (each wrapped with the adapter's name) and StallTimeout;
 // test with errors.Is.

@@ -100,17 +100,22 @@ func recv[T any](t testing.TB, ch <-chan T, what string) T {
 
 // E5, E6, T3: cancelling the run's context aborts the upstream request — the
 // fake sees its request context end within 100 ms — and the stream still ends
-// with exactly one terminal.
+// with exactly one terminal: CANCELLED (tunnel: ERROR cancelled), or, when
+// the node's drain cancelled it (cause ErrNodeShutdown, issue 15), ERROR
+// node_shutdown on both.
 func TestCancelAbortsUpstream(t *testing.T) {
 	cases := []struct {
-		name   string
-		tunnel bool
-		stream bool // the upstream streamed a first chunk (else: accepts and never answers)
+		name     string
+		tunnel   bool
+		stream   bool // the upstream streamed a first chunk (else: accepts and never answers)
+		shutdown bool // cancelled by the node's drain
 	}{
-		{"E5 run cancelled mid-stream", false, true},
-		{"E5 run cancelled while the upstream never answers", false, false},
-		{"T3 tunnel cancelled mid-stream", true, true},
-		{"T3 tunnel cancelled while the upstream never answers", true, false},
+		{"E5 run cancelled mid-stream", false, true, false},
+		{"E5 run cancelled while the upstream never answers", false, false, false},
+		{"T3 tunnel cancelled mid-stream", true, true, false},
+		{"T3 tunnel cancelled while the upstream never answers", true, false, false},
+		{"run cut by the node's drain", false, true, true},
+		{"tunnel cut by the node's drain", true, true, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -125,7 +130,11 @@ func TestCancelAbortsUpstream(t *testing.T) {
 				recv(t, w.first, "the first DELTA or BODY")
 			}
 			cancelled := time.Now()
-			cancel(errors.New("CancelRequest: client_disconnected"))
+			cause, code := errors.New("CancelRequest: client_disconnected"), adapter.CodeCancelled
+			if tc.shutdown {
+				cause, code = adapter.ErrNodeShutdown, adapter.CodeNodeShutdown
+			}
+			cancel(cause)
 			seen := recv(t, b.ctxDone, "the upstream to see its context end")
 			if d := seen.Sub(cancelled); d > 100*time.Millisecond {
 				t.Fatalf("E5: upstream saw the cancel after %v, want ≤ 100 ms", d)
@@ -133,8 +142,8 @@ func TestCancelAbortsUpstream(t *testing.T) {
 			w.wait(t)
 			if tc.tunnel {
 				last, _, body, _ := checkTunnel(t, w.frames)
-				if last.GetKind() != iop.TunnelFrameKind_TUNNEL_FRAME_ERROR || last.GetFailureCode() != adapter.CodeCancelled {
-					t.Fatalf("T3: got %v %q, want ERROR cancelled", last.GetKind(), last.GetFailureCode())
+				if last.GetKind() != iop.TunnelFrameKind_TUNNEL_FRAME_ERROR || last.GetFailureCode() != code {
+					t.Fatalf("T3: got %v %q, want ERROR %s", last.GetKind(), last.GetFailureCode(), code)
 				}
 				if tc.stream && len(body) == 0 {
 					t.Fatalf("T2: the BODY sent before the cancel is missing")
@@ -142,8 +151,12 @@ func TestCancelAbortsUpstream(t *testing.T) {
 				return
 			}
 			last, deltas := checkRun(t, w.events)
-			if last.GetType() != iop.RunEventType_RUN_EVENT_CANCELLED || last.GetFailureCode() != adapter.CodeCancelled {
-				t.Fatalf("E5: got %v %q (%q), want CANCELLED", last.GetType(), last.GetFailureCode(), last.GetError())
+			want := iop.RunEventType_RUN_EVENT_CANCELLED
+			if tc.shutdown {
+				want = iop.RunEventType_RUN_EVENT_ERROR
+			}
+			if last.GetType() != want || last.GetFailureCode() != code {
+				t.Fatalf("E5: got %v %q (%q), want %v %s", last.GetType(), last.GetFailureCode(), last.GetError(), want, code)
 			}
 			if tc.stream && deltas != "Hel" {
 				t.Fatalf("E3: deltas %q before the cancel, want %q", deltas, "Hel")

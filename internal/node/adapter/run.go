@@ -115,7 +115,8 @@ func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit f
 }
 
 // runTerminal is the terminal of a run whose call ended with res, err:
-// COMPLETE, CANCELLED when ctx ended, else ERROR with the classified code.
+// COMPLETE, CANCELLED when ctx ended (ERROR node_shutdown when the node's
+// drain ended it), else ERROR with the classified code.
 func (s *Set) runTerminal(ctx, runCtx context.Context, adapter, runID string, res upstream.Result, err error) *iop.RunEvent {
 	switch {
 	case err == nil:
@@ -128,6 +129,9 @@ func (s *Set) runTerminal(ctx, runCtx context.Context, adapter, runID string, re
 			Logprobs:     res.Logprobs,
 			Embeddings:   res.Embeddings,
 		}
+	case ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrNodeShutdown):
+		return &iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_ERROR, Error: "run cancelled: " + ErrNodeShutdown.Error(),
+			FailureCode: CodeNodeShutdown}
 	case ctx.Err() != nil:
 		return &iop.RunEvent{
 			Type:        iop.RunEventType_RUN_EVENT_CANCELLED,

@@ -307,12 +307,14 @@ func errorFrame(code, msg string) *iop.ProviderTunnelFrame {
 }
 
 // failFrame is the terminal of a failed request or read: cancelled when
-// ctx ended (SPEC E5, T3), timeout when timeout_sec expired,
+// ctx ended (SPEC E5, T3; node_shutdown when the node's drain ended it), timeout when timeout_sec expired,
 // upstream_connect or upstream_reset when the request got no response head
 // (*upstream.RequestError), upstream_error otherwise.
 func failFrame(ctx, runCtx context.Context, adapter, what string, err error) *iop.ProviderTunnelFrame {
 	var re *upstream.RequestError
 	switch {
+	case ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrNodeShutdown):
+		return errorFrame(CodeNodeShutdown, "tunnel cancelled: "+ErrNodeShutdown.Error())
 	case ctx.Err() != nil:
 		return errorFrame(CodeCancelled, fmt.Sprintf("tunnel cancelled: %v", context.Cause(ctx)))
 	case runCtx.Err() != nil && errors.Is(context.Cause(runCtx), errRunDeadline):

@@ -91,7 +91,7 @@ func (s *session) claimRun(runID string) (ctx context.Context, ex *execRef, ok b
 	if _, dup := s.runs[runID]; dup {
 		return nil, nil, false
 	}
-	ctx, cancel := context.WithCancel(s.ctx)
+	ctx, cancel := context.WithCancelCause(s.ctx)
 	s.runs[runID] = cancel
 	s.exec.refs++
 	s.work.Add(1)
@@ -110,7 +110,7 @@ func (s *session) finishRun(runID string, ex *execRef) {
 	}
 	s.mu.Unlock()
 	if cancel != nil {
-		cancel()
+		cancel(nil)
 	}
 	s.release(ex)
 	s.work.Done()
@@ -298,7 +298,7 @@ func (s *session) cancelRun(runID, reason string) {
 		return
 	}
 	s.log.Info("run cancelled by edge", "run_id", runID, "reason", reason)
-	cancel()
+	cancel(nil)
 }
 
 // startCommand answers a NodeCommandRequest on its own goroutine (the

@@ -146,7 +146,7 @@ func (e *fakeExec) Run(ctx context.Context, runID string, req *iop.RunRequest, e
 		<-ctx.Done()
 		e.f.cancelled <- runID
 		<-e.f.release
-		ev(&iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_CANCELLED})
+		ev(&iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_CANCELLED, Error: context.Cause(ctx).Error()})
 	case tHold:
 		e.f.started <- runID
 		select {

@@ -52,8 +52,8 @@ type session struct {
 	work sync.WaitGroup // run, tunnel and command goroutines
 
 	mu   sync.Mutex
-	runs map[string]context.CancelFunc // run_id → cancel, runs and tunnels (guarded by mu)
-	exec *execRef                      // Executor for new work (guarded by mu)
+	runs map[string]context.CancelCauseFunc // run_id → cancel, runs and tunnels (guarded by mu)
+	exec *execRef                           // Executor for new work (guarded by mu)
 	// idle, while a drain waits, is closed when runs becomes empty
 	// (guarded by mu).
 	idle chan struct{}
@@ -81,7 +81,7 @@ func newSession(ctx context.Context, cancel context.CancelCauseFunc, conn net.Co
 			WriteTimeout: o.Timeouts.Write, MaxBurst: maxBurst}),
 		hbReset:  make(chan struct{}, 1),
 		flushReq: make(chan chan struct{}),
-		runs:     make(map[string]context.CancelFunc),
+		runs:     make(map[string]context.CancelCauseFunc),
 	}
 	s.hbInterval.Store(int64(DefaultHeartbeatInterval))
 	s.hbTimeout.Store(int64(DefaultHeartbeatTimeout))
@@ -146,14 +146,14 @@ func (s *session) drain() {
 			return
 		}
 		s.mu.Lock()
-		left := make([]context.CancelFunc, 0, len(s.runs))
+		left := make([]context.CancelCauseFunc, 0, len(s.runs))
 		for _, c := range s.runs {
 			left = append(left, c)
 		}
 		s.mu.Unlock()
 		s.log.Warn("drain timeout: cancelling the work still in flight", "in_flight", len(left))
 		for _, c := range left {
-			c()
+			c(s.o.DrainCause)
 		}
 		s.waitIdle(DrainCancelGrace)
 	}

@@ -34,9 +34,11 @@
 // A local shutdown (Connect's ctx) of a live session is graceful: drain
 // sends NodeDrainingNotice (the Edge dispatches nothing new to this
 // connection), waits for the run table to empty for up to
-// Options.DrainTimeout, cancels what is left (each still emits its
-// terminal, waited for up to DrainCancelGrace), has sendLoop write and
-// flush everything queued, and only then ends the session (ErrDrained).
+// Options.DrainTimeout, cancels what is left with Options.DrainCause
+// (each still emits its terminal, which names the cause — the adapters'
+// failure code node_shutdown —, waited for up to DrainCancelGrace), has
+// sendLoop write and flush everything queued, and only then ends the
+// session (ErrDrained).
 //
 // # Send queue policy (STYLE 3)
 //
@@ -195,6 +197,12 @@ type Options struct {
 	// DrainTimeout bounds the graceful drain of a ready session when
 	// Connect's ctx ends; 0 = DefaultDrainTimeout.
 	DrainTimeout time.Duration
+	// DrainCause is the cause the work still in flight after DrainTimeout
+	// is cancelled with (context.Cause of its context), so that the
+	// Executor can end it with a terminal that says the node is going
+	// away (the adapters' ErrNodeShutdown → failure code node_shutdown);
+	// nil = ErrDrained.
+	DrainCause error
 }
 
 func (o *Options) applyDefaults() {
@@ -215,6 +223,9 @@ func (o *Options) applyDefaults() {
 		o.SendQueue = DefaultSendQueue
 	}
 	def(&o.DrainTimeout, DefaultDrainTimeout)
+	if o.DrainCause == nil {
+		o.DrainCause = ErrDrained
+	}
 }
 
 // Connect runs one session attempt on the calling goroutine: dial (SPEC W1),

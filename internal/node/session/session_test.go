@@ -714,25 +714,44 @@ func TestDrain(t *testing.T) {
 			t.Errorf("Connect = (%v, %v), want (true, ErrDrained)", r.ready, r.err)
 		}
 	})
-	t.Run("drain timeout cancels what is left", func(t *testing.T) {
-		leakcheck.Check(t)
-		s := startReady(t, payload("r1"), func(o *session.Options) { o.DrainTimeout = 50 * time.Millisecond })
-		s.f.releaseAll() // block runs end once cancelled
-		s.c.send(runReq("run-1", tBlock))
-		recvOn(t, s.f.started, "run start")
-		s.c.recv() // START
-		s.cancel()
-		if env := s.c.recv(); env.GetDrainingNotice() == nil {
-			t.Fatalf("got %v, want NodeDrainingNotice", env)
-		}
-		if got := recvOn(t, s.f.cancelled, "run cancel"); got != "run-1" {
-			t.Fatalf("cancelled %q, want run-1", got)
-		}
-		if ev := s.c.recv().GetRunEvent(); ev.GetType() != iop.RunEventType_RUN_EVENT_CANCELLED {
-			t.Fatalf("got %v, want the run's CANCELLED terminal before the close", ev)
-		}
-		if r := waitResult(t, s.res); !errors.Is(r.err, session.ErrDrained) {
-			t.Errorf("Connect = %v, want ErrDrained", r.err)
-		}
-	})
+	// The work is cancelled with Options.DrainCause (ErrDrained when
+	// unset) as its context's cause, which the Executor's terminal names
+	// (the adapters: failure code node_shutdown).
+	errShutdown := errors.New("test: node shutting down")
+	for _, row := range []struct {
+		name  string
+		cause error
+		want  error
+	}{
+		{"drain timeout cancels what is left", nil, session.ErrDrained},
+		{"drain timeout cancels with DrainCause", errShutdown, errShutdown},
+	} {
+		t.Run(row.name, func(t *testing.T) {
+			leakcheck.Check(t)
+			s := startReady(t, payload("r1"), func(o *session.Options) {
+				o.DrainTimeout, o.DrainCause = 50*time.Millisecond, row.cause
+			})
+			s.f.releaseAll() // block runs end once cancelled
+			s.c.send(runReq("run-1", tBlock))
+			recvOn(t, s.f.started, "run start")
+			s.c.recv() // START
+			s.cancel()
+			if env := s.c.recv(); env.GetDrainingNotice() == nil {
+				t.Fatalf("got %v, want NodeDrainingNotice", env)
+			}
+			if got := recvOn(t, s.f.cancelled, "run cancel"); got != "run-1" {
+				t.Fatalf("cancelled %q, want run-1", got)
+			}
+			ev := s.c.recv().GetRunEvent()
+			if ev.GetType() != iop.RunEventType_RUN_EVENT_CANCELLED {
+				t.Fatalf("got %v, want the run's CANCELLED terminal before the close", ev)
+			}
+			if ev.GetError() != row.want.Error() {
+				t.Errorf("the run's context was cancelled with %q, want %q", ev.GetError(), row.want)
+			}
+			if r := waitResult(t, s.res); !errors.Is(r.err, session.ErrDrained) {
+				t.Errorf("Connect = %v, want ErrDrained", r.err)
+			}
+		})
+	}
 }
