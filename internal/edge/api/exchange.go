@@ -502,6 +502,13 @@ func (h *Handler) recvFailed(x *exchange, st dispatch.Stream, s sink, ctx contex
 			h.log.Debug("client left", "model", x.model, "run_id", st.RunID(), "request_id", x.acc.rec.RequestID)
 			return true
 		}
+	case errors.Is(err, dispatch.ErrNodeDrained):
+		// A dispatch that met a node already closing after its drain: the
+		// node never started it (issue 15). 503 with Retry-After, not 502.
+		e = nodeFailure(failureNodeShutdown, "", 0, nil)
+		if h.retryLost(x, s, e) {
+			return false
+		}
 	case errors.Is(err, dispatch.ErrSessionLost):
 		e = badGateway("provider_lost", "the provider's node connection was lost")
 		if h.retryLost(x, s, e) {

@@ -123,6 +123,8 @@ func TestRunFailures(t *testing.T) {
 			events: []*iop.RunEvent{evStart(), evDelta(2, "a"), evError(3, "upstream_error", "boom")}, want: 200, contains: `data: {"error":{"message":"the provider failed to answer"`},
 		{name: "T5 session lost mid-stream is an error event", body: `{"model":"tiny","stream":true,"messages":[{"role":"user","content":"x"}]}`,
 			events: []*iop.RunEvent{evStart(), evDelta(2, "a")}, recvErr: dispatch.ErrSessionLost, want: 200, contains: `"code":"provider_lost"`},
+		{name: "issue 15 a dispatch that met a node closing after its drain is 503", body: chatBody,
+			recvErr: dispatch.ErrNodeDrained, want: 503, contains: `"code":"node_shutdown"`},
 		{name: "E3 a stream out of order before any byte is 502", body: chatBody,
 			events: []*iop.RunEvent{evStart()}, recvErr: dispatch.ErrProtocol, want: 502, contains: `"code":"provider_protocol_error"`},
 		{name: "E3 a stream out of order mid-stream is an error event", body: `{"model":"tiny","stream":true,"messages":[{"role":"user","content":"x"}]}`,

@@ -159,6 +159,8 @@ func TestTunnelFailures(t *testing.T) {
 			frames: []*iop.ProviderTunnelFrame{fError("upstream_error", "x")}, want: 502, anthropic: true},
 		{name: "T5 session lost before any byte is 502", path: "/v1/chat/completions",
 			recvErr: dispatch.ErrSessionLost, want: 502, wantCode: "provider_lost"},
+		{name: "issue 15 a dispatch that met a node closing after its drain is 503", path: "/v1/chat/completions",
+			recvErr: dispatch.ErrNodeDrained, want: 503, wantCode: "node_shutdown"},
 		{name: "T2 END without RESPONSE_START is 502", path: "/v1/chat/completions",
 			frames: []*iop.ProviderTunnelFrame{fEnd()}, want: 502, wantCode: "provider_error"},
 		{name: "T5 ERROR after SSE bytes ends with a data error event", path: "/v1/chat/completions",

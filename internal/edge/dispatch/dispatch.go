@@ -8,6 +8,7 @@ package dispatch
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	iop "iop/proto/gen/iop"
 )
@@ -20,6 +21,12 @@ var (
 	// ErrSessionLost: the session ended before the stream's terminal
 	// (SPEC E6, L8). The surface ends the request with one error outcome.
 	ErrSessionLost = errors.New("dispatch: node session lost")
+	// ErrNodeDrained: the session ended after the node announced its
+	// drain (NodeDrainingNotice, issue 15), typically a request dispatched
+	// just before the Edge read the notice that reached a node already
+	// closing. It is an ErrSessionLost too (errors.Is matches both); the
+	// node never started the request.
+	ErrNodeDrained = fmt.Errorf("%w after the node announced its drain", ErrSessionLost)
 	// ErrSlowConsumer: the stream's receive buffer overflowed because its
 	// reader fell behind; the stream was cancelled rather than stall the
 	// session's read loop (STYLE 3).

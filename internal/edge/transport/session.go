@@ -52,6 +52,7 @@ type session struct {
 
 	mu      sync.Mutex // guards the fields below; after Server.mu, before stream.mu
 	lost    bool       // streams and waiters have been failed; no new ones
+	drained bool       // the node sent NodeDrainingNotice: a loss is dispatch.ErrNodeDrained
 	lostCh  chan struct{}
 	streams map[string]*stream    // by run id
 	waiters map[string]chan reply // by request id, buffer 1
@@ -252,8 +253,9 @@ func (c *session) sendMustDirect(env *iop.Envelope) {
 	}
 }
 
-// lose fails every stream and waiter with ErrSessionLost, once; frames and
-// responses arriving later are dropped (SPEC E6, L9).
+// lose fails every stream and waiter with ErrSessionLost (ErrNodeDrained
+// after the node's drain notice), once; frames and responses arriving later
+// are dropped (SPEC E6, L9).
 func (c *session) lose() {
 	c.mu.Lock()
 	if c.lost {
@@ -265,9 +267,13 @@ func (c *session) lose() {
 	streams := c.streams
 	c.streams = nil
 	clear(c.waiters)
+	err := dispatch.ErrSessionLost
+	if c.drained {
+		err = dispatch.ErrNodeDrained
+	}
 	c.mu.Unlock()
 	for _, st := range streams {
-		st.end(dispatch.ErrSessionLost)
+		st.end(err)
 	}
 }
 
@@ -330,6 +336,9 @@ func (c *session) readLoop(br *bufio.Reader) error {
 		case *iop.Envelope_DrainingNotice:
 			if ph == phaseReady && !drained {
 				drained = true
+				c.mu.Lock()
+				c.drained = true
+				c.mu.Unlock()
 				c.draining(k.DrainingNotice)
 			}
 		default:

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/edge/dispatch"
 	"iop/internal/edge/events"
 	"iop/internal/edge/registry"
 	"iop/internal/identity"
@@ -288,7 +289,18 @@ func TestDrainingNotice(t *testing.T) {
 	if st := h.node("gpu-1"); !st.Connected {
 		t.Fatalf("gpu-1 = %+v after draining, want still connected", st)
 	}
+	// A request dispatched before the Edge read the notice reaches a node
+	// that closes: its stream ends with ErrNodeDrained (an ErrSessionLost
+	// too), so the surface answers 503 node_shutdown, not 502.
+	st, err := h.srv.StartRun(dispatch.Target{Node: "gpu-1", Generation: 1}, &iop.RunRequest{Target: "tiny"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	a.recv() // the RunRequest
 	a.conn.Close()
+	recvErr(t, st, dispatch.ErrNodeDrained)
+	recvErr(t, st, dispatch.ErrSessionLost)
 	h.wantHooks(hookCall{"fence", "gpu-1", 1})
 }
 

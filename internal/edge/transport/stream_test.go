@@ -176,6 +176,11 @@ func TestSessionLossFailsStreams(t *testing.T) {
 	recvErr(t, a, dispatch.ErrSessionLost)
 	recvErr(t, a, dispatch.ErrSessionLost)
 	recvErr(t, b, dispatch.ErrSessionLost)
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	if _, err := b.Recv(ctx); errors.Is(err, dispatch.ErrNodeDrained) {
+		t.Errorf("a loss without a drain notice is %v, want plain ErrSessionLost", err)
+	}
 	if _, err := h.srv.StartRun(tgt, &iop.RunRequest{}); !errors.Is(err, dispatch.ErrNotReady) {
 		t.Fatalf("StartRun after loss = %v, want ErrNotReady", err)
 	}
