@@ -282,6 +282,15 @@ func TestOperatorPage(t *testing.T) {
 	if !strings.Contains(errorsTable, "page-404") {
 		t.Errorf("last errors %q lack the 404's request id", errorsTable)
 	}
+	// The events list draws no list markers: its scroll box clipped them
+	// to stray glyphs at the left edge ("!.", "ı.").
+	marker, err := chromedp.Run(ctx, chromedp.Evaluate[string](`getComputedStyle(document.querySelector("#events li")).listStyleType`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if marker != "none" {
+		t.Errorf("events list items have list-style-type %q, want none", marker)
+	}
 
 	// The page follows the fleet by itself: SIGTERM the node, the row turns.
 	if code, err := s.node.stop(); err != nil || code != 0 {
