@@ -12,6 +12,10 @@
 //
 // It reads state through small interfaces and never changes it. It never
 // shows node addresses, tokens, keys or transport internals (SPEC N3, P4).
+// A node's generation is shown (issue 15): it is the Edge's own fencing
+// counter for the node id (SPEC L8), not something of the transport — no
+// address, connection, session or stream id — and it is how an operator
+// sees a node reconnecting (every new session is a new generation).
 package admin
 
 import (
