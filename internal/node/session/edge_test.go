@@ -68,6 +68,75 @@ func startEdge(t *testing.T, dir string) *fakeEdge {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveEdge(t, ln, cfg)
+}
+
+// startPipeEdge is startEdge on net.Pipe pairs instead of loopback TCP, for
+// tests in a testing/synctest bubble (the PKI must be made inside the
+// bubble, whose clock starts in 2000). Give dial to the node as
+// session.Options.Dial.
+func startPipeEdge(t *testing.T, dir string) (e *fakeEdge, dial func(context.Context, string, string) (net.Conn, error)) {
+	t.Helper()
+	cfg, err := identity.ServerConfig(identity.ServerOptions{
+		CertFile:  filepath.Join(dir, identity.CertFileName(edgeName)),
+		KeyFile:   filepath.Join(dir, identity.KeyFileName(edgeName)),
+		CAFile:    filepath.Join(dir, "ca.crt"),
+		EdgeName:  edgeName,
+		AllowNode: func(n string) bool { return n == nodeID },
+	})
+	if err != nil {
+		t.Fatalf("ServerConfig: %v", err)
+	}
+	pl := &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})}
+	return serveEdge(t, pl, cfg), pl.dial
+}
+
+// pipeListener hands out the server ends of net.Pipe pairs.
+type pipeListener struct {
+	conns chan net.Conn
+	done  chan struct{}
+	once  sync.Once
+}
+
+func (l *pipeListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *pipeListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *pipeListener) Addr() net.Addr { return pipeAddr{} }
+
+// dial is session.Options.Dial: the client end of a fresh pipe whose
+// server end the listener accepts.
+func (l *pipeListener) dial(ctx context.Context, _, _ string) (net.Conn, error) {
+	client, server := net.Pipe()
+	select {
+	case l.conns <- server:
+		return client, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+type pipeAddr struct{}
+
+func (pipeAddr) Network() string { return "pipe" }
+func (pipeAddr) String() string  { return "127.0.0.1:1" }
+
+// serveEdge accepts connections on ln and hands them to the test through
+// next.
+func serveEdge(t *testing.T, ln net.Listener, cfg *tls.Config) *fakeEdge {
+	t.Helper()
 	e := &fakeEdge{t: t, ln: ln, cfg: cfg, conns: make(chan net.Conn, 16), done: make(chan struct{})}
 	go func() {
 		defer close(e.done)

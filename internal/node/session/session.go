@@ -203,6 +203,10 @@ type Options struct {
 	// away (the adapters' ErrNodeShutdown → failure code node_shutdown);
 	// nil = ErrDrained.
 	DrainCause error
+	// Dial opens the connection to Addr ("tcp"), bounded by Timeouts.Dial
+	// through ctx; nil = a net.Dialer. Tests pass the client end of a
+	// net.Pipe to drive the heartbeat timers with testing/synctest.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 func (o *Options) applyDefaults() {
@@ -253,8 +257,13 @@ func Connect(ctx context.Context, o Options) (reachedReady bool, err error) {
 	}
 	log := o.Logger // the caller's logger already names the node
 
-	d := net.Dialer{Timeout: o.Timeouts.Dial}
-	raw, err := d.DialContext(ctx, "tcp", o.Addr)
+	dial := o.Dial
+	if dial == nil {
+		dial = (&net.Dialer{}).DialContext
+	}
+	dctx, dcancel := context.WithTimeout(ctx, o.Timeouts.Dial)
+	raw, err := dial(dctx, "tcp", o.Addr)
+	dcancel()
 	if err != nil {
 		if ctx.Err() != nil {
 			return false, context.Cause(ctx)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"iop/internal/leakcheck"
@@ -294,60 +295,84 @@ func TestReconnect(t *testing.T) {
 	}
 }
 
-// L7: the node pings, answers pings, and gives up on a silent edge within
-// the heartbeat timeout.
+// startReadyPipe is startReady inside a testing/synctest bubble: the edge
+// and the node talk over net.Pipe, so the heartbeat timers run on the
+// bubble's clock. It returns when the node has read the ready response.
+func startReadyPipe(t *testing.T, cfg *iop.NodeConfigPayload) *liveSession {
+	t.Helper()
+	dir := newPKI(t)
+	e, dial := startPipeEdge(t, dir)
+	f := newFactory()
+	o := nodeOptions(t, dir, e.addr(), f)
+	o.Dial = dial
+	res, cancel := startConnect(t, o, f)
+	c := e.next()
+	c.register(cfg)
+	synctest.Wait() // the node has read the ready response
+	return &liveSession{c: c, f: f, res: res, cancel: cancel}
+}
+
+// L7: the node pings, answers pings, and gives up on a silent edge exactly
+// one heartbeat timeout after the last frame it read. In a synctest bubble:
+// the times are the bubble's, so they are exact whatever the machine's load.
 func TestHeartbeat(t *testing.T) {
 	const interval, timeout = 50, 300 // ms
-	t.Run("L7 silent edge ends the session within the timeout", func(t *testing.T) {
+	const to = timeout * time.Millisecond
+	t.Run("L7 silent edge ends the session at the timeout", func(t *testing.T) {
 		leakcheck.Check(t)
-		s := startReady(t, withHeartbeat(payload("r1"), interval, timeout), nil)
-		readyAt := time.Now()
-		// The edge keeps the socket open and reads, but sends nothing; the
-		// node pings until it gives up and closes.
-		pings := 0
-		for {
-			env, err := s.c.recvAny()
-			if err != nil {
-				break
+		synctest.Test(t, func(t *testing.T) {
+			s := startReadyPipe(t, withHeartbeat(payload("r1"), interval, timeout))
+			readyAt := time.Now()
+			// The edge keeps the socket open and reads, but sends nothing; the
+			// node pings until it gives up and closes.
+			pings := 0
+			for {
+				env, err := s.c.recvAny()
+				if err != nil {
+					break
+				}
+				if env.GetPing() == nil {
+					t.Fatalf("got %v, want only pings", env)
+				}
+				pings++
 			}
-			if env.GetPing() == nil {
-				t.Fatalf("got %v, want only pings", env)
+			r := waitResult(t, s.res)
+			if !r.ready || !errors.Is(r.err, session.ErrHeartbeatTimeout) {
+				t.Fatalf("Connect = (%v, %v), want (true, ErrHeartbeatTimeout)", r.ready, r.err)
 			}
-			pings++
-		}
-		if pings < 2 {
-			t.Errorf("edge saw %d pings in %d ms with a %d ms interval, want ≥ 2", pings, timeout, interval)
-		}
-		r := waitResult(t, s.res)
-		if !r.ready || !errors.Is(r.err, session.ErrHeartbeatTimeout) {
-			t.Fatalf("Connect = (%v, %v), want (true, ErrHeartbeatTimeout)", r.ready, r.err)
-		}
-		// The node's deadline runs from the last frame it read (the ready
-		// response), which the test's readyAt follows by up to a scheduling
-		// delay: allow that much slack below the bound.
-		lo, hi := (timeout-interval)*time.Millisecond, timeout*time.Millisecond+2*time.Second
-		if d := r.at.Sub(readyAt); d < lo || d > hi {
-			t.Errorf("session ended %v after ready, want within [%v, %v]", d, lo, hi)
-		}
+			if d := r.at.Sub(readyAt); d != to {
+				t.Errorf("session ended %v after ready, want %v (the heartbeat timeout)", d, to)
+			}
+			if want := timeout/interval - 1; pings < want {
+				t.Errorf("edge saw %d pings in %v with a %d ms interval, want ≥ %d", pings, to, interval, want)
+			}
+		})
 	})
 	t.Run("L7 edge pings keep the session alive and get pongs", func(t *testing.T) {
 		leakcheck.Check(t)
-		s := startReady(t, withHeartbeat(payload("r1"), interval, timeout), nil)
-		tick := time.NewTicker(timeout * time.Millisecond / 3)
-		defer tick.Stop()
-		for i := range uint64(8) { // 8 × 100 ms: well past one timeout
-			<-tick.C
-			s.c.alive(100 + i)
-			select {
-			case r := <-s.res:
-				t.Fatalf("session ended while the edge was pinging: %v", r.err)
-			default:
+		synctest.Test(t, func(t *testing.T) {
+			s := startReadyPipe(t, withHeartbeat(payload("r1"), interval, timeout))
+			start := time.Now()
+			var last time.Time
+			for i := range uint64(8) { // 8 × 200 ms: well past one timeout
+				time.Sleep(to * 2 / 3)
+				last = time.Now()
+				s.c.alive(100 + i)
+				synctest.Wait()
+				select {
+				case r := <-s.res:
+					t.Fatalf("session ended %v after ready while the edge was pinging: %v", r.at.Sub(start), r.err)
+				default:
+				}
 			}
-		}
-		r := waitResult(t, s.res) // the edge falls silent
-		if !errors.Is(r.err, session.ErrHeartbeatTimeout) {
-			t.Errorf("Connect = %v, want ErrHeartbeatTimeout", r.err)
-		}
+			r := waitResult(t, s.res) // the edge falls silent
+			if !errors.Is(r.err, session.ErrHeartbeatTimeout) {
+				t.Errorf("Connect = %v, want ErrHeartbeatTimeout", r.err)
+			}
+			if d := r.at.Sub(last); d != to {
+				t.Errorf("session ended %v after the edge's last ping, want %v", d, to)
+			}
+		})
 	})
 }
 
