@@ -82,9 +82,17 @@ func (s *accessSink) wait(t *testing.T, id string) []map[string]any {
 	}
 }
 
-// newAccessRig is newRig with an access log, metrics and a short
-// response-wait timeout.
-func newAccessRig(t *testing.T, typ string, sink *accessSink, m *access.Metrics) *rig {
+// Response-wait graces of an access rig: a silent node meets the short one
+// at once; the long one never fires while a test runs, however loaded the
+// machine (a row that is not about the timeout must not race it).
+const (
+	shortWait = time.Millisecond
+	longWait  = time.Hour
+)
+
+// newAccessRig is newRig with an access log, metrics and a response-wait
+// timeout of 1 ms plus grace.
+func newAccessRig(t *testing.T, typ string, sink *accessSink, m *access.Metrics, grace time.Duration) *rig {
 	t.Helper()
 	r := &rig{fp: newFakePool(typ), st: newFakeStream("run-1"), cfg: testConfig(nil)}
 	r.fp.lease.StallTimeoutMs = 1 // response wait = 1 ms + grace
@@ -92,7 +100,7 @@ func newAccessRig(t *testing.T, typ string, sink *accessSink, m *access.Metrics)
 	r.d = newFakeDispatcher(r.st)
 	cfg := r.cfg
 	r.h = New(Options{Config: func() *config.Config { return cfg }, Pool: r.p, Dispatcher: r.d, Now: fixedNow, NewID: seqIDs(),
-		AccessLog: slog.New(sink), Metrics: m, Recent: access.NewRecent(0), ResponseWaitGrace: 200 * time.Millisecond})
+		AccessLog: slog.New(sink), Metrics: m, Recent: access.NewRecent(0), ResponseWaitGrace: grace})
 	r.srv = httptest.NewServer(r.h)
 	t.Cleanup(r.srv.Close)
 	t.Cleanup(r.srv.Client().CloseIdleConnections)
@@ -184,7 +192,11 @@ func TestAccessOutcomes(t *testing.T) {
 		}
 		t.Run(fmt.Sprintf("%s %s", row.outcome, path), func(t *testing.T) {
 			leakcheck.Check(t)
-			r := newAccessRig(t, row.typ, sink, m)
+			grace := longWait
+			if row.outcome == access.Timeout {
+				grace = shortWait
+			}
+			r := newAccessRig(t, row.typ, sink, m, grace)
 			row.prime(r)
 			body := row.body
 			if body == "" {
@@ -282,7 +294,7 @@ func TestAccessBeforeDispatch(t *testing.T) {
 		t.Run(row.name, func(t *testing.T) {
 			leakcheck.Check(t)
 			sink := newAccessSink() // minted ids repeat across rigs
-			r := newAccessRig(t, config.TypeOllama, sink, m)
+			r := newAccessRig(t, config.TypeOllama, sink, m, longWait)
 			r.fp.err, r.fp.block = row.poolErr, row.block
 			var id string
 			if row.block {
@@ -328,7 +340,7 @@ func TestAccessBeforeDispatch(t *testing.T) {
 func TestDrainAndStop(t *testing.T) {
 	leakcheck.Check(t)
 	sink, m := newAccessSink(), access.NewMetrics()
-	r := newAccessRig(t, config.TypeOllama, sink, m)
+	r := newAccessRig(t, config.TypeOllama, sink, m, longWait)
 	r.st.run(evStart(), evDelta(2, "partial"))
 	resp := r.send(t, context.Background(), "POST", "/v1/chat/completions",
 		`{"model":"tiny","stream":true,"messages":[{"role":"user","content":"x"}]}`, "X-Request-Id", "long-1")
