@@ -17,13 +17,16 @@ import (
 
 // Short heartbeats for the liveness tests (ms): the node gives up on a
 // silent Edge after nodeTimeout, the Edge fences a silent node after
-// edgeTimeout (DESIGN.md's 5 s / 15 s / 20 s, scaled down). The gap leaves
-// the node's detection at least 400 ms ahead of the Edge's whatever the
-// heartbeat phase, so "the node notices first" does not hang on scheduling.
+// edgeTimeout (DESIGN.md's 5 s / 15 s / 20 s, scaled down). Short, but not
+// shorter than this process can be kept off the CPU on a loaded 2-core
+// machine under the race detector (stalls of 2 s were seen at load 30): a
+// timeout below that ends healthy sessions before the test freezes
+// anything. The exact timeouts are proved on synctest clocks in
+// internal/node/session and internal/edge/transport.
 const (
-	hbInterval  = 100
-	nodeTimeout = 300
-	edgeTimeout = 800
+	hbInterval  = 500
+	nodeTimeout = 5000
+	edgeTimeout = 10000
 )
 
 func shortHeartbeats(c *config.Config) {
@@ -131,26 +134,40 @@ func oneStreamError(t *testing.T, raw []byte) {
 }
 
 // TestHalfOpen: after ready, the path between node and Edge stops
-// forwarding in both directions with both sockets open (L7). The node
-// notices first (its heartbeat timeout is shorter): its session ends and
-// cancels the stream in flight upstream (E6). The old generation is fenced
-// within the Edge's timeout — by the takeover when the node redials at once
-// (L4), or by the Edge's own heartbeat timeout when the node waits a 1 s
-// reconnect interval — and the stream ends for its client with exactly one
-// error (L8). Afterwards the node is back through a fresh path and nothing
-// is dispatched to the old generation.
+// forwarding in both directions with both sockets open (L7). Each side's
+// detection is shown on its own, so that no row depends on which of two
+// timers a loaded machine runs first (the exact times are the synctest
+// unit tests': internal/node/session TestHeartbeat for the node,
+// internal/edge/transport's for the Edge):
+//
+//   - the node notices (its 300 ms timeout; the Edge's is an hour): its
+//     session ends and cancels the stream in flight upstream (E6), it
+//     redials at once and the takeover fences the old generation (L4);
+//   - the Edge notices (its 800 ms timeout): the relay refuses the node's
+//     redials (every 1 s) until the old generation is fenced, so the Edge's
+//     own heartbeat timeout must be what fences it (L7, L8); the node also
+//     noticed and cancelled its upstream request (E6).
+//
+// Either way the stream ends for its client with exactly one error (L8),
+// the Edge closes the old connection, the node is back through a fresh path
+// and nothing is dispatched to the old generation.
 func TestHalfOpen(t *testing.T) {
 	leakcheck.Check(t)
 	for _, tc := range []struct {
 		name        string
-		intervalSec int
+		edgeTimeout int64 // ms
+		intervalSec int   // the node's reconnect interval
+		refuse      bool  // the relay refuses the node's redials until the fence
 		reason      error // of the fence
 	}{
-		{"L7 L4 node redials at once, takeover fences", 0, registry.ErrSuperseded},
-		{"L7 L8 node waits 1 s, the Edge's heartbeat timeout fences", 1, registry.ErrHeartbeatTimeout},
+		{"L7 L4 E6 the node notices, redials at once, the takeover fences", 3600_000, 0, false, registry.ErrSuperseded},
+		{"L7 L8 E6 the Edge notices: its heartbeat timeout fences", edgeTimeout, 1, true, registry.ErrHeartbeatTimeout},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newLiveStack(t, shortHeartbeats)
+			s := newLiveStack(t, func(c *config.Config) {
+				shortHeartbeats(c)
+				c.Heartbeat.TimeoutMs = tc.edgeTimeout
+			})
 			startNode(t, s.p, "gpu-1", s.rl.addr(), nodeOpts{intervalSec: &tc.intervalSec, maxAttempts: 1000, log: s.logs.logger("node")})
 			s.adm.waitConnected(t, 10*time.Second, "gpu-1")
 			s.waitEvents(t, 1)
@@ -158,7 +175,7 @@ func TestHalfOpen(t *testing.T) {
 
 			// A stream in flight on generation 1.
 			mark := s.bp.b.Stats().Started
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			resp, err := s.api.post(ctx, chatRequest{model: "loop", stream: true})
 			if err != nil {
@@ -169,53 +186,45 @@ func TestHalfOpen(t *testing.T) {
 				t.Fatal(err)
 			}
 
+			if tc.refuse {
+				s.rl.refuse(true)
+			}
 			old := s.rl.freeze()
 			t0 := time.Now()
 
 			// E6: the node's session ends and cancels the upstream request.
-			end := s.bp.waitEnd(t, 5*time.Second, "upstream of the stream on the old generation",
+			end := s.bp.waitEnd(t, 30*time.Second, "upstream of the stream on the old generation",
 				func(e backend.RequestEnd) bool { return e.Seq > mark && e.Model == "tiny-loop" })
 			if end.Outcome != backend.OutcomeClientGone {
 				t.Errorf("E6: upstream of the old generation's stream ended %s, want %s", end.Outcome, backend.OutcomeClientGone)
 			}
-			tNotice := end.End
-			// The node comes back through a fresh path; the old generation
-			// was fenced on the way.
-			acc, err := s.rl.accepted.waitFor(10*time.Second, func(ts []time.Time) bool { return len(ts) >= 2 })
-			if err != nil {
-				t.Fatalf("L7: the node did not reconnect: %v", err)
-			}
-			tRedial := acc[1]
-			evs := s.waitEvents(t, 3)
-			fence, ready := evs[1], evs[2]
-			if fence.Type != "node.disconnected" || ready.Type != "node.connected" {
-				t.Fatalf("N4: events %+v, want connected, disconnected, connected", evs)
-			}
-			tFence := eventTime(t, fence)
-			t.Logf("after the freeze: node noticed in %v, old generation fenced in %v (%s), node redialed in %v, new generation ready in %v",
-				tNotice.Sub(t0).Round(time.Millisecond), tFence.Sub(t0).Round(time.Millisecond), fence.Reason,
-				tRedial.Sub(t0).Round(time.Millisecond), eventTime(t, ready).Sub(t0).Round(time.Millisecond))
-
-			// L7: the node notices first; each side within its own timeout
-			// (plus one heartbeat interval of phase and a scheduling
-			// allowance).
-			const slack = 700 * time.Millisecond
-			if !tNotice.Before(tFence) {
-				t.Errorf("L7: the Edge fenced (%v) before the node noticed (%v); the node must notice first", tFence.Sub(t0), tNotice.Sub(t0))
-			}
-			if d := tNotice.Sub(t0); d > (nodeTimeout+hbInterval)*time.Millisecond+slack {
-				t.Errorf("L7: node noticed %v after the freeze, want within its %d ms timeout", d, nodeTimeout)
-			}
-			if d := tFence.Sub(t0); d > (edgeTimeout+hbInterval)*time.Millisecond+slack {
-				t.Errorf("L7: old generation fenced %v after the freeze, want within the Edge's %d ms timeout", d, edgeTimeout)
+			// The old generation is fenced; then the node's redial gets
+			// through and the new generation is ready.
+			evs := s.waitEvents(t, 2)
+			fence := evs[1]
+			if fence.Type != "node.disconnected" {
+				t.Fatalf("N4: events %+v, want connected, disconnected", evs)
 			}
 			if fence.Reason != tc.reason.Error() {
 				t.Errorf("L4, L7: fence reason %q, want %q", fence.Reason, tc.reason)
 			}
+			refused := s.rl.refuse(false)
+			acc, err := s.rl.accepted.waitFor(30*time.Second, func(ts []time.Time) bool { return len(ts) >= 2 })
+			if err != nil {
+				t.Fatalf("L7: the node did not reconnect: %v", err)
+			}
+			evs = s.waitEvents(t, 3)
+			if ready := evs[2]; ready.Type != "node.connected" {
+				t.Fatalf("N4: events %+v, want connected, disconnected, connected", evs)
+			}
+			t.Logf("after the freeze: node noticed in %v, old generation fenced in %v (%s), node's redials refused %d, fresh path in %v, new generation ready in %v",
+				end.End.Sub(t0).Round(time.Millisecond), eventTime(t, fence).Sub(t0).Round(time.Millisecond), fence.Reason, refused,
+				acc[1].Sub(t0).Round(time.Millisecond), eventTime(t, evs[2]).Sub(t0).Round(time.Millisecond))
+
 			// L4, L7: the Edge closed the old connection.
 			select {
 			case <-old[0].edgeGone:
-			case <-time.After(5 * time.Second):
+			case <-time.After(30 * time.Second):
 				t.Errorf("L7: the Edge kept the old generation's connection open")
 			}
 			// L8: the stream on the old generation ends with exactly one error.
@@ -225,14 +234,14 @@ func TestHalfOpen(t *testing.T) {
 			// Nothing goes to the old generation: every request now takes
 			// the new path and is answered (one sent into the frozen pipe
 			// would hang until a fence and fail).
-			s.adm.waitConnected(t, 5*time.Second, "gpu-1")
+			s.adm.waitConnected(t, 10*time.Second, "gpu-1")
 			for i := range 5 {
 				s.checkServes(t, fmt.Sprintf("after the fence, round %d", i))
 			}
 			if got, _ := s.rl.accepted.snapshot(); len(got) != 2 {
-				t.Errorf("node dialed %d times, want 2 (the first path and one fresh path)", len(got))
+				t.Errorf("node's paths to the Edge: %d, want 2 (the first path and one fresh path)", len(got))
 			}
-			s.adm.waitGauges(t, 5*time.Second, 0, 0)
+			s.adm.waitGauges(t, 10*time.Second, 0, 0)
 		})
 	}
 }

@@ -20,6 +20,8 @@ type relay struct {
 	mu       sync.Mutex
 	pipes    []*pipe
 	closed   bool
+	refusing bool // new connections are closed at once (refuse)
+	refused  int
 	wg       sync.WaitGroup
 }
 
@@ -55,6 +57,16 @@ func (r *relay) acceptLoop() {
 		a, err := r.ln.Accept()
 		if err != nil {
 			return
+		}
+		r.mu.Lock()
+		refuse := r.refusing
+		if refuse {
+			r.refused++
+		}
+		r.mu.Unlock()
+		if refuse {
+			a.Close()
+			continue
 		}
 		b, err := net.DialTimeout("tcp", r.target, 5*time.Second)
 		if err != nil {
@@ -120,6 +132,15 @@ func (r *relay) freeze() []*pipe {
 		p.frozen.Store(true)
 	}
 	return ps
+}
+
+// refuse closes every connection accepted from now on at once (the node's
+// redials find no path) until accept; it returns how many it refused so far.
+func (r *relay) refuse(on bool) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.refusing = on
+	return r.refused
 }
 
 // cutNodeSide freezes every pipe accepted so far and closes its node side:
