@@ -27,6 +27,7 @@ type proc struct {
 	cmd  *exec.Cmd
 	log  *logTail
 	done chan struct{} // closed when Wait has returned
+	out  chan struct{} // closed when every line of its output is in log
 	code int           // exit code (-1 when killed by a signal); valid after done
 }
 
@@ -49,10 +50,11 @@ func startProc(name, bin string, args ...string) (*proc, error) {
 		return nil, fmt.Errorf("start %s (%s): %w", name, bin, err)
 	}
 	pw.Close() // the child holds the only write end now: EOF when it is gone
-	p := &proc{name: name, cmd: cmd, log: newLogTail(), done: make(chan struct{})}
+	p := &proc{name: name, cmd: cmd, log: newLogTail(), done: make(chan struct{}), out: make(chan struct{})}
 	go func() {
 		p.log.pump(pr)
 		pr.Close()
+		close(p.out)
 	}()
 	go func() {
 		cmd.Wait()
@@ -80,13 +82,21 @@ func (p *proc) exited() bool {
 	}
 }
 
-// wait waits up to d for the process to exit and returns its exit code.
+// wait waits up to d for the process to exit and for its last output line
+// to reach log (the pump reads the pipe on its own goroutine, possibly after
+// the exit was reaped), and returns its exit code.
 func (p *proc) wait(d time.Duration) (int, error) {
+	timeout := time.After(d)
 	select {
 	case <-p.done:
-		return p.code, nil
-	case <-time.After(d):
+	case <-timeout:
 		return 0, fmt.Errorf("%s still running after %v", p.name, d)
+	}
+	select {
+	case <-p.out:
+		return p.code, nil
+	case <-timeout:
+		return 0, fmt.Errorf("%s exited, but its output did not end within %v", p.name, d)
 	}
 }
 
