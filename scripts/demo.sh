@@ -8,6 +8,11 @@
 #   IOP_OLLAMA_URL   a real Ollama (native /api/chat and its /v1 layer)
 #   IOP_OPENAI_URL   a real OpenAI-compatible server (llama-server, vLLM…);
 #                    IOP_OPENAI_PROFILE picks its profile (default llamacpp)
+#   IOP_OPENAI_TOOL_URL, IOP_OPENAI_LOOP_URL
+#                    the tool / loop model's own OpenAI-compatible server
+#                    (llama-server runs one model per port); default
+#                    IOP_OPENAI_URL. Each gets its own adapter (oa-tool,
+#                    oa-loop) for the groups of that model.
 #   otherwise, if an Ollama answers at 127.0.0.1:11434, that one;
 #   otherwise the project's demo backend, a deterministic stand-in.
 #   IOP_DEMO_TARGET (default tiny), IOP_DEMO_TOOL_TARGET (tiny-tool) and
@@ -43,24 +48,50 @@ demo_start_stack() {
   fi
 
   local ollama_url="" openai_url="" openai_profile=${IOP_OPENAI_PROFILE:-llamacpp}
+  local tool_url=${IOP_OPENAI_TOOL_URL:-} loop_url=${IOP_OPENAI_LOOP_URL:-}
+  if [ -z "${IOP_OPENAI_URL:-}" ] && { [ -n "$tool_url" ] || [ -n "$loop_url" ]; }; then
+    log "IOP_OPENAI_TOOL_URL and IOP_OPENAI_LOOP_URL need IOP_OPENAI_URL (the server of the plain model)"
+    return 1
+  fi
   if [ -n "${IOP_OLLAMA_URL:-}" ] || [ -n "${IOP_OPENAI_URL:-}" ]; then
     ollama_url=${IOP_OLLAMA_URL:-}
     openai_url=${IOP_OPENAI_URL:-}
     if [ -z "$openai_url" ]; then openai_url=$ollama_url; openai_profile=ollama; fi
+    tool_url=${tool_url:-$openai_url}; loop_url=${loop_url:-$openai_url}
     log "backend: real server(s): ollama=${ollama_url:-none} openai_compat=$openai_url ($openai_profile)"
+    if [ "$tool_url" != "$openai_url" ]; then log "backend: $t_tool on its own server: $tool_url"; fi
+    if [ "$loop_url" != "$openai_url" ]; then log "backend: $t_loop on its own server: $loop_url"; fi
   elif curl -fsS -m 2 http://127.0.0.1:11434/api/tags >/dev/null 2>&1; then
     ollama_url=http://127.0.0.1:11434; openai_url=$ollama_url; openai_profile=ollama
+    tool_url=$openai_url; loop_url=$openai_url
     log "backend: the Ollama answering at 127.0.0.1:11434"
   else
     log "backend: DEMO BACKEND (a deterministic stand-in for a real model server, not a model) on $backend_addr"
     ./bin/demo-backend -listen "$backend_addr" -token-delay "${IOP_DEMO_TOKEN_DELAY:-20ms}" >"$RUN_DIR/backend.log" 2>&1 &
     demo_pids+=($!)
     ollama_url="http://$backend_addr"; openai_url="http://$backend_addr"; openai_profile=llamacpp
+    tool_url=$openai_url; loop_url=$openai_url
     wait_http "http://$backend_addr/api/tags" 50 || { log "demo backend did not start; see .run/backend.log"; return 1; }
   fi
 
-  local native=ollama
-  [ -z "$ollama_url" ] && native=oa   # no native Ollama: every group uses the OpenAI-compatible provider
+  # The OpenAI-compatible adapters: oa, plus oa-tool / oa-loop when the tool
+  # / loop model has a server of its own.
+  local compat_adapters oa_tool=oa oa_loop=oa
+  compat_adapters="{\"name\": \"oa\", \"type\": \"openai_compat\", \"profile\": \"$openai_profile\", \"capacity\": 8, \"long_capacity\": 2, \"base_url\": \"$openai_url\"}"
+  if [ "$tool_url" != "$openai_url" ]; then
+    oa_tool=oa-tool
+    compat_adapters+=",
+    {\"name\": \"oa-tool\", \"type\": \"openai_compat\", \"profile\": \"$openai_profile\", \"capacity\": 8, \"long_capacity\": 2, \"base_url\": \"$tool_url\"}"
+  fi
+  if [ "$loop_url" != "$openai_url" ]; then
+    oa_loop=oa-loop
+    compat_adapters+=",
+    {\"name\": \"oa-loop\", \"type\": \"openai_compat\", \"profile\": \"$openai_profile\", \"capacity\": 8, \"long_capacity\": 2, \"base_url\": \"$loop_url\"}"
+  fi
+  local native=ollama native_tool=ollama native_loop=ollama
+  if [ -z "$ollama_url" ]; then # no native Ollama: every group uses the OpenAI-compatible providers
+    native=oa; native_tool=$oa_tool; native_loop=$oa_loop
+  fi
   local ollama_adapter=""
   [ -n "$ollama_url" ] && ollama_adapter="{\"name\": \"ollama\", \"type\": \"ollama\", \"capacity\": 8, \"long_capacity\": 2, \"base_url\": \"$ollama_url\"},"
   cat >"$RUN_DIR/edge.json" <<JSON
@@ -72,15 +103,15 @@ demo_start_stack() {
   "api_keys": [{"principal": "demo", "key_sha256": "$DEMO_KEY_SHA256"}],
   "nodes": [{"id": "gpu-1", "adapters": [
     $ollama_adapter
-    {"name": "oa", "type": "openai_compat", "profile": "$openai_profile", "capacity": 8, "long_capacity": 2, "base_url": "$openai_url"}
+    $compat_adapters
   ]}],
   "models": [
     {"name": "tiny",         "providers": [{"node": "gpu-1", "provider": "$native", "target": "$t_tiny"}]},
-    {"name": "tiny-tool",    "providers": [{"node": "gpu-1", "provider": "$native", "target": "$t_tool"}]},
-    {"name": "tiny-loop",    "providers": [{"node": "gpu-1", "provider": "$native", "target": "$t_loop"}]},
+    {"name": "tiny-tool",    "providers": [{"node": "gpu-1", "provider": "$native_tool", "target": "$t_tool"}]},
+    {"name": "tiny-loop",    "providers": [{"node": "gpu-1", "provider": "$native_loop", "target": "$t_loop"}]},
     {"name": "tiny-oa",      "providers": [{"node": "gpu-1", "provider": "oa", "target": "$t_tiny"}]},
-    {"name": "tiny-tool-oa", "providers": [{"node": "gpu-1", "provider": "oa", "target": "$t_tool"}]},
-    {"name": "tiny-loop-oa", "providers": [{"node": "gpu-1", "provider": "oa", "target": "$t_loop"}]}
+    {"name": "tiny-tool-oa", "providers": [{"node": "gpu-1", "provider": "$oa_tool", "target": "$t_tool"}]},
+    {"name": "tiny-loop-oa", "providers": [{"node": "gpu-1", "provider": "$oa_loop", "target": "$t_loop"}]}
   ]
 }
 JSON

@@ -10,7 +10,9 @@
 // settings: IOP_BIN (directory of the binaries, default ../../../bin),
 // IOP_OLLAMA_URL / IOP_OPENAI_URL / IOP_OPENAI_PROFILE (a real server instead
 // of the demo backend; then answers are checked for shape, not text),
-// IOP_DEMO_TARGET, IOP_DEMO_TOOL_TARGET, IOP_DEMO_LOOP_TARGET (backend model
+// IOP_OPENAI_TOOL_URL / IOP_OPENAI_LOOP_URL (the tool / loop model's own
+// OpenAI-compatible server, as llama-server runs one model per port;
+// default IOP_OPENAI_URL), IOP_DEMO_TARGET, IOP_DEMO_TOOL_TARGET, IOP_DEMO_LOOP_TARGET (backend model
 // names) and IOP_DEMO_TOKEN_DELAY (demo backend, default 20ms).
 //
 // The suite must never leave a process behind (every child runs in its own

@@ -43,6 +43,11 @@ type suiteEnv struct {
 	bin           string // IOP_BIN: directory holding edge, node, demo-backend
 	ollamaURL     string // IOP_OLLAMA_URL: a real Ollama
 	openaiURL     string // IOP_OPENAI_URL: a real OpenAI-compatible server
+	// IOP_OPENAI_TOOL_URL / IOP_OPENAI_LOOP_URL: the server of the tool and
+	// the loop model when it is another one (llama-server serves one model
+	// per port); default openaiURL.
+	openaiToolURL string
+	openaiLoopURL string
 	openaiProfile string // IOP_OPENAI_PROFILE (default llamacpp; ollama when only IOP_OLLAMA_URL)
 	target        string // IOP_DEMO_TARGET (default tiny)
 	toolTarget    string // IOP_DEMO_TOOL_TARGET (default tiny-tool)
@@ -76,8 +81,18 @@ func loadEnv(t *testing.T) suiteEnv {
 		tokenDelay: get("IOP_DEMO_TOKEN_DELAY", "20ms"),
 	}
 	e.openaiProfile = get("IOP_OPENAI_PROFILE", "llamacpp")
+	e.openaiToolURL, e.openaiLoopURL = os.Getenv("IOP_OPENAI_TOOL_URL"), os.Getenv("IOP_OPENAI_LOOP_URL")
+	if e.openaiURL == "" && (e.openaiToolURL != "" || e.openaiLoopURL != "") {
+		t.Fatal("IOP_OPENAI_TOOL_URL and IOP_OPENAI_LOOP_URL need IOP_OPENAI_URL (the server of the plain model)")
+	}
 	if e.openaiURL == "" && e.ollamaURL != "" {
 		e.openaiURL, e.openaiProfile = e.ollamaURL, "ollama"
+	}
+	if e.openaiToolURL == "" {
+		e.openaiToolURL = e.openaiURL
+	}
+	if e.openaiLoopURL == "" {
+		e.openaiLoopURL = e.openaiURL
 	}
 	abs, err := filepath.Abs(e.bin)
 	if err != nil {
@@ -153,7 +168,8 @@ func newStack(t *testing.T, opts ...func(*stackOptions)) *stack {
 		"-edge", edgeName, "-node", nodeID); err != nil {
 		t.Fatalf("edge pki init: %v\n%s", err, out)
 	}
-	ollamaURL, openaiURL, profile := env.ollamaURL, env.openaiURL, env.openaiProfile
+	ollamaURL, profile := env.ollamaURL, env.openaiProfile
+	openaiURLs := compatURLs{plain: env.openaiURL, tool: env.openaiToolURL, loop: env.openaiLoopURL}
 	var backendArgs []string
 	if o.credentials {
 		s.secret = s.storeSecret()
@@ -171,12 +187,13 @@ func newStack(t *testing.T, opts ...func(*stackOptions)) *stack {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ollamaURL, openaiURL, profile = "http://"+s.backendAddr, "http://"+s.backendAddr, "llamacpp"
+		ollamaURL, profile = "http://"+s.backendAddr, "llamacpp"
+		openaiURLs = compatURLs{plain: ollamaURL, tool: ollamaURL, loop: ollamaURL}
 		s.waitHTTP("http://"+s.backendAddr+"/api/tags", 10*time.Second)
 	}
 	s.edgeConfig = filepath.Join(s.dir, "edge.json")
 	s.nodeConf = filepath.Join(s.dir, "node.json")
-	ec, nc := edgeConfig(s.httpAddr, s.adminAddr, s.nodeAddr, ollamaURL, openaiURL, profile, env), nodeConfig(s.nodeAddr)
+	ec, nc := edgeConfig(s.httpAddr, s.adminAddr, s.nodeAddr, ollamaURL, openaiURLs, profile, env), nodeConfig(s.nodeAddr)
 	if o.credentials {
 		s.planeOn(ec, nc)
 	}
@@ -384,19 +401,36 @@ func (s *stack) waitHTTP(url string, d time.Duration) {
 	}
 }
 
+// compatURLs are the OpenAI-compatible servers of the plain, the tool and
+// the loop model (one server for all, or one per model as llama-server runs
+// them).
+type compatURLs struct{ plain, tool, loop string }
+
 // edgeConfig builds the edge config the way scripts/demo.sh writes it: the
-// adapters ollama (native) and oa (openai_compat), and the six groups.
-func edgeConfig(httpAddr, adminAddr, nodeAddr, ollamaURL, openaiURL, profile string, env suiteEnv) map[string]any {
+// adapters ollama (native) and oa (openai_compat), plus oa-tool / oa-loop
+// when the tool / loop model has a server of its own, and the six groups.
+func edgeConfig(httpAddr, adminAddr, nodeAddr, ollamaURL string, oaURLs compatURLs, profile string, env suiteEnv) map[string]any {
 	sum := sha256.Sum256([]byte(demoKey))
-	native := "ollama"
 	var adapters []any
 	if ollamaURL != "" {
 		adapters = append(adapters, map[string]any{"name": "ollama", "type": "ollama", "capacity": 8, "long_capacity": 2, "base_url": ollamaURL})
-	} else {
-		native = "oa" // no native Ollama: every group uses the OpenAI-compatible provider
 	}
-	adapters = append(adapters, map[string]any{"name": "oa", "type": "openai_compat", "profile": profile,
-		"capacity": 8, "long_capacity": 2, "base_url": openaiURL})
+	compat := func(name, url string) string {
+		adapters = append(adapters, map[string]any{"name": name, "type": "openai_compat", "profile": profile,
+			"capacity": 8, "long_capacity": 2, "base_url": url})
+		return name
+	}
+	oa, oaTool, oaLoop := compat("oa", oaURLs.plain), "oa", "oa"
+	if oaURLs.tool != oaURLs.plain {
+		oaTool = compat("oa-tool", oaURLs.tool)
+	}
+	if oaURLs.loop != oaURLs.plain {
+		oaLoop = compat("oa-loop", oaURLs.loop)
+	}
+	native, nativeTool, nativeLoop := "ollama", "ollama", "ollama"
+	if ollamaURL == "" { // no native Ollama: every group uses the OpenAI-compatible providers
+		native, nativeTool, nativeLoop = oa, oaTool, oaLoop
+	}
 	group := func(name, provider, target string) any {
 		return map[string]any{"name": name, "providers": []any{map[string]any{"node": nodeID, "provider": provider, "target": target}}}
 	}
@@ -411,11 +445,11 @@ func edgeConfig(httpAddr, adminAddr, nodeAddr, ollamaURL, openaiURL, profile str
 		"nodes":     []any{map[string]any{"id": nodeID, "adapters": adapters}},
 		"models": []any{
 			group("tiny", native, env.target),
-			group("tiny-tool", native, env.toolTarget),
-			group("tiny-loop", native, env.loopTarget),
-			group("tiny-oa", "oa", env.target),
-			group("tiny-tool-oa", "oa", env.toolTarget),
-			group("tiny-loop-oa", "oa", env.loopTarget),
+			group("tiny-tool", nativeTool, env.toolTarget),
+			group("tiny-loop", nativeLoop, env.loopTarget),
+			group("tiny-oa", oa, env.target),
+			group("tiny-tool-oa", oaTool, env.toolTarget),
+			group("tiny-loop-oa", oaLoop, env.loopTarget),
 		},
 	}
 }
