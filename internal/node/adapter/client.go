@@ -1,9 +1,15 @@
 package adapter
 
 import (
+	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptrace"
+	"slices"
+	"sync/atomic"
 	"time"
 )
 
@@ -19,6 +25,39 @@ import (
 // backend does removes the race instead of repairing it afterwards. Each
 // adapter instance therefore has its own client and pool.
 //
+// Connections a backend closes without saying so. llama.cpp's llama-server
+// (e95dae18, cpp-httplib 0.46.1; read in tools/server/server-http.cpp and
+// vendor/cpp-httplib) answers a streamed request ("stream": true, a chunked
+// text/event-stream answer) and then closes the connection at once, although
+// the answer's head says "Keep-Alive: timeout=5, max=100" and not
+// "Connection: close": its chunked content provider returns false after
+// sink.done(), cpp-httplib's write_content_chunked reports that as a failed
+// write, and process_server_socket_core leaves the connection's keep-alive
+// loop and calls shutdown(SHUT_RDWR) and close — without reading, let alone
+// parsing, anything the client sends after the answer. A client that reuses
+// the connection in the instant before the server's FIN arrives (a request
+// waiting for a connection is handed it the moment the answer's last chunk
+// is read) writes its request into a closed socket and gets EOF or a reset
+// and no answer: 100 % of the requests sent on such a connection fail, and
+// under bursts a few in a hundred are. The node therefore never writes a
+// request on a connection whose last answer came chunked from a server that
+// says "Server: llama.cpp": such a connection's Write fails before it writes
+// a byte (errClosesAfterAnswer), which net/http's Transport treats as
+// "nothing written" on a reused connection and answers by taking another
+// connection or dialing a new one, with the request body rewound — the
+// resend of the first rule below, provably safe because the backend got
+// nothing. The rest of llama-server's HTTP layer closes nothing unannounced:
+// idle keep-alive connections close after 5 s (CPPHTTPLIB_KEEPALIVE_TIMEOUT_
+// SECOND, counted from the end of the last answer; the idle lifetime above
+// stays below it), the 100th answer on a connection and every answer with a
+// status of 400 or more carry "Connection: close" (net/http honours it),
+// and the HTTP thread pool (--threads-http fixed threads, by default
+// max(-np + 4, cores - 1), plus up to 1024 more on demand, and an unbounded
+// task queue) never closes an accepted connection for want of a thread; a
+// request that finds every -np slot busy waits in the server's task queue on
+// its HTTP thread and is answered, not closed. (The listen backlog is 5: a
+// burst of new connections may wait a SYN retransmission, never fail.)
+//
 // Resending. A request that fails on a reused connection before any byte
 // of an answer is sent again, on another connection, only when the backend
 // cannot have started it. For an inference POST (one generation per
@@ -29,11 +68,13 @@ import (
 //     every idle connection and drops it): nothing was sent, so another
 //     connection is taken — not even a resend;
 //   - not one byte of the request was written (net/http's
-//     nothingWrittenError): the backend has nothing, so it cannot have
-//     started a generation. (A request whose write failed part-way could
-//     not have started one either — the node sends a Content-Length body
-//     and a server acts on a request only once its body is complete — but
-//     net/http does not resend it, and the Edge's re-dispatch covers it.)
+//     nothingWrittenError, which includes a connection the node knows the
+//     backend closes after its last answer, above): the backend has
+//     nothing, so it cannot have started a generation. (A request whose
+//     write failed part-way could not have started one either — the node
+//     sends a Content-Length body and a server acts on a request only once
+//     its body is complete — but net/http does not resend it, and the
+//     Edge's re-dispatch covers it.)
 //
 // A request that was written completely and then saw EOF or a reset with
 // no answer is NOT sent again on the node: a backend that read it and then
@@ -89,8 +130,15 @@ func newClient(idle time.Duration) *http.Client {
 	if idle <= 0 {
 		idle = DefaultUpstreamIdleTimeout
 	}
+	d := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
 	std := &http.Transport{
-		DialContext:            (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return &trackedConn{Conn: c}, nil
+		},
 		ForceAttemptHTTP2:      true,
 		MaxIdleConns:           4 * maxIdlePerHost,
 		MaxIdleConnsPerHost:    maxIdlePerHost,
@@ -100,7 +148,72 @@ func newClient(idle time.Duration) *http.Client {
 		DisableCompression:     true,
 		MaxResponseHeaderBytes: maxResponseHeaderBytes,
 	}
-	return &http.Client{Transport: std}
+	return &http.Client{Transport: &closeAwareTransport{base: std}}
+}
+
+// errClosesAfterAnswer is the Write error of a connection whose backend
+// closes it after its last answer without saying so (see the package's
+// "Connections a backend closes without saying so"); nothing was written,
+// so net/http's Transport takes another connection for the request.
+var errClosesAfterAnswer = errors.New("the backend closes this connection after its last answer; not reused")
+
+// trackedConn is a dialed upstream connection that can be marked as closed
+// by the backend after the answer it is carrying; from then on Write
+// returns errClosesAfterAnswer without writing. closing is set by the
+// request's goroutine (closeAwareTransport.RoundTrip) while the answer's
+// body is still unread, so before the Transport can hand the connection to
+// another request; Write runs on the Transport's write goroutine.
+type trackedConn struct {
+	net.Conn
+	closing atomic.Bool
+}
+
+func (c *trackedConn) Write(p []byte) (int, error) {
+	if c.closing.Load() {
+		return 0, errClosesAfterAnswer
+	}
+	return c.Conn.Write(p)
+}
+
+// closeAwareTransport is net/http's Transport plus one rule: a connection
+// whose answer closesAfter reports is never written again.
+type closeAwareTransport struct{ base *http.Transport }
+
+// RoundTrip sends req on base, noting which connection carried it
+// (httptrace's GotConn, called on this goroutine; the last call wins when
+// the Transport took another connection), and marks that connection when
+// the backend closes it after this answer.
+func (t *closeAwareTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	var conn net.Conn
+	trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { conn = i.Conn }}
+	resp, err := t.base.RoundTrip(req.WithContext(httptrace.WithClientTrace(req.Context(), trace)))
+	if err == nil && closesAfter(resp) {
+		if tc, ok := unwrapConn(conn).(*trackedConn); ok {
+			tc.closing.Store(true)
+		}
+	}
+	return resp, err
+}
+
+// CloseIdleConnections closes base's idle connections (http.Client.
+// CloseIdleConnections calls it).
+func (t *closeAwareTransport) CloseIdleConnections() { t.base.CloseIdleConnections() }
+
+// closesAfter reports whether the backend closes the connection right after
+// resp although resp does not say "Connection: close": an HTTP/1.1 chunked
+// answer from llama.cpp's llama-server ("Server: llama.cpp"), which ends its
+// keep-alive loop after every streamed answer.
+func closesAfter(resp *http.Response) bool {
+	return !resp.Close && resp.ProtoMajor == 1 && slices.Contains(resp.TransferEncoding, "chunked") &&
+		resp.Header.Get("Server") == "llama.cpp"
+}
+
+// unwrapConn returns the connection under a TLS one (an https backend), or c.
+func unwrapConn(c net.Conn) net.Conn {
+	if tc, ok := c.(*tls.Conn); ok {
+		return tc.NetConn()
+	}
+	return c
 }
 
 // idleTimeout is the idle lifetime in AdapterConfig.upstream_idle_timeout_ms

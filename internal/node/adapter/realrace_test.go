@@ -1,9 +1,15 @@
 package adapter_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
 	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -84,4 +90,83 @@ func realOne(ctx context.Context, s *adapter.Set, target string, stream bool) (b
 	s.Run(ctx, "r", &iop.RunRequest{Adapter: "llama", Target: target, Input: userInput("hi")},
 		func(ev *iop.RunEvent) { last = ev })
 	return last.GetType() == iop.RunEventType_RUN_EVENT_COMPLETE, last.GetFailureCode()
+}
+
+// Issue 11, against a real llama-server (IOP_TEST_OPENAI_URL): llama-server
+// closes the connection right after every streamed (chunked) answer, though
+// the answer's head says "Keep-Alive: timeout=5, max=100" (cpp-httplib
+// leaves its keep-alive loop when llama-server's chunked content provider
+// returns false after the last chunk; client.go). First the fact, on a raw
+// connection: a second request written after a streamed answer gets no
+// answer. Then the node: requests sent one after the other, each right
+// after a streamed answer ended — the instant the answer's connection is
+// back in the pool and the server is closing it — all end well (the node
+// never writes on such a connection).
+func TestRealStreamedAnswerCloses(t *testing.T) {
+	base := realURL(t, "IOP_TEST_OPENAI_URL")
+	leakcheck.Check(t)
+	target := envOr("IOP_TEST_OPENAI_TARGET", "tiny")
+	t.Run("raw connection", func(t *testing.T) {
+		u, err := url.Parse(base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := net.DialTimeout("tcp", u.Host, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(time.Minute))
+		br := bufio.NewReader(c)
+		chat := func(stream bool) string {
+			b := `{"model":"` + target + `","max_tokens":4,"stream":` + strconv.FormatBool(stream) + `,"messages":[{"role":"user","content":"hi"}]}`
+			return "POST /v1/chat/completions HTTP/1.1\r\nHost: " + u.Host + "\r\nContent-Type: application/json\r\nContent-Length: " +
+				strconv.Itoa(len(b)) + "\r\n\r\n" + b
+		}
+		io.WriteString(c, chat(true))
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.Close || resp.Header.Get("Server") != "llama.cpp" || len(resp.TransferEncoding) == 0 {
+			t.Fatalf("streamed answer: Close %v Server %q Transfer-Encoding %v, want a chunked keep-alive answer from llama.cpp",
+				resp.Close, resp.Header.Get("Server"), resp.TransferEncoding)
+		}
+		io.WriteString(c, chat(false))
+		if resp, err := http.ReadResponse(br, nil); err == nil {
+			resp.Body.Close()
+			t.Fatalf("a request after a streamed answer got %s; llama-server no longer closes there (update client.go's rule)", resp.Status)
+		}
+	})
+	t.Run("node", func(t *testing.T) {
+		ac := compatAdapter("llama", llamaProfile(base), 4)
+		ac.UpstreamIdleTimeoutMs = 3000
+		s := newSet(t, adapter.Options{}, ac)
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		failed := map[string]int{}
+		const n = 60
+		for i := range n {
+			ok, code := false, ""
+			switch i % 3 {
+			case 0, 1: // a streamed tunnel; a run (streamed upstream)
+				ok, code = realOne(ctx, s, target, i%3 == 0)
+			case 2: // a tunnel answered with Content-Length (a connection the server keeps)
+				var last *iop.ProviderTunnelFrame
+				s.Tunnel(ctx, "t", &iop.ProviderTunnelRequest{Adapter: "llama", Target: target, Operation: adapter.OpChatCompletions,
+					Body: []byte(`{"model":"` + target + `","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`)},
+					func(f *iop.ProviderTunnelFrame) { last = f })
+				ok, code = last.GetKind() == iop.TunnelFrameKind_TUNNEL_FRAME_END, last.GetFailureCode()
+			}
+			if !ok {
+				failed[code]++
+			}
+		}
+		t.Logf("%d requests one after the other, two in three streamed: failures %v", n, failed)
+		if len(failed) > 0 {
+			t.Errorf("issue 11: requests after a streamed answer failed: %v", failed)
+		}
+	})
 }
