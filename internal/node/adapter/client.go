@@ -67,10 +67,17 @@ import (
 //     backend's FIN or RST was already there; net/http's Transport watches
 //     every idle connection and drops it): nothing was sent, so another
 //     connection is taken — not even a resend;
-//   - not one byte of the request was written (net/http's
-//     nothingWrittenError, which includes a connection the node knows the
-//     backend closes after its last answer, above): the backend has
-//     nothing, so it cannot have started a generation. (A request whose
+//   - not one byte of the request was written on the connection it failed
+//     on, whatever net/http calls the failure: its nothingWrittenError
+//     (which includes a connection the node knows the backend closes after
+//     its last answer, above), and its "server closed idle connection",
+//     which it resends only for idempotent requests — the backend's FIN
+//     arrived while the request was taking the idle connection, before the
+//     request was registered on it (net/http then closes the connection
+//     and writes nothing). The node counts the bytes written on each
+//     connection, so this does not depend on how net/http names it. The
+//     backend has nothing, so it cannot have started a generation; the
+//     request is sent again at most 3 times. (A request whose
 //     write failed part-way could not have started one either — the node
 //     sends a Content-Length body and a server acts on a request only once
 //     its body is complete — but net/http does not resend it, and the
@@ -157,42 +164,101 @@ func newClient(idle time.Duration) *http.Client {
 // so net/http's Transport takes another connection for the request.
 var errClosesAfterAnswer = errors.New("the backend closes this connection after its last answer; not reused")
 
-// trackedConn is a dialed upstream connection that can be marked as closed
-// by the backend after the answer it is carrying; from then on Write
-// returns errClosesAfterAnswer without writing. closing is set by the
-// request's goroutine (closeAwareTransport.RoundTrip) while the answer's
-// body is still unread, so before the Transport can hand the connection to
-// another request; Write runs on the Transport's write goroutine.
+// trackedConn is a dialed upstream connection that counts the bytes written
+// on it and can be marked as closed by the backend after the answer it is
+// carrying; from then on Write returns errClosesAfterAnswer without
+// writing. closing is set by the request's goroutine
+// (closeAwareTransport.RoundTrip) while the answer's body is still unread,
+// so before the Transport can hand the connection to another request;
+// Write runs on the Transport's write goroutine.
 type trackedConn struct {
 	net.Conn
 	closing atomic.Bool
+	written atomic.Int64 // bytes written
 }
 
 func (c *trackedConn) Write(p []byte) (int, error) {
 	if c.closing.Load() {
 		return 0, errClosesAfterAnswer
 	}
-	return c.Conn.Write(p)
+	n, err := c.Conn.Write(p)
+	c.written.Add(int64(n))
+	return n, err
 }
 
-// closeAwareTransport is net/http's Transport plus one rule: a connection
-// whose answer closesAfter reports is never written again.
-type closeAwareTransport struct{ base *http.Transport }
+// maxUnwrittenResends bounds how often one request is sent again after
+// failing with none of its bytes written (each time on the connection the
+// Transport gives it next, a new one once the idle ones are gone).
+const maxUnwrittenResends = 3
+
+// closeAwareTransport is net/http's Transport plus two rules (see
+// "Connections a backend closes without saying so" and "Resending"): a
+// connection whose answer closesAfter reports is never written again, and a
+// request that failed with not one of its bytes written on its connection
+// is sent again.
+type closeAwareTransport struct {
+	base interface {
+		http.RoundTripper
+		CloseIdleConnections()
+	} // *http.Transport; a fake in tests
+}
 
 // RoundTrip sends req on base, noting which connection carried it
 // (httptrace's GotConn, called on this goroutine; the last call wins when
-// the Transport took another connection), and marks that connection when
-// the backend closes it after this answer.
+// the Transport took another connection) and how many bytes had been
+// written on it before. It marks that connection when the backend closes it
+// after this answer. A request that failed on a connection without one of
+// its bytes written on it — the backend's close of an idle connection met
+// the request as it took the connection (net/http's "server closed idle
+// connection", which it resends only for idempotent requests), or the
+// connection was marked — is sent again with its body rewound, at most
+// maxUnwrittenResends times, while req's context lives. (After an error
+// the Transport's write goroutine for that connection has ended, so the
+// count is final.)
 func (t *closeAwareTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	var conn net.Conn
-	trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { conn = i.Conn }}
-	resp, err := t.base.RoundTrip(req.WithContext(httptrace.WithClientTrace(req.Context(), trace)))
-	if err == nil && closesAfter(resp) {
-		if tc, ok := unwrapConn(conn).(*trackedConn); ok {
-			tc.closing.Store(true)
+	for resends := 0; ; resends++ {
+		var conn *trackedConn
+		var before int64
+		trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) {
+			conn, _ = unwrapConn(i.Conn).(*trackedConn)
+			if conn != nil {
+				before = conn.written.Load()
+			}
+		}}
+		resp, err := t.base.RoundTrip(req.WithContext(httptrace.WithClientTrace(req.Context(), trace)))
+		if err == nil {
+			if conn != nil && closesAfter(resp) {
+				conn.closing.Store(true)
+			}
+			return resp, nil
 		}
+		if conn == nil || conn.written.Load() != before || resends == maxUnwrittenResends || req.Context().Err() != nil {
+			return nil, err
+		}
+		next, ok := rewind(req)
+		if !ok {
+			return nil, err
+		}
+		req = next
 	}
-	return resp, err
+}
+
+// rewind returns req with a fresh body for a resend, or false when its body
+// cannot be read again.
+func rewind(req *http.Request) (*http.Request, bool) {
+	if req.Body == nil || req.Body == http.NoBody {
+		return req, true
+	}
+	if req.GetBody == nil {
+		return nil, false
+	}
+	body, err := req.GetBody()
+	if err != nil {
+		return nil, false
+	}
+	next := req.WithContext(req.Context())
+	next.Body = body
+	return next, true
 }
 
 // CloseIdleConnections closes base's idle connections (http.Client.
