@@ -1,6 +1,9 @@
 package api
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -430,5 +433,61 @@ func TestParseRetryAfter(t *testing.T) {
 		if got := parseRetryAfter(r.v, now); got != r.want {
 			t.Errorf("parseRetryAfter(%q) = %v, want %v", r.v, got, r.want)
 		}
+	}
+}
+
+// Issue 11, SPEC Q2, Q4: a client that leaves while its request waits for
+// a re-dispatch lease (the first provider failed before the first byte,
+// every other one is busy) ends the request quietly: the failed lease went
+// back once, before the wait, and nothing else was granted or sent.
+func TestClientLeavesDuringRedispatch(t *testing.T) {
+	for _, typ := range []string{config.TypeOllama, config.TypeOpenAICompat} {
+		t.Run(typ, func(t *testing.T) {
+			leakcheck.Check(t)
+			r := newRetryRig(t, retryConfig(2), Options{}, withType(leaseA, typ))
+			r.p.block = true
+			waiting := make(chan struct{})
+			r.p.waiting = waiting
+			if typ == config.TypeOllama {
+				r.stream(t, "s", []*iop.RunEvent{evStart(), runStatus(503, 0, "503: busy")}, nil)
+			} else {
+				r.stream(t, "s", nil, tunnelStatus(503, `{"error":{"message":"busy"}}`))
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.srv.URL+"/v1/chat/completions", strings.NewReader(chatBody))
+			done := make(chan error, 1)
+			go func() {
+				resp, err := r.srv.Client().Do(req)
+				if err == nil {
+					resp.Body.Close()
+					err = fmt.Errorf("got %s, want the request cancelled", resp.Status)
+				}
+				done <- err
+			}()
+			select {
+			case <-waiting:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the re-dispatch never asked the pool for a second lease")
+			}
+			r.p.mu.Lock()
+			early := r.p.releases[r.p.leases[0]]
+			r.p.mu.Unlock()
+			if early != 1 {
+				t.Errorf("the failed lease was released %d times before the re-dispatch wait, want 1 (its slot is free for others)", early)
+			}
+			cancel()
+			if err := <-done; !errors.Is(err, context.Canceled) {
+				t.Fatalf("client: %v, want context.Canceled", err)
+			}
+			r.srv.Close() // waits for the handler to return
+			r.p.checkReleased(t)
+			if n := len(r.d.dispatched()); n != 1 {
+				t.Errorf("%d dispatches, want 1", n)
+			}
+			if got := r.retries("status"); got != 0 {
+				t.Errorf("retries{status} = %v, want 0 (no second provider was reached)", got)
+			}
+		})
 	}
 }

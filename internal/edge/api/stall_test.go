@@ -27,6 +27,7 @@ type leasePool struct {
 	leases   []*pool.Lease
 	next     int
 	block    bool
+	waiting  chan struct{} // when set, closed as the first blocking Acquire starts to wait
 	err      error
 	reqs     []pool.Request
 	releases map[*pool.Lease]int
@@ -42,6 +43,10 @@ func (p *leasePool) Acquire(ctx context.Context, r pool.Request) (*pool.Lease, e
 		return l, nil
 	}
 	block, err := p.block, p.err
+	if block && p.waiting != nil {
+		close(p.waiting)
+		p.waiting = nil
+	}
 	p.mu.Unlock()
 	if block {
 		<-ctx.Done()
