@@ -106,9 +106,7 @@ func routingWorkload(t *testing.T, mode string) routingRun {
 		providers = append(providers, provider("gpu-1", name, "tiny"))
 	}
 	m := modelGroup("conv", providers...)
-	m.Routing = mode
-	eps := 10.0 // the load bound never binds here: the pure tests cover it
-	m.AffinityEpsilon = &eps
+	m.Routing = mode // the default affinity_epsilon
 	cfg := edgeConfig(t, p, []config.Node{{ID: "gpu-1", Adapters: adapters}}, []config.Model{m}, nil)
 	_, adm, api := startReady(t, p, cfg, logs)
 

@@ -236,8 +236,10 @@ type Model struct {
 	// (the default), "ordered" or "prefix_affinity".
 	Routing string `json:"routing"`
 	// AffinityEpsilon is prefix_affinity's load-bound slack ε: a provider
-	// takes a request only while its in-flight count stays within (1+ε) ×
-	// its capacity share of the group's load. Omitted = 0.5.
+	// is handed a new conversation (or one tied between holders) only
+	// while its in-flight count stays within (1+ε) × its capacity share of
+	// the group's load; the holder of a conversation takes its later turns
+	// up to its capacity. Omitted = 0.5.
 	AffinityEpsilon *float64 `json:"affinity_epsilon"`
 	// AffinityWaitMs: under prefix_affinity, how long (ms) a request waits
 	// for the busy provider holding its conversation while another

@@ -3,13 +3,10 @@ package routing
 import "math"
 
 // DefaultEpsilon is the load bound's slack when the config says nothing:
-// a candidate takes a request only while its in-flight count stays within
-// 1.5 × its capacity share of the group's load. Measured (BENCHMARKS.md,
-// issue 16: 50 conversations × 5 turns, concurrency 8, two replicas): at
-// 0.25 the bound turned 16 % of later turns away from the replica holding
-// their history (each a full prefill elsewhere, and the conversation
-// moves), at 0.5 4 %, at 1 none; requests per replica stayed within 1.07,
-// 1.04 and 1.12 of the mean.
+// a new conversation (or a tie between holders of its prefix) goes to a
+// candidate only while that candidate's in-flight count stays within 1.5 ×
+// its capacity share of the group's load. The holder of a conversation's
+// longest prefix is bounded by its capacity alone (see Choose).
 const DefaultEpsilon = 0.5
 
 // Candidate is one of a group's candidates as the pool sees it at the
@@ -36,16 +33,22 @@ type Candidate struct {
 // conversation; key is its conversation key (Prefix[0]). epsilon is the
 // load bound's slack (≥ 0).
 //
-// A free candidate is within bound while Load+1 ≤ ⌈(1+ε)·m·Weight/W⌉, with
-// m the live candidates' load plus this request and W their capacity. Among
-// free candidates within bound the one with the longest Match wins, ties
-// broken by the highest weighted rendezvous score for key (−Weight/ln u,
-// u uniform from key and ID). When no free candidate is within bound (it
-// can happen only when capacities are uneven), or the request has no key,
-// the least loaded free candidate (Load/Weight, then slice order) takes it:
-// affinity never makes a request wait while a candidate is free.
+// The free candidate holding the longest prefix of the request takes it:
+// a holder's bound is its capacity (Free), not the load bound, because
+// turning a conversation away from the replica that holds it costs a full
+// prefill of its history elsewhere and moves the conversation for good.
+// Among free candidates that hold the same longest prefix, and for a
+// request no free candidate holds any prefix of, the bounded-load
+// rendezvous hash decides: a candidate is within bound while
+// Load+1 ≤ ⌈(1+ε)·m·Weight/W⌉, with m the live candidates' load plus this
+// request and W their capacity, and the one within bound with the highest
+// weighted rendezvous score for key (−Weight/ln u, u uniform from key and
+// ID) wins. When none of them is within bound (it can happen only when
+// capacities are uneven, or among holders), or the request has no key, the
+// least loaded of them (Load/Weight, then slice order) takes it: affinity
+// never makes a request wait while a candidate is free.
 func Choose(cands []Candidate, hasKey bool, key uint64, epsilon float64) (int, Result) {
-	m, w, maxMatch := 1, 0, 0
+	m, w, maxMatch, freeMatch := 1, 0, 0, 0
 	for i := range cands {
 		c := &cands[i]
 		if c.Live {
@@ -53,12 +56,15 @@ func Choose(cands []Candidate, hasKey bool, key uint64, epsilon float64) (int, R
 			w += c.Weight
 			maxMatch = max(maxMatch, c.Match)
 		}
+		if c.Free && hasKey {
+			freeMatch = max(freeMatch, c.Match)
+		}
 	}
 	best, least := -1, -1
 	var bestScore float64
 	for i := range cands {
 		c := &cands[i]
-		if !c.Free {
+		if !c.Free || hasKey && c.Match != freeMatch {
 			continue
 		}
 		if least < 0 || c.Load*cands[least].Weight < cands[least].Load*c.Weight {
@@ -67,19 +73,22 @@ func Choose(cands []Candidate, hasKey bool, key uint64, epsilon float64) (int, R
 		if !hasKey || !withinBound(c, m, w, epsilon) {
 			continue
 		}
-		s := score(key, c.ID, c.Weight)
-		if best < 0 || c.Match > cands[best].Match || c.Match == cands[best].Match && s > bestScore {
+		if s := score(key, c.ID, c.Weight); best < 0 || s > bestScore {
 			best, bestScore = i, s
 		}
 	}
 	switch {
 	case least < 0:
 		return -1, ResultFallback
-	case best < 0:
+	case !hasKey:
 		return least, ResultFallback
+	case best < 0:
+		best = least
+	}
+	switch {
 	case maxMatch == 0:
 		return best, ResultHash
-	case cands[best].Match == maxMatch:
+	case freeMatch == maxMatch:
 		return best, ResultPrefixHit
 	}
 	return best, ResultFallback

@@ -29,9 +29,19 @@ func TestChoose(t *testing.T) {
 			cands: []Candidate{free(1, 0, 4, 2), free(2, 0, 4, 5)}, want: 1, result: ResultPrefixHit},
 		{name: "issue16 holder at capacity: another free candidate, never a wait",
 			cands: []Candidate{busy(free(1, 4, 4, 3)), free(2, 0, 4, 0)}, want: 1, result: ResultFallback},
-		{name: "issue16 holder above its load bound: fallback to one within",
-			// m = 5+0+1 = 6, bound for the holder = ⌈1.5·6/2⌉ = 5 < 5+1
-			cands: []Candidate{free(1, 5, 8, 3), free(2, 0, 8, 0)}, want: 1, result: ResultFallback},
+		{name: "issue16 holder above the load bound but free keeps its conversation",
+			// m = 5+0+1 = 6, the bound = ⌈1.5·6/2⌉ = 5 < 5+1: a new
+			// conversation would go to candidate 1, a held one stays
+			cands: []Candidate{free(1, 5, 8, 3), free(2, 0, 8, 0)}, want: 0, result: ResultPrefixHit},
+		{name: "issue16 three providers at low load: a holder with one in flight takes a second held conversation",
+			// m = 1+0+0+1 = 2, the bound = ⌈1.5·2/3⌉ = 1 < 1+1
+			cands: []Candidate{free(1, 1, 4, 2), free(2, 0, 4, 0), free(3, 0, 4, 0)}, want: 0, result: ResultPrefixHit},
+		{name: "issue16 equal holders: the bounded hash decides among them, never a stranger",
+			// m = 3+0+1+1 = 5, the bound = ⌈1.5·5/3⌉ = 3: candidate 0 is
+			// out of bound, candidate 2 within, candidate 1 holds nothing
+			cands: []Candidate{free(1, 3, 4, 2), free(2, 0, 4, 0), free(3, 1, 4, 2)}, want: 2, result: ResultPrefixHit},
+		{name: "issue16 equal holders all above the bound: the least loaded holder",
+			cands: []Candidate{free(1, 3, 4, 2), free(2, 0, 8, 0), free(3, 2, 4, 2)}, want: 2, result: ResultPrefixHit},
 		{name: "issue16 holder cooling or overlaid (not live) is skipped, its match ignored",
 			cands: []Candidate{down(free(1, 0, 4, 3)), free(2, 0, 4, 0), free(3, 0, 4, 0)}, want: -2, result: ResultHash},
 		{name: "issue16 shorter holder beats a stranger when the longest is busy",
@@ -56,14 +66,19 @@ func TestChoose(t *testing.T) {
 
 // TestConversationStaysOnItsProvider: issue 16 — the later turns of a
 // conversation go to the provider that served its first turn, through the
-// tables, while load allows.
+// tables, while it has a free slot: every turn of the 60 conversations is
+// in flight at once (each request stays until the turn ends), so the
+// holders' loads are uneven all the time (the arrival order changes every
+// turn).
 func TestConversationStaysOnItsProvider(t *testing.T) {
 	hs := NewHasher()
 	ids := []uint64{ProviderID("gpu-1/a"), ProviderID("gpu-1/b"), ProviderID("gpu-2/a")}
 	tables := []*Table{NewTable(1, 0), NewTable(1, 0), NewTable(1, 0)}
 	home := map[int]int{}
 	for turn := range 5 {
-		for conv := range 60 {
+		load := make([]int, len(ids))
+		for k := range 60 {
+			conv := (k + 17*turn) % 60 // a different arrival order each turn
 			ch := hs.Start("tiny")
 			ch.Add([]byte(`{"role":"system","content":"shared"}`))
 			var prefix []uint64
@@ -76,10 +91,11 @@ func TestConversationStaysOnItsProvider(t *testing.T) {
 			}
 			cands := make([]Candidate, len(ids))
 			for i := range ids {
-				cands[i] = free(ids[i], 0, 4, tables[i].Longest(prefix))
+				cands[i] = free(ids[i], load[i], 64, tables[i].Longest(prefix))
 			}
 			got, res := Choose(cands, true, prefix[0], DefaultEpsilon)
 			tables[got].Record(prefix)
+			load[got]++
 			if turn == 0 {
 				if res != ResultHash {
 					t.Fatalf("conv %d turn 0: result %s, want hash", conv, res)
@@ -104,8 +120,10 @@ func TestConversationStaysOnItsProvider(t *testing.T) {
 }
 
 // TestLoadNeverExceedsBound: issue 16 — under any mix of arrivals and
-// departures, with equal capacities, every choice stays within
-// ⌈(1+ε)·m/n⌉, even for conversations whose holder is overloaded.
+// departures, with equal capacities, every hash decision (a conversation
+// no free candidate holds) stays within ⌈(1+ε)·m/n⌉, and a conversation
+// whose holder is overloaded stays on it while it has a free slot: its
+// capacity, not the bound, limits it.
 func TestLoadNeverExceedsBound(t *testing.T) {
 	for _, eps := range []float64{0, 0.1, 0.25, 1} {
 		t.Run(fmt.Sprintf("issue16 epsilon %g", eps), func(t *testing.T) {
@@ -113,6 +131,7 @@ func TestLoadNeverExceedsBound(t *testing.T) {
 			load := make([]int, n)
 			match := make([]int, n)
 			x := uint64(42)
+			hits, hashes := 0, 0
 			for step := range 20000 {
 				x = mix(x + uint64(step))
 				total := 0
@@ -136,15 +155,29 @@ func TestLoadNeverExceedsBound(t *testing.T) {
 				for i := range cands {
 					cands[i] = Candidate{ID: uint64(i + 1), Live: true, Free: load[i] < capacity, Load: load[i], Weight: capacity, Match: match[i]}
 				}
-				got, _ := Choose(cands, true, x, eps)
+				got, res := Choose(cands, true, x, eps)
 				if got < 0 {
 					t.Fatalf("step %d: nothing chosen with loads %v", step, load)
 				}
-				bound := int(ceilDiv(float64(total+1)*(1+eps), n))
-				if load[got]+1 > bound {
+				switch bound := int(ceilDiv(float64(total+1)*(1+eps), n)); {
+				case match[0] > 0 && load[0] < capacity:
+					if got != 0 || res != ResultPrefixHit {
+						t.Fatalf("step %d: loads %v, holder 0 free, chose %d (%s)", step, load, got, res)
+					}
+					hits++
+				case match[0] > 0:
+					if res != ResultFallback {
+						t.Fatalf("step %d: holder at capacity, result %s, want fallback", step, res)
+					}
+				case load[got]+1 > bound:
 					t.Fatalf("step %d: loads %v, chose %d → %d, above bound %d", step, load, got, load[got]+1, bound)
+				default:
+					hashes++
 				}
 				load[got]++
+			}
+			if hits == 0 || hashes == 0 {
+				t.Fatalf("%d prefix hits, %d hash decisions: the walk missed a case", hits, hashes)
 			}
 		})
 	}

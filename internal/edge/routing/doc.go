@@ -24,16 +24,20 @@
 // conversation through its first user turn, is the conversation's key.
 //
 // Each provider remembers the prefixes routed to it in a Table (an LRU of
-// bounded size). A request goes to the live candidate holding the longest
-// prefix of it; among equals, or when nobody holds any, rendezvous hashing
-// (highest random weight, weighted by capacity) on the conversation key
-// orders the candidates, and a candidate is taken only while its load stays
-// within (1+ε) × its share of the group's load, the bound of consistent
-// hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam, 2018). So
-// a new conversation lands on a deterministic provider, its later turns
-// follow it, a provider that leaves or cools moves only the conversations
-// it held, and no provider takes more than its bounded share while another
-// has room.
+// bounded size). A request goes to the free candidate holding the longest
+// prefix of it, whatever its share of the load (its capacity bounds it:
+// turning a conversation away from its holder costs a full prefill of its
+// history elsewhere). Among equal holders, or when no free candidate holds
+// any prefix, rendezvous hashing (highest random weight, weighted by
+// capacity) on the conversation key orders the candidates, and a
+// candidate is taken only while its load stays within (1+ε) × its
+// capacity share of the group's load, the bound of consistent hashing with
+// bounded loads (Mirrokni, Thorup, Zadimoghaddam, 2018). So a new
+// conversation lands on a deterministic provider unless that one already
+// has more than its bounded share, its later turns follow it while it has
+// a free slot, a provider that leaves or cools moves only the
+// conversations it held, and no provider is handed new conversations
+// beyond its bounded share while another has room.
 //
 // # Memory
 //

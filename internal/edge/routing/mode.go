@@ -69,8 +69,8 @@ const (
 	// bounded-load rendezvous hash chose.
 	ResultHash
 	// ResultFallback: the request carried no conversation to hash, or every
-	// holder of its longest prefix was at capacity or above its load bound
-	// and another candidate took it.
+	// holder of its longest prefix was at capacity (or not live) and
+	// another candidate took it.
 	ResultFallback
 	// NumResults is the number of Results (for counter arrays).
 	NumResults
