@@ -175,6 +175,14 @@ func (s *state) groupSnapshots() []GroupSnapshot {
 				}
 			}
 		}
+		for w := s.pinned.head; w != nil; w = w.next { // waiting for the holder of their conversation (pin.go)
+			if w.cls.g == g {
+				gs.Waiters++
+				if w.cls.long {
+					gs.LongWaiters++
+				}
+			}
+		}
 		out = append(out, gs)
 	}
 	return out

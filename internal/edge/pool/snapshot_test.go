@@ -1,6 +1,10 @@
 package pool
 
-import "testing"
+import (
+	"testing"
+
+	"iop/internal/edge/routing"
+)
 
 // snap is the comparable part of one ProviderSnapshot.
 type snap struct {
@@ -154,5 +158,20 @@ func TestEstimatePromptTokens(t *testing.T) {
 		if got := EstimatePromptTokens(c.bytes); got != c.want {
 			t.Errorf("Q7 EstimatePromptTokens(%d) = %d, want %d", c.bytes, got, c.want)
 		}
+	}
+}
+
+// Q8 issue 16 (operator page): a request pinned to the busy provider
+// holding its conversation (affinity_wait) is one of its group's waiters.
+func TestGroupsSnapshotPinned(t *testing.T) {
+	h := newHarness(t, affinityConfig(routing.PrefixAffinity, true)())
+	h.ready("gpu-1", 1, true)
+	h.ready("gpu-2", 1, true)
+	h.acq("t1", turn(7, 1))
+	h.acq("x1", turn(7, 1)) // the holder's second slot: it is full
+	h.acq("t2", turn(7, 3)) // pinned to the holder while the other is free
+	h.wantQueued("t2")
+	if got := h.s.groupSnapshots()[0]; got.Name != "tiny" || got.Waiters != 1 || got.LongWaiters != 0 {
+		t.Errorf("group %+v, want tiny with 1 waiter (the pinned one)", got)
 	}
 }
