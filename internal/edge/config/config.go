@@ -243,7 +243,8 @@ type Model struct {
 	AffinityEpsilon *float64 `json:"affinity_epsilon"`
 	// AffinityWaitMs: under prefix_affinity, how long (ms) a request waits
 	// for the busy provider holding its conversation while another
-	// provider is free; 0 = never.
+	// provider is free (on arrival, or once queued when another provider
+	// frees first); 0 = never.
 	AffinityWaitMs int64 `json:"affinity_wait_ms"`
 	// MaxAttempts bounds the providers one request is sent to: the first
 	// plus re-dispatches after a failure or stall before the first byte

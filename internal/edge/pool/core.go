@@ -46,6 +46,7 @@ type effects struct {
 	failed []failure            // fail waiter with err
 	fenced []*Lease             // leases the fence returned (for tests and counts)
 	closes []context.CancelFunc // fence contexts of generations that ended
+	pins   []*waiter            // queued waiters the pump pinned: arm their affinity wait (pin.go)
 }
 
 type grant struct {
@@ -66,7 +67,8 @@ func (fx *effects) reset() {
 	clear(fx.failed)
 	clear(fx.fenced)
 	clear(fx.closes)
-	fx.grants, fx.failed, fx.fenced, fx.closes = fx.grants[:0], fx.failed[:0], fx.fenced[:0], fx.closes[:0]
+	clear(fx.pins)
+	fx.grants, fx.failed, fx.fenced, fx.closes, fx.pins = fx.grants[:0], fx.failed[:0], fx.fenced[:0], fx.closes[:0], fx.pins[:0]
 }
 
 // nodeState tracks one node id's generation high-water mark. gen only
@@ -194,9 +196,11 @@ type waiter struct {
 	model        string
 	op           string
 	promptTokens int
-	prefix       []uint64  // Request.Prefix, read while queued
-	pin          *resource // while pinned: the provider it waits for (pin.go)
-	exclude      []Key     // Request.Exclude
+	prefix       []uint64    // Request.Prefix, read while queued
+	pin          *resource   // while pinned: the provider it waits for (pin.go)
+	pinnedOnce   bool        // it was pinned once: after its affinity wait it takes any candidate
+	stopPin      func() bool // stops the affinity-wait timer the wrapper armed for a pump-time pin
+	exclude      []Key       // Request.Exclude
 	cls          *class
 	queued       bool
 	timeout      time.Duration
@@ -325,6 +329,7 @@ func (s *state) enqueue(c *class, w *waiter, timeout time.Duration) (pinned bool
 	w.timeout = timeout
 	if s.pinTo != nil {
 		w.pin, s.pinTo = s.pinTo, nil
+		w.pinnedOnce = true
 		s.pinned.push(w, false)
 	} else {
 		c.register()
@@ -438,8 +443,12 @@ func (s *state) release(l *Lease) bool {
 }
 
 // pump grants waiters until no queued waiter can be served: each round the
-// servable class head with the lowest arrival number wins (see doc.go).
+// servable class head with the lowest arrival number wins (see doc.go). A
+// class head that only another candidate than the busy holder of its
+// conversation could serve is pinned to the holder instead when its group
+// has an affinity wait (pin.go), and the round starts again.
 func (s *state) pump() {
+round:
 	for s.waiters > 0 {
 		var best *class
 		var bestCand *cand
@@ -450,9 +459,15 @@ func (s *state) pump() {
 				if c.q.head == nil || (best != nil && c.q.head.seq > best.q.head.seq) {
 					continue
 				}
-				if cd, res := s.pick(c, c.q.head.prefix); cd != nil {
-					best, bestCand, bestRes = c, cd, res
+				cd, res, holder := s.choose(c, c.q.head.prefix)
+				if cd == nil {
+					continue
 				}
+				if holder != nil && g.affinityWait > 0 && !c.q.head.pinnedOnce {
+					s.pinQueued(c.q.head, holder)
+					continue round
+				}
+				best, bestCand, bestRes = c, cd, res
 			}
 		}
 		if pw != nil && (best == nil || pw.seq < best.q.head.seq) {

@@ -20,6 +20,14 @@ package pool
 //
 // Pinning needs a free waiter slot (queue.max_waiters); without one the
 // request takes the free candidate at once.
+//
+// A request that queued because no candidate was free is pinned the same
+// way when it reaches the head of its class and the first candidate to
+// free is not its holder (which is still busy): under saturation every
+// request queues, and without this the first slot to free anywhere would
+// take every conversation. The pump pins it (pinQueued) and the wrapper
+// arms its affinity wait from then on (effects.pins). A waiter is pinned
+// at most once: after its affinity wait it takes any candidate.
 
 // servablePinned returns the earliest pinned waiter whose holder is free
 // now, with the holder's candidate entry in the waiter's class, after
@@ -40,21 +48,22 @@ func (s *state) servablePinned() (*waiter, *cand) {
 	return nil, nil
 }
 
-// unpin moves a pinned waiter to its class FIFO in arrival order; a no-op
-// for a waiter that is not pinned (granted, gone or already moved). The
-// caller pumps.
-func (s *state) unpin(w *waiter) {
-	if !w.queued || w.pin == nil {
-		return
-	}
-	s.pinned.remove(w, false)
-	w.pin = nil
-	w.cls.register() // a narrowed class (exclude.go) is listed only while it has waiters
-	q := &w.cls.q
-	at := q.tail // insert after the last earlier arrival
+// pinQueued moves w, the head of its class, to the pinned list (arrival
+// order) waiting for holder, and asks the wrapper to arm its affinity wait.
+func (s *state) pinQueued(w *waiter, holder *resource) {
+	w.cls.q.remove(w, false)
+	w.cls.unregisterIfEmpty()
+	w.pin, w.pinnedOnce = holder, true
+	at := s.pinned.tail // insert after the last earlier arrival
 	for at != nil && at.seq > w.seq {
 		at = at.prev
 	}
+	s.pinned.insertAfter(at, w)
+	s.fx.pins = append(s.fx.pins, w)
+}
+
+// insertAfter links w (class links) after at, or first when at is nil.
+func (q *wlist) insertAfter(at, w *waiter) {
 	if at == nil {
 		w.prev, w.next = nil, q.head
 		if q.head != nil {
@@ -73,6 +82,24 @@ func (s *state) unpin(w *waiter) {
 		at.next = w
 	}
 	q.n++
+}
+
+// unpin moves a pinned waiter to its class FIFO in arrival order; a no-op
+// for a waiter that is not pinned (granted, gone or already moved). The
+// caller pumps.
+func (s *state) unpin(w *waiter) {
+	if !w.queued || w.pin == nil {
+		return
+	}
+	s.pinned.remove(w, false)
+	w.pin = nil
+	w.cls.register() // a narrowed class (exclude.go) is listed only while it has waiters
+	q := &w.cls.q
+	at := q.tail // insert after the last earlier arrival
+	for at != nil && at.seq > w.seq {
+		at = at.prev
+	}
+	q.insertAfter(at, w)
 }
 
 // affinityExpired is the affinity-wait timer's transition: w stops waiting

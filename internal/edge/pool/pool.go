@@ -56,6 +56,14 @@ func (p *Pool) apply() {
 	for _, cancel := range fx.closes {
 		cancel()
 	}
+	for _, w := range fx.pins {
+		w.stopPin = p.clk.AfterFunc(w.cls.g.affinityWait, func() {
+			p.mu.Lock()
+			p.s.affinityExpired(w)
+			p.apply()
+			p.mu.Unlock()
+		})
+	}
 	fx.reset()
 }
 
@@ -105,6 +113,14 @@ func (p *Pool) Acquire(ctx context.Context, r Request) (*Lease, error) {
 		defer stopPin()
 	}
 	p.mu.Unlock()
+	defer func() {
+		// Armed by apply under mu while w was queued; w is not queued now
+		// (its result came through the channel, or cancel took it under
+		// mu), so that write happened before this read.
+		if w.stopPin != nil {
+			w.stopPin()
+		}
+	}()
 
 	if timeout > 0 {
 		stop := p.clk.AfterFunc(timeout, func() {

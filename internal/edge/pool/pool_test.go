@@ -295,6 +295,39 @@ func TestPool(t *testing.T) {
 				t.Fatalf("Routing()[0] = %+v, want tiny prefix_affinity: 1 hash (first), 1 prefix hit (second), 1 fallback (the expired wait)", r[0])
 			}
 		}},
+		{"issue16 affinity wait: a queued Acquire pinned by the pump waits for its holder, then takes any provider; no timer stays armed", func(t *testing.T, p *Pool, clk *fakeClock) {
+			p.Reconfigure(affinityConfig(routing.PrefixAffinity, true)())
+			p.NodeReady("gpu-1", 1)
+			p.NodeReady("gpu-2", 1)
+			t1 := mustAcquire(t, p, turn(7, 1))
+			home := t1.Key
+			held := map[Key][]*Lease{home: {t1}}
+			for c := range uint64(3) { // every other slot, by other conversations
+				l := mustAcquire(t, p, turn(20+c, 1))
+				held[l.Key] = append(held[l.Key], l)
+			}
+			out := make(chan outcome, 1)
+			start(context.Background(), p, "t2", turn(7, 3), out) // queued: nothing is free
+			p.Release(held[other(home)][0])                       // the other frees first: t2 is pinned to its holder
+			noOutcome(t, out)
+			clk.Advance(49 * time.Millisecond)
+			noOutcome(t, out)
+			p.Release(held[home][0]) // its holder frees within the affinity wait
+			o := <-out
+			if o.err != nil || o.l.Key != home {
+				t.Fatalf("t2 got (%v, %v), want a lease on its holder %v", o.l, o.err, home)
+			}
+			if n := clk.pending(); n != 0 {
+				t.Fatalf("%d timers still armed after the grant, want 0", n)
+			}
+			start(context.Background(), p, "t3", turn(7, 5), out) // queued again: the holder is full
+			p.Release(held[other(home)][1])
+			noOutcome(t, out)
+			clk.Advance(50 * time.Millisecond) // the affinity wait expires: any provider
+			if o := <-out; o.err != nil || o.l.Key != other(home) {
+				t.Fatalf("t3 got (%v, %v), want a lease on %v", o.l, o.err, other(home))
+			}
+		}},
 		{"Q4 a done context is refused before admission", func(t *testing.T, p *Pool, clk *fakeClock) {
 			p.NodeReady("gpu-2", 1)
 			ctx, cancel := context.WithCancel(context.Background())

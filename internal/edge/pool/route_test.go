@@ -190,6 +190,61 @@ func TestRouting(t *testing.T) {
 			h.release(freeOther, true) // only the other provider frees: FIFO, no wait for the holder
 			h.wantLease("t2", other(home))
 		}},
+		{name: "issue16 Q4 prefix_affinity: affinity_wait pins a queued waiter to its busy holder when another provider frees first", cfg: affinityConfig(routing.PrefixAffinity, true), run: func(h *harness) {
+			h.ready("gpu-1", 1, true)
+			h.ready("gpu-2", 1, true)
+			h.acq("t1", turn(7, 1))
+			home := h.leases["t1"].Key
+			h.acq("x1", turn(8, 1))
+			h.acq("x2", turn(9, 1))
+			h.acq("x3", turn(10, 1))
+			h.acq("t2", turn(7, 3)) // every slot taken: it queues in its class
+			h.acq("n1", turn(11, 1))
+			h.wantQueued("t2", "n1")
+			var freeOther, freeHome string
+			for _, n := range []string{"x1", "x2", "x3"} {
+				switch {
+				case h.leases[n].Key == other(home) && freeOther == "":
+					freeOther = n
+				case h.leases[n].Key == home && freeHome == "":
+					freeHome = n
+				}
+			}
+			if freeHome == "" {
+				freeHome = "t1"
+			}
+			h.release(freeOther, true) // t2's holder is still busy: t2 waits for it, n1 takes the slot
+			h.wantQueued("t2")
+			if w := h.waiters["t2"]; w.pin == nil || w.pin.cfg.Key != home {
+				h.t.Fatalf("t2 is not pinned to its holder %v", home)
+			}
+			h.wantLease("n1", other(home))
+			h.release(freeHome, true)
+			h.wantLease("t2", home)
+			h.wantGranted("n1", "t2")
+		}},
+		{name: "issue16 Q4 prefix_affinity: a queued waiter pinned by the pump takes any candidate after its affinity wait, and is pinned only once", cfg: affinityConfig(routing.PrefixAffinity, true), run: func(h *harness) {
+			h.ready("gpu-1", 1, true)
+			h.ready("gpu-2", 1, true)
+			h.acq("t1", turn(7, 1))
+			home := h.leases["t1"].Key
+			h.acq("x1", turn(8, 1))
+			h.acq("x2", turn(9, 1))
+			h.acq("x3", turn(10, 1))
+			h.acq("t2", turn(7, 3))
+			var freeOther string
+			for _, n := range []string{"x1", "x2", "x3"} {
+				if h.leases[n].Key == other(home) {
+					freeOther = n
+					break
+				}
+			}
+			h.release(freeOther, true)
+			h.wantQueued("t2")
+			h.s.affinityExpired(h.waiters["t2"])
+			h.settle()
+			h.wantLease("t2", other(home))
+		}},
 	}
 	for _, r := range rows {
 		t.Run(r.name, func(t *testing.T) {
