@@ -56,7 +56,7 @@ func TestDefaults(t *testing.T) {
 		{"api key max_concurrent: no bound", c.APIKeys[0].MaxConcurrent, 0},
 		{"api key requests_per_minute: no bound", c.APIKeys[0].RequestsPerMinute, 0},
 		{"issue16 routing", c.Models[0].Routing, "least_loaded"},
-		{"issue16 affinity_epsilon", *c.Models[0].AffinityEpsilon, 0.5},
+		{"issue16 affinity_epsilon", *c.Models[0].AffinityEpsilon, 0.1},
 		{"issue16 affinity_wait_ms", c.Models[0].AffinityWaitMs, int64(0)},
 	}
 	for _, ck := range checks {
