@@ -14,6 +14,7 @@ import (
 	"iop/internal/edge/config"
 	"iop/internal/edge/dispatch"
 	"iop/internal/edge/pool"
+	"iop/internal/jsonscan"
 	iop "iop/proto/gen/iop"
 )
 
@@ -41,28 +42,28 @@ func parseHead(body []byte, ep *endpoint, hd *head) *apiError {
 		var v struct{}
 		return jsonFieldError(json.Unmarshal(body, &v))
 	}
-	all := span{0, len(body)}
-	it, ok := newMembers(body, all)
+	all := jsonscan.All(body)
+	it, ok := jsonscan.NewMembers(body, all)
 	if !ok {
 		return badRequest("", "request body must be a JSON object")
 	}
 	hd.modelSpans = hd.spanBuf[:0]
 	var modelOK, haveField bool
 	for {
-		key, val, more := it.next()
+		key, val, more := it.Next()
 		if !more {
 			break
 		}
 		switch {
-		case keyIs(key, "model"):
+		case jsonscan.KeyIs(key, "model"):
 			s, ok := jsonString(body, val)
 			if !ok {
 				return badRequest("model", "field \"model\" must be a string")
 			}
 			hd.model, modelOK = s, true
 			hd.modelSpans = append(hd.modelSpans, val)
-		case keyIs(key, "stream"):
-			switch kind(body, val) {
+		case jsonscan.KeyIs(key, "stream"):
+			switch jsonscan.Kind(body, val) {
 			case 't':
 				hd.stream = true
 			case 'f', 'n':
@@ -70,18 +71,18 @@ func parseHead(body []byte, ep *endpoint, hd *head) *apiError {
 			default:
 				return badRequest("stream", "field \"stream\" must be a boolean")
 			}
-		case ep.run == runChat && keyIs(key, "stream_options"):
-			switch kind(body, val) {
+		case ep.run == runChat && jsonscan.KeyIs(key, "stream_options"):
+			switch jsonscan.Kind(body, val) {
 			case 'n':
 			case '{':
-				so, _ := newMembers(body, val)
+				so, _ := jsonscan.NewMembers(body, val)
 				for {
-					k, v, more := so.next()
+					k, v, more := so.Next()
 					if !more {
 						break
 					}
-					if keyIs(k, "include_usage") {
-						switch kind(body, v) {
+					if jsonscan.KeyIs(k, "include_usage") {
+						switch jsonscan.Kind(body, v) {
 						case 't':
 							hd.includeUsage = true
 						case 'f', 'n':
@@ -94,8 +95,8 @@ func parseHead(body []byte, ep *endpoint, hd *head) *apiError {
 			default:
 				return badRequest("stream_options", "field \"stream_options\" must be an object")
 			}
-		case ep.field != "" && keyIs(key, ep.field):
-			if kind(body, val) != '[' {
+		case ep.field != "" && jsonscan.KeyIs(key, ep.field):
+			if jsonscan.Kind(body, val) != '[' {
 				return badRequest(ep.field, "field %q must be an array of message objects", ep.field)
 			}
 			haveField = true

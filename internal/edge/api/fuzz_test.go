@@ -60,7 +60,7 @@ func FuzzParseHead(f *testing.F) {
 			}
 		}
 		for _, sp := range hd.modelSpans {
-			if sp.start < 0 || sp.end > len(body) || !sp.ok() {
+			if sp.Start < 0 || sp.End > len(body) || !sp.OK() {
 				t.Fatalf("model span %v outside the body of %d bytes", sp, len(body))
 			}
 		}

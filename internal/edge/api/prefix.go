@@ -1,6 +1,9 @@
 package api
 
-import "iop/internal/edge/routing"
+import (
+	"iop/internal/edge/routing"
+	"iop/internal/jsonscan"
+)
 
 // maxPrefixBoundaries caps the boundaries hashed per request: a
 // conversation longer than this is keyed and matched on its first
@@ -30,28 +33,28 @@ const maxPrefixBoundaries = 512
 func prefixOf(hs *routing.Hasher, body []byte, ep *endpoint, model string, dst []uint64) []uint64 {
 	var system, instructions, tools, msgs span
 	var input span
-	it, ok := newMembers(body, span{0, len(body)})
+	it, ok := jsonscan.NewMembers(body, jsonscan.All(body))
 	if !ok {
 		return dst
 	}
 	for {
-		key, val, more := it.next()
+		key, val, more := it.Next()
 		if !more {
 			break
 		}
 		switch {
-		case keyIs(key, "tools"):
+		case jsonscan.KeyIs(key, "tools"):
 			tools = val
-		case ep == &epMessages && keyIs(key, "system"):
+		case ep == &epMessages && jsonscan.KeyIs(key, "system"):
 			system = val
-		case ep == &epMessages && keyIs(key, "messages"), ep == &epChat && keyIs(key, "messages"):
+		case ep == &epMessages && jsonscan.KeyIs(key, "messages"), ep == &epChat && jsonscan.KeyIs(key, "messages"):
 			msgs = val
-		case ep == &epResponses && keyIs(key, "instructions"):
+		case ep == &epResponses && jsonscan.KeyIs(key, "instructions"):
 			instructions = val
-		case ep == &epResponses && keyIs(key, "input"):
+		case ep == &epResponses && jsonscan.KeyIs(key, "input"):
 			input = val
-		case ep == &epResponses && keyIs(key, "previous_response_id"):
-			if kind(body, val) == '"' {
+		case ep == &epResponses && jsonscan.KeyIs(key, "previous_response_id"):
+			if jsonscan.Kind(body, val) == '"' {
 				return dst
 			}
 		}
@@ -61,25 +64,25 @@ func prefixOf(hs *routing.Hasher, body []byte, ep *endpoint, model string, dst [
 	}
 	ch := hs.Start(model)
 	for _, v := range [...]span{system, instructions, tools} {
-		if present := kind(body, v); present != 0 && present != 'n' {
-			ch.Add(body[v.start:v.end])
+		if present := jsonscan.Kind(body, v); present != 0 && present != 'n' {
+			ch.Add(body[v.Start:v.End])
 		}
 	}
-	switch kind(body, msgs) {
+	switch jsonscan.Kind(body, msgs) {
 	case '"': // Responses "input": "text" is one user message
-		return append(dst, ch.Add(body[msgs.start:msgs.end]))
+		return append(dst, ch.Add(body[msgs.Start:msgs.End]))
 	case '[':
 	default:
 		return dst
 	}
-	els := newElements(body, msgs)
+	els := jsonscan.NewElements(body, msgs)
 	started := false
 	for n := 0; n < maxPrefixBoundaries; {
-		el, more := els.next()
+		el, more := els.Next()
 		if !more {
 			break
 		}
-		b := body[el.start:el.end]
+		b := body[el.Start:el.End]
 		if !started && ep != &epMessages && isSystemRole(body, el) {
 			ch.Add(b) // a leading system prompt is part of the preamble
 			continue
@@ -94,20 +97,20 @@ func prefixOf(hs *routing.Hasher, body []byte, ep *endpoint, model string, dst [
 // isSystemRole reports whether the message object at v has role "system"
 // or "developer".
 func isSystemRole(b []byte, v span) bool {
-	it, ok := newMembers(b, v)
+	it, ok := jsonscan.NewMembers(b, v)
 	if !ok {
 		return false
 	}
 	for {
-		key, val, more := it.next()
+		key, val, more := it.Next()
 		if !more {
 			return false
 		}
-		if keyIs(key, "role") {
-			if kind(b, val) != '"' {
+		if jsonscan.KeyIs(key, "role") {
+			if jsonscan.Kind(b, val) != '"' {
 				return false
 			}
-			role := b[val.start+1 : val.end-1]
+			role := b[val.Start+1 : val.End-1]
 			return string(role) == "system" || string(role) == "developer"
 		}
 	}

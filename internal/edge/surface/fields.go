@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"reflect"
 	"strings"
+
+	"iop/internal/jsonscan"
 )
 
 // Disposition says what the run path does with one request field (issue
@@ -99,40 +101,25 @@ func Row(name string, d Disposition, note string) Field {
 // object yields nil, for the decoder to report. It allocates nothing
 // unless a key is written with escapes.
 func CheckMembers(body []byte, table []Field) *Error {
-	i := skipSpace(body, 0)
-	if i >= len(body) || body[i] != '{' {
+	it, ok := jsonscan.NewMembers(body, jsonscan.All(body))
+	if !ok {
 		return nil
 	}
-	i++
 	for {
-		i = skipSpace(body, i)
-		if i < len(body) && body[i] == ',' {
-			i = skipSpace(body, i+1)
-		}
-		if i >= len(body) || body[i] != '"' {
+		key, _, more := it.Next()
+		if !more {
 			return nil
 		}
-		end := skipString(body, i)
-		raw := body[i+1 : end-1]
-		if !knownKey(raw, table) {
-			name := string(raw)
-			if bytes.IndexByte(raw, '\\') >= 0 {
-				_ = json.Unmarshal(body[i:end], &name)
-			}
+		if !knownKey(key, table) {
+			name := jsonscan.Key(key)
 			return BadRequest(name, "unknown field %q: not a field of this API, or not one the model's provider supports", name)
 		}
-		i = skipSpace(body, end)
-		i = skipValue(body, skipSpace(body, i+1)) // past ':' and the value
 	}
 }
 
 func knownKey(raw []byte, table []Field) bool {
 	if bytes.IndexByte(raw, '\\') >= 0 {
-		var s string
-		if json.Unmarshal(append(append([]byte{'"'}, raw...), '"'), &s) != nil {
-			return false
-		}
-		raw = []byte(s)
+		raw = []byte(jsonscan.Key(raw)) // a key written with escapes (rare)
 	}
 	for i := range table {
 		if string(raw) == table[i].Name {
@@ -140,59 +127,6 @@ func knownKey(raw []byte, table []Field) bool {
 		}
 	}
 	return false
-}
-
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
-		i++
-	}
-	return i
-}
-
-// skipString returns the index just past the string starting at b[i] ('"').
-func skipString(b []byte, i int) int {
-	for i++; i < len(b); i++ {
-		switch b[i] {
-		case '\\':
-			i++
-		case '"':
-			return i + 1
-		}
-	}
-	return len(b)
-}
-
-// skipValue returns the index just past the JSON value starting at b[i].
-func skipValue(b []byte, i int) int {
-	if i >= len(b) {
-		return i
-	}
-	switch b[i] {
-	case '"':
-		return skipString(b, i)
-	case '{', '[':
-		depth := 0
-		for ; i < len(b); i++ {
-			switch b[i] {
-			case '"':
-				i = skipString(b, i) - 1
-			case '{', '[':
-				depth++
-			case '}', ']':
-				if depth--; depth == 0 {
-					return i + 1
-				}
-			}
-		}
-		return len(b)
-	}
-	for ; i < len(b); i++ {
-		switch b[i] {
-		case ',', '}', ']', ' ', '\t', '\r', '\n':
-			return i
-		}
-	}
-	return i
 }
 
 // DecodeRequest decodes a request body into v: every top-level member must

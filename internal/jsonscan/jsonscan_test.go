@@ -1,0 +1,131 @@
+package jsonscan_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+
+	"iop/internal/jsonscan"
+)
+
+// members returns the decoded keys and raw values of the object body, as
+// jsonscan sees them.
+func members(body []byte) (keys []string, vals [][]byte, ok bool) {
+	it, ok := jsonscan.NewMembers(body, jsonscan.All(body))
+	if !ok {
+		return nil, nil, false
+	}
+	for {
+		k, v, more := it.Next()
+		if !more {
+			return keys, vals, true
+		}
+		keys = append(keys, jsonscan.Key(k))
+		vals = append(vals, body[v.Start:v.End])
+	}
+}
+
+func TestMembersAndElements(t *testing.T) {
+	rows := []struct {
+		name, body string
+		keys       []string
+		vals       []string
+	}{
+		{"empty", ` { } `, nil, nil},
+		{"values of every kind", `{"a":1,"b" : "x\"}" ,"c":[1,{"d":"]"}],"e":{"f":null},"g":true,"h":-1.5e3}`,
+			[]string{"a", "b", "c", "e", "g", "h"}, []string{`1`, `"x\"}"`, `[1,{"d":"]"}]`, `{"f":null}`, `true`, `-1.5e3`}},
+		{"escaped key", `{"mod\u0065l":"m"}`, []string{"model"}, []string{`"m"`}},
+	}
+	for _, row := range rows {
+		t.Run(row.name, func(t *testing.T) {
+			keys, vals, ok := members([]byte(row.body))
+			if !ok {
+				t.Fatal("not an object")
+			}
+			if len(keys) != len(row.keys) {
+				t.Fatalf("got keys %q, want %q", keys, row.keys)
+			}
+			for i := range keys {
+				if keys[i] != row.keys[i] || string(vals[i]) != row.vals[i] {
+					t.Errorf("member %d: got %q=%s, want %q=%s", i, keys[i], vals[i], row.keys[i], row.vals[i])
+				}
+			}
+		})
+	}
+	if _, ok := jsonscan.NewMembers([]byte(`[1]`), jsonscan.All([]byte(`[1]`))); ok {
+		t.Error("an array iterated as an object")
+	}
+	arr := []byte(`[ 1, "a,b" ,{"x":[]} ,[2]]`)
+	els := jsonscan.NewElements(arr, jsonscan.All(arr))
+	var got []string
+	for {
+		v, more := els.Next()
+		if !more {
+			break
+		}
+		got = append(got, string(arr[v.Start:v.End]))
+	}
+	if want := []string{`1`, `"a,b"`, `{"x":[]}`, `[2]`}; len(got) != len(want) || got[0] != want[0] || got[1] != want[1] || got[2] != want[2] || got[3] != want[3] {
+		t.Errorf("elements: got %q, want %q", got, want)
+	}
+}
+
+// FuzzMembers: on any valid JSON object, the members jsonscan finds are
+// encoding/json's, in order, each value the bytes encoding/json decodes
+// to the same value.
+func FuzzMembers(f *testing.F) {
+	for _, s := range []string{`{"a":1}`, `{"a":{"b":[1,"}"]},"c":"\\\"","d":null}`, `{"mod\u0065l":"x","a":1}`, `[1]`, `{}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if !json.Valid(body) {
+			return
+		}
+		var m map[string]json.RawMessage
+		isObject := json.Unmarshal(body, &m) == nil
+		keys, vals, ok := members(body)
+		if ok != isObject {
+			t.Fatalf("%s: object %v, jsonscan %v", body, isObject, ok)
+		}
+		if !ok {
+			return
+		}
+		last := map[string][]byte{}
+		for i, k := range keys {
+			last[k] = vals[i]
+		}
+		if len(last) != len(m) {
+			t.Fatalf("%s: keys %q, encoding/json %d keys", body, keys, len(m))
+		}
+		for k, v := range m {
+			if !bytes.Equal(bytes.TrimSpace(v), last[k]) {
+				t.Fatalf("%s: member %q: got %s, want %s", body, k, last[k], v)
+			}
+		}
+	})
+}
+
+// Members and Elements allocate nothing.
+func TestNoAllocs(t *testing.T) {
+	body := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"assistant"}],"n":1}`)
+	n := testing.AllocsPerRun(100, func() {
+		it, _ := jsonscan.NewMembers(body, jsonscan.All(body))
+		for {
+			k, v, more := it.Next()
+			if !more {
+				break
+			}
+			if jsonscan.KeyIs(k, "messages") {
+				els := jsonscan.NewElements(body, v)
+				for {
+					if _, more := els.Next(); !more {
+						break
+					}
+				}
+			}
+		}
+	})
+	if n != 0 {
+		t.Errorf("got %v allocations, want 0", n)
+	}
+}
