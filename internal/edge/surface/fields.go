@@ -49,6 +49,9 @@ type Field struct {
 	Name        string
 	Disposition Disposition
 	Note        string
+	// Shape, when set, is the members the field's objects may carry
+	// (CheckMembers refuses any other, at any depth).
+	Shape *Shape
 }
 
 // JSONNames lists the JSON member names of struct type v (a struct value
@@ -94,39 +97,54 @@ func Row(name string, d Disposition, note string) Field {
 	return Field{Name: name, Disposition: d, Note: note}
 }
 
-// CheckMembers returns a 400 naming the first top-level member of the JSON
-// object body that has no row in table (as OpenAI's and Anthropic's APIs
-// refuse unknown arguments), or nil. body must already be valid JSON (the
-// HTTP layer checks it before parsing anything); a body that is not an
-// object yields nil, for the decoder to report. It allocates nothing
-// unless a key is written with escapes.
+// Of returns f whose objects must have shape sh.
+func (f Field) Of(sh *Shape) Field {
+	f.Shape = sh
+	return f
+}
+
+// CheckMembers returns a 400 naming the first member of the JSON object
+// body that has no row in table, or, in the objects of a row with a
+// Shape, no Member of it (as OpenAI's and Anthropic's APIs refuse unknown
+// arguments): "foo", "messages[0].content[1].foo". Otherwise nil. body
+// must already be valid JSON (the HTTP layer checks it before parsing
+// anything); a body that is not an object yields nil, for the decoder to
+// report. It allocates nothing unless a key is written with escapes or a
+// member is unknown.
 func CheckMembers(body []byte, table []Field) *Error {
 	it, ok := jsonscan.NewMembers(body, jsonscan.All(body))
 	if !ok {
 		return nil
 	}
 	for {
-		key, _, more := it.Next()
+		key, val, more := it.Next()
 		if !more {
 			return nil
 		}
-		if !knownKey(key, table) {
+		f := knownKey(key, table)
+		if f == nil {
 			name := jsonscan.Key(key)
 			return BadRequest(name, "unknown field %q: not a field of this API, or not one the model's provider supports", name)
+		}
+		if f.Shape != nil {
+			if p, bad := f.Shape.check(body, val); bad {
+				name := f.Name + p
+				return BadRequest(name, "unknown field %q: not a field of this API, or not one the model's provider supports", name)
+			}
 		}
 	}
 }
 
-func knownKey(raw []byte, table []Field) bool {
+func knownKey(raw []byte, table []Field) *Field {
 	if bytes.IndexByte(raw, '\\') >= 0 {
 		raw = []byte(jsonscan.Key(raw)) // a key written with escapes (rare)
 	}
 	for i := range table {
 		if string(raw) == table[i].Name {
-			return true
+			return &table[i]
 		}
 	}
-	return false
+	return nil
 }
 
 // DecodeRequest decodes a request body into v: every top-level member must

@@ -1,8 +1,10 @@
 package anthropic
 
 import (
+	"strings"
 	"testing"
 
+	"iop/internal/edge/surface"
 	st "iop/internal/edge/surface/surfacetest"
 )
 
@@ -10,4 +12,40 @@ import (
 // Fields; a field added to request without a row fails here.
 func TestFieldTableComplete(t *testing.T) {
 	st.CheckFieldTable(t, RequestFields(), Fields)
+}
+
+// Issue 14: the shapes of the Messages request's objects allow exactly
+// what the parser reads: nothing nested is accepted and ignored.
+func TestShapesMatchParser(t *testing.T) {
+	st.CheckShape(t, "messages[]", messageShape, surface.JSONNames(message{}))
+	st.CheckShape(t, "content block", blockShape, surface.JSONNames(block{}))
+	st.CheckShape(t, "source", sourceShape, surface.JSONNames(source{}))
+	st.CheckShape(t, "tools[]", toolShape, surface.JSONNames(tool{}))
+	st.CheckShape(t, "tool_choice", toolChoiceShape, surface.JSONNames(toolChoice{}))
+}
+
+// Issue 14: an unknown member nested anywhere in a Messages request, or a
+// member of another block type, is a 400 naming its path.
+func TestNestedUnknown(t *testing.T) {
+	const user = `{"role":"user","content":"hi"}`
+	rows := []struct{ name, body, param string }{
+		{"message", `{"max_tokens":5,"messages":[{"role":"user","content":"hi","foo":1}]}`, "messages[0].foo"},
+		{"text block with a document's title", `{"max_tokens":5,"messages":[{"role":"user","content":[{"type":"text","text":"hi","title":"t"}]}]}`, "messages[0].content[0].title"},
+		{"text block with a tool_result's id", `{"max_tokens":5,"messages":[{"role":"user","content":[{"type":"text","text":"hi","tool_use_id":"x"}]}]}`, "messages[0].content[0].tool_use_id"},
+		{"cache_control", `{"max_tokens":5,"messages":[{"role":"user","content":[{"type":"text","text":"hi","cache_control":{"type":"ephemeral","x":1}}]}]}`, "messages[0].content[0].cache_control.x"},
+		{"image source of another type", `{"max_tokens":5,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBORw0KGgo=","url":"u"}}]}]}`, "messages[0].content[0].source.url"},
+		{"tool_result content", `{"max_tokens":5,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"x","id":"y"}]}]}]}`, "messages[0].content[0].content[0].id"},
+		{"system block", `{"max_tokens":5,"system":[{"type":"text","text":"s","foo":1}],"messages":[` + user + `]}`, "system[0].foo"},
+		{"tool", `{"max_tokens":5,"tools":[{"name":"f","input_schema":{"type":"object"},"foo":1}],"messages":[` + user + `]}`, "tools[0].foo"},
+		{"tool_choice", `{"max_tokens":5,"tool_choice":{"type":"auto","x":1},"messages":[` + user + `]}`, "tool_choice.x"},
+		{"thinking", `{"max_tokens":5,"thinking":{"type":"disabled","x":1},"messages":[` + user + `]}`, "thinking.x"},
+	}
+	for _, row := range rows {
+		t.Run("issue 14 "+row.name, func(t *testing.T) {
+			_, _, e := Input([]byte(row.body), false)
+			if e == nil || e.Param != row.param || !strings.Contains(e.Message, "unknown field") {
+				t.Fatalf("got %v, want a 400 naming %q", e, row.param)
+			}
+		})
+	}
 }

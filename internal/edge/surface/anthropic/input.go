@@ -80,22 +80,62 @@ type toolChoice struct {
 	DisableParallelToolUse *bool  `json:"disable_parallel_tool_use"`
 }
 
+// The shapes of the Messages request's objects (surface.CheckMembers):
+// every member the parser's structs know, per block type, so that no
+// other is accepted and ignored. Tests hold them equal to the structs.
+var (
+	cacheControlShape = &surface.Shape{Members: []surface.Member{surface.M("type", nil), surface.M("ttl", nil)}}
+	sourceShape       = &surface.Shape{
+		Members: []surface.Member{surface.M("type", nil)},
+		Types: []surface.Variant{
+			{Type: "base64", Members: []surface.Member{surface.M("media_type", nil), surface.M("data", nil)}},
+			{Type: "text", Members: []surface.Member{surface.M("media_type", nil), surface.M("data", nil)}},
+			{Type: "url", Members: []surface.Member{surface.M("url", nil)}},
+			{Type: "file", Members: []surface.Member{surface.M("file_id", nil)}},
+		},
+	}
+	textVariant     = surface.Variant{Type: "text", Members: []surface.Member{surface.M("text", nil), surface.M("citations", nil)}}
+	imageVariant    = surface.Variant{Type: "image", Members: []surface.Member{surface.M("source", sourceShape)}}
+	documentVariant = surface.Variant{Type: "document", Members: []surface.Member{surface.M("source", sourceShape),
+		surface.M("title", nil), surface.M("context", nil), surface.M("citations", nil)}}
+	// toolResultContentShape: the blocks a tool_result's content holds.
+	toolResultContentShape = &surface.Shape{
+		Members: []surface.Member{surface.M("type", nil), surface.M("cache_control", cacheControlShape)},
+		Types:   []surface.Variant{textVariant, imageVariant, documentVariant},
+	}
+	blockShape = &surface.Shape{
+		Members: []surface.Member{surface.M("type", nil), surface.M("cache_control", cacheControlShape)},
+		Types: []surface.Variant{textVariant, imageVariant, documentVariant,
+			{Type: "tool_use", Members: []surface.Member{surface.M("id", nil), surface.M("name", nil), surface.M("input", nil)}},
+			{Type: "tool_result", Members: []surface.Member{surface.M("tool_use_id", nil),
+				surface.M("content", toolResultContentShape), surface.M("is_error", nil)}},
+			{Type: "thinking", Members: []surface.Member{surface.M("thinking", nil), surface.M("signature", nil)}},
+			{Type: "redacted_thinking", Members: []surface.Member{surface.M("data", nil)}},
+		},
+	}
+	messageShape = &surface.Shape{Members: []surface.Member{surface.M("role", nil), surface.M("content", blockShape)}}
+	toolShape    = &surface.Shape{Members: []surface.Member{surface.M("type", nil), surface.M("name", nil), surface.M("description", nil),
+		surface.M("input_schema", nil), surface.M("cache_control", cacheControlShape)}}
+	toolChoiceShape = &surface.Shape{Members: []surface.Member{surface.M("type", nil), surface.M("name", nil), surface.M("disable_parallel_tool_use", nil)}}
+	thinkingShape   = &surface.Shape{Members: []surface.Member{surface.M("type", nil), surface.M("budget_tokens", nil)}}
+)
+
 // Fields is the run path's table of Messages request fields (issue 14):
 // every field request parses has a row.
 var Fields = []surface.Field{
 	surface.Row("model", surface.Routing, "selects the model group; the provider's target replaces it"),
-	surface.Row("messages", surface.Translated, "text blocks → content; image (base64) → images; tool_use → tool_calls; tool_result → tool messages (is_error → content prefixed \"Error: \"); cache_control and citations advisory"),
+	surface.Row("messages", surface.Translated, "text blocks → content; image (base64) → images; tool_use → tool_calls; tool_result → tool messages (is_error → content prefixed \"Error: \"); cache_control and citations advisory").Of(messageShape),
 	surface.Row("max_tokens", surface.Translated, "options.num_predict (required, as Anthropic requires it)"),
-	surface.Row("system", surface.Translated, "a system message (text blocks joined with \"\\n\")"),
+	surface.Row("system", surface.Translated, "a system message (text blocks joined with \"\\n\")").Of(blockShape),
 	surface.Row("stop_sequences", surface.Translated, "options.stop"),
 	surface.Row("stream", surface.Routing, "RunRequest.stream"),
 	surface.Row("temperature", surface.Translated, "options.temperature"),
 	surface.Row("top_p", surface.Translated, "options.top_p"),
 	surface.Row("top_k", surface.Translated, "options.top_k"),
-	surface.Row("tools", surface.Translated, "tools (custom tools; server tools refused)"),
-	surface.Row("tool_choice", surface.Translated, "auto → \"auto\", none → \"none\", any/tool → refused by the Ollama adapter; disable_parallel_tool_use: the Edge returns at most one tool_use"),
+	surface.Row("tools", surface.Translated, "tools (custom tools; server tools refused)").Of(toolShape),
+	surface.Row("tool_choice", surface.Translated, "auto → \"auto\", none → \"none\", any/tool → refused by the Ollama adapter; disable_parallel_tool_use: the Edge returns at most one tool_use").Of(toolChoiceShape),
 	surface.Row("metadata", surface.Advisory, "metadata.user_id: an end-user id for abuse monitoring"),
-	surface.Row("thinking", surface.Refused, "enabled; {\"type\":\"disabled\"} is the behaviour"),
+	surface.Row("thinking", surface.Refused, "enabled; {\"type\":\"disabled\"} is the behaviour").Of(thinkingShape),
 	surface.Row("service_tier", surface.Advisory, "a capacity tier; the answer is the same"),
 	surface.Row("container", surface.Refused, "no code-execution containers"),
 	surface.Row("mcp_servers", surface.Refused, "no MCP connector"),

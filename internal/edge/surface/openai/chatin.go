@@ -81,15 +81,45 @@ type imageURL struct {
 	Detail json.RawMessage `json:"detail"`
 }
 
+// The shapes of the chat request's objects (surface.CheckMembers): every
+// member the parser's structs know, so that no other is accepted and
+// ignored. Tests hold them equal to the structs' JSON names.
+var (
+	chatPartShape = &surface.Shape{
+		Members: []surface.Member{surface.M("type", nil)},
+		Types: []surface.Variant{
+			{Type: "text", Members: []surface.Member{surface.M("text", nil)}},
+			{Type: "image_url", Members: []surface.Member{surface.M("image_url", &surface.Shape{Members: []surface.Member{surface.M("url", nil), surface.M("detail", nil)}})}},
+			{Type: "input_audio", Members: []surface.Member{surface.M("input_audio", nil)}},
+			{Type: "file", Members: []surface.Member{surface.M("file", nil)}},
+			{Type: "refusal", Members: []surface.Member{surface.M("refusal", nil)}},
+		},
+	}
+	chatToolCallShape = &surface.Shape{Members: []surface.Member{surface.M("id", nil), surface.M("type", nil),
+		surface.M("function", &surface.Shape{Members: []surface.Member{surface.M("name", nil), surface.M("arguments", nil)}})}}
+	chatMessageShape = &surface.Shape{Members: []surface.Member{surface.M("role", nil), surface.M("content", chatPartShape),
+		surface.M("name", nil), surface.M("tool_calls", chatToolCallShape), surface.M("tool_call_id", nil),
+		surface.M("refusal", nil), surface.M("audio", nil), surface.M("function_call", nil)}}
+	chatToolShape = &surface.Shape{Members: []surface.Member{surface.M("type", nil),
+		surface.M("function", &surface.Shape{Members: []surface.Member{surface.M("name", nil), surface.M("description", nil),
+			surface.M("parameters", nil), surface.M("strict", nil)}})}}
+	chatToolChoiceShape = &surface.Shape{Members: []surface.Member{surface.M("type", nil),
+		surface.M("function", &surface.Shape{Members: []surface.Member{surface.M("name", nil)}})}}
+	chatResponseFormatShape = &surface.Shape{Members: []surface.Member{surface.M("type", nil),
+		surface.M("json_schema", &surface.Shape{Members: []surface.Member{surface.M("name", nil), surface.M("description", nil),
+			surface.M("schema", nil), surface.M("strict", nil)}})}}
+	chatStreamOptionsShape = &surface.Shape{Members: []surface.Member{surface.M("include_usage", nil), surface.M("include_obfuscation", nil)}}
+)
+
 // ChatFields is the run path's table of chat request fields (issue 14):
 // every field chatRequest parses has a row, each translated to Ollama's
 // native /api/chat form, refused with a 400 naming it, read by the Edge, or
 // advisory (no effect on the answer by OpenAI's own definition).
 var ChatFields = []surface.Field{
 	surface.Row("model", surface.Routing, "selects the model group; the provider's target replaces it"),
-	surface.Row("messages", surface.Translated, "messages (developer → system); text parts joined with \"\\n\"; image_url data: URLs → images"),
+	surface.Row("messages", surface.Translated, "messages (developer → system); text parts joined with \"\\n\"; image_url data: URLs → images").Of(chatMessageShape),
 	surface.Row("stream", surface.Routing, "RunRequest.stream"),
-	surface.Row("stream_options", surface.Translated, "include_usage: the usage chunk; include_obfuscation: advisory (no obfuscation is added)"),
+	surface.Row("stream_options", surface.Translated, "include_usage: the usage chunk; include_obfuscation: advisory (no obfuscation is added)").Of(chatStreamOptionsShape),
 	surface.Row("audio", surface.Refused, "no audio output"),
 	surface.Row("frequency_penalty", surface.Translated, "options.frequency_penalty"),
 	surface.Row("function_call", surface.Refused, "deprecated; use tool_choice"),
@@ -107,15 +137,15 @@ var ChatFields = []surface.Field{
 	surface.Row("prompt_cache_key", surface.Advisory, "a prompt-cache routing hint"),
 	surface.Row("prompt_cache_retention", surface.Advisory, "a prompt-cache retention hint"),
 	surface.Row("reasoning_effort", surface.Refused, "no reasoning control on the run path"),
-	surface.Row("response_format", surface.Translated, "json_object → format \"json\"; json_schema → format <schema>; text → none"),
+	surface.Row("response_format", surface.Translated, "json_object → format \"json\"; json_schema → format <schema>; text → none").Of(chatResponseFormatShape),
 	surface.Row("safety_identifier", surface.Advisory, "an end-user id for abuse monitoring"),
 	surface.Row("seed", surface.Translated, "options.seed"),
 	surface.Row("service_tier", surface.Advisory, "a processing tier; the answer is the same"),
 	surface.Row("stop", surface.Translated, "options.stop"),
 	surface.Row("store", surface.Refused, "true (nothing is stored); false is the behaviour"),
 	surface.Row("temperature", surface.Translated, "options.temperature"),
-	surface.Row("tool_choice", surface.Translated, "\"none\" drops the tools, \"auto\" is Ollama's behaviour; \"required\" and a named function are refused by the Ollama adapter"),
-	surface.Row("tools", surface.Translated, "tools (function tools only)"),
+	surface.Row("tool_choice", surface.Translated, "\"none\" drops the tools, \"auto\" is Ollama's behaviour; \"required\" and a named function are refused by the Ollama adapter").Of(chatToolChoiceShape),
+	surface.Row("tools", surface.Translated, "tools (function tools only)").Of(chatToolShape),
 	surface.Row("top_logprobs", surface.Translated, "top_logprobs (0–20, needs logprobs)"),
 	surface.Row("top_p", surface.Translated, "options.top_p"),
 	surface.Row("user", surface.Advisory, "an end-user id for abuse monitoring"),

@@ -1,8 +1,10 @@
 package openai
 
 import (
+	"strings"
 	"testing"
 
+	"iop/internal/edge/surface"
 	st "iop/internal/edge/surface/surfacetest"
 )
 
@@ -10,4 +12,37 @@ import (
 // ChatFields; a field added to chatRequest without a row fails here.
 func TestChatFieldTableComplete(t *testing.T) {
 	st.CheckFieldTable(t, ChatRequestFields(), ChatFields)
+}
+
+// Issue 14: the shapes of the chat request's objects allow exactly what
+// the parser reads: nothing nested is accepted and ignored.
+func TestChatShapesMatchParser(t *testing.T) {
+	st.CheckShape(t, "messages[]", chatMessageShape, surface.JSONNames(chatMessage{}))
+	st.CheckShape(t, "messages[].content[]", chatPartShape, surface.JSONNames(contentPart{}))
+	st.CheckShape(t, "image_url", chatPartShape.Types[1].Members[0].Shape, surface.JSONNames(imageURL{}))
+	st.CheckShape(t, "stream_options", chatStreamOptionsShape, surface.JSONNames(streamOptions{}))
+}
+
+// Issue 14: an unknown member nested anywhere in a chat request is a 400
+// naming its path, never accepted and ignored.
+func TestChatNestedUnknown(t *testing.T) {
+	rows := []struct{ name, body, param string }{
+		{"message", `{"messages":[{"role":"user","content":"hi","foo":1}]}`, "messages[0].foo"},
+		{"text part", `{"messages":[{"role":"user","content":[{"type":"text","text":"hi","cache_control":{}}]}]}`, "messages[0].content[0].cache_control"},
+		{"image_url", `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,iVBORw0KGgo=","x":1}}]}]}`, "messages[0].content[0].image_url.x"},
+		{"tool call", `{"messages":[{"role":"assistant","tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}","x":1}}]}]}`, "messages[0].tool_calls[0].function.x"},
+		{"tool", `{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"},"bar":2}]}`, "tools[0].bar"},
+		{"tool function", `{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","foo":1}}]}`, "tools[0].function.foo"},
+		{"tool_choice", `{"messages":[{"role":"user","content":"hi"}],"tool_choice":{"type":"function","function":{"name":"f"},"x":1}}`, "tool_choice.x"},
+		{"stream_options", `{"messages":[{"role":"user","content":"hi"}],"stream_options":{"foo":true}}`, "stream_options.foo"},
+		{"response_format", `{"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{},"y":1}}}`, "response_format.json_schema.y"},
+	}
+	for _, row := range rows {
+		t.Run("issue 14 "+row.name, func(t *testing.T) {
+			_, _, e := ChatInput([]byte(row.body))
+			if e == nil || e.Param != row.param || !strings.Contains(e.Message, "unknown field") {
+				t.Fatalf("got %v, want a 400 naming %q", e, row.param)
+			}
+		})
+	}
 }

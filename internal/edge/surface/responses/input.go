@@ -88,11 +88,56 @@ type part struct {
 	Detail      json.RawMessage `json:"detail"`
 }
 
+// The shapes of the Responses request's objects (surface.CheckMembers):
+// every member the parser's structs know, per item and part type, so that
+// no other is accepted and ignored. Tests hold them equal to the structs.
+var (
+	partShape = &surface.Shape{
+		Members: []surface.Member{surface.M("type", nil)},
+		Types: []surface.Variant{
+			{Type: "input_text", Members: []surface.Member{surface.M("text", nil)}},
+			{Type: "output_text", Members: []surface.Member{surface.M("text", nil), surface.M("annotations", nil), surface.M("logprobs", nil)}},
+			{Type: "input_image", Members: []surface.Member{surface.M("image_url", nil), surface.M("file_id", nil), surface.M("detail", nil)}},
+		},
+	}
+	messageMembers = []surface.Member{surface.M("role", nil), surface.M("content", partShape)}
+	itemShape      = &surface.Shape{
+		Members: []surface.Member{surface.M("type", nil), surface.M("id", nil), surface.M("status", nil)},
+		Types: []surface.Variant{
+			{Type: "", Members: messageMembers},
+			{Type: "message", Members: messageMembers},
+			{Type: "function_call", Members: []surface.Member{surface.M("call_id", nil), surface.M("name", nil), surface.M("arguments", nil)}},
+			{Type: "function_call_output", Members: []surface.Member{surface.M("call_id", nil), surface.M("output", partShape)}},
+		},
+	}
+	toolShape = &surface.Shape{
+		Members: []surface.Member{surface.M("type", nil)},
+		Types: []surface.Variant{{Type: "function", Members: []surface.Member{surface.M("name", nil), surface.M("description", nil),
+			surface.M("parameters", nil), surface.M("strict", nil)}}},
+	}
+	toolChoiceShape = &surface.Shape{
+		Members: []surface.Member{surface.M("type", nil)},
+		Types:   []surface.Variant{{Type: "function", Members: []surface.Member{surface.M("name", nil)}}},
+	}
+	formatShape = &surface.Shape{
+		Members: []surface.Member{surface.M("type", nil)},
+		Types: []surface.Variant{
+			{Type: "text"},
+			{Type: "json_object"},
+			{Type: "json_schema", Members: []surface.Member{surface.M("name", nil), surface.M("schema", nil),
+				surface.M("strict", nil), surface.M("description", nil)}},
+		},
+	}
+	textShape          = &surface.Shape{Members: []surface.Member{surface.M("format", formatShape), surface.M("verbosity", nil)}}
+	reasoningShape     = &surface.Shape{Members: []surface.Member{surface.M("effort", nil), surface.M("summary", nil), surface.M("generate_summary", nil)}}
+	streamOptionsShape = &surface.Shape{Members: []surface.Member{surface.M("include_obfuscation", nil)}}
+)
+
 // Fields is the run path's table of Responses request fields (issue 14):
 // every field request parses has a row.
 var Fields = []surface.Field{
 	surface.Row("model", surface.Routing, "selects the model group; the provider's target replaces it"),
-	surface.Row("input", surface.Translated, "a string or items: messages (input_text/output_text joined with \"\\n\", input_image data: URLs → images), function_call → assistant tool_calls, function_call_output → tool messages"),
+	surface.Row("input", surface.Translated, "a string or items: messages (input_text/output_text joined with \"\\n\", input_image data: URLs → images), function_call → assistant tool_calls, function_call_output → tool messages").Of(itemShape),
 	surface.Row("instructions", surface.Translated, "a system message first"),
 	surface.Row("max_output_tokens", surface.Translated, "options.num_predict; the limit ends the response as incomplete"),
 	surface.Row("max_tool_calls", surface.Advisory, "limits calls to built-in tools, and there are none"),
@@ -105,16 +150,16 @@ var Fields = []surface.Field{
 	surface.Row("prompt", surface.Refused, "no stored prompt templates"),
 	surface.Row("prompt_cache_key", surface.Advisory, "a prompt-cache routing hint"),
 	surface.Row("prompt_cache_retention", surface.Advisory, "a prompt-cache retention hint"),
-	surface.Row("reasoning", surface.Refused, "any non-null effort or summary: no reasoning control on the run path"),
+	surface.Row("reasoning", surface.Refused, "any non-null effort or summary: no reasoning control on the run path").Of(reasoningShape),
 	surface.Row("safety_identifier", surface.Advisory, "an end-user id for abuse monitoring"),
 	surface.Row("service_tier", surface.Advisory, "a processing tier; the answer is the same"),
 	surface.Row("store", surface.Refused, "true (stateless); false is the behaviour"),
 	surface.Row("stream", surface.Routing, "RunRequest.stream"),
-	surface.Row("stream_options", surface.Advisory, "include_obfuscation: no obfuscation is added"),
+	surface.Row("stream_options", surface.Advisory, "include_obfuscation: no obfuscation is added").Of(streamOptionsShape),
 	surface.Row("temperature", surface.Translated, "options.temperature"),
-	surface.Row("text", surface.Translated, "format: json_object → format \"json\", json_schema → format <schema>; verbosity refused"),
-	surface.Row("tool_choice", surface.Translated, "\"none\" drops the tools, \"auto\" is Ollama's behaviour; \"required\" and a named function are refused by the Ollama adapter; other kinds refused"),
-	surface.Row("tools", surface.Translated, "function tools → tools; built-in tools refused"),
+	surface.Row("text", surface.Translated, "format: json_object → format \"json\", json_schema → format <schema>; verbosity refused").Of(textShape),
+	surface.Row("tool_choice", surface.Translated, "\"none\" drops the tools, \"auto\" is Ollama's behaviour; \"required\" and a named function are refused by the Ollama adapter; other kinds refused").Of(toolChoiceShape),
+	surface.Row("tools", surface.Translated, "function tools → tools; built-in tools refused").Of(toolShape),
 	surface.Row("top_logprobs", surface.Refused, "any value but 0: output_text logprobs are not offered on this surface"),
 	surface.Row("top_p", surface.Translated, "options.top_p"),
 	surface.Row("truncation", surface.Translated, "\"auto\" → truncate true, \"disabled\" (the default) → truncate false"),

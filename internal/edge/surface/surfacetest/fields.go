@@ -32,3 +32,22 @@ func CheckFieldTable(t testing.TB, parsed []string, rows []surface.Field) {
 		}
 	}
 }
+
+// CheckShape checks that a Shape allows exactly the members a parser's
+// struct decodes (issue 14): a member the parser reads but the shape
+// refuses, or one the shape lets through but the parser drops, fails here.
+// parsed is surface.JSONNames of the struct.
+func CheckShape(t testing.TB, what string, sh *surface.Shape, parsed []string) {
+	t.Helper()
+	allowed := sh.AllNames()
+	for _, n := range parsed {
+		if !slices.Contains(allowed, n) {
+			t.Errorf("%s: the parser reads %q but the shape refuses it", what, n)
+		}
+	}
+	for _, n := range allowed {
+		if !slices.Contains(parsed, n) {
+			t.Errorf("%s: the shape allows %q but the parser drops it", what, n)
+		}
+	}
+}

@@ -1,0 +1,45 @@
+package responses
+
+import (
+	"strings"
+	"testing"
+
+	"iop/internal/edge/surface"
+	st "iop/internal/edge/surface/surfacetest"
+)
+
+// Issue 14: the shapes of the Responses request's objects allow exactly
+// what the parser reads: nothing nested is accepted and ignored.
+func TestShapesMatchParser(t *testing.T) {
+	st.CheckShape(t, "input[]", itemShape, surface.JSONNames(item{}))
+	st.CheckShape(t, "content part", partShape, surface.JSONNames(part{}))
+	st.CheckShape(t, "tools[]", toolShape, surface.JSONNames(tool{}))
+	st.CheckShape(t, "text", textShape, surface.JSONNames(textConfig{}))
+	st.CheckShape(t, "reasoning", reasoningShape, surface.JSONNames(reasoning{}))
+}
+
+// Issue 14: an unknown member nested anywhere in a Responses request, or
+// a member of another item or part type, is a 400 naming its path.
+func TestNestedUnknown(t *testing.T) {
+	rows := []struct{ name, body, param string }{
+		{"message item", `{"input":[{"role":"user","content":"hi","foo":1}]}`, "input[0].foo"},
+		{"message with a call's output", `{"input":[{"role":"user","content":"hi","output":"x"}]}`, "input[0].output"},
+		{"function_call with content", `{"input":[{"type":"function_call","call_id":"c","name":"f","arguments":"{}","content":"x"}]}`, "input[0].content"},
+		{"text part with an image", `{"input":[{"role":"user","content":[{"type":"input_text","text":"hi","image_url":"x"}]}]}`, "input[0].content[0].image_url"},
+		{"function_call_output part", `{"input":[{"type":"function_call_output","call_id":"c","output":[{"type":"input_text","text":"x","y":1}]}]}`, "input[0].output[0].y"},
+		{"tool", `{"input":"hi","tools":[{"type":"function","name":"f","parameters":{},"foo":1}]}`, "tools[0].foo"},
+		{"tool_choice", `{"input":"hi","tool_choice":{"type":"function","name":"f","x":1}}`, "tool_choice.x"},
+		{"text", `{"input":"hi","text":{"foo":1}}`, "text.foo"},
+		{"text.format", `{"input":"hi","text":{"format":{"type":"json_object","foo":1}}}`, "text.format.foo"},
+		{"reasoning", `{"input":"hi","reasoning":{"foo":1}}`, "reasoning.foo"},
+		{"stream_options", `{"input":"hi","stream_options":{"foo":1}}`, "stream_options.foo"},
+	}
+	for _, row := range rows {
+		t.Run("issue 14 "+row.name, func(t *testing.T) {
+			_, _, e := Input([]byte(row.body))
+			if e == nil || e.Param != row.param || !strings.Contains(e.Message, "unknown field") {
+				t.Fatalf("got %v, want a 400 naming %q", e, row.param)
+			}
+		})
+	}
+}
