@@ -49,3 +49,30 @@ func TestNestedUnknown(t *testing.T) {
 		})
 	}
 }
+
+// Issue 14: metadata (user_id only) and service_tier are advisory, but a
+// value Anthropic would refuse is a 400 naming the field.
+func TestAdvisoryChecked(t *testing.T) {
+	const msgs = `"max_tokens":5,"messages":[{"role":"user","content":"hi"}]`
+	rows := []struct{ name, extra, want string }{
+		{"user_id", `"metadata":{"user_id":"u1"}`, ""},
+		{"user_id null", `"metadata":{"user_id":null}`, ""},
+		{"metadata a string", `"metadata":"x"`, "metadata"},
+		{"metadata another member", `"metadata":{"foo":"x"}`, "metadata.foo"},
+		{"user_id a number", `"metadata":{"user_id":5}`, "user_id"},
+		{"user_id too long", `"metadata":{"user_id":"` + strings.Repeat("u", 257) + `"}`, "metadata.user_id"},
+		{"service_tier", `"service_tier":"standard_only"`, ""},
+		{"service_tier unknown", `"service_tier":"gold"`, "service_tier"},
+	}
+	for _, row := range rows {
+		t.Run("issue 14 "+row.name, func(t *testing.T) {
+			_, _, e := Input([]byte(`{`+msgs+`,`+row.extra+`}`), false)
+			switch {
+			case row.want == "" && e != nil:
+				t.Fatalf("got %v, want nil", e)
+			case row.want != "" && (e == nil || !strings.Contains(e.Message, row.want)):
+				t.Fatalf("got %v, want a 400 naming %q", e, row.want)
+			}
+		})
+	}
+}

@@ -14,23 +14,23 @@ import (
 // so that none is dropped unseen; Fields says what happens to each. A
 // member not listed here is a 400 naming it, as Anthropic answers.
 type request struct {
-	Model             surface.Skip    `json:"model"`
-	Messages          []message       `json:"messages"`
-	MaxTokens         *int64          `json:"max_tokens"`
-	System            json.RawMessage `json:"system"`
-	StopSequences     []string        `json:"stop_sequences"`
-	Stream            surface.Seen    `json:"stream"`
-	Temperature       *float64        `json:"temperature"`
-	TopP              *float64        `json:"top_p"`
-	TopK              *int64          `json:"top_k"`
-	Tools             []tool          `json:"tools"`
-	ToolChoice        *toolChoice     `json:"tool_choice"`
-	Metadata          surface.Seen    `json:"metadata"`
-	Thinking          json.RawMessage `json:"thinking"`
-	ServiceTier       surface.Seen    `json:"service_tier"`
-	Container         surface.Seen    `json:"container"`
-	MCPServers        surface.Seen    `json:"mcp_servers"`
-	ContextManagement surface.Seen    `json:"context_management"`
+	Model             surface.Skip               `json:"model"`
+	Messages          []message                  `json:"messages"`
+	MaxTokens         *int64                     `json:"max_tokens"`
+	System            json.RawMessage            `json:"system"`
+	StopSequences     []string                   `json:"stop_sequences"`
+	Stream            surface.Seen               `json:"stream"`
+	Temperature       *float64                   `json:"temperature"`
+	TopP              *float64                   `json:"top_p"`
+	TopK              *int64                     `json:"top_k"`
+	Tools             []tool                     `json:"tools"`
+	ToolChoice        *toolChoice                `json:"tool_choice"`
+	Metadata          *surface.AnthropicMetadata `json:"metadata"`
+	Thinking          json.RawMessage            `json:"thinking"`
+	ServiceTier       *string                    `json:"service_tier"`
+	Container         surface.Seen               `json:"container"`
+	MCPServers        surface.Seen               `json:"mcp_servers"`
+	ContextManagement surface.Seen               `json:"context_management"`
 }
 
 type message struct {
@@ -118,6 +118,7 @@ var (
 		surface.M("input_schema", nil), surface.M("cache_control", cacheControlShape)}}
 	toolChoiceShape = &surface.Shape{Members: []surface.Member{surface.M("type", nil), surface.M("name", nil), surface.M("disable_parallel_tool_use", nil)}}
 	thinkingShape   = &surface.Shape{Members: []surface.Member{surface.M("type", nil), surface.M("budget_tokens", nil)}}
+	metadataShape   = &surface.Shape{Members: []surface.Member{surface.M("user_id", nil)}}
 )
 
 // Fields is the run path's table of Messages request fields (issue 14):
@@ -134,9 +135,9 @@ var Fields = []surface.Field{
 	surface.Row("top_k", surface.Translated, "options.top_k"),
 	surface.Row("tools", surface.Translated, "tools (custom tools; server tools refused)").Of(toolShape),
 	surface.Row("tool_choice", surface.Translated, "auto → \"auto\", none → \"none\", any/tool → refused by the Ollama adapter; disable_parallel_tool_use: the Edge returns at most one tool_use").Of(toolChoiceShape),
-	surface.Row("metadata", surface.Advisory, "metadata.user_id: an end-user id for abuse monitoring"),
+	surface.Row("metadata", surface.Advisory, "metadata.user_id (a string up to 256 characters, no other member): an end-user id for Anthropic's abuse detection; no backend takes one").Of(metadataShape),
 	surface.Row("thinking", surface.Refused, "enabled; {\"type\":\"disabled\"} is the behaviour").Of(thinkingShape),
-	surface.Row("service_tier", surface.Advisory, "a capacity tier; the answer is the same"),
+	surface.Row("service_tier", surface.Advisory, "a capacity tier (auto, standard_only): every request is served alike"),
 	surface.Row("container", surface.Refused, "no code-execution containers"),
 	surface.Row("mcp_servers", surface.Refused, "no MCP connector"),
 	surface.Row("context_management", surface.Refused, "no server-side context editing"),
@@ -246,6 +247,12 @@ func refuse(r *request, count bool) *surface.Error {
 			return surface.BadRequest(f.name, "field %q is not supported by this model's provider", f.name)
 		}
 	}
+	if e := r.Metadata.Check(); e != nil {
+		return e
+	}
+	if e := surface.OneOf("service_tier", r.ServiceTier, "auto", "standard_only"); e != nil {
+		return e
+	}
 	if !count {
 		return nil
 	}
@@ -254,7 +261,7 @@ func refuse(r *request, count bool) *surface.Error {
 		set  bool
 	}{{"max_tokens", r.MaxTokens != nil}, {"stop_sequences", r.StopSequences != nil}, {"stream", bool(r.Stream)},
 		{"temperature", r.Temperature != nil}, {"top_p", r.TopP != nil}, {"top_k", r.TopK != nil},
-		{"metadata", bool(r.Metadata)}, {"service_tier", bool(r.ServiceTier)}} {
+		{"metadata", r.Metadata != nil}, {"service_tier", r.ServiceTier != nil}} {
 		if f.set {
 			return surface.BadRequest(f.name, "field %q is not a field of count_tokens", f.name)
 		}

@@ -26,19 +26,19 @@ type chatRequest struct {
 	Logprobs            *bool           `json:"logprobs"`
 	MaxCompletionTokens *int64          `json:"max_completion_tokens"`
 	MaxTokens           *int64          `json:"max_tokens"`
-	Metadata            surface.Seen    `json:"metadata"`
+	Metadata            json.RawMessage `json:"metadata"`
 	Modalities          []string        `json:"modalities"`
 	N                   *int64          `json:"n"`
 	ParallelToolCalls   *bool           `json:"parallel_tool_calls"`
 	Prediction          surface.Seen    `json:"prediction"`
 	PresencePenalty     *float64        `json:"presence_penalty"`
-	PromptCacheKey      surface.Seen    `json:"prompt_cache_key"`
-	PromptCacheRetain   surface.Seen    `json:"prompt_cache_retention"`
+	PromptCacheKey      *string         `json:"prompt_cache_key"`
+	PromptCacheRetain   *string         `json:"prompt_cache_retention"`
 	ReasoningEffort     surface.Seen    `json:"reasoning_effort"`
 	ResponseFormat      json.RawMessage `json:"response_format"`
-	SafetyIdentifier    surface.Seen    `json:"safety_identifier"`
+	SafetyIdentifier    *string         `json:"safety_identifier"`
 	Seed                *int64          `json:"seed"`
-	ServiceTier         surface.Seen    `json:"service_tier"`
+	ServiceTier         *string         `json:"service_tier"`
 	Stop                json.RawMessage `json:"stop"`
 	Store               *bool           `json:"store"`
 	Temperature         *float64        `json:"temperature"`
@@ -46,14 +46,14 @@ type chatRequest struct {
 	Tools               json.RawMessage `json:"tools"`
 	TopLogprobs         *int64          `json:"top_logprobs"`
 	TopP                *float64        `json:"top_p"`
-	User                surface.Seen    `json:"user"`
+	User                *string         `json:"user"`
 	Verbosity           surface.Seen    `json:"verbosity"`
 	WebSearchOptions    surface.Seen    `json:"web_search_options"`
 }
 
 type streamOptions struct {
-	IncludeUsage       *bool        `json:"include_usage"`
-	IncludeObfuscation surface.Seen `json:"include_obfuscation"`
+	IncludeUsage       *bool `json:"include_usage"`
+	IncludeObfuscation *bool `json:"include_obfuscation"`
 }
 
 type chatMessage struct {
@@ -128,19 +128,19 @@ var ChatFields = []surface.Field{
 	surface.Row("logprobs", surface.Translated, "logprobs; returned as choices[].logprobs.content"),
 	surface.Row("max_completion_tokens", surface.Translated, "options.num_predict"),
 	surface.Row("max_tokens", surface.Translated, "options.num_predict (max_completion_tokens wins)"),
-	surface.Row("metadata", surface.Advisory, "tags for stored completions; nothing is stored"),
+	surface.Row("metadata", surface.Advisory, "tags for stored completions: checked against the API's limits (16 string pairs), then unused: nothing is stored and no backend takes tags"),
 	surface.Row("modalities", surface.Refused, "any value but [\"text\"]"),
 	surface.Row("n", surface.Refused, "any value but 1"),
 	surface.Row("parallel_tool_calls", surface.Translated, "false: the Edge returns at most one tool call"),
 	surface.Row("prediction", surface.Refused, "no predicted outputs"),
 	surface.Row("presence_penalty", surface.Translated, "options.presence_penalty"),
-	surface.Row("prompt_cache_key", surface.Advisory, "a prompt-cache routing hint"),
-	surface.Row("prompt_cache_retention", surface.Advisory, "a prompt-cache retention hint"),
+	surface.Row("prompt_cache_key", surface.Advisory, "a prompt-cache routing hint (a string): the backends cache prompt prefixes by themselves, and prefix_affinity groups route by the conversation"),
+	surface.Row("prompt_cache_retention", surface.Advisory, "a prompt-cache retention hint (in-memory or 24h): the backends keep their caches as they do"),
 	surface.Row("reasoning_effort", surface.Refused, "no reasoning control on the run path"),
 	surface.Row("response_format", surface.Translated, "json_object → format \"json\"; json_schema → format <schema>; text → none").Of(chatResponseFormatShape),
-	surface.Row("safety_identifier", surface.Advisory, "an end-user id for abuse monitoring"),
+	surface.Row("safety_identifier", surface.Advisory, "an end-user id (a string) for the API provider's abuse monitoring; no backend takes one"),
 	surface.Row("seed", surface.Translated, "options.seed"),
-	surface.Row("service_tier", surface.Advisory, "a processing tier; the answer is the same"),
+	surface.Row("service_tier", surface.Advisory, "a processing tier (auto, default, flex, scale, priority): every request is served alike"),
 	surface.Row("stop", surface.Translated, "options.stop"),
 	surface.Row("store", surface.Refused, "true (nothing is stored); false is the behaviour"),
 	surface.Row("temperature", surface.Translated, "options.temperature"),
@@ -148,7 +148,7 @@ var ChatFields = []surface.Field{
 	surface.Row("tools", surface.Translated, "tools (function tools only)").Of(chatToolShape),
 	surface.Row("top_logprobs", surface.Translated, "top_logprobs (0–20, needs logprobs)"),
 	surface.Row("top_p", surface.Translated, "options.top_p"),
-	surface.Row("user", surface.Advisory, "an end-user id for abuse monitoring"),
+	surface.Row("user", surface.Advisory, "an end-user id (a string) for the API provider's abuse monitoring; no backend takes one"),
 	surface.Row("verbosity", surface.Refused, "no verbosity control"),
 	surface.Row("web_search_options", surface.Refused, "no web search"),
 }
@@ -272,7 +272,21 @@ func refuseChat(r *chatRequest) *surface.Error {
 	if r.Store != nil && *r.Store {
 		return surface.BadRequest("store", "field \"store\": this gateway stores nothing; send false or leave it out")
 	}
-	return nil
+	return CheckAdvisory(r.Metadata, r.ServiceTier, r.PromptCacheRetain)
+}
+
+// CheckAdvisory checks the advisory fields OpenAI's chat and Responses
+// requests share: they change nothing on the run path, but a value the API
+// would refuse is a 400 naming the field (the string-typed ones, user,
+// safety_identifier and prompt_cache_key, are checked by their decoding).
+func CheckAdvisory(metadata json.RawMessage, serviceTier, cacheRetention *string) *surface.Error {
+	if e := surface.CheckMetadata("metadata", metadata); e != nil {
+		return e
+	}
+	if e := surface.OneOf("service_tier", serviceTier, "auto", "default", "flex", "scale", "priority"); e != nil {
+		return e
+	}
+	return surface.OneOf("prompt_cache_retention", cacheRetention, "in-memory", "24h")
 }
 
 func runMessage(i int, m *chatMessage) (*iop.ChatMessage, *surface.Error) {

@@ -19,7 +19,7 @@ type embeddingsRequest struct {
 	Input          json.RawMessage `json:"input"`
 	EncodingFormat *string         `json:"encoding_format"`
 	Dimensions     *int64          `json:"dimensions"`
-	User           json.RawMessage `json:"user"`
+	User           *string         `json:"user"`
 }
 
 // EmbeddingsFields is the run path's table of embeddings request fields
@@ -29,7 +29,7 @@ var EmbeddingsFields = []surface.Field{
 	surface.Row("input", surface.Translated, "/api/embed input (a string or an array of strings; token arrays refused)"),
 	surface.Row("encoding_format", surface.Translated, "float, or base64 of little-endian float32s, encoded by the Edge"),
 	surface.Row("dimensions", surface.Translated, "/api/embed dimensions"),
-	surface.Row("user", surface.Advisory, "an end-user id for abuse monitoring"),
+	surface.Row("user", surface.Advisory, "an end-user id (a string) for the API provider's abuse monitoring; no backend takes one"),
 }
 
 // EmbeddingsRequestFields lists the JSON names of every field the

@@ -46,3 +46,39 @@ func TestChatNestedUnknown(t *testing.T) {
 		})
 	}
 }
+
+// Issue 14: the advisory fields change nothing on the run path, but a
+// value the API would refuse is a 400 naming the field, never accepted and
+// ignored; a valid one passes.
+func TestChatAdvisoryChecked(t *testing.T) {
+	const msgs = `"messages":[{"role":"user","content":"hi"}]`
+	long := strings.Repeat("k", 65)
+	rows := []struct{ name, extra, param string }{
+		{"user a string", `"user":"u1"`, ""},
+		{"user a number", `"user":5`, "user"},
+		{"metadata string pairs", `"metadata":{"a":"b"}`, ""},
+		{"metadata a string", `"metadata":"x"`, "metadata"},
+		{"metadata nested", `"metadata":{"a":{"b":1}}`, "metadata"},
+		{"metadata key too long", `"metadata":{"` + long + `":"v"}`, "metadata"},
+		{"metadata 17 pairs", `"metadata":{"a":"","b":"","c":"","d":"","e":"","f":"","g":"","h":"","i":"","j":"","k":"","l":"","m":"","n":"","o":"","p":"","q":""}`, "metadata"},
+		{"service_tier known", `"service_tier":"flex"`, ""},
+		{"service_tier unknown", `"service_tier":"gold"`, "service_tier"},
+		{"service_tier a number", `"service_tier":42`, "service_tier"},
+		{"prompt_cache_key an object", `"prompt_cache_key":{"x":1}`, "prompt_cache_key"},
+		{"prompt_cache_retention unknown", `"prompt_cache_retention":"forever"`, "prompt_cache_retention"},
+		{"safety_identifier a bool", `"safety_identifier":true`, "safety_identifier"},
+		{"include_obfuscation a string", `"stream_options":{"include_obfuscation":"no"}`, "stream_options.include_obfuscation"},
+		{"null is absent", `"user":null,"metadata":null,"service_tier":null`, ""},
+	}
+	for _, row := range rows {
+		t.Run("issue 14 "+row.name, func(t *testing.T) {
+			_, _, e := ChatInput([]byte(`{` + msgs + `,` + row.extra + `}`))
+			switch {
+			case row.param == "" && e != nil:
+				t.Fatalf("got %v, want nil", e)
+			case row.param != "" && (e == nil || e.Param != row.param):
+				t.Fatalf("got %v, want a 400 naming %q", e, row.param)
+			}
+		})
+	}
+}

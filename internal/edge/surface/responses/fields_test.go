@@ -1,6 +1,7 @@
 package responses
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -39,6 +40,38 @@ func TestNestedUnknown(t *testing.T) {
 			_, _, e := Input([]byte(row.body))
 			if e == nil || e.Param != row.param || !strings.Contains(e.Message, "unknown field") {
 				t.Fatalf("got %v, want a 400 naming %q", e, row.param)
+			}
+		})
+	}
+}
+
+// Issue 14: the advisory fields change nothing, but a value the API would
+// refuse is a 400 naming the field; user and metadata are echoed on the
+// response object only as valid JSON of their types.
+func TestAdvisoryChecked(t *testing.T) {
+	rows := []struct{ name, extra, param string }{
+		{"user", `"user":"u1"`, ""},
+		{"user an object", `"user":{"a":1}`, "user"},
+		{"metadata", `"metadata":{"a":"b"}`, ""},
+		{"metadata a string", `"metadata":"x"`, "metadata"},
+		{"metadata nested", `"metadata":{"a":{"b":1}}`, "metadata"},
+		{"max_tool_calls", `"max_tool_calls":3`, ""},
+		{"max_tool_calls a string", `"max_tool_calls":"x"`, "max_tool_calls"},
+		{"max_tool_calls negative", `"max_tool_calls":-1`, "max_tool_calls"},
+		{"service_tier unknown", `"service_tier":"gold"`, "service_tier"},
+		{"prompt_cache_key a number", `"prompt_cache_key":5`, "prompt_cache_key"},
+		{"stream_options a string", `"stream_options":"x"`, "stream_options"},
+	}
+	for _, row := range rows {
+		t.Run("issue 14 "+row.name, func(t *testing.T) {
+			_, p, e := Input([]byte(`{"input":"hi",` + row.extra + `}`))
+			switch {
+			case row.param == "" && e != nil:
+				t.Fatalf("got %v, want nil", e)
+			case row.param != "" && (e == nil || e.Param != row.param):
+				t.Fatalf("got %v, want a 400 naming %q", e, row.param)
+			case e == nil && !json.Valid(append(append([]byte{'{'}, p.Echo...), '}')):
+				t.Fatalf("echo is not JSON: %s", p.Echo)
 			}
 		})
 	}

@@ -20,7 +20,7 @@ type request struct {
 	Input              json.RawMessage `json:"input"`
 	Instructions       *string         `json:"instructions"`
 	MaxOutputTokens    *int64          `json:"max_output_tokens"`
-	MaxToolCalls       surface.Seen    `json:"max_tool_calls"`
+	MaxToolCalls       *int64          `json:"max_tool_calls"`
 	Background         *bool           `json:"background"`
 	Conversation       surface.Seen    `json:"conversation"`
 	Include            []string        `json:"include"`
@@ -28,14 +28,14 @@ type request struct {
 	ParallelToolCalls  *bool           `json:"parallel_tool_calls"`
 	PreviousResponseID surface.Seen    `json:"previous_response_id"`
 	Prompt             surface.Seen    `json:"prompt"`
-	PromptCacheKey     surface.Seen    `json:"prompt_cache_key"`
-	PromptCacheRetain  surface.Seen    `json:"prompt_cache_retention"`
+	PromptCacheKey     *string         `json:"prompt_cache_key"`
+	PromptCacheRetain  *string         `json:"prompt_cache_retention"`
 	Reasoning          *reasoning      `json:"reasoning"`
-	SafetyIdentifier   surface.Seen    `json:"safety_identifier"`
-	ServiceTier        surface.Seen    `json:"service_tier"`
+	SafetyIdentifier   *string         `json:"safety_identifier"`
+	ServiceTier        *string         `json:"service_tier"`
 	Store              *bool           `json:"store"`
 	Stream             surface.Skip    `json:"stream"`
-	StreamOptions      surface.Seen    `json:"stream_options"`
+	StreamOptions      *streamOptions  `json:"stream_options"`
 	Temperature        *float64        `json:"temperature"`
 	Text               *textConfig     `json:"text"`
 	ToolChoice         json.RawMessage `json:"tool_choice"`
@@ -43,7 +43,11 @@ type request struct {
 	TopLogprobs        *int64          `json:"top_logprobs"`
 	TopP               *float64        `json:"top_p"`
 	Truncation         *string         `json:"truncation"`
-	User               json.RawMessage `json:"user"`
+	User               *string         `json:"user"`
+}
+
+type streamOptions struct {
+	IncludeObfuscation *bool `json:"include_obfuscation"`
 }
 
 type reasoning struct {
@@ -140,22 +144,22 @@ var Fields = []surface.Field{
 	surface.Row("input", surface.Translated, "a string or items: messages (input_text/output_text joined with \"\\n\", input_image data: URLs → images), function_call → assistant tool_calls, function_call_output → tool messages").Of(itemShape),
 	surface.Row("instructions", surface.Translated, "a system message first"),
 	surface.Row("max_output_tokens", surface.Translated, "options.num_predict; the limit ends the response as incomplete"),
-	surface.Row("max_tool_calls", surface.Advisory, "limits calls to built-in tools, and there are none"),
+	surface.Row("max_tool_calls", surface.Advisory, "limits calls to built-in tools (a count ≥ 0), and there are none"),
 	surface.Row("background", surface.Refused, "true (stateless); false is the behaviour"),
 	surface.Row("conversation", surface.Refused, "stateless: no stored conversations"),
 	surface.Row("include", surface.Refused, "any value but reasoning.encrypted_content (no reasoning items are produced, so it adds nothing)"),
-	surface.Row("metadata", surface.Advisory, "tags echoed on the response; no effect on the answer"),
+	surface.Row("metadata", surface.Advisory, "tags (16 string pairs, checked) echoed on the response object; no effect on the answer"),
 	surface.Row("parallel_tool_calls", surface.Translated, "false: the Edge returns at most one function call"),
 	surface.Row("previous_response_id", surface.Refused, "stateless: no stored responses"),
 	surface.Row("prompt", surface.Refused, "no stored prompt templates"),
-	surface.Row("prompt_cache_key", surface.Advisory, "a prompt-cache routing hint"),
-	surface.Row("prompt_cache_retention", surface.Advisory, "a prompt-cache retention hint"),
+	surface.Row("prompt_cache_key", surface.Advisory, "a prompt-cache routing hint (a string): the backends cache prompt prefixes by themselves, and prefix_affinity groups route by the conversation"),
+	surface.Row("prompt_cache_retention", surface.Advisory, "a prompt-cache retention hint (in-memory or 24h): the backends keep their caches as they do"),
 	surface.Row("reasoning", surface.Refused, "any non-null effort or summary: no reasoning control on the run path").Of(reasoningShape),
-	surface.Row("safety_identifier", surface.Advisory, "an end-user id for abuse monitoring"),
-	surface.Row("service_tier", surface.Advisory, "a processing tier; the answer is the same"),
+	surface.Row("safety_identifier", surface.Advisory, "an end-user id (a string) for the API provider's abuse monitoring; no backend takes one"),
+	surface.Row("service_tier", surface.Advisory, "a processing tier (auto, default, flex, scale, priority): every request is served alike"),
 	surface.Row("store", surface.Refused, "true (stateless); false is the behaviour"),
 	surface.Row("stream", surface.Routing, "RunRequest.stream"),
-	surface.Row("stream_options", surface.Advisory, "include_obfuscation: no obfuscation is added").Of(streamOptionsShape),
+	surface.Row("stream_options", surface.Advisory, "include_obfuscation (a boolean): no obfuscation is added").Of(streamOptionsShape),
 	surface.Row("temperature", surface.Translated, "options.temperature"),
 	surface.Row("text", surface.Translated, "format: json_object → format \"json\", json_schema → format <schema>; verbosity refused").Of(textShape),
 	surface.Row("tool_choice", surface.Translated, "\"none\" drops the tools, \"auto\" is Ollama's behaviour; \"required\" and a named function are refused by the Ollama adapter; other kinds refused").Of(toolChoiceShape),
@@ -163,7 +167,7 @@ var Fields = []surface.Field{
 	surface.Row("top_logprobs", surface.Refused, "any value but 0: output_text logprobs are not offered on this surface"),
 	surface.Row("top_p", surface.Translated, "options.top_p"),
 	surface.Row("truncation", surface.Translated, "\"auto\" → truncate true, \"disabled\" (the default) → truncate false"),
-	surface.Row("user", surface.Advisory, "an end-user id for abuse monitoring"),
+	surface.Row("user", surface.Advisory, "an end-user id (a string) for the API provider's abuse monitoring; no backend takes one"),
 }
 
 // RequestFields lists the JSON names of every field the parser knows (for
@@ -262,6 +266,12 @@ func refuse(r *request) *surface.Error {
 	}
 	if r.Reasoning != nil && (surface.Present(r.Reasoning.Effort) || surface.Present(r.Reasoning.Summary) || surface.Present(r.Reasoning.GenerateSummary)) {
 		return surface.BadRequest("reasoning", "field \"reasoning\": reasoning control is not supported by this model's provider")
+	}
+	if r.MaxToolCalls != nil && *r.MaxToolCalls < 0 {
+		return surface.BadRequest("max_tool_calls", "field \"max_tool_calls\" must not be negative")
+	}
+	if e := openai.CheckAdvisory(r.Metadata, r.ServiceTier, r.PromptCacheRetain); e != nil {
+		return e
 	}
 	for _, inc := range r.Include {
 		if inc != "reasoning.encrypted_content" {
@@ -597,7 +607,10 @@ func echo(r *request, truncation string) []byte {
 	b = append(b, `,"truncation":`...)
 	b = surface.AppendString(b, truncation)
 	b = append(b, `,"user":`...)
-	return raw(b, r.User, "null")
+	if r.User != nil {
+		return surface.AppendString(b, *r.User)
+	}
+	return append(b, "null"...)
 }
 
 func appendFloat(b []byte, v *float64, def float64) []byte {
