@@ -33,7 +33,8 @@ func TestInputGolden(t *testing.T) {
 			tools: []string{"get_weather"}, maxCalls: 1,
 			body: `{"model":"tiny","max_tokens":64,"tools":[` + weatherTool + `],"tool_choice":{"type":"auto","disable_parallel_tool_use":true},"messages":[` +
 				`{"role":"user","content":"weather in Paris?"},` +
-				`{"role":"assistant","content":[{"type":"text","text":"Checking."},{"type":"tool_use","id":"call_1","name":"get_weather","input":{"city":"Paris"}}]},` +
+				`{"role":"assistant","content":[{"type":"text","text":"Checking."},{"type":"tool_use","id":"call_1","name":"get_weather","input":{"city":"Paris"}},` +
+				`{"type":"tool_use","id":"call_2","name":"get_weather","input":{"city":"Lyon"}}]},` +
 				`{"role":"user","content":[{"type":"tool_result","tool_use_id":"call_1","content":[{"type":"text","text":"sunny"}]},` +
 				`{"type":"tool_result","tool_use_id":"call_2","content":"timeout","is_error":true},{"type":"text","text":"and?"}]}]}`},
 		{name: "Q3 count_tokens caps the run at one token", golden: "in_count.json", count: true, tools: []string{"get_weather"},

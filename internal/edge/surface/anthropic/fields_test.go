@@ -76,3 +76,27 @@ func TestAdvisoryChecked(t *testing.T) {
 		})
 	}
 }
+
+// Issue 14: a tool_result without its tool_use in the assistant message
+// before it, or a tool_use left without its tool_result, is a 400 as
+// Anthropic answers.
+func TestToolPairing(t *testing.T) {
+	const use = `{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"f","input":{}}]}`
+	rows := []struct{ name, msgs, want string }{
+		{"round trip", `{"role":"user","content":"hi"},` + use + `,{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"x"}]}`, ""},
+		{"tool_result without tool_use", `{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_nope","content":"x"}]}`, `"toolu_nope"`},
+		{"tool_result after a text answer", `{"role":"user","content":"hi"},{"role":"assistant","content":"ok"},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"x"}]}`, `"t1"`},
+		{"tool_use without tool_result", `{"role":"user","content":"hi"},` + use + `,{"role":"user","content":"go on"}`, `"t1"`},
+	}
+	for _, row := range rows {
+		t.Run("issue 14 "+row.name, func(t *testing.T) {
+			_, _, e := Input([]byte(`{"max_tokens":5,"messages":[`+row.msgs+`]}`), false)
+			switch {
+			case row.want == "" && e != nil:
+				t.Fatalf("got %v, want nil", e)
+			case row.want != "" && (e == nil || !strings.Contains(e.Message, row.want)):
+				t.Fatalf("got %v, want a 400 naming %s", e, row.want)
+			}
+		})
+	}
+}

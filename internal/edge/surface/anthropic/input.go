@@ -187,6 +187,9 @@ func Input(body []byte, count bool) (*iop.RunInput, Params, *surface.Error) {
 		}
 		in.Messages = append(in.Messages, ms...)
 	}
+	if e := surface.CheckToolPairing("messages", surface.Terms{Call: "tool_use", Result: "tool_result"}, in.Messages); e != nil {
+		return nil, p, e
+	}
 	if in.ToolsJson, p.Tools, e = convertTools(req.Tools); e != nil {
 		return nil, p, e
 	}

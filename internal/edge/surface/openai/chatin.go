@@ -189,6 +189,9 @@ func ChatInput(body []byte) (*iop.RunInput, ChatParams, *surface.Error) {
 	if len(in.Messages) == 0 {
 		return nil, p, surface.BadRequest("messages", "field \"messages\" must hold at least one message")
 	}
+	if e := surface.CheckToolPairing("messages", surface.Terms{Call: "tool call", Result: "tool message"}, in.Messages); e != nil {
+		return nil, p, e
+	}
 	var e *surface.Error
 	if p.Tools, e = FunctionToolNames("tools", req.Tools); e != nil {
 		return nil, p, e

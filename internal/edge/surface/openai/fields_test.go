@@ -82,3 +82,26 @@ func TestChatAdvisoryChecked(t *testing.T) {
 		})
 	}
 }
+
+// Issue 14: a tool message without its assistant tool call, or a tool call
+// without its tool message, is a 400 as OpenAI answers, not a conversation
+// the backend gets and the client a 200 for.
+func TestChatToolPairing(t *testing.T) {
+	const call = `{"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]}`
+	rows := []struct{ name, msgs, want string }{
+		{"round trip", `{"role":"user","content":"hi"},` + call + `,{"role":"tool","tool_call_id":"c1","content":"x"}`, ""},
+		{"unknown tool_call_id", `{"role":"user","content":"hi"},{"role":"tool","tool_call_id":"nope","content":"x"}`, `"nope"`},
+		{"call unanswered", `{"role":"user","content":"hi"},` + call + `,{"role":"user","content":"go on"}`, `"c1"`},
+	}
+	for _, row := range rows {
+		t.Run("issue 14 "+row.name, func(t *testing.T) {
+			_, _, e := ChatInput([]byte(`{"messages":[` + row.msgs + `]}`))
+			switch {
+			case row.want == "" && e != nil:
+				t.Fatalf("got %v, want nil", e)
+			case row.want != "" && (e == nil || !strings.Contains(e.Message, row.want)):
+				t.Fatalf("got %v, want a 400 naming %s", e, row.want)
+			}
+		})
+	}
+}

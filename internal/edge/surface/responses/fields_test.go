@@ -76,3 +76,25 @@ func TestAdvisoryChecked(t *testing.T) {
 		})
 	}
 }
+
+// Issue 14: a function_call_output for an unknown call, or a function_call
+// without its output, is a 400 as OpenAI answers.
+func TestToolPairing(t *testing.T) {
+	const fc = `{"type":"function_call","call_id":"c1","name":"f","arguments":"{}"}`
+	rows := []struct{ name, items, want string }{
+		{"round trip", `{"role":"user","content":"hi"},` + fc + `,{"type":"function_call_output","call_id":"c1","output":"x"}`, ""},
+		{"output for an unknown call", `{"role":"user","content":"hi"},{"type":"function_call_output","call_id":"nope","output":"x"}`, `"nope"`},
+		{"call without output", `{"role":"user","content":"hi"},` + fc + `,{"role":"user","content":"go"}`, `"c1"`},
+	}
+	for _, row := range rows {
+		t.Run("issue 14 "+row.name, func(t *testing.T) {
+			_, _, e := Input([]byte(`{"input":[` + row.items + `]}`))
+			switch {
+			case row.want == "" && e != nil:
+				t.Fatalf("got %v, want nil", e)
+			case row.want != "" && (e == nil || e.Param != "input" || !strings.Contains(e.Message, row.want)):
+				t.Fatalf("got %v, want a 400 naming %s", e, row.want)
+			}
+		})
+	}
+}

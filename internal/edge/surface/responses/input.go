@@ -205,6 +205,9 @@ func Input(body []byte) (*iop.RunInput, Params, *surface.Error) {
 		return nil, p, e
 	}
 	in.Messages = append(in.Messages, msgs...)
+	if e := surface.CheckToolPairing("input", surface.Terms{Call: "function_call", Result: "function_call_output"}, msgs); e != nil {
+		return nil, p, e
+	}
 	toolsJSON, names, e := convertTools(req.Tools)
 	if e != nil {
 		return nil, p, e
