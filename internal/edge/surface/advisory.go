@@ -67,3 +67,14 @@ func (m *AnthropicMetadata) Check() *Error {
 	}
 	return nil
 }
+
+// InRange returns a 400 naming field unless v is absent (nil) or within
+// [lo, hi] (the range the API reference gives for a sampling parameter;
+// Ollama would take any number, so a client's mistake would otherwise be
+// answered as if it were meant).
+func InRange(field string, v *float64, lo, hi float64) *Error {
+	if v == nil || (*v >= lo && *v <= hi) {
+		return nil
+	}
+	return BadRequest(field, "field %q must be between %g and %g, got %g", field, lo, hi, *v)
+}

@@ -100,3 +100,23 @@ func TestToolPairing(t *testing.T) {
 		})
 	}
 }
+
+// Issue 14: temperature 0–1, top_p 0–1, top_k ≥ 0 as Anthropic's reference
+// gives them; outside is a 400 naming the field.
+func TestSamplingRanges(t *testing.T) {
+	rows := []struct{ extra, want string }{
+		{`"temperature":1`, ""}, {`"temperature":1.5`, "temperature"}, {`"top_p":-1`, "top_p"},
+		{`"top_k":0`, ""}, {`"top_k":-1`, "top_k"},
+	}
+	for _, row := range rows {
+		t.Run("issue 14 "+row.extra, func(t *testing.T) {
+			_, _, e := Input([]byte(`{"max_tokens":5,"messages":[{"role":"user","content":"hi"}],`+row.extra+`}`), false)
+			switch {
+			case row.want == "" && e != nil:
+				t.Fatalf("got %v, want nil", e)
+			case row.want != "" && (e == nil || !strings.Contains(e.Message, row.want)):
+				t.Fatalf("got %v, want a 400 naming %q", e, row.want)
+			}
+		})
+	}
+}

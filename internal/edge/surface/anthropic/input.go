@@ -130,9 +130,9 @@ var Fields = []surface.Field{
 	surface.Row("system", surface.Translated, "a system message (text blocks joined with \"\\n\")").Of(blockShape),
 	surface.Row("stop_sequences", surface.Translated, "options.stop"),
 	surface.Row("stream", surface.Routing, "RunRequest.stream"),
-	surface.Row("temperature", surface.Translated, "options.temperature"),
-	surface.Row("top_p", surface.Translated, "options.top_p"),
-	surface.Row("top_k", surface.Translated, "options.top_k"),
+	surface.Row("temperature", surface.Translated, "options.temperature (0 to 1)"),
+	surface.Row("top_p", surface.Translated, "options.top_p (0 to 1)"),
+	surface.Row("top_k", surface.Translated, "options.top_k (≥ 0)"),
 	surface.Row("tools", surface.Translated, "tools (custom tools; server tools refused)").Of(toolShape),
 	surface.Row("tool_choice", surface.Translated, "auto → \"auto\", none → \"none\", any/tool → refused by the Ollama adapter; disable_parallel_tool_use: the Edge returns at most one tool_use").Of(toolChoiceShape),
 	surface.Row("metadata", surface.Advisory, "metadata.user_id (a string up to 256 characters, no other member): an end-user id for Anthropic's abuse detection; no backend takes one").Of(metadataShape),
@@ -227,6 +227,15 @@ func Input(body []byte, count bool) (*iop.RunInput, Params, *surface.Error) {
 	}
 	in.MaxTokens = *req.MaxTokens
 	in.Stop = req.StopSequences
+	if e := surface.InRange("temperature", req.Temperature, 0, 1); e != nil {
+		return nil, p, e
+	}
+	if e := surface.InRange("top_p", req.TopP, 0, 1); e != nil {
+		return nil, p, e
+	}
+	if req.TopK != nil && *req.TopK < 0 {
+		return nil, p, surface.BadRequest("top_k", "field \"top_k\" must not be negative")
+	}
 	in.Temperature, in.TopP, in.TopK = req.Temperature, req.TopP, req.TopK
 	return in, p, nil
 }

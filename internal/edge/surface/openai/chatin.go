@@ -121,7 +121,7 @@ var ChatFields = []surface.Field{
 	surface.Row("stream", surface.Routing, "RunRequest.stream"),
 	surface.Row("stream_options", surface.Translated, "include_usage: the usage chunk; include_obfuscation: advisory (no obfuscation is added)").Of(chatStreamOptionsShape),
 	surface.Row("audio", surface.Refused, "no audio output"),
-	surface.Row("frequency_penalty", surface.Translated, "options.frequency_penalty"),
+	surface.Row("frequency_penalty", surface.Translated, "options.frequency_penalty (-2 to 2)"),
 	surface.Row("function_call", surface.Refused, "deprecated; use tool_choice"),
 	surface.Row("functions", surface.Refused, "deprecated; use tools"),
 	surface.Row("logit_bias", surface.Refused, "Ollama has no logit bias"),
@@ -133,7 +133,7 @@ var ChatFields = []surface.Field{
 	surface.Row("n", surface.Refused, "any value but 1"),
 	surface.Row("parallel_tool_calls", surface.Translated, "false: the Edge returns at most one tool call"),
 	surface.Row("prediction", surface.Refused, "no predicted outputs"),
-	surface.Row("presence_penalty", surface.Translated, "options.presence_penalty"),
+	surface.Row("presence_penalty", surface.Translated, "options.presence_penalty (-2 to 2)"),
 	surface.Row("prompt_cache_key", surface.Advisory, "a prompt-cache routing hint (a string): the backends cache prompt prefixes by themselves, and prefix_affinity groups route by the conversation"),
 	surface.Row("prompt_cache_retention", surface.Advisory, "a prompt-cache retention hint (in-memory or 24h): the backends keep their caches as they do"),
 	surface.Row("reasoning_effort", surface.Refused, "no reasoning control on the run path"),
@@ -143,11 +143,11 @@ var ChatFields = []surface.Field{
 	surface.Row("service_tier", surface.Advisory, "a processing tier (auto, default, flex, scale, priority): every request is served alike"),
 	surface.Row("stop", surface.Translated, "options.stop"),
 	surface.Row("store", surface.Refused, "true (nothing is stored); false is the behaviour"),
-	surface.Row("temperature", surface.Translated, "options.temperature"),
+	surface.Row("temperature", surface.Translated, "options.temperature (0 to 2)"),
 	surface.Row("tool_choice", surface.Translated, "\"none\" drops the tools, \"auto\" is Ollama's behaviour; \"required\" and a named function are refused by the Ollama adapter").Of(chatToolChoiceShape),
 	surface.Row("tools", surface.Translated, "tools (function tools only)").Of(chatToolShape),
 	surface.Row("top_logprobs", surface.Translated, "top_logprobs (0–20, needs logprobs)"),
-	surface.Row("top_p", surface.Translated, "options.top_p"),
+	surface.Row("top_p", surface.Translated, "options.top_p (0 to 1)"),
 	surface.Row("user", surface.Advisory, "an end-user id (a string) for the API provider's abuse monitoring; no backend takes one"),
 	surface.Row("verbosity", surface.Refused, "no verbosity control"),
 	surface.Row("web_search_options", surface.Refused, "no web search"),
@@ -219,6 +219,16 @@ func ChatInput(body []byte) (*iop.RunInput, ChatParams, *surface.Error) {
 			return nil, p, surface.BadRequest("max_tokens", "field \"max_tokens\" must be at least 1")
 		}
 		in.MaxTokens = *req.MaxTokens
+	}
+	for _, r := range [...]struct {
+		name   string
+		v      *float64
+		lo, hi float64
+	}{{"temperature", req.Temperature, 0, 2}, {"top_p", req.TopP, 0, 1},
+		{"frequency_penalty", req.FrequencyPenalty, -2, 2}, {"presence_penalty", req.PresencePenalty, -2, 2}} {
+		if e := surface.InRange(r.name, r.v, r.lo, r.hi); e != nil {
+			return nil, p, e
+		}
 	}
 	in.Temperature, in.TopP, in.Seed = req.Temperature, req.TopP, req.Seed
 	in.FrequencyPenalty, in.PresencePenalty = req.FrequencyPenalty, req.PresencePenalty

@@ -105,3 +105,32 @@ func TestChatToolPairing(t *testing.T) {
 		})
 	}
 }
+
+// Issue 14: sampling parameters outside the ranges the API reference gives
+// are a 400 naming the field (Ollama would take any number).
+func TestSamplingRanges(t *testing.T) {
+	rows := []struct {
+		name, body, param string
+		input             func([]byte) *surface.Error
+	}{
+		{"chat temperature 2", `{"messages":[{"role":"user","content":"hi"}],"temperature":2}`, "", chat},
+		{"chat temperature 2.5", `{"messages":[{"role":"user","content":"hi"}],"temperature":2.5}`, "temperature", chat},
+		{"chat temperature negative", `{"messages":[{"role":"user","content":"hi"}],"temperature":-0.1}`, "temperature", chat},
+		{"chat top_p 1.5", `{"messages":[{"role":"user","content":"hi"}],"top_p":1.5}`, "top_p", chat},
+		{"chat frequency_penalty -2", `{"messages":[{"role":"user","content":"hi"}],"frequency_penalty":-2}`, "", chat},
+		{"chat presence_penalty 10", `{"messages":[{"role":"user","content":"hi"}],"presence_penalty":10}`, "presence_penalty", chat},
+	}
+	for _, row := range rows {
+		t.Run("issue 14 "+row.name, func(t *testing.T) {
+			e := row.input([]byte(row.body))
+			switch {
+			case row.param == "" && e != nil:
+				t.Fatalf("got %v, want nil", e)
+			case row.param != "" && (e == nil || e.Param != row.param):
+				t.Fatalf("got %v, want a 400 naming %q", e, row.param)
+			}
+		})
+	}
+}
+
+func chat(b []byte) *surface.Error { _, _, e := ChatInput(b); return e }

@@ -98,3 +98,19 @@ func TestToolPairing(t *testing.T) {
 		})
 	}
 }
+
+// Issue 14: temperature 0–2 and top_p 0–1 as OpenAI's reference gives them.
+func TestSamplingRanges(t *testing.T) {
+	rows := []struct{ extra, param string }{{`"temperature":0`, ""}, {`"temperature":9`, "temperature"}, {`"top_p":2`, "top_p"}}
+	for _, row := range rows {
+		t.Run("issue 14 "+row.extra, func(t *testing.T) {
+			_, _, e := Input([]byte(`{"input":"hi",` + row.extra + `}`))
+			switch {
+			case row.param == "" && e != nil:
+				t.Fatalf("got %v, want nil", e)
+			case row.param != "" && (e == nil || e.Param != row.param):
+				t.Fatalf("got %v, want a 400 naming %q", e, row.param)
+			}
+		})
+	}
+}

@@ -160,12 +160,12 @@ var Fields = []surface.Field{
 	surface.Row("store", surface.Refused, "true (stateless); false is the behaviour"),
 	surface.Row("stream", surface.Routing, "RunRequest.stream"),
 	surface.Row("stream_options", surface.Advisory, "include_obfuscation (a boolean): no obfuscation is added").Of(streamOptionsShape),
-	surface.Row("temperature", surface.Translated, "options.temperature"),
+	surface.Row("temperature", surface.Translated, "options.temperature (0 to 2)"),
 	surface.Row("text", surface.Translated, "format: json_object → format \"json\", json_schema → format <schema>; verbosity refused").Of(textShape),
 	surface.Row("tool_choice", surface.Translated, "\"none\" drops the tools, \"auto\" is Ollama's behaviour; \"required\" and a named function are refused by the Ollama adapter; other kinds refused").Of(toolChoiceShape),
 	surface.Row("tools", surface.Translated, "function tools → tools; built-in tools refused").Of(toolShape),
 	surface.Row("top_logprobs", surface.Refused, "any value but 0: output_text logprobs are not offered on this surface"),
-	surface.Row("top_p", surface.Translated, "options.top_p"),
+	surface.Row("top_p", surface.Translated, "options.top_p (0 to 1)"),
 	surface.Row("truncation", surface.Translated, "\"auto\" → truncate true, \"disabled\" (the default) → truncate false"),
 	surface.Row("user", surface.Advisory, "an end-user id (a string) for the API provider's abuse monitoring; no backend takes one"),
 }
@@ -224,6 +224,12 @@ func Input(body []byte) (*iop.RunInput, Params, *surface.Error) {
 			return nil, p, surface.BadRequest("max_output_tokens", "field \"max_output_tokens\" must be at least 1")
 		}
 		in.MaxTokens = *req.MaxOutputTokens
+	}
+	if e := surface.InRange("temperature", req.Temperature, 0, 2); e != nil {
+		return nil, p, e
+	}
+	if e := surface.InRange("top_p", req.TopP, 0, 1); e != nil {
+		return nil, p, e
 	}
 	in.Temperature, in.TopP = req.Temperature, req.TopP
 	if req.Text != nil && surface.Present(req.Text.Format) {
