@@ -107,3 +107,10 @@ func StringValue(raw []byte) (string, bool) {
 	}
 	return s, true
 }
+
+// IsJSONObject reports whether s is the text of one JSON object (a tool
+// call's arguments).
+func IsJSONObject(s string) bool {
+	t := bytes.TrimSpace([]byte(s))
+	return len(t) > 0 && t[0] == '{' && json.Valid(t)
+}

@@ -120,3 +120,12 @@ func TestSamplingRanges(t *testing.T) {
 		})
 	}
 }
+
+// Issue 14: a tool's input_schema must be a schema object (Ollama answered
+// a string with a truncated decode error after the queue).
+func TestToolSchemaObject(t *testing.T) {
+	_, _, e := Input([]byte(`{"max_tokens":5,"tools":[{"name":"f","input_schema":"x"}],"messages":[{"role":"user","content":"hi"}]}`), false)
+	if e == nil || !strings.Contains(e.Message, "tools[0].input_schema") {
+		t.Fatalf("got %v, want a 400 naming tools[0].input_schema", e)
+	}
+}

@@ -512,8 +512,8 @@ func convertTools(tools []tool) ([]byte, []string, *surface.Error) {
 			return nil, nil, surface.BadRequest("tools", "tools[%d].name is required", i)
 		}
 		schema := t.InputSchema
-		if !surface.Present(schema) {
-			return nil, nil, surface.BadRequest("tools", "tools[%d].input_schema is required", i)
+		if !surface.Present(schema) || schema[0] != '{' {
+			return nil, nil, surface.BadRequest("tools", "tools[%d].input_schema is required and must be a JSON Schema object", i)
 		}
 		if i > 0 {
 			out = append(out, ',')

@@ -336,6 +336,9 @@ func runMessage(i int, m *chatMessage) (*iop.ChatMessage, *surface.Error) {
 		if m.ToolCalls[0] != '[' {
 			return nil, surface.BadRequest("messages", "messages[%d].tool_calls must be an array", i)
 		}
+		if e := checkToolCalls(i, m.ToolCalls); e != nil {
+			return nil, e
+		}
 		out.ToolCallsJson = m.ToolCalls
 	}
 	if m.Role == "tool" && m.ToolCallID == "" {
@@ -397,6 +400,38 @@ func content(i int, role string, raw json.RawMessage) (string, []*iop.ChatImage,
 	return b.String(), images, nil
 }
 
+// checkToolCalls checks an assistant message's tool_calls as the backend
+// needs them: each a function call with an id, a name and arguments that
+// are a string holding a JSON object (OpenAI's own shape; Ollama takes
+// arguments as an object).
+func checkToolCalls(i int, raw json.RawMessage) *surface.Error {
+	var calls []struct {
+		ID       *string `json:"id"`
+		Type     *string `json:"type"`
+		Function *struct {
+			Name      *string `json:"name"`
+			Arguments *string `json:"arguments"`
+		} `json:"function"`
+	}
+	if err := json.Unmarshal(raw, &calls); err != nil {
+		return surface.BadRequest("messages", "messages[%d].tool_calls must be an array of {\"id\", \"type\": \"function\", \"function\": {\"name\", \"arguments\"}} with string values", i)
+	}
+	for j, c := range calls {
+		at := fmt.Sprintf("messages[%d].tool_calls[%d]", i, j)
+		switch {
+		case c.ID == nil || *c.ID == "":
+			return surface.BadRequest("messages", "%s.id is required", at)
+		case c.Type == nil || *c.Type != "function":
+			return surface.BadRequest("messages", "%s.type must be \"function\"", at)
+		case c.Function == nil || c.Function.Name == nil || *c.Function.Name == "":
+			return surface.BadRequest("messages", "%s.function.name is required", at)
+		case c.Function.Arguments == nil || !surface.IsJSONObject(*c.Function.Arguments):
+			return surface.BadRequest("messages", "%s.function.arguments must be a string holding a JSON object", at)
+		}
+	}
+	return nil
+}
+
 // FunctionToolNames checks an OpenAI chat "tools" array (only function
 // tools, each with a name) and returns the names; nil when absent.
 func FunctionToolNames(field string, raw json.RawMessage) ([]string, *surface.Error) {
@@ -406,7 +441,8 @@ func FunctionToolNames(field string, raw json.RawMessage) ([]string, *surface.Er
 	var tools []struct {
 		Type     string `json:"type"`
 		Function struct {
-			Name string `json:"name"`
+			Name       string          `json:"name"`
+			Parameters json.RawMessage `json:"parameters"`
 		} `json:"function"`
 	}
 	if err := json.Unmarshal(raw, &tools); err != nil {
@@ -419,6 +455,9 @@ func FunctionToolNames(field string, raw json.RawMessage) ([]string, *surface.Er
 		}
 		if t.Function.Name == "" {
 			return nil, surface.BadRequest(field, "%s[%d].function.name is required", field, i)
+		}
+		if surface.Present(t.Function.Parameters) && t.Function.Parameters[0] != '{' {
+			return nil, surface.BadRequest(field, "%s[%d].function.parameters must be a JSON Schema object", field, i)
 		}
 		names = append(names, t.Function.Name)
 	}

@@ -52,6 +52,9 @@ func EmbeddingsInput(body []byte) (in *iop.RunInput, base64Out bool, e *surface.
 	case raw[0] == '"':
 		var s string
 		_ = json.Unmarshal(raw, &s)
+		if s == "" {
+			return nil, false, surface.BadRequest("input", "field \"input\" must not be an empty string")
+		}
 		in.EmbedInput = []string{s}
 	case raw[0] == '[':
 		if json.Unmarshal(raw, &in.EmbedInput) != nil {
@@ -59,6 +62,11 @@ func EmbeddingsInput(body []byte) (in *iop.RunInput, base64Out bool, e *surface.
 		}
 		if len(in.EmbedInput) == 0 {
 			return nil, false, surface.BadRequest("input", "field \"input\" must not be empty")
+		}
+		for i, x := range in.EmbedInput {
+			if x == "" {
+				return nil, false, surface.BadRequest("input", "input[%d] must not be an empty string", i)
+			}
 		}
 	default:
 		return nil, false, surface.BadRequest("input", "field \"input\" must be a string or an array of strings")

@@ -134,3 +134,43 @@ func TestSamplingRanges(t *testing.T) {
 }
 
 func chat(b []byte) *surface.Error { _, _, e := ChatInput(b); return e }
+
+// Issue 14: what the backend cannot take is a 400 naming it at the Edge,
+// not a truncated upstream error after the queue: a tool's parameters that
+// are not a schema object, an assistant tool call without id, name or
+// object arguments, an empty embeddings input (Ollama answers it with a
+// 500 that would count against the provider's health).
+func TestChatToolShapesAndEmbeddings(t *testing.T) {
+	const user = `{"role":"user","content":"hi"}`
+	tc := func(call string) string {
+		return `{"messages":[` + user + `,{"role":"assistant","tool_calls":[` + call + `]},{"role":"tool","tool_call_id":"a","content":"x"}]}`
+	}
+	rows := []struct {
+		name, body, want string
+		input            func([]byte) *surface.Error
+	}{
+		{"parameters a string", `{"messages":[` + user + `],"tools":[{"type":"function","function":{"name":"f","parameters":"x"}}]}`, "tools[0].function.parameters", chat},
+		{"tool call ok", tc(`{"id":"a","type":"function","function":{"name":"f","arguments":"{\"x\":1}"}}`), "", chat},
+		{"tool call without id", tc(`{"type":"function","function":{"name":"f","arguments":"{}"}}`), "tool_calls[0].id", chat},
+		{"tool call id a number", tc(`{"id":1,"type":"function","function":{"name":"f","arguments":"{}"}}`), "tool_calls must be", chat},
+		{"tool call arguments an object", tc(`{"id":"a","type":"function","function":{"name":"f","arguments":{"x":1}}}`), "tool_calls must be", chat},
+		{"tool call arguments not JSON", tc(`{"id":"a","type":"function","function":{"name":"f","arguments":"{x"}}`), "function.arguments", chat},
+		{"tool call without name", tc(`{"id":"a","type":"function","function":{"arguments":"{}"}}`), "function.name", chat},
+		{"embeddings empty string", `{"input":""}`, "empty string", embed},
+		{"embeddings an empty string in the list", `{"input":["a",""]}`, "input[1]", embed},
+		{"embeddings strings", `{"input":["a","b"]}`, "", embed},
+	}
+	for _, row := range rows {
+		t.Run("issue 14 "+row.name, func(t *testing.T) {
+			e := row.input([]byte(row.body))
+			switch {
+			case row.want == "" && e != nil:
+				t.Fatalf("got %v, want nil", e)
+			case row.want != "" && (e == nil || !strings.Contains(e.Message, row.want)):
+				t.Fatalf("got %v, want a 400 with %q", e, row.want)
+			}
+		})
+	}
+}
+
+func embed(b []byte) *surface.Error { _, _, e := EmbeddingsInput(b); return e }

@@ -114,3 +114,20 @@ func TestSamplingRanges(t *testing.T) {
 		})
 	}
 }
+
+// Issue 14: a tool's parameters must be a schema object and a
+// function_call's arguments a JSON object, checked at the Edge.
+func TestToolShapes(t *testing.T) {
+	rows := []struct{ name, body, want string }{
+		{"parameters a string", `{"input":"hi","tools":[{"type":"function","name":"f","parameters":"x"}]}`, "tools[0].parameters"},
+		{"arguments not JSON", `{"input":[{"role":"user","content":"hi"},{"type":"function_call","call_id":"c","name":"f","arguments":"{x"},{"type":"function_call_output","call_id":"c","output":"o"}]}`, "input[1].arguments"},
+	}
+	for _, row := range rows {
+		t.Run("issue 14 "+row.name, func(t *testing.T) {
+			_, _, e := Input([]byte(row.body))
+			if e == nil || !strings.Contains(e.Message, row.want) {
+				t.Fatalf("got %v, want a 400 with %q", e, row.want)
+			}
+		})
+	}
+}

@@ -330,6 +330,9 @@ func convertInput(raw json.RawMessage) ([]*iop.ChatMessage, *surface.Error) {
 			if it.Arguments != nil && *it.Arguments != "" {
 				args = *it.Arguments
 			}
+			if !surface.IsJSONObject(args) {
+				return nil, surface.BadRequest("input", "%s.arguments must be a string holding a JSON object", at)
+			}
 			var last *iop.ChatMessage
 			if n := len(out); n > 0 && out[n-1].Role == "assistant" {
 				last = out[n-1]
@@ -472,6 +475,9 @@ func convertTools(tools []tool) ([]byte, []string, *surface.Error) {
 		}
 		if t.Name == "" {
 			return nil, nil, surface.BadRequest("tools", "tools[%d].name is required", i)
+		}
+		if surface.Present(t.Parameters) && t.Parameters[0] != '{' {
+			return nil, nil, surface.BadRequest("tools", "tools[%d].parameters must be a JSON Schema object", i)
 		}
 		if i > 0 {
 			out = append(out, ',')
