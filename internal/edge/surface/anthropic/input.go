@@ -3,6 +3,7 @@ package anthropic
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 
 	"iop/internal/edge/surface"
@@ -481,8 +482,8 @@ func image(at string, s *source) (*iop.ChatImage, *surface.Error) {
 	}
 	switch s.Type {
 	case "base64":
-		if !strings.HasPrefix(s.MediaType, "image/") {
-			return nil, surface.BadRequest("messages", "%s.source.media_type %q is not an image type", at, s.MediaType)
+		if !slices.Contains(surface.ImageTypes, s.MediaType) {
+			return nil, surface.BadRequest("messages", "%s.source.media_type %q is not one of %s", at, s.MediaType, strings.Join(surface.ImageTypes, ", "))
 		}
 		img, e := surface.Base64Image(at+".source.data", s.MediaType, s.Data)
 		if e != nil {
