@@ -1,9 +1,12 @@
 // Package surface holds what every client-surface converter of the Edge
 // shares: the client-visible Error and its OpenAI and Anthropic wire shapes,
-// JSON string encoding, the request field tables (Field, Disposition) and
-// the zero-allocation check of a body's top-level members against one
-// (CheckMembers, DecodeRequest), inline images (data: URLs and base64;
-// never a URL a node would fetch), the streamed-text bookkeeping of an
+// JSON string encoding, the request field tables (Field, Disposition) with
+// the Shapes of their nested objects and the zero-allocation check of a
+// body's members against them at any depth (CheckMembers, DecodeRequest),
+// the checks every surface shares (advisory values, sampling ranges, tool
+// round trips: CheckToolPairing), inline images (data: URLs and base64 of
+// jpeg, png, gif or webp whose bytes are that type; never a URL a node
+// would fetch), the streamed-text bookkeeping of an
 // encoder (Text), the restoration of assistant tool calls from a run's
 // COMPLETE event (SPEC E8, E9), and the Encoder contract that the
 // per-surface packages (surface/openai, surface/anthropic,
