@@ -145,7 +145,7 @@ var ChatFields = []surface.Field{
 	surface.Row("store", surface.Refused, "true (nothing is stored); false is the behaviour"),
 	surface.Row("temperature", surface.Translated, "options.temperature (0 to 2)"),
 	surface.Row("tool_choice", surface.Translated, "\"none\" drops the tools, \"auto\" is Ollama's behaviour; \"required\" and a named function are refused by the Ollama adapter").Of(chatToolChoiceShape),
-	surface.Row("tools", surface.Translated, "tools (function tools only)").Of(chatToolShape),
+	surface.Row("tools", surface.Translated, "tools (function tools only; function.strict is passed on but not enforced: Ollama has no constrained decoding of tool arguments)").Of(chatToolShape),
 	surface.Row("top_logprobs", surface.Translated, "top_logprobs (0–20, needs logprobs)"),
 	surface.Row("top_p", surface.Translated, "options.top_p (0 to 1)"),
 	surface.Row("user", surface.Advisory, "an end-user id (a string) for the API provider's abuse monitoring; no backend takes one"),

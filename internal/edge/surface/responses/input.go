@@ -163,7 +163,7 @@ var Fields = []surface.Field{
 	surface.Row("temperature", surface.Translated, "options.temperature (0 to 2)"),
 	surface.Row("text", surface.Translated, "format: json_object → format \"json\", json_schema → format <schema>; verbosity refused").Of(textShape),
 	surface.Row("tool_choice", surface.Translated, "\"none\" drops the tools, \"auto\" is Ollama's behaviour; \"required\" and a named function are refused by the Ollama adapter; other kinds refused").Of(toolChoiceShape),
-	surface.Row("tools", surface.Translated, "function tools → tools; built-in tools refused").Of(toolShape),
+	surface.Row("tools", surface.Translated, "function tools → tools; built-in tools refused; strict (default true, echoed) is passed on but not enforced: Ollama has no constrained decoding of tool arguments").Of(toolShape),
 	surface.Row("top_logprobs", surface.Refused, "any value but 0: output_text logprobs are not offered on this surface"),
 	surface.Row("top_p", surface.Translated, "options.top_p (0 to 1)"),
 	surface.Row("truncation", surface.Translated, "\"auto\" → truncate true, \"disabled\" (the default) → truncate false"),
