@@ -73,21 +73,15 @@ func JSONNames(v any) []string {
 	return out
 }
 
-// Decode decodes one JSON object body into v, refusing members v does not
-// know (as OpenAI's and Anthropic's APIs do) and anything after the object.
-// Errors are 400s naming the field.
-func Decode(body []byte, v any) *Error {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-			field := strings.Trim(name, `"`)
-			return BadRequest(field, "unknown field %s: not a field of this API, or not one the model's provider supports", name)
-		}
+// Decode decodes a JSON value nested in a request body (a content-block
+// array, an item list) into v. Its members were checked by CheckMembers
+// against the field table's Shapes before (DecodeRequest), so v's types
+// decide only the value types: this is encoding/json's Unmarshal, not a
+// strict json.Decoder, which would copy the value and allocate a decoder
+// per call. Errors are 400s naming the field.
+func Decode(raw []byte, v any) *Error {
+	if err := json.Unmarshal(raw, v); err != nil {
 		return JSONFieldError(err)
-	}
-	if dec.More() {
-		return BadRequest("", "request body must hold one JSON object")
 	}
 	return nil
 }
