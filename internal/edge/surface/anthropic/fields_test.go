@@ -129,3 +129,25 @@ func TestToolSchemaObject(t *testing.T) {
 		t.Fatalf("got %v, want a 400 naming tools[0].input_schema", e)
 	}
 }
+
+// Issue 14: empty content ("" or []) is a 400 as Anthropic answers, except
+// on a final assistant message.
+func TestEmptyContent(t *testing.T) {
+	rows := []struct{ name, msgs, want string }{
+		{"empty string", `{"role":"user","content":""}`, "messages[0].content must not be empty"},
+		{"empty array", `{"role":"user","content":[]}`, "messages[0].content must not be empty"},
+		{"empty assistant in the middle", `{"role":"user","content":"a"},{"role":"assistant","content":""},{"role":"user","content":"b"}`, "messages[1].content"},
+		{"empty final assistant", `{"role":"user","content":"a"},{"role":"assistant","content":""}`, ""},
+	}
+	for _, row := range rows {
+		t.Run("issue 14 "+row.name, func(t *testing.T) {
+			_, _, e := Input([]byte(`{"max_tokens":5,"messages":[`+row.msgs+`]}`), false)
+			switch {
+			case row.want == "" && e != nil:
+				t.Fatalf("got %v, want nil", e)
+			case row.want != "" && (e == nil || !strings.Contains(e.Message, row.want)):
+				t.Fatalf("got %v, want a 400 with %q", e, row.want)
+			}
+		})
+	}
+}

@@ -1,6 +1,7 @@
 package anthropic
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -182,6 +183,9 @@ func Input(body []byte, count bool) (*iop.RunInput, Params, *surface.Error) {
 		return nil, p, surface.BadRequest("messages", "field \"messages\" must hold at least one message")
 	}
 	for i := range req.Messages {
+		if e := checkNonEmpty(i, &req.Messages[i], i == len(req.Messages)-1); e != nil {
+			return nil, p, e
+		}
 		ms, e := convertMessage(i, &req.Messages[i])
 		if e != nil {
 			return nil, p, e
@@ -311,6 +315,18 @@ func systemText(raw json.RawMessage) (string, *surface.Error) {
 		b.WriteString(*bl.Text)
 	}
 	return b.String(), nil
+}
+
+// checkNonEmpty refuses an empty content (""  or []) as Anthropic does:
+// every message needs content except a final assistant message (a prefill
+// of nothing).
+func checkNonEmpty(i int, m *message, last bool) *surface.Error {
+	c := bytes.TrimSpace(m.Content)
+	empty := string(c) == `""` || (len(c) > 1 && c[0] == '[' && len(bytes.TrimSpace(c[1:len(c)-1])) == 0)
+	if empty && !(last && m.Role == "assistant") {
+		return surface.BadRequest("messages", "messages[%d].content must not be empty (only a final assistant message may be)", i)
+	}
+	return nil
 }
 
 // convertMessage turns one Messages message into chat messages: a user

@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -324,6 +325,14 @@ func runMessage(i int, m *chatMessage) (*iop.ChatMessage, *surface.Error) {
 		return nil, surface.BadRequest("messages", "messages[%d].name: participant names are not supported by this model's provider", i)
 	}
 	out.Name = m.Name
+	switch {
+	case !surface.Present(m.Content) && m.Role != "assistant":
+		return nil, surface.BadRequest("messages", "messages[%d].content is required for role %q", i, m.Role)
+	case !surface.Present(m.Content) && !surface.Present(m.ToolCalls):
+		return nil, surface.BadRequest("messages", "messages[%d].content is required unless the assistant message has tool_calls", i)
+	case len(m.Content) > 1 && m.Content[0] == '[' && isEmptyArray(m.Content):
+		return nil, surface.BadRequest("messages", "messages[%d].content must not be an empty array", i)
+	}
 	text, images, e := content(i, m.Role, m.Content)
 	if e != nil {
 		return nil, e
@@ -345,6 +354,11 @@ func runMessage(i int, m *chatMessage) (*iop.ChatMessage, *surface.Error) {
 		return nil, surface.BadRequest("messages", "messages[%d].tool_call_id is required for role \"tool\"", i)
 	}
 	return out, nil
+}
+
+// isEmptyArray reports whether raw, a JSON array, has no element.
+func isEmptyArray(raw json.RawMessage) bool {
+	return len(bytes.TrimSpace(raw[1:len(raw)-1])) == 0
 }
 
 // content accepts a string, null, or an array of parts: text (joined with

@@ -18,7 +18,7 @@ func TestRunInput(t *testing.T) {
 		err   string // substring of the 400 message
 	}{
 		{name: "Q3 string and multi-part text content", body: `{"messages":[{"role":"system","content":"s"},` +
-			`{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},{"role":"assistant","content":null}]}`,
+			`{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},{"role":"assistant","content":""}]}`,
 			check: func(t *testing.T, in *iop.RunInput, _ []string) {
 				if len(in.Messages) != 3 || in.Messages[0].Content != "s" || in.Messages[1].Content != "a\nb" || in.Messages[2].Content != "" {
 					t.Errorf("messages: %v", in.Messages)
@@ -57,7 +57,10 @@ func TestRunInput(t *testing.T) {
 		{name: "400 wrong content type names the field", body: `{"messages":[{"role":"user","content":5}]}`, err: "messages[0].content"},
 		{name: "400 role with a wrong type names the field", body: `{"messages":[{"role":1}]}`, err: "messages.role"},
 		{name: "400 tool message without tool_call_id", body: `{"messages":[{"role":"tool","content":"x"}]}`, err: "tool_call_id"},
-		{name: "400 tool_calls on a user message", body: `{"messages":[{"role":"user","tool_calls":[]}]}`, err: "tool_calls"},
+		{name: "400 tool_calls on a user message", body: `{"messages":[{"role":"user","content":"x","tool_calls":[]}]}`, err: "tool_calls"},
+		{name: "400 a user message without content", body: `{"messages":[{"role":"user","content":null}]}`, err: "messages[0].content is required"},
+		{name: "400 an assistant message without content or tool_calls", body: `{"messages":[{"role":"user","content":"x"},{"role":"assistant"}]}`, err: "messages[1].content is required unless"},
+		{name: "400 an empty content array", body: `{"messages":[{"role":"user","content":[ ]}]}`, err: "messages[0].content must not be an empty array"},
 		{name: "400 empty messages", body: `{"messages":[]}`, err: "at least one"},
 		{name: "400 stop of the wrong type", body: `{"messages":[{"role":"user","content":"x"}],"stop":3}`, err: `"stop"`},
 		{name: "400 max_tokens zero", body: `{"messages":[{"role":"user","content":"x"}],"max_tokens":0}`, err: "max_tokens"},
