@@ -56,6 +56,8 @@ func FuzzChatEvents(f *testing.F) {
 	f.Add([]byte("\x02late\x00\x03\x02after"), true, true, "[", false)
 	f.Add([]byte("\x01\x04ab\x00\x04\xff\x00\x03ab"), true, false, "", true)
 	f.Add([]byte("\x01\x04ab\x00\x03ab"), false, false, "", true)
+	f.Add([]byte("\x01\x04\xff\xfe\xfd\x00\x03"), true, false, "", true) // NaN, -Inf, +Inf log probabilities
+	f.Add([]byte("\x01\x04\xff\xfe\xfd\x00\x03"), false, false, "", true)
 	f.Fuzz(func(t *testing.T, script []byte, stream, tools bool, meta string, fallback bool) {
 		var c Chat
 		o := ChatOptions{Model: "m\"odel", ID: "chatcmpl-1", Created: 1, Stream: stream, IncludeUsage: true, NewID: func() string { return "x" },

@@ -15,7 +15,7 @@ import (
 // Script turns fuzz bytes into the run events a node might send for one
 // stream (issue 12: peer input), for the encoders' fuzz targets. Opcodes:
 // 0x01 START; 0x02 DELTA with the text up to the next 0x00; 0x04 the same
-// with a log probability per byte of it; 0x03 COMPLETE with that text as
+// with a log probability per byte of it (see logprob); 0x03 COMPLETE with that text as
 // content, usage, meta as metadata["openai_tool_calls"] when set and the
 // text tool-call fallback flag; 0x05 COMPLETE with one embedding whose
 // values are the text's bytes read as little-endian float32 (NaN and ±Inf
@@ -42,8 +42,8 @@ func Script(script []byte, meta string, fallback bool) []*iop.RunEvent {
 			ev := &iop.RunEvent{Seq: seq, Type: iop.RunEventType_RUN_EVENT_DELTA, Delta: d}
 			if op == 4 {
 				for i := range len(d) {
-					ev.Logprobs = append(ev.Logprobs, &iop.TokenLogprob{Token: d[i : i+1], Logprob: -float64(i), Bytes: []byte(d[i : i+1]),
-						TopLogprobs: []*iop.TokenLogprob{{Token: "alt", Logprob: -9}}})
+					ev.Logprobs = append(ev.Logprobs, &iop.TokenLogprob{Token: d[i : i+1], Logprob: logprob(d[i]), Bytes: []byte(d[i : i+1]),
+						TopLogprobs: []*iop.TokenLogprob{{Token: "alt", Logprob: logprob(^d[i])}}})
 				}
 			}
 			evs = append(evs, ev)
@@ -72,6 +72,21 @@ func Script(script []byte, meta string, fallback bool) []*iop.RunEvent {
 		seq++
 	}
 	return evs
+}
+
+// logprob is the log probability a Script byte stands for: NaN for 0xff,
+// -Inf for 0xfe, +Inf for 0xfd (none of which JSON can carry), else
+// -b/10.
+func logprob(b byte) float64 {
+	switch b {
+	case 0xff:
+		return math.NaN()
+	case 0xfe:
+		return math.Inf(-1)
+	case 0xfd:
+		return math.Inf(1)
+	}
+	return -float64(b) / 10
 }
 
 // RunScript drives enc through evs as the HTTP layer does: until the

@@ -67,6 +67,9 @@ func BuildChatRequest(target string, in *iop.RunInput) ([]byte, error) {
 	if in == nil {
 		return nil, fmt.Errorf("%w: no input", upstream.ErrInvalidInput)
 	}
+	if err := upstream.CheckNumbers(in); err != nil {
+		return nil, err
+	}
 	req := chatRequest{Model: target, Stream: true, Messages: make([]message, 0, len(in.GetMessages()))}
 	callNames := map[string]string{} // tool-call id → function name
 	for i, m := range in.GetMessages() {

@@ -65,6 +65,9 @@ func BuildChatRequest(profile, target string, in *iop.RunInput, textTools bool) 
 	if err := refuseUnsent(in); err != nil {
 		return nil, err
 	}
+	if err := upstream.CheckNumbers(in); err != nil {
+		return nil, err
+	}
 	tools, err := upstream.Tools(in.GetToolsJson())
 	if err != nil {
 		return nil, err

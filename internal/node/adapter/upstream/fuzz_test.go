@@ -3,8 +3,12 @@ package upstream
 import (
 	"encoding/json"
 	"errors"
+	"math"
+	"strings"
 	"testing"
 	"unicode/utf8"
+
+	iop "iop/proto/gen/iop"
 )
 
 // FuzzErrorMessage: any error body a backend answers (peer input) gives a
@@ -54,4 +58,36 @@ func FuzzToolsInput(f *testing.F) {
 			}
 		}
 	})
+}
+
+// Issue 12 (found by FuzzBuildChatRequest): sampling numbers JSON cannot
+// carry are refused with ErrInvalidInput naming the field.
+func TestCheckNumbers(t *testing.T) {
+	nan, inf, ok := math.NaN(), math.Inf(-1), 0.5
+	rows := []struct {
+		name string
+		in   *iop.RunInput
+		want string // "" = accepted
+	}{
+		{"nil input", nil, ""},
+		{"finite numbers", &iop.RunInput{Temperature: &ok, TopP: &ok, FrequencyPenalty: &ok, PresencePenalty: &ok}, ""},
+		{"NaN temperature", &iop.RunInput{Temperature: &nan}, "temperature"},
+		{"-Inf top_p", &iop.RunInput{TopP: &inf}, "top_p"},
+		{"NaN frequency_penalty", &iop.RunInput{FrequencyPenalty: &nan}, "frequency_penalty"},
+		{"Inf presence_penalty", &iop.RunInput{PresencePenalty: &inf}, "presence_penalty"},
+	}
+	for _, row := range rows {
+		t.Run(row.name, func(t *testing.T) {
+			err := CheckNumbers(row.in)
+			if row.want == "" {
+				if err != nil {
+					t.Fatalf("got %v, want accepted", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrInvalidInput) || !strings.Contains(err.Error(), row.want) {
+				t.Fatalf("got %v, want ErrInvalidInput naming %s", err, row.want)
+			}
+		})
+	}
 }

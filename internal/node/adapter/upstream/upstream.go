@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -394,6 +395,26 @@ func DecodeToolCalls(raw []byte) ([]ToolCall, error) {
 		return nil, fmt.Errorf("%w: tool_calls is not an OpenAI tool_calls array: %v", ErrInvalidInput, err)
 	}
 	return calls, nil
+}
+
+// CheckNumbers refuses a RunInput whose sampling numbers JSON cannot carry
+// (NaN, ±Inf in temperature, top_p, frequency_penalty, presence_penalty):
+// an Edge's surfaces never produce them (JSON has no such numbers), so one
+// means a broken or hostile Edge; the error wraps ErrInvalidInput and names
+// the field (issue 12, found by FuzzBuildChatRequest).
+func CheckNumbers(in *iop.RunInput) error {
+	if in == nil {
+		return nil
+	}
+	for _, f := range [...]struct {
+		name string
+		v    *float64
+	}{{"temperature", in.Temperature}, {"top_p", in.TopP}, {"frequency_penalty", in.FrequencyPenalty}, {"presence_penalty", in.PresencePenalty}} {
+		if f.v != nil && (math.IsNaN(*f.v) || math.IsInf(*f.v, 0)) {
+			return fmt.Errorf("%w: %s is %v, not a finite number", ErrInvalidInput, f.name, *f.v)
+		}
+	}
+	return nil
 }
 
 // Tools returns raw when it is a non-empty JSON array (an OpenAI "tools"
