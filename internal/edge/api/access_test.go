@@ -434,7 +434,7 @@ func TestAccessClientLeftDuringBody(t *testing.T) {
 		t.Run(row.name, func(t *testing.T) {
 			leakcheck.Check(t)
 			sink, m := newAccessSink(), access.NewMetrics()
-			r := newAccessRig(t, config.TypeOllama, sink, m)
+			r := newAccessRig(t, config.TypeOllama, sink, m, longWait)
 			id := fmt.Sprintf("left-body-%d", i)
 			c, err := net.Dial("tcp", strings.TrimPrefix(r.srv.URL, "http://"))
 			if err != nil {
