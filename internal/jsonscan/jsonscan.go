@@ -6,8 +6,9 @@
 // surface's field tables (surface.CheckMembers).
 //
 // It owns no state and never decodes a value. It must never be given
-// invalid JSON: on such input its results are unspecified (it never
-// panics and never reads outside the slice).
+// invalid JSON: on such input its results are unspecified, but it never
+// panics, never reads outside the slice and every Span it returns lies
+// within it (FuzzAnyBytes holds that).
 package jsonscan
 
 import (
@@ -54,9 +55,21 @@ func (m *Members) Next() (key []byte, val Span, ok bool) {
 		return nil, Span{}, false
 	}
 	ke := SkipString(b, i)
+	if ke < i+2 || b[ke-1] != '"' { // an unterminated key: only in invalid JSON
+		m.i = len(b)
+		return nil, Span{}, false
+	}
 	key = b[i+1 : ke-1]
 	i = SkipSpace(b, ke)
-	i = SkipSpace(b, i+1) // ':'
+	if i >= len(b) || b[i] != ':' {
+		m.i = len(b)
+		return nil, Span{}, false
+	}
+	i = SkipSpace(b, i+1)
+	if i >= len(b) {
+		m.i = len(b)
+		return nil, Span{}, false
+	}
 	ve := SkipValue(b, i)
 	m.i = ve
 	return key, Span{i, ve}, true

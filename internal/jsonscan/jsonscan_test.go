@@ -129,3 +129,49 @@ func TestNoAllocs(t *testing.T) {
 		t.Errorf("got %v allocations, want 0", n)
 	}
 }
+
+// FuzzAnyBytes: on any bytes, valid JSON or not, walking every object and
+// array jsonscan finds never panics and every jsonscan.Span lies within the body
+// (issue 12: surface.DecodeRequest's member check walked `{"` before
+// encoding/json had refused it, and Members.Next sliced b[2:1]).
+func FuzzAnyBytes(f *testing.F) {
+	for _, s := range []string{`{"`, `{"a"`, `{"a":`, `{"a" 1}`, `[{"`, `{"a":[1,{"b":"\`, `"`, `{`, `[`, `{"a":1,"`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		walkAny(t, body, jsonscan.All(body), 0)
+	})
+}
+
+func walkAny(t *testing.T, b []byte, v jsonscan.Span, depth int) {
+	if depth > 64 {
+		return
+	}
+	if v.Start < 0 || v.End > len(b) || (v.OK() && v.Start >= len(b)) {
+		t.Fatalf("%q: span %v outside [0, %d)", b, v, len(b))
+	}
+	if !v.OK() {
+		return
+	}
+	switch jsonscan.Kind(b, v) {
+	case '{':
+		m, ok := jsonscan.NewMembers(b, v)
+		for n := 0; ok && n <= len(b); n++ {
+			key, val, more := m.Next()
+			if !more {
+				break
+			}
+			_ = jsonscan.KeyIs(key, "model")
+			walkAny(t, b, val, depth+1)
+		}
+	case '[':
+		e := jsonscan.NewElements(b, v)
+		for n := 0; n <= len(b); n++ {
+			val, more := e.Next()
+			if !more {
+				break
+			}
+			walkAny(t, b, val, depth+1)
+		}
+	}
+}
