@@ -34,7 +34,7 @@ fuzz_one() { # $1 package, $2 target, $3 seconds, $4 workers; returns go test's 
   local start rc=0
   start=$(date +%s)
   nice -n "${IOP_FUZZ_NICE:-0}" go test -run '^$' -fuzz "^${name}\$" -fuzztime "${secs}s" \
-    -fuzzminimizetime "${IOP_FUZZ_MINIMIZE:-10s}" -parallel "$workers" "$pkg" >"$logf" 2>&1 || rc=$?
+    -timeout "$((secs + 600))s" -fuzzminimizetime "${IOP_FUZZ_MINIMIZE:-10s}" -parallel "$workers" "$pkg" >"$logf" 2>&1 || rc=$?
   local execs
   execs=$(grep -o 'execs: [0-9]*' "$logf" | tail -1 | cut -d' ' -f2 || true)
   if [ $rc = 0 ]; then
@@ -66,12 +66,19 @@ fuzz_main() {
     pids+=($!)
     running=$((running + 1))
     if [ "$running" -ge "$jobs" ]; then
-      wait "${pids[0]}" || failed=$((failed + 1))
-      pids=("${pids[@]:1}")
-      running=$((running - 1))
+      wait -n "${pids[@]}" || failed=$((failed + 1)) # whichever ends first frees its slot
+      local alive=() p
+      for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive+=("$p"); done
+      pids=("${alive[@]}")
+      running=${#pids[@]}
     fi
   done
-  for t in "${pids[@]}"; do wait "$t" || failed=$((failed + 1)); done
+  while [ ${#pids[@]} -gt 0 ]; do
+    wait -n "${pids[@]}" || failed=$((failed + 1))
+    local alive=() p
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive+=("$p"); done
+    pids=("${alive[@]}")
+  done
   local new
   new=$(git -C "$ROOT" status --porcelain --untracked-files=all -- '*testdata/fuzz/*' | cut -c4- || true)
   if [ -n "$new" ]; then log "new inputs under testdata/fuzz (fix, then commit as seeds):"; echo "$new" >&2; fi
