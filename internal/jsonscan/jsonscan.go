@@ -7,8 +7,9 @@
 //
 // It owns no state and never decodes a value. It must never be given
 // invalid JSON: on such input its results are unspecified, but it never
-// panics, never reads outside the slice and every Span it returns lies
-// within it (FuzzAnyBytes holds that).
+// panics, never reads outside the slice, every Span it returns is
+// non-empty and lies within it, and every iteration ends (FuzzAnyBytes
+// holds that).
 package jsonscan
 
 import (
@@ -71,6 +72,10 @@ func (m *Members) Next() (key []byte, val Span, ok bool) {
 		return nil, Span{}, false
 	}
 	ve := SkipValue(b, i)
+	if ve <= i { // no value where one must be (",,"): only in invalid JSON
+		m.i = len(b)
+		return nil, Span{}, false
+	}
 	m.i = ve
 	return key, Span{i, ve}, true
 }
@@ -103,6 +108,10 @@ func (e *Elements) Next() (val Span, ok bool) {
 		return Span{}, false
 	}
 	ve := SkipValue(b, i)
+	if ve <= i { // no value where one must be ("[1,,2]"): only in invalid JSON
+		e.i = len(b)
+		return Span{}, false
+	}
 	e.i = ve
 	return Span{i, ve}, true
 }
