@@ -40,9 +40,9 @@ var demoGroups = []string{"tiny", "tiny-tool", "tiny-loop", "tiny-oa", "tiny-too
 // suiteEnv is the suite's configuration, read from the environment by the
 // test entry points only (this package is the e2e suite's main).
 type suiteEnv struct {
-	bin           string // IOP_BIN: directory holding edge, node, demo-backend
-	ollamaURL     string // IOP_OLLAMA_URL: a real Ollama
-	openaiURL     string // IOP_OPENAI_URL: a real OpenAI-compatible server
+	bin       string // IOP_BIN: directory holding edge, node, demo-backend
+	ollamaURL string // IOP_OLLAMA_URL: a real Ollama
+	openaiURL string // IOP_OPENAI_URL: a real OpenAI-compatible server
 	// IOP_OPENAI_TOOL_URL / IOP_OPENAI_LOOP_URL: the server of the tool and
 	// the loop model when it is another one (llama-server serves one model
 	// per port); default openaiURL.
