@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"strings"
 	"time"
 
 	"iop/internal/edge/access"
@@ -100,6 +101,11 @@ func parseHead(body []byte, ep *endpoint, hd *head) *apiError {
 				return badRequest(ep.field, "field %q must be an array of message objects", ep.field)
 			}
 			haveField = true
+		default:
+			if name := foldedHeadKey(key, ep); name != "" {
+				k := jsonscan.Key(key)
+				return badRequest(k, "field %q: keys are case-sensitive; this API's field is %q", k, name)
+			}
 		}
 	}
 	switch {
@@ -111,6 +117,29 @@ func parseHead(body []byte, ep *endpoint, hd *head) *apiError {
 		return badRequest(ep.field, "missing required field %q", ep.field)
 	}
 	return nil
+}
+
+// foldedHeadKey returns the head field ("model", "stream",
+// "stream_options", the endpoint's required field) that the raw top-level
+// key spells in another case, or "" when it spells none. The edge routes on
+// the exact keys, but a backend decoding with Go's encoding/json (Ollama)
+// matches keys case-insensitively and lets the last one win: a tunnelled
+// {"model":"a","MODEL":"b"} would be routed to group a and served by the
+// backend's model b, a target no model group names (SPEC Q1). The keys are
+// refused instead. The comparison is Unicode simple folding, as
+// encoding/json's ("ſtream" folds to "stream"); it allocates only for a key
+// with escapes.
+func foldedHeadKey(raw []byte, ep *endpoint) string {
+	if len(raw) > 128 { // "stream_options" with every byte escaped is 84
+		return ""
+	}
+	k := jsonscan.Key(raw)
+	for _, name := range [...]string{"model", "stream", "stream_options", ep.field} {
+		if name != "" && k != name && strings.EqualFold(k, name) {
+			return name
+		}
+	}
+	return ""
 }
 
 // exchange is one admitted request: its response, lease and outcome. It is

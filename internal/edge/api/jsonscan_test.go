@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/json"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -67,6 +68,11 @@ func FuzzSpliceModel(f *testing.F) {
 			return
 		}
 		if e != nil {
+			for k := range m {
+				if k != "model" && strings.EqualFold(k, "model") {
+					return // refused: a key another decoder reads as "model" (Q1)
+				}
+			}
 			t.Fatalf("parseHead(%q): %v", body, e)
 		}
 		if hd.model != want {
@@ -88,4 +94,53 @@ func FuzzSpliceModel(f *testing.F) {
 			t.Fatalf("splice changed other members: %q → %q", body, out)
 		}
 	})
+}
+
+// Q1: a top-level key that spells a head field ("model", "stream",
+// "stream_options", the endpoint's array) in another case is a 400 naming
+// it. Go's encoding/json (Ollama) folds key case and the last key wins, so
+// on the tunnel {"model":"tiny-oa","Model":"other"} was routed to tiny-oa's
+// provider and served by the backend's model "other", a target no group
+// names.
+func TestParseHeadRefusesCaseFoldedKeys(t *testing.T) {
+	rows := []struct {
+		name  string
+		ep    *endpoint
+		body  string
+		param string // "" = accepted
+	}{
+		{"Q1 Model after model", &epChat, `{"model":"tiny","Model":"other","messages":[]}`, "Model"},
+		{"Q1 MODEL before model", &epResponses, `{"MODEL":"other","model":"tiny","input":"x"}`, "MODEL"},
+		{"Q1 escaped mOdel", &epEmbeddings, `{"model":"tiny","m\u004fdel":"other","input":"x"}`, "mOdel"},
+		{"Q1 Stream", &epChat, `{"model":"tiny","stream":false,"Stream":true,"messages":[]}`, "Stream"},
+		{"Q1 long s folds to s", &epChat, `{"model":"tiny","\u017ftream":true,"messages":[]}`, "\u017ftream"},
+		{"Q1 Stream_Options", &epChat, `{"model":"tiny","Stream_Options":{},"messages":[]}`, "Stream_Options"},
+		{"Q1 Messages", &epMessages, `{"model":"tiny","max_tokens":1,"messages":[],"Messages":[]}`, "Messages"},
+		{"Q1 Input on responses is not a head field", &epResponses, `{"model":"tiny","Input":"x"}`, ""},
+		{"Q1 exact keys accepted", &epChat, `{"model":"tiny","stream":true,"stream_options":{"include_usage":true},"messages":[]}`, ""},
+		{"Q1 nested Model untouched", &epChat, `{"model":"tiny","metadata":{"Model":"x"},"messages":[]}`, ""},
+		{"Q1 other fields keep their case", &epChat, `{"model":"tiny","Temperature":1,"messages":[]}`, ""},
+	}
+	for _, row := range rows {
+		t.Run(row.name, func(t *testing.T) {
+			var hd head
+			e := parseHead([]byte(row.body), row.ep, &hd)
+			if row.param == "" {
+				if e != nil {
+					t.Fatalf("refused: %v", e.msg)
+				}
+				return
+			}
+			if e == nil {
+				t.Fatalf("accepted; want a 400 naming %s", row.param)
+			}
+			var want string
+			if err := json.Unmarshal([]byte(`"`+row.param+`"`), &want); err != nil {
+				t.Fatal(err)
+			}
+			if e.status != 400 || e.param != want || !strings.Contains(e.msg, "case-sensitive") {
+				t.Fatalf("got %d param %q %q; want 400 naming %q", e.status, e.param, e.msg, want)
+			}
+		})
+	}
 }
