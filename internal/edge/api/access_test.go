@@ -422,6 +422,49 @@ func TestWaitDetached(t *testing.T) {
 	})
 }
 
+// Issue 15: a client that half-closes its connection (shuts down its
+// sending side, still reading) is taken for gone by net/http; it must not
+// read a "200 OK" with an empty body, a success, where the access record
+// says 499: the edge aborts the connection without a response.
+func TestAccessClientHalfClosedGetsNoFakeSuccess(t *testing.T) {
+	body := `{"model":"tiny","messages":[{"role":"user","content":"x"}]}`
+	rows := []struct{ name, head, sent string }{
+		{"body cut short of Content-Length", "Content-Length: 1000\r\n", `{"model":"tiny",`},
+		{"whole body", fmt.Sprintf("Content-Length: %d\r\n", len(body)), body},
+	}
+	for i, row := range rows {
+		t.Run(row.name, func(t *testing.T) {
+			leakcheck.Check(t)
+			sink, m := newAccessSink(), access.NewMetrics()
+			r := newAccessRig(t, config.TypeOllama, sink, m, longWait)
+			id := fmt.Sprintf("half-closed-%d", i)
+			c, err := net.Dial("tcp", strings.TrimPrefix(r.srv.URL, "http://"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if _, err := io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: edge\r\nContent-Type: application/json\r\n"+
+				"X-Request-Id: "+id+"\r\n"+row.head+"\r\n"+row.sent); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.SetReadDeadline(time.Now().Add(time.Minute)); err != nil {
+				t.Fatal(err)
+			}
+			got, _ := io.ReadAll(c) // until the edge closes the connection
+			l := sink.wait(t, id)
+			if len(l) != 1 || l[0]["outcome"] != string(access.ClientCancelled) || l[0]["status"] != int64(access.StatusClientClosed) {
+				t.Errorf("access lines %v: want one, client_cancelled with status 499", l)
+			}
+			if len(got) != 0 {
+				t.Errorf("the half-closed client read %q; want the connection closed without a response", got)
+			}
+		})
+	}
+}
+
 // Issue 15: a client that closes its connection before its request body
 // has arrived left: one access line, client_cancelled with status 499
 // (nothing is written), not a rejected 400, and no "last errors" entry.

@@ -283,6 +283,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		defer release()
 		h.serveModel(ctx, rw, r, v, ep)
 	}
+	if rw.gone && !rw.wrote {
+		// The client left (its connection ended, or half-closed, which
+		// net/http takes for leaving) before anything was written. Return
+		// without writing and net/http would send "200 OK" with an empty
+		// body, a success to a client still reading; abort the connection
+		// instead, as the access record's 499 says (issue 15). The deferred
+		// access record and releases run first.
+		panic(http.ErrAbortHandler)
+	}
 }
 
 // healthz answers GET /healthz: 200 {"status":"ok"}, or 503
