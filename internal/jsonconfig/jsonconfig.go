@@ -13,6 +13,7 @@ import (
 	"io"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -40,15 +41,19 @@ func Decode(data []byte, v any) (errs Errors, usable bool) {
 	if _, ok := tree.(map[string]any); !ok {
 		return Errors{"config: top level must be a JSON object"}, false
 	}
-	walk(reflect.TypeOf(v).Elem(), tree, "", &errs)
+	var mismatched bool
+	walk(reflect.TypeOf(v).Elem(), tree, "", &errs, &mismatched)
 	if err := json.Unmarshal(data, v); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
+			if mismatched {
+				return errs, false // walk named every mismatch with its full path
+			}
 			return append(errs, fmt.Sprintf("%s: want %s, got JSON %s", te.Field, te.Type, te.Value)), false
 		}
 		return append(errs, err.Error()), false
 	}
-	return errs, true
+	return errs, !mismatched
 }
 
 func syntaxMessage(data []byte, err error) string {
@@ -76,11 +81,22 @@ func position(data []byte, off int64) (line, col int) {
 }
 
 // walk reports keys in node that t (after pointer indirection) does not
-// declare. Values whose Go type is not a struct, slice or map are left to
-// json.Unmarshal's type checks.
-func walk(t reflect.Type, node any, path string, errs *Errors) {
+// declare, and values whose JSON type t cannot hold, each with its full
+// path ("nodes[0].adapters[1].capacity: want int, got JSON string"), as
+// json.Unmarshal's own type error names only the first one and without
+// indices. A mismatch sets *mismatched. JSON null is left alone (it
+// leaves the field as it is).
+func walk(t reflect.Type, node any, path string, errs *Errors, mismatched *bool) {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
+	}
+	if node == nil {
+		return
+	}
+	if want := mismatch(t, node); want != "" {
+		*errs = append(*errs, fmt.Sprintf("%s: want %s, got JSON %s", path, want, jsonKind(node)))
+		*mismatched = true
+		return
 	}
 	switch t.Kind() {
 	case reflect.Struct:
@@ -100,7 +116,7 @@ func walk(t reflect.Type, node any, path string, errs *Errors) {
 				*errs = append(*errs, join(path, k)+": unknown field")
 				continue
 			}
-			walk(ft, obj[k], join(path, k), errs)
+			walk(ft, obj[k], join(path, k), errs, mismatched)
 		}
 	case reflect.Slice, reflect.Array:
 		arr, ok := node.([]any)
@@ -108,7 +124,7 @@ func walk(t reflect.Type, node any, path string, errs *Errors) {
 			return
 		}
 		for i, el := range arr {
-			walk(t.Elem(), el, fmt.Sprintf("%s[%d]", path, i), errs)
+			walk(t.Elem(), el, fmt.Sprintf("%s[%d]", path, i), errs, mismatched)
 		}
 	case reflect.Map:
 		obj, ok := node.(map[string]any)
@@ -116,9 +132,70 @@ func walk(t reflect.Type, node any, path string, errs *Errors) {
 			return
 		}
 		for k, el := range obj {
-			walk(t.Elem(), el, join(path, k), errs)
+			walk(t.Elem(), el, join(path, k), errs, mismatched)
 		}
 	}
+}
+
+// mismatch returns what t wants when the decoded JSON value node (from a
+// decoder with UseNumber) cannot be unmarshaled into it, else "".
+func mismatch(t reflect.Type, node any) string {
+	switch t.Kind() {
+	case reflect.String:
+		if _, ok := node.(string); !ok {
+			return "string"
+		}
+	case reflect.Bool:
+		if _, ok := node.(bool); !ok {
+			return "bool"
+		}
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		n, ok := node.(json.Number)
+		if !ok {
+			return "an integer"
+		}
+		if i, err := n.Int64(); err != nil || reflect.Zero(t).OverflowInt(i) {
+			return fmt.Sprintf("an integer that fits %s", t.Kind())
+		}
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		n, ok := node.(json.Number)
+		if !ok {
+			return "a non-negative integer"
+		}
+		if u, err := strconv.ParseUint(n.String(), 10, 64); err != nil || reflect.Zero(t).OverflowUint(u) {
+			return fmt.Sprintf("a non-negative integer that fits %s", t.Kind())
+		}
+	case reflect.Float32, reflect.Float64:
+		if _, ok := node.(json.Number); !ok {
+			return "a number"
+		}
+	case reflect.Struct, reflect.Map:
+		if _, ok := node.(map[string]any); !ok {
+			return "an object"
+		}
+	case reflect.Slice, reflect.Array:
+		if _, ok := node.([]any); !ok {
+			return "an array"
+		}
+	}
+	return ""
+}
+
+// jsonKind names the JSON type of a decoded value, with a number's text.
+func jsonKind(node any) string {
+	switch v := node.(type) {
+	case string:
+		return "string"
+	case bool:
+		return "bool"
+	case json.Number:
+		return "number " + v.String()
+	case map[string]any:
+		return "object"
+	case []any:
+		return "array"
+	}
+	return "value"
 }
 
 func join(path, key string) string {
