@@ -19,6 +19,7 @@ import (
 	"context"
 	"log/slog"
 	"time"
+	"unicode/utf8"
 )
 
 // Outcome is how one request ended; every request gets exactly one.
@@ -174,6 +175,25 @@ type Record struct {
 
 // MaxModelLen bounds the model name kept in a Record, bytes.
 const MaxModelLen = 128
+
+// MaxErrorLen bounds the error message kept in a Record, bytes: a message
+// may quote the client's input (an unknown model or field name, up to
+// http.max_body_bytes), and the record goes to the log and the last
+// errors of /status.
+const MaxErrorLen = 512
+
+// BoundError shortens msg to at most MaxErrorLen bytes, cut at a UTF-8
+// boundary and marked with "…".
+func BoundError(msg string) string {
+	if len(msg) <= MaxErrorLen {
+		return msg
+	}
+	n := MaxErrorLen - len("…")
+	for n > 0 && !utf8.RuneStart(msg[n]) {
+		n--
+	}
+	return msg[:n] + "…"
+}
 
 // Msg is the access-log line's message.
 const Msg = "access"

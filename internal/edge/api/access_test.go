@@ -14,6 +14,7 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+	"unicode/utf8"
 
 	"iop/internal/edge/access"
 	"iop/internal/edge/config"
@@ -460,6 +461,50 @@ func TestAccessClientHalfClosedGetsNoFakeSuccess(t *testing.T) {
 			}
 			if len(got) != 0 {
 				t.Errorf("the half-closed client read %q; want the connection closed without a response", got)
+			}
+		})
+	}
+}
+
+// Issue 15: an error message that quotes the client's input (an unknown
+// model or field name, up to http.max_body_bytes) is kept in the access
+// record, hence the log line and /status's last errors, at most
+// access.MaxErrorLen bytes, cut at a UTF-8 boundary; the 404's own message
+// quotes at most access.MaxModelLen bytes of the model.
+func TestAccessErrorMessageBounded(t *testing.T) {
+	long := "a" + strings.Repeat("é", 1500) // 2 bytes a rune: a cut may fall inside one (the rig's bodies: up to 4 KiB)
+	rows := []struct {
+		name, body string
+		poolErr    error
+		status     int
+		cut        bool // the message itself is over access.MaxErrorLen
+	}{
+		{"unknown model", `{"model":"` + long + `","messages":[{"role":"user","content":"x"}]}`, pool.ErrUnknownModel, http.StatusNotFound, false},
+		{"unknown field", `{"model":"tiny","messages":[{"role":"user","content":"x","` + long + `":1}]}`, nil, http.StatusBadRequest, true},
+	}
+	for i, row := range rows {
+		t.Run(row.name, func(t *testing.T) {
+			sink, m := newAccessSink(), access.NewMetrics()
+			r := newAccessRig(t, config.TypeOllama, sink, m, longWait)
+			r.fp.err = row.poolErr
+			id := fmt.Sprintf("long-error-%d", i)
+			resp := r.send(t, context.Background(), "POST", "/v1/chat/completions", row.body, "X-Request-Id", id)
+			got, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != row.status {
+				t.Fatalf("status %d %.200s, want %d", resp.StatusCode, got, row.status)
+			}
+			if row.poolErr != nil && (len(got) > 2*access.MaxModelLen+200 || !utf8.Valid(got)) {
+				t.Errorf("the 404 body is %d bytes (valid UTF-8: %v); want the model quoted at most %d bytes", len(got), utf8.Valid(got), access.MaxModelLen)
+			}
+			l := sink.wait(t, id)
+			msg, _ := l[0]["error"].(string)
+			if msg == "" || len(msg) > access.MaxErrorLen || !utf8.ValidString(msg) || strings.HasSuffix(msg, "…") != row.cut {
+				t.Errorf("access error is %d bytes (valid UTF-8: %v); want at most %d, ending in …", len(msg), utf8.ValidString(msg), access.MaxErrorLen)
+			}
+			rec := r.h.o.Recent.List()
+			if len(rec) != 1 || len(rec[0].Error) > access.MaxErrorLen {
+				t.Errorf("last errors: %d entries, want one of at most %d bytes", len(rec), access.MaxErrorLen)
 			}
 		})
 	}

@@ -66,7 +66,7 @@ func (rw *recorder) Unwrap() http.ResponseWriter { return rw.ResponseWriter }
 // error event after bytes).
 func (rw *recorder) fail(e *apiError) {
 	rw.failed = true
-	rw.rec.Code, rw.rec.Error = e.code, e.msg
+	rw.rec.Code, rw.rec.Error = e.code, access.BoundError(e.msg)
 }
 
 // leave notes that the client went away (a disconnect noticed while

@@ -121,7 +121,7 @@ func poolError(model string, err error) *apiError {
 	switch {
 	case errors.Is(err, pool.ErrUnknownModel):
 		return &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "model_not_found", param: "model",
-			msg: fmt.Sprintf("the model %q does not exist", model)}
+			msg: fmt.Sprintf("the model %q does not exist", truncate(model, access.MaxModelLen))}
 	case errors.As(err, &qf):
 		ra := qf.RetryAfter
 		if ra <= 0 {

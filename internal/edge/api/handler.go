@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"iop/internal/edge/access"
 	"iop/internal/edge/config"
@@ -438,10 +439,14 @@ func closeUnread(w http.ResponseWriter, r *http.Request) {
 	_ = http.NewResponseController(w).SetReadDeadline(time.Now())
 }
 
-// truncate shortens s to at most n bytes for echoing in an error message.
+// truncate shortens s to at most n bytes, cut at a UTF-8 boundary, for
+// echoing in an error message.
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
 	}
 	return s[:n] + "…"
 }
