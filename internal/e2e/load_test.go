@@ -30,10 +30,16 @@ import (
 type concurrency struct {
 	mu    sync.Mutex
 	spans [][2]time.Time
+	// active counts handlers running: a client can have its whole answer
+	// (the last write flushed) before the handler returns and records its
+	// span, so peak waits for them.
+	active sync.WaitGroup
 }
 
 func (c *concurrency) wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c.active.Add(1)
+		defer c.active.Done()
 		lw := &lastWrite{ResponseWriter: w, start: time.Now()}
 		h.ServeHTTP(lw, r)
 		end := lw.last
@@ -46,8 +52,10 @@ func (c *concurrency) wrap(h http.Handler) http.Handler {
 	})
 }
 
-// peak returns the most spans open at one instant and the span count.
+// peak returns the most spans open at one instant and the span count,
+// once every handler that started has returned.
 func (c *concurrency) peak() (peak, total int) {
+	c.active.Wait()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	type edge struct {
