@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"iop/internal/edge/access"
+	"iop/internal/edge/config"
 	"iop/internal/edge/pool"
 	apisurface "iop/internal/edge/surface"
 	iop "iop/proto/gen/iop"
@@ -102,12 +103,33 @@ func writeError(w http.ResponseWriter, s surface, e *apiError) {
 // appendErrorEvent appends the SSE event that ends a stream which already
 // sent bytes: OpenAI `data: {"error":{...}}`, Anthropic `event: error` with
 // the error object as data.
-func appendErrorEvent(dst []byte, s surface, e *apiError) []byte {
-	if s == surfaceAnthropic {
+//
+// On the Responses API (ep is /v1/responses) it is the stream's `error`
+// event: `event: error`, data {"type":"error","code","message","param"}
+// as the API reference documents it, with the same error object under
+// "error" as well, as the API itself sends it and as the official SDKs
+// detect a failed stream (a top-level "error" member). Its
+// sequence_number is left out: a tunnelled stream's numbers are the
+// upstream's, which the Edge does not parse.
+func appendErrorEvent(dst []byte, ep *endpoint, e *apiError) []byte {
+	switch {
+	case ep.surface == surfaceAnthropic:
 		dst = append(dst, "event: error\n"...)
+	case ep.operation == config.OpResponses:
+		se := e.surface()
+		dst = append(dst, "event: error\ndata: {\"type\":\"error\",\"code\":"...)
+		dst = apisurface.AppendNullable(dst, se.Code)
+		dst = append(dst, `,"message":`...)
+		dst = apisurface.AppendString(dst, se.Message)
+		dst = append(dst, `,"param":`...)
+		dst = apisurface.AppendNullable(dst, se.Param)
+		dst = append(dst, ',')
+		body := apisurface.AppendOpenAIError(dst[len(dst):], &se) // {"error":{…}}
+		dst = append(dst, body[1:]...)
+		return append(dst, '\n', '\n')
 	}
 	dst = append(dst, "data: "...)
-	dst = appendErrorBody(dst, s, e)
+	dst = appendErrorBody(dst, ep.surface, e)
 	return append(dst, '\n', '\n')
 }
 

@@ -25,7 +25,8 @@ import (
 //   - END: done (a response with no body gets the upstream status);
 //   - ERROR: before any byte an error response in the surface's shape;
 //     after bytes an SSE error event (OpenAI `data: {"error":…}`,
-//     Anthropic `event: error`) when the body is an event stream, else the
+//     Anthropic `event: error`, the Responses API's `event: error`) when
+//     the body is an event stream, else the
 //     connection is aborted so the client sees a truncated response, never
 //     a complete-looking one.
 type tunnelSink struct {
@@ -190,7 +191,7 @@ func (s *tunnelSink) fail(e *apiError) error {
 		// the error is an event of its own.
 		s.buf = append(s.buf, '\n', '\n')
 	}
-	s.buf = appendErrorEvent(s.buf, s.x.ep.surface, e)
+	s.buf = appendErrorEvent(s.buf, s.x.ep, e)
 	return s.x.out.send(s.buf)
 }
 

@@ -169,6 +169,10 @@ func TestTunnelFailures(t *testing.T) {
 		{name: "T5 Anthropic ERROR mid-event ends with event: error", path: "/v1/messages",
 			frames: []*iop.ProviderTunnelFrame{sseStart, fBody([]byte("event: ping\ndata: {\"type\"")), fError("upstream_error", "reset")}, want: 200,
 			wantTail: "data: {\"type\"\n\nevent: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"the provider failed to answer\"}}\n\n"},
+		{name: "T5 issue 15 Responses ERROR after SSE bytes ends with the Responses error event", path: "/v1/responses",
+			frames: []*iop.ProviderTunnelFrame{sseStart, fBody([]byte("event: response.created\ndata: {}\n\n")), fError("upstream_error", "reset")}, want: 200,
+			wantTail: "data: {}\n\nevent: error\ndata: {\"type\":\"error\",\"code\":\"provider_error\",\"message\":\"the provider failed to answer\",\"param\":null," +
+				`"error":{"message":"the provider failed to answer","type":"server_error","param":null,"code":"provider_error"}}` + "\n\n"},
 		{name: "T5 session lost mid-stream ends with an error event", path: "/v1/chat/completions",
 			frames: []*iop.ProviderTunnelFrame{sseStart, fBody(chunk)}, recvErr: dispatch.ErrSessionLost, want: 200,
 			wantTail: `"code":"provider_lost"}}` + "\n\n"},
