@@ -89,6 +89,8 @@ demo_start_stack() {
     {\"name\": \"oa-loop\", \"type\": \"openai_compat\", \"profile\": \"$openai_profile\", \"capacity\": 8, \"long_capacity\": 2, \"base_url\": \"$loop_url\"}"
   fi
   local native=ollama native_tool=ollama native_loop=ollama
+  DEMO_NATIVE_PATH="native Ollama path"
+  if [ -z "$ollama_url" ]; then DEMO_NATIVE_PATH="OpenAI-compatible tunnel: no Ollama named"; fi
   if [ -z "$ollama_url" ]; then # no native Ollama: every group uses the OpenAI-compatible providers
     native=oa; native_tool=$oa_tool; native_loop=$oa_loop
   fi
@@ -148,7 +150,7 @@ demo_main() {
   demo_start_stack || exit 1
   echo
   echo "API key (demo): $DEMO_KEY"
-  echo "Models: tiny, tiny-tool, tiny-loop (native Ollama path); tiny-oa, tiny-tool-oa, tiny-loop-oa (OpenAI-compatible tunnel)"
+  echo "Models: tiny, tiny-tool, tiny-loop (${DEMO_NATIVE_PATH:-native Ollama path}); tiny-oa, tiny-tool-oa, tiny-loop-oa (OpenAI-compatible tunnel)"
   echo
   echo "== chat completion (model tiny) =="
   curl -sS -m 60 "http://$DEMO_HTTP/v1/chat/completions" \
