@@ -583,7 +583,9 @@ func (c *Config) validate() jsonconfig.Errors {
 		if e := *m.AffinityEpsilon; !(e >= 0 && e <= MaxAffinityEpsilon) {
 			add(p+".affinity_epsilon", "must be between 0 and %g, got %g", float64(MaxAffinityEpsilon), e)
 		}
-		if m.AffinityWaitMs < 0 || m.AffinityWaitMs > c.Queue.WaitTimeoutMs {
+		// Against a queue.wait_timeout_ms that is itself refused, only the
+		// sign is checked: that one error is enough.
+		if m.AffinityWaitMs < 0 || (c.Queue.WaitTimeoutMs > 0 && m.AffinityWaitMs > c.Queue.WaitTimeoutMs) {
 			add(p+".affinity_wait_ms", "must be between 0 and queue.wait_timeout_ms (%d), got %d", c.Queue.WaitTimeoutMs, m.AffinityWaitMs)
 		}
 		seen := map[[2]string]bool{}

@@ -346,3 +346,17 @@ func TestOutlierDetectionAndAttempts(t *testing.T) {
 		}
 	}
 }
+
+// A refused queue.wait_timeout_ms is one error: the models' affinity_wait_ms
+// (0 by default) is not also reported against it (found by the newcomer
+// check: every model got a misleading "affinity_wait_ms … got 0").
+func TestBadWaitTimeoutIsOneError(t *testing.T) {
+	s := strings.Replace(valid, `"models"`, `"queue": {"wait_timeout_ms": -5}, "models"`, 1)
+	_, err := Parse([]byte(s))
+	if err == nil || !strings.Contains(err.Error(), "queue.wait_timeout_ms: must be positive, got -5") {
+		t.Fatalf("got %v, want the wait_timeout_ms error", err)
+	}
+	if strings.Contains(err.Error(), "affinity_wait_ms") {
+		t.Errorf("an affinity_wait_ms error beside it:\n%v", err)
+	}
+}
