@@ -8,7 +8,8 @@
 // It owns no state and never decodes a value. It must never be given
 // invalid JSON: on such input its results are unspecified, but it never
 // panics, never reads outside the slice, every Span it returns is
-// non-empty and lies within it, and every iteration ends (FuzzAnyBytes
+// non-empty and lies within it, a string Span is quoted at both ends (its
+// content is b[Start+1 : End-1]), and every iteration ends (FuzzAnyBytes
 // holds that).
 package jsonscan
 
@@ -72,12 +73,23 @@ func (m *Members) Next() (key []byte, val Span, ok bool) {
 		return nil, Span{}, false
 	}
 	ve := SkipValue(b, i)
-	if ve <= i { // no value where one must be (",,"): only in invalid JSON
+	if !whole(b, i, ve) {
 		m.i = len(b)
 		return nil, Span{}, false
 	}
 	m.i = ve
 	return key, Span{i, ve}, true
+}
+
+// whole reports whether b[i:ve] can be a value: not empty (",," in invalid
+// JSON leaves no value), and a string both opened and closed, so that a
+// string's content is always b[Start+1 : End-1]. Anything else is invalid
+// JSON, where the iteration stops.
+func whole(b []byte, i, ve int) bool {
+	if ve <= i {
+		return false
+	}
+	return b[i] != '"' || (ve-i >= 2 && b[ve-1] == '"')
 }
 
 // Elements iterates over the values of one JSON array without allocating.
@@ -108,7 +120,7 @@ func (e *Elements) Next() (val Span, ok bool) {
 		return Span{}, false
 	}
 	ve := SkipValue(b, i)
-	if ve <= i { // no value where one must be ("[1,,2]"): only in invalid JSON
+	if !whole(b, i, ve) {
 		e.i = len(b)
 		return Span{}, false
 	}

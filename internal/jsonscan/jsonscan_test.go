@@ -140,7 +140,7 @@ func TestNoAllocs(t *testing.T) {
 // member check, called without the HTTP layer's json.Valid, sliced b[2:1]
 // on `{"` and looped forever on `[1,,2]`).
 func FuzzAnyBytes(f *testing.F) {
-	for _, s := range []string{`{"`, `{"a"`, `{"a":`, `{"a" 1}`, `[{"`, `{"a":[1,{"b":"\`, `"`, `{`, `[`, `{"a":1,"`, `[1,,2]`, `{"a":1,,"b":2}`, `{"a":,}`} {
+	for _, s := range []string{`{"`, `{"a"`, `{"a":`, `{"a" 1}`, `[{"`, `{"a":[1,{"b":"\`, `"`, `{`, `[`, `{"a":1,"`, `[1,,2]`, `{"a":1,,"b":2}`, `{"a":,}`, `{"model":00 "system": {"type":"`, `["`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
@@ -169,6 +169,7 @@ func walkAny(t *testing.T, b []byte, v jsonscan.Span, depth int) {
 			if !val.OK() {
 				t.Fatalf("%q: member %q with an empty value: an iteration that may not end", b, key)
 			}
+			checkString(t, b, val)
 			_ = jsonscan.KeyIs(key, "model")
 			walkAny(t, b, val, depth+1)
 		}
@@ -182,7 +183,18 @@ func walkAny(t *testing.T, b []byte, v jsonscan.Span, depth int) {
 			if !val.OK() {
 				t.Fatalf("%q: an empty element: an iteration that may not end", b)
 			}
+			checkString(t, b, val)
 			walkAny(t, b, val, depth+1)
 		}
+	}
+}
+
+// checkString fails t when a string Span is not quoted at both ends: its
+// content b[Start+1 : End-1] must be a slice (surface typeOf and the api's
+// prefix scan slice it; `{"type":"` at the end of a body once gave [31:30]).
+func checkString(t *testing.T, b []byte, v jsonscan.Span) {
+	t.Helper()
+	if jsonscan.Kind(b, v) == '"' && (v.End-v.Start < 2 || b[v.End-1] != '"') {
+		t.Fatalf("%q: string span %v is not quoted at both ends", b, v)
 	}
 }
