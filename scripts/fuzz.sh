@@ -36,7 +36,7 @@ fuzz_one() { # $1 package, $2 target, $3 seconds, $4 workers; returns go test's 
   nice -n "${IOP_FUZZ_NICE:-0}" go test -run '^$' -fuzz "^${name}\$" -fuzztime "${secs}s" \
     -timeout "$((secs + 600))s" -fuzzminimizetime "${IOP_FUZZ_MINIMIZE:-10s}" -parallel "$workers" "$pkg" >"$logf" 2>&1 || rc=$?
   local execs
-  execs=$(grep -o 'execs: [0-9]*' "$logf" | tail -1 | cut -d' ' -f2 || true)
+  execs=$(grep -ao 'execs: [0-9]*' "$logf" | tail -1 | cut -d' ' -f2 || true)
   if [ $rc = 0 ]; then
     log "ok   $pkg $name ($(( $(date +%s) - start ))s, ${execs:-?} execs)"
   else
