@@ -2,10 +2,12 @@ package api
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"iop/internal/edge/limit"
@@ -45,8 +47,16 @@ var errBodyBudget = errors.New("api: request bodies in flight over http.max_infl
 // and each growth is reserved in budget first (nil: not counted): on
 // success cap(body) bytes stay reserved, on failure none. A body that stops
 // arriving ends with the connection's read deadline (408). The error is an
-// *apiError or errBodyBudget.
+// *apiError or errBodyBudget. A body with a Content-Encoding other than
+// identity is a 415 before any byte is read.
 func readBody(w http.ResponseWriter, r *http.Request, max int64, budget *limit.Budget) (body []byte, err error) {
+	if ce := strings.TrimSpace(r.Header.Get("Content-Encoding")); ce != "" && !strings.EqualFold(ce, "identity") {
+		// The Edge reads the JSON body to route it (model, stream) and
+		// does not decompress: 415 as RFC 9110 §15.5.16 says for an
+		// unsupported content coding, naming it.
+		return nil, &apiError{status: http.StatusUnsupportedMediaType, typ: "invalid_request_error", param: "Content-Encoding",
+			msg: fmt.Sprintf("Content-Encoding %.32q is not supported: send the request body uncompressed", ce)}
+	}
 	if r.ContentLength > max {
 		return nil, tooLarge(max)
 	}

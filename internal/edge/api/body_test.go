@@ -21,17 +21,20 @@ func TestReadBody(t *testing.T) {
 		declared   int64 // -1: chunked (no Content-Length)
 		oneByte    bool  // the body arrives a byte per read
 		wantStatus int   // 0: read fine
+		encoding   string
 	}{
-		{"empty", nil, 0, false, 0},
-		{"one byte", body(1), 1, false, 0},
-		{"first buffer exactly", body(bodyFirstBuffer), bodyFirstBuffer, false, 0},
-		{"one over the first buffer", body(bodyFirstBuffer + 1), bodyFirstBuffer + 1, true, 0},
-		{"at the cap", body(limit), limit, false, 0},
-		{"chunked small", body(10), -1, false, 0},
-		{"chunked at the cap", body(limit), -1, true, 0},
-		{"chunked one over the cap", body(limit + 1), -1, false, 413},
-		{"declared over the cap", body(10), limit + 1, false, 413},
-		{"declared more than sent", body(10), 20, false, 400},
+		{"empty", nil, 0, false, 0, ""},
+		{"one byte", body(1), 1, false, 0, ""},
+		{"first buffer exactly", body(bodyFirstBuffer), bodyFirstBuffer, false, 0, ""},
+		{"one over the first buffer", body(bodyFirstBuffer + 1), bodyFirstBuffer + 1, true, 0, ""},
+		{"at the cap", body(limit), limit, false, 0, ""},
+		{"chunked small", body(10), -1, false, 0, ""},
+		{"chunked at the cap", body(limit), -1, true, 0, ""},
+		{"chunked one over the cap", body(limit + 1), -1, false, 413, ""},
+		{"declared over the cap", body(10), limit + 1, false, 413, ""},
+		{"declared more than sent", body(10), 20, false, 400, ""},
+		{"gzip body is 415", body(10), 10, false, 415, "gzip"},
+		{"identity coding is the body itself", body(10), 10, false, 0, "identity"},
 	}
 	for _, row := range rows {
 		t.Run(row.name, func(t *testing.T) {
@@ -41,6 +44,9 @@ func TestReadBody(t *testing.T) {
 			}
 			r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", io.NopCloser(rd))
 			r.ContentLength = row.declared
+			if row.encoding != "" {
+				r.Header.Set("Content-Encoding", row.encoding)
+			}
 			got, err := readBody(httptest.NewRecorder(), r, limit, nil)
 			e, _ := err.(*apiError)
 			if row.wantStatus != 0 {
