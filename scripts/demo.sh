@@ -182,5 +182,11 @@ print()
   echo "  curl http://$DEMO_HTTP/v1/chat/completions -H 'Authorization: Bearer $DEMO_KEY' -H 'Content-Type: application/json' -d '{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'"
   echo "  curl http://$DEMO_ADMIN/status"
   echo "Ctrl-C stops everything."
-  wait "${demo_pids[@]}" 2>/dev/null || true
+  # Serve until Ctrl-C, or until one process of the stack exits: then say
+  # so and stop the rest (the node would otherwise redial a gone edge
+  # forever).
+  local rc=0
+  wait -n "${demo_pids[@]}" 2>/dev/null || rc=$?
+  log "a process of the stack exited (status $rc); stopping the rest (logs in .run/)"
+  exit 1
 }
