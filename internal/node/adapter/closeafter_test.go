@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -30,58 +29,22 @@ import (
 // stays open. late counts requests written on a connection after its
 // streamed answer.
 type llamaConnServer struct {
-	ln          net.Listener
+	rawConns
 	stream, one []byte
-	conns, late atomic.Int64
-	wg          sync.WaitGroup
-	mu          sync.Mutex
-	open        map[net.Conn]bool
+	late        atomic.Int64
 }
 
 func startLlamaConnServer(t *testing.T) *llamaConnServer {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &llamaConnServer{ln: ln, stream: sample(t, "llama_v1_chat_stream.sse"), one: sample(t, "llama_v1_chat_nonstream.json"),
-		open: map[net.Conn]bool{}}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s.conns.Add(1)
-			s.mu.Lock()
-			s.open[c] = true
-			s.mu.Unlock()
-			s.wg.Add(1)
-			go s.serve(c)
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		s.mu.Lock()
-		for c := range s.open {
-			c.Close()
-		}
-		s.mu.Unlock()
-		s.wg.Wait()
-	})
+	s := &llamaConnServer{stream: sample(t, "llama_v1_chat_stream.sse"), one: sample(t, "llama_v1_chat_nonstream.json")}
+	s.listen(t, s.serve)
 	return s
 }
 
 func (s *llamaConnServer) serve(c net.Conn) {
-	defer s.wg.Done()
 	defer func() {
-		s.mu.Lock()
-		delete(s.open, c)
-		s.mu.Unlock()
 		c.(*net.TCPConn).SetLinger(0) // unread bytes at close: a reset, as the real server's close sends
-		c.Close()
+		s.done(c)
 	}()
 	br := bufio.NewReader(c)
 	for {
@@ -209,4 +172,3 @@ func TestLlamaConnServerShowsTheRace(t *testing.T) {
 	}
 }
 
-func (s *llamaConnServer) url() string { return "http://" + s.ln.Addr().String() }

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,60 +23,20 @@ import (
 // return "" to read the request whole and reset the connection unanswered.
 // It counts the connections accepted and the requests read.
 type connServer struct {
-	ln     net.Listener
+	rawConns
 	answer func(i int, idle time.Duration) string
-	conns  atomic.Int64
 	reqs   atomic.Int64
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	open   map[net.Conn]bool
 }
 
 func startConnServer(t *testing.T, answer func(i int, idle time.Duration) string) *connServer {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &connServer{ln: ln, answer: answer, open: map[net.Conn]bool{}}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s.conns.Add(1)
-			s.mu.Lock()
-			s.open[c] = true
-			s.mu.Unlock()
-			s.wg.Add(1)
-			go s.serve(c)
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		s.mu.Lock()
-		for c := range s.open {
-			c.Close()
-		}
-		s.mu.Unlock()
-		s.wg.Wait()
-	})
+	s := &connServer{answer: answer}
+	s.listen(t, s.serve)
 	return s
 }
 
-func (s *connServer) url() string { return "http://" + s.ln.Addr().String() }
-
 func (s *connServer) serve(c net.Conn) {
-	defer s.wg.Done()
-	defer func() {
-		s.mu.Lock()
-		delete(s.open, c)
-		s.mu.Unlock()
-		c.Close()
-	}()
+	defer s.done(c)
 	br := bufio.NewReader(c)
 	last := time.Now()
 	for i := 0; ; i++ {
