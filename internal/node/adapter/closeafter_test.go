@@ -171,4 +171,3 @@ func TestLlamaConnServerShowsTheRace(t *testing.T) {
 		t.Errorf("late %d, want 1", srv.late.Load())
 	}
 }
-
