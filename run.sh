@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # iop's one entry point. See README.md.
 #   ./run.sh            the main job: build, dev PKI, backend, edge + node, a chat answer
-#   ./run.sh test       go vet, go test -race ./..., generated-code and import checks
+#   ./run.sh test       gofmt, go vet, go test -race ./..., generated-code and import checks
 #   ./run.sh build      static binaries into bin/
 #   ./run.sh proto      regenerate proto/gen/iop from proto/iop/runtime.proto
 #   ./run.sh e2e        built binaries + backend + official SDK clients
@@ -95,6 +95,12 @@ cmd_build() {
 cmd_test() {
   check_proto
   check_imports
+  local unformatted
+  unformatted=$(gofmt -l . 2>&1 || true)
+  if [ -n "$unformatted" ]; then
+    log "FAIL: not gofmt-formatted (run gofmt -w on them):"; echo "$unformatted" >&2
+    return 1
+  fi
   log "go vet ./..."
   go vet ./...
   log "go test -race ./..."
