@@ -288,12 +288,18 @@ func TestRunPathFieldTables(t *testing.T) {
 					if c.refuse != "" {
 						var e struct {
 							Error struct {
-								Message string `json:"message"`
+								Message string  `json:"message"`
+								Param   *string `json:"param"`
 							} `json:"error"`
 						}
 						_ = json.Unmarshal([]byte(body), &e)
 						if status != http.StatusBadRequest || !strings.Contains(e.Error.Message, c.refuse) {
 							t.Fatalf("got %d %s, want a 400 whose message names %s", status, body, c.refuse)
+						}
+						// OpenAI's error shape names the field in "param" too,
+						// also when the node's driver refused it (tool_choice).
+						if s.path != "/v1/messages" && c.refuse == c.field && (e.Error.Param == nil || *e.Error.Param != c.field) {
+							t.Errorf("got %s, want param %q", body, c.field)
 						}
 						return
 					}

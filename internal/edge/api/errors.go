@@ -191,6 +191,11 @@ func runFailure(ev *iop.RunEvent) *apiError {
 	if ra := time.Duration(ev.RetryAfterMs) * time.Millisecond; ra > 0 && ev.UpstreamStatus > 0 {
 		e.retryAfter = ra
 	}
+	// An invalid request the node refused may name its field
+	// (RunEvent.param): the client's 400 says it in "param".
+	if p := ev.GetParam(); ev.FailureCode == failureInvalid && p != "" && len(p) <= 64 {
+		e.param = p
+	}
 	return e
 }
 
@@ -267,6 +272,9 @@ func clientDetail(msg string) string {
 			msg = msg[i+2:]
 		}
 	}
+	// The node's "invalid run input: " prefix (the 400 says "invalid
+	// request: " already).
+	msg = strings.TrimPrefix(msg, "invalid run input: ")
 	// The node's "upstream status NNN: " prefix before the upstream's own
 	// message (the status is the response's already).
 	if rest, ok := strings.CutPrefix(msg, "upstream status "); ok {

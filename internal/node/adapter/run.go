@@ -148,6 +148,10 @@ func (s *Set) runTerminal(ctx, runCtx context.Context, adapter, runID string, re
 	if errors.As(err, &se) {
 		ev.RetryAfterMs = se.RetryAfter.Milliseconds()
 	}
+	var fe *upstream.FieldError
+	if errors.As(err, &fe) && fe.Field != "" {
+		ev.Param = fe.Field
+	}
 	return ev
 }
 

@@ -2128,7 +2128,12 @@ type RunEvent struct {
 	Embeddings []*Embedding `protobuf:"bytes,15,rep,name=embeddings,proto3" json:"embeddings,omitempty"`
 	// ERROR with upstream_status: the upstream's Retry-After (RFC 9110
 	// §10.2.3) in ms, when it sent one (seconds or an HTTP date); 0 = none.
-	RetryAfterMs  int64 `protobuf:"varint,16,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
+	RetryAfterMs int64 `protobuf:"varint,16,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
+	// ERROR invalid_request: the client-API name of the request field the
+	// driver cannot honour (e.g. "tool_choice"), for the 400's "param";
+	// empty when no one field is at fault. Never caller data (SPEC H3 keeps
+	// metadata allow-listed).
+	Param         string `protobuf:"bytes,17,opt,name=param,proto3" json:"param,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2273,6 +2278,13 @@ func (x *RunEvent) GetRetryAfterMs() int64 {
 		return x.RetryAfterMs
 	}
 	return 0
+}
+
+func (x *RunEvent) GetParam() string {
+	if x != nil {
+		return x.Param
+	}
+	return ""
 }
 
 // Usage is token accounting as the backend reported it, in tokens.
@@ -3730,7 +3742,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x05bytes\x18\x03 \x01(\fR\x05bytes\x12?\n" +
 	"\ftop_logprobs\x18\x04 \x03(\v2\x1c.iop.runtime.v1.TokenLogprobR\vtopLogprobs\"#\n" +
 	"\tEmbedding\x12\x16\n" +
-	"\x06values\x18\x01 \x03(\x02R\x06values\"\xbc\x05\n" +
+	"\x06values\x18\x01 \x03(\x02R\x06values\"\xd2\x05\n" +
 	"\bRunEvent\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x120\n" +
 	"\x04type\x18\x02 \x01(\x0e2\x1c.iop.runtime.v1.RunEventTypeR\x04type\x12\x14\n" +
@@ -3750,7 +3762,8 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\n" +
 	"embeddings\x18\x0f \x03(\v2\x19.iop.runtime.v1.EmbeddingR\n" +
 	"embeddings\x12$\n" +
-	"\x0eretry_after_ms\x18\x10 \x01(\x03R\fretryAfterMs\x1a;\n" +
+	"\x0eretry_after_ms\x18\x10 \x01(\x03R\fretryAfterMs\x12\x14\n" +
+	"\x05param\x18\x11 \x01(\tR\x05param\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"|\n" +

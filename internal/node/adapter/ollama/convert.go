@@ -121,7 +121,8 @@ func BuildChatRequest(target string, in *iop.RunInput) ([]byte, error) {
 	case "", `"auto"`:
 		req.Tools = tools
 	default:
-		return nil, fmt.Errorf("%w: tool_choice %.64s cannot be enforced by Ollama's /api/chat (only \"auto\" and \"none\")", upstream.ErrInvalidInput, choice)
+		return nil, &upstream.FieldError{Field: "tool_choice",
+			Msg: fmt.Sprintf("tool_choice %.64s cannot be enforced by Ollama's /api/chat (only \"auto\" and \"none\")", choice)}
 	}
 	format, err := nativeFormat(in.GetResponseFormatJson())
 	if err != nil {

@@ -90,8 +90,15 @@ func TestBuildChatRequestErrors(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := BuildChatRequest("tiny", tc.in); !errors.Is(err, upstream.ErrInvalidInput) {
+			_, err := BuildChatRequest("tiny", tc.in)
+			if !errors.Is(err, upstream.ErrInvalidInput) {
 				t.Fatalf("got %v, want ErrInvalidInput", err)
+			}
+			// A tool_choice Ollama cannot enforce names its field for the
+			// client's 400 "param" (RunEvent.param).
+			var fe *upstream.FieldError
+			if isToolChoice := len(tc.in.GetToolChoiceJson()) > 0; isToolChoice != (errors.As(err, &fe) && fe.Field == "tool_choice") {
+				t.Errorf("got %#v, want a FieldError for tool_choice exactly when tool_choice is refused", err)
 			}
 		})
 	}

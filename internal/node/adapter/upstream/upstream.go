@@ -45,6 +45,19 @@ var (
 	ErrProtocol = errors.New("upstream protocol error")
 )
 
+// FieldError is an ErrInvalidInput about one request field the driver
+// cannot honour (e.g. a tool_choice Ollama cannot enforce): Field is its
+// name in the client's API ("tool_choice"), sent to the Edge as
+// RunEvent.param so the client's 400 names it in "param".
+// errors.Is(err, ErrInvalidInput) holds.
+type FieldError struct {
+	Field string
+	Msg   string
+}
+
+func (e *FieldError) Error() string { return ErrInvalidInput.Error() + ": " + e.Msg }
+func (e *FieldError) Unwrap() error { return ErrInvalidInput }
+
 // StatusError: the provider answered a non-2xx HTTP status before any
 // output. Message is the provider's own error message (from its JSON error
 // object when it sent one), at most 1 KiB. RetryAfter is the answer's
