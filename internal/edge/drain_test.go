@@ -1,13 +1,11 @@
 package edge
 
 import (
-	"bytes"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +13,7 @@ import (
 	"iop/internal/edge/api"
 	"iop/internal/edge/config"
 	"iop/internal/leakcheck"
+	"iop/internal/proctest"
 )
 
 // drainConfig is an open-mode edge config with one model group.
@@ -23,24 +22,6 @@ const drainConfig = `{
   "nodes": [{"id": "gpu-1", "adapters": [{"type": "ollama", "base_url": "http://127.0.0.1:1"}]}],
   "models": [{"name": "tiny", "providers": [{"node": "gpu-1", "provider": "ollama", "target": "tiny"}]}]
 }`
-
-// syncBuffer is a log sink safe for the server's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // Issue 15 (every request one terminal and one access line, exit after the
 // drain): a request whose client holds its handler — here one that
@@ -55,7 +36,7 @@ func TestDrainHTTPWaitsForHeldHandlers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &proctest.Log{}
 	log := slog.New(slog.NewJSONHandler(logs, nil))
 	h := api.New(api.Options{Config: func() *config.Config { return cfg }, AccessLog: log, BodyReadTimeout: time.Minute})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -1,7 +1,8 @@
 // Package proctest is test support for the tests that run the built edge and
 // node binaries: building one, reading its exit code, and waiting on its log
-// output without polling. The binaries never import it (./run.sh test
-// checks).
+// output without polling. Its Log is also the log sink of in-process tests
+// whose servers and timers write from several goroutines. The binaries
+// never import it (./run.sh test checks).
 package proctest
 
 import (
@@ -40,8 +41,9 @@ func ExitCode(err error) int {
 	return 0
 }
 
-// Log collects a process's output (an exec.Cmd's Stderr) and lets a test
-// wait for a line without polling: every Write wakes the waiters.
+// Log collects a process's output (an exec.Cmd's Stderr) or a logger's
+// lines, safe for concurrent writers, and lets a test wait for a line
+// without polling: every Write wakes the waiters. The zero Log is ready.
 type Log struct {
 	mu    sync.Mutex
 	b     bytes.Buffer

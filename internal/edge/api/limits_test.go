@@ -2,7 +2,6 @@ package api
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -11,7 +10,6 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,6 +17,7 @@ import (
 	"iop/internal/edge/config"
 	"iop/internal/edge/pool"
 	"iop/internal/leakcheck"
+	"iop/internal/proctest"
 )
 
 // heldPool admits nothing: each Acquire waits until release is closed (or
@@ -46,31 +45,13 @@ func (p *heldPool) Acquire(ctx context.Context, _ pool.Request) (*pool.Lease, er
 
 func (p *heldPool) Release(*pool.Lease) bool { return true }
 
-// syncBuffer is a log destination safe for concurrent handlers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // limitRig is a Handler on a real HTTP server with the connection hooks
 // wired as the Edge wires them, a heldPool and a captured log.
 type limitRig struct {
 	h    *Handler
 	p    *heldPool
 	srv  *httptest.Server
-	log  *syncBuffer
+	log  *proctest.Log
 	addr string
 }
 
@@ -79,7 +60,7 @@ func newLimitRig(t *testing.T, mutate func(*config.Config)) *limitRig {
 	cfg := testConfig(map[string]string{"team-a": "sk-secret-a"})
 	cfg.HTTP.MaxBodyBytes = 1 << 20
 	mutate(cfg)
-	r := &limitRig{p: &heldPool{in: make(chan struct{}, 1000), release: make(chan struct{})}, log: &syncBuffer{}}
+	r := &limitRig{p: &heldPool{in: make(chan struct{}, 1000), release: make(chan struct{})}, log: &proctest.Log{}}
 	r.h = New(Options{Config: func() *config.Config { return cfg }, Pool: r.p, Dispatcher: newFakeDispatcher(newFakeStream("run-1")),
 		Now: fixedNow, NewID: seqIDs(), Logger: slog.New(slog.NewTextHandler(r.log, nil))})
 	r.srv = httptest.NewUnstartedServer(r.h)
@@ -331,7 +312,7 @@ func newLimitRigListener(t *testing.T, mutate func(*config.Config), want int) *l
 	cfg := testConfig(map[string]string{"team-a": "sk-secret-a"})
 	cfg.HTTP.MaxBodyBytes = 1 << 20
 	mutate(cfg)
-	r := &limitRig{p: &heldPool{in: make(chan struct{}, 1000), release: make(chan struct{})}, log: &syncBuffer{}}
+	r := &limitRig{p: &heldPool{in: make(chan struct{}, 1000), release: make(chan struct{})}, log: &proctest.Log{}}
 	r.h = New(Options{Config: func() *config.Config { return cfg }, Pool: r.p, Dispatcher: newFakeDispatcher(newFakeStream("run-1")),
 		Now: fixedNow, NewID: seqIDs(), Logger: slog.New(slog.NewTextHandler(r.log, nil))})
 	r.srv = httptest.NewUnstartedServer(r.h)

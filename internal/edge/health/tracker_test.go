@@ -1,7 +1,6 @@
 package health
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +14,7 @@ import (
 	"iop/internal/edge/dispatch"
 	"iop/internal/edge/pool"
 	"iop/internal/leakcheck"
+	"iop/internal/proctest"
 	iop "iop/proto/gen/iop"
 )
 
@@ -58,27 +58,9 @@ func providerStatus(p *pool.Pool, name string) string {
 	return "missing"
 }
 
-// logBuf is a slog handler writing text lines to a buffer, safe for
-// concurrent use.
-type logBuf struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuf) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuf) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func (b *logBuf) logger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug}))
+// debugLogger writes text lines at debug level to logs.
+func debugLogger(logs *proctest.Log) *slog.Logger {
+	return slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
 func sample(t *testing.T, tr *Tracker, family, labels string) float64 {
@@ -103,9 +85,9 @@ func sample(t *testing.T, tr *Tracker, family, labels string) float64 {
 // provider); rejected evidence is left undecorated and changes nothing.
 func TestObserveStall(t *testing.T) {
 	leakcheck.Check(t)
-	var logs logBuf
+	var logs proctest.Log
 	p := testPool(t)
-	tr := New(Options{Overlay: p, Logger: logs.logger()})
+	tr := New(Options{Overlay: p, Logger: debugLogger(&logs)})
 	l := acquire(t, p)
 	if l.Key != keyA {
 		t.Fatalf("first lease on %v, want %v", l.Key, keyA)
@@ -294,8 +276,8 @@ func TestRecoveryProbeCarriesLease(t *testing.T) {
 		}
 		return &iop.CredentialLease{LeaseId: fmt.Sprintf("lease-%d", len(asked))}, &iop.CredentialLeaseBinding{Slot: "openai"}, nil
 	}
-	var logs logBuf
-	tr := New(Options{Overlay: p, Commander: cmd, Logger: logs.logger(), ProbeCredentials: issue})
+	var logs proctest.Log
+	tr := New(Options{Overlay: p, Commander: cmd, Logger: debugLogger(&logs), ProbeCredentials: issue})
 	l := acquire(t, p)
 	tr.ObserveStall(l, stallFailure(Unavailable, 7))
 	p.Release(l)
@@ -344,8 +326,8 @@ func TestRecoveryLoop(t *testing.T) {
 			}
 			return script[call].resp, script[call].err
 		}}
-		var logs logBuf
-		tr := New(Options{Overlay: p, Commander: cmd, Logger: logs.logger(), ProbeInterval: time.Second})
+		var logs proctest.Log
+		tr := New(Options{Overlay: p, Commander: cmd, Logger: debugLogger(&logs), ProbeInterval: time.Second})
 		l := acquire(t, p)
 		tr.ObserveStall(l, stallFailure(Unavailable, 7))
 		p.Release(l)

@@ -1,35 +1,16 @@
 package outlier
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"iop/internal/edge/pool"
+	"iop/internal/proctest"
 )
-
-// syncBuffer is a log target safe for the timer goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func testPool() *pool.Pool {
 	p := pool.New(pool.Config{
@@ -49,7 +30,7 @@ func testPool() *pool.Pool {
 func TestDetectorEjectsAndReadmits(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := testPool()
-		var logs syncBuffer
+		var logs proctest.Log
 		d := New(Options{Pool: p, Policy: Policy{Base: time.Second, Max: time.Minute},
 			Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
 		defer d.Close()
