@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 // Line budgets of the two top-level pages: README.md is the entry point
@@ -173,4 +174,67 @@ func forLines(t *testing.T, p string, fn func(n int, line string)) {
 	if err := sc.Err(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// Every relative link between the pages resolves: the file exists and, when
+// the link names an anchor, the page has that heading or <a id>.
+func TestLinksResolve(t *testing.T) {
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	heading := regexp.MustCompile(`^#+ (.*)`)
+	explicit := regexp.MustCompile(`<a id="([^"]+)"></a>`)
+	anchors := map[string]map[string]bool{}
+	anchorsOf := func(p string) map[string]bool {
+		if a, ok := anchors[p]; ok {
+			return a
+		}
+		a := map[string]bool{}
+		forLines(t, p, func(_ int, l string) {
+			for _, m := range explicit.FindAllStringSubmatch(l, -1) {
+				a[m[1]] = true
+			}
+			if m := heading.FindStringSubmatch(l); m != nil {
+				a[slug(m[1])] = true
+			}
+		})
+		anchors[p] = a
+		return a
+	}
+	for _, p := range pages(t) {
+		forLines(t, p, func(n int, l string) {
+			for _, m := range link.FindAllStringSubmatch(l, -1) {
+				target := m[1]
+				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+					continue
+				}
+				file, anchor, _ := strings.Cut(target, "#")
+				dest := p
+				if file != "" {
+					dest = filepath.ToSlash(filepath.Join(filepath.Dir(p), file))
+				}
+				if _, err := os.Stat(filepath.Join(root, dest)); err != nil {
+					t.Errorf("%s:%d links to %s, which does not exist", p, n, target)
+					continue
+				}
+				if anchor != "" && strings.HasSuffix(dest, ".md") && !anchorsOf(dest)[anchor] {
+					t.Errorf("%s:%d links to %s: %s has no heading or <a id> %q", p, n, target, dest, anchor)
+				}
+			}
+		})
+	}
+}
+
+// slug is the anchor GitHub gives a Markdown heading: lower case, HTML tags
+// and punctuation other than '-' and '_' removed, spaces turned into '-'.
+func slug(heading string) string {
+	heading = regexp.MustCompile(`<[^>]*>`).ReplaceAllString(heading, "")
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(heading)) {
+		switch {
+		case r == ' ':
+			b.WriteByte('-')
+		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }
