@@ -62,6 +62,18 @@ func TestEdgeBinary(t *testing.T) {
 	if proctest.ExitCode(err) != 1 || !strings.Contains(string(out), "edge tls") {
 		t.Errorf("-check with a node certificate as the edge's: exit %d, want 1:\n%s", proctest.ExitCode(err), out)
 	}
+	// S3: a TLS private key that group or others can read is refused by
+	// -check (and at start: the same loader), as the store key is.
+	os.Chmod(filepath.Join(dir, "pki", "edge-1.key"), 0o644)
+	out, err = exec.Command(bin, "-config", cfg, "-check").CombinedOutput()
+	if proctest.ExitCode(err) != 1 || !strings.Contains(string(out), "edge-1.key") || !strings.Contains(string(out), "chmod 600") {
+		t.Errorf("-check with a 0644 TLS key: exit %d, want 1 naming the file:\n%s", proctest.ExitCode(err), out)
+	}
+	out, err = exec.Command(bin, "-config", cfg).CombinedOutput()
+	if proctest.ExitCode(err) != 1 || !strings.Contains(string(out), "edge-1.key") {
+		t.Errorf("start with a 0644 TLS key: exit %d, want 1 naming the file:\n%s", proctest.ExitCode(err), out)
+	}
+	os.Chmod(filepath.Join(dir, "pki", "edge-1.key"), 0o600)
 	if out, err := exec.Command(bin, "-version").CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "edge ") {
 		t.Errorf("-version: %v %q", err, out)
 	}

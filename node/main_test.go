@@ -147,6 +147,28 @@ func TestNodeBinary(t *testing.T) {
 		if proctest.ExitCode(err) != 1 || !strings.Contains(string(out), "absent.key") {
 			t.Errorf("S3 -check with a missing key: exit %d, want 1 naming the file:\n%s", proctest.ExitCode(err), out)
 		}
+		// S3: a TLS key or lease recipient key that group or others can
+		// read is refused by -check, naming the file and the fix.
+		good = writeConfig(t, dir, "127.0.0.1:7443", `{}`, "pki/gpu-1.key")
+		if err := os.Chmod(filepath.Join(dir, "pki", "gpu-1.key"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out, err = exec.Command(bin, "-config", good, "-check").CombinedOutput()
+		if proctest.ExitCode(err) != 1 || !strings.Contains(string(out), "gpu-1.key") || !strings.Contains(string(out), "chmod 600") {
+			t.Errorf("S3 -check with a 0644 TLS key: exit %d, want 1 naming the file:\n%s", proctest.ExitCode(err), out)
+		}
+		os.Chmod(filepath.Join(dir, "pki", "gpu-1.key"), 0o600)
+		creds := filepath.Join(dir, "creds.json")
+		os.WriteFile(creds, []byte(`{"node_id":"gpu-1","edge_addr":"127.0.0.1:7443","tls":{"cert_file":"pki/gpu-1.crt","key_file":"pki/gpu-1.key","ca_file":"pki/ca.crt","expected_edge_name":"edge-1"},
+ "credentials":{"recipient_private_key_file":"pki/gpu-1.recipient.key","issuer_public_key":"pki/issuer.pub"}}`), 0o600)
+		if out, err := exec.Command(bin, "-config", creds, "-check").CombinedOutput(); err != nil {
+			t.Errorf("-check with lease keys: %v\n%s", err, out)
+		}
+		os.Chmod(filepath.Join(dir, "pki", "gpu-1.recipient.key"), 0o640)
+		out, err = exec.Command(bin, "-config", creds, "-check").CombinedOutput()
+		if proctest.ExitCode(err) != 1 || !strings.Contains(string(out), "gpu-1.recipient.key") || !strings.Contains(string(out), "chmod 600") {
+			t.Errorf("S3 -check with a 0640 recipient key: exit %d, want 1 naming the file:\n%s", proctest.ExitCode(err), out)
+		}
 		out, err = exec.Command(bin, "-version").CombinedOutput()
 		if err != nil || !strings.HasPrefix(string(out), "node ") {
 			t.Errorf("-version: %v %q", err, out)

@@ -43,6 +43,16 @@ var (
 	// ErrInvalidOptions: ServerOptions, ClientOptions, PKIOptions or
 	// IssueOptions are incomplete or inconsistent.
 	ErrInvalidOptions = errors.New("identity: invalid options")
+	// ErrMissingKeyUsage: a leaf certificate does not list the extended key
+	// usage its role needs — clientAuth on a node certificate, serverAuth
+	// on the edge's (SPEC I2). Go's chain verification treats a leaf with
+	// no ExtendedKeyUsage extension as valid for any usage (RFC 5280
+	// §4.2.1.12), so the usage is checked explicitly; anyExtendedKeyUsage
+	// alone does not count either.
+	ErrMissingKeyUsage = errors.New("identity: certificate lacks the required extended key usage")
+	// ErrKeyExposed: a private key file is readable or writable by group or
+	// others (mode & 0o077 != 0); it is refused as the secret store key is.
+	ErrKeyExposed = errors.New("identity: private key file is accessible by group or others")
 	// ErrFileExists: dev PKI generation refused to overwrite a file (set
 	// Force); the FileError around it names the file.
 	ErrFileExists = errors.New("identity: file exists, not overwritten without force")

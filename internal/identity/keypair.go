@@ -18,8 +18,9 @@ import (
 // compared rather than mtime and size because Linux file timestamps are
 // jiffy-coarse (several ms): a rotation written within one tick with an
 // equal size would otherwise be missed. If the new pair fails to read,
-// parse, match or pass check, the last good pair keeps being served and the
-// next handshake tries again; nothing is logged.
+// parse, match or pass check, or the key file has become accessible by
+// group or others, the last good pair keeps being served and the next
+// handshake tries again; nothing is logged.
 type keyPairFile struct {
 	certPath, keyPath string
 	check             func(*x509.Certificate) error // own-identity check; may be nil
@@ -50,6 +51,9 @@ func (k *keyPairFile) read() (certPEM, keyPEM []byte, err error) {
 	certPEM, err = os.ReadFile(k.certPath)
 	if err != nil {
 		return nil, nil, &FileError{What: "certificate", Path: k.certPath, Err: err}
+	}
+	if err := checkPrivateMode(k.keyPath, "private key"); err != nil {
+		return nil, nil, err
 	}
 	keyPEM, err = os.ReadFile(k.keyPath)
 	if err != nil {

@@ -133,8 +133,15 @@ func ParseIssuerPublicKeyBase64(s string) (ed25519.PublicKey, error) {
 }
 
 // readPEMBlock returns the DER of the first PEM block of file path, which
-// must have type want. The file contents are cleared before returning.
+// must have type want. The file contents are cleared before returning. A
+// "PRIVATE KEY" file must not be accessible by group or others
+// (ErrKeyExposed).
 func readPEMBlock(path, want, what string) ([]byte, error) {
+	if want == "PRIVATE KEY" {
+		if err := checkPrivateMode(path, what); err != nil {
+			return nil, err
+		}
+	}
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, &FileError{What: what, Path: path, Err: err}
@@ -148,4 +155,18 @@ func readPEMBlock(path, want, what string) ([]byte, error) {
 		return nil, &FileError{What: what, Path: path, Err: fmt.Errorf("%w: PEM block %q, want %q", ErrBadPEM, block.Type, want)}
 	}
 	return block.Bytes, nil
+}
+
+// checkPrivateMode refuses a private key file whose mode grants group or
+// others any access (mode & 0o077), as ssh does for identity files and the
+// secret store does for its key; the *FileError says how to fix it.
+func checkPrivateMode(path, what string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return &FileError{What: what, Path: path, Err: err}
+	}
+	if m := fi.Mode().Perm(); m&0o077 != 0 {
+		return &FileError{What: what, Path: path, Err: fmt.Errorf("%w (mode %v; chmod 600 it)", ErrKeyExposed, m)}
+	}
+	return nil
 }

@@ -209,6 +209,7 @@ func newPKI(t *testing.T, td, edge string, nodes ...string) pkiDir {
 type badLeaf struct {
 	uris      []string
 	eku       x509.ExtKeyUsage
+	noEKU     bool // no ExtendedKeyUsage extension at all (eku ignored)
 	isCA      bool
 	notBefore time.Time // zero: an hour ago
 	notAfter  time.Time // zero: in a day
@@ -235,6 +236,9 @@ func writeBadLeaf(t *testing.T, ca *x509.Certificate, caKey crypto.Signer, b bad
 		ExtKeyUsage:           []x509.ExtKeyUsage{b.eku},
 		BasicConstraintsValid: true,
 		IsCA:                  b.isCA,
+	}
+	if b.noEKU {
+		tmpl.ExtKeyUsage = nil
 	}
 	if b.isCA {
 		tmpl.KeyUsage |= x509.KeyUsageCertSign

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -178,6 +179,21 @@ func TestHandshake(t *testing.T) {
 		{"I1 node certificate without URI SAN", good, func() *tls.Config {
 			return clientWith(bad(badLeaf{eku: x509.ExtKeyUsageClientAuth}))
 		}, is(ErrNotOneURISAN), remoteAlert()},
+		// I2: Go's chain check lets a leaf without the ExtendedKeyUsage
+		// extension (or with anyExtendedKeyUsage) through for any usage;
+		// the role's usage is required explicitly on both sides.
+		{"I2 node certificate without extended key usage", good, func() *tls.Config {
+			return clientWith(bad(badLeaf{uris: []string{"spiffe://iop.local/node/gpu-1"}, noEKU: true}))
+		}, is(ErrMissingKeyUsage), remoteAlert()},
+		{"I2 node certificate with anyExtendedKeyUsage only", good, func() *tls.Config {
+			return clientWith(bad(badLeaf{uris: []string{"spiffe://iop.local/node/gpu-1"}, eku: x509.ExtKeyUsageAny}))
+		}, is(ErrMissingKeyUsage), remoteAlert()},
+		{"I2 edge certificate without extended key usage", func() *tls.Config {
+			return serverWith(bad(badLeaf{uris: []string{"spiffe://iop.local/edge/edge-1"}, noEKU: true}))
+		}, goodClient, remoteAlert(), is(ErrMissingKeyUsage)},
+		{"I2 edge certificate with anyExtendedKeyUsage only", func() *tls.Config {
+			return serverWith(bad(badLeaf{uris: []string{"spiffe://iop.local/edge/edge-1"}, eku: x509.ExtKeyUsageAny}))
+		}, goodClient, remoteAlert(), is(ErrMissingKeyUsage)},
 		{"I1 node certificate with a malformed SPIFFE ID", good, func() *tls.Config {
 			return clientWith(bad(badLeaf{uris: []string{"spiffe://iop.local/node/gpu-1/extra"}, eku: x509.ExtKeyUsageClientAuth}))
 		}, is(ErrBadSPIFFEID), remoteAlert()},
@@ -343,6 +359,81 @@ func TestConfigFileErrors(t *testing.T) {
 	}
 }
 
+// S3 C5: a private key file that group or others may read or write — the
+// TLS key of either side, the lease issuer and recipient keys, the dev CA's
+// key — is refused with ErrKeyExposed naming the file, as the secret store
+// key is; 0600 and 0400 pass. At rotation such a key is not picked up.
+func TestPrivateKeyFileModes(t *testing.T) {
+	p := newPKI(t, td, "edge-1", "gpu-1")
+	loaders := []struct {
+		name string
+		file string
+		load func() error
+	}{
+		{"edge TLS key", "edge-1.key", func() error { _, err := ServerConfig(serverOpts(p, "gpu-1")); return err }},
+		{"node TLS key", "gpu-1.key", func() error { _, err := ClientConfig(clientOpts(p, "gpu-1")); return err }},
+		{"lease issuer private key", IssuerKeyFile, func() error { _, err := LoadIssuerPrivateKey(p.path(IssuerKeyFile)); return err }},
+		{"lease recipient private key", RecipientKeyFileName("gpu-1"), func() error {
+			_, err := LoadRecipientPrivateKey(p.path(RecipientKeyFileName("gpu-1")))
+			return err
+		}},
+		{"CA private key (pki issue)", CAKeyFile, func() error { _, _, err := loadCA(p.dir); return err }},
+	}
+	modes := []struct {
+		mode    os.FileMode
+		refused bool
+	}{{0o600, false}, {0o400, false}, {0o644, true}, {0o640, true}, {0o604, true}, {0o620, true}}
+	for _, l := range loaders {
+		for _, m := range modes {
+			t.Run(fmt.Sprintf("%s %04o", l.name, m.mode), func(t *testing.T) {
+				path := p.path(l.file)
+				if err := os.Chmod(path, m.mode); err != nil {
+					t.Fatal(err)
+				}
+				defer os.Chmod(path, 0o600)
+				err := l.load()
+				if !m.refused {
+					if err != nil {
+						t.Fatalf("mode %04o: %v, want accepted", m.mode, err)
+					}
+					return
+				}
+				var fe *FileError
+				if !errors.Is(err, ErrKeyExposed) || !errors.As(err, &fe) || fe.Path != path {
+					t.Fatalf("mode %04o: got %v, want ErrKeyExposed in a *FileError for %s", m.mode, err, path)
+				}
+			})
+		}
+	}
+
+	t.Run("rotation to an exposed key keeps the last good pair", func(t *testing.T) {
+		kp, err := newKeyPairFile(p.path("gpu-1.crt"), p.path("gpu-1.key"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := kp.current()
+		files, err := newLeaf(p.ca, p.key, ID{TrustDomain: td, Role: RoleNode, Name: "gpu-1"}, time.Now(), time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := writeFiles(p.dir, files, true); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p.path("gpu-1.key"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got := kp.current(); got != first {
+			t.Error("a rotated pair with an exposed key was picked up")
+		}
+		if err := os.Chmod(p.path("gpu-1.key"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if got := kp.current(); got == first {
+			t.Error("the rotated pair was not picked up once its key was 0600")
+		}
+	})
+}
+
 // I1 I3 S3: a config whose own certificate is not the configured identity,
 // and incomplete options, fail at construction.
 func TestConfigOwnIdentityAndOptions(t *testing.T) {
@@ -388,6 +479,18 @@ func TestConfigOwnIdentityAndOptions(t *testing.T) {
 			_, err := ClientConfig(o)
 			return err
 		}, ErrKeyMismatch},
+		{"I2 server whose own certificate lacks serverAuth", func() error {
+			o := serverOpts(p, "gpu-1")
+			o.CertFile, o.KeyFile = writeBadLeaf(t, p.ca, p.key, badLeaf{uris: []string{"spiffe://iop.local/edge/edge-1"}, noEKU: true})
+			_, err := ServerConfig(o)
+			return err
+		}, ErrMissingKeyUsage},
+		{"I2 client whose own certificate lacks clientAuth", func() error {
+			o := clientOpts(p, "gpu-1")
+			o.CertFile, o.KeyFile = writeBadLeaf(t, p.ca, p.key, badLeaf{uris: []string{"spiffe://iop.local/node/gpu-1"}, eku: x509.ExtKeyUsageServerAuth})
+			_, err := ClientConfig(o)
+			return err
+		}, ErrMissingKeyUsage},
 		{"I2 server without AllowNode", func() error {
 			o := serverOpts(p)
 			o.AllowNode = nil

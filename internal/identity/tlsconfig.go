@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -48,16 +49,20 @@ type ClientOptions struct {
 // against CAFile (Go checks the chain, validity and the clientAuth key
 // usage), then in VerifyConnection — which, unlike VerifyPeerCertificate,
 // also runs on resumed sessions — the peer's SPIFFE ID must be in
-// TrustDomain with role node and a name AllowNode accepts (SPEC I2). A
-// rejected handshake returns an error wrapping ErrNoPeerCertificate,
-// ErrLeafIsCA, ErrNotOneURISAN, ErrBadSPIFFEID, ErrWrongTrustDomain,
-// ErrWrongRole or ErrWrongName, or Go's *tls.CertificateVerificationError.
+// TrustDomain with role node and a name AllowNode accepts, and the leaf
+// must list clientAuth explicitly (Go lets a leaf without the extension
+// through) (SPEC I2). A rejected handshake returns an error wrapping
+// ErrNoPeerCertificate, ErrLeafIsCA, ErrNotOneURISAN, ErrBadSPIFFEID,
+// ErrWrongTrustDomain, ErrWrongRole, ErrWrongName or ErrMissingKeyUsage,
+// or Go's *tls.CertificateVerificationError. This edge's own certificate
+// must list serverAuth.
 //
 // The edge's own certificate is served through GetCertificate and re-read
 // when the files change (see keyPairFile). An unreadable or invalid
-// CertFile, KeyFile or CAFile, or an own certificate that is not this
-// edge's, fails at once with a *FileError naming the file; missing options
-// fail with ErrInvalidOptions.
+// CertFile, KeyFile or CAFile, a KeyFile accessible by group or others
+// (ErrKeyExposed), or an own certificate that is not this edge's, fails at
+// once with a *FileError naming the file; missing options fail with
+// ErrInvalidOptions.
 func ServerConfig(o ServerOptions) (*tls.Config, error) {
 	td, err := optionTrustDomain(o.TrustDomain)
 	if err != nil {
@@ -110,7 +115,8 @@ func ServerConfig(o ServerOptions) (*tls.Config, error) {
 // through GetClientCertificate (re-read when the files change), and the
 // edge's certificate checked in VerifyConnection: a chain to CAFile valid
 // at Now with the serverAuth key usage, then a SPIFFE ID in TrustDomain with
-// role edge and name ExpectedEdgeName (SPEC I2).
+// role edge and name ExpectedEdgeName, and serverAuth listed explicitly in
+// the leaf (SPEC I2). This node's own certificate must list clientAuth.
 //
 // Why InsecureSkipVerify is set: the node dials an address, and the edge is
 // identified by its SPIFFE URI SAN, not by a DNS name (SPIFFE X.509-SVID
@@ -127,8 +133,10 @@ func ServerConfig(o ServerOptions) (*tls.Config, error) {
 // A rejected handshake returns an error wrapping ErrUntrustedCertificate
 // (with the x509 cause in a *tls.CertificateVerificationError),
 // ErrNoPeerCertificate, ErrLeafIsCA, ErrNotOneURISAN, ErrBadSPIFFEID,
-// ErrWrongTrustDomain, ErrWrongRole or ErrWrongName. An unreadable or
-// invalid file fails at once with a *FileError naming it (SPEC S3).
+// ErrWrongTrustDomain, ErrWrongRole, ErrWrongName or ErrMissingKeyUsage.
+// An unreadable or invalid file, or a private key file accessible by group
+// or others (ErrKeyExposed), fails at once with a *FileError naming it
+// (SPEC S3).
 func ClientConfig(o ClientOptions) (*tls.Config, error) {
 	td, err := optionTrustDomain(o.TrustDomain)
 	if err != nil {
@@ -242,7 +250,27 @@ func checkID(c *x509.Certificate, td, role string, allowName func(string) bool, 
 	case !allowName(id.Name):
 		return fmt.Errorf("%s certificate %s: name %q not allowed: %w", who, id, id.Name, ErrWrongName)
 	}
+	want := roleUsage(role)
+	if !slices.Contains(c.ExtKeyUsage, want) {
+		return fmt.Errorf("%s certificate %s: extended key usage %s missing: %w", who, id, usageName(want), ErrMissingKeyUsage)
+	}
 	return nil
+}
+
+// roleUsage is the extended key usage a role's certificate must list
+// (SPEC I2): a node authenticates as a TLS client, the edge as a server.
+func roleUsage(role string) x509.ExtKeyUsage {
+	if role == RoleEdge {
+		return x509.ExtKeyUsageServerAuth
+	}
+	return x509.ExtKeyUsageClientAuth
+}
+
+func usageName(u x509.ExtKeyUsage) string {
+	if u == x509.ExtKeyUsageServerAuth {
+		return "serverAuth"
+	}
+	return "clientAuth"
 }
 
 func optionTrustDomain(td string) (string, error) {
