@@ -72,7 +72,7 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	}
 	newExec := o.NewExecutor
 	if newExec == nil {
-		newExec = adapterExecutor(o, log, cfg.NodeID, opener)
+		newExec = adapterExecutor(o, log, cfg.NodeID, opener, cfg.APIKeyEnvAllowed)
 	}
 	so := session.Options{
 		NodeID:      cfg.NodeID,
@@ -97,15 +97,17 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 }
 
 // adapterExecutor returns the factory that turns a NodeConfigPayload into the
-// Node's adapter set (SPEC N2). ReuseBodyBuffers is on: the session's emit
+// Node's adapter set (SPEC N2); an adapter's api_key_env is read only when
+// allowEnv (the node config's api_key_env_allow) offers it. ReuseBodyBuffers is on: the session's emit
 // either writes a BODY frame before it returns or, when it has to queue the
 // frame for the writer, copies the body first.
-func adapterExecutor(o Options, log *slog.Logger, nodeID string, opener *lease.Opener) session.NewExecutorFunc {
+func adapterExecutor(o Options, log *slog.Logger, nodeID string, opener *lease.Opener, allowEnv func(string) bool) session.NewExecutorFunc {
 	return func(p *iop.NodeConfigPayload) (session.Executor, error) {
 		set, err := adapter.NewSet(p, adapter.Options{
 			HTTPClient:       o.HTTPClient,
 			Logger:           log,
 			LookupEnv:        o.LookupEnv,
+			AllowEnv:         allowEnv,
 			ReuseBodyBuffers: true,
 			NodeID:           nodeID,
 			Leases:           opener,

@@ -138,11 +138,17 @@ var (
 	errPanic            = errors.New("adapter panicked")
 )
 
+// ErrAPIKeyEnvNotAllowed (NewSet): the Edge's config names an api_key_env
+// this node does not offer (its own config's api_key_env_allow); the
+// variable is not read.
+var ErrAPIKeyEnvNotAllowed = errors.New("api_key_env is not offered by this node (see api_key_env_allow in the node's config)")
+
 // Options for NewSet; zero values get defaults.
 type Options struct {
 	// HTTPClient, when set, is the upstream client of every instance (tests);
 	// its Timeout must be 0 (streams last long) and the adapters'
-	// upstream_idle_timeout_ms does not apply to it. nil = a client per
+	// upstream_idle_timeout_ms does not apply to it. Its CheckRedirect is
+	// replaced (in a copy): the Set never follows a redirect. nil = a client per
 	// instance, tuned for long streams to one backend, with that instance's
 	// idle lifetime (client.go).
 	HTTPClient *http.Client
@@ -151,6 +157,13 @@ type Options struct {
 	// LookupEnv resolves AdapterConfig.api_key_env (os.LookupEnv in main);
 	// nil = no variables, so an adapter with api_key_env fails NewSet.
 	LookupEnv func(string) (string, bool)
+	// AllowEnv reports whether this node offers the environment variable
+	// an AdapterConfig.api_key_env names (the node config's
+	// api_key_env_allow): the Edge's config must not be able to read any
+	// variable on the node and send it to a base_url of its choosing.
+	// LookupEnv is called only for a name AllowEnv accepts; nil = none, so
+	// an adapter with api_key_env fails NewSet with ErrAPIKeyEnvNotAllowed.
+	AllowEnv func(name string) bool
 	// DefaultStallTimeout applies when neither the request nor the adapter
 	// sets response_stall_timeout_ms; 0 = 300000 ms (SPEC E2).
 	DefaultStallTimeout time.Duration
@@ -226,7 +239,8 @@ type runner interface {
 // type, a duplicate name, a negative capacity, a bad
 // response_stall_timeout_ms, a base URL that is not absolute http(s) (or has
 // user info, a query or a fragment), an openai_compat adapter without
-// protocol_profile or with an unsafe profile path, or an api_key_env that
+// protocol_profile or with an unsafe profile path, an api_key_env this
+// node does not offer (AllowEnv, ErrAPIKeyEnvNotAllowed) or one that
 // LookupEnv cannot resolve. Capacity 0 means no local limit.
 func NewSet(cfg *iop.NodeConfigPayload, o Options) (*Set, error) {
 	if cfg == nil {
@@ -246,6 +260,9 @@ func NewSet(cfg *iop.NodeConfigPayload, o Options) (*Set, error) {
 		now:       o.Now,
 		credGen:   cfg.GetRuntime().GetCredentialProjectionGeneration(),
 		credRevs:  cfg.GetRuntime().GetCredentialSlotRevisions(),
+	}
+	if s.shared != nil {
+		s.shared = noRedirects(s.shared) // a 3xx is the upstream's answer, whichever client sends it
 	}
 	if s.creds && (s.leases == nil || s.nodeID == "") {
 		return nil, ErrNoLeaseKeys
@@ -272,7 +289,7 @@ func NewSet(cfg *iop.NodeConfigPayload, o Options) (*Set, error) {
 	}
 	s.bufs.New = func() any { b := make([]byte, MaxBodyFrame); return &b }
 	for i, ac := range cfg.GetAdapters() {
-		inst, err := s.build(ac, o.LookupEnv)
+		inst, err := s.build(ac, o.AllowEnv, o.LookupEnv)
 		if err == nil {
 			if _, dup := s.instances[inst.name]; dup {
 				err = fmt.Errorf("adapter %q: %w", inst.name, ErrDuplicateName)
@@ -288,7 +305,7 @@ func NewSet(cfg *iop.NodeConfigPayload, o Options) (*Set, error) {
 	return s, nil
 }
 
-func (s *Set) build(ac *iop.AdapterConfig, lookupEnv func(string) (string, bool)) (*instance, error) {
+func (s *Set) build(ac *iop.AdapterConfig, allowEnv func(string) bool, lookupEnv func(string) (string, bool)) (*instance, error) {
 	name := ac.GetName()
 	if name == "" {
 		name = ac.GetType()
@@ -346,6 +363,9 @@ func (s *Set) build(ac *iop.AdapterConfig, lookupEnv func(string) (string, bool)
 	}
 	inst.ep = &upstream.Endpoint{Client: client, Base: u}
 	if env := ac.GetApiKeyEnv(); env != "" {
+		if allowEnv == nil || !allowEnv(env) {
+			return nil, fail(ErrAPIKeyEnvNotAllowed, "%s", env)
+		}
 		if err := setAuth(inst, env, lookupEnv); err != nil {
 			return nil, fail(err, "")
 		}

@@ -124,7 +124,8 @@ const (
 // connections idle at most idle (<= 0: the default), response heads of at
 // most maxResponseHeaderBytes, no proxy (reading proxy settings from the
 // environment is main's job), no overall timeout (streams last long), no
-// transparent decompression (bodies stream as sent).
+// transparent decompression (bodies stream as sent), and no redirect ever
+// followed (keepRedirect).
 //
 // Why not a hand-written client: the node had one (h1.Transport: the
 // calling goroutine wrote the request and read the answer, no per-
@@ -155,7 +156,26 @@ func newClient(idle time.Duration) *http.Client {
 		DisableCompression:     true,
 		MaxResponseHeaderBytes: maxResponseHeaderBytes,
 	}
-	return &http.Client{Transport: &closeAwareTransport{base: std}}
+	return &http.Client{Transport: &closeAwareTransport{base: std}, CheckRedirect: keepRedirect}
+}
+
+// keepRedirect is every upstream client's redirect policy: a 3xx is the
+// upstream's answer and is returned as it is, never followed. Following
+// one would send the request — its body and the upstream key in the
+// adapter's auth header (net/http drops Authorization only across hosts,
+// never a custom header such as x-api-key) — wherever a backend's
+// Location points: another host, another port of this one, the edge's
+// admin listener. Runs, tunnels and probes all go through clients with
+// this policy (newClient; NewSet applies it to Options.HTTPClient too).
+func keepRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
+// noRedirects returns c with the keepRedirect policy: c itself when it
+// already has it is not detectable, so a shallow copy sharing c's
+// Transport (and its connection pool) is returned.
+func noRedirects(c *http.Client) *http.Client {
+	cp := *c
+	cp.CheckRedirect = keepRedirect
+	return &cp
 }
 
 // errClosesAfterAnswer is the Write error of a connection whose backend

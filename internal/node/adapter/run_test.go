@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
@@ -194,13 +195,22 @@ func TestNewSetErrors(t *testing.T) {
 		{"E4 negative capacity", []*iop.AdapterConfig{ollamaAdapter("a", "http://h:1", -1)}, nil, adapter.ErrBadCapacity},
 		{"E2 negative adapter stall timeout", []*iop.AdapterConfig{{Name: "a", Type: "ollama", ResponseStallTimeoutMs: -1}}, nil, adapter.ErrBadStallTimeout},
 		{"T4 api_key_env unset", []*iop.AdapterConfig{{Name: "a", Type: "ollama", ApiKeyEnv: "NOPE"}}, nil, adapter.ErrMissingAPIKey},
+		// T4 C5: the edge config names the variable, the node decides
+		// whether it offers it; one it does not offer is never read.
+		{"T4 api_key_env the node does not offer", []*iop.AdapterConfig{{Name: "a", Type: "ollama", ApiKeyEnv: "NODE_UNRELATED_SECRET"}},
+			map[string]string{"NODE_UNRELATED_SECRET": "secret"}, adapter.ErrAPIKeyEnvNotAllowed},
 		{"T4 api_key_env without auth header", []*iop.AdapterConfig{{Name: "a", Type: adapter.TypeOpenAICompat, ApiKeyEnv: "K",
 			OpenaiCompat: &iop.OpenAICompatAdapterConfig{ProtocolProfile: &iop.ConcreteProtocolProfile{BaseUrl: "http://h:1"}}}}, map[string]string{"K": "secret"}, adapter.ErrBadAuthHeader},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			lookup := func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }
-			_, err := adapter.NewSet(&iop.NodeConfigPayload{Adapters: tc.ac}, adapter.Options{LookupEnv: lookup})
+			var read []string
+			lookup := func(k string) (string, bool) { read = append(read, k); v, ok := tc.env[k]; return v, ok }
+			allow := func(k string) bool { return k != "NODE_UNRELATED_SECRET" }
+			_, err := adapter.NewSet(&iop.NodeConfigPayload{Adapters: tc.ac}, adapter.Options{LookupEnv: lookup, AllowEnv: allow})
+			if slices.Contains(read, "NODE_UNRELATED_SECRET") {
+				t.Errorf("T4: a variable the node does not offer was read")
+			}
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("got %v, want %v", err, tc.want)
 			}

@@ -246,7 +246,7 @@ func TestTunnelHeaders(t *testing.T) {
 			ac := compatAdapter("api", p, 1)
 			ac.ApiKeyEnv = "IOP_TEST_KEY"
 			env := func(k string) (string, bool) { return "sk-node-secret", k == "IOP_TEST_KEY" }
-			s := newSet(t, adapter.Options{LookupEnv: env}, ac)
+			s := newSet(t, adapter.Options{LookupEnv: env, AllowEnv: func(k string) bool { return k == "IOP_TEST_KEY" }}, ac)
 			before := len(up.requests())
 			frs := tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Adapter: "api", Target: "m", Operation: adapter.OpMessages, Headers: client, Body: []byte(`{}`)})
 			checkTunnel(t, frs)

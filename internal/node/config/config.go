@@ -39,6 +39,29 @@ type Config struct {
 	Reconnect   Reconnect   `json:"reconnect"`
 	Credentials Credentials `json:"credentials"`
 	Shutdown    Shutdown    `json:"shutdown"`
+	// APIKeyEnvAllow lists the environment variables this node offers as
+	// upstream keys to an adapter's api_key_env (the Edge's config names
+	// the variable; the node reads it): each entry is an exact variable
+	// name, or a prefix ending in "*" ("IOP_KEY_*"). Omitted or empty = the
+	// node reads no variable, and an adapter naming one is refused. A bare
+	// "*" is invalid: an edge config could then read any variable on the
+	// node (PATH, a cloud token) and send it to a base_url of its choosing.
+	APIKeyEnvAllow []string `json:"api_key_env_allow"`
+}
+
+// APIKeyEnvAllowed reports whether name is offered by api_key_env_allow:
+// equal to an entry, or starting with an entry's prefix before its "*".
+func (c *Config) APIKeyEnvAllowed(name string) bool {
+	for _, e := range c.APIKeyEnvAllow {
+		if prefix, ok := strings.CutSuffix(e, "*"); ok {
+			if strings.HasPrefix(name, prefix) {
+				return true
+			}
+		} else if name == e {
+			return true
+		}
+	}
+	return false
 }
 
 // Shutdown tunes the graceful drain on SIGTERM.
@@ -162,7 +185,10 @@ func Parse(data []byte) (*Config, error) {
 // Read-only patterns.
 var (
 	nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
-	tdRE   = regexp.MustCompile(`^[a-z0-9][a-z0-9.-]{0,252}$`)
+	// envAllowRE: an environment variable name, or a non-empty prefix of
+	// one followed by "*".
+	envAllowRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*\*?$`)
+	tdRE       = regexp.MustCompile(`^[a-z0-9][a-z0-9.-]{0,252}$`)
 )
 
 func (c *Config) validate() jsonconfig.Errors {
@@ -201,6 +227,11 @@ func (c *Config) validate() jsonconfig.Errors {
 	}
 	if d := c.Shutdown.DrainTimeoutMs; d < 0 || d > MaxDrainTimeoutMs {
 		add("shutdown.drain_timeout_ms", "must be between 1 and %d, got %d", MaxDrainTimeoutMs, d)
+	}
+	for i, e := range c.APIKeyEnvAllow {
+		if !envAllowRE.MatchString(e) {
+			add(fmt.Sprintf("api_key_env_allow[%d]", i), "want an environment variable name or a prefix ending in '*' (not a bare '*'), got %q", e)
+		}
 	}
 	return errs
 }

@@ -162,3 +162,47 @@ func TestDrainTimeout(t *testing.T) {
 		})
 	}
 }
+
+// T4 C5: api_key_env_allow is the node's opt-in to which environment
+// variables an edge config's api_key_env may read: exact names and
+// "PREFIX*" entries; omitted offers nothing; a bare "*" or a bad name is
+// refused, naming the entry.
+func TestAPIKeyEnvAllow(t *testing.T) {
+	rows := []struct {
+		name, extra, wantErr string
+		allowed, refused     []string
+	}{
+		{"T4 omitted offers no variable", ``, "", nil, []string{"OPENAI_API_KEY", "PATH", ""}},
+		{"T4 exact names", `,"api_key_env_allow":["OPENAI_API_KEY","VLLM_KEY"]`, "",
+			[]string{"OPENAI_API_KEY", "VLLM_KEY"}, []string{"OPENAI_API_KEY_2", "OPENAI", "NODE_UNRELATED_SECRET"}},
+		{"T4 prefix", `,"api_key_env_allow":["IOP_KEY_*"]`, "",
+			[]string{"IOP_KEY_OPENAI", "IOP_KEY_"}, []string{"IOP_KEYX", "NODE_UNRELATED_SECRET", "iop_key_a"}},
+		{"T4 bare star refused", `,"api_key_env_allow":["*"]`, "api_key_env_allow[0]: want an environment variable name", nil, nil},
+		{"T4 bad name refused", `,"api_key_env_allow":["OK","BAD-NAME"]`, "api_key_env_allow[1]:", nil, nil},
+		{"T4 star inside refused", `,"api_key_env_allow":["A*B"]`, "api_key_env_allow[0]:", nil, nil},
+	}
+	for _, r := range rows {
+		t.Run(r.name, func(t *testing.T) {
+			c, err := Parse([]byte("{" + base + r.extra + "}"))
+			if r.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), r.wantErr) {
+					t.Fatalf("got err %v, want %q", err, r.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range r.allowed {
+				if !c.APIKeyEnvAllowed(n) {
+					t.Errorf("%q refused, want offered", n)
+				}
+			}
+			for _, n := range r.refused {
+				if c.APIKeyEnvAllowed(n) {
+					t.Errorf("%q offered, want refused", n)
+				}
+			}
+		})
+	}
+}
