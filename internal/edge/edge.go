@@ -159,7 +159,7 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 		counters = append(counters, admin.Counter{Name: m.Name, Help: m.Help, Type: "counter", Samples: m.Samples})
 	}
 	adm := admin.New(admin.Options{Status: p, Routing: p, Groups: p, Events: bus, Metrics: counters, Collectors: []admin.Collector{metrics},
-		Recent: recent, Pprof: cfg.Admin.Pprof, Version: o.Version})
+		Recent: recent, Payloads: payloadStates{tr}, Pprof: cfg.Admin.Pprof, Version: o.Version})
 
 	listen := func(given net.Listener, addr string) (net.Listener, error) {
 		if given != nil {
@@ -261,6 +261,20 @@ loop:
 	cancel()
 	log.Info("edge stopped")
 	return runErr
+}
+
+// payloadStates is the transport's view of which config payload each ready
+// node runs, for /status (SPEC N2).
+type payloadStates struct{ tr *transport.Server }
+
+func (p payloadStates) NodePayloads() map[string]string {
+	out := map[string]string{}
+	for _, n := range p.tr.Nodes() {
+		if n.Payload != "" {
+			out[n.ID] = string(n.Payload)
+		}
+	}
+	return out
 }
 
 // overlayEvents is the pool's overlay as the health tracker sees it, with

@@ -11,6 +11,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -113,11 +114,25 @@ func adapterExecutor(o Options, log *slog.Logger, nodeID string, opener *lease.O
 			Leases:           opener,
 			Now:              o.Now,
 		})
+		if restartRequired(err) {
+			return nil, fmt.Errorf("%w: %w", session.ErrRestartRequired, err)
+		}
 		if err != nil {
 			return nil, err
 		}
 		return set, nil
 	}
+}
+
+// restartRequired reports whether NewSet refused a payload for want of
+// something this process read at start and only a restart reads again
+// (SPEC N2 RESTART_REQUIRED): its lease keys (none, or not the ones the
+// payload names: credentials in the node config), an api_key_env its
+// api_key_env_allow does not offer, or one its environment lacks. Any other
+// refusal is the payload's own fault (FAILED).
+func restartRequired(err error) bool {
+	return errors.Is(err, adapter.ErrNoLeaseKeys) || errors.Is(err, adapter.ErrLeaseKeyMismatch) ||
+		errors.Is(err, adapter.ErrAPIKeyEnvNotAllowed) || errors.Is(err, adapter.ErrMissingAPIKey)
 }
 
 // Check validates what Run would load before dialing: the certificate, key

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -253,5 +254,43 @@ func TestRunReachesReady(t *testing.T) {
 	env := recv()
 	if env.GetRequestId() != "q1" || env.GetCommandResponse().GetResult()["config_revision"] != "r1" {
 		t.Fatalf("got %v, want the TRANSPORT response for q1", env)
+	}
+}
+
+// N2: a payload the node could run only after a restart — lease keys it
+// lacks, an api_key_env it does not offer or does not have — is refused
+// with session.ErrRestartRequired (a refresh answers RESTART_REQUIRED); a
+// payload that is wrong in itself is not (FAILED).
+func TestExecutorRestartRequired(t *testing.T) {
+	env := map[string]string{"IOP_KEY_A": "sk"}
+	o := Options{LookupEnv: func(k string) (string, bool) { v, ok := env[k]; return v, ok }}
+	allow := func(k string) bool { return strings.HasPrefix(k, "IOP_KEY_") }
+	newExec := adapterExecutor(o, slog.New(slog.DiscardHandler), "gpu-1", nil, allow)
+	ollama := func(envName string) *iop.AdapterConfig {
+		return &iop.AdapterConfig{Name: "o", Type: "ollama", BaseUrl: "http://127.0.0.1:1", Capacity: 1, ApiKeyEnv: envName}
+	}
+	rows := []struct {
+		name    string
+		payload *iop.NodeConfigPayload
+		restart bool
+		ok      bool
+	}{
+		{"N2 applies", &iop.NodeConfigPayload{Adapters: []*iop.AdapterConfig{ollama("IOP_KEY_A")}}, false, true},
+		{"N2 restart: credential plane on, node has no lease keys",
+			&iop.NodeConfigPayload{Runtime: &iop.NodeRuntimeConfig{CredentialsEnabled: true}}, true, false},
+		{"N2 restart: api_key_env not offered", &iop.NodeConfigPayload{Adapters: []*iop.AdapterConfig{ollama("OTHER")}}, true, false},
+		{"N2 restart: api_key_env offered but unset", &iop.NodeConfigPayload{Adapters: []*iop.AdapterConfig{ollama("IOP_KEY_B")}}, true, false},
+		{"N2 failed: unknown adapter type", &iop.NodeConfigPayload{Adapters: []*iop.AdapterConfig{{Name: "x", Type: "vllm"}}}, false, false},
+	}
+	for _, r := range rows {
+		t.Run(r.name, func(t *testing.T) {
+			ex, err := newExec(r.payload)
+			if ex != nil {
+				ex.Close()
+			}
+			if (err == nil) != r.ok || errors.Is(err, session.ErrRestartRequired) != r.restart {
+				t.Fatalf("err = %v, want ok=%v restart=%v", err, r.ok, r.restart)
+			}
+		})
 	}
 }

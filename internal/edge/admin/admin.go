@@ -72,6 +72,14 @@ type RecentSource interface {
 	List() []access.RecentError
 }
 
+// PayloadSource says, for each ready node, whether it runs the Edge's
+// current config payload (SPEC N2; the transport): "current", "outdated"
+// (a refresh failed or is on its way) or "restart_required" (the node
+// answered RESTART_REQUIRED and runs an older payload until restarted).
+type PayloadSource interface {
+	NodePayloads() map[string]string
+}
+
 // GroupSource gives the model groups' queues (the pool).
 type GroupSource interface {
 	Groups() []pool.GroupSnapshot
@@ -89,9 +97,11 @@ type Options struct {
 	Metrics    []Counter
 	Collectors []Collector
 	// Recent, when set, is shown as "recent_errors" in /status.
-	Recent  RecentSource
-	Pprof   bool
-	Version string
+	Recent RecentSource
+	// Payloads, when set, adds "config" to each connected node in /status.
+	Payloads PayloadSource
+	Pprof    bool
+	Version  string
 }
 
 // New returns the admin http.Handler.
@@ -116,9 +126,10 @@ func New(o Options) http.Handler {
 var providerJSON = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}
 
 // serveStatus writes {"nodes":[{"id","connected","generation","draining",
-// "ready_since","providers":[…]}],"models":[…],"recent_errors":[…]}.
+// "ready_since","config","providers":[…]}],"models":[…],"recent_errors":[…]}.
 // ready_since (RFC 3339) and generation are present only while connected,
-// draining only while true. "models" lists the model groups when a group or
+// and so is "config" (with Payloads: whether the node runs the current
+// config payload, SPEC N2); draining only while true. "models" lists the model groups when a group or
 // routing source is set: {"name","waiters","long_waiters","candidates",
 // "live"} from Groups and {"routing","decisions":{"prefix_hit","hash",
 // "fallback"},"hit_ratio"} from Routing (issue 16; hit_ratio is prefix_hit
@@ -126,6 +137,10 @@ var providerJSON = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated
 func serveStatus(w http.ResponseWriter, o Options) {
 	var buf bytes.Buffer
 	buf.WriteString(`{"nodes":[`)
+	var payloads map[string]string
+	if o.Payloads != nil {
+		payloads = o.Payloads.NodePayloads()
+	}
 	for i, n := range o.Status.Snapshot() {
 		if i > 0 {
 			buf.WriteByte(',')
@@ -136,6 +151,9 @@ func serveStatus(w http.ResponseWriter, o Options) {
 			fmt.Fprintf(&buf, `,"generation":%d,"ready_since":%q`, n.Generation, n.ReadySince.UTC().Format(time.RFC3339))
 			if n.Draining {
 				buf.WriteString(`,"draining":true`)
+			}
+			if st := payloads[n.Node]; st != "" {
+				fmt.Fprintf(&buf, `,"config":%q`, st)
 			}
 		}
 		buf.WriteString(`,"providers":[`)

@@ -73,21 +73,23 @@ func TestPage(t *testing.T) {
 	}
 }
 
-// N3, issue 15: /status adds the generation and the draining flag of a
-// connected node, the model groups' queues and the last errors.
+// N3, N2: /status adds the generation, the draining flag and the config
+// payload state of a connected node, the model groups' queues and the last
+// errors.
 func TestStatusOperatorFields(t *testing.T) {
 	st := status()
 	st.snaps[0].Generation, st.snaps[0].Draining = 3, true
 	st.snaps[1].Generation = 9 // not connected: not shown
 	recent := fakeRecent{{Time: since, RequestID: "r1", Model: "tiny", Status: 504, Outcome: access.Stalled, Code: "response_stalled"}}
 	srv := httptest.NewServer(New(Options{Status: st, Groups: fakeGroups{{Name: "tiny", Waiters: 2, LongWaiters: 1, Candidates: 2, Live: 1}},
-		Recent: recent}))
+		Recent: recent, Payloads: fakePayloads{"gpu-1": "restart_required", "gpu-2": "current"}}))
 	defer srv.Close()
 	_, body := get(t, srv.URL+"/status")
 	var got struct {
 		Nodes []struct {
 			Generation *uint64 `json:"generation"`
 			Draining   *bool   `json:"draining"`
+			Config     *string `json:"config"`
 		} `json:"nodes"`
 		Models []pool.GroupSnapshot `json:"models"`
 		Recent []access.RecentError `json:"recent_errors"`
@@ -98,7 +100,12 @@ func TestStatusOperatorFields(t *testing.T) {
 	if g := got.Nodes[0]; g.Generation == nil || *g.Generation != 3 || g.Draining == nil || !*g.Draining {
 		t.Errorf("gpu-1: %s", body)
 	}
-	if g := got.Nodes[1]; g.Generation != nil || g.Draining != nil {
+	// N2: a node that answered RESTART_REQUIRED shows it runs an older
+	// payload.
+	if g := got.Nodes[0]; g.Config == nil || *g.Config != "restart_required" {
+		t.Errorf("N2: gpu-1 config: %s", body)
+	}
+	if g := got.Nodes[1]; g.Generation != nil || g.Draining != nil || g.Config != nil {
 		t.Errorf("gpu-2 (not connected) shows generation or draining: %s", body)
 	}
 	if len(got.Models) != 1 || got.Models[0].Waiters != 2 || got.Models[0].Live != 1 {
@@ -108,6 +115,10 @@ func TestStatusOperatorFields(t *testing.T) {
 		t.Errorf("recent_errors: %s", body)
 	}
 }
+
+type fakePayloads map[string]string
+
+func (f fakePayloads) NodePayloads() map[string]string { return f }
 
 // Issue 15: collectors' families follow the built-in ones on /metrics.
 func TestMetricsCollectors(t *testing.T) {

@@ -46,9 +46,12 @@ type session struct {
 	lastSeen  atomic.Int64 // Server.mono() of the last inbound frame
 	activated atomic.Bool  // a ready was accepted; stops the register→ready timer
 
-	// revision of the NodeConfigPayload last applied by the node; guarded
-	// by Server.mu (RefreshAll compares it).
-	revision string
+	// revision of the NodeConfigPayload last applied by the node, and the
+	// revision it last answered RESTART_REQUIRED to (SPEC N2: not applied;
+	// the node stays on revision); guarded by Server.mu (RefreshAll and
+	// Nodes compare them with the current payload).
+	revision        string
+	restartRevision string
 
 	mu      sync.Mutex // guards the fields below; after Server.mu, before stream.mu
 	lost    bool       // streams and waiters have been failed; no new ones
@@ -380,20 +383,119 @@ func (c *session) register(req *iop.RegisterRequest) bool {
 
 // ready runs the Ready transition and queues the answer before any
 // dispatch can reach the session (SPEC L5, L6); true when ready.
+//
+// A config reload while the node was pending was not pushed to it (SPEC
+// L3, N2), so the payload it registered with may be older than the
+// current one. Then, in the same transition, right behind the ready
+// answer and before the generation is activated (the Activate effect runs
+// after this step), a NodeConfigRefreshRequest with the current payload is
+// queued. The send queue is FIFO and the node applies a refresh on its
+// read loop before it reads the next frame, so no run, tunnel or command
+// of the new generation reaches the node ahead of the payload it was
+// dispatched for. awaitRefresh collects the answer.
 func (c *session) ready(req *iop.NodeReadyRequest) bool {
 	s := c.s
 	var res registry.Result
+	var push *pendingRefresh
 	s.step(func(now time.Time) []registry.Effect {
 		var fx []registry.Effect
 		res, fx = s.reg.Ready(c.id, req.GetNodeId(), now)
 		c.sendMust(&iop.Envelope{Kind: &iop.Envelope_ReadyResponse{ReadyResponse: &iop.NodeReadyResponse{
 			Ready: res.OK, Reason: res.Reason()}}})
+		if res.OK && activates(fx) {
+			push = c.pushIfOutdatedLocked(res.Node, res.Gen)
+		}
 		return fx
 	})
 	if !res.OK {
 		s.log.Warn("node ready refused", "node", req.GetNodeId(), "reason", res.Err)
 	}
+	if push != nil {
+		s.log.Info("node registered before a reload: pushing the current config", "node", push.node,
+			"generation", push.gen, "revision", push.revision)
+		s.wg.Add(1) // the session's own goroutine still holds one: Serve cannot be past Wait
+		go c.awaitRefresh(push)
+	}
 	return res.OK
+}
+
+// activates reports whether fx holds the first ready transition.
+func activates(fx []registry.Effect) bool {
+	for _, e := range fx {
+		if e.Kind == registry.Activate {
+			return true
+		}
+	}
+	return false
+}
+
+// pendingRefresh is a refresh queued by ready for a node that registered
+// before a reload.
+type pendingRefresh struct {
+	node, revision string
+	gen            uint64
+	id             string
+	ch             chan reply
+}
+
+// pushIfOutdatedLocked queues the current payload as a refresh when it is
+// not the one this session's node registered with (see ready). Called
+// under Server.mu, inside the ready transition; nil when up to date. The
+// refresh is must-deliver here: a queue full right after the ready answer
+// closes the session, and the node registers again with the current
+// payload.
+func (c *session) pushIfOutdatedLocked(node string, gen uint64) *pendingRefresh {
+	p := c.s.cfg.NodePayload(node)
+	if p == nil || p.GetRevision() == c.revision {
+		return nil
+	}
+	r := &pendingRefresh{node: node, gen: gen, revision: p.GetRevision(), ch: make(chan reply, 1)}
+	c.mu.Lock()
+	if c.lost {
+		c.mu.Unlock()
+		return nil
+	}
+	r.id = c.newIDLocked('q')
+	c.waiters[r.id] = r.ch
+	c.mu.Unlock()
+	c.sendMust(&iop.Envelope{RequestId: r.id, Kind: &iop.Envelope_RefreshRequest{
+		RefreshRequest: &iop.NodeConfigRefreshRequest{Config: p}}})
+	return r
+}
+
+// refreshAnswerWait bounds how long awaitRefresh waits for the node's
+// answer (edge.reload waits as long for RefreshAll).
+const refreshAnswerWait = 10 * time.Second
+
+// awaitRefresh waits for the answer to a refresh queued by ready and
+// records it as Refresh does. It ends with the answer, the session's loss
+// or refreshAnswerWait; Serve waits for it (Server.wg).
+func (c *session) awaitRefresh(r *pendingRefresh) {
+	defer c.s.wg.Done()
+	if f := c.s.afterPush; f != nil {
+		defer f(r.node)
+	}
+	t := time.NewTimer(refreshAnswerWait)
+	defer t.Stop()
+	var env *iop.Envelope
+	select {
+	case got := <-r.ch:
+		env = got.env
+	case <-c.lostCh:
+	case <-t.C:
+		c.mu.Lock()
+		delete(c.waiters, r.id)
+		c.mu.Unlock()
+	}
+	resp, ok := env.GetKind().(*iop.Envelope_RefreshResponse)
+	if !ok {
+		c.s.log.Warn("node config refresh after ready got no answer", "node", r.node, "generation", r.gen, "revision", r.revision)
+		return
+	}
+	st, reason := resp.RefreshResponse.GetStatus(), resp.RefreshResponse.GetReason()
+	c.s.noteRefresh(r.node, r.gen, r.revision, st)
+	c.s.log.Info("node config refreshed", "node", r.node, "generation", r.gen, "revision", r.revision,
+		"status", st.String(), "reason", reason)
 }
 
 // draining handles the ready node's NodeDrainingNotice: when this session

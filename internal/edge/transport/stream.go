@@ -315,9 +315,11 @@ func (s *Server) Command(ctx context.Context, node string, gen uint64, req *iop.
 
 // Refresh pushes payload to the ready session (node, gen) as
 // NodeConfigRefreshRequest and returns the node's answer (SPEC N2). When the
-// node answers APPLIED or RESTART_REQUIRED, payload.revision becomes the
-// session's known revision (RefreshAll skips it next time); FAILED keeps the
-// old one. Errors as Command.
+// node answers APPLIED, payload.revision becomes the session's known
+// revision (RefreshAll skips it next time); RESTART_REQUIRED and FAILED keep
+// the old one, so the node stays marked as running an older payload
+// (Nodes, /status) and every later RefreshAll pushes again. Errors as
+// Command.
 func (s *Server) Refresh(ctx context.Context, node string, gen uint64, payload *iop.NodeConfigPayload) (*iop.NodeConfigRefreshResponse, error) {
 	env, err := s.request(ctx, node, gen, &iop.Envelope{Kind: &iop.Envelope_RefreshRequest{
 		RefreshRequest: &iop.NodeConfigRefreshRequest{Config: payload}}})
@@ -328,14 +330,28 @@ func (s *Server) Refresh(ctx context.Context, node string, gen uint64, payload *
 	if !ok {
 		return nil, fmt.Errorf("config refresh of node %s: %w %T", node, ErrUnexpectedResponse, env.Kind)
 	}
-	if st := r.RefreshResponse.GetStatus(); st == iop.RefreshStatus_REFRESH_APPLIED || st == iop.RefreshStatus_REFRESH_RESTART_REQUIRED {
-		s.mu.Lock()
-		if id, ok := s.reg.Current(node, gen); ok && s.sessions[id] != nil {
-			s.sessions[id].revision = payload.GetRevision()
-		}
-		s.mu.Unlock()
-	}
+	s.noteRefresh(node, gen, payload.GetRevision(), r.RefreshResponse.GetStatus())
 	return r.RefreshResponse, nil
+}
+
+// noteRefresh records a node's answer to a refresh of revision (SPEC N2):
+// APPLIED makes revision the session's known one; RESTART_REQUIRED is not
+// APPLIED: the known revision stays, and the node is marked as needing a
+// restart for revision; FAILED changes nothing.
+func (s *Server) noteRefresh(node string, gen uint64, revision string, st iop.RefreshStatus) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id, ok := s.reg.Current(node, gen)
+	if !ok || s.sessions[id] == nil {
+		return
+	}
+	c := s.sessions[id]
+	switch st {
+	case iop.RefreshStatus_REFRESH_APPLIED:
+		c.revision, c.restartRevision = revision, ""
+	case iop.RefreshStatus_REFRESH_RESTART_REQUIRED:
+		c.restartRevision = revision
+	}
 }
 
 // RefreshResult is the outcome of one node's refresh in RefreshAll.
@@ -354,8 +370,10 @@ type RefreshResult struct {
 // with the current config (a node removed from it is fenced and closed),
 // then pushes NodePayload, concurrently, to every ready node whose payload
 // revision differs from the one it last accepted, and waits for all
-// answers (or ctx). Pending nodes are never refreshed: they get the current
-// payload at registration. Results are in config order.
+// answers (or ctx). Pending nodes are never refreshed (SPEC L3, P3): one
+// whose registration came before the reload is pushed the current payload
+// at its ready transition instead (session.ready). Results are in config
+// order.
 func (s *Server) RefreshAll(ctx context.Context) []RefreshResult {
 	var todo []RefreshResult
 	var payloads []*iop.NodeConfigPayload

@@ -189,7 +189,8 @@ type Server struct {
 
 	mu       sync.Mutex // guards the fields below; never held across I/O or hooks
 	reg      *registry.Registry
-	cfg      *config.Config // the config reg was last reconciled with
+	cfg      *config.Config    // the config reg was last reconciled with
+	revs     map[string]string // NodePayload revisions of cfg by node, filled by Nodes
 	sessions map[registry.ConnID]*session
 	lastConn registry.ConnID
 	closing  bool
@@ -207,6 +208,9 @@ type Server struct {
 	// beforeConnClosed and afterConnClosed, when set (tests only), run in
 	// a session's teardown around its ConnClosed transition.
 	beforeConnClosed, afterConnClosed func(registry.ConnID)
+	// afterPush, when set (tests only), runs when a refresh pushed at a
+	// ready transition has been answered and recorded, or given up.
+	afterPush func(node string)
 }
 
 type queued struct {
@@ -342,7 +346,7 @@ func (s *Server) reconcileLocked(now time.Time) []registry.Effect {
 	if cfg == nil || cfg == s.cfg {
 		return nil
 	}
-	s.cfg = cfg
+	s.cfg, s.revs = cfg, nil
 	ids := make([]string, len(cfg.Nodes))
 	for i := range cfg.Nodes {
 		ids[i] = cfg.Nodes[i].ID
@@ -391,20 +395,70 @@ type NodeState struct {
 	// ReadySince: when the current generation became ready; zero unless
 	// Connected.
 	ReadySince time.Time
+	// Payload says whether a connected node runs the current config
+	// payload (SPEC N2); empty unless Connected.
+	Payload PayloadState
 }
 
+// PayloadState is whether a ready node runs the Edge's current
+// NodeConfigPayload (SPEC N2), as /status shows it.
+type PayloadState string
+
+// Payload states.
+const (
+	// PayloadCurrent: the node applied the current payload (at
+	// registration or by a refresh).
+	PayloadCurrent PayloadState = "current"
+	// PayloadOutdated: the node runs an older payload: a refresh is on its
+	// way, or the node answered FAILED, or none reached it.
+	PayloadOutdated PayloadState = "outdated"
+	// PayloadRestartRequired: the node answered RESTART_REQUIRED to the
+	// current payload: it runs an older one until it is restarted (with
+	// whatever local change its reason names).
+	PayloadRestartRequired PayloadState = "restart_required"
+)
+
 // Nodes lists every configured node, in config order, as of the last
-// registration or RefreshAll (SPEC N3).
+// registration or RefreshAll (SPEC N3), with whether each ready one runs
+// the current payload (SPEC N2).
 func (s *Server) Nodes() []NodeState {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	ns := s.reg.Nodes()
-	s.mu.Unlock()
 	out := make([]NodeState, len(ns))
 	for i, n := range ns {
 		out[i] = NodeState{ID: n.ID, Connected: n.Connected(), Pending: n.Phase == registry.Pending,
 			Generation: n.Gen, ReadySince: n.ReadySince}
+		if out[i].Connected {
+			out[i].Payload = s.payloadStateLocked(n.ID, n.Gen)
+		}
 	}
 	return out
+}
+
+// payloadStateLocked compares the ready session's applied revision with
+// the current payload's. Called with s.mu held.
+func (s *Server) payloadStateLocked(node string, gen uint64) PayloadState {
+	id, ok := s.reg.Current(node, gen)
+	c := s.sessions[id]
+	if !ok || c == nil || s.cfg == nil {
+		return ""
+	}
+	if s.revs == nil {
+		s.revs = map[string]string{} // of s.cfg; reset by reconcileLocked
+	}
+	rev, ok := s.revs[node]
+	if !ok {
+		rev = s.cfg.NodePayload(node).GetRevision()
+		s.revs[node] = rev
+	}
+	switch rev {
+	case c.revision:
+		return PayloadCurrent
+	case c.restartRevision:
+		return PayloadRestartRequired
+	}
+	return PayloadOutdated
 }
 
 func (s *Server) mono() int64 { return int64(time.Since(s.epoch)) }

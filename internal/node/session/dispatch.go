@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sort"
@@ -433,7 +434,9 @@ func resolveInstance(cfg *iop.NodeConfigPayload, name string) (*iop.AdapterConfi
 // refresh applies a pushed NodeConfigPayload (SPEC N2) on the read loop, so
 // refreshes apply in arrival order. The same revision (or, without revisions,
 // an equal payload) is APPLIED without change; a payload the factory rejects
-// is FAILED and the previous Executor stays; otherwise new work goes to the
+// is FAILED — RESTART_REQUIRED when the factory says only a restart could
+// apply it (ErrRestartRequired) — and the previous Executor stays, either
+// way; otherwise new work goes to the
 // new Executor while running work finishes on the old one, which is closed
 // after its last run.
 func (s *session) refresh(requestID string, req *iop.NodeConfigRefreshRequest) {
@@ -455,6 +458,11 @@ func (s *session) refresh(requestID string, req *iop.NodeConfigRefreshRequest) {
 		return
 	}
 	e, err := s.o.NewExecutor(cfg)
+	if errors.Is(err, ErrRestartRequired) {
+		s.log.Warn("config refresh needs a restart of the node; keeping the previous config", "revision", cfg.GetRevision(), "err", err)
+		respond(iop.RefreshStatus_REFRESH_RESTART_REQUIRED, err.Error())
+		return
+	}
 	if err != nil {
 		s.log.Warn("config refresh failed; keeping the previous config", "revision", cfg.GetRevision(), "err", err)
 		respond(iop.RefreshStatus_REFRESH_FAILED, err.Error())

@@ -147,9 +147,17 @@ type Executor interface {
 }
 
 // NewExecutorFunc builds an Executor from a NodeConfigPayload (never nil).
-// Its error message is sent to the Edge in a FAILED refresh response, so it
-// must not contain secrets.
+// Its error message is sent to the Edge in a FAILED refresh response — or a
+// RESTART_REQUIRED one when it wraps ErrRestartRequired — so it must not
+// contain secrets.
 type NewExecutorFunc func(*iop.NodeConfigPayload) (Executor, error)
+
+// ErrRestartRequired is wrapped by a NewExecutorFunc error when the payload
+// is valid but this process cannot run it as it was started: it needs
+// something only a restart picks up (the node's own key files or config,
+// its environment). A refresh that fails so is answered RESTART_REQUIRED,
+// not FAILED (SPEC N2); either way the previous config stays.
+var ErrRestartRequired = errors.New("a restart of the node is required")
 
 // Timeouts bound each step; a zero field means the DESIGN.md default.
 type Timeouts struct {

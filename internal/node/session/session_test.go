@@ -3,6 +3,7 @@ package session_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -535,6 +536,10 @@ func TestRefresh(t *testing.T) {
 		{"N2 new revision is APPLIED to new runs", payload("r2"), nil, iop.RefreshStatus_REFRESH_APPLIED, 2, "2"},
 		{"N2 same revision is APPLIED without change", payload("r2"), nil, iop.RefreshStatus_REFRESH_APPLIED, 2, "2"},
 		{"N2 failed refresh keeps the previous config", payload("r3"), errors.New("adapters[0].type: unknown"), iop.RefreshStatus_REFRESH_FAILED, 2, "2"},
+		// N2: a payload only a restart could apply (the node's own keys or
+		// environment) is RESTART_REQUIRED, not APPLIED, and the previous
+		// config stays.
+		{"N2 restart required keeps the previous config", payload("r4"), fmt.Errorf("%w: lease keys: issuer key unknown", session.ErrRestartRequired), iop.RefreshStatus_REFRESH_RESTART_REQUIRED, 2, "2"},
 	}
 	for i, st := range steps {
 		t.Run(st.name, func(t *testing.T) {

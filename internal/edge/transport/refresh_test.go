@@ -1,0 +1,110 @@
+package transport
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"iop/internal/edge/dispatch"
+	"iop/internal/leakcheck"
+	iop "iop/proto/gen/iop"
+)
+
+// N2, L3, P3: a node that registered before a reload (payload P1) and says
+// ready after it is never pushed while pending, and at its ready
+// transition gets the current payload P2 right behind the ready answer —
+// before any run of the new generation — and ends on P2 when it applies
+// it. RESTART_REQUIRED and FAILED are not APPLIED: the node stays marked
+// as running an older payload (Nodes().Payload, /status) and the next
+// RefreshAll pushes P2 again.
+func TestReloadWhilePendingEndsOnCurrentPayload(t *testing.T) {
+	rows := []struct {
+		name      string
+		answer    iop.RefreshStatus
+		wantState PayloadState
+		repushed  bool // a later RefreshAll pushes P2 again
+	}{
+		{"N2 applied", iop.RefreshStatus_REFRESH_APPLIED, PayloadCurrent, false},
+		{"N2 restart required is not applied", iop.RefreshStatus_REFRESH_RESTART_REQUIRED, PayloadRestartRequired, true},
+		{"N2 failed keeps the older payload", iop.RefreshStatus_REFRESH_FAILED, PayloadOutdated, true},
+	}
+	for _, r := range rows {
+		t.Run(r.name, func(t *testing.T) {
+			leakcheck.Check(t)
+			pushed := make(chan string, 4)
+			h := newHarness(t, harnessOpts{setup: func(s *Server) { s.afterPush = func(n string) { pushed <- n } }})
+			n := h.dial("gpu-1")
+			reg := n.register("gpu-1")
+			p1 := reg.GetConfig().GetRevision()
+
+			h.cfg.Store(testConfig(t, 0, 0, 0, 8)) // the reload: gpu-1 capacity 4 → 8
+			p2 := h.cfg.Load().NodePayload("gpu-1").GetRevision()
+			if p1 == p2 {
+				t.Fatal("test setup: the reload did not change gpu-1's payload")
+			}
+			if got := h.srv.RefreshAll(context.Background()); len(got) != 0 {
+				t.Fatalf("P3: RefreshAll pushed to a pending node: %+v", got)
+			}
+			if got := n.roundTrip(1); len(got) != 0 {
+				t.Fatalf("P3: pending node got %v before ready", got)
+			}
+
+			n.send(&iop.Envelope{Kind: &iop.Envelope_ReadyRequest{ReadyRequest: &iop.NodeReadyRequest{NodeId: "gpu-1"}}})
+			if env := n.recv(); !env.GetReadyResponse().GetReady() {
+				t.Fatalf("got %v, want ready=true", env)
+			}
+			h.wantHooks(hookCall{"ready", "gpu-1", 1})
+			st, err := h.srv.StartRun(dispatch.Target{Node: "gpu-1", Generation: 1}, &iop.RunRequest{Adapter: "ollama", Target: "tiny"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			req := n.recv()
+			if got := req.GetRefreshRequest().GetConfig(); got.GetRevision() != p2 || got.GetAdapters()[0].GetCapacity() != 8 {
+				t.Fatalf("N2: after ready the node got %v, want a refresh to revision %s before anything else", req, p2)
+			}
+			if run := n.recv(); run.GetRunRequest() == nil {
+				t.Fatalf("got %v, want the run after the refresh", run)
+			}
+			if s := h.node("gpu-1").Payload; s != PayloadOutdated {
+				t.Errorf("before the answer: payload %q, want %q", s, PayloadOutdated)
+			}
+			n.send(&iop.Envelope{RequestId: req.GetRequestId(), Kind: &iop.Envelope_RefreshResponse{
+				RefreshResponse: &iop.NodeConfigRefreshResponse{Status: r.answer, Reason: "test"}}})
+			select {
+			case <-pushed:
+			case <-time.After(wait):
+				t.Fatal("the pushed refresh's answer was not recorded")
+			}
+			if s := h.node("gpu-1").Payload; s != r.wantState {
+				t.Errorf("after %v: payload %q, want %q", r.answer, s, r.wantState)
+			}
+
+			res := make(chan []RefreshResult, 1)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), wait)
+				defer cancel()
+				res <- h.srv.RefreshAll(ctx)
+			}()
+			if r.repushed {
+				again := n.recv()
+				if again.GetRefreshRequest().GetConfig().GetRevision() != p2 {
+					t.Fatalf("N2: RefreshAll after %v sent %v, want P2 again", r.answer, again)
+				}
+				n.send(&iop.Envelope{RequestId: again.GetRequestId(), Kind: &iop.Envelope_RefreshResponse{
+					RefreshResponse: &iop.NodeConfigRefreshResponse{Status: r.answer}}})
+			}
+			select {
+			case got := <-res:
+				if (len(got) == 1) != r.repushed {
+					t.Fatalf("RefreshAll = %+v, want a push: %v", got, r.repushed)
+				}
+			case <-time.After(wait):
+				t.Fatal("RefreshAll did not return")
+			}
+			if s := h.node("gpu-1").Payload; s != r.wantState {
+				t.Errorf("after RefreshAll: payload %q, want %q", s, r.wantState)
+			}
+		})
+	}
+}
