@@ -73,6 +73,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, err)
 			return 1
 		}
+		for _, w := range cfg.Warnings() {
+			fmt.Fprintln(stderr, "warning:", w)
+		}
 		fmt.Fprintf(stdout, "%s: ok\n", *cfgPath)
 		return 0
 	}

@@ -62,6 +62,19 @@ func TestEdgeBinary(t *testing.T) {
 	if proctest.ExitCode(err) != 1 || !strings.Contains(string(out), "edge tls") {
 		t.Errorf("-check with a node certificate as the edge's: exit %d, want 1:\n%s", proctest.ExitCode(err), out)
 	}
+	// P4: pprof on an admin listener open beyond loopback without a token
+	// is refused by -check; such a listener without pprof is a warning.
+	wide := filepath.Join(dir, "wide.json")
+	os.WriteFile(wide, []byte(strings.Replace(edgeConfig(freeAddr(t), freeAddr(t), "0.0.0.0:0"), `"tls"`, `"admin":{"pprof":true},"tls"`, 1)), 0o600)
+	out, err = exec.Command(bin, "-config", wide, "-check").CombinedOutput()
+	if proctest.ExitCode(err) != 1 || !strings.Contains(string(out), "admin.pprof") {
+		t.Errorf("-check with pprof on 0.0.0.0 and no token: exit %d, want 1 naming admin.pprof:\n%s", proctest.ExitCode(err), out)
+	}
+	os.WriteFile(wide, []byte(edgeConfig(freeAddr(t), freeAddr(t), "0.0.0.0:0")), 0o600)
+	out, err = exec.Command(bin, "-config", wide, "-check").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "warning: admin_listen 0.0.0.0:0 is not loopback-only") {
+		t.Errorf("-check with admin on 0.0.0.0 and no token: %v, want ok with a warning:\n%s", err, out)
+	}
 	// S3: a TLS private key that group or others can read is refused by
 	// -check (and at start: the same loader), as the store key is.
 	os.Chmod(filepath.Join(dir, "pki", "edge-1.key"), 0o644)

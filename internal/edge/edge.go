@@ -159,7 +159,14 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 		counters = append(counters, admin.Counter{Name: m.Name, Help: m.Help, Type: "counter", Samples: m.Samples})
 	}
 	adm := admin.New(admin.Options{Status: p, Routing: p, Groups: p, Events: bus, Metrics: counters, Collectors: []admin.Collector{metrics},
-		Recent: recent, Payloads: payloadStates{tr}, Pprof: cfg.Admin.Pprof, Version: o.Version})
+		Recent: recent, Payloads: payloadStates{tr}, Pprof: cfg.Admin.Pprof, Version: o.Version,
+		Access: func() admin.Access {
+			c := current()
+			return admin.Access{TokenSHA256: c.Admin.TokenSHA256, AllowedHosts: c.Admin.AllowedHosts}
+		}})
+	for _, w := range cfg.Warnings() {
+		log.Warn(w)
+	}
 
 	listen := func(given net.Listener, addr string) (net.Listener, error) {
 		if given != nil {

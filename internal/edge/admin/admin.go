@@ -12,6 +12,9 @@
 //
 // It reads state through small interfaces and never changes it. It never
 // shows node addresses, tokens, keys or transport internals (SPEC N3, P4).
+// Every request but /healthz passes guard first: a Host header that is not
+// an IP literal, localhost or an allowed name is refused (DNS rebinding),
+// and with an admin token configured the token is required.
 // A node's generation is shown (issue 15): it is the Edge's own fencing
 // counter for the node id (SPEC L8), not something of the transport — no
 // address, connection, session or stream id — and it is how an operator
@@ -100,8 +103,12 @@ type Options struct {
 	Recent RecentSource
 	// Payloads, when set, adds "config" to each connected node in /status.
 	Payloads PayloadSource
-	Pprof    bool
-	Version  string
+	// Access, when set, is called for every request (guard): the admin
+	// token and the allowed Host names. nil = no token, IP literals and
+	// localhost only.
+	Access  func() Access
+	Pprof   bool
+	Version string
 }
 
 // New returns the admin http.Handler.
@@ -120,7 +127,7 @@ func New(o Options) http.Handler {
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
-	return mux
+	return guard(mux, o.Access)
 }
 
 var providerJSON = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}

@@ -302,7 +302,45 @@ type HTTP struct {
 // Admin tunes the admin surface.
 type Admin struct {
 	// Pprof exposes net/http/pprof under /debug/pprof/ on admin_listen.
+	// On a listener that is not loopback-only it needs TokenSHA256.
 	Pprof bool `json:"pprof"`
+	// TokenSHA256 is the hex SHA-256 of the admin token; when set, every
+	// admin request but /healthz must carry it as "Authorization: Bearer
+	// <token>" or as the password of HTTP Basic authentication (any user
+	// name; what a browser sends for the operator page after its prompt).
+	// Empty = no token.
+	TokenSHA256 string `json:"token_sha256"`
+	// AllowedHosts are host names (without port) the admin surface answers
+	// to besides IP literals and "localhost": a request whose Host header
+	// names another host is refused (403), which stops a DNS-rebinding
+	// page from reading /status or /events through a victim's browser.
+	AllowedHosts []string `json:"allowed_hosts"`
+}
+
+// AdminLoopbackOnly reports whether admin_listen accepts connections only
+// from the local host (a loopback IP or "localhost"); an empty host,
+// 0.0.0.0, ::, another address or another name is not.
+func (c *Config) AdminLoopbackOnly() bool {
+	host, _, err := net.SplitHostPort(c.AdminListen)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// Warnings are what the config allows but an operator should hear about;
+// `edge -check` prints them and the edge logs them at start.
+func (c *Config) Warnings() []string {
+	var w []string
+	if !c.AdminLoopbackOnly() && c.Admin.TokenSHA256 == "" {
+		w = append(w, fmt.Sprintf("admin_listen %s is not loopback-only and admin.token_sha256 is not set: "+
+			"anyone who can reach it reads /status, /metrics and /events (node and provider state, model names, recent errors with request ids)", c.AdminListen))
+	}
+	return w
 }
 
 // Shutdown tunes the graceful drain on SIGTERM.
@@ -458,6 +496,7 @@ var (
 	nameRE  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 	tdRE    = regexp.MustCompile(`^[a-z0-9][a-z0-9.-]{0,252}$`)
 	hex64RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
+	hostRE  = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$`)
 )
 
 // validate reports every problem, each prefixed by its key path.
@@ -488,6 +527,17 @@ func (c *Config) validate() jsonconfig.Errors {
 	}
 	if !tdRE.MatchString(c.TLS.TrustDomain) {
 		add("tls.trust_domain", "invalid trust domain %q (lowercase letters, digits, '.', '-')", c.TLS.TrustDomain)
+	}
+	if t := c.Admin.TokenSHA256; t != "" && !hex64RE.MatchString(t) {
+		add("admin.token_sha256", "want 64 lowercase hex characters (SHA-256 of the token)")
+	}
+	if c.Admin.Pprof && c.Admin.TokenSHA256 == "" && !c.AdminLoopbackOnly() {
+		add("admin.pprof", "pprof on admin_listen %s, which is not loopback-only, needs admin.token_sha256 (profiles and goroutine dumps expose the process)", c.AdminListen)
+	}
+	for i, h := range c.Admin.AllowedHosts {
+		if !hostRE.MatchString(h) {
+			add(fmt.Sprintf("admin.allowed_hosts[%d]", i), "want a host name without port (letters, digits, '.', '-'), got %q", h)
+		}
 	}
 	hb := c.Heartbeat
 	if hb.IntervalMs < 0 {

@@ -360,3 +360,46 @@ func TestBadWaitTimeoutIsOneError(t *testing.T) {
 		t.Errorf("an affinity_wait_ms error beside it:\n%v", err)
 	}
 }
+
+// P4 (admin surface): pprof on an admin listener that is not loopback-only
+// needs admin.token_sha256 (refused otherwise, so `edge -check` fails);
+// such a listener without a token is allowed with a warning; the token
+// and allowed host names are validated.
+func TestAdminExposure(t *testing.T) {
+	tok := `"token_sha256": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"`
+	rows := []struct {
+		name, listen, admin, wantErr string
+		warn                         bool
+	}{
+		{"P4 loopback default", "127.0.0.1:9090", `{}`, "", false},
+		{"P4 loopback pprof", "127.0.0.1:9090", `{"pprof": true}`, "", false},
+		{"P4 localhost pprof", "localhost:9090", `{"pprof": true}`, "", false},
+		{"P4 IPv6 loopback pprof", "[::1]:9090", `{"pprof": true}`, "", false},
+		{"P4 all interfaces without token warns", "0.0.0.0:9090", `{}`, "", true},
+		{"P4 empty host without token warns", ":9090", `{}`, "", true},
+		{"P4 all interfaces with token", "0.0.0.0:9090", `{` + tok + `}`, "", false},
+		{"P4 pprof on all interfaces without token refused", "0.0.0.0:9090", `{"pprof": true}`, "admin.pprof: pprof on admin_listen 0.0.0.0:9090", true},
+		{"P4 pprof on a LAN address without token refused", "10.0.0.5:9090", `{"pprof": true}`, "admin.pprof:", true},
+		{"P4 pprof on all interfaces with token", "0.0.0.0:9090", `{"pprof": true, ` + tok + `}`, "", false},
+		{"P4 bad token digest", "127.0.0.1:9090", `{"token_sha256": "abc"}`, "admin.token_sha256: want 64 lowercase hex", false},
+		{"P4 bad allowed host", "127.0.0.1:9090", `{"allowed_hosts": ["edge.lan", "evil:80"]}`, "admin.allowed_hosts[1]:", false},
+	}
+	for _, r := range rows {
+		t.Run(r.name, func(t *testing.T) {
+			js := strings.Replace(valid, `"tls"`, `"admin_listen": "`+r.listen+`", "admin": `+r.admin+`, "tls"`, 1)
+			c, err := Parse([]byte(js))
+			if r.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), r.wantErr) {
+					t.Fatalf("got %v, want %q", err, r.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if w := c.Warnings(); (len(w) > 0) != r.warn {
+				t.Errorf("warnings %q, want some: %v", w, r.warn)
+			}
+		})
+	}
+}
