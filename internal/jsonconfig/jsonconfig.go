@@ -7,6 +7,7 @@ package jsonconfig
 
 import (
 	"bytes"
+	"encoding"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -93,6 +94,9 @@ func walk(t reflect.Type, node any, path string, errs *Errors, mismatched *bool)
 	if node == nil {
 		return
 	}
+	if reflect.PointerTo(t).Implements(unmarshalerType) || reflect.PointerTo(t).Implements(textUnmarshalerType) {
+		return // its own decoder checks it (time.Time: an RFC 3339 string); Decode reports its error
+	}
 	if want := mismatch(t, node); want != "" {
 		*errs = append(*errs, fmt.Sprintf("%s: want %s, got JSON %s", path, want, jsonKind(node)))
 		*mismatched = true
@@ -136,6 +140,11 @@ func walk(t reflect.Type, node any, path string, errs *Errors, mismatched *bool)
 		}
 	}
 }
+
+var (
+	unmarshalerType     = reflect.TypeFor[json.Unmarshaler]()
+	textUnmarshalerType = reflect.TypeFor[encoding.TextUnmarshaler]()
+)
 
 // mismatch returns what t wants when the decoded JSON value node (from a
 // decoder with UseNumber) cannot be unmarshaled into it, else "".

@@ -2,7 +2,9 @@ package jsonconfig
 
 import (
 	"reflect"
+	"strings"
 	"testing"
+	"time"
 )
 
 type testAdapter struct {
@@ -26,6 +28,7 @@ type testConfig struct {
 	Queue  struct {
 		Max int `json:"max"`
 	} `json:"queue"`
+	At time.Time `json:"at"`
 }
 
 // README (Edge config reference): a value of the wrong JSON type is an
@@ -68,5 +71,21 @@ func TestDecodeNamesEveryTypeMismatchWithItsPath(t *testing.T) {
 				t.Errorf("got %q usable=%v\nwant %q usable=%v", errs, usable, row.want, row.usable)
 			}
 		})
+	}
+}
+
+// A type with its own decoder (time.Time: an RFC 3339 string) is left to
+// it: its string is no type mismatch, and its own error is reported.
+func TestDecodeLeavesUnmarshalersToThemselves(t *testing.T) {
+	var c testConfig
+	if errs, usable := Decode([]byte(`{"at":"2026-01-02T03:04:05Z"}`), &c); !usable || errs != nil {
+		t.Fatalf("got %q usable=%v, want no error", errs, usable)
+	}
+	if want := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC); !c.At.Equal(want) {
+		t.Fatalf("at = %v, want %v", c.At, want)
+	}
+	errs, usable := Decode([]byte(`{"at":"yesterday"}`), &c)
+	if usable || len(errs) != 1 || !strings.Contains(errs[0], "yesterday") {
+		t.Fatalf("got %q usable=%v, want one error naming the bad time", errs, usable)
 	}
 }

@@ -97,6 +97,8 @@ type Config struct {
 	// OutlierDetection is passive health: providers whose requests fail
 	// are skipped for a while (issue 11).
 	OutlierDetection OutlierDetection `json:"outlier_detection"`
+	// Keys is the key store of `edge keys` (docs/keys.md).
+	Keys Keys `json:"keys"`
 
 	// CredentialProjection is not read from the file: the Edge sets it
 	// after loading the secret store (internal/edge/creds), and NodePayload
@@ -390,7 +392,8 @@ func dirOf(path string) string {
 
 func (c *Config) resolvePaths(dir string) {
 	for _, p := range []*string{&c.TLS.CertFile, &c.TLS.KeyFile, &c.TLS.CAFile,
-		&c.Credentials.StoreFile, &c.Credentials.StoreKeyFile, &c.Credentials.IssuerKeyFile} {
+		&c.Credentials.StoreFile, &c.Credentials.StoreKeyFile, &c.Credentials.IssuerKeyFile,
+		&c.Keys.StoreFile, &c.Keys.UsageFile} {
 		if *p != "" && !strings.HasPrefix(*p, "/") {
 			*p = dir + *p
 		}
@@ -446,6 +449,7 @@ func (c *Config) applyDefaults() {
 			m.AffinityEpsilon = &e
 		}
 	}
+	c.keysDefaults()
 	od := &c.OutlierDetection
 	if od.Enabled == nil {
 		on := true
@@ -673,6 +677,7 @@ func (c *Config) validate() jsonconfig.Errors {
 		add("shutdown.drain_timeout_ms", "must be between 1 and %d, got %d", MaxDrainTimeoutMs, c.Shutdown.DrainTimeoutMs)
 	}
 	c.validateCredentials(add)
+	c.validateKeys(add)
 	od := c.OutlierDetection
 	if od.BaseEjectionMs < 0 || od.BaseEjectionMs > MaxIdleTimeoutMs {
 		add("outlier_detection.base_ejection_ms", "must be between 1 and %d, got %d", int64(MaxIdleTimeoutMs), od.BaseEjectionMs)

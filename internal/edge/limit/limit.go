@@ -1,7 +1,8 @@
 // Package limit holds the Edge's admission bounds against a hostile or
 // runaway client (issue 12): per API key, the requests in flight
 // (api_keys[].max_concurrent) and the request rate
-// (api_keys[].requests_per_minute); across all clients, the request-body
+// (api_keys[].requests_per_minute) and the token budgets per minute and
+// per day (Tokens, docs/keys.md K5); across all clients, the request-body
 // bytes held at once (http.max_inflight_body_bytes) and the client
 // connections open at once (http.max_connections).
 //
@@ -71,6 +72,17 @@ type Slot struct {
 	k    *Keys
 	ks   *keyState
 	done atomic.Bool
+	// Rate is the principal's request rate right after this admission
+	// (zero without requests_per_minute).
+	Rate RateState
+}
+
+// RateState is a principal's request rate at one instant, as the
+// rate-limit headers report it (docs/keys.md K6): the requests the bucket
+// still admits at once, and how long until it is full again.
+type RateState struct {
+	Remaining int
+	Reset     time.Duration
 }
 
 // Acquire admits one request of principal under lim at time now, or
@@ -100,7 +112,23 @@ func (k *Keys) Acquire(principal string, lim KeyLimit, now time.Time) (*Slot, er
 		}
 	}
 	ks.inflight++
-	return &Slot{k: k, ks: ks}, nil
+	sl := &Slot{k: k, ks: ks}
+	if lim.RequestsPerMinute > 0 {
+		sl.Rate = ks.rate.state(now, lim.RequestsPerMinute)
+	}
+	return sl, nil
+}
+
+// Rate reports principal's request rate under perMinute (> 0) at now,
+// without taking a request (a refusal's headers).
+func (k *Keys) Rate(principal string, perMinute int, now time.Time) RateState {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var b bucket
+	if ks := k.m[principal]; ks != nil {
+		b = ks.rate
+	}
+	return b.state(now, perMinute)
 }
 
 // Release ends the request s admitted; idempotent, nil-safe.
@@ -159,6 +187,19 @@ func (b *bucket) take(now time.Time, perMinute int) (wait time.Duration, ok bool
 	}
 	b.tat = tat.Add(t)
 	return 0, true
+}
+
+// state is the bucket at now: the requests it admits at once
+// (perMinute − ceil((tat − now) / T)) and the time until it is full
+// (tat − now).
+func (b *bucket) state(now time.Time, perMinute int) RateState {
+	ahead := b.tat.Sub(now)
+	if ahead <= 0 {
+		return RateState{Remaining: perMinute}
+	}
+	t := max(time.Minute/time.Duration(perMinute), 1)
+	used := int((ahead + t - 1) / t)
+	return RateState{Remaining: max(perMinute-used, 0), Reset: ahead}
 }
 
 // Budget counts bytes held against a bound that may change (a reload).

@@ -36,13 +36,12 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
-	"syscall"
 	"time"
 
+	"iop/internal/edge/storefile"
 	"iop/internal/lease"
 )
 
@@ -211,29 +210,17 @@ func jsonProblem(err error) string {
 	return err.Error() // unknown fields (named by key) and base64 errors (by offset)
 }
 
-// Lock takes an exclusive advisory lock (flock) on path's lock file,
-// path + ".lock" (created mode 0600, left in place), waiting while another
-// process or goroutine holds it, and returns its release. Writers hold it
-// from Load to Save so that two concurrent `edge secrets set` do not both
-// read the old file and lose one slot to the other's rename; readers need
-// none (Save renames atomically). The lock is released when the process
-// ends.
+// Lock takes the store's writer lock (storefile.Lock: an flock on
+// path + ".lock", waiting while another writer holds it) and returns its
+// release. Writers hold it from Load to Save so that two concurrent `edge
+// secrets set` do not both read the old file and lose one slot to the
+// other's rename; readers need none (Save renames atomically).
 func Lock(path string) (unlock func(), err error) {
-	f, err := os.OpenFile(path+".lock", os.O_RDWR|os.O_CREATE, 0o600)
+	unlock, err = storefile.Lock(path)
 	if err != nil {
-		return nil, fmt.Errorf("secret store lock: %w", err)
+		return nil, fmt.Errorf("secret store %w", err)
 	}
-	for {
-		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
-		if !errors.Is(err, syscall.EINTR) {
-			break
-		}
-	}
-	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("secret store lock %s: %w", f.Name(), err)
-	}
-	return func() { f.Close() }, nil // closing the descriptor releases the lock
+	return unlock, nil
 }
 
 // LoadOrNew is Load, or an empty store when path does not exist.
@@ -245,8 +232,8 @@ func LoadOrNew(path string) (*Store, error) {
 	return s, err
 }
 
-// Save writes the store to path atomically (a temporary file in the same
-// directory, fsync, rename) with mode 0600.
+// Save writes the store to path atomically (storefile.WriteAtomic: a
+// temporary file in the same directory, fsync, rename) with mode 0600.
 func (s *Store) Save(path string) error {
 	f := file{Version: 1, Slots: make([]*entry, 0, len(s.slots))}
 	for _, name := range s.names(true) {
@@ -256,27 +243,7 @@ func (s *Store) Save(path string) error {
 	if err != nil {
 		return fmt.Errorf("secret store: %w", err)
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".secrets-*.tmp")
-	if err != nil {
-		return fmt.Errorf("secret store: %w", err)
-	}
-	defer os.Remove(tmp.Name()) // no-op after the rename
-	if err := tmp.Chmod(0o600); err != nil {
-		tmp.Close()
-		return fmt.Errorf("secret store: %w", err)
-	}
-	if _, err := tmp.Write(append(b, '\n')); err != nil {
-		tmp.Close()
-		return fmt.Errorf("secret store: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("secret store: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("secret store: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+	if err := storefile.WriteAtomic(path, ".secrets-*.tmp", append(b, '\n')); err != nil {
 		return fmt.Errorf("secret store: %w", err)
 	}
 	return nil

@@ -1,0 +1,259 @@
+// Package keys is the Edge's side of client API keys (docs/keys.md
+// K1–K9): who a key is (Authenticate), which models it may call
+// (Principal.Allows, FilterModels), whether a request of it is admitted
+// under its request rate, requests in flight and token budgets (Admit),
+// what the rate-limit headers say (RateLimit), what it used (Ticket.Finish,
+// Status, the metrics) and how that survives a restart (Usage, Restore).
+// Loader keeps the key set current from the config and the key store file
+// (SIGHUP and a poll of the file); Persister writes the usage file.
+//
+// The HTTP surface calls it, per model request:
+//
+//	p, err := reg.Authenticate(key, now)          // 401 on error
+//	if !p.Allows(model) { … }                      // the unknown model's 404
+//	t, refusal := reg.Admit(p, estimate, now)      // 429 + Retry-After on refusal
+//	t.RateLimit.WriteOpenAI(h) / WriteAnthropic(h, now)
+//	… serve …
+//	t.Finish(keys.Outcome{…}, now)                 // exactly once
+//
+// Registry reads no clock (every call takes the time), does no I/O and
+// logs nothing; it never holds or shows a key, only names and hashes.
+// Safe for concurrent use.
+package keys
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"iop/internal/edge/limit"
+)
+
+// Errors of Authenticate; test with errors.Is. Each is a 401: the client
+// sent no key the Edge accepts.
+var (
+	ErrNoKey      = errors.New("missing API key")
+	ErrUnknownKey = errors.New("invalid API key")
+	ErrRevoked    = errors.New("API key revoked")
+	ErrExpired    = errors.New("API key expired")
+	ErrRotated    = errors.New("API key replaced by a rotation")
+)
+
+// Registry holds the current key Set and every principal's counters.
+type Registry struct {
+	set    atomic.Pointer[Set]
+	rate   limit.Keys   // requests_per_minute, max_concurrent
+	tokens limit.Tokens // tokens_per_minute, tokens_per_day
+
+	mu    sync.Mutex
+	usage map[string]*counters // guarded by mu; the values are atomic
+	dirty atomic.Bool          // counters changed since the last Usage
+}
+
+// counters are one principal's usage since it was first counted.
+type counters struct {
+	requests, prompt, completion, estimated, refused atomic.Int64
+	since                                            atomic.Int64 // Unix ns of the first count
+}
+
+// New returns a Registry serving s.
+func New(s *Set) *Registry {
+	r := &Registry{usage: map[string]*counters{}}
+	r.Swap(s)
+	return r
+}
+
+// Swap makes s current: the next Authenticate sees it; requests admitted
+// under the previous set finish under it (K2). The counters and budgets
+// of the principals s still names are kept, those of the others dropped.
+func (r *Registry) Swap(s *Set) {
+	r.set.Store(s)
+	keep := func(name string) bool { return s.byName[name] != nil }
+	r.rate.Retain(keep)
+	r.tokens.Retain(keep)
+	r.mu.Lock()
+	for n := range r.usage {
+		if !keep(n) {
+			delete(r.usage, n)
+		}
+	}
+	r.mu.Unlock()
+}
+
+// Set is the current key set.
+func (r *Registry) Set() *Set { return r.set.Load() }
+
+// OpenMode reports whether no key and no key store are configured.
+func (r *Registry) OpenMode() bool { return r.set.Load().Open() }
+
+// Authenticate returns the principal of key at now (K3): the SHA-256 of
+// key looked up among the configured ones (a map on the hash: the time
+// taken says nothing about any configured key). Errors: ErrNoKey (key ""),
+// ErrUnknownKey, ErrRevoked, ErrExpired (at and after expires_at),
+// ErrRotated (a rotated key after its grace).
+func (r *Registry) Authenticate(key string, now time.Time) (*Principal, error) {
+	if key == "" {
+		return nil, ErrNoKey
+	}
+	c, ok := r.set.Load().byHash[sha256.Sum256([]byte(key))]
+	switch {
+	case !ok:
+		return nil, ErrUnknownKey
+	case !c.p.RevokedAt.IsZero():
+		return nil, ErrRevoked
+	case !c.p.ExpiresAt.IsZero() && !now.Before(c.p.ExpiresAt):
+		return nil, fmt.Errorf("%w at %s", ErrExpired, c.p.ExpiresAt.UTC().Format(time.RFC3339))
+	case !c.graceUntil.IsZero() && !now.Before(c.graceUntil):
+		return nil, ErrRotated
+	}
+	return c.p, nil
+}
+
+// Refusal is a request Admit refused: a 429 with Retry-After (K5, K6).
+type Refusal struct {
+	Principal string
+	// Err is limit.ErrConcurrency, limit.ErrRate, limit.ErrTokensMinute
+	// or limit.ErrTokensDay.
+	Err        error
+	Limit      int // the bound that refused, as this Edge enforces it
+	RetryAfter time.Duration
+	// RateLimit is the principal's state for the headers of the 429.
+	RateLimit RateLimit
+}
+
+func (e *Refusal) Error() string {
+	return fmt.Sprintf("principal %q: %v (limit %d)", e.Principal, e.Err, e.Limit)
+}
+
+func (e *Refusal) Unwrap() error { return e.Err }
+
+// Bound names the refusing bound for a message: "requests_per_minute 60".
+func (e *Refusal) Bound() string {
+	name := "max_concurrent"
+	switch e.Err {
+	case limit.ErrRate:
+		name = "requests_per_minute"
+	case limit.ErrTokensMinute:
+		name = "tokens_per_minute"
+	case limit.ErrTokensDay:
+		name = "tokens_per_day"
+	}
+	return name + " " + strconv.Itoa(e.Limit)
+}
+
+// Ticket is one admitted request. Finish ends it exactly once (later
+// calls do nothing); a nil *Ticket (open mode) is valid.
+type Ticket struct {
+	r    *Registry
+	p    *Principal
+	c    *counters
+	slot *limit.Slot
+	res  *limit.Reservation
+	done atomic.Bool
+	// RateLimit is what the answer's rate-limit headers say: the state
+	// right after this admission (K6).
+	RateLimit RateLimit
+}
+
+// Admit admits one request of p estimated at estimate tokens (the
+// prompt's estimate and the completion it may take) at now, or refuses
+// it. The token budgets are checked first, then the requests in flight,
+// then the request rate; a refused request spends nothing (a token
+// reservation made before a later refusal is given back). An admitted
+// request holds its slot and its token reservation until Ticket.Finish.
+func (r *Registry) Admit(p *Principal, estimate int64, now time.Time) (*Ticket, *Refusal) {
+	c := r.counters(p.Name, now)
+	res, err := r.tokens.Reserve(p.Name, p.tokenLimit(), estimate, now)
+	if err != nil {
+		return nil, r.refuse(p, c, err.(*limit.RefusedError), now)
+	}
+	slot, err := r.rate.Acquire(p.Name, p.keyLimit(), now)
+	if err != nil {
+		res.Settle(0, now)
+		return nil, r.refuse(p, c, err.(*limit.RefusedError), now)
+	}
+	c.requests.Add(1)
+	r.dirty.Store(true)
+	t := &Ticket{r: r, p: p, c: c, slot: slot, res: res}
+	t.RateLimit = stateOf(p, res.State, now)
+	if slot != nil && p.Limits.RequestsPerMinute > 0 {
+		t.RateLimit.setRequests(p.Limits.RequestsPerMinute, slot.Rate)
+	}
+	return t, nil
+}
+
+// refuse counts a refusal of p and describes it.
+func (r *Registry) refuse(p *Principal, c *counters, re *limit.RefusedError, now time.Time) *Refusal {
+	c.refused.Add(1)
+	r.dirty.Store(true)
+	return &Refusal{Principal: p.Name, Err: re.Err, Limit: re.Limit, RetryAfter: re.RetryAfter, RateLimit: r.refusedState(p, now)}
+}
+
+// refusedState is p's rate-limit state at now for a refusal's headers.
+func (r *Registry) refusedState(p *Principal, now time.Time) RateLimit {
+	rl := stateOf(p, r.tokens.State(p.Name, p.tokenLimit(), now), now)
+	if n := p.Limits.RequestsPerMinute; n > 0 {
+		rl.setRequests(n, r.rate.Rate(p.Name, clampInt(n), now))
+	}
+	return rl
+}
+
+// Outcome is how an admitted request ended, for Finish.
+type Outcome struct {
+	// PromptTokens and CompletionTokens are what the backend reported;
+	// Reported says whether it reported any usage at all.
+	PromptTokens, CompletionTokens int64
+	Reported                       bool
+	// Answered: the client got a model's answer (a success status, or a
+	// stream that began); a request refused or failed before that costs
+	// nothing when no usage was reported.
+	Answered bool
+}
+
+// Finish ends t at now (K5): the request leaves the in-flight count and
+// its reservation is replaced by what it cost — the usage the backend
+// reported; without a report, the estimate when it was answered (a
+// stream without usage), else nothing. A stream that used more than its
+// budget had left is charged in full: the next request is refused until
+// the window has room. Idempotent, nil-safe.
+func (t *Ticket) Finish(o Outcome, now time.Time) {
+	if t == nil || !t.done.CompareAndSwap(false, true) {
+		return
+	}
+	t.slot.Release()
+	var used int64
+	switch {
+	case o.Reported:
+		used = max(o.PromptTokens, 0) + max(o.CompletionTokens, 0)
+		t.c.prompt.Add(max(o.PromptTokens, 0))
+		t.c.completion.Add(max(o.CompletionTokens, 0))
+	case o.Answered:
+		used = t.res.Estimate()
+		t.c.estimated.Add(used)
+	}
+	t.res.Settle(used, now)
+	t.r.dirty.Store(true)
+}
+
+// Principal is the ticket's principal.
+func (t *Ticket) Principal() *Principal { return t.p }
+
+// Estimate is the tokens the ticket reserved.
+func (t *Ticket) Estimate() int64 { return t.res.Estimate() }
+
+// counters returns name's counters, made at now if new.
+func (r *Registry) counters(name string, now time.Time) *counters {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c := r.usage[name]
+	if c == nil {
+		c = &counters{}
+		c.since.Store(now.UnixNano())
+		r.usage[name] = c
+	}
+	return c
+}
