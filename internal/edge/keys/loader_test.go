@@ -49,7 +49,10 @@ func TestStoreChangedUnderRunningEdge(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "keys.json")
 		var secret string
-		edit(t, path, func(st *keystore.Store) (err error) { secret, err = st.Create(keystore.Spec{Name: "a"}, noon); return err })
+		edit(t, path, func(st *keystore.Store) (err error) {
+			secret, err = st.Create(keystore.Spec{Name: "a"}, noon)
+			return err
+		})
 		l, reg, err := NewLoader(keysConfig(path), nil)
 		if err != nil {
 			t.Fatal(err)
@@ -62,7 +65,10 @@ func TestStoreChangedUnderRunningEdge(t *testing.T) {
 			t.Fatal(err)
 		}
 		var second string
-		edit(t, path, func(st *keystore.Store) (err error) { second, err = st.Create(keystore.Spec{Name: "b"}, noon); return err })
+		edit(t, path, func(st *keystore.Store) (err error) {
+			second, err = st.Create(keystore.Spec{Name: "b"}, noon)
+			return err
+		})
 		time.Sleep(time.Second) // the bubble's clock: one second of polls
 		synctest.Wait()
 		if p, err := reg.Authenticate(second, noon); err != nil || p.Name != "b" {
@@ -93,7 +99,10 @@ func TestBadStoreKeepsPrevious(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "keys.json")
 	var secret string
-	edit(t, path, func(st *keystore.Store) (err error) { secret, err = st.Create(keystore.Spec{Name: "a"}, noon); return err })
+	edit(t, path, func(st *keystore.Store) (err error) {
+		secret, err = st.Create(keystore.Spec{Name: "a"}, noon)
+		return err
+	})
 	var logs proctest.Log
 	l, reg, err := NewLoader(keysConfig(path), slog.New(slog.NewJSONHandler(&logs, nil)))
 	if err != nil {

@@ -160,7 +160,9 @@ type step struct {
 	wantHdr map[string]string
 }
 
-func used(p, c int64) *Outcome { return &Outcome{PromptTokens: p, CompletionTokens: c, Reported: true, Answered: true} }
+func used(p, c int64) *Outcome {
+	return &Outcome{PromptTokens: p, CompletionTokens: c, Reported: true, Answered: true}
+}
 
 // K5, K6: budgets per minute and per day, a stream crossing the budget,
 // requests without reported usage, and the header values against the
