@@ -11,6 +11,7 @@
 //	edge secrets set -store FILE -key FILE -slot NAME   < secret
 //	edge secrets list -store FILE
 //	edge secrets rm -store FILE -slot NAME
+//	edge keys create|list|show|revoke|rotate|usage -config FILE …
 //
 // SIGINT/SIGTERM drain and exit 0; SIGHUP reloads the config (SPEC N2).
 // A fatal config or credential error prints the message on stderr and exits 1.
@@ -29,6 +30,7 @@ import (
 
 	"iop/internal/edge"
 	"iop/internal/edge/config"
+	"iop/internal/edge/keyscmd"
 	"iop/internal/edge/pkicmd"
 	"iop/internal/edge/secretscmd"
 )
@@ -46,6 +48,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	if len(args) > 0 && args[0] == "secrets" {
 		return secretscmd.Main(args[1:], stdin, stdout, stderr, time.Now)
+	}
+	if len(args) > 0 && args[0] == "keys" {
+		return keyscmd.Main(args[1:], stdout, stderr, time.Now)
 	}
 	fs := flag.NewFlagSet("edge", flag.ContinueOnError)
 	fs.SetOutput(stderr)

@@ -109,6 +109,9 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	if err := keyStoreServed(cfg); err != nil {
+		return err
+	}
 	mat, err := creds.Load(cfg, nil, time.Now())
 	if err != nil {
 		return fmt.Errorf("credentials: %w", err)
@@ -422,6 +425,9 @@ func reload(ctx context.Context, log *slog.Logger, boot, nc *config.Config, cur 
 // credential plane on, the issuer key, the secret store and its key (every
 // route's slot present and opening). `edge -check` uses it.
 func Check(cfg *config.Config) error {
+	if err := keyStoreServed(cfg); err != nil {
+		return err
+	}
 	if _, err := tlsConfig(cfg, func(string) bool { return true }); err != nil {
 		return err
 	}
@@ -440,4 +446,15 @@ func tlsConfig(cfg *config.Config, allow func(string) bool) (*tls.Config, error)
 		return nil, fmt.Errorf("edge tls: %w", err)
 	}
 	return tc, nil
+}
+
+// keyStoreServed refuses keys.store_file while the HTTP API authenticates
+// with api_keys alone: started on a key store it would neither know its
+// keys nor, without api_keys, ask for any (open mode). `edge keys`
+// already manages the store (docs/keys.md).
+func keyStoreServed(cfg *config.Config) error {
+	if cfg.Keys.StoreFile != "" {
+		return errors.New("keys.store_file: this edge's HTTP API does not serve the key store yet (docs/keys.md); remove it to start")
+	}
+	return nil
 }

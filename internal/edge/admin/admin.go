@@ -6,6 +6,7 @@
 //	GET /status   JSON: configured nodes and their ProviderSnapshots (SPEC
 //	              N3), model groups with their waiters and routing mode and
 //	              hit ratio (issue 16), the last errors
+//	GET /status/keys  JSON: every API key's usage (docs/keys.md K7)
 //	GET /metrics  Prometheus text exposition format 0.0.4
 //	GET /events   SSE of node and provider events (SPEC N4)
 //	/debug/pprof/ net/http/pprof, only when Options.Pprof is set
@@ -109,6 +110,10 @@ type Options struct {
 	Access  func() Access
 	Pprof   bool
 	Version string
+
+	// Keys, when set, adds per-key usage to /status ("keys", keys.go)
+	// and serves GET /status/keys.
+	Keys KeySource
 }
 
 // New returns the admin http.Handler.
@@ -117,6 +122,7 @@ func New(o Options) http.Handler {
 	page := pageTemplate()
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) { servePage(w, page, o.Version) })
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) { serveStatus(w, o) })
+	mux.HandleFunc("GET /status/keys", func(w http.ResponseWriter, r *http.Request) { serveKeys(w, o.Keys) })
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) { serveMetrics(w, o) })
 	mux.HandleFunc("GET /events", func(w http.ResponseWriter, r *http.Request) { serveEvents(w, r, o.Events) })
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
@@ -180,6 +186,9 @@ func serveStatus(w http.ResponseWriter, o Options) {
 	buf.WriteByte(']')
 	if o.Groups != nil || o.Routing != nil {
 		writeModels(&buf, o.Groups, o.Routing)
+	}
+	if o.Keys != nil {
+		writeKeys(&buf, o.Keys, time.Now())
 	}
 	if o.Recent != nil {
 		b, _ := json.Marshal(o.Recent.List())
