@@ -16,6 +16,14 @@ type Window struct {
 	Set              bool
 	Limit, Remaining int64
 	Reset            time.Duration
+	text             string // Limit formatted (Principal.text), or ""
+}
+
+func (w *Window) limitText() string {
+	if w.text != "" {
+		return w.text
+	}
+	return strconv.FormatInt(w.Limit, 10)
 }
 
 // RateLimit is a principal's state for one answer's headers: Requests is
@@ -26,19 +34,19 @@ type RateLimit struct {
 	Requests, Tokens Window
 }
 
-func (rl *RateLimit) setRequests(limit int64, s limit.RateState) {
-	rl.Requests = Window{Set: true, Limit: limit, Remaining: int64(s.Remaining), Reset: s.Reset}
+func (rl *RateLimit) setRequests(p *Principal, s limit.RateState) {
+	rl.Requests = Window{Set: true, Limit: p.Limits.RequestsPerMinute, Remaining: int64(s.Remaining), Reset: s.Reset, text: p.text[0]}
 }
 
 // stateOf is p's token window for the headers from the budgets' state.
 func stateOf(p *Principal, s limit.TokenState, now time.Time) RateLimit {
 	var rl RateLimit
 	if n := p.Limits.TokensPerMinute; n > 0 {
-		rl.Tokens = Window{Set: true, Limit: n, Remaining: s.MinuteRemaining, Reset: s.MinuteReset}
+		rl.Tokens = Window{Set: true, Limit: n, Remaining: s.MinuteRemaining, Reset: s.MinuteReset, text: p.text[1]}
 	}
 	if n := p.Limits.TokensPerDay; n > 0 && (!rl.Tokens.Set || s.DayRemaining < rl.Tokens.Remaining ||
 		s.DayRemaining == rl.Tokens.Remaining && s.DayReset > rl.Tokens.Reset) {
-		rl.Tokens = Window{Set: true, Limit: n, Remaining: s.DayRemaining, Reset: s.DayReset}
+		rl.Tokens = Window{Set: true, Limit: n, Remaining: s.DayRemaining, Reset: s.DayReset, text: p.text[2]}
 	}
 	return rl
 }
@@ -66,16 +74,8 @@ const (
 // reset as a duration ("1s", "6m0s", "250ms"), rounded up to the
 // millisecond. Without any bound it sets nothing.
 func (rl *RateLimit) WriteOpenAI(h http.Header) {
-	if w := rl.Requests; w.Set {
-		h[HeaderLimitRequests] = []string{strconv.FormatInt(w.Limit, 10)}
-		h[HeaderRemainingRequests] = []string{strconv.FormatInt(w.Remaining, 10)}
-		h[HeaderResetRequests] = []string{resetDuration(w.Reset)}
-	}
-	if w := rl.Tokens; w.Set {
-		h[HeaderLimitTokens] = []string{strconv.FormatInt(w.Limit, 10)}
-		h[HeaderRemainingTokens] = []string{strconv.FormatInt(w.Remaining, 10)}
-		h[HeaderResetTokens] = []string{resetDuration(w.Reset)}
-	}
+	rl.write(h, [6]string{HeaderLimitRequests, HeaderRemainingRequests, HeaderResetRequests,
+		HeaderLimitTokens, HeaderRemainingTokens, HeaderResetTokens}, func(d time.Duration) string { return resetDuration(d) })
 }
 
 // WriteAnthropic sets Anthropic's headers (on /v1/messages) for every
@@ -83,15 +83,26 @@ func (rl *RateLimit) WriteOpenAI(h http.Header) {
 // -remaining, -reset and the tokens three, the reset as an RFC 3339 time
 // (now + reset, rounded up to the second).
 func (rl *RateLimit) WriteAnthropic(h http.Header, now time.Time) {
-	if w := rl.Requests; w.Set {
-		h[HeaderAnthropicRequestsLimit] = []string{strconv.FormatInt(w.Limit, 10)}
-		h[HeaderAnthropicRequestsRemaining] = []string{strconv.FormatInt(w.Remaining, 10)}
-		h[HeaderAnthropicRequestsReset] = []string{resetTime(now, w.Reset)}
+	rl.write(h, [6]string{HeaderAnthropicRequestsLimit, HeaderAnthropicRequestsRemaining, HeaderAnthropicRequestsReset,
+		HeaderAnthropicTokensLimit, HeaderAnthropicTokensRemaining, HeaderAnthropicTokensReset}, func(d time.Duration) string { return resetTime(now, d) })
+}
+
+// write sets the three names of each window that is set, the values in
+// one backing array (one allocation besides the numbers' strings).
+func (rl *RateLimit) write(h http.Header, names [6]string, reset func(time.Duration) string) {
+	if !rl.Requests.Set && !rl.Tokens.Set {
+		return
 	}
-	if w := rl.Tokens; w.Set {
-		h[HeaderAnthropicTokensLimit] = []string{strconv.FormatInt(w.Limit, 10)}
-		h[HeaderAnthropicTokensRemaining] = []string{strconv.FormatInt(w.Remaining, 10)}
-		h[HeaderAnthropicTokensReset] = []string{resetTime(now, w.Reset)}
+	back := make([]string, 0, 6) // never grown: the slices below stay views of it
+	for i, w := range [2]*Window{&rl.Requests, &rl.Tokens} {
+		if !w.Set {
+			continue
+		}
+		back = append(back, w.limitText(), strconv.FormatInt(w.Remaining, 10), reset(w.Reset))
+		n := len(back)
+		for k := range 3 {
+			h[names[3*i+k]] = back[n-3+k : n-2+k : n-2+k]
+		}
 	}
 }
 

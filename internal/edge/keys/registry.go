@@ -57,7 +57,7 @@ type Registry struct {
 // counters are one principal's usage since it was first counted.
 type counters struct {
 	requests, prompt, completion, estimated, refused atomic.Int64
-	since                                            atomic.Int64 // Unix ns of the first count
+	since                                            atomic.Int64 // Unix ns of the first count; 0 = none yet
 }
 
 // New returns a Registry serving s.
@@ -70,18 +70,27 @@ func New(s *Set) *Registry {
 // Swap makes s current: the next Authenticate sees it; requests admitted
 // under the previous set finish under it (K2). The counters and budgets
 // of the principals s still names are kept, those of the others dropped.
+// A Set belongs to one Registry: Swap gives its principals their counters.
 func (r *Registry) Swap(s *Set) {
-	r.set.Store(s)
 	keep := func(name string) bool { return s.byName[name] != nil }
-	r.rate.Retain(keep)
-	r.tokens.Retain(keep)
 	r.mu.Lock()
 	for n := range r.usage {
 		if !keep(n) {
 			delete(r.usage, n)
 		}
 	}
+	for n, p := range s.byName {
+		c := r.usage[n]
+		if c == nil {
+			c = &counters{}
+			r.usage[n] = c
+		}
+		p.c = c
+	}
 	r.mu.Unlock()
+	r.set.Store(s)
+	r.rate.Retain(keep)
+	r.tokens.Retain(keep)
 }
 
 // Set is the current key set.
@@ -166,7 +175,8 @@ type Ticket struct {
 // reservation made before a later refusal is given back). An admitted
 // request holds its slot and its token reservation until Ticket.Finish.
 func (r *Registry) Admit(p *Principal, estimate int64, now time.Time) (*Ticket, *Refusal) {
-	c := r.counters(p.Name, now)
+	c := p.c
+	c.since.CompareAndSwap(0, now.UnixNano())
 	res, err := r.tokens.Reserve(p.Name, p.tokenLimit(), estimate, now)
 	if err != nil {
 		return nil, r.refuse(p, c, err.(*limit.RefusedError), now)
@@ -181,7 +191,7 @@ func (r *Registry) Admit(p *Principal, estimate int64, now time.Time) (*Ticket, 
 	t := &Ticket{r: r, p: p, c: c, slot: slot, res: res}
 	t.RateLimit = stateOf(p, res.State, now)
 	if slot != nil && p.Limits.RequestsPerMinute > 0 {
-		t.RateLimit.setRequests(p.Limits.RequestsPerMinute, slot.Rate)
+		t.RateLimit.setRequests(p, slot.Rate)
 	}
 	return t, nil
 }
@@ -197,7 +207,7 @@ func (r *Registry) refuse(p *Principal, c *counters, re *limit.RefusedError, now
 func (r *Registry) refusedState(p *Principal, now time.Time) RateLimit {
 	rl := stateOf(p, r.tokens.State(p.Name, p.tokenLimit(), now), now)
 	if n := p.Limits.RequestsPerMinute; n > 0 {
-		rl.setRequests(n, r.rate.Rate(p.Name, clampInt(n), now))
+		rl.setRequests(p, r.rate.Rate(p.Name, clampInt(n), now))
 	}
 	return rl
 }
@@ -244,16 +254,3 @@ func (t *Ticket) Principal() *Principal { return t.p }
 
 // Estimate is the tokens the ticket reserved.
 func (t *Ticket) Estimate() int64 { return t.res.Estimate() }
-
-// counters returns name's counters, made at now if new.
-func (r *Registry) counters(name string, now time.Time) *counters {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	c := r.usage[name]
-	if c == nil {
-		c = &counters{}
-		c.since.Store(now.UnixNano())
-		r.usage[name] = c
-	}
-	return c
-}

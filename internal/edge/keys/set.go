@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strconv"
 	"time"
 
 	"iop/internal/edge/config"
@@ -41,6 +42,11 @@ type Principal struct {
 	RevokedAt  time.Time // zero = not revoked (K2)
 	Hint       string    // the key's hint (store keys), for people
 	CreatedAt  time.Time
+
+	c *counters // set by Registry.Swap before the set is current
+	// text holds Limits' requests per minute, tokens per minute and per
+	// day as header values, formatted once.
+	text [3]string
 }
 
 // Allows reports whether the principal may call model (K4): every model
@@ -175,8 +181,11 @@ func Build(apiKeys []config.APIKey, st *keystore.Store, hasStore bool, edgeCount
 			}
 		}
 	}
-	for n := range s.byName {
+	for n, p := range s.byName {
 		s.names = append(s.names, n)
+		for i, v := range [3]int64{p.Limits.RequestsPerMinute, p.Limits.TokensPerMinute, p.Limits.TokensPerDay} {
+			p.text[i] = strconv.FormatInt(v, 10)
+		}
 	}
 	sort.Strings(s.names)
 	return s, nil

@@ -160,7 +160,7 @@ func (r *Registry) Restore(u *keystore.Usage, now time.Time) {
 		if s.byName[ku.Name] == nil {
 			continue
 		}
-		c := &counters{}
+		c := r.usage[ku.Name] // Swap made one for every principal
 		c.requests.Store(ku.Requests)
 		c.prompt.Store(ku.PromptTokens)
 		c.completion.Store(ku.CompletionTokens)
@@ -168,10 +168,7 @@ func (r *Registry) Restore(u *keystore.Usage, now time.Time) {
 		c.refused.Store(ku.Refused)
 		if !ku.Since.IsZero() {
 			c.since.Store(ku.Since.UnixNano())
-		} else {
-			c.since.Store(now.UnixNano())
 		}
-		r.usage[ku.Name] = c
 		ts := limit.TokenSnapshot{Principal: ku.Name, MinuteEmptyAt: ku.MinuteEmptyAt}
 		if d, err := time.Parse(time.DateOnly, ku.Day); err == nil {
 			ts.Day, ts.DayUsed = d, ku.DayTokens
