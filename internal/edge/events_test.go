@@ -6,15 +6,16 @@ import (
 
 	"iop/internal/edge/events"
 	"iop/internal/edge/pool"
+	"iop/internal/protocol"
 )
 
-// N4, H8–H10, issue 11/15: provider health changes the pool applies reach
+// N4, H8–H10: provider health changes the pool applies reach
 // the droppable fan-out as provider.* events naming node and provider;
 // changes the pool refuses publish nothing.
 func TestProviderEvents(t *testing.T) {
 	k := pool.Key{Node: "gpu-1", Provider: "ollama"}
 	p := pool.New(pool.Config{Nodes: []string{"gpu-1"}, Resources: []pool.Resource{{Key: k, Type: "ollama", Capacity: 1,
-		LongCapacity: 1, Operations: []string{pool.OpChatCompletions}}}}, pool.SystemClock())
+		LongCapacity: 1, Operations: []string{protocol.OpChatCompletions}}}}, pool.SystemClock())
 	bus := &events.Bus{}
 	ch, cancel := bus.Subscribe(8)
 	defer cancel()

@@ -17,6 +17,7 @@ package access
 
 import (
 	"context"
+	"iop/internal/protocol"
 	"log/slog"
 	"time"
 	"unicode/utf8"
@@ -25,7 +26,7 @@ import (
 // Outcome is how one request ended; every request gets exactly one.
 type Outcome string
 
-// The outcomes (issue 15). The HTTP layer sets ClientCancelled itself;
+// The outcomes. The HTTP layer sets ClientCancelled itself;
 // Classify derives the others from the response.
 const (
 	// OK: the response was complete (2xx/3xx, no error event).
@@ -68,7 +69,7 @@ const (
 // Error codes whose outcome is not told by the status alone.
 const (
 	// CodeStalled is failure_code response_stalled (SPEC H1).
-	CodeStalled = "response_stalled"
+	CodeStalled = string(protocol.CodeResponseStalled)
 	// CodeResponseTimeout is the Edge's response-wait timeout.
 	CodeResponseTimeout = "response_timeout"
 	// CodeNoProvider is a queue wait that ran out (SPEC Q4).
@@ -80,7 +81,7 @@ const (
 	CodeShutdown = "edge_shutdown"
 	// CodeNodeShutdown ends a request its node's own drain timeout cut
 	// (the node's SIGTERM; 503 or an error event).
-	CodeNodeShutdown = "node_shutdown"
+	CodeNodeShutdown = string(protocol.CodeNodeShutdown)
 	// CodeTooManyConnections and CodeOverloaded are the Edge's own load
 	// shedding (http.max_connections, http.max_inflight_body_bytes; 503
 	// with Retry-After, internal/edge/api limits.go): rate_limited.

@@ -20,6 +20,7 @@ import (
 	"iop/internal/edge/config"
 	"iop/internal/edge/pool"
 	"iop/internal/leakcheck"
+	"iop/internal/protocol"
 	"iop/internal/sse"
 	iop "iop/proto/gen/iop"
 )
@@ -126,7 +127,7 @@ func requestsTotal(t *testing.T, m *access.Metrics, labels string) string {
 	return "0"
 }
 
-// Issue 15: every outcome, on both paths (tunnel and run), appears exactly
+// every outcome, on both paths (tunnel and run), appears exactly
 // once in the access log (with its status, path and request id) and in
 // iop_edge_requests_total; the client's X-Request-Id comes back on the
 // response (errors included) and reaches the node in the request.
@@ -163,10 +164,10 @@ func TestAccessOutcomes(t *testing.T) {
 			r.st.run(evStart(), evDelta(2, "partial"), evError(3, "upstream_error", "reset"))
 		}},
 		{outcome: access.Stalled, typ: tun, status: 504, prime: func(r *rig) {
-			r.st.frames(fError(failureStalled, "stalled"))
+			r.st.frames(fError(protocol.CodeResponseStalled.String(), "stalled"))
 		}},
 		{outcome: access.Stalled, typ: run, status: 200, body: streamBody, prime: func(r *rig) {
-			r.st.run(evStart(), evDelta(2, "partial"), evError(3, failureStalled, "stalled"))
+			r.st.run(evStart(), evDelta(2, "partial"), evError(3, protocol.CodeResponseStalled.String(), "stalled"))
 		}},
 		{outcome: access.Rejected, typ: tun, status: 400, prime: func(r *rig) {
 			r.st.frames(fStart(400, "Content-Type", "application/json"), fBody([]byte(`{"error":"bad"}`)), fEnd())
@@ -267,7 +268,7 @@ func atoi(t *testing.T, s string) int {
 	return n
 }
 
-// Issue 15: requests that never reach a provider are accounted too, with
+// requests that never reach a provider are accounted too, with
 // path "none", and carry X-Request-Id (minted when the client sent none):
 // rejected (bad input, unknown path, unknown model), rate_limited (queue
 // full), timeout (no provider in time) and client_cancelled (left while
@@ -334,7 +335,7 @@ func TestAccessBeforeDispatch(t *testing.T) {
 	}
 }
 
-// Issue 15 (drain): after Drain every request is refused with 503,
+// after Drain every request is refused with 503,
 // Retry-After and Connection: close in its surface's shape; Stop ends a
 // stream in flight with an error event in its shape (code edge_shutdown),
 // the node work is cancelled and the lease goes back once.
@@ -386,7 +387,7 @@ func TestDrainAndStop(t *testing.T) {
 	}
 }
 
-// Issue 15, Q2 (edge.Run returns with every lease back): WaitDetached
+// Q2 (edge.Run returns with every lease back): WaitDetached
 // waits for the goroutine that keeps a cancelled stream's lease until the
 // node confirms the cancel, and returns once the lease went back — here
 // when the node's session is lost (what closing the sessions at exit does).
@@ -423,7 +424,7 @@ func TestWaitDetached(t *testing.T) {
 	})
 }
 
-// Issue 15: a client that half-closes its connection (shuts down its
+// a client that half-closes its connection (shuts down its
 // sending side, still reading) is taken for gone by net/http; it must not
 // read a "200 OK" with an empty body, a success, where the access record
 // says 499: the edge aborts the connection without a response.
@@ -466,7 +467,7 @@ func TestAccessClientHalfClosedGetsNoFakeSuccess(t *testing.T) {
 	}
 }
 
-// Issue 15: an error message that quotes the client's input (an unknown
+// an error message that quotes the client's input (an unknown
 // model or field name, up to http.max_body_bytes) is kept in the access
 // record, hence the log line and /status's last errors, at most
 // access.MaxErrorLen bytes, cut at a UTF-8 boundary; the 404's own message
@@ -510,7 +511,7 @@ func TestAccessErrorMessageBounded(t *testing.T) {
 	}
 }
 
-// Issue 15: a client that closes its connection before its request body
+// a client that closes its connection before its request body
 // has arrived left: one access line, client_cancelled with status 499
 // (nothing is written), not a rejected 400, and no "last errors" entry.
 func TestAccessClientLeftDuringBody(t *testing.T) {

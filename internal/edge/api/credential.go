@@ -12,12 +12,6 @@ type Credentials interface {
 	Lease(r creds.Request) (*iop.CredentialLease, *iop.CredentialLeaseBinding, error)
 }
 
-// Failure codes of a node that refused a request's lease (SPEC C4).
-const (
-	failureCredentialRequired = "credential_required"
-	failureCredentialInvalid  = "credential_invalid"
-)
-
 // credential returns the lease and binding of x's current provider lease
 // (SPEC C2: after provider selection, for exactly that node, provider and
 // target; a re-dispatch asks again for the new provider). ok is false when

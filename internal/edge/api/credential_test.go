@@ -10,6 +10,7 @@ import (
 	"iop/internal/edge/config"
 	"iop/internal/edge/creds"
 	"iop/internal/leakcheck"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -114,8 +115,8 @@ func TestCredentialRejectedByNode(t *testing.T) {
 		name, code, path string
 		anthropic        bool
 	}{
-		{"C4 expired lease", failureCredentialInvalid, "/v1/chat/completions", false},
-		{"C4 lease required", failureCredentialRequired, "/v1/messages", true},
+		{"C4 expired lease", protocol.CodeCredentialInvalid.String(), "/v1/chat/completions", false},
+		{"C4 lease required", protocol.CodeCredentialRequired.String(), "/v1/messages", true},
 	}
 	for _, row := range rows {
 		t.Run(row.name, func(t *testing.T) {

@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"iop/internal/edge/access"
-	"iop/internal/edge/config"
 	"iop/internal/edge/pool"
 	apisurface "iop/internal/edge/surface"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -115,7 +115,7 @@ func appendErrorEvent(dst []byte, ep *endpoint, e *apiError) []byte {
 	switch {
 	case ep.surface == surfaceAnthropic:
 		dst = append(dst, "event: error\n"...)
-	case ep.operation == config.OpResponses:
+	case ep.operation == protocol.OpResponses:
 		se := e.surface()
 		dst = append(dst, "event: error\ndata: {\"type\":\"error\",\"code\":"...)
 		dst = apisurface.AppendNullable(dst, se.Code)
@@ -171,121 +171,77 @@ func poolError(model string, err error) *apiError {
 	}
 }
 
-// Failure codes a node puts on RunEvent/ProviderTunnelFrame ERROR.
-const (
-	failureStalled        = "response_stalled"
-	failureOverCapacity   = "over_capacity"
-	failureInvalid        = "invalid_request"
-	failureUpstreamStatus = "upstream_status"  // run path: upstream_status (and retry_after_ms) set
-	failureConnect        = "upstream_connect" // no connection to the backend
-	failureReset          = "upstream_reset"   // closed or reset before the response head
-	failureUpstreamError  = "upstream_error"   // broken after the response head
-	// failureNodeShutdown: the node's own drain timeout cancelled the work
-	// (its SIGTERM, issue 15); access.CodeNodeShutdown.
-	failureNodeShutdown = access.CodeNodeShutdown
-)
-
 // runFailure is the client-visible error of a run's ERROR event.
 func runFailure(ev *iop.RunEvent) *apiError {
-	e := nodeFailure(ev.FailureCode, ev.Error, ev.UpstreamStatus, ev.Failure)
+	e := nodeFailure(ev.FailureCode, ev.Message, ev.Error, ev.UpstreamStatus, ev.Failure)
 	if ra := time.Duration(ev.RetryAfterMs) * time.Millisecond; ra > 0 && ev.UpstreamStatus > 0 {
 		e.retryAfter = ra
 	}
 	// An invalid request the node refused may name its field
 	// (RunEvent.param): the client's 400 says it in "param".
-	if p := ev.GetParam(); ev.FailureCode == failureInvalid && p != "" && len(p) <= 64 {
+	if p := ev.GetParam(); ev.FailureCode == protocol.CodeInvalidRequest.String() && p != "" && len(p) <= 64 {
 		e.param = p
 	}
 	return e
 }
 
-// nodeFailure maps a node's ERROR terminal to the client-visible error
-// (issue 11: the upstream's class, with its message, never an upstream
-// address or adapter name): a stall is 504 (SPEC H1); the node's capacity
-// gate 503; the node's drain timeout 503 (node_shutdown); an upstream status on the run path keeps its class — 429 with a
-// Retry-After (the upstream's, else 1 s), 503, 504, a client error (400,
-// 413, 422 …) with the upstream's message, any other 5xx 502 with it — but
-// 401, 403, 404 and 407 describe the provider's own setup and are 502; an
-// invalid request 400; no connection or no answer 502; anything else 502.
-// upstreamStatus is the upstream's HTTP status when it answered one (run
-// path only).
-func nodeFailure(code, msg string, upstreamStatus int32, failure *iop.ExecutionFailure) *apiError {
+// nodeFailure maps a node's ERROR terminal to the client-visible error:
+// the code's row of protocol.Failures (its status, code and words, with the
+// terminal's message where the row takes one), except that an upstream
+// status on the terminal (run path only) keeps its class for the codes
+// that are not the node's own state (SPEC T5): 429 with a Retry-After (the
+// upstream's, else 1 s), 503 and 504, a client error (400, 413, 422 …) with
+// the upstream's message, any other 5xx 502 with it; 401, 403, 404 and 407
+// describe the provider's own setup and are 502. A stall names its idle
+// time (SPEC H1). message is the terminal's message field, never its
+// legacy error string: that one names the adapter instance and goes to the
+// operator's log only (detail).
+func nodeFailure(code, message, legacy string, upstreamStatus int32, failure *iop.ExecutionFailure) *apiError {
+	f, _ := protocol.Lookup(code)
 	st := int(upstreamStatus)
-	switch {
-	case code == failureStalled:
-		m := "the provider stopped responding (response stalled)"
-		if failure != nil && failure.IdleMs > 0 {
-			m = fmt.Sprintf("the provider stopped responding: no output for %d ms (response stalled)", failure.IdleMs)
-		}
-		return &apiError{status: http.StatusGatewayTimeout, typ: "server_error", code: failureStalled, msg: m}
-	case code == failureOverCapacity:
-		return &apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: failureOverCapacity, retryAfter: time.Second,
-			msg: "the provider is at capacity; retry later"}
-	case code == failureNodeShutdown:
-		return &apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: failureNodeShutdown, retryAfter: time.Second,
-			msg: "the provider's node shut down before the response was complete; retry"}
-	case code == failureCredentialRequired || code == failureCredentialInvalid:
-		e := badGateway("credential_rejected", "the provider's node refused the request's credential lease: "+clientDetail(msg))
-		e.detail = msg
-		return e
-	case st == http.StatusTooManyRequests:
-		return &apiError{status: st, typ: "rate_limit_error", code: "rate_limited", retryAfter: time.Second,
-			msg: "the provider is rate limited: " + clientDetail(msg), detail: msg}
-	case passThroughStatus(st):
-		return &apiError{status: st, typ: "invalid_request_error", code: code, msg: "provider rejected the request: " + clientDetail(msg),
-			detail: msg}
-	case st == http.StatusServiceUnavailable || st == http.StatusGatewayTimeout:
-		return &apiError{status: st, typ: "server_error", code: "provider_unavailable",
-			msg: "the provider is unavailable: " + clientDetail(msg), detail: msg}
-	case st >= 500 && st <= 599:
-		e := badGateway("provider_error", "the provider failed: "+clientDetail(msg))
-		e.detail = msg
-		return e
-	case code == failureInvalid:
-		return &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", code: code,
-			msg: "invalid request: " + clientDetail(msg), detail: msg}
-	case code == failureConnect:
-		e := badGateway("provider_unreachable", "the provider could not be reached")
-		e.detail = msg
-		return e
-	case code == failureReset:
-		e := badGateway("provider_error", "the provider closed the connection without answering")
-		e.detail = msg
-		return e
-	default:
-		if msg == "" {
-			msg = "unknown error"
-		}
-		e := badGateway("provider_error", "the provider failed to answer")
-		e.detail = msg
-		return e
+	if legacy == "" {
+		legacy = "unknown error"
 	}
+	with := func(words string) string {
+		if message == "" {
+			return strings.TrimSuffix(words, ": ")
+		}
+		return words + message
+	}
+	switch {
+	case !f.Fixed && st == http.StatusTooManyRequests:
+		return &apiError{status: st, typ: "rate_limit_error", code: "rate_limited", retryAfter: time.Second,
+			msg: with("the provider is rate limited: "), detail: legacy}
+	case !f.Fixed && passThroughStatus(st):
+		return &apiError{status: st, typ: "invalid_request_error", code: code, msg: with("provider rejected the request: "),
+			detail: legacy}
+	case !f.Fixed && (st == http.StatusServiceUnavailable || st == http.StatusGatewayTimeout):
+		return &apiError{status: st, typ: "server_error", code: "provider_unavailable",
+			msg: with("the provider is unavailable: "), detail: legacy}
+	case !f.Fixed && st >= 500 && st <= 599:
+		return &apiError{status: http.StatusBadGateway, typ: "server_error", code: "provider_error",
+			msg: with("the provider failed: "), detail: legacy}
+	}
+	e := &apiError{status: f.Status, typ: errorType(f.Status), code: f.ClientCode, msg: f.Message,
+		retryAfter: time.Duration(f.RetryAfter) * time.Second, detail: legacy}
+	switch {
+	case f.Code == protocol.CodeResponseStalled && failure != nil && failure.IdleMs > 0:
+		e.msg = fmt.Sprintf("the provider stopped responding: no output for %d ms (response stalled)", failure.IdleMs)
+	case strings.HasSuffix(f.Message, ": "):
+		e.msg = with(f.Message)
+	}
+	return e
 }
 
-// clientDetail is the part of a node's error message a client may see: the
-// node prefixes the adapter instance (`adapter "name": `), which names
-// internal topology, and the status (`upstream status 503: `); Go decoding
-// errors name internal types.
-func clientDetail(msg string) string {
-	if strings.HasPrefix(msg, "adapter ") {
-		if i := strings.Index(msg, ": "); i > 0 {
-			msg = msg[i+2:]
-		}
+// errorType is the OpenAI error type of a status.
+func errorType(status int) string {
+	switch {
+	case status == http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case status >= 400 && status < 500:
+		return "invalid_request_error"
 	}
-	// The node's "invalid run input: " prefix (the 400 says "invalid
-	// request: " already).
-	msg = strings.TrimPrefix(msg, "invalid run input: ")
-	// The node's "upstream status NNN: " prefix before the upstream's own
-	// message (the status is the response's already).
-	if rest, ok := strings.CutPrefix(msg, "upstream status "); ok {
-		if i := strings.Index(rest, ": "); i > 0 {
-			msg = rest[i+2:]
-		}
-	}
-	if i := strings.Index(msg, "Go struct field"); i >= 0 {
-		msg = strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(msg[:i]), "of"))
-	}
-	return msg
+	return "server_error"
 }
 
 // passThroughStatus says which upstream statuses on the run path reach the

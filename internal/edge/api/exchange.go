@@ -16,6 +16,7 @@ import (
 	"iop/internal/edge/dispatch"
 	"iop/internal/edge/pool"
 	"iop/internal/jsonscan"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -147,7 +148,7 @@ func foldedHeadKey(raw []byte, ep *endpoint) string {
 
 // exchange is one admitted request: its response, lease and outcome. It is
 // what the Edge keeps per request for the stream's whole life, so it holds
-// nothing that only the start needs once the first byte went out (issue 7).
+// nothing that only the start needs once the first byte went out.
 type exchange struct {
 	ctx   context.Context // the request's context, carrying the principal
 	r     *http.Request
@@ -173,7 +174,7 @@ type exchange struct {
 	released bool
 	ok       bool // a success outcome was written
 	head     head
-	// Re-dispatch (retry.go; SPEC H11, issue 11): the providers this
+	// Re-dispatch (retry.go; SPEC H11): the providers this
 	// request was sent to, in order (never one twice), how many it may be
 	// sent to, the deadline for re-dispatching after a failure (arrival +
 	// queue.wait_timeout_ms; zero = none), and the upstream statuses that
@@ -387,7 +388,7 @@ func (h *Handler) startFailed(x *exchange, err error) {
 func (h *Handler) responseWait(l *pool.Lease) time.Duration {
 	ms := l.StallTimeoutMs
 	if ms <= 0 {
-		ms = config.DefaultStallTimeoutMs
+		ms = protocol.DefaultStallTimeoutMs // a lease always carries one (config.EffectiveStallTimeoutMs); fakes may not
 	}
 	grace := h.o.ResponseWaitGrace
 	if ms > (math.MaxInt64-int64(grace))/int64(time.Millisecond) {
@@ -537,8 +538,8 @@ func (h *Handler) recvFailed(x *exchange, st dispatch.Stream, s sink, ctx contex
 		}
 	case errors.Is(err, dispatch.ErrNodeDrained):
 		// A dispatch that met a node already closing after its drain: the
-		// node never started it (issue 15). 503 with Retry-After, not 502.
-		e = nodeFailure(failureNodeShutdown, "", 0, nil)
+		// node never started it. 503 with Retry-After, not 502.
+		e = nodeFailure(protocol.CodeNodeShutdown.String(), "", "", 0, nil)
 		if h.retryLost(x, s, e) {
 			return false
 		}

@@ -22,6 +22,7 @@ import (
 	"iop/internal/edge/limit"
 	"iop/internal/edge/pool"
 	"iop/internal/edge/routing"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -108,8 +109,8 @@ type Handler struct {
 	view    atomic.Pointer[view]
 	bufs    sync.Pool // *[]byte: encoding buffers of run-path responses (runSink)
 	drain   *drainer
-	lim     limits          // connections, body bytes and per-key bounds (issue 12)
-	hasher  *routing.Hasher // conversation prefixes for prefix_affinity groups (issue 16)
+	lim     limits          // connections, body bytes and per-key bounds
+	hasher  *routing.Hasher // conversation prefixes for prefix_affinity groups
 	retries [nRetryReasons]atomic.Uint64
 }
 
@@ -150,7 +151,7 @@ type view struct {
 	keyLimits map[string]limit.KeyLimit
 	models    []byte // the GET /v1/models body
 	// affinity names the model groups routed by prefix_affinity: only
-	// their requests carry a conversation prefix (issue 16).
+	// their requests carry a conversation prefix.
 	affinity map[string]bool
 	bounds   map[string]int // model → models[].max_attempts in effect
 	statuses []int          // outlier_detection.statuses in effect
@@ -245,12 +246,12 @@ type endpoint struct {
 }
 
 var (
-	epChat        = endpoint{surfaceOpenAI, config.OpChatCompletions, "/v1/chat/completions", runChat, "messages"}
-	epResponses   = endpoint{surfaceOpenAI, config.OpResponses, "/v1/responses", runResponses, ""}
-	epMessages    = endpoint{surfaceAnthropic, config.OpMessages, "/v1/messages", runMessages, "messages"}
-	epCountTokens = endpoint{surfaceAnthropic, config.OpCountTokens, "/v1/messages/count_tokens", runCountTokens, "messages"}
-	epCompletions = endpoint{surfaceOpenAI, config.OpCompletions, "/v1/completions", runNone, ""}
-	epEmbeddings  = endpoint{surfaceOpenAI, config.OpEmbeddings, "/v1/embeddings", runEmbeddings, ""}
+	epChat        = endpoint{surfaceOpenAI, protocol.OpChatCompletions, "/v1/chat/completions", runChat, "messages"}
+	epResponses   = endpoint{surfaceOpenAI, protocol.OpResponses, "/v1/responses", runResponses, ""}
+	epMessages    = endpoint{surfaceAnthropic, protocol.OpMessages, "/v1/messages", runMessages, "messages"}
+	epCountTokens = endpoint{surfaceAnthropic, protocol.OpCountTokens, "/v1/messages/count_tokens", runCountTokens, "messages"}
+	epCompletions = endpoint{surfaceOpenAI, protocol.OpCompletions, "/v1/completions", runNone, ""}
+	epEmbeddings  = endpoint{surfaceOpenAI, protocol.OpEmbeddings, "/v1/embeddings", runEmbeddings, ""}
 )
 
 // ServeHTTP routes one request. Unknown paths get 404 and known paths with
@@ -289,7 +290,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// net/http takes for leaving) before anything was written. Return
 		// without writing and net/http would send "200 OK" with an empty
 		// body, a success to a client still reading; abort the connection
-		// instead, as the access record's 499 says (issue 15). The deferred
+		// instead, as the access record's 499 says. The deferred
 		// access record and releases run first.
 		panic(http.ErrAbortHandler)
 	}
@@ -324,7 +325,7 @@ func surfaceFor(path string) surface {
 func surfaceOf(path string) string {
 	switch path {
 	case "/v1/models":
-		return config.OpModels
+		return protocol.OpModels
 	case epChat.path:
 		return epChat.operation
 	case epResponses.path:

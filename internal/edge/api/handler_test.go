@@ -12,6 +12,7 @@ import (
 	"iop/internal/edge/config"
 	"iop/internal/edge/pool"
 	"iop/internal/leakcheck"
+	"iop/internal/protocol"
 )
 
 // errorShape decodes an error body of either surface.
@@ -261,16 +262,16 @@ func TestAcquireRequest(t *testing.T) {
 	rows := []struct {
 		path, body, op string
 	}{
-		{"/v1/chat/completions", chatBody, config.OpChatCompletions},
-		{"/v1/responses", `{"model":"tiny","input":"hi"}`, config.OpResponses},
-		{"/v1/messages", chatBody, config.OpMessages},
-		{"/v1/messages/count_tokens", chatBody, config.OpCountTokens},
+		{"/v1/chat/completions", chatBody, protocol.OpChatCompletions},
+		{"/v1/responses", `{"model":"tiny","input":"hi"}`, protocol.OpResponses},
+		{"/v1/messages", chatBody, protocol.OpMessages},
+		{"/v1/messages/count_tokens", chatBody, protocol.OpCountTokens},
 	}
 	for _, routing := range []string{"least_loaded", "prefix_affinity"} {
 		for _, row := range rows {
-			// issue 16: only a prefix_affinity group's requests carry a
+			// only a prefix_affinity group's requests carry a
 			// conversation prefix, and count_tokens never does.
-			wantPrefix := routing == "prefix_affinity" && row.op != config.OpCountTokens
+			wantPrefix := routing == "prefix_affinity" && row.op != protocol.OpCountTokens
 			t.Run(fmt.Sprintf("Q3 issue16 %s %s", row.op, routing), func(t *testing.T) {
 				r := newRig(t, config.TypeOpenAICompat, nil)
 				r.cfg.Models[0].Routing = routing

@@ -14,10 +14,11 @@ import (
 	"iop/internal/edge/health"
 	"iop/internal/edge/outlier"
 	"iop/internal/edge/pool"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
-// Re-dispatch before the first byte (issue 11, SPEC H11).
+// Re-dispatch before the first byte (SPEC H11).
 //
 // A request whose attempt fails before anything reached the client, in a
 // way another provider may not share, goes to a candidate of its model
@@ -146,18 +147,20 @@ func (x *exchange) statusReason(status int) (retryReason, bool) {
 	return 0, false
 }
 
-// codeReason classifies a node's failure code of an ERROR terminal.
+// codeReason classifies a node's failure code of an ERROR terminal by its
+// retry class (protocol.Failures).
 func codeReason(code string) (retryReason, bool) {
-	switch code {
-	case failureConnect:
+	f, _ := protocol.Lookup(code)
+	switch f.Retry {
+	case protocol.RetryConnect:
 		return retryConnect, true
-	case failureReset:
+	case protocol.RetryReset:
 		return retryReset, true
-	case failureUpstreamError:
+	case protocol.RetryProviderError:
 		return retryProviderError, true
-	case failureOverCapacity:
+	case protocol.RetryOverCapacity:
 		return retryOverCapacity, true
-	case failureNodeShutdown:
+	case protocol.RetryNodeLost:
 		return retryNodeLost, true // the node went away; nothing reached the client
 	}
 	return 0, false
@@ -216,7 +219,7 @@ func (h *Handler) holdFailure(x *exchange, s sink, env *iop.Envelope) holdResult
 			return holdNone
 		}
 		reason, ok := codeReason(ev.GetFailureCode())
-		if ev.GetFailureCode() == failureUpstreamStatus {
+		if ev.GetFailureCode() == protocol.CodeUpstreamStatus.String() {
 			reason, ok = x.statusReason(int(ev.GetUpstreamStatus()))
 		}
 		if ok && h.mayRetry(x, false) {
@@ -362,12 +365,13 @@ func (h *Handler) observe(x *exchange, env *iop.Envelope) {
 		switch ev.GetType() {
 		case iop.RunEventType_RUN_EVENT_DELTA, iop.RunEventType_RUN_EVENT_COMPLETE:
 		case iop.RunEventType_RUN_EVENT_ERROR:
-			switch ev.GetFailureCode() {
-			case failureConnect:
+			f, _ := protocol.Lookup(ev.GetFailureCode())
+			switch f.Health {
+			case protocol.HealthConnect:
 				reason, fail = outlier.ReasonConnect, true
-			case failureReset:
+			case protocol.HealthReset:
 				reason, fail = outlier.ReasonReset, true
-			case failureUpstreamStatus:
+			case protocol.HealthByStatus:
 				reason, fail = statusOutlier(x, int(ev.GetUpstreamStatus()))
 				retryAfter = time.Duration(ev.GetRetryAfterMs()) * time.Millisecond
 			default:
@@ -385,10 +389,10 @@ func (h *Handler) observe(x *exchange, env *iop.Envelope) {
 				retryAfter = parseRetryAfter(headerValue(f.GetHeaders(), "Retry-After"), time.Now())
 			}
 		case iop.TunnelFrameKind_TUNNEL_FRAME_ERROR:
-			switch f.GetFailureCode() {
-			case failureConnect:
+			switch c, _ := protocol.Lookup(f.GetFailureCode()); c.Health {
+			case protocol.HealthConnect:
 				reason, fail = outlier.ReasonConnect, true
-			case failureReset:
+			case protocol.HealthReset:
 				reason, fail = outlier.ReasonReset, true
 			default:
 				return

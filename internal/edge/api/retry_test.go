@@ -19,6 +19,7 @@ import (
 	"iop/internal/edge/outlier"
 	"iop/internal/edge/pool"
 	"iop/internal/leakcheck"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -67,7 +68,8 @@ type failure struct {
 func reasonPtr(r outlier.Reason) *outlier.Reason { return &r }
 
 func runStatus(status int32, retryAfterMs int64, msg string) *iop.RunEvent {
-	ev := evError(2, failureUpstreamStatus, `adapter "ollama": upstream status `+msg)
+	ev := evError(2, protocol.CodeUpstreamStatus.String(), `adapter "ollama": upstream status `+msg)
+	_, ev.Message, _ = strings.Cut(msg, ": ") // the upstream's own message, as the node sends it
 	ev.UpstreamStatus, ev.RetryAfterMs = status, retryAfterMs
 	return ev
 }
@@ -77,20 +79,20 @@ func tunnelStatus(status int32, body string, hdr ...string) []*iop.ProviderTunne
 		fBody([]byte(body)), fEnd()}
 }
 
-// failures is the issue's table of failure kinds (issue 11). The idle-close
+// failures is the issue's table of failure kinds. The idle-close
 // race reaches the Edge as upstream_reset: the node never resends a POST it
 // wrote (internal/node/adapter/client.go).
 func failures() []failure {
-	sf := stalledFailure("ollama", "tiny:latest", health.Available, 1)
+	sf := stalledFailure("ollama", "tiny:latest", protocol.HealthAvailable, 1)
 	return []failure{
-		{name: "connect refused", events: []*iop.RunEvent{evStart(), evError(2, failureConnect, `adapter "ollama": dial tcp 10.0.0.1:11434: connect: connection refused`)},
-			frames: []*iop.ProviderTunnelFrame{fError(failureConnect, "dial tcp: connection refused")},
+		{name: "connect refused", events: []*iop.RunEvent{evStart(), evError(2, protocol.CodeUpstreamConnect.String(), `adapter "ollama": dial tcp 10.0.0.1:11434: connect: connection refused`)},
+			frames: []*iop.ProviderTunnelFrame{fError(protocol.CodeUpstreamConnect.String(), "dial tcp: connection refused")},
 			reason: "connect", eject: reasonPtr(outlier.ReasonConnect)},
-		{name: "reset before the first byte", events: []*iop.RunEvent{evStart(), evError(2, failureReset, "EOF")},
-			frames: []*iop.ProviderTunnelFrame{fError(failureReset, "connection reset by peer")},
+		{name: "reset before the first byte", events: []*iop.RunEvent{evStart(), evError(2, protocol.CodeUpstreamReset.String(), "EOF")},
+			frames: []*iop.ProviderTunnelFrame{fError(protocol.CodeUpstreamReset.String(), "connection reset by peer")},
 			reason: "reset", eject: reasonPtr(outlier.ReasonReset)},
-		{name: "idle-close race (upstream_reset)", events: []*iop.RunEvent{evStart(), evError(2, failureReset, "server closed idle connection")},
-			frames: []*iop.ProviderTunnelFrame{fError(failureReset, "server closed idle connection")},
+		{name: "idle-close race (upstream_reset)", events: []*iop.RunEvent{evStart(), evError(2, protocol.CodeUpstreamReset.String(), "server closed idle connection")},
+			frames: []*iop.ProviderTunnelFrame{fError(protocol.CodeUpstreamReset.String(), "server closed idle connection")},
 			reason: "reset", eject: reasonPtr(outlier.ReasonReset)},
 		{name: "500", events: []*iop.RunEvent{evStart(), runStatus(500, 0, "500: boom")},
 			frames: tunnelStatus(500, `{"error":{"message":"boom"}}`), reason: "status", eject: reasonPtr(outlier.ReasonStatus)},
@@ -106,13 +108,13 @@ func failures() []failure {
 			frames: tunnelStatus(429, `{"error":{"message":"slow down"}}`), reason: "rate_limited", eject: reasonPtr(outlier.ReasonRateLimited)},
 		{name: "stall", events: []*iop.RunEvent{evStart(), evStall(2, sf)},
 			frames: []*iop.ProviderTunnelFrame{fStart(200, "Content-Type", "text/event-stream"), fStall(sf)}, reason: "stall"},
-		{name: "upstream error after the response head, before any byte reached the client", events: []*iop.RunEvent{evStart(), evError(2, failureUpstreamError, "stream ended before done")},
-			frames: []*iop.ProviderTunnelFrame{fStart(200, "Content-Type", "application/json"), fError(failureUpstreamError, "unexpected EOF")},
+		{name: "upstream error after the response head, before any byte reached the client", events: []*iop.RunEvent{evStart(), evError(2, protocol.CodeUpstreamError.String(), "stream ended before done")},
+			frames: []*iop.ProviderTunnelFrame{fStart(200, "Content-Type", "application/json"), fError(protocol.CodeUpstreamError.String(), "unexpected EOF")},
 			reason: "provider_error"},
-		{name: "node capacity gate", events: []*iop.RunEvent{evStart(), evError(2, failureOverCapacity, "at capacity")},
-			frames: []*iop.ProviderTunnelFrame{fError(failureOverCapacity, "at capacity")}, reason: "over_capacity"},
-		{name: "the node's drain timeout (issue 15)", events: []*iop.RunEvent{evStart(), evError(2, failureNodeShutdown, "run cancelled: the node is shutting down")},
-			frames: []*iop.ProviderTunnelFrame{fError(failureNodeShutdown, "tunnel cancelled: the node is shutting down")}, reason: "node_lost"},
+		{name: "node capacity gate", events: []*iop.RunEvent{evStart(), evError(2, protocol.CodeOverCapacity.String(), "at capacity")},
+			frames: []*iop.ProviderTunnelFrame{fError(protocol.CodeOverCapacity.String(), "at capacity")}, reason: "over_capacity"},
+		{name: "the node's drain timeout", events: []*iop.RunEvent{evStart(), evError(2, protocol.CodeNodeShutdown.String(), "run cancelled: the node is shutting down")},
+			frames: []*iop.ProviderTunnelFrame{fError(protocol.CodeNodeShutdown.String(), "tunnel cancelled: the node is shutting down")}, reason: "node_lost"},
 	}
 }
 
@@ -173,7 +175,7 @@ func (r *retryRig) retries(reason string) float64 {
 	return r.h.Metrics()[0].Samples()[`reason="`+reason+`"`]
 }
 
-// Issue 11, SPEC H11, Q2: a provider that fails before the first byte
+// SPEC H11, Q2: a provider that fails before the first byte
 // never costs the client its answer while another provider could give
 // it. For every failure kind × path (run, tunnel) × stream/non-stream,
 // with two providers: the client gets the second provider's answer, with
@@ -252,7 +254,7 @@ func TestRedispatchEveryFailureKind(t *testing.T) {
 	}
 }
 
-// Issue 11: when no candidate can answer, the client gets the last
+// when no candidate can answer, the client gets the last
 // failure's class in its surface's shape — on the run path 429 with a
 // Retry-After, 503, 400 with the upstream's message and never the adapter
 // name; on the tunnel path the upstream's own answer with its Retry-After —
@@ -291,7 +293,7 @@ func TestNoCandidateLeftErrorClass(t *testing.T) {
 			dispatches: 1, want: 413, contains: []string{"too large"}},
 		{name: "run connect refused everywhere: 502 without the address", typ: config.TypeOllama,
 			events: func(int) []*iop.RunEvent {
-				return []*iop.RunEvent{evStart(), evError(2, failureConnect, `adapter "ollama": Post "http://10.0.0.7:11434/api/chat": connection refused`)}
+				return []*iop.RunEvent{evStart(), evError(2, protocol.CodeUpstreamConnect.String(), `adapter "ollama": Post "http://10.0.0.7:11434/api/chat": connection refused`)}
 			},
 			dispatches: 2, want: 502, contains: []string{"could not be reached"}, absent: []string{"10.0.0.7", "ollama"}},
 		{name: "tunnel 429 everywhere: the upstream's 429 and Retry-After", typ: config.TypeOpenAICompat,
@@ -348,7 +350,7 @@ func TestNoCandidateLeftErrorClass(t *testing.T) {
 	}
 }
 
-// Issue 11, SPEC H11: never after a byte was written, never beyond the
+// SPEC H11: never after a byte was written, never beyond the
 // group's bound, never when re-dispatch is off, and never the same
 // provider twice: a pool with nothing untried left ends it with the last
 // failure.
@@ -369,14 +371,14 @@ func TestRedispatchBounds(t *testing.T) {
 		dispatches int
 	}{
 		{name: "H11 error after a streamed byte is an error event, no re-dispatch", cfg: retryConfig(2), body: chatStream,
-			streams: [][]*iop.RunEvent{{evStart(), evDelta(2, "par"), evError(3, failureUpstreamError, "EOF")}, ok},
+			streams: [][]*iop.RunEvent{{evStart(), evDelta(2, "par"), evError(3, protocol.CodeUpstreamError.String(), "EOF")}, ok},
 			leases:  2, want: 200, contains: `data: {"error"`, dispatches: 1},
 		{name: "max_attempts 1: no re-dispatch", cfg: func() *config.Config { c := retryConfig(2); c.Models[0].MaxAttempts = 1; return c }(),
 			body: chatBody, streams: [][]*iop.RunEvent{fail503, ok}, leases: 2, want: 503, contains: "busy", dispatches: 1},
 		{name: "re-dispatch off (RedispatchWait < 0)", cfg: retryConfig(2), o: Options{RedispatchWait: -1},
 			body: chatBody, streams: [][]*iop.RunEvent{fail503, ok}, leases: 2, want: 503, contains: "busy", dispatches: 1},
 		{name: "three providers: the third answers after two failures", cfg: retryConfig(3), body: chatBody,
-			streams: [][]*iop.RunEvent{fail503, {evStart(), evError(2, failureReset, "EOF")}, ok}, leases: 3, want: 200,
+			streams: [][]*iop.RunEvent{fail503, {evStart(), evError(2, protocol.CodeUpstreamReset.String(), "EOF")}, ok}, leases: 3, want: 200,
 			contains: "hello", dispatches: 3},
 		{name: "H11 every untried provider gone: the last failure, at once", cfg: retryConfig(3), body: chatBody,
 			streams: [][]*iop.RunEvent{fail503}, leases: 1, allTried: true, want: 503, contains: "busy", dispatches: 1},
@@ -418,7 +420,7 @@ func TestRedispatchBounds(t *testing.T) {
 	}
 }
 
-// Issue 11: Retry-After values (RFC 9110 §10.2.3).
+// Retry-After values (RFC 9110 §10.2.3).
 func TestParseRetryAfter(t *testing.T) {
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	rows := []struct {
@@ -436,7 +438,7 @@ func TestParseRetryAfter(t *testing.T) {
 	}
 }
 
-// Issue 11, SPEC Q2, Q4: a client that leaves while its request waits for
+// SPEC Q2, Q4: a client that leaves while its request waits for
 // a re-dispatch lease (the first provider failed before the first byte,
 // every other one is busy) ends the request quietly: the failed lease went
 // back once, before the wait, and nothing else was granted or sent.

@@ -10,6 +10,7 @@ import (
 	"iop/internal/edge/surface/anthropic"
 	"iop/internal/edge/surface/openai"
 	"iop/internal/edge/surface/responses"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -97,7 +98,7 @@ func (h *Handler) runSurface(x *exchange) (sink, *iop.RunRequest, *apisurface.Er
 		}
 		s := &runSink[openai.Embeddings, *openai.Embeddings]{h: h, x: x}
 		s.enc.Init(hd.model, b64)
-		return s, &iop.RunRequest{Input: in, Operation: "embeddings"}, nil
+		return s, &iop.RunRequest{Input: in, Operation: protocol.RunEmbeddings}, nil
 	}
 	return nil, nil, apisurface.BadRequest("", "%s has no run-path surface", x.ep.path)
 }
@@ -128,7 +129,7 @@ type runSink[T any, E encoder[T]] struct {
 }
 
 // maxRunText bounds the assistant text a run may stream as DELTA events, in
-// bytes (issue 12): an encoder may hold all of it until COMPLETE (a
+// bytes: an encoder may hold all of it until COMPLETE (a
 // non-stream answer, text that may be a tool call), so a node that sends
 // without end fails the run (502) instead of growing the Edge's memory. A
 // COMPLETE's own content is bounded by the frame cap (16 MiB).
@@ -150,7 +151,7 @@ func (s *runSink[T, E]) handle(env *iop.Envelope) (bool, error) {
 	case iop.RunEventType_RUN_EVENT_ERROR:
 		return true, s.fail(runFailure(ev))
 	case iop.RunEventType_RUN_EVENT_CANCELLED:
-		return true, s.fail(badGateway("run_cancelled", "the provider run was cancelled"))
+		return true, s.fail(nodeFailure(protocol.CodeCancelled.String(), "", ev.Error, 0, nil))
 	case iop.RunEventType_RUN_EVENT_DELTA:
 		if s.text += len(ev.Delta); s.text > maxRunText {
 			e := badGateway("provider_error", "the provider's answer exceeded "+strconv.Itoa(maxRunText)+" bytes")
@@ -226,7 +227,7 @@ const maxPooledBuf = 64 << 10
 
 // takeBuf returns an empty encoding buffer from the Handler's pool. It is
 // taken for one event and given back once written, so a stream parked
-// between two tokens holds none (issue 7).
+// between two tokens holds none.
 func (h *Handler) takeBuf() *[]byte {
 	if bp, ok := h.bufs.Get().(*[]byte); ok {
 		*bp = (*bp)[:0]

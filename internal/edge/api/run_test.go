@@ -17,6 +17,7 @@ import (
 	"iop/internal/edge/dispatch"
 	"iop/internal/edge/pool"
 	"iop/internal/leakcheck"
+	"iop/internal/protocol"
 	"iop/internal/sse"
 	iop "iop/proto/gen/iop"
 )
@@ -98,8 +99,8 @@ func TestRunStreamFlushedPerChunk(t *testing.T) {
 // T5, H1: run failures: before any byte a status in OpenAI shape, after
 // bytes an error event; the lease goes back once.
 func TestRunFailures(t *testing.T) {
-	stalled := &iop.RunEvent{Seq: 2, Type: iop.RunEventType_RUN_EVENT_ERROR, FailureCode: failureStalled, Error: "stalled",
-		Failure: &iop.ExecutionFailure{Code: failureStalled, IdleMs: 60000}}
+	stalled := &iop.RunEvent{Seq: 2, Type: iop.RunEventType_RUN_EVENT_ERROR, FailureCode: protocol.CodeResponseStalled.String(), Error: "stalled",
+		Failure: &iop.ExecutionFailure{Code: protocol.CodeResponseStalled.String(), IdleMs: 60000}}
 	rows := []struct {
 		name     string
 		body     string
@@ -112,28 +113,29 @@ func TestRunFailures(t *testing.T) {
 	}{
 		{name: "H1 stall before any byte is 504", body: chatBody, events: []*iop.RunEvent{evStart(), stalled}, want: 504, contains: "60000 ms"},
 		{name: "T5 upstream 400 passes through", body: chatBody,
-			events: []*iop.RunEvent{{Seq: 1, Type: iop.RunEventType_RUN_EVENT_ERROR, Error: "context exceeded", UpstreamStatus: 400, FailureCode: "upstream_error"}},
+			events: []*iop.RunEvent{{Seq: 1, Type: iop.RunEventType_RUN_EVENT_ERROR, Error: "context exceeded", Message: "context exceeded", UpstreamStatus: 400, FailureCode: "upstream_error"}},
 			want:   400, contains: "context exceeded"},
 		{name: "T5 upstream 404 is a provider failure", body: chatBody,
 			events: []*iop.RunEvent{{Seq: 1, Type: iop.RunEventType_RUN_EVENT_ERROR, Error: "model not found", UpstreamStatus: 404}}, want: 502},
-		{name: "E4 node capacity gate is 503", body: chatBody, events: []*iop.RunEvent{evError(1, failureOverCapacity, "full")}, want: 503},
+		{name: "E4 node capacity gate is 503", body: chatBody, events: []*iop.RunEvent{evError(1, protocol.CodeOverCapacity.String(), "full")}, want: 503},
 		{name: "T5 run cancelled by the node is 502", body: chatBody,
 			events: []*iop.RunEvent{{Seq: 1, Type: iop.RunEventType_RUN_EVENT_CANCELLED}}, want: 502},
 		{name: "T5 ERROR mid-stream is an error event", body: `{"model":"tiny","stream":true,"messages":[{"role":"user","content":"x"}]}`,
 			events: []*iop.RunEvent{evStart(), evDelta(2, "a"), evError(3, "upstream_error", "boom")}, want: 200, contains: `data: {"error":{"message":"the provider failed to answer"`},
 		{name: "T5 session lost mid-stream is an error event", body: `{"model":"tiny","stream":true,"messages":[{"role":"user","content":"x"}]}`,
 			events: []*iop.RunEvent{evStart(), evDelta(2, "a")}, recvErr: dispatch.ErrSessionLost, want: 200, contains: `"code":"provider_lost"`},
-		{name: "issue 15 a dispatch that met a node closing after its drain is 503", body: chatBody,
+		{name: "a dispatch that met a node closing after its drain is 503", body: chatBody,
 			recvErr: dispatch.ErrNodeDrained, want: 503, contains: `"code":"node_shutdown"`},
 		{name: "E3 a stream out of order before any byte is 502", body: chatBody,
 			events: []*iop.RunEvent{evStart()}, recvErr: dispatch.ErrProtocol, want: 502, contains: `"code":"provider_protocol_error"`},
 		{name: "E3 a stream out of order mid-stream is an error event", body: `{"model":"tiny","stream":true,"messages":[{"role":"user","content":"x"}]}`,
 			events: []*iop.RunEvent{evStart(), evDelta(2, "a")}, recvErr: dispatch.ErrProtocol, want: 200, contains: `"code":"provider_protocol_error"`},
-		{name: "issue 12: DELTAs past maxRunText fail the run", body: chatBody,
+		{name: "DELTAs past maxRunText fail the run", body: chatBody,
 			events: append([]*iop.RunEvent{evStart()}, bigDeltas(2, maxRunText/(1<<20)+1, 1<<20)...), want: 502, contains: "exceeded"},
-		{name: "issue 14 a field the node's driver cannot honour is a 400 naming it in param", body: chatBody,
-			events: []*iop.RunEvent{{Seq: 1, Type: iop.RunEventType_RUN_EVENT_ERROR, FailureCode: failureInvalid, Param: "tool_choice",
-				Error: `adapter "ollama": invalid run input: tool_choice "required" cannot be enforced by Ollama's /api/chat`}},
+		{name: "a field the node's driver cannot honour is a 400 naming it in param", body: chatBody,
+			events: []*iop.RunEvent{{Seq: 1, Type: iop.RunEventType_RUN_EVENT_ERROR, FailureCode: protocol.CodeInvalidRequest.String(), Param: "tool_choice",
+				Error:   `adapter "ollama": invalid run input: tool_choice "required" cannot be enforced by Ollama's /api/chat`,
+				Message: `tool_choice "required" cannot be enforced by Ollama's /api/chat`}},
 			want: 400, contains: `{"error":{"message":"invalid request: tool_choice \"required\" cannot be enforced by Ollama's /api/chat","type":"invalid_request_error","param":"tool_choice"`},
 		{name: "Q2 dispatch to a node that is gone is 502", body: chatBody, startErr: dispatch.ErrNotReady, want: 502, contains: "no longer connected", noStream: true},
 		{name: "Q3 non-text content on the run path is 400", body: `{"model":"tiny","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`,
@@ -281,7 +283,7 @@ func TestFencedLease(t *testing.T) {
 			k := pool.Key{Node: "n1", Provider: "ollama"}
 			p := pool.New(pool.Config{
 				Nodes:     []string{"n1"},
-				Resources: []pool.Resource{{Key: k, Type: config.TypeOllama, Capacity: 1, LongCapacity: 1, Operations: []string{pool.OpChatCompletions}}},
+				Resources: []pool.Resource{{Key: k, Type: config.TypeOllama, Capacity: 1, LongCapacity: 1, Operations: []string{protocol.OpChatCompletions}}},
 				Groups:    []pool.Group{{Name: "tiny", Candidates: []pool.Candidate{{Key: k, Target: "tiny:latest"}}}},
 			}, nil)
 			if !p.NodeReady("n1", 1) {
@@ -527,23 +529,25 @@ func TestCancelledLeaseWaitsForTerminal(t *testing.T) {
 }
 
 // P4, N3: node failure messages reach the client without internal topology:
-// upstream addresses, adapter instance names and Go type names stay in the
-// operator's log.
+// the legacy error string (upstream addresses, adapter instance names, Go
+// type names) stays in the operator's log; the client gets the code's words
+// and the terminal's message field (the node's client words, see the
+// node's TestMessageHidesInternals).
 func TestNodeFailureHidesInternals(t *testing.T) {
 	rows := []struct {
-		name, code, msg string
-		status          int
-		banned          []string
-		want            string
+		name, code, message, msg string
+		status                   int
+		banned                   []string
+		want                     string
 	}{
-		{"dial error", "upstream_error", `adapter "ollama": Post "http://10.1.2.3:11434/api/chat": dial tcp 10.1.2.3:11434: connect: connection refused`,
+		{"dial error", "upstream_error", "", `adapter "ollama": Post "http://10.1.2.3:11434/api/chat": dial tcp 10.1.2.3:11434: connect: connection refused`,
 			502, []string{"10.1.2.3", "ollama", "dial"}, "the provider failed to answer"},
-		{"invalid input", "invalid_request", `adapter "ollama": json: cannot unmarshal number into Go struct field ToolFunction.function.arguments of type string`,
+		{"invalid input", "invalid_request", "json: cannot unmarshal number into", `adapter "ollama": json: cannot unmarshal number into Go struct field ToolFunction.function.arguments of type string`,
 			400, []string{`adapter "ollama"`, "Go struct field"}, "invalid request: json: cannot unmarshal number into"},
 	}
 	for _, r := range rows {
 		t.Run(r.name, func(t *testing.T) {
-			e := nodeFailure(r.code, r.msg, 0, nil)
+			e := nodeFailure(r.code, r.message, r.msg, 0, nil)
 			if e.status != r.status || !strings.HasPrefix(e.msg, r.want) {
 				t.Errorf("got %d %q, want %d %q…", e.status, e.msg, r.status, r.want)
 			}

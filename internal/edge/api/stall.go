@@ -5,6 +5,7 @@ import (
 
 	"iop/internal/edge/health"
 	"iop/internal/edge/pool"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -39,12 +40,12 @@ func stallOf(env *iop.Envelope) (f *iop.ExecutionFailure, msg string, ok bool) {
 	switch k := env.GetKind().(type) {
 	case *iop.Envelope_RunEvent:
 		ev := k.RunEvent
-		if ev.GetType() == iop.RunEventType_RUN_EVENT_ERROR && ev.GetFailureCode() == failureStalled {
+		if ev.GetType() == iop.RunEventType_RUN_EVENT_ERROR && ev.GetFailureCode() == protocol.CodeResponseStalled.String() {
 			return ev.GetFailure(), ev.GetError(), true
 		}
 	case *iop.Envelope_TunnelFrame:
 		fr := k.TunnelFrame
-		if fr.GetKind() == iop.TunnelFrameKind_TUNNEL_FRAME_ERROR && fr.GetFailureCode() == failureStalled {
+		if fr.GetKind() == iop.TunnelFrameKind_TUNNEL_FRAME_ERROR && fr.GetFailureCode() == protocol.CodeResponseStalled.String() {
 			return fr.GetFailure(), fr.GetError(), true
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"iop/internal/edge/health"
 	"iop/internal/edge/pool"
 	"iop/internal/leakcheck"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -136,21 +137,21 @@ var (
 
 // stalledFailure is valid stall evidence for a lease on (provider, target).
 func stalledFailure(provider, target, healthValue string, seq uint64) *iop.ExecutionFailure {
-	cls := map[string]string{health.Available: health.RequestStalled, health.Unavailable: health.ProviderUnhealthy,
-		health.Unknown: health.HealthUnknown}[healthValue]
-	return &iop.ExecutionFailure{Code: health.FailureStalled, ProviderHealth: healthValue, LivenessClassification: cls,
-		IdleMs: 1500, NodeRunId: "nr", AttemptId: "at", Fence: health.FenceConfirmed, Adapter: provider, Target: target,
+	cls := map[string]string{protocol.HealthAvailable: protocol.LivenessRequestStalled, protocol.HealthUnavailable: protocol.LivenessProviderUnhealthy,
+		protocol.HealthUnknown: protocol.LivenessHealthUnknown}[healthValue]
+	return &iop.ExecutionFailure{Code: protocol.CodeResponseStalled.String(), ProviderHealth: healthValue, LivenessClassification: cls,
+		IdleMs: 1500, NodeRunId: "nr", AttemptId: "at", Fence: protocol.FenceConfirmed, Adapter: provider, Target: target,
 		HealthObservationSeq: seq}
 }
 
 func evStall(seq uint64, f *iop.ExecutionFailure) *iop.RunEvent {
-	ev := evError(seq, failureStalled, "no provider output for 1500 ms")
+	ev := evError(seq, protocol.CodeResponseStalled.String(), "no provider output for 1500 ms")
 	ev.Failure = f
 	return ev
 }
 
 func fStall(f *iop.ExecutionFailure) *iop.ProviderTunnelFrame {
-	fr := fError(failureStalled, "no provider output for 1500 ms")
+	fr := fError(protocol.CodeResponseStalled.String(), "no provider output for 1500 ms")
 	fr.Failure = f
 	return fr
 }
@@ -200,28 +201,28 @@ func TestStallRedispatch(t *testing.T) {
 		overlaid  bool
 	}{
 		{name: "H11 run stall before any byte re-dispatches once, second lease answers", body: chatBody,
-			failure: stalledFailure("ollama", "tiny:latest", health.Available, 1),
+			failure: stalledFailure("ollama", "tiny:latest", protocol.HealthAvailable, 1),
 			attempts: []attempt{
 				{lease: withType(leaseA, config.TypeOllama), events: []*iop.RunEvent{evStart()}},
 				{lease: withType(leaseB, config.TypeOllama), events: []*iop.RunEvent{evStart(), evDelta(2, "hello"), evComplete(3, "", "stop", nil, nil)}},
 			},
 			want: 200, contains: `"content":"hello"`, dispatch: 2, elig: "eligible", result: "recovered", decorated: true},
 		{name: "H11 streamed run stall before the first byte re-dispatches", body: streamChat,
-			failure: stalledFailure("ollama", "tiny:latest", health.Unknown, 2),
+			failure: stalledFailure("ollama", "tiny:latest", protocol.HealthUnknown, 2),
 			attempts: []attempt{
 				{lease: withType(leaseA, config.TypeOllama), events: []*iop.RunEvent{evStart()}},
 				{lease: withType(leaseB, config.TypeOllama), events: []*iop.RunEvent{evStart(), evDelta(2, "hey"), evComplete(3, "", "stop", nil, nil)}},
 			},
 			want: 200, contains: "data: [DONE]", dispatch: 2, elig: "eligible", result: "recovered", decorated: true},
 		{name: "H8 H11 tunnel stall after RESPONSE_START, before any body byte, re-dispatches; fresh unavailable overlays", body: streamChat,
-			failure: stalledFailure("ollama", "tiny:latest", health.Unavailable, 3),
+			failure: stalledFailure("ollama", "tiny:latest", protocol.HealthUnavailable, 3),
 			attempts: []attempt{
 				{lease: withType(leaseA, config.TypeOpenAICompat), frames: []*iop.ProviderTunnelFrame{sse}},
 				{lease: withType(leaseB, config.TypeOpenAICompat), frames: []*iop.ProviderTunnelFrame{sse, fBody([]byte("data: {\"x\":1}\n\n")), fEnd()}},
 			},
 			want: 200, contains: `data: {"x":1}`, dispatch: 2, elig: "eligible", result: "recovered", decorated: true, overlaid: true},
 		{name: "H11 stall after bytes is an error event, no re-dispatch", body: streamChat,
-			failure: stalledFailure("ollama", "tiny:latest", health.Available, 1),
+			failure: stalledFailure("ollama", "tiny:latest", protocol.HealthAvailable, 1),
 			attempts: []attempt{
 				{lease: withType(leaseA, config.TypeOllama), events: []*iop.RunEvent{evStart(), evDelta(2, "par")}},
 				{lease: withType(leaseB, config.TypeOllama)},
@@ -229,26 +230,26 @@ func TestStallRedispatch(t *testing.T) {
 			want: 200, contains: `data: {"error":{"message":"the provider stopped responding: no output for 1500 ms (response stalled)","type":"server_error","param":null,"code":"response_stalled"}}`,
 			dispatch: 1, elig: "response_started", decorated: true},
 		{name: "H11 tunnel stall after body bytes is an error event", body: streamChat,
-			failure: stalledFailure("ollama", "tiny:latest", health.Available, 1),
+			failure: stalledFailure("ollama", "tiny:latest", protocol.HealthAvailable, 1),
 			attempts: []attempt{
 				{lease: withType(leaseA, config.TypeOpenAICompat), frames: []*iop.ProviderTunnelFrame{sse, fBody([]byte("data: {}\n\n"))}},
 				{lease: withType(leaseB, config.TypeOpenAICompat)},
 			},
 			want: 200, contains: `"code":"response_stalled"`, dispatch: 1, elig: "response_started", decorated: true},
 		{name: "H11 no second lease in time is the stall's 504", body: chatBody, block: true, wait: 20 * time.Millisecond,
-			failure:  stalledFailure("ollama", "tiny:latest", health.Available, 1),
+			failure:  stalledFailure("ollama", "tiny:latest", protocol.HealthAvailable, 1),
 			attempts: []attempt{{lease: withType(leaseA, config.TypeOllama), events: []*iop.RunEvent{evStart()}}},
 			want:     504, contains: `"code":"response_stalled"`, dispatch: 1, elig: "eligible", result: "no_lease", decorated: true},
 		{name: "H11 second attempt stalls too: 504, never a third", body: chatBody,
-			failure: stalledFailure("ollama", "tiny:latest", health.Available, 1),
+			failure: stalledFailure("ollama", "tiny:latest", protocol.HealthAvailable, 1),
 			attempts: []attempt{
 				{lease: withType(leaseA, config.TypeOllama), events: []*iop.RunEvent{evStart()}},
-				{lease: withType(leaseB, config.TypeOllama), events: []*iop.RunEvent{evStall(2, stalledFailure("ollama", "tiny:latest", health.Available, 1))}},
+				{lease: withType(leaseB, config.TypeOllama), events: []*iop.RunEvent{evStall(2, stalledFailure("ollama", "tiny:latest", protocol.HealthAvailable, 1))}},
 				{lease: withType(leaseA, config.TypeOllama)},
 			},
 			want: 504, contains: `"code":"response_stalled"`, dispatch: 2, elig: "eligible", result: "failed", decorated: true},
 		{name: "H8 mismatched target: evidence rejected, 504, no re-dispatch, lease back once", body: chatBody,
-			failure: stalledFailure("ollama", "other-model", health.Unavailable, 9),
+			failure: stalledFailure("ollama", "other-model", protocol.HealthUnavailable, 9),
 			attempts: []attempt{
 				{lease: withType(leaseA, config.TypeOllama), events: []*iop.RunEvent{evStart()}},
 				{lease: withType(leaseB, config.TypeOllama)},
@@ -261,14 +262,14 @@ func TestStallRedispatch(t *testing.T) {
 			},
 			want: 504, contains: `"code":"response_stalled"`, dispatch: 1, elig: "evidence_rejected"},
 		{name: "H11 re-dispatch turned off: 504", body: chatBody, wait: -1,
-			failure: stalledFailure("ollama", "tiny:latest", health.Available, 1),
+			failure: stalledFailure("ollama", "tiny:latest", protocol.HealthAvailable, 1),
 			attempts: []attempt{
 				{lease: withType(leaseA, config.TypeOllama), events: []*iop.RunEvent{evStart()}},
 				{lease: withType(leaseB, config.TypeOllama)},
 			},
 			want: 504, contains: `"code":"response_stalled"`, dispatch: 1, elig: "disabled", decorated: true},
 		{name: "H11 without a health owner a stall is a 504", body: chatBody, noHealth: true,
-			failure: stalledFailure("ollama", "tiny:latest", health.Available, 1),
+			failure: stalledFailure("ollama", "tiny:latest", protocol.HealthAvailable, 1),
 			attempts: []attempt{
 				{lease: withType(leaseA, config.TypeOllama), events: []*iop.RunEvent{evStart()}},
 				{lease: withType(leaseB, config.TypeOllama)},
@@ -340,7 +341,7 @@ func TestStallRedispatch(t *testing.T) {
 			p.checkReleased(t)
 			if r.failure != nil {
 				f := r.failure
-				handoff := f.RecoveryHandoff == health.HandoffConfirmed && f.ProviderId == "ollama"
+				handoff := f.RecoveryHandoff == protocol.HandoffConfirmed && f.ProviderId == "ollama"
 				if handoff != r.decorated {
 					t.Errorf("H8 handoff on the failure = %v (provider_id %q, recovery_handoff %q), want %v",
 						handoff, f.ProviderId, f.RecoveryHandoff, r.decorated)
@@ -379,7 +380,7 @@ func TestRedispatchSameRequest(t *testing.T) {
 	st1, st2 := newFakeStream("r1"), newFakeStream("r2")
 	t.Cleanup(st1.kill)
 	t.Cleanup(st2.kill)
-	st1.run(evStall(1, stalledFailure("ollama", "tiny:latest", health.Available, 1)))
+	st1.run(evStall(1, stalledFailure("ollama", "tiny:latest", protocol.HealthAvailable, 1)))
 	st2.run(evComplete(1, "ok", "stop", nil, nil))
 	d := &streamDispatcher{streams: []*fakeStream{st1, st2}}
 	cfg := retryConfig(2)

@@ -122,7 +122,7 @@ func (s *tunnelSink) handle(env *iop.Envelope) (bool, error) {
 		s.finished = true
 		return true, nil
 	case iop.TunnelFrameKind_TUNNEL_FRAME_ERROR:
-		return true, s.fail(nodeFailure(f.FailureCode, f.Error, 0, f.Failure))
+		return true, s.fail(nodeFailure(f.FailureCode, f.Message, f.Error, 0, f.Failure))
 	}
 	return false, nil
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"io"
+	"iop/internal/protocol"
 	"iop/internal/samples"
 	"net/http/httptest"
 	"strings"
@@ -32,8 +33,10 @@ func fEnd() *iop.ProviderTunnelFrame {
 	return &iop.ProviderTunnelFrame{Kind: iop.TunnelFrameKind_TUNNEL_FRAME_END}
 }
 
+// fError is an ERROR frame whose client words (message) are msg, as the
+// node sends them beside the legacy error string.
 func fError(code, msg string) *iop.ProviderTunnelFrame {
-	return &iop.ProviderTunnelFrame{Kind: iop.TunnelFrameKind_TUNNEL_FRAME_ERROR, FailureCode: code, Error: msg}
+	return &iop.ProviderTunnelFrame{Kind: iop.TunnelFrameKind_TUNNEL_FRAME_ERROR, FailureCode: code, Error: msg, Message: msg}
 }
 
 // Q3, Q6, T4: an openai_compat lease gets a ProviderTunnelRequest whose body
@@ -81,7 +84,7 @@ func TestTunnelDispatchAndPassthrough(t *testing.T) {
 		t.Errorf("Q3 body:\ngot  %s\nwant %s", req.Body, wantBody)
 	}
 	if req.Adapter != "prov" || req.Target != "tiny:latest" || req.Method != "POST" || req.Path != "/v1/chat/completions" ||
-		req.Operation != config.OpChatCompletions || !req.Stream || req.ResponseStallTimeoutMs != 60000 {
+		req.Operation != protocol.OpChatCompletions || !req.Stream || req.ResponseStallTimeoutMs != 60000 {
 		t.Errorf("Q3/Q6 request fields: %+v", req)
 	}
 	if d := r.d.targets[0]; d != (dispatch.Target{Node: "n1", Generation: 7}) {
@@ -154,12 +157,12 @@ func TestTunnelFailures(t *testing.T) {
 		{name: "T5 ERROR before any byte is 502", path: "/v1/chat/completions",
 			frames: []*iop.ProviderTunnelFrame{sseStart, fError("upstream_error", "connection refused")}, want: 502, wantCode: "provider_error"},
 		{name: "H1 stall before any byte is 504", path: "/v1/chat/completions",
-			frames: []*iop.ProviderTunnelFrame{fError(failureStalled, "stalled")}, want: 504, wantCode: failureStalled},
+			frames: []*iop.ProviderTunnelFrame{fError(protocol.CodeResponseStalled.String(), "stalled")}, want: 504, wantCode: protocol.CodeResponseStalled.String()},
 		{name: "T5 Anthropic ERROR before any byte is 502 in its shape", path: "/v1/messages",
 			frames: []*iop.ProviderTunnelFrame{fError("upstream_error", "x")}, want: 502, anthropic: true},
 		{name: "T5 session lost before any byte is 502", path: "/v1/chat/completions",
 			recvErr: dispatch.ErrSessionLost, want: 502, wantCode: "provider_lost"},
-		{name: "issue 15 a dispatch that met a node closing after its drain is 503", path: "/v1/chat/completions",
+		{name: "a dispatch that met a node closing after its drain is 503", path: "/v1/chat/completions",
 			recvErr: dispatch.ErrNodeDrained, want: 503, wantCode: "node_shutdown"},
 		{name: "T2 END without RESPONSE_START is 502", path: "/v1/chat/completions",
 			frames: []*iop.ProviderTunnelFrame{fEnd()}, want: 502, wantCode: "provider_error"},
@@ -169,7 +172,7 @@ func TestTunnelFailures(t *testing.T) {
 		{name: "T5 Anthropic ERROR mid-event ends with event: error", path: "/v1/messages",
 			frames: []*iop.ProviderTunnelFrame{sseStart, fBody([]byte("event: ping\ndata: {\"type\"")), fError("upstream_error", "reset")}, want: 200,
 			wantTail: "data: {\"type\"\n\nevent: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"the provider failed to answer\"}}\n\n"},
-		{name: "T5 issue 15 Responses ERROR after SSE bytes ends with the Responses error event", path: "/v1/responses",
+		{name: "T5 Responses ERROR after SSE bytes ends with the Responses error event", path: "/v1/responses",
 			frames: []*iop.ProviderTunnelFrame{sseStart, fBody([]byte("event: response.created\ndata: {}\n\n")), fError("upstream_error", "reset")}, want: 200,
 			wantTail: "data: {}\n\nevent: error\ndata: {\"type\":\"error\",\"code\":\"provider_error\",\"message\":\"the provider failed to answer\",\"param\":null," +
 				`"error":{"message":"the provider failed to answer","type":"server_error","param":null,"code":"provider_error"}}` + "\n\n"},

@@ -24,6 +24,7 @@ import (
 
 	"iop/internal/edge/routing"
 	"iop/internal/jsonconfig"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 
 	"google.golang.org/protobuf/proto"
@@ -36,11 +37,10 @@ const (
 	DefaultAdminListen          = "127.0.0.1:9090"
 	DefaultTrustDomain          = "iop.local"
 	DefaultHeartbeatIntervalMs  = 5000
-	DefaultHeartbeatTimeoutMs   = 20000  // the Edge fences a silent ready node
-	DefaultNodeHeartbeatTimeout = 15000  // the Node gives up on a silent Edge first
-	DefaultMaxWaiters           = 1024   // queue.max_waiters
-	DefaultWaitTimeoutMs        = 30000  // queue.wait_timeout_ms
-	DefaultStallTimeoutMs       = 300000 // SPEC E2
+	DefaultHeartbeatTimeoutMs   = 20000 // the Edge fences a silent ready node
+	DefaultNodeHeartbeatTimeout = 15000 // the Node gives up on a silent Edge first
+	DefaultMaxWaiters           = 1024  // queue.max_waiters
+	DefaultWaitTimeoutMs        = 30000 // queue.wait_timeout_ms
 	DefaultCapacity             = 4
 	DefaultMaxBodyBytes         = 8 << 20 // http.max_body_bytes
 	// DefaultMaxInflightBodyBytes bounds the request-body bytes the Edge
@@ -67,10 +67,10 @@ const (
 	MaxStallTimeoutMs = math.MaxInt64 / int64(time.Millisecond)
 )
 
-// Adapter types.
+// Adapter types (protocol.TypeOllama, protocol.TypeOpenAICompat).
 const (
-	TypeOllama       = "ollama"
-	TypeOpenAICompat = "openai_compat"
+	TypeOllama       = protocol.TypeOllama
+	TypeOpenAICompat = protocol.TypeOpenAICompat
 )
 
 // Provider categories (SPEC N3).
@@ -95,7 +95,7 @@ type Config struct {
 	Admin       Admin       `json:"admin"`
 	Shutdown    Shutdown    `json:"shutdown"`
 	// OutlierDetection is passive health: providers whose requests fail
-	// are skipped for a while (issue 11).
+	// are skipped for a while.
 	OutlierDetection OutlierDetection `json:"outlier_detection"`
 	// Keys is the key store of `edge keys` (docs/keys.md).
 	Keys Keys `json:"keys"`
@@ -129,7 +129,7 @@ type NodeCredentials struct {
 // unservable requests with 500 sets outlier_detection.statuses without it.
 var DefaultEjectStatuses = []int{500, 502, 503, 504}
 
-// OutlierDetection is the passive-health policy (issue 11): a provider
+// OutlierDetection is the passive-health policy: a provider
 // whose request fails before the first byte — the connection could not be
 // opened, it was reset before the response head, the upstream answered one
 // of Statuses, or 429 — is ejected (skipped while another live candidate
@@ -234,7 +234,7 @@ type Model struct {
 	// (SPEC Q7); 0 = never long.
 	LongContextTokens int             `json:"long_context_tokens"`
 	Providers         []ModelProvider `json:"providers"`
-	// Routing chooses among the free providers (issue 16): "least_loaded"
+	// Routing chooses among the free providers: "least_loaded"
 	// (the default), "ordered" or "prefix_affinity".
 	Routing string `json:"routing"`
 	// AffinityEpsilon is prefix_affinity's load-bound slack ε: a provider
@@ -250,7 +250,7 @@ type Model struct {
 	AffinityWaitMs int64 `json:"affinity_wait_ms"`
 	// MaxAttempts bounds the providers one request is sent to: the first
 	// plus re-dispatches after a failure or stall before the first byte
-	// (issue 11, SPEC H11), never the same provider twice. 0 = every
+	// (SPEC H11), never the same provider twice. 0 = every
 	// provider of the group once; 1 = no re-dispatch.
 	MaxAttempts int `json:"max_attempts"`
 }
@@ -487,8 +487,8 @@ func (c *Config) applyDefaults() {
 				a.LongCapacity = &n
 			}
 			if a.BaseURL == "" && a.Type == TypeOpenAICompat {
-				if d, ok := namedProfile(a.Profile); ok {
-					a.BaseURL = d.defaultBaseURL
+				if d, ok := protocol.NamedProfile(a.Profile); ok {
+					a.BaseURL = d.DefaultBaseURL
 				}
 			}
 		}
@@ -715,7 +715,7 @@ func (c *Config) validateAdapter(ap string, a *Adapter, add func(string, string,
 			add(ap+".profile_overrides", "only openai_compat adapters have a profile")
 		}
 	case TypeOpenAICompat:
-		if _, ok := namedProfile(a.Profile); !ok {
+		if _, ok := protocol.NamedProfile(a.Profile); !ok {
 			add(ap+".profile", "unknown profile %q (want openai, vllm, llamacpp or ollama)", a.Profile)
 		}
 		if o := a.ProfileOverrides; o != nil {
@@ -845,7 +845,7 @@ func (m *Model) AttemptBound() int {
 
 // EffectiveStallTimeoutMs is the stall timeout a request dispatched to mp
 // carries (SPEC Q6): the provider entry's value, else its adapter's, else
-// 300000 ms.
+// protocol.DefaultStallTimeoutMs.
 func (c *Config) EffectiveStallTimeoutMs(mp ModelProvider) int64 {
 	if mp.ResponseStallTimeoutMs > 0 {
 		return mp.ResponseStallTimeoutMs
@@ -855,7 +855,7 @@ func (c *Config) EffectiveStallTimeoutMs(mp ModelProvider) int64 {
 			return a.ResponseStallTimeoutMs
 		}
 	}
-	return DefaultStallTimeoutMs
+	return protocol.DefaultStallTimeoutMs
 }
 
 // NodePayload builds the NodeConfigPayload a node receives at registration

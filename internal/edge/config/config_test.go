@@ -3,6 +3,7 @@ package config
 import (
 	"encoding/json"
 	"fmt"
+	"iop/internal/protocol"
 	"strings"
 	"testing"
 
@@ -168,8 +169,8 @@ func TestEffectiveStallTimeout(t *testing.T) {
 		t.Errorf("adapter value: got %d, want 7000", got)
 	}
 	c2 := mustParse(t, valid)
-	if got := c2.EffectiveStallTimeoutMs(c2.Models[0].Providers[1]); got != DefaultStallTimeoutMs {
-		t.Errorf("default: got %d, want %d", got, DefaultStallTimeoutMs)
+	if got := c2.EffectiveStallTimeoutMs(c2.Models[0].Providers[1]); got != protocol.DefaultStallTimeoutMs {
+		t.Errorf("default: got %d, want %d", got, protocol.DefaultStallTimeoutMs)
 	}
 }
 
@@ -280,7 +281,7 @@ func TestListenClashSpelledDifferently(t *testing.T) {
 	}
 }
 
-// Issue 11: the upstream idle lifetime the node gets — the adapter's
+// the upstream idle lifetime the node gets — the adapter's
 // upstream_idle_timeout_ms, else below the server's own keep-alive timeout
 // for llama-server and vLLM, else 0 (the node's default) for servers that
 // keep idle connections.
@@ -315,7 +316,7 @@ func TestUpstreamIdleTimeout(t *testing.T) {
 	}
 }
 
-// Issue 11: outlier_detection and models[].max_attempts defaults and
+// outlier_detection and models[].max_attempts defaults and
 // validation.
 func TestOutlierDetectionAndAttempts(t *testing.T) {
 	c := mustParse(t, valid)

@@ -36,6 +36,7 @@ import (
 
 	"iop/internal/edge/dispatch"
 	"iop/internal/edge/pool"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -186,7 +187,7 @@ func (t *Tracker) ObserveStall(l *pool.Lease, f *iop.ExecutionFailure) bool {
 			slog.String("fence", f.GetFence()), slog.Int64("idle_ms", f.GetIdleMs()))
 	}
 	if transition {
-		attrs = append(attrs, slog.String("transition", Unavailable))
+		attrs = append(attrs, slog.String("transition", protocol.HealthUnavailable))
 	}
 	level := slog.LevelInfo
 	if v.reject != RejectNone || transition {
@@ -199,7 +200,7 @@ func (t *Tracker) ObserveStall(l *pool.Lease, f *iop.ExecutionFailure) bool {
 	}
 	f.ProviderId = l.Provider
 	f.ProviderHealth = v.health
-	f.RecoveryHandoff = HandoffConfirmed
+	f.RecoveryHandoff = protocol.HandoffConfirmed
 	return true
 }
 
@@ -302,7 +303,7 @@ func (t *Tracker) probe(ctx context.Context, pt probeTarget) {
 		attrs = append(attrs, slog.String("err", err.Error()))
 	}
 	if transition {
-		attrs = append(attrs, slog.String("transition", Available))
+		attrs = append(attrs, slog.String("transition", protocol.HealthAvailable))
 	}
 	level := slog.LevelDebug
 	if transition {

@@ -5,45 +5,8 @@ import (
 	"strconv"
 
 	"iop/internal/edge/pool"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
-)
-
-// Health evidence values: ExecutionFailure.provider_health and the
-// CAPABILITIES result key provider_status (SPEC H2, H10).
-const (
-	Available   = "available"
-	Unavailable = "unavailable"
-	Unknown     = "unknown"
-)
-
-// Liveness classifications, each paired with exactly one evidence value
-// (SPEC H2).
-const (
-	RequestStalled    = "request_stalled"
-	ProviderUnhealthy = "provider_unhealthy"
-	HealthUnknown     = "health_unknown"
-)
-
-// Fence values of ExecutionFailure.fence (SPEC H7).
-const (
-	FenceConfirmed   = "confirmed"
-	FenceUnconfirmed = "unconfirmed"
-)
-
-// FailureStalled is the failure_code and ExecutionFailure.code of a stall
-// terminal (SPEC H1).
-const FailureStalled = "response_stalled"
-
-// HandoffConfirmed is the ExecutionFailure.recovery_handoff the Edge adds to
-// a validated current stall (SPEC H8). It is not replay approval.
-const HandoffConfirmed = "confirmed"
-
-// CAPABILITIES result keys that carry recovery evidence (SPEC N1, H10).
-const (
-	KeyAdapterKey = "adapter_key"
-	KeyTarget     = "target"
-	KeyStatus     = "provider_status"
-	KeySeq        = "health_observation_seq"
 )
 
 // Reject says why stall evidence was not accepted; RejectNone means it was
@@ -133,7 +96,7 @@ func validate(b binding, f *iop.ExecutionFailure) Reject {
 	switch {
 	case f == nil:
 		return RejectMissing
-	case f.GetCode() != FailureStalled:
+	case f.GetCode() != protocol.CodeResponseStalled.String():
 		return RejectCode
 	case f.GetAdapter() != b.key.Provider:
 		return RejectAdapter
@@ -142,19 +105,19 @@ func validate(b binding, f *iop.ExecutionFailure) Reject {
 	}
 	var want string
 	switch f.GetProviderHealth() {
-	case Available:
-		want = RequestStalled
-	case Unavailable:
-		want = ProviderUnhealthy
-	case Unknown:
-		want = HealthUnknown
+	case protocol.HealthAvailable:
+		want = protocol.LivenessRequestStalled
+	case protocol.HealthUnavailable:
+		want = protocol.LivenessProviderUnhealthy
+	case protocol.HealthUnknown:
+		want = protocol.LivenessHealthUnknown
 	default:
 		return RejectHealth
 	}
 	if f.GetLivenessClassification() != want {
 		return RejectClassification
 	}
-	if fc := f.GetFence(); fc != FenceConfirmed && fc != FenceUnconfirmed {
+	if fc := f.GetFence(); fc != protocol.FenceConfirmed && fc != protocol.FenceUnconfirmed {
 		return RejectFence
 	}
 	if !b.current {
@@ -178,7 +141,7 @@ func (m *machine) stall(b binding, f *iop.ExecutionFailure) stallVerdict {
 		return v
 	}
 	r.lastSeq, v.fresh = v.seq, true
-	v.setOverlay = v.health == Unavailable
+	v.setOverlay = v.health == protocol.HealthUnavailable
 	return v
 }
 
@@ -283,8 +246,8 @@ func (m *machine) probe(pt probeTarget, resp *iop.NodeCommandResponse, err error
 		return probeVerdict{result: ProbeMalformed}
 	}
 	res := resp.GetResult()
-	key, target, status := res[KeyAdapterKey], res[KeyTarget], res[KeyStatus]
-	seq, perr := strconv.ParseUint(res[KeySeq], 10, 64)
+	key, target, status := res[protocol.KeyAdapterKey], res[protocol.KeyTarget], res[protocol.KeyStatus]
+	seq, perr := strconv.ParseUint(res[protocol.KeySeq], 10, 64)
 	switch {
 	case key == "" || target == "" || perr != nil || seq == 0:
 		return probeVerdict{result: ProbeMalformed}
@@ -293,11 +256,11 @@ func (m *machine) probe(pt probeTarget, resp *iop.NodeCommandResponse, err error
 	}
 	v := probeVerdict{seq: seq}
 	switch status {
-	case Available:
+	case protocol.HealthAvailable:
 		v.result = ProbeCleared
-	case Unavailable:
+	case protocol.HealthUnavailable:
 		v.result = ProbeUnavailable
-	case Unknown:
+	case protocol.HealthUnknown:
 		v.result = ProbeUnknown
 	default:
 		return probeVerdict{result: ProbeMalformed}

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"iop/internal/edge/pool"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -12,9 +13,9 @@ var keyA = pool.Key{Node: "n1", Provider: "ollama"}
 
 // stallFailure is a well-formed stall terminal's evidence for keyA/"tiny".
 func stallFailure(health string, seq uint64) *iop.ExecutionFailure {
-	cls := map[string]string{Available: RequestStalled, Unavailable: ProviderUnhealthy, Unknown: HealthUnknown}[health]
-	return &iop.ExecutionFailure{Code: FailureStalled, ProviderHealth: health, LivenessClassification: cls,
-		IdleMs: 2000, NodeRunId: "nr-1", AttemptId: "a-1", Fence: FenceConfirmed,
+	cls := map[string]string{protocol.HealthAvailable: protocol.LivenessRequestStalled, protocol.HealthUnavailable: protocol.LivenessProviderUnhealthy, protocol.HealthUnknown: protocol.LivenessHealthUnknown}[health]
+	return &iop.ExecutionFailure{Code: protocol.CodeResponseStalled.String(), ProviderHealth: health, LivenessClassification: cls,
+		IdleMs: 2000, NodeRunId: "nr-1", AttemptId: "a-1", Fence: protocol.FenceConfirmed,
 		Adapter: keyA.Provider, Target: "tiny", HealthObservationSeq: seq}
 }
 
@@ -39,43 +40,43 @@ func TestMachineStall(t *testing.T) {
 		lastSeq    uint64 // keyA's lastSeq after the step
 		recGen     uint64 // keyA's record generation after the step (0 = none)
 	}{
-		{name: "H8 fresh unavailable sets the overlay", b: cur, f: stallFailure(Unavailable, 4),
+		{name: "H8 fresh unavailable sets the overlay", b: cur, f: stallFailure(protocol.HealthUnavailable, 4),
 			fresh: true, setOverlay: true, lastSeq: 4, recGen: 3},
-		{name: "H8 fresh available is accepted without overlay", b: cur, f: stallFailure(Available, 4),
+		{name: "H8 fresh available is accepted without overlay", b: cur, f: stallFailure(protocol.HealthAvailable, 4),
 			fresh: true, lastSeq: 4, recGen: 3},
-		{name: "H8 fresh unknown is accepted without overlay", b: cur, f: stallFailure(Unknown, 4),
+		{name: "H8 fresh unknown is accepted without overlay", b: cur, f: stallFailure(protocol.HealthUnknown, 4),
 			fresh: true, lastSeq: 4, recGen: 3},
 		{name: "H8 stale seq unavailable is validated but sets nothing", prior: &record{gen: 3, lastSeq: 9}, b: cur,
-			f: stallFailure(Unavailable, 9), lastSeq: 9, recGen: 3},
+			f: stallFailure(protocol.HealthUnavailable, 9), lastSeq: 9, recGen: 3},
 		{name: "H8 lower seq unavailable is stale", prior: &record{gen: 3, lastSeq: 9}, b: cur,
-			f: stallFailure(Unavailable, 5), lastSeq: 9, recGen: 3},
-		{name: "H5 unbound seq 0 is validated, never fresh", b: cur, f: stallFailure(Unavailable, 0), recGen: 3},
+			f: stallFailure(protocol.HealthUnavailable, 5), lastSeq: 9, recGen: 3},
+		{name: "H5 unbound seq 0 is validated, never fresh", b: cur, f: stallFailure(protocol.HealthUnavailable, 0), recGen: 3},
 		{name: "H9 newer generation starts fresh: seq 1 beats the old generation's 9", prior: &record{gen: 2, lastSeq: 9, overlaid: true},
-			b: cur, f: stallFailure(Unavailable, 1), fresh: true, setOverlay: true, lastSeq: 1, recGen: 3},
+			b: cur, f: stallFailure(protocol.HealthUnavailable, 1), fresh: true, setOverlay: true, lastSeq: 1, recGen: 3},
 		{name: "H9 older generation's terminal is stale", prior: &record{gen: 4, lastSeq: 1},
-			b: cur, f: stallFailure(Unavailable, 7), lastSeq: 1, recGen: 4},
+			b: cur, f: stallFailure(protocol.HealthUnavailable, 7), lastSeq: 1, recGen: 4},
 		{name: "H8 missing failure rejected", b: cur, f: nil, reject: RejectMissing},
-		{name: "H8 wrong code rejected", b: cur, f: with(stallFailure(Unavailable, 4), func(f *iop.ExecutionFailure) { f.Code = "upstream_error" }),
+		{name: "H8 wrong code rejected", b: cur, f: with(stallFailure(protocol.HealthUnavailable, 4), func(f *iop.ExecutionFailure) { f.Code = "upstream_error" }),
 			reject: RejectCode},
 		{name: "H8 adapter not the lease's provider rejected", b: cur,
-			f: with(stallFailure(Unavailable, 4), func(f *iop.ExecutionFailure) { f.Adapter = "other" }), reject: RejectAdapter},
+			f: with(stallFailure(protocol.HealthUnavailable, 4), func(f *iop.ExecutionFailure) { f.Adapter = "other" }), reject: RejectAdapter},
 		{name: "H8 target not the lease's target rejected", b: cur,
-			f: with(stallFailure(Unavailable, 4), func(f *iop.ExecutionFailure) { f.Target = "big" }), reject: RejectTarget},
+			f: with(stallFailure(protocol.HealthUnavailable, 4), func(f *iop.ExecutionFailure) { f.Target = "big" }), reject: RejectTarget},
 		{name: "H2 health outside the enum rejected", b: cur,
-			f: with(stallFailure(Unavailable, 4), func(f *iop.ExecutionFailure) { f.ProviderHealth = "healthy" }), reject: RejectHealth},
+			f: with(stallFailure(protocol.HealthUnavailable, 4), func(f *iop.ExecutionFailure) { f.ProviderHealth = "healthy" }), reject: RejectHealth},
 		{name: "H2 classification not paired rejected", b: cur,
-			f:      with(stallFailure(Unavailable, 4), func(f *iop.ExecutionFailure) { f.LivenessClassification = RequestStalled }),
+			f:      with(stallFailure(protocol.HealthUnavailable, 4), func(f *iop.ExecutionFailure) { f.LivenessClassification = protocol.LivenessRequestStalled }),
 			reject: RejectClassification},
 		{name: "H7 fence outside the enum rejected", b: cur,
-			f: with(stallFailure(Unavailable, 4), func(f *iop.ExecutionFailure) { f.Fence = "" }), reject: RejectFence},
+			f: with(stallFailure(protocol.HealthUnavailable, 4), func(f *iop.ExecutionFailure) { f.Fence = "" }), reject: RejectFence},
 		{name: "H8 fenced generation rejected", b: binding{key: keyA, gen: 3, target: "tiny"},
-			f: stallFailure(Unavailable, 4), reject: RejectNotCurrent},
+			f: stallFailure(protocol.HealthUnavailable, 4), reject: RejectNotCurrent},
 		{name: "H8 rejected evidence leaves the seq untouched", prior: &record{gen: 3, lastSeq: 2}, b: cur,
-			f: with(stallFailure(Unavailable, 4), func(f *iop.ExecutionFailure) { f.Target = "big" }), reject: RejectTarget,
+			f: with(stallFailure(protocol.HealthUnavailable, 4), func(f *iop.ExecutionFailure) { f.Target = "big" }), reject: RejectTarget,
 			lastSeq: 2, recGen: 3},
 		{name: "H8 fresh unavailable for a node's other provider does not touch this one", prior: &record{gen: 3, lastSeq: 2},
 			b:     binding{key: pool.Key{Node: "n1", Provider: "llama"}, gen: 3, target: "tiny", current: true},
-			f:     with(stallFailure(Unavailable, 4), func(f *iop.ExecutionFailure) { f.Adapter = "llama" }),
+			f:     with(stallFailure(protocol.HealthUnavailable, 4), func(f *iop.ExecutionFailure) { f.Adapter = "llama" }),
 			fresh: true, setOverlay: true, lastSeq: 2, recGen: 3},
 	}
 	for _, r := range rows {
@@ -107,7 +108,7 @@ func TestMachineStall(t *testing.T) {
 
 func capResp(adapterKey, target, status, seq string) *iop.NodeCommandResponse {
 	res := map[string]string{"adapter": adapterKey, "instance_key": "ollama/" + adapterKey}
-	for k, v := range map[string]string{KeyAdapterKey: adapterKey, KeyTarget: target, KeyStatus: status, KeySeq: seq} {
+	for k, v := range map[string]string{protocol.KeyAdapterKey: adapterKey, protocol.KeyTarget: target, protocol.KeyStatus: status, protocol.KeySeq: seq} {
 		if v != "" {
 			res[k] = v
 		}
@@ -134,26 +135,26 @@ func TestMachineProbe(t *testing.T) {
 		lastSeq  uint64
 		dropped  bool
 	}{
-		{name: "H10 higher-seq available clears", prior: overlaid, pt: pt, resp: capResp("ollama", "tiny", Available, "6"),
+		{name: "H10 higher-seq available clears", prior: overlaid, pt: pt, resp: capResp("ollama", "tiny", protocol.HealthAvailable, "6"),
 			result: ProbeCleared, clear: true, lastSeq: 6},
-		{name: "H10 equal seq available is stale", prior: overlaid, pt: pt, resp: capResp("ollama", "tiny", Available, "5"),
+		{name: "H10 equal seq available is stale", prior: overlaid, pt: pt, resp: capResp("ollama", "tiny", protocol.HealthAvailable, "5"),
 			result: ProbeStale, lastSeq: 5},
-		{name: "H10 lower seq available is stale", prior: overlaid, pt: pt, resp: capResp("ollama", "tiny", Available, "2"),
+		{name: "H10 lower seq available is stale", prior: overlaid, pt: pt, resp: capResp("ollama", "tiny", protocol.HealthAvailable, "2"),
 			result: ProbeStale, lastSeq: 5},
-		{name: "H10 unavailable keeps the overlay, seq accepted", prior: overlaid, pt: pt, resp: capResp("ollama", "tiny", Unavailable, "7"),
+		{name: "H10 unavailable keeps the overlay, seq accepted", prior: overlaid, pt: pt, resp: capResp("ollama", "tiny", protocol.HealthUnavailable, "7"),
 			result: ProbeUnavailable, lastSeq: 7},
-		{name: "H10 unknown keeps the overlay", prior: overlaid, pt: pt, resp: capResp("ollama", "tiny", Unknown, "7"),
+		{name: "H10 unknown keeps the overlay", prior: overlaid, pt: pt, resp: capResp("ollama", "tiny", protocol.HealthUnknown, "7"),
 			result: ProbeUnknown, lastSeq: 7},
-		{name: "H10 other adapter_key is a mismatch", prior: overlaid, pt: pt, resp: capResp("llama", "tiny", Available, "7"),
+		{name: "H10 other adapter_key is a mismatch", prior: overlaid, pt: pt, resp: capResp("llama", "tiny", protocol.HealthAvailable, "7"),
 			result: ProbeMismatch, lastSeq: 5},
-		{name: "H10 other target is a mismatch", prior: overlaid, pt: pt, resp: capResp("ollama", "big", Available, "7"),
+		{name: "H10 other target is a mismatch", prior: overlaid, pt: pt, resp: capResp("ollama", "big", protocol.HealthAvailable, "7"),
 			result: ProbeMismatch, lastSeq: 5},
 		{name: "N1 diagnostic adapter key alone is not evidence", prior: overlaid, pt: pt,
-			resp:   &iop.NodeCommandResponse{Ok: true, Result: map[string]string{"adapter": "ollama", KeyTarget: "tiny", KeyStatus: Available, KeySeq: "7"}},
+			resp:   &iop.NodeCommandResponse{Ok: true, Result: map[string]string{"adapter": "ollama", protocol.KeyTarget: "tiny", protocol.KeyStatus: protocol.HealthAvailable, protocol.KeySeq: "7"}},
 			result: ProbeMalformed, lastSeq: 5},
-		{name: "H10 missing seq is malformed", prior: overlaid, pt: pt, resp: capResp("ollama", "tiny", Available, ""),
+		{name: "H10 missing seq is malformed", prior: overlaid, pt: pt, resp: capResp("ollama", "tiny", protocol.HealthAvailable, ""),
 			result: ProbeMalformed, lastSeq: 5},
-		{name: "H10 non-numeric seq is malformed", prior: overlaid, pt: pt, resp: capResp("ollama", "tiny", Available, "x7"),
+		{name: "H10 non-numeric seq is malformed", prior: overlaid, pt: pt, resp: capResp("ollama", "tiny", protocol.HealthAvailable, "x7"),
 			result: ProbeMalformed, lastSeq: 5},
 		{name: "H10 status outside the enum is malformed", prior: overlaid, pt: pt, resp: capResp("ollama", "tiny", "healthy", "7"),
 			result: ProbeMalformed, lastSeq: 5},
@@ -165,9 +166,9 @@ func TestMachineProbe(t *testing.T) {
 		{name: "H10 generation no longer ready drops the record", prior: overlaid, pt: pt, err: errBoom, notReady: true,
 			result: ProbeNotReady, dropped: true},
 		{name: "H10 answer for an older generation is superseded", prior: record{gen: 4, lastSeq: 1, overlaid: true, target: "tiny"},
-			pt: pt, resp: capResp("ollama", "tiny", Available, "9"), result: ProbeSuperseded, lastSeq: 1},
+			pt: pt, resp: capResp("ollama", "tiny", protocol.HealthAvailable, "9"), result: ProbeSuperseded, lastSeq: 1},
 		{name: "H10 answer after the overlay went is superseded", prior: record{gen: 3, lastSeq: 5, target: "tiny"},
-			pt: pt, resp: capResp("ollama", "tiny", Available, "9"), result: ProbeSuperseded, lastSeq: 5},
+			pt: pt, resp: capResp("ollama", "tiny", protocol.HealthAvailable, "9"), result: ProbeSuperseded, lastSeq: 5},
 	}
 	for _, r := range rows {
 		t.Run(r.name, func(t *testing.T) {
@@ -205,18 +206,18 @@ func TestMachineProbe(t *testing.T) {
 func TestMachineEffects(t *testing.T) {
 	m := newMachine()
 	cur := binding{key: keyA, gen: 3, target: "tiny", current: true}
-	m.stall(cur, stallFailure(Unavailable, 1))
+	m.stall(cur, stallFailure(protocol.HealthUnavailable, 1))
 	if m.overlaySet(keyA, 3, 1, "tiny", false) {
 		t.Error("refused SetOverlay reported a transition")
 	}
 	if len(m.due()) != 0 {
 		t.Errorf("due %v after a refused SetOverlay, want none", m.due())
 	}
-	m.stall(cur, stallFailure(Unavailable, 2))
+	m.stall(cur, stallFailure(protocol.HealthUnavailable, 2))
 	if !m.overlaySet(keyA, 3, 2, "tiny", true) {
 		t.Error("applied SetOverlay: no transition")
 	}
-	m.stall(cur, stallFailure(Unavailable, 3))
+	m.stall(cur, stallFailure(protocol.HealthUnavailable, 3))
 	if m.overlaySet(keyA, 3, 3, "other", true) {
 		t.Error("second SetOverlay on an overlaid provider reported a transition")
 	}
@@ -230,7 +231,7 @@ func TestMachineEffects(t *testing.T) {
 	if m.provs[keyA] != nil {
 		t.Error("record kept after a refused ClearOverlay")
 	}
-	m.stall(cur, stallFailure(Unavailable, 4))
+	m.stall(cur, stallFailure(protocol.HealthUnavailable, 4))
 	m.overlaySet(keyA, 3, 4, "tiny", true)
 	if n := m.fenced("n1", 3); n != 1 || len(m.provs) != 0 {
 		t.Errorf("fenced dropped %d overlaid, %d records left; want 1, 0", n, len(m.provs))

@@ -1,5 +1,7 @@
 package health
 
+import "iop/internal/protocol"
+
 // Metric label values (SPEC H12): every label of every family below takes
 // one of these fixed values, never an id, payload, credential or caller
 // identity; node and provider names appear in the log events only.
@@ -24,9 +26,9 @@ var evidenceNames = [...]string{"available", "unavailable", "unknown", "stale", 
 
 func evidenceOf(health string) int {
 	switch health {
-	case Available:
+	case protocol.HealthAvailable:
 		return evAvailable
-	case Unavailable:
+	case protocol.HealthUnavailable:
 		return evUnavailable
 	default:
 		return evUnknown
@@ -51,7 +53,7 @@ const (
 	toAvailable
 )
 
-var transitionNames = [...]string{Unavailable, Available}
+var transitionNames = [...]string{protocol.HealthUnavailable, protocol.HealthAvailable}
 
 // Metric names (SPEC H12).
 const (

@@ -15,6 +15,7 @@ import (
 	"iop/internal/edge/pool"
 	"iop/internal/leakcheck"
 	"iop/internal/proctest"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -26,8 +27,8 @@ func testPool(t *testing.T) *pool.Pool {
 	p := pool.New(pool.Config{
 		Nodes: []string{"n1"},
 		Resources: []pool.Resource{
-			{Key: keyA, Type: "ollama", Category: "local_inference", Capacity: 2, LongCapacity: 1, Operations: []string{pool.OpChatCompletions}},
-			{Key: kB, Type: "openai_compat", Category: "local_inference", Capacity: 2, LongCapacity: 1, Operations: []string{pool.OpChatCompletions}},
+			{Key: keyA, Type: "ollama", Category: "local_inference", Capacity: 2, LongCapacity: 1, Operations: []string{protocol.OpChatCompletions}},
+			{Key: kB, Type: "openai_compat", Category: "local_inference", Capacity: 2, LongCapacity: 1, Operations: []string{protocol.OpChatCompletions}},
 		},
 		Groups: []pool.Group{{Name: "tiny", Candidates: []pool.Candidate{{Key: keyA, Target: "tiny"}, {Key: kB, Target: "tiny"}}}},
 	}, nil)
@@ -39,7 +40,7 @@ func testPool(t *testing.T) *pool.Pool {
 
 func acquire(t *testing.T, p *pool.Pool) *pool.Lease {
 	t.Helper()
-	l, err := p.Acquire(context.Background(), pool.Request{Model: "tiny", Operation: pool.OpChatCompletions})
+	l, err := p.Acquire(context.Background(), pool.Request{Model: "tiny", Operation: protocol.OpChatCompletions})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +94,7 @@ func TestObserveStall(t *testing.T) {
 		t.Fatalf("first lease on %v, want %v", l.Key, keyA)
 	}
 
-	bad := with(stallFailure(Unavailable, 5), func(f *iop.ExecutionFailure) { f.Adapter = "llama" })
+	bad := with(stallFailure(protocol.HealthUnavailable, 5), func(f *iop.ExecutionFailure) { f.Adapter = "llama" })
 	if tr.ObserveStall(l, bad) {
 		t.Error("H8 mismatched adapter validated")
 	}
@@ -104,19 +105,19 @@ func TestObserveStall(t *testing.T) {
 		t.Errorf("H8 after rejected evidence: %s, want available/healthy", got)
 	}
 
-	avail := stallFailure(Available, 6)
+	avail := stallFailure(protocol.HealthAvailable, 6)
 	if !tr.ObserveStall(l, avail) {
 		t.Error("H8 valid available stall not validated")
 	}
-	if avail.ProviderId != "ollama" || avail.ProviderHealth != Available || avail.RecoveryHandoff != HandoffConfirmed {
+	if avail.ProviderId != "ollama" || avail.ProviderHealth != protocol.HealthAvailable || avail.RecoveryHandoff != protocol.HandoffConfirmed {
 		t.Errorf("H8 decoration = %q %q %q", avail.ProviderId, avail.ProviderHealth, avail.RecoveryHandoff)
 	}
 	if got := providerStatus(p, "ollama"); got != "available/healthy" {
 		t.Errorf("H8 available evidence overlaid: %s", got)
 	}
 
-	unav := stallFailure(Unavailable, 7)
-	if !tr.ObserveStall(l, unav) || unav.RecoveryHandoff != HandoffConfirmed {
+	unav := stallFailure(protocol.HealthUnavailable, 7)
+	if !tr.ObserveStall(l, unav) || unav.RecoveryHandoff != protocol.HandoffConfirmed {
 		t.Error("H8 fresh unavailable not validated")
 	}
 	if got := providerStatus(p, "ollama"); got != "unavailable/unavailable" {
@@ -131,8 +132,8 @@ func TestObserveStall(t *testing.T) {
 		t.Errorf("H9 lease after overlay on %v, want n1/llama", l2.Key)
 	}
 
-	stale := stallFailure(Unavailable, 7)
-	if !tr.ObserveStall(l, stale) || stale.RecoveryHandoff != HandoffConfirmed {
+	stale := stallFailure(protocol.HealthUnavailable, 7)
+	if !tr.ObserveStall(l, stale) || stale.RecoveryHandoff != protocol.HandoffConfirmed {
 		t.Error("H8 sequence-stale stall must still get the request-local handoff")
 	}
 
@@ -175,7 +176,7 @@ func TestObserveStallFencedLease(t *testing.T) {
 	tr := New(Options{Overlay: p})
 	l := acquire(t, p)
 	p.NodeReady("n1", 4)
-	f := stallFailure(Unavailable, 9)
+	f := stallFailure(protocol.HealthUnavailable, 9)
 	if tr.ObserveStall(l, f) {
 		t.Error("stall of a fenced generation validated")
 	}
@@ -206,7 +207,7 @@ func TestMetricLabelsBounded(t *testing.T) {
 		allowed[`result="`+n+`"`] = true
 	}
 	l := &pool.Lease{Key: keyA, Generation: 3, Target: "tiny"}
-	tr.ObserveStall(l, stallFailure(Unavailable, 1))
+	tr.ObserveStall(l, stallFailure(protocol.HealthUnavailable, 1))
 	tr.RecoveryEligibility(l, "tiny", Eligible)
 	tr.RecoveryOutcome(l, l, "tiny", RecoveryRecovered)
 	names := map[string]bool{}
@@ -265,7 +266,7 @@ func TestRecoveryProbeCarriesLease(t *testing.T) {
 	leakcheck.Check(t)
 	p := testPool(t)
 	cmd := &fakeCommander{answer: func(int, string, uint64) (*iop.NodeCommandResponse, error) {
-		return capResp("ollama", "tiny", Unavailable, "9"), nil
+		return capResp("ollama", "tiny", protocol.HealthUnavailable, "9"), nil
 	}}
 	var asked []string
 	fail := false
@@ -279,7 +280,7 @@ func TestRecoveryProbeCarriesLease(t *testing.T) {
 	var logs proctest.Log
 	tr := New(Options{Overlay: p, Commander: cmd, Logger: debugLogger(&logs), ProbeCredentials: issue})
 	l := acquire(t, p)
-	tr.ObserveStall(l, stallFailure(Unavailable, 7))
+	tr.ObserveStall(l, stallFailure(protocol.HealthUnavailable, 7))
 	p.Release(l)
 	tr.ProbeRound(t.Context())
 	fail = true
@@ -312,13 +313,13 @@ func TestRecoveryLoop(t *testing.T) {
 			err  error
 		}{
 			{err: errors.New("send queue full")},
-			{resp: capResp("ollama", "tiny", Unknown, "8")},
-			{resp: capResp("ollama", "tiny", Unavailable, "9")},
-			{resp: capResp("ollama", "tiny", Available, "9")},   // stale: not above 9
-			{resp: capResp("ollama", "other", Available, "10")}, // names another binding
-			{resp: capResp("llama", "tiny", Available, "11")},   // names another binding
+			{resp: capResp("ollama", "tiny", protocol.HealthUnknown, "8")},
+			{resp: capResp("ollama", "tiny", protocol.HealthUnavailable, "9")},
+			{resp: capResp("ollama", "tiny", protocol.HealthAvailable, "9")},   // stale: not above 9
+			{resp: capResp("ollama", "other", protocol.HealthAvailable, "10")}, // names another binding
+			{resp: capResp("llama", "tiny", protocol.HealthAvailable, "11")},   // names another binding
 			{resp: &iop.NodeCommandResponse{Error: "probe failed"}},
-			{resp: capResp("ollama", "tiny", Available, "12")},
+			{resp: capResp("ollama", "tiny", protocol.HealthAvailable, "12")},
 		}
 		cmd := &fakeCommander{answer: func(call int, _ string, _ uint64) (*iop.NodeCommandResponse, error) {
 			if call >= len(script) {
@@ -329,7 +330,7 @@ func TestRecoveryLoop(t *testing.T) {
 		var logs proctest.Log
 		tr := New(Options{Overlay: p, Commander: cmd, Logger: debugLogger(&logs), ProbeInterval: time.Second})
 		l := acquire(t, p)
-		tr.ObserveStall(l, stallFailure(Unavailable, 7))
+		tr.ObserveStall(l, stallFailure(protocol.HealthUnavailable, 7))
 		p.Release(l)
 
 		ctx, cancel := context.WithCancel(t.Context())
@@ -406,7 +407,7 @@ func TestRecoveryGenerationChanged(t *testing.T) {
 				}}
 				tr := New(Options{Overlay: p, Commander: cmd, ProbeInterval: time.Second})
 				l := acquire(t, p)
-				tr.ObserveStall(l, stallFailure(Unavailable, 7))
+				tr.ObserveStall(l, stallFailure(protocol.HealthUnavailable, 7))
 				p.Release(l)
 				p.NodeReady("n1", 4)
 				if r.fenceHook {
@@ -443,13 +444,13 @@ func TestRecoveryAnswerFromOldGeneration(t *testing.T) {
 		cmd := &fakeCommander{answer: func(call int, _ string, gen uint64) (*iop.NodeCommandResponse, error) {
 			if gen == 3 {
 				<-release
-				return capResp("ollama", "tiny", Available, "99"), nil
+				return capResp("ollama", "tiny", protocol.HealthAvailable, "99"), nil
 			}
-			return capResp("ollama", "tiny", Unavailable, "50"), nil
+			return capResp("ollama", "tiny", protocol.HealthUnavailable, "50"), nil
 		}}
 		tr := New(Options{Overlay: p, Commander: cmd})
 		l := acquire(t, p)
-		tr.ObserveStall(l, stallFailure(Unavailable, 7))
+		tr.ObserveStall(l, stallFailure(protocol.HealthUnavailable, 7))
 		p.Release(l)
 		round := make(chan struct{})
 		go func() { defer close(round); tr.ProbeRound(t.Context()) }()
@@ -459,7 +460,7 @@ func TestRecoveryAnswerFromOldGeneration(t *testing.T) {
 		if l4.Generation != 4 || l4.Key != keyA {
 			t.Fatalf("lease %v/%d, want %v/4", l4.Key, l4.Generation, keyA)
 		}
-		tr.ObserveStall(l4, stallFailure(Unavailable, 1))
+		tr.ObserveStall(l4, stallFailure(protocol.HealthUnavailable, 1))
 		p.Release(l4)
 		close(release)
 		<-round

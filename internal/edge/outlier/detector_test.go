@@ -10,12 +10,13 @@ import (
 
 	"iop/internal/edge/pool"
 	"iop/internal/proctest"
+	"iop/internal/protocol"
 )
 
 func testPool() *pool.Pool {
 	p := pool.New(pool.Config{
 		Nodes:      []string{"gpu-1"},
-		Resources:  []pool.Resource{{Key: kA, Type: "ollama", Capacity: 1, LongCapacity: 1, Operations: []string{pool.OpChatCompletions}}},
+		Resources:  []pool.Resource{{Key: kA, Type: "ollama", Capacity: 1, LongCapacity: 1, Operations: []string{protocol.OpChatCompletions}}},
 		Groups:     []pool.Group{{Name: "m", Candidates: []pool.Candidate{{Key: kA, Target: "t"}}}},
 		MaxWaiters: 8, WaitTimeout: time.Hour,
 	}, nil)
@@ -23,7 +24,7 @@ func testPool() *pool.Pool {
 	return p
 }
 
-// Issue 11: the Detector ejects in the pool at once, re-admits on its timer
+// the Detector ejects in the pool at once, re-admits on its timer
 // (pumping a request that waited because every candidate was cooling, with
 // no polling in between), logs one line per ejection and re-admission and
 // counts ejections by reason.
@@ -42,7 +43,7 @@ func TestDetectorEjectsAndReadmits(t *testing.T) {
 		}
 		got := make(chan error, 1)
 		go func() {
-			l, err := p.Acquire(context.Background(), pool.Request{Model: "m", Operation: pool.OpChatCompletions})
+			l, err := p.Acquire(context.Background(), pool.Request{Model: "m", Operation: protocol.OpChatCompletions})
 			if err == nil {
 				p.Release(l)
 			}

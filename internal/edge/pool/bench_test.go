@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"iop/internal/edge/routing"
+	"iop/internal/protocol"
 )
 
 // BenchmarkAcquireRelease: one uncontended admit and release (issue target:
@@ -15,7 +16,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 		p.NodeReady(n, 1)
 	}
 	ctx := context.Background()
-	r := Request{Model: "m", Operation: OpChatCompletions, PromptTokens: 10}
+	r := Request{Model: "m", Operation: protocol.OpChatCompletions, PromptTokens: 10}
 	b.ReportAllocs()
 	for b.Loop() {
 		l, err := p.Acquire(ctx, r)
@@ -47,13 +48,13 @@ func BenchmarkAcquireReleaseAffinity(b *testing.B) {
 		return out
 	}
 	for c := range uint64(1000) {
-		l, err := p.Acquire(ctx, Request{Model: "m", Operation: OpChatCompletions, Prefix: prefix(c)})
+		l, err := p.Acquire(ctx, Request{Model: "m", Operation: protocol.OpChatCompletions, Prefix: prefix(c)})
 		if err != nil {
 			b.Fatal(err)
 		}
 		p.Release(l)
 	}
-	r := Request{Model: "m", Operation: OpChatCompletions, PromptTokens: 10, Prefix: prefix(7)}
+	r := Request{Model: "m", Operation: protocol.OpChatCompletions, PromptTokens: 10, Prefix: prefix(7)}
 	b.ReportAllocs()
 	for b.Loop() {
 		l, err := p.Acquire(ctx, r)
@@ -72,7 +73,7 @@ func BenchmarkAcquireReleaseParallel(b *testing.B) {
 	for _, n := range []string{"gpu-1", "gpu-2", "gpu-3"} {
 		p.NodeReady(n, 1)
 	}
-	r := Request{Model: "m", Operation: OpChatCompletions, PromptTokens: 10}
+	r := Request{Model: "m", Operation: protocol.OpChatCompletions, PromptTokens: 10}
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		ctx := context.Background()
@@ -100,7 +101,7 @@ func BenchmarkPump10000Waiters(b *testing.B) {
 		cfg.MaxWaiters = n
 		p := New(cfg, SystemClock())
 		ws := make([]*waiter, n)
-		r := Request{Model: "m", Operation: OpChatCompletions}
+		r := Request{Model: "m", Operation: protocol.OpChatCompletions}
 		p.mu.Lock()
 		for i := range ws {
 			_, c, err := p.s.admit(r)

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"errors"
+	"iop/internal/protocol"
 	"testing"
 	"time"
 )
@@ -52,7 +53,7 @@ func TestStateMachine(t *testing.T) {
 		{name: "Q3 provider type never excludes, the operation does", run: func(h *harness) {
 			h.ready("gpu-1", 1, true)
 			h.ready("gpu-2", 1, true)
-			msg := Request{Model: "tiny", Operation: OpMessages}
+			msg := Request{Model: "tiny", Operation: protocol.OpMessages}
 			h.acq("m1", msg)
 			h.wantLease("m1", kLlama)
 			h.acq("m2", msg)
@@ -68,10 +69,10 @@ func TestStateMachine(t *testing.T) {
 			h.reconfigure(Config{Resources: baseConfig().Resources, MaxWaiters: 8, Groups: []Group{
 				{Name: "local", Candidates: []Candidate{{Key: kOllama, Target: "x"}}},
 			}})
-			h.acq("r", Request{Model: "local", Operation: OpResponses})
+			h.acq("r", Request{Model: "local", Operation: protocol.OpResponses})
 			h.wantErr("r", ErrNoCandidate, `"responses"`)
 			var nc *NoCandidateError
-			if !errors.As(h.errs["r"], &nc) || nc.Model != "local" || nc.Operation != OpResponses {
+			if !errors.As(h.errs["r"], &nc) || nc.Model != "local" || nc.Operation != protocol.OpResponses {
 				h.t.Fatalf("err = %#v, want *NoCandidateError{local, responses}", h.errs["r"])
 			}
 			h.wantStats(0, 0)
@@ -158,7 +159,7 @@ func TestStateMachine(t *testing.T) {
 		{name: "Q4 Q5 a waiter that cannot be served does not block the one behind it", run: func(h *harness) {
 			h.ready("gpu-1", 1, true)
 			h.ready("gpu-2", 1, true)
-			msg := Request{Model: "tiny", Operation: OpMessages}
+			msg := Request{Model: "tiny", Operation: protocol.OpMessages}
 			h.acq("m1", msg)
 			h.acq("m2", msg)
 			h.acq("c1", chat("tiny", 0))
@@ -305,7 +306,7 @@ func TestStateMachine(t *testing.T) {
 			h.acq("a", chat("big", 0))
 			h.acq("b", chat("big", 0))
 			h.acq("w", chat("big", 0))
-			h.acq("m", Request{Model: "tiny", Operation: OpMessages})
+			h.acq("m", Request{Model: "tiny", Operation: protocol.OpMessages})
 			h.acq("t", chat("tiny", 0))
 			cfg := baseConfig()
 			cfg.Groups = []Group{{Name: "tiny", Candidates: []Candidate{{Key: kOllama, Target: "x"}}}}
@@ -329,7 +330,7 @@ func TestStateMachine(t *testing.T) {
 			h.acq("b", chat("tiny", 0)) // llama
 			h.acq("c", chat("tiny", 0)) // ollama
 			h.acq("d", chat("tiny", 0)) // llama
-			h.acq("w", Request{Model: "tiny", Operation: OpChatCompletions})
+			h.acq("w", Request{Model: "tiny", Operation: protocol.OpChatCompletions})
 			h.fence("gpu-1", 1, 2)
 			if len(h.fenced) != 2 || h.fenced[0].Key != kOllama || h.fenced[1].Key != kOllama {
 				h.t.Fatalf("fenced %v, want the two ollama leases", h.fenced)

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"errors"
+	"iop/internal/protocol"
 	"slices"
 	"strings"
 	"testing"
@@ -15,7 +16,7 @@ var (
 	kVLLM   = Key{"gpu-3", "vllm"}
 )
 
-var allOps = []string{OpChatCompletions, OpMessages, OpCountTokens, OpResponses, OpModels}
+var allOps = []string{protocol.OpChatCompletions, protocol.OpMessages, protocol.OpCountTokens, protocol.OpResponses, protocol.OpModels}
 
 // baseConfig: model "tiny" on gpu-1/ollama (cap 2, long 1, chat only, stall
 // 60000 ms) then gpu-2/llama (openai_compat, cap 2, long 1, every op);
@@ -24,7 +25,7 @@ func baseConfig() Config {
 	return Config{
 		Nodes: []string{"gpu-1", "gpu-2"},
 		Resources: []Resource{
-			{Key: kOllama, Type: "ollama", Category: "local_inference", Capacity: 2, LongCapacity: 1, Operations: []string{OpChatCompletions}},
+			{Key: kOllama, Type: "ollama", Category: "local_inference", Capacity: 2, LongCapacity: 1, Operations: []string{protocol.OpChatCompletions}},
 			{Key: kLlama, Type: "openai_compat", Category: "local_inference", Capacity: 2, LongCapacity: 1, Operations: allOps},
 		},
 		Groups: []Group{
@@ -62,7 +63,7 @@ func newHarness(t *testing.T, cfg Config) *harness {
 }
 
 func chat(model string, tokens int) Request {
-	return Request{Model: model, Operation: OpChatCompletions, PromptTokens: tokens}
+	return Request{Model: model, Operation: protocol.OpChatCompletions, PromptTokens: tokens}
 }
 
 // acq runs admit (+ enqueue) for a request named name.

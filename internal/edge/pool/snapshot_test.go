@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"iop/internal/edge/routing"
+	"iop/internal/protocol"
 )
 
 // snap is the comparable part of one ProviderSnapshot.
@@ -80,8 +81,8 @@ func TestSnapshot(t *testing.T) {
 			}
 			h.acq("w", chat("tiny", 0))
 			h.acq("L", chat("tiny", 300))
-			h.acq("m", Request{Model: "tiny", Operation: OpMessages}) // llama only
-			h.acq("b1", chat("big", 0))                               // llama only
+			h.acq("m", Request{Model: "tiny", Operation: protocol.OpMessages}) // llama only
+			h.acq("b1", chat("big", 0))                                        // llama only
 			h.wantSnapshot(map[string]bool{"gpu-1": true, "gpu-2": true}, map[Key]snap{
 				kOllama: {StatusAvailable, HealthHealthy, 2, 1, 2, 0, 2, 1, "ollama", "local_inference"},
 				kLlama:  {StatusAvailable, HealthHealthy, 2, 1, 2, 0, 4, 1, "llama", "local_inference"},
@@ -161,7 +162,7 @@ func TestEstimatePromptTokens(t *testing.T) {
 	}
 }
 
-// Q8 issue 16 (operator page): a request pinned to the busy provider
+// Q8 (operator page): a request pinned to the busy provider
 // holding its conversation (affinity_wait) is one of its group's waiters.
 func TestGroupsSnapshotPinned(t *testing.T) {
 	h := newHarness(t, affinityConfig(routing.PrefixAffinity, true)())

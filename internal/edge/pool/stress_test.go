@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"iop/internal/leakcheck"
+	"iop/internal/protocol"
 )
 
 // stressConfig: one model over three providers of capacity 4 on three nodes.
@@ -16,7 +17,7 @@ func stressConfig() Config {
 	var cfg Config
 	var cands []Candidate
 	for _, k := range []Key{kOllama, kLlama, kVLLM} {
-		cfg.Resources = append(cfg.Resources, Resource{Key: k, Type: "openai_compat", Capacity: 4, LongCapacity: 1, Operations: []string{OpChatCompletions}})
+		cfg.Resources = append(cfg.Resources, Resource{Key: k, Type: "openai_compat", Capacity: 4, LongCapacity: 1, Operations: []string{protocol.OpChatCompletions}})
 		cands = append(cands, Candidate{Key: k, Target: "m"})
 	}
 	cfg.Groups = []Group{{Name: "m", LongContextTokens: 1000, Candidates: cands}}
@@ -54,7 +55,7 @@ func TestStressCapacity(t *testing.T) {
 				if rng.IntN(10) == 0 {
 					tokens = 1000
 				}
-				l, err := p.Acquire(ctx, Request{Model: "m", Operation: OpChatCompletions, PromptTokens: tokens})
+				l, err := p.Acquire(ctx, Request{Model: "m", Operation: protocol.OpChatCompletions, PromptTokens: tokens})
 				if err != nil {
 					cancel()
 					continue
@@ -122,7 +123,7 @@ func TestStressFence(t *testing.T) {
 		go func() {
 			defer workers.Done()
 			for range 20 {
-				l, err := p.Acquire(context.Background(), Request{Model: "m", Operation: OpChatCompletions, PromptTokens: g % 2 * 1000})
+				l, err := p.Acquire(context.Background(), Request{Model: "m", Operation: protocol.OpChatCompletions, PromptTokens: g % 2 * 1000})
 				if err != nil {
 					t.Errorf("Acquire: %v", err)
 					return

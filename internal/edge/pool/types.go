@@ -18,18 +18,6 @@ type Key struct {
 
 func (k Key) String() string { return k.Node + "/" + k.Provider }
 
-// Operations a provider profile can support (SPEC T1); config.Operations
-// says which one a resource serves.
-const (
-	OpModels          = "models"
-	OpChatCompletions = "chat_completions"
-	OpMessages        = "messages"
-	OpCountTokens     = "count_tokens"
-	OpResponses       = "responses"
-	OpCompletions     = "completions"
-	OpEmbeddings      = "embeddings"
-)
-
 // Resource is one configured provider resource (one adapter instance of a
 // node). Capacity and LongCapacity are request counts; a resource with
 // Capacity <= 0 never admits, one with LongCapacity <= 0 never admits a long
@@ -43,7 +31,7 @@ type Resource struct {
 	Category     string
 	Capacity     int
 	LongCapacity int
-	// Operations the resource's profile supports (OpChatCompletions, …).
+	// Operations the resource's profile supports (protocol.OpChatCompletions, …).
 	Operations []string
 }
 
@@ -59,8 +47,7 @@ type Candidate struct {
 
 // Group is one configured model: the external model name clients send, the
 // long-context threshold in estimated prompt tokens (0 = no request is long,
-// SPEC Q7), the candidates in config order and how to choose among them
-// (issue 16).
+// SPEC Q7), the candidates in config order and how to choose among them.
 type Group struct {
 	Name              string
 	LongContextTokens int
@@ -115,7 +102,7 @@ type Request struct {
 	PromptTokens int
 	Prefix       []uint64
 	// Exclude lists providers the request must not be given: those a
-	// re-dispatched request already tried (issue 11, SPEC H11: never the
+	// re-dispatched request already tried (SPEC H11: never the
 	// same provider twice in one request). Empty for a first admission.
 	Exclude []Key
 }

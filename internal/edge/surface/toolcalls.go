@@ -5,14 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iop/internal/protocol"
 	"slices"
 	"strings"
 )
 
 // RunEvent metadata keys the surface reads (SPEC E8, E9).
 const (
-	MetaToolCalls        = "openai_tool_calls"
-	MetaTextToolFallback = "openai_text_tool_fallback"
+	MetaToolCalls        = protocol.MetaToolCalls
+	MetaTextToolFallback = protocol.MetaTextToolFallback
 )
 
 // ErrBadToolCalls: metadata["openai_tool_calls"] is not a JSON array of

@@ -26,7 +26,7 @@
 // hop-by-hop or Edge-internal headers upstream (SPEC T4), never reads the
 // environment itself (Options.LookupEnv) and never logs a secret or a body.
 //
-// # Peer input (issue 12)
+// # Peer input
 //
 // Every buffer that holds a backend's bytes grows with the bytes received
 // and has a cap:
@@ -65,56 +65,30 @@ import (
 	"iop/internal/node/adapter/ollama"
 	"iop/internal/node/adapter/openaicompat"
 	"iop/internal/node/adapter/upstream"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
 // Adapter types of AdapterConfig.type.
 const (
-	TypeOllama       = "ollama"
-	TypeOpenAICompat = "openai_compat"
-)
-
-// Failure codes of ERROR terminals (RunEvent.failure_code,
-// ProviderTunnelFrame.failure_code). CodeResponseStalled (stall.go) belongs
-// to the stall watchdog (SPEC H1).
-const (
-	CodeUnknownAdapter       = "unknown_adapter"
-	CodeOverCapacity         = "over_capacity"
-	CodeInvalidRequest       = "invalid_request"
-	CodeUnsupportedOperation = "unsupported_operation"
-	CodeCredentialRequired   = "credential_required"
-	CodeCredentialInvalid    = "credential_invalid"
-	CodeUpstreamStatus       = "upstream_status"  // run path: non-2xx; upstream_status (and retry_after_ms) set
-	CodeUpstreamConnect      = "upstream_connect" // no connection to the backend could be opened
-	CodeUpstreamReset        = "upstream_reset"   // the connection closed or broke before the response head
-	CodeUpstreamError        = "upstream_error"   // a failure after the response head: reset mid-body, malformed stream
-	CodeTimeout              = "timeout"          // the request's timeout_sec expired
-	CodeCancelled            = "cancelled"        // ctx cancelled (SPEC E5, E6, T3)
-	CodeNodeShutdown         = "node_shutdown"    // ctx cancelled with ErrNodeShutdown: the node's drain timeout passed (issue 15)
-	CodeInternal             = "internal_error"
-)
-
-// Probe results (SPEC H2).
-const (
-	HealthAvailable   = "available"
-	HealthUnavailable = "unavailable"
-	HealthUnknown     = "unknown"
+	TypeOllama       = protocol.TypeOllama
+	TypeOpenAICompat = protocol.TypeOpenAICompat
 )
 
 // Defaults.
 const (
-	DefaultStallTimeout = 300000 * time.Millisecond // SPEC E2
-	DefaultProbeTimeout = 2 * time.Second           // DESIGN.md health probe timeout
-	DefaultCloseGrace   = 2 * time.Second           // DESIGN.md stall close grace (SPEC H1, H7)
-	DefaultOllamaURL    = "http://127.0.0.1:11434"  // Ollama's own default
-	MaxBodyFrame        = 32 << 10                  // bytes per BODY frame (SPEC T2)
+	DefaultStallTimeout = protocol.DefaultStallTimeoutMs * time.Millisecond // SPEC E2
+	DefaultProbeTimeout = 2 * time.Second                                   // DESIGN.md health probe timeout
+	DefaultCloseGrace   = 2 * time.Second                                   // DESIGN.md stall close grace (SPEC H1, H7)
+	DefaultOllamaURL    = "http://127.0.0.1:11434"                          // Ollama's own default
+	MaxBodyFrame        = 32 << 10                                          // bytes per BODY frame (SPEC T2)
 )
 
 // ErrNodeShutdown is the cause the node's drain cancels its work in flight
 // with once shutdown.drain_timeout_ms has passed (session
 // Options.DrainCause): the terminal is an ERROR with failure code
 // node_shutdown instead of CANCELLED, so the Edge can tell a node going
-// away from a cancel of its own (issue 15).
+// away from a cancel of its own.
 var ErrNodeShutdown = errors.New("the node is shutting down: its drain timeout passed")
 
 // Errors of NewSet (each wrapped with the adapter's name) and StallTimeout;
@@ -221,8 +195,11 @@ type instance struct {
 	ep      *upstream.Endpoint
 	profile *iop.ConcreteProtocolProfile // never nil; built in for ollama
 	gate    gate
-	stallMs int64 // AdapterConfig.response_stall_timeout_ms; 0 = Set default
-	runner  runner
+	// stall is a request's stall timeout when it carries 0 (a direct call,
+	// SPEC E2, Q6): AdapterConfig.response_stall_timeout_ms, else the Set's
+	// default.
+	stall  time.Duration
+	runner runner
 	// newRunner builds a runner calling another endpoint (a request
 	// carrying a lease's credential).
 	newRunner func(*upstream.Endpoint) runner
@@ -310,7 +287,7 @@ func (s *Set) build(ac *iop.AdapterConfig, allowEnv func(string) bool, lookupEnv
 	if name == "" {
 		name = ac.GetType()
 	}
-	inst := &instance{name: name, typ: ac.GetType(), stallMs: ac.GetResponseStallTimeoutMs()}
+	inst := &instance{name: name, typ: ac.GetType()}
 	fail := func(err error, format string, args ...any) error {
 		if format == "" {
 			return fmt.Errorf("adapter %q: %w", name, err)
@@ -321,9 +298,11 @@ func (s *Set) build(ac *iop.AdapterConfig, allowEnv func(string) bool, lookupEnv
 		return nil, fail(ErrBadCapacity, "%d is negative", ac.GetCapacity())
 	}
 	inst.gate.limit = int64(ac.GetCapacity())
-	if _, err := StallTimeout(ac.GetResponseStallTimeoutMs(), DefaultStallTimeout); err != nil {
+	stall, err := StallTimeout(ac.GetResponseStallTimeoutMs(), s.stallDef)
+	if err != nil {
 		return nil, fail(err, "")
 	}
+	inst.stall = stall
 	idle, err := idleTimeout(ac.GetUpstreamIdleTimeoutMs())
 	if err != nil {
 		return nil, fail(err, "")
@@ -335,7 +314,7 @@ func (s *Set) build(ac *iop.AdapterConfig, allowEnv func(string) bool, lookupEnv
 		if base == "" {
 			base = DefaultOllamaURL
 		}
-		inst.profile = ollamaProfile(base)
+		inst.profile = protocol.OllamaProfile(base)
 	case TypeOpenAICompat:
 		p := ac.GetOpenaiCompat().GetProtocolProfile()
 		if p == nil {

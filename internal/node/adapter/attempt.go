@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"iop/internal/node/adapter/upstream"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -172,12 +173,12 @@ func (e *pendingError) Unwrap() error { return e.cause }
 
 // stallEvent is the RunEvent of a stall terminal.
 func stallEvent(st *stallTerminal) *iop.RunEvent {
-	return &iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_ERROR, Error: st.msg, FailureCode: CodeResponseStalled,
+	return &iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_ERROR, Error: st.msg, FailureCode: protocol.CodeResponseStalled.String(),
 		Failure: st.failure, Metadata: st.meta}
 }
 
 // stallFrame is the ProviderTunnelFrame of a stall terminal.
 func stallFrame(st *stallTerminal) *iop.ProviderTunnelFrame {
-	return &iop.ProviderTunnelFrame{Kind: iop.TunnelFrameKind_TUNNEL_FRAME_ERROR, Error: st.msg, FailureCode: CodeResponseStalled,
+	return &iop.ProviderTunnelFrame{Kind: iop.TunnelFrameKind_TUNNEL_FRAME_ERROR, Error: st.msg, FailureCode: protocol.CodeResponseStalled.String(),
 		Failure: st.failure, Metadata: st.meta}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"iop/internal/node/adapter"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -87,7 +88,7 @@ func BenchmarkTunnelRelaySSE(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			s := newSet(b, adapter.Options{HTTPClient: tc.client, ReuseBodyBuffers: tc.reuse},
 				compatAdapter("llama", llamaProfile(loopback.URL), 0))
-			req := &iop.ProviderTunnelRequest{Adapter: "llama", Target: "tiny", Operation: adapter.OpChatCompletions, Body: []byte(`{"model":"tiny","stream":true}`)}
+			req := &iop.ProviderTunnelRequest{Adapter: "llama", Target: "tiny", Operation: protocol.OpChatCompletions, Body: []byte(`{"model":"tiny","stream":true}`)}
 			var frames, bytesSeen int
 			var last iop.TunnelFrameKind
 			emit := func(f *iop.ProviderTunnelFrame) {
@@ -135,7 +136,7 @@ func TestTunnelRelayAllocs(t *testing.T) {
 			mt := &memTransport{chunk: chunk}
 			s := newSet(t, adapter.Options{HTTPClient: &http.Client{Transport: mt}, ReuseBodyBuffers: tc.reuse},
 				compatAdapter("llama", llamaProfile("http://127.0.0.1:1"), 0))
-			req := &iop.ProviderTunnelRequest{Adapter: "llama", Operation: adapter.OpChatCompletions, Body: []byte(`{}`)}
+			req := &iop.ProviderTunnelRequest{Adapter: "llama", Operation: protocol.OpChatCompletions, Body: []byte(`{}`)}
 			frames := 0
 			emit := func(f *iop.ProviderTunnelFrame) {
 				if f.GetKind() == iop.TunnelFrameKind_TUNNEL_FRAME_BODY {

@@ -14,6 +14,7 @@ import (
 
 	"iop/internal/leakcheck"
 	"iop/internal/node/adapter"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -83,7 +84,7 @@ func (s *llamaConnServer) serve(c net.Conn) {
 	}
 }
 
-// Issue 11: llama-server closes the connection after every streamed answer
+// llama-server closes the connection after every streamed answer
 // without saying so; the node never writes a request on such a connection
 // (client.go), so requests sent one after the other — streamed tunnels,
 // runs (streamed upstream) and Content-Length tunnels — all end well and
@@ -100,7 +101,7 @@ func TestUpstreamClosesAfterStreamedAnswer(t *testing.T) {
 			b = `{"model":"tiny","stream":true,"messages":[{"role":"user","content":"hi"}]}`
 		}
 		last, _, _, _ := checkTunnel(t, tunnelAll(ctx, s, &iop.ProviderTunnelRequest{Adapter: "x", Target: "tiny",
-			Operation: adapter.OpChatCompletions, Stream: stream, Body: []byte(b)}))
+			Operation: protocol.OpChatCompletions, Stream: stream, Body: []byte(b)}))
 		return last.GetKind() == iop.TunnelFrameKind_TUNNEL_FRAME_END, last.GetFailureCode() + " " + last.GetError()
 	}
 	run := func() (bool, string) {

@@ -11,6 +11,7 @@ import (
 
 	"iop/internal/leakcheck"
 	"iop/internal/node/adapter"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -175,16 +176,16 @@ func TestRunOpenAICompatFailures(t *testing.T) {
 		message string
 		deltas  bool
 	}{
-		{"E9 upstream 500 with JSON body", replay(s500, "application/json", b500), adapter.CodeUpstreamStatus, 500, "syntax error while parsing object key", false},
-		{"E9 400 without tools is not retried", replay(s400, "application/json", b400), adapter.CodeUpstreamStatus, 400, "exceeds the available context size", false},
-		{"E9 404 unknown model", replay(s404, "application/json", b404), adapter.CodeUpstreamStatus, 404, "model 'no-such-model' not found", false},
+		{"E9 upstream 500 with JSON body", replay(s500, "application/json", b500), protocol.CodeUpstreamStatus.String(), 500, "syntax error while parsing object key", false},
+		{"E9 400 without tools is not retried", replay(s400, "application/json", b400), protocol.CodeUpstreamStatus.String(), 400, "exceeds the available context size", false},
+		{"E9 404 unknown model", replay(s404, "application/json", b404), protocol.CodeUpstreamStatus.String(), 404, "model 'no-such-model' not found", false},
 		{"E9 malformed SSE line", replay(200, "text/event-stream", sseStream("\n", `{"choices":[{"index":0,"delta":{"content":"Hi"}}]}`, `{"choices":[{"index":0,`)),
-			adapter.CodeUpstreamError, 0, "not JSON", true},
+			protocol.CodeUpstreamError.String(), 0, "not JSON", true},
 		{"E9 [DONE] and finish_reason both missing", replay(200, "text/event-stream", sseStream("\n", `{"choices":[{"index":0,"delta":{"content":"Hi"}}]}`)),
-			adapter.CodeUpstreamError, 0, "without finish_reason", true},
+			protocol.CodeUpstreamError.String(), 0, "without finish_reason", true},
 		{"E9 error object mid-stream", replay(200, "text/event-stream", sseStream("\n", `{"choices":[{"index":0,"delta":{"content":"Hi"}}]}`, `{"error":{"message":"slot unavailable"}}`)),
-			adapter.CodeUpstreamError, 0, "slot unavailable", true},
-		{"E9 upstream reset mid-stream", resetAfter("text/event-stream", stream[:700]), adapter.CodeUpstreamError, 0, "", true},
+			protocol.CodeUpstreamError.String(), 0, "slot unavailable", true},
+		{"E9 upstream reset mid-stream", resetAfter("text/event-stream", stream[:700]), protocol.CodeUpstreamError.String(), 0, "", true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

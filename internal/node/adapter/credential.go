@@ -6,6 +6,7 @@ import (
 
 	"iop/internal/lease"
 	"iop/internal/node/adapter/upstream"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -36,18 +37,18 @@ func checkLeaseKeys(rt *iop.NodeRuntimeConfig, o *lease.Opener) error {
 // checkPresence applies SPEC C4's presence rules at the boundary, before
 // capacity: lease and binding travel together, are required with the
 // plane on and refused with it off. It returns the failure code.
-func (s *Set) checkPresence(l *iop.CredentialLease, b *iop.CredentialLeaseBinding) (string, error) {
+func (s *Set) checkPresence(l *iop.CredentialLease, b *iop.CredentialLeaseBinding) (protocol.Code, error) {
 	if err := lease.CheckPresence(s.creds, l, b); err != nil {
 		return credentialCode(err), fmt.Errorf("credential lease rejected: %w", err)
 	}
 	return "", nil
 }
 
-func credentialCode(err error) string {
+func credentialCode(err error) protocol.Code {
 	if lease.Required(err) {
-		return CodeCredentialRequired
+		return protocol.CodeCredentialRequired
 	}
-	return CodeCredentialInvalid
+	return protocol.CodeCredentialInvalid
 }
 
 // authHeader is where inst carries an upstream credential: the profile's

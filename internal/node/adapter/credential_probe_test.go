@@ -11,6 +11,7 @@ import (
 
 	"iop/internal/leakcheck"
 	"iop/internal/node/adapter"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -80,7 +81,7 @@ func TestCredentialProbes(t *testing.T) {
 				if tc.tunnel {
 					var frames []*iop.ProviderTunnelFrame
 					s.Tunnel(context.Background(), "run-1", &iop.ProviderTunnelRequest{Adapter: "llama", Target: "tiny",
-						Operation: adapter.OpChatCompletions, Body: []byte(`{"model":"tiny","stream":true}`), ResponseStallTimeoutMs: 10000,
+						Operation: protocol.OpChatCompletions, Body: []byte(`{"model":"tiny","stream":true}`), ResponseStallTimeoutMs: 10000,
 						CredentialLease: l, CredentialBinding: b}, func(f *iop.ProviderTunnelFrame) { frames = append(frames, f) })
 					last, _, _, _ := checkTunnel(t, frames)
 					fail = last.GetFailure()
@@ -91,7 +92,7 @@ func TestCredentialProbes(t *testing.T) {
 					last, _ := checkRun(t, evs)
 					fail = last.GetFailure()
 				}
-				if fail.GetCode() != adapter.CodeResponseStalled || fail.GetProviderHealth() != adapter.HealthAvailable {
+				if fail.GetCode() != protocol.CodeResponseStalled.String() || fail.GetProviderHealth() != protocol.HealthAvailable {
 					t.Fatalf("H1: stall failure %v, want response_stalled with provider_health available", fail)
 				}
 				if got := up.modelCalls(); len(got) != 1 || got[0] != "Bearer "+kitSecret {
@@ -120,25 +121,25 @@ func TestCredentialProbes(t *testing.T) {
 		}{
 			{"C3 H10 a probe lease opens and the keyed models path answers", s,
 				func() (*iop.CredentialLease, *iop.CredentialLeaseBinding) { return replayedLease, replayed },
-				adapter.HealthAvailable, "Bearer " + kitSecret},
+				protocol.HealthAvailable, "Bearer " + kitSecret},
 			{"H10 without a lease the keyed path answers 401: unavailable", s,
-				func() (*iop.CredentialLease, *iop.CredentialLeaseBinding) { return nil, nil }, adapter.HealthUnavailable, ""},
+				func() (*iop.CredentialLease, *iop.CredentialLeaseBinding) { return nil, nil }, protocol.HealthUnavailable, ""},
 			{"C3 a replayed probe lease: unknown, nothing sent", s,
-				func() (*iop.CredentialLease, *iop.CredentialLeaseBinding) { return replayedLease, replayed }, adapter.HealthUnknown, "-"},
+				func() (*iop.CredentialLease, *iop.CredentialLeaseBinding) { return replayedLease, replayed }, protocol.HealthUnknown, "-"},
 			{"C6 a probe lease for another target: unknown, nothing sent", s,
 				func() (*iop.CredentialLease, *iop.CredentialLeaseBinding) {
 					b := vllmBinding()
 					b.UpstreamTarget = "big"
 					return k.issue(t, b), b
-				}, adapter.HealthUnknown, "-"},
+				}, protocol.HealthUnknown, "-"},
 			{"C4 a probe lease without its binding: unknown, nothing sent", s,
-				func() (*iop.CredentialLease, *iop.CredentialLeaseBinding) { return k.issue(t, vllmBinding()), nil }, adapter.HealthUnknown, "-"},
+				func() (*iop.CredentialLease, *iop.CredentialLeaseBinding) { return k.issue(t, vllmBinding()), nil }, protocol.HealthUnknown, "-"},
 			{"C4 a probe lease with the plane off: unknown, nothing sent", off,
 				func() (*iop.CredentialLease, *iop.CredentialLeaseBinding) {
 					b := vllmBinding()
 					return k.issue(t, b), b
 				},
-				adapter.HealthUnknown, "-"},
+				protocol.HealthUnknown, "-"},
 		}
 		for _, row := range rows {
 			before := len(up.modelCalls())

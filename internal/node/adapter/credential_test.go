@@ -14,6 +14,7 @@ import (
 	"iop/internal/leakcheck"
 	"iop/internal/lease"
 	"iop/internal/node/adapter"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -86,7 +87,7 @@ func TestCredentialLease(t *testing.T) {
 	s := k.planeSet(t, compatAdapter("llama", llamaProfile(up.URL), 4))
 	tunnel := func(l *iop.CredentialLease, b *iop.CredentialLeaseBinding) *iop.ProviderTunnelFrame {
 		last, _, _, _ := checkTunnel(t, tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Adapter: "llama", Target: "tiny",
-			Operation: adapter.OpModels, CredentialLease: l, CredentialBinding: b}))
+			Operation: protocol.OpModels, CredentialLease: l, CredentialBinding: b}))
 		return last
 	}
 	// C3: a valid lease: the upstream gets the secret in the profile's header.
@@ -104,22 +105,22 @@ func TestCredentialLease(t *testing.T) {
 		l    func() (*iop.CredentialLease, *iop.CredentialLeaseBinding)
 		code string
 	}{
-		{"C3 replayed lease", func() (*iop.CredentialLease, *iop.CredentialLeaseBinding) { return l, b }, adapter.CodeCredentialInvalid},
-		{"C4 no lease with the plane on", func() (*iop.CredentialLease, *iop.CredentialLeaseBinding) { return nil, nil }, adapter.CodeCredentialRequired},
-		{"C4 lease without binding", func() (*iop.CredentialLease, *iop.CredentialLeaseBinding) { return k.issue(t, kitBinding()), nil }, adapter.CodeCredentialInvalid},
-		{"C4 binding without lease", func() (*iop.CredentialLease, *iop.CredentialLeaseBinding) { return nil, kitBinding() }, adapter.CodeCredentialInvalid},
-		{"C6 lease for another node", bound(k, t, func(b *iop.CredentialLeaseBinding) { b.NodeId = "gpu-2" }), adapter.CodeCredentialInvalid},
-		{"C6 lease for another target", bound(k, t, func(b *iop.CredentialLeaseBinding) { b.UpstreamTarget = "big" }), adapter.CodeCredentialInvalid},
-		{"C6 lease for another adapter", bound(k, t, func(b *iop.CredentialLeaseBinding) { b.Provider = "other" }), adapter.CodeCredentialInvalid},
-		{"C6 lease for another profile", bound(k, t, func(b *iop.CredentialLeaseBinding) { b.Profile = "vllm" }), adapter.CodeCredentialInvalid},
-		{"C6 lease of an older revision", bound(k, t, func(b *iop.CredentialLeaseBinding) { b.CredentialRevision = 1 }), adapter.CodeCredentialInvalid},
-		{"C6 lease of an older generation", bound(k, t, func(b *iop.CredentialLeaseBinding) { b.ProjectionGeneration = 9 }), adapter.CodeCredentialInvalid},
+		{"C3 replayed lease", func() (*iop.CredentialLease, *iop.CredentialLeaseBinding) { return l, b }, protocol.CodeCredentialInvalid.String()},
+		{"C4 no lease with the plane on", func() (*iop.CredentialLease, *iop.CredentialLeaseBinding) { return nil, nil }, protocol.CodeCredentialRequired.String()},
+		{"C4 lease without binding", func() (*iop.CredentialLease, *iop.CredentialLeaseBinding) { return k.issue(t, kitBinding()), nil }, protocol.CodeCredentialInvalid.String()},
+		{"C4 binding without lease", func() (*iop.CredentialLease, *iop.CredentialLeaseBinding) { return nil, kitBinding() }, protocol.CodeCredentialInvalid.String()},
+		{"C6 lease for another node", bound(k, t, func(b *iop.CredentialLeaseBinding) { b.NodeId = "gpu-2" }), protocol.CodeCredentialInvalid.String()},
+		{"C6 lease for another target", bound(k, t, func(b *iop.CredentialLeaseBinding) { b.UpstreamTarget = "big" }), protocol.CodeCredentialInvalid.String()},
+		{"C6 lease for another adapter", bound(k, t, func(b *iop.CredentialLeaseBinding) { b.Provider = "other" }), protocol.CodeCredentialInvalid.String()},
+		{"C6 lease for another profile", bound(k, t, func(b *iop.CredentialLeaseBinding) { b.Profile = "vllm" }), protocol.CodeCredentialInvalid.String()},
+		{"C6 lease of an older revision", bound(k, t, func(b *iop.CredentialLeaseBinding) { b.CredentialRevision = 1 }), protocol.CodeCredentialInvalid.String()},
+		{"C6 lease of an older generation", bound(k, t, func(b *iop.CredentialLeaseBinding) { b.ProjectionGeneration = 9 }), protocol.CodeCredentialInvalid.String()},
 		{"C3 tampered ciphertext", func() (*iop.CredentialLease, *iop.CredentialLeaseBinding) {
 			b := kitBinding()
 			l := k.issue(t, b)
 			l.Ciphertext[0] ^= 1
 			return l, b
-		}, adapter.CodeCredentialInvalid},
+		}, protocol.CodeCredentialInvalid.String()},
 		{"C3 a credential that is no HTTP header value", func() (*iop.CredentialLease, *iop.CredentialLeaseBinding) {
 			b := kitBinding()
 			l, err := k.issuer.Issue(k.now, k.recipient, b, []byte(kitSecret+"\x01"))
@@ -127,13 +128,13 @@ func TestCredentialLease(t *testing.T) {
 				t.Fatal(err)
 			}
 			return l, b
-		}, adapter.CodeCredentialInvalid},
+		}, protocol.CodeCredentialInvalid.String()},
 		{"C3 expired lease", func() (*iop.CredentialLease, *iop.CredentialLeaseBinding) {
 			b := kitBinding()
 			old := *k
 			old.now = k.now.Add(-lease.DefaultTTL - lease.DefaultSkew - time.Second)
 			return old.issue(t, b), b
-		}, adapter.CodeCredentialInvalid},
+		}, protocol.CodeCredentialInvalid.String()},
 	}
 	for _, row := range rows {
 		t.Run(row.name, func(t *testing.T) {
@@ -198,7 +199,7 @@ func TestCredentialOpenedAfterAdmission(t *testing.T) {
 	}
 	b2 := ob()
 	l2 := k.issue(t, b2)
-	if last := run("second", l2, b2); last.GetFailureCode() != adapter.CodeOverCapacity {
+	if last := run("second", l2, b2); last.GetFailureCode() != protocol.CodeOverCapacity.String() {
 		t.Fatalf("E4: got %q (%q), want over_capacity", last.GetFailureCode(), last.GetError())
 	}
 	close(release)

@@ -11,6 +11,7 @@ import (
 
 	"iop/internal/leakcheck"
 	"iop/internal/node/adapter"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -35,7 +36,7 @@ func startWork(ctx context.Context, s *adapter.Set, tunnel bool, adapterName, ma
 	go func() {
 		defer close(w.done)
 		if tunnel {
-			s.Tunnel(ctx, "t-"+marker, &iop.ProviderTunnelRequest{Adapter: adapterName, Target: "tiny", Operation: adapter.OpChatCompletions,
+			s.Tunnel(ctx, "t-"+marker, &iop.ProviderTunnelRequest{Adapter: adapterName, Target: "tiny", Operation: protocol.OpChatCompletions,
 				Body: []byte(`{"model":"tiny","marker":"` + marker + `"}`)}, func(f *iop.ProviderTunnelFrame) {
 				w.frames = append(w.frames, f)
 				if f.GetKind() == iop.TunnelFrameKind_TUNNEL_FRAME_BODY {
@@ -101,7 +102,7 @@ func recv[T any](t testing.TB, ch <-chan T, what string) T {
 // E5, E6, T3: cancelling the run's context aborts the upstream request — the
 // fake sees its request context end within 100 ms — and the stream still ends
 // with exactly one terminal: CANCELLED (tunnel: ERROR cancelled), or, when
-// the node's drain cancelled it (cause ErrNodeShutdown, issue 15), ERROR
+// the node's drain cancelled it (cause ErrNodeShutdown), ERROR
 // node_shutdown on both.
 func TestCancelAbortsUpstream(t *testing.T) {
 	cases := []struct {
@@ -130,9 +131,9 @@ func TestCancelAbortsUpstream(t *testing.T) {
 				recv(t, w.first, "the first DELTA or BODY")
 			}
 			cancelled := time.Now()
-			cause, code := errors.New("CancelRequest: client_disconnected"), adapter.CodeCancelled
+			cause, code := errors.New("CancelRequest: client_disconnected"), protocol.CodeCancelled
 			if tc.shutdown {
-				cause, code = adapter.ErrNodeShutdown, adapter.CodeNodeShutdown
+				cause, code = adapter.ErrNodeShutdown, protocol.CodeNodeShutdown
 			}
 			cancel(cause)
 			seen := recv(t, b.ctxDone, "the upstream to see its context end")
@@ -142,7 +143,7 @@ func TestCancelAbortsUpstream(t *testing.T) {
 			w.wait(t)
 			if tc.tunnel {
 				last, _, body, _ := checkTunnel(t, w.frames)
-				if last.GetKind() != iop.TunnelFrameKind_TUNNEL_FRAME_ERROR || last.GetFailureCode() != code {
+				if last.GetKind() != iop.TunnelFrameKind_TUNNEL_FRAME_ERROR || last.GetFailureCode() != code.String() {
 					t.Fatalf("T3: got %v %q, want ERROR %s", last.GetKind(), last.GetFailureCode(), code)
 				}
 				if tc.stream && len(body) == 0 {
@@ -155,7 +156,7 @@ func TestCancelAbortsUpstream(t *testing.T) {
 			if tc.shutdown {
 				want = iop.RunEventType_RUN_EVENT_ERROR
 			}
-			if last.GetType() != want || last.GetFailureCode() != code {
+			if last.GetType() != want || last.GetFailureCode() != code.String() {
 				t.Fatalf("E5: got %v %q (%q), want %v %s", last.GetType(), last.GetFailureCode(), last.GetError(), want, code)
 			}
 			if tc.stream && deltas != "Hel" {
@@ -185,7 +186,7 @@ func TestSessionLossCancelsAll(t *testing.T) {
 	}
 	for i, w := range works {
 		if w.frames != nil {
-			if last, _, _, _ := checkTunnel(t, w.frames); last.GetFailureCode() != adapter.CodeCancelled {
+			if last, _, _, _ := checkTunnel(t, w.frames); last.GetFailureCode() != protocol.CodeCancelled.String() {
 				t.Fatalf("E6: tunnel %d ended %v %q", i, last.GetKind(), last.GetFailureCode())
 			}
 			continue
@@ -233,8 +234,8 @@ func TestCapacityGateShared(t *testing.T) {
 
 			started := time.Now()
 			rejectedRun, _ := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Stream: true, Adapter: "one", Target: "tiny", Input: userInput("Hi")}))
-			rejectedTun, _, _, _ := checkTunnel(t, tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Adapter: "one", Operation: adapter.OpChatCompletions, Body: []byte(`{}`)}))
-			if rejectedRun.GetFailureCode() != adapter.CodeOverCapacity || rejectedTun.GetFailureCode() != adapter.CodeOverCapacity {
+			rejectedTun, _, _, _ := checkTunnel(t, tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Adapter: "one", Operation: protocol.OpChatCompletions, Body: []byte(`{}`)}))
+			if rejectedRun.GetFailureCode() != protocol.CodeOverCapacity.String() || rejectedTun.GetFailureCode() != protocol.CodeOverCapacity.String() {
 				t.Fatalf("E4: got run %q and tunnel %q, want over_capacity for both", rejectedRun.GetFailureCode(), rejectedTun.GetFailureCode())
 			}
 			if d := time.Since(started); d > time.Second {
@@ -266,14 +267,14 @@ func TestCapacityReturnedAfterFailures(t *testing.T) {
 	s := newSet(t, adapter.Options{}, compatAdapter("one", llamaProfile(up.URL), 1))
 	for i := 0; i < 3; i++ {
 		last, _ := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Stream: true, Adapter: "one", Target: "tiny", Input: userInput("Hi")}))
-		if last.GetFailureCode() != adapter.CodeUpstreamStatus {
+		if last.GetFailureCode() != protocol.CodeUpstreamStatus.String() {
 			t.Fatalf("run %d: got %q, want upstream_status (a leaked slot would say over_capacity)", i, last.GetFailureCode())
 		}
 		tl, _, _, _ := checkTunnel(t, tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Adapter: "one", Path: "/../x"}))
-		if tl.GetFailureCode() != adapter.CodeInvalidRequest {
+		if tl.GetFailureCode() != protocol.CodeInvalidRequest.String() {
 			t.Fatalf("tunnel %d: got %q", i, tl.GetFailureCode())
 		}
-		tl, _, _, _ = checkTunnel(t, tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Adapter: "one", Operation: adapter.OpModels}))
+		tl, _, _, _ = checkTunnel(t, tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Adapter: "one", Operation: protocol.OpModels}))
 		if tl.GetKind() != iop.TunnelFrameKind_TUNNEL_FRAME_END {
 			t.Fatalf("tunnel %d: got %v %q", i, tl.GetKind(), tl.GetFailureCode())
 		}
@@ -288,7 +289,7 @@ func TestRunTimeout(t *testing.T) {
 	s := newSet(t, adapter.Options{}, compatAdapter("llama", llamaProfile(up.URL), 1))
 	last, _ := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Stream: true, Adapter: "llama", Target: "tiny", Input: userInput("Hi"), TimeoutSec: 1}))
 	recv(t, b.ctxDone, "the upstream to see the deadline")
-	if last.GetType() != iop.RunEventType_RUN_EVENT_ERROR || last.GetFailureCode() != adapter.CodeTimeout || !strings.Contains(last.GetError(), "timeout_sec") {
+	if last.GetType() != iop.RunEventType_RUN_EVENT_ERROR || last.GetFailureCode() != protocol.CodeTimeout.String() || !strings.Contains(last.GetError(), "timeout_sec") {
 		t.Fatalf("got %v %q (%q), want ERROR timeout", last.GetType(), last.GetFailureCode(), last.GetError())
 	}
 }
@@ -306,10 +307,10 @@ func TestCapacityFreeAtTerminal(t *testing.T) {
 	var nextTunnel []*iop.ProviderTunnelFrame
 	s.Run(context.Background(), "r1", &iop.RunRequest{Stream: true, Adapter: "one", Target: "tiny", Input: userInput("Hi")}, func(ev *iop.RunEvent) {
 		if ev.GetType() == iop.RunEventType_RUN_EVENT_COMPLETE {
-			nextTunnel = tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Adapter: "one", Operation: adapter.OpModels})
+			nextTunnel = tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Adapter: "one", Operation: protocol.OpModels})
 		}
 	})
-	s.Tunnel(context.Background(), "t1", &iop.ProviderTunnelRequest{Adapter: "one", Operation: adapter.OpModels}, func(f *iop.ProviderTunnelFrame) {
+	s.Tunnel(context.Background(), "t1", &iop.ProviderTunnelRequest{Adapter: "one", Operation: protocol.OpModels}, func(f *iop.ProviderTunnelFrame) {
 		if f.GetKind() == iop.TunnelFrameKind_TUNNEL_FRAME_END {
 			nextRun = runAll(context.Background(), s, &iop.RunRequest{Stream: true, Adapter: "one", Target: "tiny", Input: userInput("Hi")})
 		}

@@ -5,38 +5,9 @@ import (
 	"net/url"
 	"strings"
 
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
-
-// Tunnel operations (SPEC T1).
-const (
-	OpModels          = "models"
-	OpChatCompletions = "chat_completions"
-	OpMessages        = "messages"
-	OpCountTokens     = "count_tokens"
-	OpResponses       = "responses"
-	OpCompletions     = "completions"
-	OpEmbeddings      = "embeddings"
-)
-
-// ollamaProfile is the built-in profile of an "ollama" instance, used by
-// tunnels and probes: Ollama 0.17's OpenAI- and Anthropic-compatible
-// endpoints (Ollama docs/openai.md, docs/api/anthropic-compatibility; no
-// count_tokens) and /api/tags as health path.
-func ollamaProfile(base string) *iop.ConcreteProtocolProfile {
-	return &iop.ConcreteProtocolProfile{
-		Name:                "ollama",
-		BaseUrl:             base,
-		ModelsPath:          "/v1/models",
-		ChatCompletionsPath: "/v1/chat/completions",
-		MessagesPath:        "/v1/messages",
-		ResponsesPath:       "/v1/responses",
-		CompletionsPath:     "/v1/completions",
-		EmbeddingsPath:      "/v1/embeddings",
-		NativeTools:         true,
-		HealthPath:          "/api/tags",
-	}
-}
 
 // checkProfile validates every path of a profile with checkRelPath and the
 // auth header name.
@@ -73,19 +44,19 @@ func tunnelPath(p *iop.ConcreteProtocolProfile, op, reqPath string) (string, err
 	switch op {
 	case "":
 		path = reqPath
-	case OpModels:
+	case protocol.OpModels:
 		path = p.GetModelsPath()
-	case OpChatCompletions:
+	case protocol.OpChatCompletions:
 		path = p.GetChatCompletionsPath()
-	case OpMessages:
+	case protocol.OpMessages:
 		path = p.GetMessagesPath()
-	case OpCountTokens:
+	case protocol.OpCountTokens:
 		path = p.GetCountTokensPath()
-	case OpResponses:
+	case protocol.OpResponses:
 		path = p.GetResponsesPath()
-	case OpCompletions:
+	case protocol.OpCompletions:
 		path = p.GetCompletionsPath()
-	case OpEmbeddings:
+	case protocol.OpEmbeddings:
 		path = p.GetEmbeddingsPath()
 	default:
 		return "", fmt.Errorf("%w %q (want models, chat_completions, messages, count_tokens, responses, completions or embeddings)", errUnknownOperation, op)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime/debug"
 
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -29,20 +30,20 @@ import (
 func (s *Set) Probe(ctx context.Context, adapter, target string, l *iop.CredentialLease, b *iop.CredentialLeaseBinding) (status string) {
 	inst, err := s.lookup(adapter, TypeOllama)
 	if err != nil || target == "" {
-		return HealthUnknown
+		return protocol.HealthUnknown
 	}
 	r := inst.runner
 	if l != nil || b != nil {
 		if _, err := s.checkPresence(l, b); err != nil {
 			s.log.Warn("credential lease rejected", "adapter", inst.name, "probe", true, "err", err)
-			return HealthUnknown
+			return protocol.HealthUnknown
 		}
 	}
 	if l != nil {
 		ep, err := s.credential(inst, target, l, b)
 		if err != nil {
 			s.log.Warn("credential lease rejected", "adapter", inst.name, "probe", true, "err", err)
-			return HealthUnknown
+			return protocol.HealthUnknown
 		}
 		r = inst.runnerFor(ep)
 	}
@@ -57,12 +58,12 @@ func (s *Set) probeWith(ctx context.Context, inst *instance, r runner, target st
 	defer func() {
 		if p := recover(); p != nil {
 			s.log.Error("adapter probe panicked", "adapter", inst.name, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
-			status = HealthUnknown
+			status = protocol.HealthUnknown
 		}
 	}()
 	switch st := r.Probe(ctx, target); st {
-	case HealthAvailable, HealthUnavailable:
+	case protocol.HealthAvailable, protocol.HealthUnavailable:
 		return st
 	}
-	return HealthUnknown
+	return protocol.HealthUnknown
 }

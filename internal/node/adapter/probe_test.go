@@ -9,6 +9,7 @@ import (
 
 	"iop/internal/leakcheck"
 	"iop/internal/node/adapter"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -70,20 +71,20 @@ func TestProbe(t *testing.T) {
 		name, adapter, target, want string
 		unhealthy                   bool
 	}{
-		{"H10 ollama tag-aware match", "ollama", "tiny", adapter.HealthAvailable, false},
-		{"H10 ollama exact tag", "ollama", "tiny-tool:latest", adapter.HealthAvailable, false},
-		{"H10 ollama target absent", "ollama", "llama3.1:8b", adapter.HealthUnavailable, false},
-		{"H10 ollama prefix is not a match", "ollama", "tin", adapter.HealthUnavailable, false},
-		{"H10 llama-server health then models list", "llama", "tiny", adapter.HealthAvailable, false},
-		{"H10 llama-server target absent", "llama", "big", adapter.HealthUnavailable, false},
-		{"H10 llama-server unhealthy", "llama", "tiny", adapter.HealthUnavailable, true},
-		{"H10 ollama /v1 models list is tag-aware", "ollama-v1", "tiny", adapter.HealthAvailable, false},
-		{"H2 unreadable models list is unknown", "garbage", "tiny", adapter.HealthUnknown, false},
-		{"H2 probe bounded by its timeout is unknown (the server never answers)", "slow", "tiny", adapter.HealthUnknown, false},
-		{"H2 profile without probe paths is unknown", "bare", "tiny", adapter.HealthUnknown, false},
-		{"H2 unreachable server is unavailable", "down", "tiny", adapter.HealthUnavailable, false},
-		{"H10 unknown adapter is unknown", "nope", "tiny", adapter.HealthUnknown, false},
-		{"H10 empty target is unknown", "ollama", "", adapter.HealthUnknown, false},
+		{"H10 ollama tag-aware match", "ollama", "tiny", protocol.HealthAvailable, false},
+		{"H10 ollama exact tag", "ollama", "tiny-tool:latest", protocol.HealthAvailable, false},
+		{"H10 ollama target absent", "ollama", "llama3.1:8b", protocol.HealthUnavailable, false},
+		{"H10 ollama prefix is not a match", "ollama", "tin", protocol.HealthUnavailable, false},
+		{"H10 llama-server health then models list", "llama", "tiny", protocol.HealthAvailable, false},
+		{"H10 llama-server target absent", "llama", "big", protocol.HealthUnavailable, false},
+		{"H10 llama-server unhealthy", "llama", "tiny", protocol.HealthUnavailable, true},
+		{"H10 ollama /v1 models list is tag-aware", "ollama-v1", "tiny", protocol.HealthAvailable, false},
+		{"H2 unreadable models list is unknown", "garbage", "tiny", protocol.HealthUnknown, false},
+		{"H2 probe bounded by its timeout is unknown (the server never answers)", "slow", "tiny", protocol.HealthUnknown, false},
+		{"H2 profile without probe paths is unknown", "bare", "tiny", protocol.HealthUnknown, false},
+		{"H2 unreachable server is unavailable", "down", "tiny", protocol.HealthUnavailable, false},
+		{"H10 unknown adapter is unknown", "nope", "tiny", protocol.HealthUnknown, false},
+		{"H10 empty target is unknown", "ollama", "", protocol.HealthUnknown, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

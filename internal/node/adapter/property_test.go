@@ -13,6 +13,7 @@ import (
 
 	"iop/internal/leakcheck"
 	"iop/internal/node/adapter"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -117,7 +118,7 @@ func TestTunnelPropertyRandomUpstream(t *testing.T) {
 	s := newSet(t, adapter.Options{}, compatAdapter("llama", llamaProfile(up.URL), 1))
 	for i, sc := range scenarios {
 		frs := tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Adapter: "llama", Target: "tiny",
-			Operation: adapter.OpChatCompletions, Body: []byte(fmt.Sprintf(`{"scenario":%d}`, i))})
+			Operation: protocol.OpChatCompletions, Body: []byte(fmt.Sprintf(`{"scenario":%d}`, i))})
 		last, status, body, _ := checkTunnel(t, frs)
 		desc := fmt.Sprintf("scenario %d (status %d, %q, %d bytes, %d writes, cut %d, length %v)",
 			i, sc.Status, sc.ContentType, len(sc.Body), len(sc.Chunks), sc.Cut, sc.Length)

@@ -11,6 +11,7 @@ import (
 
 	"iop/internal/leakcheck"
 	"iop/internal/node/adapter"
+	"iop/internal/protocol"
 	"iop/internal/sse"
 	iop "iop/proto/gen/iop"
 )
@@ -49,21 +50,21 @@ func TestRealOllama(t *testing.T) {
 	defer cancel()
 	realRunChecks(ctx, t, s, "ollama", target, toolTarget)
 	t.Run("H10 probe", func(t *testing.T) {
-		if got := s.Probe(ctx, "ollama", target, nil, nil); got != adapter.HealthAvailable {
+		if got := s.Probe(ctx, "ollama", target, nil, nil); got != protocol.HealthAvailable {
 			t.Fatalf("probe %q = %q, want available", target, got)
 		}
-		if got := s.Probe(ctx, "ollama", "no-such-model", nil, nil); got != adapter.HealthUnavailable {
+		if got := s.Probe(ctx, "ollama", "no-such-model", nil, nil); got != protocol.HealthUnavailable {
 			t.Fatalf("probe no-such-model = %q, want unavailable", got)
 		}
 	})
 	t.Run("E8 unknown model", func(t *testing.T) {
 		last, _ := checkRun(t, runAll(ctx, s, &iop.RunRequest{Stream: true, Adapter: "ollama", Target: "no-such-model", Input: userInput("Hi")}))
-		if last.GetFailureCode() != adapter.CodeUpstreamStatus || last.GetUpstreamStatus() != 404 {
+		if last.GetFailureCode() != protocol.CodeUpstreamStatus.String() || last.GetUpstreamStatus() != 404 {
 			t.Fatalf("got %q status %d (%q), want upstream_status 404", last.GetFailureCode(), last.GetUpstreamStatus(), last.GetError())
 		}
 	})
 	realTunnelChecks(ctx, t, s, "ollama", target)
-	t.Run("issue 14 logprobs per delta and on a non-stream COMPLETE", func(t *testing.T) {
+	t.Run("logprobs per delta and on a non-stream COMPLETE", func(t *testing.T) {
 		in := userInput("Hi")
 		in.Logprobs, in.TopLogprobs, in.MaxTokens = true, 2, 3
 		evs := runAll(ctx, s, &iop.RunRequest{Stream: true, Adapter: "ollama", Target: target, Input: in})
@@ -87,7 +88,7 @@ func TestRealOllama(t *testing.T) {
 			t.Fatalf("non-stream COMPLETE carries %d logprobs, want 3", len(last.GetLogprobs()))
 		}
 	})
-	t.Run("issue 14 count from a one-token run", func(t *testing.T) {
+	t.Run("count from a one-token run", func(t *testing.T) {
 		in := userInput("Say hello in one short sentence.")
 		in.MaxTokens = 1
 		last, _ := checkRun(t, runAll(ctx, s, &iop.RunRequest{Adapter: "ollama", Target: target, Input: in}))
@@ -98,14 +99,14 @@ func TestRealOllama(t *testing.T) {
 				n, again.GetUsage().GetPromptTokens(), last.GetUsage().GetCompletionTokens())
 		}
 	})
-	t.Run("issue 14 embeddings through /api/embed", func(t *testing.T) {
+	t.Run("embeddings through /api/embed", func(t *testing.T) {
 		in := &iop.RunInput{EmbedInput: []string{"a", "b"}, Dimensions: 4}
-		last, _ := checkRun(t, runAll(ctx, s, &iop.RunRequest{Adapter: "ollama", Target: target, Operation: adapter.OpRunEmbeddings, Input: in}))
+		last, _ := checkRun(t, runAll(ctx, s, &iop.RunRequest{Adapter: "ollama", Target: target, Operation: protocol.RunEmbeddings, Input: in}))
 		if last.GetType() != iop.RunEventType_RUN_EVENT_COMPLETE || len(last.GetEmbeddings()) != 2 || len(last.GetEmbeddings()[0].GetValues()) != 4 {
 			t.Fatalf("got %v (%q), want 2 vectors of 4", last.GetEmbeddings(), last.GetError())
 		}
 	})
-	t.Run("issue 14 json format is honoured", func(t *testing.T) {
+	t.Run("json format is honoured", func(t *testing.T) {
 		in := userInput("Hi")
 		in.ResponseFormatJson, in.MaxTokens = []byte(`{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"object","properties":{"a":{"type":"string"}},"required":["a"]}}}`), 12
 		last, _ := checkRun(t, runAll(ctx, s, &iop.RunRequest{Adapter: "ollama", Target: target, Input: in}))
@@ -130,7 +131,7 @@ func TestRealOpenAICompat(t *testing.T) {
 	defer cancel()
 	realRunChecks(ctx, t, s, "compat", target, toolTarget)
 	t.Run("H10 probe", func(t *testing.T) {
-		if got := s.Probe(ctx, "compat", target, nil, nil); got != adapter.HealthAvailable {
+		if got := s.Probe(ctx, "compat", target, nil, nil); got != protocol.HealthAvailable {
 			t.Fatalf("probe %q = %q, want available", target, got)
 		}
 	})
@@ -187,7 +188,7 @@ func realTunnelChecks(ctx context.Context, t *testing.T, s *adapter.Set, name, t
 	t.Run("T2 streamed chat tunnel", func(t *testing.T) {
 		body := []byte(`{"model":"` + target + `","stream":true,"stream_options":{"include_usage":true},"max_tokens":16,"messages":[{"role":"user","content":"Hi"}]}`)
 		last, status, got, usages := checkTunnel(t, tunnelAll(ctx, s, &iop.ProviderTunnelRequest{Adapter: name, Target: target,
-			Operation: adapter.OpChatCompletions, Method: "POST", Body: body, Stream: true,
+			Operation: protocol.OpChatCompletions, Method: "POST", Body: body, Stream: true,
 			Headers: []*iop.Header{{Name: "Content-Type", Value: "application/json"}, {Name: "Authorization", Value: "Bearer client"}}}))
 		if last.GetKind() != iop.TunnelFrameKind_TUNNEL_FRAME_END || status != 200 {
 			t.Fatalf("got %v %q status %d", last.GetKind(), last.GetError(), status)
@@ -209,7 +210,7 @@ func realTunnelChecks(ctx context.Context, t *testing.T, s *adapter.Set, name, t
 		}
 	})
 	t.Run("T1 models tunnel", func(t *testing.T) {
-		last, status, got, _ := checkTunnel(t, tunnelAll(ctx, s, &iop.ProviderTunnelRequest{Adapter: name, Target: target, Operation: adapter.OpModels, Method: "GET"}))
+		last, status, got, _ := checkTunnel(t, tunnelAll(ctx, s, &iop.ProviderTunnelRequest{Adapter: name, Target: target, Operation: protocol.OpModels, Method: "GET"}))
 		if last.GetKind() != iop.TunnelFrameKind_TUNNEL_FRAME_END || status != 200 || !strings.Contains(string(got), `"data"`) {
 			t.Fatalf("got %v status %d body %.200s", last.GetKind(), status, got)
 		}

@@ -16,10 +16,11 @@ import (
 
 	"iop/internal/leakcheck"
 	"iop/internal/node/adapter"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
-// Issue 11, input 1, against a real llama-server (IOP_TEST_OPENAI_URL;
+// input 1, against a real llama-server (IOP_TEST_OPENAI_URL;
 // llama-server closes a keep-alive connection idle for 5 s): bursts of 20
 // concurrent requests, half of them streamed, with gaps around those 5 s —
 // the moment a pooled connection is reused while the server closes it.
@@ -71,7 +72,7 @@ func TestRealKeepAliveRace(t *testing.T) {
 		}
 		t.Logf("idle lifetime %d ms: %d of %d requests failed %v", idle, failed, total, codes)
 		if failed > 0 && !control {
-			t.Errorf("issue 11: %d of %d requests failed (%v) with the idle lifetime below the server's", failed, total, codes)
+			t.Errorf("%d of %d requests failed (%v) with the idle lifetime below the server's", failed, total, codes)
 		}
 	})
 }
@@ -81,7 +82,7 @@ func TestRealKeepAliveRace(t *testing.T) {
 func realOne(ctx context.Context, s *adapter.Set, target string, stream bool) (bool, string) {
 	if stream {
 		var last *iop.ProviderTunnelFrame
-		s.Tunnel(ctx, "t", &iop.ProviderTunnelRequest{Adapter: "llama", Target: target, Operation: adapter.OpChatCompletions,
+		s.Tunnel(ctx, "t", &iop.ProviderTunnelRequest{Adapter: "llama", Target: target, Operation: protocol.OpChatCompletions,
 			Stream: true, Body: []byte(`{"model":"` + target + `","stream":true,"max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`)},
 			func(f *iop.ProviderTunnelFrame) { last = f })
 		return last.GetKind() == iop.TunnelFrameKind_TUNNEL_FRAME_END, last.GetFailureCode()
@@ -92,7 +93,7 @@ func realOne(ctx context.Context, s *adapter.Set, target string, stream bool) (b
 	return last.GetType() == iop.RunEventType_RUN_EVENT_COMPLETE, last.GetFailureCode()
 }
 
-// Issue 11, against a real llama-server (IOP_TEST_OPENAI_URL): llama-server
+// against a real llama-server (IOP_TEST_OPENAI_URL): llama-server
 // closes the connection right after every streamed (chunked) answer, though
 // the answer's head says "Keep-Alive: timeout=5, max=100" (cpp-httplib
 // leaves its keep-alive loop when llama-server's chunked content provider
@@ -155,7 +156,7 @@ func TestRealStreamedAnswerCloses(t *testing.T) {
 				ok, code = realOne(ctx, s, target, i%3 == 0)
 			case 2: // a tunnel answered with Content-Length (a connection the server keeps)
 				var last *iop.ProviderTunnelFrame
-				s.Tunnel(ctx, "t", &iop.ProviderTunnelRequest{Adapter: "llama", Target: target, Operation: adapter.OpChatCompletions,
+				s.Tunnel(ctx, "t", &iop.ProviderTunnelRequest{Adapter: "llama", Target: target, Operation: protocol.OpChatCompletions,
 					Body: []byte(`{"model":"` + target + `","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`)},
 					func(f *iop.ProviderTunnelFrame) { last = f })
 				ok, code = last.GetKind() == iop.TunnelFrameKind_TUNNEL_FRAME_END, last.GetFailureCode()
@@ -166,7 +167,7 @@ func TestRealStreamedAnswerCloses(t *testing.T) {
 		}
 		t.Logf("%d requests one after the other, two in three streamed: failures %v", n, failed)
 		if len(failed) > 0 {
-			t.Errorf("issue 11: requests after a streamed answer failed: %v", failed)
+			t.Errorf("requests after a streamed answer failed: %v", failed)
 		}
 	})
 }

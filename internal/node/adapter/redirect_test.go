@@ -11,6 +11,7 @@ import (
 
 	"iop/internal/leakcheck"
 	"iop/internal/node/adapter"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -55,7 +56,7 @@ func TestUpstreamRedirectsNotFollowed(t *testing.T) {
 		}},
 		{"tunnel", func(t *testing.T, s *adapter.Set) string {
 			last, status, _, _ := checkTunnel(t, tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{
-				Adapter: "a", Target: "tiny", Operation: adapter.OpChatCompletions, Body: []byte(`{"model":"tiny"}`)}))
+				Adapter: "a", Target: "tiny", Operation: protocol.OpChatCompletions, Body: []byte(`{"model":"tiny"}`)}))
 			return fmt.Sprintf("%v %d", last.GetKind(), status)
 		}},
 		{"probe", func(t *testing.T, s *adapter.Set) string {
@@ -88,7 +89,7 @@ func TestUpstreamRedirectsNotFollowed(t *testing.T) {
 	want := map[string]string{
 		"run":    "RUN_EVENT_ERROR upstream_status 307",
 		"tunnel": "TUNNEL_FRAME_END 307",
-		"probe":  adapter.HealthUnavailable,
+		"probe":  protocol.HealthUnavailable,
 	}
 	clients := []struct {
 		name string

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"math"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"iop/internal/node/adapter/upstream"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -52,25 +54,29 @@ func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit f
 	ctx = upstream.WithRequestID(ctx, req.GetRequestId()) // logs and the upstream's X-Request-Id
 	rs := &runStream{emit: emit, adapter: req.GetAdapter(), target: req.GetTarget()}
 	rs.send(&iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_START})
+	if err := checkStall(req.GetResponseStallTimeoutMs()); err != nil { // SPEC E2: before the adapter lookup
+		rs.fail(protocol.CodeInvalidRequest, err.Error(), err)
+		return
+	}
 	inst, err := s.lookup(req.GetAdapter(), TypeOllama)
 	if err != nil {
-		rs.fail(CodeUnknownAdapter, err.Error(), 0)
+		rs.fail(protocol.CodeUnknownAdapter, err.Error(), nil)
 		return
 	}
 	rs.adapter = inst.name
 	a, code, err := s.admit(inst, req.GetResponseStallTimeoutMs(), req.GetTimeoutSec(), req.GetCredentialLease(), req.GetCredentialBinding())
 	if err == nil && req.GetTarget() == "" {
-		code, err = CodeInvalidRequest, errors.New("run request without target")
+		code, err = protocol.CodeInvalidRequest, errors.New("run request without target")
 	}
 	if err == nil && req.GetInput() == nil {
-		code, err = CodeInvalidRequest, errors.New("run request without input")
+		code, err = protocol.CodeInvalidRequest, errors.New("run request without input")
 	}
 	if err != nil {
-		rs.fail(code, err.Error(), 0)
+		rs.fail(code, err.Error(), err)
 		return
 	}
 	if !inst.gate.tryAcquire() {
-		rs.fail(CodeOverCapacity, fmt.Sprintf("adapter %q is at its capacity of %d concurrent requests", inst.name, inst.gate.limit), 0)
+		rs.fail(protocol.CodeOverCapacity, fmt.Sprintf("adapter %q is at its capacity of %d concurrent requests", inst.name, inst.gate.limit), nil)
 		return
 	}
 	release := sync.OnceFunc(inst.gate.release)
@@ -79,7 +85,7 @@ func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit f
 	ep, err := s.credential(inst, req.GetTarget(), req.GetCredentialLease(), req.GetCredentialBinding()) // SPEC C3: after admission
 	if err != nil {
 		s.log.Warn("credential lease rejected", "adapter", inst.name, "run_id", runID, "err", err)
-		rs.fail(credentialCode(err), err.Error(), 0)
+		rs.fail(credentialCode(err), err.Error(), err)
 		return
 	}
 	runner := inst.runnerFor(ep)
@@ -131,19 +137,19 @@ func (s *Set) runTerminal(ctx, runCtx context.Context, adapter, runID string, re
 		}
 	case ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrNodeShutdown):
 		return &iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_ERROR, Error: "run cancelled: " + ErrNodeShutdown.Error(),
-			FailureCode: CodeNodeShutdown}
+			FailureCode: protocol.CodeNodeShutdown.String()}
 	case ctx.Err() != nil:
 		return &iop.RunEvent{
 			Type:        iop.RunEventType_RUN_EVENT_CANCELLED,
 			Error:       fmt.Sprintf("run cancelled: %v", context.Cause(ctx)),
-			FailureCode: CodeCancelled,
+			FailureCode: protocol.CodeCancelled.String(),
 		}
 	}
 	code, status := classify(runCtx, err)
 	s.log.Debug("adapter run failed", "adapter", adapter, "run_id", runID, "request_id", upstream.RequestID(ctx),
 		"failure_code", code, "upstream_status", status)
 	ev := &iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_ERROR, Error: fmt.Sprintf("adapter %q: %v", adapter, err),
-		FailureCode: code, UpstreamStatus: status}
+		FailureCode: code.String(), UpstreamStatus: status, Message: message(code, err)}
 	var se *upstream.StatusError
 	if errors.As(err, &se) {
 		ev.RetryAfterMs = se.RetryAfter.Milliseconds()
@@ -165,9 +171,9 @@ func (s *Set) callRunner(ctx context.Context, inst *instance, r runner, req *iop
 		}
 	}()
 	switch op := req.GetOperation(); op {
-	case "", OpRunChat:
+	case "", protocol.RunChat:
 		return r.Run(ctx, req.GetTarget(), req.GetInput(), h)
-	case OpRunEmbeddings:
+	case protocol.RunEmbeddings:
 		e, ok := r.(embedder)
 		if !ok {
 			return upstream.Result{}, fmt.Errorf("%w: embeddings are not served on the run path by adapter %q; use its tunnel", upstream.ErrInvalidInput, inst.name)
@@ -178,12 +184,6 @@ func (s *Set) callRunner(ctx context.Context, inst *instance, r runner, req *iop
 	}
 }
 
-// Run operations (RunRequest.operation).
-const (
-	OpRunChat       = "chat"
-	OpRunEmbeddings = "embeddings"
-)
-
 // embedder is what a runner that serves the "embeddings" run operation
 // implements: one vector per input.embed_input in Result.Embeddings and the
 // prompt token count in Result.Usage.
@@ -193,50 +193,55 @@ type embedder interface {
 
 // classify maps a failed attempt to a failure code and, for a non-2xx
 // answer, the upstream status.
-func classify(runCtx context.Context, err error) (string, int32) {
+func classify(runCtx context.Context, err error) (protocol.Code, int32) {
 	var se *upstream.StatusError
 	var re *upstream.RequestError
 	switch {
 	case runCtx.Err() != nil && errors.Is(context.Cause(runCtx), errRunDeadline):
-		return CodeTimeout, 0
+		return protocol.CodeTimeout, 0
 	case errors.As(err, &se):
-		return CodeUpstreamStatus, int32(se.Status)
+		return protocol.CodeUpstreamStatus, int32(se.Status)
 	case errors.As(err, &re):
 		return requestErrorCode(re), 0
 	case errors.Is(err, upstream.ErrInvalidInput):
-		return CodeInvalidRequest, 0
+		return protocol.CodeInvalidRequest, 0
 	case errors.Is(err, upstream.ErrUnsupported):
-		return CodeUnsupportedOperation, 0
+		return protocol.CodeUnsupportedOperation, 0
 	case errors.Is(err, errPanic):
-		return CodeInternal, 0
+		return protocol.CodeInternal, 0
 	}
-	return CodeUpstreamError, 0
+	return protocol.CodeUpstreamError, 0
 }
 
 // requestErrorCode is the failure code of a request that got no response
 // head: upstream_connect when no connection opened, else upstream_reset.
-func requestErrorCode(re *upstream.RequestError) string {
+func requestErrorCode(re *upstream.RequestError) protocol.Code {
 	if re.Connect {
-		return CodeUpstreamConnect
+		return protocol.CodeUpstreamConnect
 	}
-	return CodeUpstreamReset
+	return protocol.CodeUpstreamReset
 }
 
-// admit applies the boundary checks shared by runs and tunnels: stall
-// timeout (request, then instance, then Set default; SPEC E2), timeout_sec,
-// and the credential lease's presence (SPEC C4; it is opened only after
-// capacity admission, SPEC C3).
-func (s *Set) admit(inst *instance, stallMs, timeoutSec int64, l *iop.CredentialLease, b *iop.CredentialLeaseBinding) (*attempt, string, error) {
-	def, err := StallTimeout(inst.stallMs, s.stallDef)
-	if err != nil {
-		return nil, CodeInvalidRequest, err
-	}
-	stall, err := StallTimeout(stallMs, def)
-	if err != nil {
-		return nil, CodeInvalidRequest, err
+// checkStall refuses a request's response_stall_timeout_ms that is
+// negative or too large for a duration (SPEC E2); Run and Tunnel call it
+// before anything else, the adapter lookup included.
+func checkStall(ms int64) error {
+	_, err := StallTimeout(ms, 0)
+	return err
+}
+
+// admit applies the boundary checks shared by runs and tunnels after the
+// adapter lookup: the stall timeout (the request's, checked by checkStall;
+// 0 = the instance's default, SPEC E2), timeout_sec, and the credential
+// lease's presence (SPEC C4; it is opened only after capacity admission,
+// SPEC C3).
+func (s *Set) admit(inst *instance, stallMs, timeoutSec int64, l *iop.CredentialLease, b *iop.CredentialLeaseBinding) (*attempt, protocol.Code, error) {
+	stall := inst.stall
+	if stallMs > 0 {
+		stall = time.Duration(stallMs) * time.Millisecond
 	}
 	if timeoutSec < 0 || timeoutSec > math.MaxInt64/int64(time.Second) {
-		return nil, CodeInvalidRequest, fmt.Errorf("timeout_sec %d is negative or too large", timeoutSec)
+		return nil, protocol.CodeInvalidRequest, fmt.Errorf("timeout_sec %d is negative or too large", timeoutSec)
 	}
 	if code, err := s.checkPresence(l, b); err != nil {
 		return nil, code, err
@@ -298,6 +303,37 @@ func (r *runStream) put(ev *iop.RunEvent) {
 	r.emit(ev)
 }
 
-func (r *runStream) fail(code, msg string, status int32) {
-	r.end(&iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_ERROR, Error: msg, FailureCode: code, UpstreamStatus: status}, true)
+// fail ends the run with an ERROR of code: msg is the legacy error string,
+// err (nil for none) gives the client's words (message).
+func (r *runStream) fail(code protocol.Code, msg string, err error) {
+	r.end(&iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_ERROR, Error: msg, FailureCode: code.String(), Message: message(code, err)}, true)
+}
+
+// message is the failure in the words a client may see (RunEvent.message,
+// ProviderTunnelFrame.message): the upstream's own message for a status it
+// answered; for invalid_request the refusal without the "invalid run
+// input" prefix and without encoding/json's Go type names (internal); why a
+// credential lease was refused; "" for every other code (the Edge has the
+// code's own words) and for a nil err.
+func message(code protocol.Code, err error) string {
+	var se *upstream.StatusError
+	switch {
+	case err == nil:
+		return ""
+	case errors.As(err, &se):
+		return se.Message
+	case code == protocol.CodeCredentialRequired, code == protocol.CodeCredentialInvalid:
+		return err.Error()
+	case code != protocol.CodeInvalidRequest:
+		return ""
+	}
+	var fe *upstream.FieldError
+	if errors.As(err, &fe) {
+		return fe.Msg
+	}
+	msg := strings.TrimPrefix(err.Error(), upstream.ErrInvalidInput.Error()+": ")
+	if i := strings.Index(msg, "Go struct field"); i >= 0 {
+		msg = strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(msg[:i]), "of"))
+	}
+	return msg
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"net/http"
 	"slices"
@@ -12,6 +13,7 @@ import (
 
 	"iop/internal/leakcheck"
 	"iop/internal/node/adapter"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -83,15 +85,15 @@ func TestRunOllamaFailures(t *testing.T) {
 		message string
 	}{
 		{"E8 unknown model 404 carries status and message", replay(status404, "application/json", body404),
-			adapter.CodeUpstreamStatus, 404, "model 'no-such-model' not found"},
-		{"E8 stream ends before done", replay(200, "application/x-ndjson", cut), adapter.CodeUpstreamError, 0, "before its done line"},
+			protocol.CodeUpstreamStatus.String(), 404, "model 'no-such-model' not found"},
+		{"E8 stream ends before done", replay(200, "application/x-ndjson", cut), protocol.CodeUpstreamError.String(), 0, "before its done line"},
 		{"E8 malformed line", replay(200, "application/x-ndjson", []byte("{\"message\":{\"content\":\"a\"},\"done\":false}\n{oops\n")),
-			adapter.CodeUpstreamError, 0, "not JSON"},
+			protocol.CodeUpstreamError.String(), 0, "not JSON"},
 		{"E8 error line mid-stream", replay(200, "application/x-ndjson", []byte("{\"error\":\"out of memory\"}\n")),
-			adapter.CodeUpstreamError, 0, "out of memory"},
-		{"E8 reset mid-stream", resetAfter("application/x-ndjson", chat[:200]), adapter.CodeUpstreamError, 0, ""},
+			protocol.CodeUpstreamError.String(), 0, "out of memory"},
+		{"E8 reset mid-stream", resetAfter("application/x-ndjson", chat[:200]), protocol.CodeUpstreamError.String(), 0, ""},
 		{"E8 upstream 500 with JSON body", replay(500, "application/json", []byte(`{"error":"llama runner process has terminated"}`)),
-			adapter.CodeUpstreamStatus, 500, "llama runner process has terminated"},
+			protocol.CodeUpstreamStatus.String(), 500, "llama runner process has terminated"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -122,16 +124,16 @@ func TestRunBoundary(t *testing.T) {
 		req  *iop.RunRequest
 		code string
 	}{
-		{"E1 unknown adapter", &iop.RunRequest{Stream: true, Adapter: "nope", Target: "tiny", Input: userInput("Hi")}, adapter.CodeUnknownAdapter},
-		{"E1 empty adapter with two instances and none named ollama", &iop.RunRequest{Stream: true, Target: "tiny", Input: userInput("Hi")}, adapter.CodeUnknownAdapter},
-		{"E2 negative stall timeout", &iop.RunRequest{Stream: true, Adapter: "gpu-ollama", Target: "tiny", Input: userInput("Hi"), ResponseStallTimeoutMs: -1}, adapter.CodeInvalidRequest},
-		{"E2 stall timeout too large for a duration", &iop.RunRequest{Stream: true, Adapter: "gpu-ollama", Target: "tiny", Input: userInput("Hi"), ResponseStallTimeoutMs: math.MaxInt64}, adapter.CodeInvalidRequest},
-		{"E2 negative timeout_sec", &iop.RunRequest{Stream: true, Adapter: "gpu-ollama", Target: "tiny", Input: userInput("Hi"), TimeoutSec: -5}, adapter.CodeInvalidRequest},
-		{"E1 empty target", &iop.RunRequest{Stream: true, Adapter: "gpu-ollama", Input: userInput("Hi")}, adapter.CodeInvalidRequest},
-		{"E1 no input", &iop.RunRequest{Stream: true, Adapter: "gpu-ollama", Target: "tiny"}, adapter.CodeInvalidRequest},
+		{"E1 unknown adapter", &iop.RunRequest{Stream: true, Adapter: "nope", Target: "tiny", Input: userInput("Hi")}, protocol.CodeUnknownAdapter.String()},
+		{"E1 empty adapter with two instances and none named ollama", &iop.RunRequest{Stream: true, Target: "tiny", Input: userInput("Hi")}, protocol.CodeUnknownAdapter.String()},
+		{"E2 negative stall timeout", &iop.RunRequest{Stream: true, Adapter: "gpu-ollama", Target: "tiny", Input: userInput("Hi"), ResponseStallTimeoutMs: -1}, protocol.CodeInvalidRequest.String()},
+		{"E2 stall timeout too large for a duration", &iop.RunRequest{Stream: true, Adapter: "gpu-ollama", Target: "tiny", Input: userInput("Hi"), ResponseStallTimeoutMs: math.MaxInt64}, protocol.CodeInvalidRequest.String()},
+		{"E2 negative timeout_sec", &iop.RunRequest{Stream: true, Adapter: "gpu-ollama", Target: "tiny", Input: userInput("Hi"), TimeoutSec: -5}, protocol.CodeInvalidRequest.String()},
+		{"E1 empty target", &iop.RunRequest{Stream: true, Adapter: "gpu-ollama", Input: userInput("Hi")}, protocol.CodeInvalidRequest.String()},
+		{"E1 no input", &iop.RunRequest{Stream: true, Adapter: "gpu-ollama", Target: "tiny"}, protocol.CodeInvalidRequest.String()},
 		{"E8 bad tool-call arguments", &iop.RunRequest{Stream: true, Adapter: "gpu-ollama", Target: "tiny", Input: &iop.RunInput{Messages: []*iop.ChatMessage{
-			{Role: "assistant", ToolCallsJson: []byte(`[{"id":"c1","type":"function","function":{"name":"f","arguments":"not json"}}]`)}}}}, adapter.CodeInvalidRequest},
-		{"C4 lease without binding", &iop.RunRequest{Stream: true, Adapter: "gpu-ollama", Target: "tiny", Input: userInput("Hi"), CredentialLease: &iop.CredentialLease{LeaseId: "l"}}, adapter.CodeCredentialInvalid},
+			{Role: "assistant", ToolCallsJson: []byte(`[{"id":"c1","type":"function","function":{"name":"f","arguments":"not json"}}]`)}}}}, protocol.CodeInvalidRequest.String()},
+		{"C4 lease without binding", &iop.RunRequest{Stream: true, Adapter: "gpu-ollama", Target: "tiny", Input: userInput("Hi"), CredentialLease: &iop.CredentialLease{LeaseId: "l"}}, protocol.CodeCredentialInvalid.String()},
 	}
 	s := newSet(t, adapter.Options{}, two...)
 	for _, tc := range cases {
@@ -149,8 +151,8 @@ func TestRunBoundary(t *testing.T) {
 	t.Run("C4 credential plane on and no lease", func(t *testing.T) {
 		cs := newLeaseKit(t).planeSet(t, two...)
 		last, _ := checkRun(t, runAll(context.Background(), cs, &iop.RunRequest{Stream: true, Adapter: "gpu-ollama", Target: "tiny", Input: userInput("Hi")}))
-		if last.GetFailureCode() != adapter.CodeCredentialRequired {
-			t.Fatalf("got %q, want %q", last.GetFailureCode(), adapter.CodeCredentialRequired)
+		if last.GetFailureCode() != protocol.CodeCredentialRequired.String() {
+			t.Fatalf("got %q, want %q", last.GetFailureCode(), protocol.CodeCredentialRequired)
 		}
 		if n := len(up.requests()); n != 0 {
 			t.Fatalf("C4: %d upstream calls, want 0", n)
@@ -173,6 +175,36 @@ func TestRunBoundary(t *testing.T) {
 			t.Fatalf("E7: request metadata reached the provider: %s", body)
 		}
 	})
+}
+
+// E2: a negative or overflowing response_stall_timeout_ms is refused at the
+// Node boundary before any router or adapter lookup: with an adapter name
+// the set does not know, the answer is still invalid_request, never
+// unknown_adapter — on the run path and on the tunnel path.
+func TestE2StallTimeoutBeforeAdapterLookup(t *testing.T) {
+	leakcheck.Check(t)
+	up := newFake(t, replay(200, "application/json", []byte(`{}`)))
+	s := newSet(t, adapter.Options{}, ollamaAdapter("gpu-ollama", up.URL, 1))
+	for _, ms := range []int64{-1, math.MaxInt64} {
+		t.Run(fmt.Sprintf("E2 run %d ms", ms), func(t *testing.T) {
+			last, _ := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Adapter: "nope", Target: "tiny",
+				Input: userInput("Hi"), ResponseStallTimeoutMs: ms}))
+			if last.GetFailureCode() != protocol.CodeInvalidRequest.String() || !strings.Contains(last.GetMessage(), "response_stall_timeout_ms") {
+				t.Fatalf("got %q (%q, message %q), want invalid_request naming response_stall_timeout_ms",
+					last.GetFailureCode(), last.GetError(), last.GetMessage())
+			}
+		})
+		t.Run(fmt.Sprintf("E2 tunnel %d ms", ms), func(t *testing.T) {
+			last, _, _, _ := checkTunnel(t, tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Adapter: "nope",
+				Target: "tiny", Operation: protocol.OpModels, Method: "GET", ResponseStallTimeoutMs: ms}))
+			if last.GetFailureCode() != protocol.CodeInvalidRequest.String() {
+				t.Fatalf("got %q (%q), want invalid_request", last.GetFailureCode(), last.GetError())
+			}
+		})
+	}
+	if n := len(up.requests()); n != 0 {
+		t.Fatalf("E2: %d upstream calls, want 0", n)
+	}
 }
 
 // E1: NewSet names the bad adapter.

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"time"
 
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -24,35 +25,6 @@ import (
 //	terminal sent, call still running ─▶ ended ──call returned──▶ done
 //
 // done is terminal: every later event is ignored.
-
-// Stall terminal values (SPEC H1–H3).
-const (
-	// CodeResponseStalled is the failure_code of a stall terminal and
-	// ExecutionFailure.code.
-	CodeResponseStalled = "response_stalled"
-	// ExecutionFailure.liveness_classification, paired with provider_health
-	// available / unavailable / unknown (SPEC H2).
-	LivenessRequestStalled    = "request_stalled"
-	LivenessProviderUnhealthy = "provider_unhealthy"
-	LivenessHealthUnknown     = "health_unknown"
-	// ExecutionFailure.fence: "confirmed" when the provider call returned
-	// within the close grace, "unconfirmed" otherwise (SPEC H7).
-	FenceConfirmed   = "confirmed"
-	FenceUnconfirmed = "unconfirmed"
-)
-
-// Allow-listed metadata keys of a stall terminal (SPEC H3). The session adds
-// "health_observation_seq" (SPEC H5); nothing else is ever put there.
-const (
-	MetaIdleMs                 = "idle_ms"
-	MetaRunID                  = "run_id"
-	MetaAttemptID              = "attempt_id"
-	MetaFence                  = "fence"
-	MetaAdapter                = "adapter"
-	MetaTarget                 = "target"
-	MetaProviderHealth         = "provider_health"
-	MetaLivenessClassification = "liveness_classification"
-)
 
 type watchPhase uint8
 
@@ -90,7 +62,7 @@ type watchEvent struct {
 	now    time.Duration // evStallTimer: attempt clock
 	last   time.Duration // evStallTimer: attempt clock at the last activity
 	cause  fenceCause    // evCtxDone: causeCancel or causeDeadline
-	health string        // evProbed: HealthAvailable, HealthUnavailable or HealthUnknown
+	health string        // evProbed: protocol.HealthAvailable, protocol.HealthUnavailable or protocol.HealthUnknown
 }
 
 // terminalKind says which terminal to emit.
@@ -200,21 +172,10 @@ func (w watchState) step(e watchEvent) (watchState, watchEffects) {
 // normalHealth fails closed: anything but available/unavailable is unknown.
 func normalHealth(h string) string {
 	switch h {
-	case HealthAvailable, HealthUnavailable:
+	case protocol.HealthAvailable, protocol.HealthUnavailable:
 		return h
 	}
-	return HealthUnknown
-}
-
-// liveness pairs a health status with its classification (SPEC H2).
-func liveness(health string) string {
-	switch health {
-	case HealthAvailable:
-		return LivenessRequestStalled
-	case HealthUnavailable:
-		return LivenessProviderUnhealthy
-	}
-	return LivenessHealthUnknown
+	return protocol.HealthUnknown
 }
 
 // stallTerminal is the content of a stall terminal.
@@ -231,15 +192,15 @@ type stallTerminal struct {
 // H5). Nothing caller-controlled but adapter and target (already resolved
 // and on every event) goes in.
 func (w watchState) report(runID, adapter, target string) stallTerminal {
-	fence := FenceUnconfirmed
+	fence := protocol.FenceUnconfirmed
 	if w.inGrace {
-		fence = FenceConfirmed
+		fence = protocol.FenceConfirmed
 	}
 	health := normalHealth(w.health)
 	f := &iop.ExecutionFailure{
-		Code:                   CodeResponseStalled,
+		Code:                   protocol.CodeResponseStalled.String(),
 		ProviderHealth:         health,
-		LivenessClassification: liveness(health),
+		LivenessClassification: protocol.Liveness(health),
 		IdleMs:                 w.idle.Milliseconds(),
 		NodeRunId:              runID,
 		AttemptId:              runID + "/1",
@@ -252,14 +213,14 @@ func (w watchState) report(runID, adapter, target string) stallTerminal {
 			adapter, f.IdleMs, w.stall.Milliseconds(), health, fence),
 		failure: f,
 		meta: map[string]string{
-			MetaIdleMs:                 strconv.FormatInt(f.IdleMs, 10),
-			MetaRunID:                  f.NodeRunId,
-			MetaAttemptID:              f.AttemptId,
-			MetaFence:                  f.Fence,
-			MetaAdapter:                f.Adapter,
-			MetaTarget:                 f.Target,
-			MetaProviderHealth:         f.ProviderHealth,
-			MetaLivenessClassification: f.LivenessClassification,
+			protocol.MetaIdleMs:                 strconv.FormatInt(f.IdleMs, 10),
+			protocol.MetaRunID:                  f.NodeRunId,
+			protocol.MetaAttemptID:              f.AttemptId,
+			protocol.MetaFence:                  f.Fence,
+			protocol.MetaAdapter:                f.Adapter,
+			protocol.MetaTarget:                 f.Target,
+			protocol.MetaProviderHealth:         f.ProviderHealth,
+			protocol.MetaLivenessClassification: f.LivenessClassification,
 		},
 	}
 }

@@ -1,6 +1,7 @@
 package adapter
 
 import (
+	"iop/internal/protocol"
 	"maps"
 	"slices"
 	"testing"
@@ -58,31 +59,31 @@ func TestWatchMachine(t *testing.T) {
 		{"H1 a late timer measures the real idle time",
 			[]step{{timerAt(25*time.Second, 2*time.Second), fxStall}}, watchFencing, "", "", 23 * time.Second},
 		{"H1 confirmed: the call returns in the grace, then the probe answers",
-			[]step{{timerAt(testStall, 0), fxStall}, {evRet, fxNothing}, {probed(HealthAvailable), fxStallOK}},
-			watchDone, FenceConfirmed, HealthAvailable, testStall},
+			[]step{{timerAt(testStall, 0), fxStall}, {evRet, fxNothing}, {probed(protocol.HealthAvailable), fxStallOK}},
+			watchDone, protocol.FenceConfirmed, protocol.HealthAvailable, testStall},
 		{"H1 the probe answers first, then the call returns in the grace",
-			[]step{{timerAt(testStall, 0), fxStall}, {probed(HealthUnavailable), fxNothing}, {evRet, fxStallOK}},
-			watchDone, FenceConfirmed, HealthUnavailable, testStall},
+			[]step{{timerAt(testStall, 0), fxStall}, {probed(protocol.HealthUnavailable), fxNothing}, {evRet, fxStallOK}},
+			watchDone, protocol.FenceConfirmed, protocol.HealthUnavailable, testStall},
 		{"H1 H7 grace over before the call returns: terminal with fence unconfirmed, slot kept until the return",
-			[]step{{timerAt(testStall, 0), fxStall}, {probed(HealthAvailable), fxNothing}, {evGrace, fxStallHeld}, {evRet, fxDone}},
-			watchDone, FenceUnconfirmed, HealthAvailable, testStall},
+			[]step{{timerAt(testStall, 0), fxStall}, {probed(protocol.HealthAvailable), fxNothing}, {evGrace, fxStallHeld}, {evRet, fxDone}},
+			watchDone, protocol.FenceUnconfirmed, protocol.HealthAvailable, testStall},
 		{"H1 grace and probe side by side: a probe slower than the grace ends it, not grace+probe",
-			[]step{{timerAt(testStall, 0), fxStall}, {evGrace, fxNothing}, {probed(HealthUnknown), fxStallHeld}, {evRet, fxDone}},
-			watchDone, FenceUnconfirmed, HealthUnknown, testStall},
+			[]step{{timerAt(testStall, 0), fxStall}, {evGrace, fxNothing}, {probed(protocol.HealthUnknown), fxStallHeld}, {evRet, fxDone}},
+			watchDone, protocol.FenceUnconfirmed, protocol.HealthUnknown, testStall},
 		{"H7 the call returns after the grace but before the probe: unconfirmed, slot already free",
-			[]step{{timerAt(testStall, 0), fxStall}, {evGrace, fxNothing}, {evRet, fxNothing}, {probed(HealthAvailable), fxStallOK}},
-			watchDone, FenceUnconfirmed, HealthAvailable, testStall},
+			[]step{{timerAt(testStall, 0), fxStall}, {evGrace, fxNothing}, {evRet, fxNothing}, {probed(protocol.HealthAvailable), fxStallOK}},
+			watchDone, protocol.FenceUnconfirmed, protocol.HealthAvailable, testStall},
 		{"H2 a probe answer outside the three values fails closed to unknown",
 			[]step{{timerAt(testStall, 0), fxStall}, {evRet, fxNothing}, {probed("healthy"), fxStallOK}},
-			watchDone, FenceConfirmed, HealthUnknown, testStall},
+			watchDone, protocol.FenceConfirmed, protocol.HealthUnknown, testStall},
 		{"H6 an unavailable probe does not turn a confirmed fence, nor an available one an unconfirmed fence",
-			[]step{{timerAt(testStall, 0), fxStall}, {evGrace, fxNothing}, {probed(HealthAvailable), fxStallHeld},
-				{probed(HealthUnavailable), fxNothing}, {timerAt(30*time.Second, 29*time.Second), fxNothing}, {evRet, fxDone}},
-			watchDone, FenceUnconfirmed, HealthAvailable, testStall},
+			[]step{{timerAt(testStall, 0), fxStall}, {evGrace, fxNothing}, {probed(protocol.HealthAvailable), fxStallHeld},
+				{probed(protocol.HealthUnavailable), fxNothing}, {timerAt(30*time.Second, 29*time.Second), fxNothing}, {evRet, fxDone}},
+			watchDone, protocol.FenceUnconfirmed, protocol.HealthAvailable, testStall},
 		{"H6 activity after the fence does not reset it; no re-arm, no retry",
 			[]step{{timerAt(testStall, 0), fxStall}, {timerAt(12*time.Second, 11*time.Second), fxNothing},
-				{evRet, fxNothing}, {probed(HealthAvailable), fxStallOK}},
-			watchDone, FenceConfirmed, HealthAvailable, testStall},
+				{evRet, fxNothing}, {probed(protocol.HealthAvailable), fxStallOK}},
+			watchDone, protocol.FenceConfirmed, protocol.HealthAvailable, testStall},
 		{"H7 the call returns first: its own terminal",
 			[]step{{evRet, fxOwn}, {timerAt(testStall, 0), fxNothing}, {evGrace, fxNothing}}, watchDone, "", "", 0},
 		{"H7 cancel first keeps its own terminal; the stall timer is ignored",
@@ -96,14 +97,14 @@ func TestWatchMachine(t *testing.T) {
 				{timerAt(testStall, 0), fxNothing}, {evRet, fxDone}},
 			watchDone, "", "", 0},
 		{"H7 cancel after the stall fence changes nothing",
-			[]step{{timerAt(testStall, 0), fxStall}, {ctxDone(causeCancel), fxNothing}, {evSelf, fxNothing}, {probed(HealthAvailable), fxNothing}, {evRet, fxStallOK}},
-			watchDone, FenceConfirmed, HealthAvailable, testStall},
+			[]step{{timerAt(testStall, 0), fxStall}, {ctxDone(causeCancel), fxNothing}, {evSelf, fxNothing}, {probed(protocol.HealthAvailable), fxNothing}, {evRet, fxStallOK}},
+			watchDone, protocol.FenceConfirmed, protocol.HealthAvailable, testStall},
 		{"H1 the watchdog's own cancel is no event",
 			[]step{{evSelf, fxNothing}, {evRet, fxOwn}}, watchDone, "", "", 0},
 		{"E3 done is terminal: nothing after it has an effect",
-			[]step{{timerAt(testStall, 0), fxStall}, {evRet, fxNothing}, {probed(HealthAvailable), fxStallOK},
+			[]step{{timerAt(testStall, 0), fxStall}, {evRet, fxNothing}, {probed(protocol.HealthAvailable), fxStallOK},
 				{evGrace, fxNothing}, {evRet, fxNothing}, {ctxDone(causeCancel), fxNothing}, {timerAt(time.Hour, 0), fxNothing}},
-			watchDone, FenceConfirmed, HealthAvailable, testStall},
+			watchDone, protocol.FenceConfirmed, protocol.HealthAvailable, testStall},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -153,9 +154,9 @@ func TestStallReport(t *testing.T) {
 		returned               bool
 		fence                  string
 	}{
-		{"H2 available is request_stalled", HealthAvailable, LivenessRequestStalled, true, FenceConfirmed},
-		{"H2 unavailable is provider_unhealthy", HealthUnavailable, LivenessProviderUnhealthy, true, FenceConfirmed},
-		{"H2 unknown is health_unknown, H7 unconfirmed", HealthUnknown, LivenessHealthUnknown, false, FenceUnconfirmed},
+		{"H2 available is request_stalled", protocol.HealthAvailable, protocol.LivenessRequestStalled, true, protocol.FenceConfirmed},
+		{"H2 unavailable is provider_unhealthy", protocol.HealthUnavailable, protocol.LivenessProviderUnhealthy, true, protocol.FenceConfirmed},
+		{"H2 unknown is health_unknown, H7 unconfirmed", protocol.HealthUnknown, protocol.LivenessHealthUnknown, false, protocol.FenceUnconfirmed},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -169,7 +170,7 @@ func TestStallReport(t *testing.T) {
 			w, _ = w.step(probed(tc.health))
 			st := w.report("run-7", "llama", "tiny")
 			f := st.failure
-			if f.GetCode() != CodeResponseStalled || f.GetProviderHealth() != tc.health || f.GetLivenessClassification() != tc.liveness ||
+			if f.GetCode() != protocol.CodeResponseStalled.String() || f.GetProviderHealth() != tc.health || f.GetLivenessClassification() != tc.liveness ||
 				f.GetIdleMs() != 11500 || f.GetNodeRunId() != "run-7" || f.GetAttemptId() != "run-7/1" || f.GetFence() != tc.fence ||
 				f.GetAdapter() != "llama" || f.GetTarget() != "tiny" {
 				t.Fatalf("H2: got failure %v", f)
@@ -179,8 +180,8 @@ func TestStallReport(t *testing.T) {
 					f.GetHealthObservationSeq(), f.GetProviderId(), f.GetRecoveryHandoff())
 			}
 			want := map[string]string{
-				MetaIdleMs: "11500", MetaRunID: "run-7", MetaAttemptID: "run-7/1", MetaFence: tc.fence,
-				MetaAdapter: "llama", MetaTarget: "tiny", MetaProviderHealth: tc.health, MetaLivenessClassification: tc.liveness,
+				protocol.MetaIdleMs: "11500", protocol.MetaRunID: "run-7", protocol.MetaAttemptID: "run-7/1", protocol.MetaFence: tc.fence,
+				protocol.MetaAdapter: "llama", protocol.MetaTarget: "tiny", protocol.MetaProviderHealth: tc.health, protocol.MetaLivenessClassification: tc.liveness,
 			}
 			if !maps.Equal(st.meta, want) {
 				t.Fatalf("H3: metadata keys %v, want exactly %v", slices.Sorted(maps.Keys(st.meta)), slices.Sorted(maps.Keys(want)))

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 
 	"iop/internal/node/adapter/upstream"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -55,33 +56,37 @@ import (
 func (s *Set) Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelRequest, emit func(*iop.ProviderTunnelFrame)) {
 	ctx = upstream.WithRequestID(ctx, req.GetRequestId()) // logs and the upstream's X-Request-Id
 	ts := &tunnelStream{emit: emit, adapter: req.GetAdapter(), target: req.GetTarget()}
+	if err := checkStall(req.GetResponseStallTimeoutMs()); err != nil { // SPEC E2: before the adapter lookup
+		ts.fail(protocol.CodeInvalidRequest, err.Error(), err)
+		return
+	}
 	inst, err := s.lookup(req.GetAdapter(), TypeOpenAICompat)
 	if err != nil {
-		ts.fail(CodeUnknownAdapter, err.Error())
+		ts.fail(protocol.CodeUnknownAdapter, err.Error(), nil)
 		return
 	}
 	ts.adapter = inst.name
 	a, code, err := s.admit(inst, req.GetResponseStallTimeoutMs(), req.GetTimeoutSec(), req.GetCredentialLease(), req.GetCredentialBinding())
 	if err != nil {
-		ts.fail(code, err.Error())
+		ts.fail(code, err.Error(), err)
 		return
 	}
 	path, err := tunnelPath(inst.profile, req.GetOperation(), req.GetPath())
 	if err != nil {
-		code := CodeInvalidRequest
+		code := protocol.CodeInvalidRequest
 		if errors.Is(err, errUnsupported) {
-			code = CodeUnsupportedOperation
+			code = protocol.CodeUnsupportedOperation
 		}
-		ts.fail(code, fmt.Sprintf("adapter %q: %v", inst.name, err))
+		ts.fail(code, fmt.Sprintf("adapter %q: %v", inst.name, err), err)
 		return
 	}
 	method, err := tunnelMethod(req.GetMethod(), len(req.GetBody()) > 0)
 	if err != nil {
-		ts.fail(CodeInvalidRequest, err.Error())
+		ts.fail(protocol.CodeInvalidRequest, err.Error(), err)
 		return
 	}
 	if !inst.gate.tryAcquire() {
-		ts.fail(CodeOverCapacity, fmt.Sprintf("adapter %q is at its capacity of %d concurrent requests", inst.name, inst.gate.limit))
+		ts.fail(protocol.CodeOverCapacity, fmt.Sprintf("adapter %q is at its capacity of %d concurrent requests", inst.name, inst.gate.limit), nil)
 		return
 	}
 	release := sync.OnceFunc(inst.gate.release)
@@ -90,7 +95,7 @@ func (s *Set) Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelR
 	ep, err := s.credential(inst, req.GetTarget(), req.GetCredentialLease(), req.GetCredentialBinding()) // SPEC C3: after admission
 	if err != nil {
 		s.log.Warn("credential lease rejected", "adapter", inst.name, "run_id", runID, "err", err)
-		ts.fail(credentialCode(err), err.Error())
+		ts.fail(credentialCode(err), err.Error(), err)
 		return
 	}
 	runCtx := a.begin(ctx)
@@ -121,7 +126,7 @@ func (s *Set) relay(ctx, runCtx context.Context, inst *instance, ep *upstream.En
 	}
 	hreq, err := ep.NewRequest(runCtx, method, path, body)
 	if err != nil {
-		return errorFrame(CodeInvalidRequest, err.Error())
+		return errorFrame(protocol.CodeInvalidRequest, err.Error(), err)
 	}
 	forwardHeaders(hreq.Header, req.GetHeaders())
 	if len(req.GetBody()) > 0 && hreq.Header.Get("Content-Type") == "" {
@@ -300,10 +305,15 @@ func (t *tunnelStream) sendBody(b []byte) {
 	t.emit(&iop.ProviderTunnelFrame{Seq: t.seq, Kind: iop.TunnelFrameKind_TUNNEL_FRAME_BODY, Body: b})
 }
 
-func (t *tunnelStream) fail(code, msg string) { t.end(errorFrame(code, msg), true) }
+func (t *tunnelStream) fail(code protocol.Code, msg string, err error) {
+	t.end(errorFrame(code, msg, err), true)
+}
 
-func errorFrame(code, msg string) *iop.ProviderTunnelFrame {
-	return &iop.ProviderTunnelFrame{Kind: iop.TunnelFrameKind_TUNNEL_FRAME_ERROR, Error: msg, FailureCode: code}
+// errorFrame is an ERROR frame of code: msg is the legacy error string, err
+// (nil for none) gives the client's words (message).
+func errorFrame(code protocol.Code, msg string, err error) *iop.ProviderTunnelFrame {
+	return &iop.ProviderTunnelFrame{Kind: iop.TunnelFrameKind_TUNNEL_FRAME_ERROR, Error: msg, FailureCode: code.String(),
+		Message: message(code, err)}
 }
 
 // failFrame is the terminal of a failed request or read: cancelled when
@@ -314,13 +324,13 @@ func failFrame(ctx, runCtx context.Context, adapter, what string, err error) *io
 	var re *upstream.RequestError
 	switch {
 	case ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrNodeShutdown):
-		return errorFrame(CodeNodeShutdown, "tunnel cancelled: "+ErrNodeShutdown.Error())
+		return errorFrame(protocol.CodeNodeShutdown, "tunnel cancelled: "+ErrNodeShutdown.Error(), nil)
 	case ctx.Err() != nil:
-		return errorFrame(CodeCancelled, fmt.Sprintf("tunnel cancelled: %v", context.Cause(ctx)))
+		return errorFrame(protocol.CodeCancelled, fmt.Sprintf("tunnel cancelled: %v", context.Cause(ctx)), nil)
 	case runCtx.Err() != nil && errors.Is(context.Cause(runCtx), errRunDeadline):
-		return errorFrame(CodeTimeout, fmt.Sprintf("adapter %q: %s: %v", adapter, what, errRunDeadline))
+		return errorFrame(protocol.CodeTimeout, fmt.Sprintf("adapter %q: %s: %v", adapter, what, errRunDeadline), nil)
 	case errors.As(err, &re):
-		return errorFrame(requestErrorCode(re), fmt.Sprintf("adapter %q: %s: %v", adapter, what, err))
+		return errorFrame(requestErrorCode(re), fmt.Sprintf("adapter %q: %s: %v", adapter, what, err), nil)
 	}
-	return errorFrame(CodeUpstreamError, fmt.Sprintf("adapter %q: %s: %v", adapter, what, err))
+	return errorFrame(protocol.CodeUpstreamError, fmt.Sprintf("adapter %q: %s: %v", adapter, what, err), nil)
 }

@@ -10,6 +10,7 @@ import (
 
 	"iop/internal/leakcheck"
 	"iop/internal/node/adapter"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -20,14 +21,14 @@ func TestTunnelRelaySamples(t *testing.T) {
 		file, ctype, op string
 		usage           []int64 // prompt, completion, total; nil = no USAGE frame
 	}{
-		{"llama_v1_chat_stream.sse", "text/event-stream", adapter.OpChatCompletions, []int64{55, 8, 63}},
-		{"ollama_v1_chat_stream.sse", "text/event-stream", adapter.OpChatCompletions, []int64{21, 8, 29}},
-		{"llama_v1_chat_tool_stream.sse", "text/event-stream", adapter.OpChatCompletions, []int64{531, 4, 535}},
-		{"llama_v1_messages_stream.sse", "text/event-stream", adapter.OpMessages, []int64{55, 8, 63}},
-		{"ollama_v1_messages_stream.sse", "text/event-stream", adapter.OpMessages, []int64{21, 8, 29}},
-		{"llama_v1_chat_nonstream.json", "application/json; charset=utf-8", adapter.OpChatCompletions, []int64{55, 8, 63}},
-		{"ollama_v1_chat_loop_nonstream.json", "application/json", adapter.OpChatCompletions, []int64{21, 6, 27}},
-		{"llama_v1_models.json", "application/json", adapter.OpModels, nil},
+		{"llama_v1_chat_stream.sse", "text/event-stream", protocol.OpChatCompletions, []int64{55, 8, 63}},
+		{"ollama_v1_chat_stream.sse", "text/event-stream", protocol.OpChatCompletions, []int64{21, 8, 29}},
+		{"llama_v1_chat_tool_stream.sse", "text/event-stream", protocol.OpChatCompletions, []int64{531, 4, 535}},
+		{"llama_v1_messages_stream.sse", "text/event-stream", protocol.OpMessages, []int64{55, 8, 63}},
+		{"ollama_v1_messages_stream.sse", "text/event-stream", protocol.OpMessages, []int64{21, 8, 29}},
+		{"llama_v1_chat_nonstream.json", "application/json; charset=utf-8", protocol.OpChatCompletions, []int64{55, 8, 63}},
+		{"ollama_v1_chat_loop_nonstream.json", "application/json", protocol.OpChatCompletions, []int64{21, 6, 27}},
+		{"llama_v1_models.json", "application/json", protocol.OpModels, nil},
 		{"ollama_api_chat_stream.ndjson", "application/x-ndjson", "", []int64{21, 8, 29}},
 	}
 	for _, tc := range cases {
@@ -40,7 +41,7 @@ func TestTunnelRelaySamples(t *testing.T) {
 			if tc.op == "" {
 				req.Path = "/api/chat"
 			}
-			if tc.op == adapter.OpModels {
+			if tc.op == protocol.OpModels {
 				req.Method, req.Body = "GET", nil
 			}
 			last, status, body, usages := checkTunnel(t, tunnelAll(context.Background(), s, req))
@@ -88,7 +89,7 @@ func TestTunnelStatusesAndFailures(t *testing.T) {
 		{"T2 404 relayed with its body then END", replay(s404, "application/json", b404), iop.TunnelFrameKind_TUNNEL_FRAME_END, "", 404, b404},
 		{"T2 500 with JSON body relayed then END", replay(s500, "application/json", b500), iop.TunnelFrameKind_TUNNEL_FRAME_END, "", 500, b500},
 		{"T2 reset mid-stream: ERROR after the BODY frames sent", resetAfter("text/event-stream", stream[:300], stream[300:900]),
-			iop.TunnelFrameKind_TUNNEL_FRAME_ERROR, adapter.CodeUpstreamError, 200, stream[:900]},
+			iop.TunnelFrameKind_TUNNEL_FRAME_ERROR, protocol.CodeUpstreamError.String(), 200, stream[:900]},
 		{"T2 100 KiB body in frames of at most 32 KiB", func(w http.ResponseWriter, r *http.Request, _ []byte) {
 			w.Header().Set("Content-Type", "application/octet-stream")
 			_, _ = w.Write(big)
@@ -100,7 +101,7 @@ func TestTunnelStatusesAndFailures(t *testing.T) {
 			leakcheck.Check(t)
 			up := newFake(t, tc.h)
 			s := newSet(t, adapter.Options{}, compatAdapter("llama", llamaProfile(up.URL), 1))
-			frs := tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Adapter: "llama", Target: "tiny", Operation: adapter.OpChatCompletions, Body: []byte(`{}`)})
+			frs := tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Adapter: "llama", Target: "tiny", Operation: protocol.OpChatCompletions, Body: []byte(`{}`)})
 			last, status, body, usages := checkTunnel(t, frs)
 			if last.GetKind() != tc.kind || last.GetFailureCode() != tc.code || status != tc.status {
 				t.Fatalf("got %v %q (%q) status %d, want %v %q status %d", last.GetKind(), last.GetFailureCode(), last.GetError(), status, tc.kind, tc.code, tc.status)
@@ -134,7 +135,7 @@ func TestTunnelStreamsAsRead(t *testing.T) {
 	})
 	s := newSet(t, adapter.Options{}, compatAdapter("llama", llamaProfile(up.URL), 1))
 	var frs []*iop.ProviderTunnelFrame
-	s.Tunnel(context.Background(), "t", &iop.ProviderTunnelRequest{Adapter: "llama", Operation: adapter.OpChatCompletions, Body: []byte(`{}`)},
+	s.Tunnel(context.Background(), "t", &iop.ProviderTunnelRequest{Adapter: "llama", Operation: protocol.OpChatCompletions, Body: []byte(`{}`)},
 		func(f *iop.ProviderTunnelFrame) {
 			frs = append(frs, f)
 			if f.GetKind() == iop.TunnelFrameKind_TUNNEL_FRAME_BODY && string(f.GetBody()) == "data: one\n\n" {
@@ -159,25 +160,25 @@ func TestTunnelPaths(t *testing.T) {
 		wantPath, wantQuery    string
 		code                   string
 	}{
-		{"T1 models", adapter.OpModels, "", "GET", "/base/v1/models", "", ""},
-		{"T1 chat_completions", adapter.OpChatCompletions, "/ignored", "POST", "/base/v1/chat/completions", "", ""},
-		{"T1 messages", adapter.OpMessages, "", "POST", "/base/v1/messages", "", ""},
-		{"T1 count_tokens", adapter.OpCountTokens, "", "POST", "/base/v1/messages/count_tokens", "", ""},
-		{"T1 operation the profile lacks", adapter.OpResponses, "", "POST", "", "", adapter.CodeUnsupportedOperation},
-		{"T1 completions", adapter.OpCompletions, "", "POST", "/base/v1/completions", "", ""},
-		{"T1 embeddings", adapter.OpEmbeddings, "", "POST", "/base/v1/embeddings", "", ""},
-		{"T1 unknown operation", "rerank", "", "POST", "", "", adapter.CodeInvalidRequest},
+		{"T1 models", protocol.OpModels, "", "GET", "/base/v1/models", "", ""},
+		{"T1 chat_completions", protocol.OpChatCompletions, "/ignored", "POST", "/base/v1/chat/completions", "", ""},
+		{"T1 messages", protocol.OpMessages, "", "POST", "/base/v1/messages", "", ""},
+		{"T1 count_tokens", protocol.OpCountTokens, "", "POST", "/base/v1/messages/count_tokens", "", ""},
+		{"T1 operation the profile lacks", protocol.OpResponses, "", "POST", "", "", protocol.CodeUnsupportedOperation.String()},
+		{"T1 completions", protocol.OpCompletions, "", "POST", "/base/v1/completions", "", ""},
+		{"T1 embeddings", protocol.OpEmbeddings, "", "POST", "/base/v1/embeddings", "", ""},
+		{"T1 unknown operation", "rerank", "", "POST", "", "", protocol.CodeInvalidRequest.String()},
 		{"T1 empty operation falls back to path", "", "/v1/completions?stream=true", "POST", "/base/v1/completions", "stream=true", ""},
 		{"T1 relative path joins the base", "", "v1/embeddings", "POST", "/base/v1/embeddings", "", ""},
-		{"T1 absolute URL rejected", "", "http://evil.example/v1/models", "GET", "", "", adapter.CodeInvalidRequest},
-		{"T1 host rejected", "", "//evil.example/v1/models", "GET", "", "", adapter.CodeInvalidRequest},
-		{"T1 dot-dot escaping the base rejected", "", "/v1/../../admin", "GET", "", "", adapter.CodeInvalidRequest},
-		{"T1 encoded dot-dot rejected", "", "/v1/%2e%2e/%2E%2E/admin", "GET", "", "", adapter.CodeInvalidRequest},
-		{"T1 encoded slash dot-dot rejected", "", "/v1/..%2f..%2fadmin", "GET", "", "", adapter.CodeInvalidRequest},
-		{"T1 backslash rejected", "", "/v1\\..\\admin", "GET", "", "", adapter.CodeInvalidRequest},
-		{"T1 empty path rejected", "", "", "GET", "", "", adapter.CodeInvalidRequest},
-		{"T1 scheme-like path rejected", "", "file:/etc/passwd", "GET", "", "", adapter.CodeInvalidRequest},
-		{"T1 bad method rejected", adapter.OpModels, "", "CONNECT", "", "", adapter.CodeInvalidRequest},
+		{"T1 absolute URL rejected", "", "http://evil.example/v1/models", "GET", "", "", protocol.CodeInvalidRequest.String()},
+		{"T1 host rejected", "", "//evil.example/v1/models", "GET", "", "", protocol.CodeInvalidRequest.String()},
+		{"T1 dot-dot escaping the base rejected", "", "/v1/../../admin", "GET", "", "", protocol.CodeInvalidRequest.String()},
+		{"T1 encoded dot-dot rejected", "", "/v1/%2e%2e/%2E%2E/admin", "GET", "", "", protocol.CodeInvalidRequest.String()},
+		{"T1 encoded slash dot-dot rejected", "", "/v1/..%2f..%2fadmin", "GET", "", "", protocol.CodeInvalidRequest.String()},
+		{"T1 backslash rejected", "", "/v1\\..\\admin", "GET", "", "", protocol.CodeInvalidRequest.String()},
+		{"T1 empty path rejected", "", "", "GET", "", "", protocol.CodeInvalidRequest.String()},
+		{"T1 scheme-like path rejected", "", "file:/etc/passwd", "GET", "", "", protocol.CodeInvalidRequest.String()},
+		{"T1 bad method rejected", protocol.OpModels, "", "CONNECT", "", "", protocol.CodeInvalidRequest.String()},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -248,7 +249,7 @@ func TestTunnelHeaders(t *testing.T) {
 			env := func(k string) (string, bool) { return "sk-node-secret", k == "IOP_TEST_KEY" }
 			s := newSet(t, adapter.Options{LookupEnv: env, AllowEnv: func(k string) bool { return k == "IOP_TEST_KEY" }}, ac)
 			before := len(up.requests())
-			frs := tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Adapter: "api", Target: "m", Operation: adapter.OpMessages, Headers: client, Body: []byte(`{}`)})
+			frs := tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Adapter: "api", Target: "m", Operation: protocol.OpMessages, Headers: client, Body: []byte(`{}`)})
 			checkTunnel(t, frs)
 			got := up.requests()[before].Header
 			for name := range got {
@@ -304,13 +305,13 @@ func TestTunnelBoundary(t *testing.T) {
 		req  *iop.ProviderTunnelRequest
 		code string
 	}{
-		{"E1 unknown adapter", &iop.ProviderTunnelRequest{Adapter: "nope", Operation: adapter.OpModels}, adapter.CodeUnknownAdapter},
-		{"E1 empty adapter among several, none named openai_compat", &iop.ProviderTunnelRequest{Operation: adapter.OpModels}, adapter.CodeUnknownAdapter},
-		{"E2 negative stall timeout", &iop.ProviderTunnelRequest{Adapter: "a", Operation: adapter.OpModels, ResponseStallTimeoutMs: -1}, adapter.CodeInvalidRequest},
-		{"E2 stall timeout too large", &iop.ProviderTunnelRequest{Adapter: "a", Operation: adapter.OpModels, ResponseStallTimeoutMs: 1 << 62}, adapter.CodeInvalidRequest},
-		{"C4 binding without lease", &iop.ProviderTunnelRequest{Adapter: "a", Operation: adapter.OpModels, CredentialBinding: &iop.CredentialLeaseBinding{}}, adapter.CodeCredentialInvalid},
-		{"C4 lease while the plane is off", &iop.ProviderTunnelRequest{Adapter: "a", Operation: adapter.OpModels,
-			CredentialLease: &iop.CredentialLease{}, CredentialBinding: &iop.CredentialLeaseBinding{}}, adapter.CodeCredentialInvalid},
+		{"E1 unknown adapter", &iop.ProviderTunnelRequest{Adapter: "nope", Operation: protocol.OpModels}, protocol.CodeUnknownAdapter.String()},
+		{"E1 empty adapter among several, none named openai_compat", &iop.ProviderTunnelRequest{Operation: protocol.OpModels}, protocol.CodeUnknownAdapter.String()},
+		{"E2 negative stall timeout", &iop.ProviderTunnelRequest{Adapter: "a", Operation: protocol.OpModels, ResponseStallTimeoutMs: -1}, protocol.CodeInvalidRequest.String()},
+		{"E2 stall timeout too large", &iop.ProviderTunnelRequest{Adapter: "a", Operation: protocol.OpModels, ResponseStallTimeoutMs: 1 << 62}, protocol.CodeInvalidRequest.String()},
+		{"C4 binding without lease", &iop.ProviderTunnelRequest{Adapter: "a", Operation: protocol.OpModels, CredentialBinding: &iop.CredentialLeaseBinding{}}, protocol.CodeCredentialInvalid.String()},
+		{"C4 lease while the plane is off", &iop.ProviderTunnelRequest{Adapter: "a", Operation: protocol.OpModels,
+			CredentialLease: &iop.CredentialLease{}, CredentialBinding: &iop.CredentialLeaseBinding{}}, protocol.CodeCredentialInvalid.String()},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -333,17 +334,17 @@ func TestTunnelOllamaInstance(t *testing.T) {
 	want := sample(t, "ollama_v1_chat_stream.sse")
 	up := newFake(t, replay(200, "text/event-stream", want))
 	s := newSet(t, adapter.Options{}, ollamaAdapter("", up.URL, 1))
-	for _, tc := range []struct{ op, path string }{{adapter.OpChatCompletions, "/v1/chat/completions"}, {adapter.OpMessages, "/v1/messages"},
-		{adapter.OpModels, "/v1/models"}, {adapter.OpResponses, "/v1/responses"}, {adapter.OpCompletions, "/v1/completions"},
-		{adapter.OpEmbeddings, "/v1/embeddings"}} {
+	for _, tc := range []struct{ op, path string }{{protocol.OpChatCompletions, "/v1/chat/completions"}, {protocol.OpMessages, "/v1/messages"},
+		{protocol.OpModels, "/v1/models"}, {protocol.OpResponses, "/v1/responses"}, {protocol.OpCompletions, "/v1/completions"},
+		{protocol.OpEmbeddings, "/v1/embeddings"}} {
 		last, _, body, usages := checkTunnel(t, tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Target: "tiny", Operation: tc.op, Body: []byte(`{}`)}))
 		reqs := up.requests()
 		if last.GetKind() != iop.TunnelFrameKind_TUNNEL_FRAME_END || reqs[len(reqs)-1].Path != tc.path || !bytes.Equal(body, want) || len(usages) != 1 {
 			t.Fatalf("T1 %s: got %v %q to %s", tc.op, last.GetKind(), last.GetError(), reqs[len(reqs)-1].Path)
 		}
 	}
-	last, _, _, _ := checkTunnel(t, tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Operation: adapter.OpCountTokens}))
-	if last.GetFailureCode() != adapter.CodeUnsupportedOperation {
+	last, _, _, _ := checkTunnel(t, tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Operation: protocol.OpCountTokens}))
+	if last.GetFailureCode() != protocol.CodeUnsupportedOperation.String() {
 		t.Fatalf("T1 count_tokens on ollama (Ollama 0.17.4 has none): got %q, want unsupported_operation", last.GetFailureCode())
 	}
 }

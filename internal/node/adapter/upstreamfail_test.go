@@ -14,6 +14,7 @@ import (
 
 	"iop/internal/leakcheck"
 	"iop/internal/node/adapter"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -77,7 +78,7 @@ func closedAddr(t *testing.T) string {
 	return "http://" + a
 }
 
-// Issue 11: a request that got no response head is upstream_connect (no
+// a request that got no response head is upstream_connect (no
 // connection could be opened) or upstream_reset (closed or reset before
 // the status line), on the run path and the tunnel; the node never resends
 // it (the backend saw it once). A non-2xx
@@ -98,10 +99,10 @@ func TestUpstreamFailureCodes(t *testing.T) {
 		status     int32
 		retryAfter int64 // ms
 	}{
-		{name: "connection refused", code: adapter.CodeUpstreamConnect},
-		{name: "reset before the response head", answer: reset, code: adapter.CodeUpstreamReset},
-		{name: "429 with Retry-After seconds", answer: tooMany("5"), code: adapter.CodeUpstreamStatus, status: 429, retryAfter: 5000},
-		{name: "429 with a malformed Retry-After", answer: tooMany("soon"), code: adapter.CodeUpstreamStatus, status: 429},
+		{name: "connection refused", code: protocol.CodeUpstreamConnect.String()},
+		{name: "reset before the response head", answer: reset, code: protocol.CodeUpstreamReset.String()},
+		{name: "429 with Retry-After seconds", answer: tooMany("5"), code: protocol.CodeUpstreamStatus.String(), status: 429, retryAfter: 5000},
+		{name: "429 with a malformed Retry-After", answer: tooMany("soon"), code: protocol.CodeUpstreamStatus.String(), status: 429},
 	}
 	for _, r := range rows {
 		for _, typ := range []string{"run-ollama", "run-compat", "tunnel"} {
@@ -124,7 +125,7 @@ func TestUpstreamFailureCodes(t *testing.T) {
 				var retryAfter int64
 				if typ == "tunnel" {
 					frs := tunnelAll(ctx, s, &iop.ProviderTunnelRequest{Adapter: "x", Target: "tiny",
-						Operation: adapter.OpChatCompletions, Body: []byte(`{"model":"tiny"}`)})
+						Operation: protocol.OpChatCompletions, Body: []byte(`{"model":"tiny"}`)})
 					last, st, _, _ := checkTunnel(t, frs)
 					code, msg, status = last.GetFailureCode(), last.GetError(), st
 					if r.status != 0 { // the tunnel relays a status as the upstream said it
@@ -149,7 +150,7 @@ func TestUpstreamFailureCodes(t *testing.T) {
 	}
 }
 
-// Issue 11: the keep-alive race and the idle lifetime that removes it. The
+// the keep-alive race and the idle lifetime that removes it. The
 // backend answers a request on a connection that was idle for less than
 // 150 ms and resets one that was idle longer (llama-server closing an idle
 // connection as the request arrives, at 150 ms instead of 5 s). With an
@@ -170,7 +171,7 @@ func TestUpstreamIdleLifetime(t *testing.T) {
 		idleMs    int64
 		wantCode  string
 		wantConns int64
-	}{{50, "", 2}, {0, adapter.CodeUpstreamReset, 1}} {
+	}{{50, "", 2}, {0, protocol.CodeUpstreamReset.String(), 1}} {
 		t.Run("idle "+strconv.FormatInt(r.idleMs, 10)+" ms", func(t *testing.T) {
 			leakcheck.Check(t)
 			srv := startConnServer(t, answer)
@@ -199,7 +200,7 @@ func TestUpstreamIdleLifetime(t *testing.T) {
 	}
 }
 
-// Issue 11: AdapterConfig.upstream_idle_timeout_ms is checked at NewSet.
+// AdapterConfig.upstream_idle_timeout_ms is checked at NewSet.
 func TestUpstreamIdleTimeoutBounds(t *testing.T) {
 	for _, ms := range []int64{-1, 86400001} {
 		ac := ollamaAdapter("x", "http://127.0.0.1:1", 1)

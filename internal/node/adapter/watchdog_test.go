@@ -24,6 +24,7 @@ import (
 
 	"iop/internal/leakcheck"
 	"iop/internal/node/adapter"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -199,7 +200,7 @@ func fly(ctx context.Context, s *adapter.Set, runID string, k knobs, onTerminal 
 	go func() {
 		defer close(f.returned)
 		if k.tunnel {
-			s.Tunnel(ctx, runID, &iop.ProviderTunnelRequest{Adapter: k.adapter, Target: "tiny", Operation: adapter.OpChatCompletions,
+			s.Tunnel(ctx, runID, &iop.ProviderTunnelRequest{Adapter: k.adapter, Target: "tiny", Operation: protocol.OpChatCompletions,
 				Body: []byte(`{"model":"tiny","stream":true}`), ResponseStallTimeoutMs: k.stallMs, TimeoutSec: k.timeoutSec},
 				func(fr *iop.ProviderTunnelFrame) {
 					f.mu.Lock()
@@ -271,25 +272,25 @@ func TestStallWatchdog(t *testing.T) {
 	tok3 := strings.Repeat("tok", 3)
 	rows := []row{
 		{name: "H1 run stalls after 3 chunks; probe available", k: knobs{stallMs: 10000}, p: plan{chunks: 3},
-			code: adapter.CodeResponseStalled, at: stall, health: "available", fence: "confirmed", content: tok3},
+			code: protocol.CodeResponseStalled.String(), at: stall, health: "available", fence: "confirmed", content: tok3},
 		{name: "H1 ollama run stalls after 3 lines; probe available", ollama: true, k: knobs{stallMs: 10000}, p: plan{chunks: 3},
-			code: adapter.CodeResponseStalled, at: stall, health: "available", fence: "confirmed", content: tok3},
+			code: protocol.CodeResponseStalled.String(), at: stall, health: "available", fence: "confirmed", content: tok3},
 		{name: "H1 tunnel stalls after 3 chunks: BODY frames, then the stall ERROR", k: knobs{tunnel: true, stallMs: 10000}, p: plan{chunks: 3},
-			code: adapter.CodeResponseStalled, at: stall, health: "available", fence: "confirmed", content: strings.Repeat(sseTok, 3)},
+			code: protocol.CodeResponseStalled.String(), at: stall, health: "available", fence: "confirmed", content: strings.Repeat(sseTok, 3)},
 		{name: "H1 run: headers, then nothing (stall before the first byte)", k: knobs{stallMs: 10000}, p: plan{},
-			code: adapter.CodeResponseStalled, at: stall, health: "available", fence: "confirmed"},
+			code: protocol.CodeResponseStalled.String(), at: stall, health: "available", fence: "confirmed"},
 		{name: "H1 tunnel: headers, then nothing", k: knobs{tunnel: true, stallMs: 10000}, p: plan{},
-			code: adapter.CodeResponseStalled, at: stall, health: "available", fence: "confirmed"},
+			code: protocol.CodeResponseStalled.String(), at: stall, health: "available", fence: "confirmed"},
 		{name: "H1 run: the headers arriving are activity (headers at 6 s, then nothing: stall at 16 s)", k: knobs{stallMs: 10000},
-			p: plan{headersAt: 6 * time.Second}, code: adapter.CodeResponseStalled, at: 16 * time.Second, health: "available", fence: "confirmed"},
+			p: plan{headersAt: 6 * time.Second}, code: protocol.CodeResponseStalled.String(), at: 16 * time.Second, health: "available", fence: "confirmed"},
 		{name: "H1 ollama run: the headers arriving are activity", ollama: true, k: knobs{stallMs: 10000},
-			p: plan{headersAt: 6 * time.Second}, code: adapter.CodeResponseStalled, at: 16 * time.Second, health: "available", fence: "confirmed"},
+			p: plan{headersAt: 6 * time.Second}, code: protocol.CodeResponseStalled.String(), at: 16 * time.Second, health: "available", fence: "confirmed"},
 		{name: "H1 tunnel: the headers arriving are activity", k: knobs{tunnel: true, stallMs: 10000},
-			p: plan{headersAt: 6 * time.Second}, code: adapter.CodeResponseStalled, at: 16 * time.Second, health: "available", fence: "confirmed"},
+			p: plan{headersAt: 6 * time.Second}, code: protocol.CodeResponseStalled.String(), at: 16 * time.Second, health: "available", fence: "confirmed"},
 		{name: "H1 run: no headers ever (Client.Do blocks)", k: knobs{stallMs: 10000}, p: plan{noHeaders: true},
-			code: adapter.CodeResponseStalled, at: stall, health: "available", fence: "confirmed"},
+			code: protocol.CodeResponseStalled.String(), at: stall, health: "available", fence: "confirmed"},
 		{name: "H1 tunnel: no headers ever", k: knobs{tunnel: true, stallMs: 10000}, p: plan{noHeaders: true},
-			code: adapter.CodeResponseStalled, at: stall, health: "available", fence: "confirmed"},
+			code: protocol.CodeResponseStalled.String(), at: stall, health: "available", fence: "confirmed"},
 		{name: "H1 activity re-arms: a chunk every 0.6 × stall for 3 × stall completes", k: knobs{stallMs: 10000},
 			p: plan{chunks: 5, gap: 6 * time.Second, finish: true}, code: "COMPLETE", at: 30 * time.Second, content: strings.Repeat("tok", 5)},
 		{name: "H1 tunnel activity re-arms", k: knobs{tunnel: true, stallMs: 10000},
@@ -297,34 +298,34 @@ func TestStallWatchdog(t *testing.T) {
 		{name: "H1 SSE keep-alive comments are activity (bytes arrived)", k: knobs{stallMs: 10000},
 			p: plan{chunks: 4, gap: 9 * time.Second, keepalive: true, finish: true}, code: "COMPLETE", at: 36 * time.Second},
 		{name: "H1 keep-alives, then silence: stalls one timeout after the last one", k: knobs{tunnel: true, stallMs: 10000},
-			p: plan{chunks: 2, gap: 9 * time.Second, keepalive: true}, code: adapter.CodeResponseStalled, at: 28 * time.Second,
+			p: plan{chunks: 2, gap: 9 * time.Second, keepalive: true}, code: protocol.CodeResponseStalled.String(), at: 28 * time.Second,
 			health: "available", fence: "confirmed", content: strings.Repeat(": keep-alive\n\n", 2)},
 		{name: "H2 probe unavailable: provider_unhealthy", k: knobs{stallMs: 10000}, p: plan{chunks: 1, probe: "unavailable"},
-			code: adapter.CodeResponseStalled, at: stall, health: "unavailable", fence: "confirmed", content: "tok"},
+			code: protocol.CodeResponseStalled.String(), at: stall, health: "unavailable", fence: "confirmed", content: "tok"},
 		{name: "H2 ollama probe unavailable", ollama: true, k: knobs{stallMs: 10000}, p: plan{chunks: 1, probe: "unavailable"},
-			code: adapter.CodeResponseStalled, at: stall, health: "unavailable", fence: "confirmed", content: "tok"},
+			code: protocol.CodeResponseStalled.String(), at: stall, health: "unavailable", fence: "confirmed", content: "tok"},
 		{name: "H2 probe answer broken: health_unknown", k: knobs{tunnel: true, stallMs: 10000}, p: plan{probe: "broken"},
-			code: adapter.CodeResponseStalled, at: stall, health: "unknown", fence: "confirmed"},
+			code: protocol.CodeResponseStalled.String(), at: stall, health: "unknown", fence: "confirmed"},
 		{name: "H1 H2 probe bounded by ProbeTimeout: unknown after 3 s, not longer", k: knobs{stallMs: 10000}, p: plan{probe: "hang"},
-			probeTO: 3 * time.Second, code: adapter.CodeResponseStalled, at: stall + 3*time.Second, health: "unknown", fence: "confirmed"},
+			probeTO: 3 * time.Second, code: protocol.CodeResponseStalled.String(), at: stall + 3*time.Second, health: "unknown", fence: "confirmed"},
 		{name: "H7 deadline first keeps its timeout terminal", k: knobs{stallMs: 10000, timeoutSec: 4}, p: plan{chunks: 1},
-			code: adapter.CodeTimeout, at: 4 * time.Second, content: "tok"},
+			code: protocol.CodeTimeout.String(), at: 4 * time.Second, content: "tok"},
 		{name: "H7 tunnel deadline first", k: knobs{tunnel: true, stallMs: 10000, timeoutSec: 4}, p: plan{noHeaders: true},
-			code: adapter.CodeTimeout, at: 4 * time.Second},
+			code: protocol.CodeTimeout.String(), at: 4 * time.Second},
 		{name: "H7 cancel first keeps its CANCELLED terminal", k: knobs{stallMs: 10000}, p: plan{chunks: 1}, cancelAt: 5 * time.Second,
-			code: adapter.CodeCancelled, at: 5 * time.Second, content: "tok"},
+			code: protocol.CodeCancelled.String(), at: 5 * time.Second, content: "tok"},
 		{name: "H7 tunnel cancel first", k: knobs{tunnel: true, stallMs: 10000}, p: plan{}, cancelAt: 5 * time.Second,
-			code: adapter.CodeCancelled, at: 5 * time.Second},
+			code: protocol.CodeCancelled.String(), at: 5 * time.Second},
 		{name: "H4 a non-stall failure has no Failure", k: knobs{stallMs: 10000}, p: plan{status: 500},
-			code: adapter.CodeUpstreamStatus, at: 0},
+			code: protocol.CodeUpstreamStatus.String(), at: 0},
 		{name: "E2 request 0 takes the adapter's timeout", k: knobs{}, adapterMs: 2000, p: plan{},
-			code: adapter.CodeResponseStalled, at: 2 * time.Second, health: "available", fence: "confirmed"},
+			code: protocol.CodeResponseStalled.String(), at: 2 * time.Second, health: "available", fence: "confirmed"},
 		{name: "E2 the request's timeout wins over the adapter's", k: knobs{stallMs: 1500}, adapterMs: 2000, p: plan{},
-			code: adapter.CodeResponseStalled, at: 1500 * time.Millisecond, health: "available", fence: "confirmed"},
+			code: protocol.CodeResponseStalled.String(), at: 1500 * time.Millisecond, health: "available", fence: "confirmed"},
 		{name: "E2 request and adapter 0 take Options.DefaultStallTimeout", k: knobs{}, defStall: 3 * time.Second, p: plan{},
-			code: adapter.CodeResponseStalled, at: 3 * time.Second, health: "available", fence: "confirmed"},
+			code: protocol.CodeResponseStalled.String(), at: 3 * time.Second, health: "available", fence: "confirmed"},
 		{name: "E2 all 0: 300000 ms", k: knobs{tunnel: true}, p: plan{},
-			code: adapter.CodeResponseStalled, at: 300 * time.Second, health: "available", fence: "confirmed"},
+			code: protocol.CodeResponseStalled.String(), at: 300 * time.Second, health: "available", fence: "confirmed"},
 	}
 	for _, tc := range rows {
 		t.Run(tc.name, func(t *testing.T) {
@@ -360,7 +361,7 @@ func TestStallWatchdog(t *testing.T) {
 					t.Errorf("H6: %d chat requests, want 1 (no retry)", n)
 				}
 				if tc.health == "" {
-					if fail != nil || meta[adapter.MetaFence] != "" {
+					if fail != nil || meta[protocol.MetaFence] != "" {
 						t.Fatalf("H4: Failure %v, metadata %v on a non-stall terminal, want none", fail, meta)
 					}
 					return
@@ -395,21 +396,21 @@ func checkStallTerminal(t *testing.T, f *iop.ExecutionFailure, meta map[string]s
 	if f == nil {
 		t.Fatal("H1: stall terminal without Failure")
 	}
-	if f.GetCode() != adapter.CodeResponseStalled || f.GetProviderHealth() != health || f.GetLivenessClassification() != liveness ||
+	if f.GetCode() != protocol.CodeResponseStalled.String() || f.GetProviderHealth() != health || f.GetLivenessClassification() != liveness ||
 		f.GetFence() != fence || f.GetNodeRunId() != runID || f.GetAttemptId() != runID+"/1" || f.GetAdapter() != "llama" || f.GetTarget() != "tiny" {
 		t.Fatalf("H2: got Failure %v, want health %s/%s, fence %s", f, health, liveness, fence)
 	}
 	if f.GetHealthObservationSeq() != 0 {
 		t.Fatalf("H5: the adapter set health_observation_seq %d; the session stamps it", f.GetHealthObservationSeq())
 	}
-	allowed := map[string]bool{adapter.MetaIdleMs: true, adapter.MetaRunID: true, adapter.MetaAttemptID: true, adapter.MetaFence: true,
-		adapter.MetaAdapter: true, adapter.MetaTarget: true, adapter.MetaProviderHealth: true, adapter.MetaLivenessClassification: true}
+	allowed := map[string]bool{protocol.MetaIdleMs: true, protocol.MetaRunID: true, protocol.MetaAttemptID: true, protocol.MetaFence: true,
+		protocol.MetaAdapter: true, protocol.MetaTarget: true, protocol.MetaProviderHealth: true, protocol.MetaLivenessClassification: true}
 	for k := range meta {
 		if !allowed[k] {
 			t.Fatalf("H3: metadata key %q is not allow-listed", k)
 		}
 	}
-	if len(meta) != len(allowed) || meta[adapter.MetaFence] != fence || meta[adapter.MetaProviderHealth] != health {
+	if len(meta) != len(allowed) || meta[protocol.MetaFence] != fence || meta[protocol.MetaProviderHealth] != health {
 		b, _ := json.Marshal(meta)
 		t.Fatalf("H3: metadata %s, want all %d allow-listed keys with fence %s health %s", b, len(allowed), fence, health)
 	}
@@ -435,16 +436,16 @@ func TestFencedCallKeepsSlot(t *testing.T) {
 		health     string // stall rows
 	}
 	rows := []row{
-		{name: "H7 run stalls, call deaf: fence unconfirmed after the 2 s grace", code: adapter.CodeResponseStalled, at: 12 * time.Second, health: "available"},
-		{name: "H7 tunnel stalls, call deaf", tunnel: true, code: adapter.CodeResponseStalled, at: 12 * time.Second, health: "available"},
-		{name: "H7 Options.StallCloseGrace bounds the wait", grace: 500 * time.Millisecond, code: adapter.CodeResponseStalled,
+		{name: "H7 run stalls, call deaf: fence unconfirmed after the 2 s grace", code: protocol.CodeResponseStalled.String(), at: 12 * time.Second, health: "available"},
+		{name: "H7 tunnel stalls, call deaf", tunnel: true, code: protocol.CodeResponseStalled.String(), at: 12 * time.Second, health: "available"},
+		{name: "H7 Options.StallCloseGrace bounds the wait", grace: 500 * time.Millisecond, code: protocol.CodeResponseStalled.String(),
 			at: 10500 * time.Millisecond, health: "available"},
 		{name: "H1 grace 2 s and a 3 s probe side by side: terminal at +3 s, not +5 s", probe: "hang", probeTO: 3 * time.Second,
-			code: adapter.CodeResponseStalled, at: 13 * time.Second, health: "unknown"},
+			code: protocol.CodeResponseStalled.String(), at: 13 * time.Second, health: "unknown"},
 		{name: "H1 H6 a probe slower than the grace does not confirm the fence", tunnel: true, probe: "hang", probeTO: 3 * time.Second,
-			code: adapter.CodeResponseStalled, at: 13 * time.Second, health: "unknown"},
-		{name: "H7 cancel first, call deaf: CANCELLED after the grace", cancelAt: 5 * time.Second, code: adapter.CodeCancelled, at: 7 * time.Second},
-		{name: "H7 deadline first, call deaf: timeout after the grace", tunnel: true, timeoutSec: 4, code: adapter.CodeTimeout, at: 6 * time.Second},
+			code: protocol.CodeResponseStalled.String(), at: 13 * time.Second, health: "unknown"},
+		{name: "H7 cancel first, call deaf: CANCELLED after the grace", cancelAt: 5 * time.Second, code: protocol.CodeCancelled.String(), at: 7 * time.Second},
+		{name: "H7 deadline first, call deaf: timeout after the grace", tunnel: true, timeoutSec: 4, code: protocol.CodeTimeout.String(), at: 6 * time.Second},
 	}
 	for _, tc := range rows {
 		t.Run(tc.name, func(t *testing.T) {
@@ -473,7 +474,7 @@ func TestFencedCallKeepsSlot(t *testing.T) {
 					t.Fatalf("got %s, want %s", code, tc.code)
 				}
 				if tc.health != "" {
-					checkStallTerminal(t, fail, meta, "run-1", tc.health, adapter.FenceUnconfirmed)
+					checkStallTerminal(t, fail, meta, "run-1", tc.health, protocol.FenceUnconfirmed)
 				} else if fail != nil {
 					t.Fatalf("H4, H7: the terminal that came first carries Failure %v", fail)
 				}
@@ -486,7 +487,7 @@ func TestFencedCallKeepsSlot(t *testing.T) {
 				}
 				busy := fly(context.Background(), s, "run-2", knobs{adapter: "llama"}, nil)
 				<-busy.returned
-				if code, _, _, _ := busy.end(t); code != adapter.CodeOverCapacity {
+				if code, _, _, _ := busy.end(t); code != protocol.CodeOverCapacity.String() {
 					t.Fatalf("H7: a request while the fenced call runs got %s, want over_capacity (slot still owned)", code)
 				}
 				f.mu.Lock()
@@ -497,7 +498,7 @@ func TestFencedCallKeepsSlot(t *testing.T) {
 				if got := len(f.events) + len(f.frames); got != n {
 					t.Fatalf("E3, T2: %d events or frames after the terminal", got-n)
 				}
-				last, _, _, _ := checkTunnel(t, tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Adapter: "llama", Operation: adapter.OpModels}))
+				last, _, _, _ := checkTunnel(t, tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Adapter: "llama", Operation: protocol.OpModels}))
 				if last.GetKind() != iop.TunnelFrameKind_TUNNEL_FRAME_END {
 					t.Fatalf("H7: after the call returned got %v %q, want END (slot back)", last.GetKind(), last.GetFailureCode())
 				}
@@ -526,14 +527,14 @@ func TestConfirmedStallReturnsSlotFirst(t *testing.T) {
 				s := newSet(t, adapter.Options{HTTPClient: client}, compatAdapter("llama", llamaProfile("http://upstream"), 1))
 				var next []*iop.ProviderTunnelFrame
 				f := fly(context.Background(), s, "run-1", knobs{tunnel: tunnel, adapter: "llama", stallMs: 1000}, func() {
-					next = tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Adapter: "llama", Operation: adapter.OpModels})
+					next = tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Adapter: "llama", Operation: protocol.OpModels})
 				})
 				<-f.returned
 				code, fail, meta, _ := f.end(t)
-				if code != adapter.CodeResponseStalled {
+				if code != protocol.CodeResponseStalled.String() {
 					t.Fatalf("got %s, want response_stalled", code)
 				}
-				checkStallTerminal(t, fail, meta, "run-1", "available", adapter.FenceConfirmed)
+				checkStallTerminal(t, fail, meta, "run-1", "available", protocol.FenceConfirmed)
 				if last, _, _, _ := checkTunnel(t, next); last.GetKind() != iop.TunnelFrameKind_TUNNEL_FRAME_END {
 					t.Fatalf("E4: request sent at the stall terminal got %v %q, want END", last.GetKind(), last.GetFailureCode())
 				}
@@ -552,13 +553,13 @@ func TestStallOverLoopback(t *testing.T) {
 	})
 	s := newSet(t, adapter.Options{}, compatAdapter("llama", llamaProfile(up.URL), 1))
 	started := time.Now()
-	frs := tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Adapter: "llama", Target: "tiny", Operation: adapter.OpChatCompletions,
+	frs := tunnelAll(context.Background(), s, &iop.ProviderTunnelRequest{Adapter: "llama", Target: "tiny", Operation: protocol.OpChatCompletions,
 		Body: []byte(`{}`), ResponseStallTimeoutMs: 100})
 	last, _, body, _ := checkTunnel(t, frs)
-	if last.GetFailureCode() != adapter.CodeResponseStalled || string(body) != sseTok {
+	if last.GetFailureCode() != protocol.CodeResponseStalled.String() || string(body) != sseTok {
 		t.Fatalf("got %v %q after %q, want the stall ERROR after one chunk", last.GetKind(), last.GetFailureCode(), body)
 	}
-	checkStallTerminal(t, last.GetFailure(), last.GetMetadata(), "tun-1", "available", adapter.FenceConfirmed)
+	checkStallTerminal(t, last.GetFailure(), last.GetMetadata(), "tun-1", "available", protocol.FenceConfirmed)
 	if d := time.Since(started); d < 100*time.Millisecond || d > 5*time.Second {
 		t.Fatalf("H1: stall terminal after %v, want ≥ 100 ms and well under the 2 s grace + probe", d)
 	}

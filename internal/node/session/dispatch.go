@@ -10,30 +10,15 @@ import (
 	"strings"
 	"time"
 
+	"iop/internal/protocol"
 	"iop/internal/wire/direct"
 	iop "iop/proto/gen/iop"
 
 	"google.golang.org/protobuf/proto"
 )
 
-// Failure codes the session itself puts on error terminals.
-const (
-	failureDuplicateRun   = "invalid_request"
-	failureUnknownAdapter = "unknown_adapter"
-)
-
-// Result keys of NodeCommandResponse (SPEC N1, H10).
-const (
-	keyAdapterKey   = "adapter_key"
-	keyTarget       = "target"
-	keyStatus       = "provider_status"
-	keyObsSeq       = "health_observation_seq"
-	keyAdapter      = "adapter"      // diagnostic
-	keyInstanceKey  = "instance_key" // diagnostic
-	metaObsSeq      = "health_observation_seq"
-	statusUnknown   = "unknown"
-	refreshNoChange = "unchanged revision"
-)
+// refreshNoChange is a refresh answer's note for a payload already applied.
+const refreshNoChange = "unchanged revision"
 
 // dispatch routes one inbound envelope on the read loop: one type switch
 // over the closed set, unknown kinds logged and ignored (SPEC W5). It never
@@ -256,8 +241,8 @@ func (s *session) rejectRun(runID string, req *iop.RunRequest) {
 	s.log.Warn("duplicate run_id; rejecting the duplicate", "run_id", runID)
 	s.sendFromReader(&iop.Envelope{RunId: runID, Kind: &iop.Envelope_RunEvent{RunEvent: &iop.RunEvent{
 		Seq: 1, Type: iop.RunEventType_RUN_EVENT_ERROR,
-		Error: "duplicate run_id " + strconv.Quote(runID), FailureCode: failureDuplicateRun,
-		Adapter: req.GetAdapter(), Target: req.GetTarget(),
+		Error: "duplicate run_id " + strconv.Quote(runID), FailureCode: protocol.CodeInvalidRequest.String(),
+		Message: "duplicate run_id " + strconv.Quote(runID), Adapter: req.GetAdapter(), Target: req.GetTarget(),
 	}}}, true)
 }
 
@@ -269,8 +254,8 @@ func (s *session) rejectTunnel(runID string, req *iop.ProviderTunnelRequest) {
 	s.log.Warn("duplicate run_id; rejecting the duplicate tunnel", "run_id", runID)
 	s.sendFromReader(&iop.Envelope{RunId: runID, Kind: &iop.Envelope_TunnelFrame{TunnelFrame: &iop.ProviderTunnelFrame{
 		Seq: 1, Kind: iop.TunnelFrameKind_TUNNEL_FRAME_ERROR,
-		Error: "duplicate run_id " + strconv.Quote(runID), FailureCode: failureDuplicateRun,
-		Adapter: req.GetAdapter(), Target: req.GetTarget(),
+		Error: "duplicate run_id " + strconv.Quote(runID), FailureCode: protocol.CodeInvalidRequest.String(),
+		Message: "duplicate run_id " + strconv.Quote(runID), Adapter: req.GetAdapter(), Target: req.GetTarget(),
 	}}}, true)
 }
 
@@ -286,7 +271,7 @@ func (s *session) stampObservation(f *iop.ExecutionFailure, meta *map[string]str
 	if *meta == nil {
 		*meta = make(map[string]string, 1)
 	}
-	(*meta)[metaObsSeq] = strconv.FormatUint(f.HealthObservationSeq, 10)
+	(*meta)[protocol.MetaObservationSeq] = strconv.FormatUint(f.HealthObservationSeq, 10)
 }
 
 // cancelRun cancels one run or tunnel (SPEC E5, T3); unknown ids are ignored.
@@ -336,7 +321,7 @@ func (s *session) command(ex *execRef, req *iop.NodeCommandRequest) *iop.NodeCom
 func (s *session) capabilities(ex *execRef, req *iop.NodeCommandRequest) *iop.NodeCommandResponse {
 	inst, ok := resolveInstance(ex.cfg, req.GetAdapter())
 	if !ok {
-		return &iop.NodeCommandResponse{Error: failureUnknownAdapter + ": no adapter instance " + strconv.Quote(req.GetAdapter())}
+		return &iop.NodeCommandResponse{Error: protocol.CodeUnknownAdapter.String() + ": no adapter instance " + strconv.Quote(req.GetAdapter())}
 	}
 	if req.GetTarget() == "" {
 		return &iop.NodeCommandResponse{Error: "invalid_request: CAPABILITIES needs a target"}
@@ -346,18 +331,18 @@ func (s *session) capabilities(ex *execRef, req *iop.NodeCommandRequest) *iop.No
 	status := ex.ex.Probe(ctx, key, req.GetTarget(), req.GetCredentialLease(), req.GetCredentialBinding())
 	cancel()
 	switch status {
-	case "available", "unavailable", statusUnknown:
+	case protocol.HealthAvailable, protocol.HealthUnavailable, protocol.HealthUnknown:
 	default:
-		status = statusUnknown // fail closed
+		status = protocol.HealthUnknown // fail closed
 	}
 	seq := s.obsSeq.Add(1)
 	return &iop.NodeCommandResponse{Ok: true, Result: map[string]string{
-		keyAdapterKey:  key,
-		keyTarget:      req.GetTarget(),
-		keyStatus:      status,
-		keyObsSeq:      strconv.FormatUint(seq, 10),
-		keyAdapter:     req.GetAdapter(),
-		keyInstanceKey: inst.GetType() + "/" + key,
+		protocol.KeyAdapterKey: key,
+		protocol.KeyTarget:     req.GetTarget(),
+		protocol.KeyStatus:     status,
+		protocol.KeySeq:        strconv.FormatUint(seq, 10),
+		protocol.KeyAdapter:    req.GetAdapter(),
+		protocol.KeyInstance:   inst.GetType() + "/" + key,
 	}}
 }
 

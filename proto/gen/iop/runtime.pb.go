@@ -2106,8 +2106,8 @@ type RunEvent struct {
 	Usage *Usage `protobuf:"bytes,6,opt,name=usage,proto3" json:"usage,omitempty"`
 	// ERROR: legacy error string, always set on ERROR (SPEC H4).
 	Error string `protobuf:"bytes,7,opt,name=error,proto3" json:"error,omitempty"`
-	// ERROR: machine code, e.g. "response_stalled", "over_capacity",
-	// "unknown_adapter", "invalid_request", "upstream_error".
+	// ERROR (and CANCELLED): a failure code; internal/protocol's Failures
+	// says what each one means to both sides.
 	FailureCode string `protobuf:"bytes,8,opt,name=failure_code,json=failureCode,proto3" json:"failure_code,omitempty"`
 	// COMPLETE: "openai_tool_calls" (JSON array, OpenAI shape) and
 	// "openai_text_tool_fallback" ("true") (SPEC E8, E9). ERROR with a stall:
@@ -2133,7 +2133,14 @@ type RunEvent struct {
 	// driver cannot honour (e.g. "tool_choice"), for the 400's "param";
 	// empty when no one field is at fault. Never caller data (SPEC H3 keeps
 	// metadata allow-listed).
-	Param         string `protobuf:"bytes,17,opt,name=param,proto3" json:"param,omitempty"`
+	Param string `protobuf:"bytes,17,opt,name=param,proto3" json:"param,omitempty"`
+	// ERROR: the failure in the words a client may see, apart from the
+	// legacy error string (which names the adapter instance): the upstream's
+	// own error message (upstream_status), the input the node refused
+	// (invalid_request), why the credential lease was refused
+	// (credential_*). Empty when the code's own words suffice. Never an
+	// adapter name, an upstream address or a Go type name (SPEC P4).
+	Message       string `protobuf:"bytes,18,opt,name=message,proto3" json:"message,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2283,6 +2290,13 @@ func (x *RunEvent) GetRetryAfterMs() int64 {
 func (x *RunEvent) GetParam() string {
 	if x != nil {
 		return x.Param
+	}
+	return ""
+}
+
+func (x *RunEvent) GetMessage() string {
+	if x != nil {
+		return x.Message
 	}
 	return ""
 }
@@ -2783,7 +2797,9 @@ type ProviderTunnelFrame struct {
 	Adapter  string            `protobuf:"bytes,10,opt,name=adapter,proto3" json:"adapter,omitempty"`
 	Target   string            `protobuf:"bytes,11,opt,name=target,proto3" json:"target,omitempty"`
 	// ERROR with failure_code "response_stalled" only (SPEC H1, W4).
-	Failure       *ExecutionFailure `protobuf:"bytes,15,opt,name=failure,proto3" json:"failure,omitempty"`
+	Failure *ExecutionFailure `protobuf:"bytes,15,opt,name=failure,proto3" json:"failure,omitempty"`
+	// ERROR: the failure in the words a client may see, as on RunEvent.
+	Message       string `protobuf:"bytes,16,opt,name=message,proto3" json:"message,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2900,6 +2916,13 @@ func (x *ProviderTunnelFrame) GetFailure() *ExecutionFailure {
 		return x.Failure
 	}
 	return nil
+}
+
+func (x *ProviderTunnelFrame) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
 }
 
 // NodeCommandRequest is a query or control command, separate from execution,
@@ -3742,7 +3765,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x05bytes\x18\x03 \x01(\fR\x05bytes\x12?\n" +
 	"\ftop_logprobs\x18\x04 \x03(\v2\x1c.iop.runtime.v1.TokenLogprobR\vtopLogprobs\"#\n" +
 	"\tEmbedding\x12\x16\n" +
-	"\x06values\x18\x01 \x03(\x02R\x06values\"\xd2\x05\n" +
+	"\x06values\x18\x01 \x03(\x02R\x06values\"\xec\x05\n" +
 	"\bRunEvent\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x120\n" +
 	"\x04type\x18\x02 \x01(\x0e2\x1c.iop.runtime.v1.RunEventTypeR\x04type\x12\x14\n" +
@@ -3763,7 +3786,8 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"embeddings\x18\x0f \x03(\v2\x19.iop.runtime.v1.EmbeddingR\n" +
 	"embeddings\x12$\n" +
 	"\x0eretry_after_ms\x18\x10 \x01(\x03R\fretryAfterMs\x12\x14\n" +
-	"\x05param\x18\x11 \x01(\tR\x05param\x1a;\n" +
+	"\x05param\x18\x11 \x01(\tR\x05param\x12\x18\n" +
+	"\amessage\x18\x12 \x01(\tR\amessage\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"|\n" +
@@ -3814,7 +3838,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"request_id\x18\x0f \x01(\tR\trequestId\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9a\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb4\x04\n" +
 	"\x13ProviderTunnelFrame\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x123\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x1f.iop.runtime.v1.TunnelFrameKindR\x04kind\x12\x16\n" +
@@ -3828,7 +3852,8 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\aadapter\x18\n" +
 	" \x01(\tR\aadapter\x12\x16\n" +
 	"\x06target\x18\v \x01(\tR\x06target\x12:\n" +
-	"\afailure\x18\x0f \x01(\v2 .iop.runtime.v1.ExecutionFailureR\afailure\x1a;\n" +
+	"\afailure\x18\x0f \x01(\v2 .iop.runtime.v1.ExecutionFailureR\afailure\x12\x18\n" +
+	"\amessage\x18\x10 \x01(\tR\amessage\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x99\x03\n" +

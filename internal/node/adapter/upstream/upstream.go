@@ -27,6 +27,7 @@ import (
 	"strings"
 	"time"
 
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -102,10 +103,10 @@ func (e *Endpoint) Do(req *http.Request) (*http.Response, error) {
 // Metadata keys of a COMPLETE run event (SPEC E8, E9).
 const (
 	// MetaToolCalls holds a JSON array of ToolCall.
-	MetaToolCalls = "openai_tool_calls"
+	MetaToolCalls = protocol.MetaToolCalls
 	// MetaTextToolFallback is "true" when the run used the text tool-call
 	// fallback of SPEC E9.
-	MetaTextToolFallback = "openai_text_tool_fallback"
+	MetaTextToolFallback = protocol.MetaTextToolFallback
 )
 
 // Endpoint is where and how to reach one backend.
@@ -323,7 +324,7 @@ func (a *activityReader) Read(p []byte) (int, error) {
 }
 
 // MaxResultBytes bounds what a driver accumulates from a backend's stream
-// for one Result, in bytes (issue 12): the assistant text plus every tool
+// for one Result, in bytes: the assistant text plus every tool
 // call's name and arguments, and ToolCallOverhead per call. The Result
 // travels in one COMPLETE frame (16 MiB cap); a backend that streams past
 // the bound fails the run with ErrResultTooLarge instead of growing the
@@ -414,7 +415,7 @@ func DecodeToolCalls(raw []byte) ([]ToolCall, error) {
 // (NaN, ±Inf in temperature, top_p, frequency_penalty, presence_penalty):
 // an Edge's surfaces never produce them (JSON has no such numbers), so one
 // means a broken or hostile Edge; the error wraps ErrInvalidInput and names
-// the field (issue 12, found by FuzzBuildChatRequest).
+// the field (found by FuzzBuildChatRequest).
 func CheckNumbers(in *iop.RunInput) error {
 	if in == nil {
 		return nil

@@ -1,0 +1,85 @@
+package protocol
+
+// DefaultStallTimeoutMs is the response-stall timeout (ms) of a request
+// whose response_stall_timeout_ms is 0 and whose model provider and adapter
+// set none (SPEC E2, Q6). The Edge resolves a request's timeout once
+// (model provider, then adapter, then this) and sends it; the Node applies
+// it to a request that carries 0 (a direct call).
+const DefaultStallTimeoutMs = 300000
+
+// Health evidence: ExecutionFailure.provider_health, the CAPABILITIES
+// result provider_status and a probe's answer (SPEC H2, H10). Anything else
+// is read as HealthUnknown (fail closed).
+const (
+	HealthAvailable   = "available"
+	HealthUnavailable = "unavailable"
+	HealthUnknown     = "unknown"
+)
+
+// Liveness classifications (ExecutionFailure.liveness_classification),
+// each paired with exactly one health value (SPEC H2): available →
+// request_stalled, unavailable → provider_unhealthy, unknown →
+// health_unknown.
+const (
+	LivenessRequestStalled    = "request_stalled"
+	LivenessProviderUnhealthy = "provider_unhealthy"
+	LivenessHealthUnknown     = "health_unknown"
+)
+
+// Liveness pairs a health value with its classification (SPEC H2).
+func Liveness(health string) string {
+	switch health {
+	case HealthAvailable:
+		return LivenessRequestStalled
+	case HealthUnavailable:
+		return LivenessProviderUnhealthy
+	}
+	return LivenessHealthUnknown
+}
+
+// Fence values of ExecutionFailure.fence (SPEC H7): confirmed when the
+// provider call returned within the close grace, unconfirmed otherwise.
+const (
+	FenceConfirmed   = "confirmed"
+	FenceUnconfirmed = "unconfirmed"
+)
+
+// HandoffConfirmed is the ExecutionFailure.recovery_handoff the Edge adds
+// to a validated stall (SPEC H8). It is a capability hint, never replay
+// approval.
+const HandoffConfirmed = "confirmed"
+
+// Allow-listed metadata keys of a stall terminal (SPEC H3); the Node's
+// session adds MetaObservationSeq (SPEC H5). Nothing else is ever put
+// there.
+const (
+	MetaIdleMs                 = "idle_ms"
+	MetaRunID                  = "run_id"
+	MetaAttemptID              = "attempt_id"
+	MetaFence                  = "fence"
+	MetaAdapter                = "adapter"
+	MetaTarget                 = "target"
+	MetaProviderHealth         = "provider_health"
+	MetaLivenessClassification = "liveness_classification"
+	MetaObservationSeq         = "health_observation_seq"
+)
+
+// Metadata keys of a COMPLETE run event (SPEC E8, E9).
+const (
+	// MetaToolCalls holds a JSON array of tool calls in OpenAI's shape
+	// (id, type "function", function name and arguments as a JSON string).
+	MetaToolCalls = "openai_tool_calls"
+	// MetaTextToolFallback is "true" when the run used the text tool-call
+	// fallback of SPEC E9.
+	MetaTextToolFallback = "openai_text_tool_fallback"
+)
+
+// Result keys of a CAPABILITIES NodeCommandResponse (SPEC N1, H10).
+const (
+	KeyAdapterKey = "adapter_key"            // the resolved instance name
+	KeyTarget     = "target"                 // the probed target
+	KeyStatus     = "provider_status"        // a health value
+	KeySeq        = "health_observation_seq" // the connection's next observation sequence (SPEC H5)
+	KeyAdapter    = "adapter"                // the adapter the command named (diagnostic)
+	KeyInstance   = "instance_key"           // type "/" instance name (diagnostic)
+)
