@@ -3,6 +3,7 @@
 #   ./run.sh            the main job: build, dev PKI, backend, edge + node, a chat answer
 #   ./run.sh test       gofmt, go vet, go test -race ./..., generated-code and import checks
 #   ./run.sh build      static binaries into bin/
+#   ./run.sh release V  reproducible dist/iop_V_linux_{amd64,arm64}.tar.gz + dist/SHA256SUMS
 #   ./run.sh proto      regenerate proto/gen/iop from proto/iop/runtime.proto
 #   ./run.sh e2e        built binaries + backend + official SDK clients
 #   ./run.sh bench      benchmarks (see BENCHMARKS.md)
@@ -80,16 +81,44 @@ check_imports() {
   return $bad
 }
 
+# git_commit prints the HEAD commit, with -dirty when tracked files changed
+# (what `edge version` prints as its commit); "unknown" without git.
+git_commit() {
+  local c
+  c=$(git rev-parse HEAD 2>/dev/null) || { echo unknown; return; }
+  if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then c="$c-dirty"; fi
+  echo "$c"
+}
+
 cmd_build() {
   mkdir -p bin
-  local ver; ver=$(git describe --always --dirty 2>/dev/null || echo dev)
+  local ver commit
+  ver=$(git describe --always --dirty 2>/dev/null || echo dev)
+  commit=$(git_commit)
   for b in edge node; do
-    CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$ver" -o "bin/$b" "./$b"
+    CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$ver -X main.commit=$commit" -o "bin/$b" "./$b"
   done
   if [ -d internal/demo/backendcmd ]; then
     CGO_ENABLED=0 go build -trimpath -o bin/demo-backend ./internal/demo/backendcmd
   fi
   log "built bin/edge bin/node"
+}
+
+# cmd_release VERSION: the release archives (internal/release): both
+# binaries for linux/amd64 and linux/arm64, deploy/, README.md and docs/,
+# byte-identical for the same commit. The archive mtimes are
+# SOURCE_DATE_EPOCH, by default the commit's time.
+cmd_release() {
+  local ver=${1:-} out=${IOP_DIST_DIR:-dist} commit epoch
+  if [ -z "$ver" ]; then echo "usage: ./run.sh release VERSION   (e.g. 0.4.0)" >&2; exit 2; fi
+  commit=$(git_commit)
+  epoch=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct HEAD 2>/dev/null || true)}
+  if [ -z "$epoch" ]; then log "FAIL: no git commit to take the time from; set SOURCE_DATE_EPOCH"; return 1; fi
+  case $commit in *-dirty)
+    log "warning: uncommitted changes: the archives say commit $commit and cannot be rebuilt from the commit alone" ;;
+  esac
+  go run ./internal/release -version "$ver" -commit "$commit" -epoch "$epoch" -out "$out"
+  cat "$out/SHA256SUMS"
 }
 
 cmd_test() {
@@ -111,9 +140,10 @@ case "${1:-main}" in
   main) shift || true; source "$ROOT/scripts/demo.sh"; demo_main "$@" ;;
   test) cmd_test ;;
   build) cmd_build ;;
+  release) shift; cmd_release "$@" ;;
   proto) cmd_proto ;;
   e2e) shift; source "$ROOT/scripts/e2e.sh"; e2e_main "$@" ;;
   bench) shift; source "$ROOT/scripts/bench.sh"; bench_main "$@" ;;
   fuzz) shift; source "$ROOT/scripts/fuzz.sh"; fuzz_main "$@" ;;
-  *) echo "usage: ./run.sh [test|build|proto|e2e|bench|fuzz]" >&2; exit 2 ;;
+  *) echo "usage: ./run.sh [test|build|release VERSION|proto|e2e|bench|fuzz]" >&2; exit 2 ;;
 esac

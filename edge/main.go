@@ -4,7 +4,7 @@
 //
 //	edge -config edge.json          serve
 //	edge -config edge.json -check   validate the config and exit 0 or 1
-//	edge -version
+//	edge version                    print version, commit and Go version (also -version)
 //	edge pki init -dir DIR [-trust-domain iop.local] -edge NAME -node NAME…
 //	edge pki issue -dir DIR -node NAME
 //	edge secrets init -key FILE
@@ -28,6 +28,7 @@ import (
 	"syscall"
 	"time"
 
+	"iop/internal/buildinfo"
 	"iop/internal/edge"
 	"iop/internal/edge/config"
 	"iop/internal/edge/keyscmd"
@@ -35,14 +36,21 @@ import (
 	"iop/internal/edge/secretscmd"
 )
 
-// version is set at build time with -ldflags "-X main.version=…".
-var version = "dev"
+// version and commit are set at link time (-ldflags "-X main.version=…
+// -X main.commit=…", ./run.sh release and build); buildinfo fills what is
+// missing.
+var version, commit string
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	info := buildinfo.Read("edge", version, commit)
+	if len(args) > 0 && args[0] == "version" {
+		fmt.Fprintln(stdout, info)
+		return 0
+	}
 	if len(args) > 0 && args[0] == "pki" {
 		return pkicmd.Main(args[1:], stdout, stderr)
 	}
@@ -61,7 +69,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if *showVersion {
-		fmt.Fprintln(stdout, "edge", version)
+		fmt.Fprintln(stdout, info)
 		return 0
 	}
 	if *cfgPath == "" {
@@ -110,7 +118,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			}
 		}
 	}()
-	if err := edge.Run(ctx, cfg, edge.Options{Logger: logger, Version: version, Reload: reload}); err != nil {
+	if err := edge.Run(ctx, cfg, edge.Options{Logger: logger, Version: info.Version, Reload: reload}); err != nil {
 		logger.Error("edge stopped", "err", err)
 		fmt.Fprintln(stderr, "edge:", err)
 		return 1

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -87,8 +88,13 @@ func TestEdgeBinary(t *testing.T) {
 		t.Errorf("start with a 0644 TLS key: exit %d, want 1 naming the file:\n%s", proctest.ExitCode(err), out)
 	}
 	os.Chmod(filepath.Join(dir, "pki", "edge-1.key"), 0o600)
-	if out, err := exec.Command(bin, "-version").CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "edge ") {
-		t.Errorf("-version: %v %q", err, out)
+	// `edge version` and -version: version, commit and Go version (a go
+	// build: "dev", the VCS stamp or "unknown", runtime.Version()).
+	for _, args := range [][]string{{"version"}, {"-version"}} {
+		out, err := exec.Command(bin, args...).CombinedOutput()
+		if err != nil || !strings.HasPrefix(string(out), "edge dev commit ") || !strings.Contains(string(out), " "+runtime.Version()+" ") {
+			t.Errorf("%v: %v %q", args, err, out)
+		}
 	}
 
 	var stderr proctest.Log

@@ -4,7 +4,7 @@
 //
 //	node -config node.json          run until SIGINT/SIGTERM
 //	node -config node.json -check   validate the config and exit 0 or 1
-//	node -version
+//	node version                    print version, commit and Go version (also -version)
 //
 // Exit codes (SPEC S4): 0 on SIGINT/SIGTERM; 1 when reconnect attempts are
 // exhausted or on a fatal local config or credential error.
@@ -20,18 +20,26 @@ import (
 	"os/signal"
 	"syscall"
 
+	"iop/internal/buildinfo"
 	"iop/internal/node"
 	"iop/internal/node/config"
 )
 
-// version is set at build time with -ldflags "-X main.version=…".
-var version = "dev"
+// version and commit are set at link time (-ldflags "-X main.version=…
+// -X main.commit=…", ./run.sh release and build); buildinfo fills what is
+// missing.
+var version, commit string
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	info := buildinfo.Read("node", version, commit)
+	if len(args) > 0 && args[0] == "version" {
+		fmt.Fprintln(stdout, info)
+		return 0
+	}
 	fs := flag.NewFlagSet("node", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfgPath := fs.String("config", "", "path of the node config file (JSON)")
@@ -41,7 +49,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if *showVersion {
-		fmt.Fprintln(stdout, "node", version)
+		fmt.Fprintln(stdout, info)
 		return 0
 	}
 	if *cfgPath == "" {
@@ -64,7 +72,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	logger := slog.New(slog.NewJSONHandler(stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	err = node.Run(ctx, cfg, node.Options{Logger: logger, Version: version, LookupEnv: os.LookupEnv})
+	err = node.Run(ctx, cfg, node.Options{Logger: logger, Version: info.Version, LookupEnv: os.LookupEnv})
 	if err != nil {
 		logger.Error("node stopped", "err", err)
 		fmt.Fprintln(stderr, "node:", err)

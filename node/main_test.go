@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -169,9 +170,11 @@ func TestNodeBinary(t *testing.T) {
 		if proctest.ExitCode(err) != 1 || !strings.Contains(string(out), "gpu-1.recipient.key") || !strings.Contains(string(out), "chmod 600") {
 			t.Errorf("S3 -check with a 0640 recipient key: exit %d, want 1 naming the file:\n%s", proctest.ExitCode(err), out)
 		}
-		out, err = exec.Command(bin, "-version").CombinedOutput()
-		if err != nil || !strings.HasPrefix(string(out), "node ") {
-			t.Errorf("-version: %v %q", err, out)
+		for _, args := range [][]string{{"version"}, {"-version"}} {
+			out, err := exec.Command(bin, args...).CombinedOutput()
+			if err != nil || !strings.HasPrefix(string(out), "node dev commit ") || !strings.Contains(string(out), " "+runtime.Version()+" ") {
+				t.Errorf("%v: %v %q", args, err, out)
+			}
 		}
 		if code := proctest.ExitCode(exec.Command(bin).Run()); code != 2 {
 			t.Errorf("no -config: exit %d, want 2", code)

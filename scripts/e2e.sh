@@ -8,7 +8,9 @@
 # drives them with the SDKs, kills and restarts them, and stops everything it
 # started. The operator page is checked in a real headless browser:
 # Debian's chromium, installed here when missing (IOP_CHROMIUM names another
-# binary); its screenshot lands in .run/operator-page.png. Extra arguments
+# binary); its screenshot lands in .run/operator-page.png. First it builds
+# the release archives twice and compares them (internal/release,
+# IOP_RELEASE_BUILD=1; skipped when arguments are given). Extra arguments
 # go to `go test` (e.g. -run TestSDK).
 # Sourced by run.sh.
 
@@ -27,6 +29,12 @@ e2e_main() {
   cmd_build
   ensure_chromium
   mkdir -p "$ROOT/.run"
+  if [ $# -eq 0 ]; then
+    log "e2e: the release built twice (both architectures, the second from a copy at another path) is byte-identical"
+    IOP_RELEASE_BUILD=1 go test -race -count=1 -timeout 15m -run 'TestReleaseReproducible' ./internal/release
+  else
+    log "e2e: arguments given: skipping the release reproducibility build"
+  fi
   log "e2e: official SDK clients against bin/edge + bin/node (internal/e2e/sdk)"
   (cd "$ROOT/internal/e2e/sdk" && IOP_E2E=1 IOP_BIN="$ROOT/bin" IOP_RUN_DIR="$ROOT/.run" \
     IOP_CHROMIUM="${IOP_CHROMIUM:-$(command -v chromium)}" go test -count=1 -v -timeout 10m "$@" ./...)
