@@ -42,7 +42,10 @@ func request(b *testing.B, reg *Registry, key string, h http.Header, now time.Ti
 	if err != nil || !p.Allows("qwen3:8b") {
 		b.Fatal("refused", err)
 	}
-	t, ref := reg.Admit(p, 300, now)
+	t, ref := reg.Admit(p, now)
+	if ref == nil {
+		ref = t.Reserve(300, now)
+	}
 	if ref != nil {
 		b.Fatal(ref)
 	}
@@ -111,7 +114,10 @@ func BenchmarkAccounting(b *testing.B) {
 	reg, secrets := benchSet(b, 1)
 	p, _ := reg.Authenticate(secrets[0], noon)
 	perRequest(b, func() {
-		t, ref := reg.Admit(p, 300, noon)
+		t, ref := reg.Admit(p, noon)
+		if ref == nil {
+			ref = t.Reserve(300, noon)
+		}
 		if ref != nil {
 			b.Fatal(ref)
 		}

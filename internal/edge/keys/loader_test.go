@@ -235,7 +235,7 @@ func TestPersister(t *testing.T) {
 		t.Fatal("written with nothing counted")
 	}
 	p, _ := reg.Authenticate(secret, noon)
-	tk, _ := reg.Admit(p, 10, noon)
+	tk, _ := admit(reg, p, 10, noon)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { ps.Run(ctx); close(done) }()

@@ -10,11 +10,13 @@
 // The HTTP surface calls it, per model request:
 //
 //	p, err := reg.Authenticate(key, now)          // 401 on error
+//	t, refusal := reg.Admit(p, now)                // 429 + Retry-After on refusal
+//	… read the body …
 //	if !p.Allows(model) { … }                      // the unknown model's 404
-//	t, refusal := reg.Admit(p, estimate, now)      // 429 + Retry-After on refusal
+//	refusal = t.Reserve(keys.Estimate(…), now)     // 429 + Retry-After on refusal
 //	t.RateLimit.WriteOpenAI(h) / WriteAnthropic(h, now)
 //	… serve …
-//	t.Finish(keys.Outcome{…}, now)                 // exactly once
+//	t.Finish(keys.Outcome{…}, now)                 // exactly once, refused or not
 //
 // Registry reads no clock (every call takes the time), does no I/O and
 // logs nothing; it never holds or shows a key, only names and hashes.
@@ -154,8 +156,10 @@ func (e *Refusal) Bound() string {
 	return name + " " + strconv.Itoa(e.Limit)
 }
 
-// Ticket is one admitted request. Finish ends it exactly once (later
-// calls do nothing); a nil *Ticket (open mode) is valid.
+// Ticket is one admitted request: Admit makes it (the requests in flight
+// and the request rate), Reserve adds its token estimate once the body is
+// read, Finish ends it exactly once (later calls do nothing). A nil
+// *Ticket (open mode) is valid. It belongs to its request's goroutine.
 type Ticket struct {
 	r    *Registry
 	p    *Principal
@@ -163,38 +167,61 @@ type Ticket struct {
 	slot *limit.Slot
 	res  *limit.Reservation
 	done atomic.Bool
-	// RateLimit is what the answer's rate-limit headers say: the state
-	// right after this admission (K6).
+	// RateLimit is what the answer's rate-limit headers say (K6): the
+	// state right after Admit, with the token windows right after Reserve.
 	RateLimit RateLimit
 }
 
-// Admit admits one request of p estimated at estimate tokens (the
-// prompt's estimate and the completion it may take) at now, or refuses
-// it. The token budgets are checked first, then the requests in flight,
-// then the request rate; a refused request spends nothing (a token
-// reservation made before a later refusal is given back). An admitted
-// request holds its slot and its token reservation until Ticket.Finish.
-func (r *Registry) Admit(p *Principal, estimate int64, now time.Time) (*Ticket, *Refusal) {
+// Admit admits one request of p at now under its requests in flight and
+// its request rate, checked in that order (a request refused for being
+// one too many in flight spends no request token), or refuses it. Call it
+// as soon as the key is known, before the body is read: a client over its
+// bounds holds no body on the edge. The admitted request holds its slot
+// until Finish.
+func (r *Registry) Admit(p *Principal, now time.Time) (*Ticket, *Refusal) {
 	c := p.c
 	c.since.CompareAndSwap(0, now.UnixNano())
-	res, err := r.tokens.Reserve(p.Name, p.tokenLimit(), estimate, now)
-	if err != nil {
-		return nil, r.refuse(p, c, err.(*limit.RefusedError), now)
-	}
 	slot, err := r.rate.Acquire(p.Name, p.keyLimit(), now)
 	if err != nil {
-		res.Settle(0, now)
 		return nil, r.refuse(p, c, err.(*limit.RefusedError), now)
 	}
 	c.requests.Add(1)
 	r.dirty.Store(true)
-	t := &Ticket{r: r, p: p, c: c, slot: slot, res: res}
-	t.RateLimit = stateOf(p, res.State, now)
+	t := &Ticket{r: r, p: p, c: c, slot: slot}
+	t.RateLimit = stateOf(p, r.tokens.State(p.Name, p.tokenLimit(), now), now)
 	if slot != nil && p.Limits.RequestsPerMinute > 0 {
 		t.RateLimit.setRequests(p, slot.Rate)
 	}
 	return t, nil
 }
+
+// Reserve checks t's token budgets at now, per day first (the longer
+// wait), and reserves estimate tokens (Estimate: the prompt's estimate
+// and the completion it may take) until Finish settles them (K5). On a
+// refusal t is ended as if it had never been admitted: out of the
+// in-flight count, its request token given back, counted as refused, not
+// as a request. Call it at most once; nil-safe (open mode).
+func (t *Ticket) Reserve(estimate int64, now time.Time) *Refusal {
+	if t == nil || t.res != nil || t.done.Load() {
+		return nil
+	}
+	res, err := t.r.tokens.Reserve(t.p.Name, t.p.tokenLimit(), estimate, now)
+	if err != nil {
+		t.done.Store(true)
+		t.slot.Cancel()
+		t.c.requests.Add(-1)
+		return t.r.refuse(t.p, t.c, err.(*limit.RefusedError), now)
+	}
+	t.res = res
+	req := t.RateLimit.Requests
+	t.RateLimit = stateOf(t.p, res.State, now)
+	t.RateLimit.Requests = req
+	return nil
+}
+
+// State is p's rate-limit state at now without admitting anything: the
+// headers of an answer that is not a model request (GET /v1/models).
+func (r *Registry) State(p *Principal, now time.Time) RateLimit { return r.refusedState(p, now) }
 
 // refuse counts a refusal of p and describes it.
 func (r *Registry) refuse(p *Principal, c *counters, re *limit.RefusedError, now time.Time) *Refusal {
@@ -235,6 +262,10 @@ func (t *Ticket) Finish(o Outcome, now time.Time) {
 		return
 	}
 	t.slot.Release()
+	if t.res == nil { // ended before its body was read (a bad request, the client gone): no tokens
+		t.r.dirty.Store(true)
+		return
+	}
 	var used int64
 	switch {
 	case o.Reported:
@@ -254,3 +285,19 @@ func (t *Ticket) Principal() *Principal { return t.p }
 
 // Estimate is the tokens the ticket reserved.
 func (t *Ticket) Estimate() int64 { return t.res.Estimate() }
+
+// DefaultCompletionEstimate is the completion, in tokens, reserved for a
+// request that sets no maximum (K5); its settlement replaces it with what
+// the backend reported.
+const DefaultCompletionEstimate = 256
+
+// Estimate is what a request reserves (K5): its body's bytes ÷ 4 (the
+// prompt, as models[].long_context_tokens estimates it) plus its maximum
+// completion (max_tokens, max_completion_tokens or max_output_tokens), or
+// DefaultCompletionEstimate when it sets none.
+func Estimate(bodyBytes int, maxTokens int64) int64 {
+	if maxTokens <= 0 {
+		maxTokens = DefaultCompletionEstimate
+	}
+	return int64(max(bodyBytes, 0)/4) + min(maxTokens, limit.MaxEstimate)
+}

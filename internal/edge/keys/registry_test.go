@@ -164,6 +164,18 @@ func used(p, c int64) *Outcome {
 	return &Outcome{PromptTokens: p, CompletionTokens: c, Reported: true, Answered: true}
 }
 
+// admit is the whole admission of one request: Admit, then Reserve.
+func admit(reg *Registry, p *Principal, estimate int64, now time.Time) (*Ticket, *Refusal) {
+	t, ref := reg.Admit(p, now)
+	if ref != nil {
+		return nil, ref
+	}
+	if ref := t.Reserve(estimate, now); ref != nil {
+		return nil, ref
+	}
+	return t, nil
+}
+
 // K5, K6: budgets per minute and per day, a stream crossing the budget,
 // requests without reported usage, and the header values against the
 // limits after every step.
@@ -205,6 +217,10 @@ func TestBudgets(t *testing.T) {
 			{0, 10, used(5, 5), nil, 0, map[string]string{HeaderRemainingRequests: "0", HeaderRemainingTokens: "90"}},
 			{0, 50, nil, limit.ErrRate, time.Minute, map[string]string{HeaderRemainingTokens: "90"}},
 		}},
+		{"a token refusal gives its request token back", keystore.Limits{RequestsPerMinute: 2, TokensPerDay: 10}, 1, []step{
+			{0, 5, used(5, 5), nil, 0, map[string]string{HeaderRemainingRequests: "1", HeaderRemainingTokens: "5"}},
+			{0, 5, nil, limit.ErrTokensDay, 12 * time.Hour, map[string]string{HeaderRemainingRequests: "1", HeaderRemainingTokens: "0"}},
+		}},
 		{"K8: three edges enforce a third each, rounded up", keystore.Limits{TokensPerDay: 1000, RequestsPerMinute: 10}, 3, []step{
 			{0, 100, used(100, 0), nil, 0, map[string]string{HeaderLimitTokens: "334", HeaderRemainingTokens: "234", HeaderLimitRequests: "4"}},
 		}},
@@ -222,7 +238,7 @@ func TestBudgets(t *testing.T) {
 			}
 			for i, s := range row.steps {
 				now := noon.Add(s.at)
-				tk, ref := reg.Admit(p, s.estimate, now)
+				tk, ref := admit(reg, p, s.estimate, now)
 				h := http.Header{}
 				if s.wantErr != nil {
 					if ref == nil || !errors.Is(ref, s.wantErr) || ref.RetryAfter != s.wantRA {
@@ -253,9 +269,9 @@ func TestAnthropicHeaders(t *testing.T) {
 	st, sec := storeWith(t, keystore.Spec{Name: "k", Limits: keystore.Limits{RequestsPerMinute: 60, TokensPerMinute: 600}})
 	reg := New(mustBuild(t, nil, st, 1))
 	p, _ := reg.Authenticate(sec["k"], noon)
-	tk, _ := reg.Admit(p, 100, noon)
+	tk, _ := admit(reg, p, 100, noon)
 	tk.Finish(*used(100, 200), noon)
-	tk, _ = reg.Admit(p, 10, noon.Add(500*time.Millisecond))
+	tk, _ = admit(reg, p, 10, noon.Add(500*time.Millisecond))
 	h := http.Header{}
 	tk.RateLimit.WriteAnthropic(h, noon.Add(500*time.Millisecond))
 	want := map[string]string{
@@ -278,9 +294,9 @@ func TestRestart(t *testing.T) {
 	st, sec := storeWith(t, keystore.Spec{Name: "k", Limits: keystore.Limits{TokensPerDay: 1000}}, keystore.Spec{Name: "idle"})
 	reg := New(mustBuild(t, nil, st, 1))
 	p, _ := reg.Authenticate(sec["k"], noon)
-	tk, _ := reg.Admit(p, 10, noon)
+	tk, _ := admit(reg, p, 10, noon)
 	tk.Finish(*used(300, 700), noon)
-	inflight, _ := reg.Admit(p, 10, noon) // would be refused now: the day is spent
+	inflight, _ := admit(reg, p, 10, noon) // would be refused now: the day is spent
 	if inflight != nil {
 		t.Fatal("admitted after the day was spent")
 	}
@@ -295,7 +311,7 @@ func TestRestart(t *testing.T) {
 	reg2 := New(mustBuild(t, nil, st, 1))
 	reg2.Restore(u, noon.Add(time.Minute))
 	p2, _ := reg2.Authenticate(sec["k"], noon.Add(time.Minute))
-	if _, ref := reg2.Admit(p2, 1, noon.Add(time.Minute)); !errors.Is(ref, limit.ErrTokensDay) {
+	if _, ref := admit(reg2, p2, 1, noon.Add(time.Minute)); !errors.Is(ref, limit.ErrTokensDay) {
 		t.Fatalf("after the restart: got %v, want the day still spent", ref)
 	}
 	ks, _ := reg2.StatusOf("k", noon.Add(time.Minute))
@@ -303,7 +319,7 @@ func TestRestart(t *testing.T) {
 		t.Fatalf("status after the restart: %+v", ks)
 	}
 	// The next UTC day the budget is back.
-	if tk, ref := reg2.Admit(p2, 1, noon.Add(12*time.Hour)); ref != nil || tk == nil {
+	if tk, ref := admit(reg2, p2, 1, noon.Add(12*time.Hour)); ref != nil || tk == nil {
 		t.Fatalf("the next day: %v", ref)
 	}
 }
@@ -326,7 +342,7 @@ func TestRevokeUnderLoad(t *testing.T) {
 			if err != nil {
 				return
 			}
-			tk, ref := reg.Admit(p, 10, noon)
+			tk, ref := admit(reg, p, 10, noon)
 			if ref != nil {
 				return
 			}
@@ -373,7 +389,7 @@ func TestMetrics(t *testing.T) {
 	st, sec := storeWith(t, keystore.Spec{Name: "team-a"}, keystore.Spec{Name: "team-b"})
 	reg := New(mustBuild(t, []config.APIKey{{Principal: `o"ps`, KeySHA256: keystore.Hash("x")}}, st, 1))
 	p, _ := reg.Authenticate(sec["team-a"], noon)
-	tk, _ := reg.Admit(p, 5, noon)
+	tk, _ := admit(reg, p, 5, noon)
 	tk.Finish(*used(3, 4), noon)
 	var b strings.Builder
 	if err := reg.WritePrometheus(&b); err != nil {
@@ -391,5 +407,34 @@ func TestMetrics(t *testing.T) {
 	}
 	if strings.Contains(out, sec["team-a"]) || strings.Contains(out, keystore.Hash(sec["team-a"])) {
 		t.Error("P4: a key or its hash in /metrics")
+	}
+}
+
+// K5: a request ended before its body was read (a bad request, a client
+// gone) gives its in-flight slot back and costs no tokens.
+func TestFinishWithoutReserve(t *testing.T) {
+	st, sec := storeWith(t, keystore.Spec{Name: "k", Limits: keystore.Limits{MaxConcurrent: 1, TokensPerDay: 100}})
+	reg := New(mustBuild(t, nil, st, 1))
+	p, _ := reg.Authenticate(sec["k"], noon)
+	tk, ref := reg.Admit(p, noon)
+	if ref != nil {
+		t.Fatal(ref)
+	}
+	if _, ref := reg.Admit(p, noon); !errors.Is(ref, limit.ErrConcurrency) {
+		t.Fatalf("a second request in flight: %v", ref)
+	}
+	tk.Finish(Outcome{Answered: true}, noon)
+	tk.Finish(Outcome{Answered: true}, noon)
+	if _, ref := admit(reg, p, 1, noon); ref != nil {
+		t.Fatalf("after Finish: %v", ref)
+	}
+	if ks, _ := reg.StatusOf("k", noon); ks.TokensToday != 0 || ks.Requests != 2 || ks.InFlight != 1 {
+		t.Fatalf("status %+v", ks)
+	}
+	if got := Estimate(400, 0); got != 100+DefaultCompletionEstimate {
+		t.Fatalf("Estimate(400, 0) = %d", got)
+	}
+	if got := Estimate(400, 50); got != 150 {
+		t.Fatalf("Estimate(400, 50) = %d", got)
 	}
 }

@@ -69,9 +69,10 @@ type keyState struct {
 // Slot is one admitted request; Release ends it, once (later calls do
 // nothing). A nil *Slot is valid and releases nothing.
 type Slot struct {
-	k    *Keys
-	ks   *keyState
-	done atomic.Bool
+	k         *Keys
+	ks        *keyState
+	perMinute int // the rate it took a token of (Cancel gives it back)
+	done      atomic.Bool
 	// Rate is the principal's request rate right after this admission
 	// (zero without requests_per_minute).
 	Rate RateState
@@ -112,7 +113,7 @@ func (k *Keys) Acquire(principal string, lim KeyLimit, now time.Time) (*Slot, er
 		}
 	}
 	ks.inflight++
-	sl := &Slot{k: k, ks: ks}
+	sl := &Slot{k: k, ks: ks, perMinute: lim.RequestsPerMinute}
 	if lim.RequestsPerMinute > 0 {
 		sl.Rate = ks.rate.state(now, lim.RequestsPerMinute)
 	}
@@ -138,6 +139,22 @@ func (s *Slot) Release() {
 	}
 	s.k.mu.Lock()
 	s.ks.inflight--
+	s.k.mu.Unlock()
+}
+
+// Cancel ends the request s admitted as if it had never been: it leaves
+// the in-flight count and gives its request token back to the bucket (a
+// request refused by a later bound, docs/keys.md K5). Idempotent with
+// Release (whichever comes first counts), nil-safe.
+func (s *Slot) Cancel() {
+	if s == nil || !s.done.CompareAndSwap(false, true) {
+		return
+	}
+	s.k.mu.Lock()
+	s.ks.inflight--
+	if s.perMinute > 0 {
+		s.ks.rate.tat = s.ks.rate.tat.Add(-max(time.Minute/time.Duration(s.perMinute), 1))
+	}
 	s.k.mu.Unlock()
 }
 

@@ -186,3 +186,24 @@ func TestRateState(t *testing.T) {
 		t.Fatalf("unknown principal: %+v", got)
 	}
 }
+
+// K5: Cancel gives the request token back and leaves the in-flight
+// count; after Release it does nothing more.
+func TestSlotCancel(t *testing.T) {
+	var k Keys
+	lim := KeyLimit{RequestsPerMinute: 2, MaxConcurrent: 5}
+	s, _ := k.Acquire("a", lim, noon)
+	s2, _ := k.Acquire("a", lim, noon)
+	s2.Cancel()
+	s2.Cancel()
+	s2.Release()
+	if got := k.Rate("a", 2, noon); got.Remaining != 1 || k.InFlight("a") != 1 {
+		t.Fatalf("after Cancel: %+v, %d in flight; want 1 remaining, 1 in flight", got, k.InFlight("a"))
+	}
+	s.Release()
+	s.Cancel()
+	if got := k.Rate("a", 2, noon); got.Remaining != 1 || k.InFlight("a") != 0 {
+		t.Fatalf("Cancel after Release: %+v, %d in flight", got, k.InFlight("a"))
+	}
+	(*Slot)(nil).Cancel()
+}
