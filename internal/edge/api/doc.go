@@ -19,6 +19,27 @@
 // (T4), log keys or bodies (P4), or let a lease go back more or less than
 // exactly once (Q2).
 //
+// # Files
+//
+//   - handler.go: Options (and the Health and Outlier interfaces it takes),
+//     New, ServeHTTP, routing by path, authentication, the config view.
+//   - exchange.go: one admitted request (exchange): admit, start, relay,
+//     deliver, reacquire. It carries out the attempt machine's effects and
+//     decides nothing about re-dispatch itself.
+//   - attempt.go: the attempt machine, pure: attempt.step(event) →
+//     (attempt, effects) for re-dispatch, holding a failing response,
+//     passive health's verdict and the stall records (SPEC H8, H11, H12).
+//     Its table test is TestAttemptMachine.
+//   - classify.go: the one reading of a node envelope (classify: retry
+//     reason, passive-health verdict, stall evidence) and of a node
+//     terminal's client error (runFailure, nodeFailure), both through the
+//     failure code's row of internal/protocol.
+//   - run.go, tunnel.go: the sinks of the two paths (SPEC Q3, T2, T5).
+//   - errors.go: client error shapes; account.go: the access record;
+//     body.go, limits.go: hostile-client bounds; drain.go: SIGTERM;
+//     credential.go: the credential lease (SPEC C2); prefix.go,
+//     jsonscan.go: what routing reads from a body.
+//
 // # Request lifecycle
 //
 // ServeHTTP → authenticate → read body (413 over the cap; the buffer grows
@@ -34,7 +55,7 @@
 // once. Exactly one terminal outcome is written per request: a success, an
 // error response before any byte, or an error event after bytes.
 //
-// # Accounting and drain (issue 15)
+// # Accounting and drain
 //
 // Every response carries X-Request-Id (access.RequestID: the client's,
 // sanitized and bounded, or a new one), which also rides the RunRequest or
@@ -52,7 +73,7 @@
 // or its surface's error event (code edge_shutdown). edge.Run calls them on
 // SIGTERM around shutdown.drain_timeout_ms.
 //
-// # Hostile clients (issue 12)
+// # Hostile clients
 //
 // Memory follows the bytes a peer sent, capped, never what it declared, and
 // every per-client resource has a bound (limits.go, internal/edge/limit):
@@ -93,7 +114,7 @@
 // RedispatchWait); otherwise the stall is answered: 504 before any byte, an
 // error event after bytes. Every lease goes back exactly once.
 //
-// # Failures before the first byte (issue 11)
+// # Failures before the first byte
 //
 // The same holds for a provider that could not be reached, reset the
 // connection before its response head, answered a failing 5xx
@@ -101,7 +122,7 @@
 // reached the client, or whose node refused or lost the request: the
 // failure is kept from the client, the lease goes back and the request goes
 // to a provider of its group it has not tried, within models[].max_attempts
-// and the request's deadline (retry.go). Passive health
+// and the request's deadline (attempt.go). Passive health
 // (internal/edge/outlier, Options.Outlier) hears each attempt's verdict
 // first, so a failing provider is cooling before the pool picks again.
 // With no candidate left the client gets the last failure: the upstream's

@@ -5,14 +5,12 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"iop/internal/edge/access"
 	"iop/internal/edge/pool"
 	apisurface "iop/internal/edge/surface"
 	"iop/internal/protocol"
-	iop "iop/proto/gen/iop"
 )
 
 // Errors the surface reports through Options.Logger and uses as context
@@ -169,88 +167,4 @@ func poolError(model string, err error) *apiError {
 	default:
 		return &apiError{status: http.StatusInternalServerError, typ: "server_error", msg: "internal error while selecting a provider"}
 	}
-}
-
-// runFailure is the client-visible error of a run's ERROR event.
-func runFailure(ev *iop.RunEvent) *apiError {
-	e := nodeFailure(ev.FailureCode, ev.Message, ev.Error, ev.UpstreamStatus, ev.Failure)
-	if ra := time.Duration(ev.RetryAfterMs) * time.Millisecond; ra > 0 && ev.UpstreamStatus > 0 {
-		e.retryAfter = ra
-	}
-	// An invalid request the node refused may name its field
-	// (RunEvent.param): the client's 400 says it in "param".
-	if p := ev.GetParam(); ev.FailureCode == protocol.CodeInvalidRequest.String() && p != "" && len(p) <= 64 {
-		e.param = p
-	}
-	return e
-}
-
-// nodeFailure maps a node's ERROR terminal to the client-visible error:
-// the code's row of protocol.Failures (its status, code and words, with the
-// terminal's message where the row takes one), except that an upstream
-// status on the terminal (run path only) keeps its class for the codes
-// that are not the node's own state (SPEC T5): 429 with a Retry-After (the
-// upstream's, else 1 s), 503 and 504, a client error (400, 413, 422 …) with
-// the upstream's message, any other 5xx 502 with it; 401, 403, 404 and 407
-// describe the provider's own setup and are 502. A stall names its idle
-// time (SPEC H1). message is the terminal's message field, never its
-// legacy error string: that one names the adapter instance and goes to the
-// operator's log only (detail).
-func nodeFailure(code, message, legacy string, upstreamStatus int32, failure *iop.ExecutionFailure) *apiError {
-	f, _ := protocol.Lookup(code)
-	st := int(upstreamStatus)
-	if legacy == "" {
-		legacy = "unknown error"
-	}
-	with := func(words string) string {
-		if message == "" {
-			return strings.TrimSuffix(words, ": ")
-		}
-		return words + message
-	}
-	switch {
-	case !f.Fixed && st == http.StatusTooManyRequests:
-		return &apiError{status: st, typ: "rate_limit_error", code: "rate_limited", retryAfter: time.Second,
-			msg: with("the provider is rate limited: "), detail: legacy}
-	case !f.Fixed && passThroughStatus(st):
-		return &apiError{status: st, typ: "invalid_request_error", code: code, msg: with("provider rejected the request: "),
-			detail: legacy}
-	case !f.Fixed && (st == http.StatusServiceUnavailable || st == http.StatusGatewayTimeout):
-		return &apiError{status: st, typ: "server_error", code: "provider_unavailable",
-			msg: with("the provider is unavailable: "), detail: legacy}
-	case !f.Fixed && st >= 500 && st <= 599:
-		return &apiError{status: http.StatusBadGateway, typ: "server_error", code: "provider_error",
-			msg: with("the provider failed: "), detail: legacy}
-	}
-	e := &apiError{status: f.Status, typ: errorType(f.Status), code: f.ClientCode, msg: f.Message,
-		retryAfter: time.Duration(f.RetryAfter) * time.Second, detail: legacy}
-	switch {
-	case f.Code == protocol.CodeResponseStalled && failure != nil && failure.IdleMs > 0:
-		e.msg = fmt.Sprintf("the provider stopped responding: no output for %d ms (response stalled)", failure.IdleMs)
-	case strings.HasSuffix(f.Message, ": "):
-		e.msg = with(f.Message)
-	}
-	return e
-}
-
-// errorType is the OpenAI error type of a status.
-func errorType(status int) string {
-	switch {
-	case status == http.StatusTooManyRequests:
-		return "rate_limit_error"
-	case status >= 400 && status < 500:
-		return "invalid_request_error"
-	}
-	return "server_error"
-}
-
-// passThroughStatus says which upstream statuses on the run path reach the
-// client as they are: client errors that describe the client's request. 401,
-// 403, 404 and 407 describe the provider's own setup and become 502.
-func passThroughStatus(s int) bool {
-	switch s {
-	case 401, 403, 404, 407:
-		return false
-	}
-	return s >= 400 && s < 500
 }

@@ -174,24 +174,18 @@ type exchange struct {
 	released bool
 	ok       bool // a success outcome was written
 	head     head
-	// Re-dispatch (retry.go; SPEC H11): the providers this
-	// request was sent to, in order (never one twice), how many it may be
-	// sent to, the deadline for re-dispatching after a failure (arrival +
-	// queue.wait_timeout_ms; zero = none), and the upstream statuses that
-	// count as a provider failure (outlier_detection.statuses).
-	tried    []pool.Key
-	bound    int
-	deadline time.Time
+	// att is the request's attempt machine (attempt.go): its
+	// re-dispatch, hold and passive-health decisions. statuses are the
+	// upstream statuses that count as a provider failure
+	// (outlier_detection.statuses), for classify.
+	att      attempt
 	statuses []int
-	// retry: relay stopped at a failure before any byte that another
-	// candidate may answer; it answers the request when none comes. holding:
-	// a failing tunnel response being collected until its END.
-	retry, holding *retry
-	// observed: passive health has this attempt's verdict.
-	observed bool
-	// stallFirst: the lease a stall re-dispatch left, until the next
-	// attempt's outcome is recorded (SPEC H12).
-	stallFirst *pool.Lease
+	// kept: the current attempt's failure before any byte, kept from the
+	// client while another candidate may answer (SPEC H11).
+	kept kept
+	// stalled: the lease a stall re-dispatch left, for the record of the
+	// next attempt's outcome (SPEC H12).
+	stalled *pool.Lease
 	// The current attempt's watchers (relay): its context's cancel, the
 	// fence callback's stop and the response-wait timer.
 	cancel    context.CancelCauseFunc
@@ -199,11 +193,22 @@ type exchange struct {
 	timer     *time.Timer
 }
 
+// kept is an attempt's failure before any byte. Its sink answers the
+// request when no other candidate takes it: the envelopes held back (the
+// upstream's own answer, or the ERROR terminal) are handed to it, or err is
+// written when there are none.
+type kept struct {
+	sink sink
+	envs []*iop.Envelope
+	err  *apiError
+}
+
 // poolRequest is x's admission request (SPEC Q4, Q7); a re-dispatch asks
-// again with it (H11), while the body is still there.
+// again with it (H11), while the body is still there, excluding every
+// provider tried.
 func (x *exchange) poolRequest() pool.Request {
 	return pool.Request{Model: x.head.model, Operation: x.ep.operation, PromptTokens: pool.EstimatePromptTokens(len(x.body)),
-		Prefix: x.head.prefix, Exclude: x.tried}
+		Prefix: x.head.prefix, Exclude: x.att.tried}
 }
 
 // principal is the request's authenticated principal; "" in open mode.
@@ -229,7 +234,8 @@ type sink interface {
 // lease (waiting in the queue), dispatch by lease type (SPEC Q3) and relay
 // the result. Every lease is released exactly once, after its stream
 // closed. A failure or stall before any byte may be re-dispatched to a
-// provider not tried yet (retry.go; H11).
+// provider not tried yet (H11): the attempt machine decides (attempt.go),
+// serveModel, relay and reacquire carry its effects out.
 //
 // Its goroutine is parked in relay for the stream's whole life, so the
 // frames below relay are kept small: admission and the stream's start run
@@ -252,10 +258,8 @@ func (h *Handler) serveModel(ctx context.Context, w *recorder, r *http.Request, 
 		if st, s := h.start(x); st != nil {
 			h.relay(x, st, s)
 		}
-		if x.stallFirst != nil {
-			h.recovered(x)
-		}
-		if x.retry == nil || !h.reacquire(x) {
+		fx := h.step(x, event{kind: evRelayEnded, ok: x.ok})
+		if !fx.redispatch || !h.reacquire(x, fx) {
 			return
 		}
 	}
@@ -281,8 +285,9 @@ func (h *Handler) admit(ctx context.Context, w *recorder, r *http.Request, v *vi
 	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
 	x := &exchange{ctx: ctx, r: r, acc: w, out: output{w: w}, ep: ep, body: body, held: int64(cap(body)),
 		statuses: v.statuses}
+	var deadline time.Time
 	if ms := v.cfg.Queue.WaitTimeoutMs; ms > 0 {
-		x.deadline = time.Now().Add(time.Duration(ms) * time.Millisecond)
+		deadline = h.o.Now().Add(time.Duration(ms) * time.Millisecond)
 	}
 	hd := &x.head
 	if e := parseHead(body, ep, hd); e != nil {
@@ -294,9 +299,9 @@ func (h *Handler) admit(ctx context.Context, w *recorder, r *http.Request, v *vi
 		hd.prefix = prefixOf(h.hasher, body, ep, hd.model, hd.prefixBuf[:0])
 	}
 	h.setModel(w, v, hd.model)
-	queued := time.Now()
+	queued := h.o.Now()
 	lease, err := h.o.Pool.Acquire(ctx, x.poolRequest())
-	setLease(w, lease, time.Since(queued))
+	setLease(w, lease, h.o.Now().Sub(queued))
 	if err != nil {
 		h.dropBody(x)
 		if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
@@ -319,7 +324,7 @@ func (h *Handler) admit(ctx context.Context, w *recorder, r *http.Request, v *vi
 		return nil
 	}
 	x.lease, x.model = lease, hd.model
-	x.tried, x.bound = append(x.tried, lease.Key), v.attemptBound(hd.model)
+	x.att = newAttempt(lease.Key, v.attemptBound(hd.model), deadline, h.o.RedispatchWait >= 0, h.o.Health != nil)
 	return x
 }
 
@@ -376,8 +381,8 @@ func (h *Handler) startFailed(x *exchange, err error) {
 	h.log.Warn("dispatch failed", "model", x.model, "node", x.lease.Node, "provider", x.lease.Provider,
 		"request_id", x.acc.rec.RequestID, "err", err)
 	e := badGateway("provider_unavailable", msg)
-	if h.mayRetry(x, false) {
-		x.retry = &retry{reason: retryNodeLost, err: e} // nothing was sent: another candidate may take it
+	if fx := h.step(x, h.event(x, evStartFailed, x.body == nil)); fx.stop {
+		x.kept = kept{err: e} // nothing was sent: another candidate may take it
 		return
 	}
 	writeError(x.out.w, x.ep.surface, e)
@@ -454,26 +459,84 @@ func (h *Handler) unwatch(x *exchange, st dispatch.Stream) {
 	x.cancel, x.stopFence, x.timer = nil, nil, nil
 }
 
-// deliver hands one envelope to s and reports whether relay is done: a
-// terminal was written, the client is gone, or the attempt failed before
-// any byte and may be re-dispatched (x.retry, retry.go). Passive health
-// hears the attempt's verdict first (observe). Once s wrote, the body can
-// never be resent and is dropped.
+// deliver hands one envelope to the attempt machine and carries out what
+// it decides; it reports whether relay is done: a terminal was written,
+// the client is gone, or the attempt failed before any byte and is kept for
+// re-dispatch (x.kept). env is classified once (classify); a stall's
+// evidence goes to Options.Health when the machine asks (SPEC H8). Once s
+// wrote, the body can never be resent and is dropped.
 func (h *Handler) deliver(x *exchange, st dispatch.Stream, s sink, env *iop.Envelope) bool {
 	x.timer.Reset(h.responseWait(x.lease))
-	h.observe(x, env)
-	if h.stalled(x, s, env) {
-		return true // nothing written: serveModel re-dispatches (H11)
+	e := h.event(x, evEnvelope, s.wrote() || x.body == nil)
+	e.class = classify(env, x.statuses, e.now)
+	fx := h.step(x, e)
+	if fx.checkStall {
+		e.kind, e.valid = evStallChecked, h.o.Health.ObserveStall(x.lease, e.class.failure)
+		fx = h.step(x, e)
 	}
-	switch h.holdFailure(x, s, env) {
-	case holdKept:
+	switch fx.env {
+	case envHold:
+		x.kept.sink, x.kept.envs = s, append(x.kept.envs, env)
+	case envFail:
+		x.kept = kept{sink: s, envs: []*iop.Envelope{env}}
+	case envFlush: // held too much: everything held goes to s, in order, and relay goes on
+		envs := append(x.kept.envs, env)
+		x.kept = kept{}
+		for _, env := range envs {
+			if h.pass(x, st, s, env) {
+				return true
+			}
+		}
 		return false
-	case holdDone:
-		return true // a failure before any byte: serveModel re-dispatches
-	case holdFlush:
-		return h.flushHeld(x, st, s)
+	case envPass:
+		return h.pass(x, st, s, env)
 	}
-	return h.pass(x, st, s, env)
+	return fx.stop
+}
+
+// event is an event of kind at the injected clock's reading, with what the
+// request's state says: wrote (nothing may be resent: a byte reached the
+// client or the body was dropped) and whether the client is gone.
+func (h *Handler) event(x *exchange, kind eventKind, wrote bool) event {
+	return event{kind: kind, wrote: wrote, gone: x.ctx.Err() != nil, now: h.o.Now()}
+}
+
+// step applies e to x's attempt machine and carries out the effects that
+// only report: passive health's verdict (Options.Outlier) and the stall
+// records (Options.Health: the re-dispatch decision and its outcome, SPEC
+// H12). The effects that steer the request are returned.
+func (h *Handler) step(x *exchange, e event) effects {
+	var fx effects
+	x.att, fx = x.att.step(e)
+	if v := fx.verdict; v.kind != verdictOpen && h.o.Outlier != nil {
+		if v.kind == verdictFailure {
+			h.o.Outlier.Failure(x.lease.Key, v.reason, v.retryAfter)
+		} else {
+			h.o.Outlier.Success(x.lease.Key)
+		}
+	}
+	if fx.recordEligibility {
+		h.o.Health.RecoveryEligibility(x.lease, x.model, fx.eligibility)
+	}
+	if fx.recordRecovery {
+		second := x.lease
+		if e.kind == evNoLease {
+			second = nil
+		}
+		h.o.Health.RecoveryOutcome(x.stalled, second, x.model, fx.recovery)
+	}
+	return fx
+}
+
+// lost keeps a lost node connection (fence, session loss, a drained node)
+// before any byte as the attempt's failure e, when the machine says another
+// candidate may take the request; it reports whether it did.
+func (h *Handler) lost(x *exchange, s sink, e *apiError) bool {
+	if fx := h.step(x, h.event(x, evLost, s.wrote() || x.body == nil)); fx.stop {
+		x.kept = kept{sink: s, err: e}
+		return true
+	}
+	return false
 }
 
 // pass is deliver's plain path: s writes env.
@@ -518,7 +581,7 @@ func (h *Handler) recvFailed(x *exchange, st dispatch.Stream, s sink, ctx contex
 		case errors.Is(cause, ErrFenced):
 			st.Cancel("fenced")
 			e = badGateway("provider_lost", "the provider's node connection was lost")
-			if h.retryLost(x, s, e) {
+			if h.lost(x, s, e) {
 				return false
 			}
 		case errors.Is(cause, ErrResponseWait):
@@ -540,12 +603,12 @@ func (h *Handler) recvFailed(x *exchange, st dispatch.Stream, s sink, ctx contex
 		// A dispatch that met a node already closing after its drain: the
 		// node never started it. 503 with Retry-After, not 502.
 		e = nodeFailure(protocol.CodeNodeShutdown.String(), "", "", 0, nil)
-		if h.retryLost(x, s, e) {
+		if h.lost(x, s, e) {
 			return false
 		}
 	case errors.Is(err, dispatch.ErrSessionLost):
 		e = badGateway("provider_lost", "the provider's node connection was lost")
-		if h.retryLost(x, s, e) {
+		if h.lost(x, s, e) {
 			return false
 		}
 	case errors.Is(err, io.EOF):
@@ -563,23 +626,6 @@ func (h *Handler) recvFailed(x *exchange, st dispatch.Stream, s sink, ctx contex
 	x.acc.fail(e)
 	_ = s.fail(e)
 	return cancelled
-}
-
-// terminal reports whether env ends its stream (SPEC E3, T2).
-func terminal(env *iop.Envelope) bool {
-	switch k := env.GetKind().(type) {
-	case *iop.Envelope_RunEvent:
-		switch k.RunEvent.GetType() {
-		case iop.RunEventType_RUN_EVENT_COMPLETE, iop.RunEventType_RUN_EVENT_ERROR, iop.RunEventType_RUN_EVENT_CANCELLED:
-			return true
-		}
-	case *iop.Envelope_TunnelFrame:
-		switch k.TunnelFrame.GetKind() {
-		case iop.TunnelFrameKind_TUNNEL_FRAME_END, iop.TunnelFrameKind_TUNNEL_FRAME_ERROR:
-			return true
-		}
-	}
-	return false
 }
 
 // handOff keeps the lease of a cancelled stream until the node confirms the
@@ -615,6 +661,133 @@ func (h *Handler) handOff(x *exchange, st dispatch.Stream) {
 			}
 		}
 	}()
+}
+
+// releaseLease returns x.lease exactly once (SPEC Q2), unless relay handed
+// it to the drain goroutine (which returns it).
+func (h *Handler) releaseLease(x *exchange) {
+	if x.handoff || x.released {
+		return
+	}
+	x.released = true
+	h.o.Pool.Release(x.lease)
+}
+
+// reacquire carries out a re-dispatch (fx.redispatch, after a failed
+// attempt kept in x.kept): the failed lease goes back first (SPEC Q2), then
+// the pool picks again among the providers x has not tried (waiting as
+// fx.wait says: RedispatchWait after a stall, else until x's deadline).
+// With a lease it returns true and x runs again on it; with none — no
+// untried candidate, none in time, the client left — the kept failure is
+// answered and it returns false.
+func (h *Handler) reacquire(x *exchange, fx effects) bool {
+	k := x.kept
+	x.kept = kept{}
+	first := x.lease
+	if fx.reason == retryStall {
+		x.stalled = first
+	}
+	h.releaseLease(x)
+	var ctx context.Context
+	var cancel context.CancelFunc
+	if fx.wait == waitRedispatch {
+		ctx, cancel = context.WithTimeout(x.ctx, h.o.RedispatchWait)
+	} else {
+		ctx, cancel = context.WithDeadline(x.ctx, x.att.deadline)
+	}
+	queued := h.o.Now()
+	l, err := h.o.Pool.Acquire(ctx, x.poolRequest())
+	setLease(x.acc, l, h.o.Now().Sub(queued))
+	cancel()
+	if err != nil {
+		h.step(x, h.event(x, evNoLease, false))
+		if x.ctx.Err() != nil {
+			if shuttingDown(x.ctx) {
+				writeError(x.out.w, x.ep.surface, shutdownError())
+				return false
+			}
+			x.acc.leave()
+			h.log.Debug("client left during re-dispatch", "model", x.model, "request_id", x.acc.rec.RequestID)
+			return false
+		}
+		h.answerRetry(x, k, fx.reason, first, err)
+		return false
+	}
+	h.retries[fx.reason].Add(1)
+	x.acc.rec.Retries++
+	h.log.LogAttrs(x.ctx, slog.LevelInfo, "request re-dispatched", slog.String("request_id", x.acc.rec.RequestID),
+		slog.String("model", x.model), slog.String("reason", fx.reason.String()),
+		slog.String("from_node", first.Node), slog.String("from_provider", first.Provider),
+		slog.String("node", l.Node), slog.String("provider", l.Provider), slog.Int("attempt", len(x.att.tried)+1))
+	x.lease, x.released = l, false
+	e := h.event(x, evLeased, false)
+	e.key = l.Key
+	h.step(x, e)
+	return true
+}
+
+// answerRetry answers x with the failure r of its last attempt (failed for
+// reason) on lease last, after no other candidate could take it (why).
+func (h *Handler) answerRetry(x *exchange, r kept, reason retryReason, last *pool.Lease, why error) {
+	detail := "no other provider: " + why.Error()
+	if errors.Is(why, pool.ErrAllTried) {
+		detail = "every provider of the model was tried"
+	}
+	if len(r.envs) == 0 {
+		if r.sink != nil {
+			_ = r.sink.fail(r.err)
+		} else {
+			writeError(x.out.w, x.ep.surface, r.err)
+		}
+	}
+	for _, env := range r.envs {
+		if done, err := r.sink.handle(env); done || err != nil {
+			break
+		}
+	}
+	status := 0
+	if e := r.err; e != nil {
+		status = e.status
+	}
+	if r.sink != nil {
+		if e := r.sink.failure(); e != nil {
+			status = e.status
+			x.acc.fail(e)
+		}
+	}
+	if f := r.envs; len(f) > 0 {
+		if fr := f[0].GetTunnelFrame(); fr != nil && fr.GetKind() == iop.TunnelFrameKind_TUNNEL_FRAME_RESPONSE_START {
+			status = int(fr.GetStatus())
+		}
+	}
+	h.log.LogAttrs(x.ctx, slog.LevelWarn, "request failed", slog.String("request_id", x.acc.rec.RequestID),
+		slog.String("model", x.model), slog.String("node", last.Node), slog.String("provider", last.Provider),
+		slog.String("reason", reason.String()), slog.Int("status", status), slog.Int("attempts", len(x.att.tried)),
+		slog.String("detail", detail))
+}
+
+// MetricRetries is the re-dispatch counter family.
+const MetricRetries = "iop_edge_request_retries_total"
+
+// Metric is one counter family: Samples maps a rendered, bounded label set
+// to its value, every label value present. The shape matches admin.Counter.
+type Metric struct {
+	Name, Help string
+	Samples    func() map[string]float64
+}
+
+// Metrics returns iop_edge_request_retries_total{reason}: requests sent to
+// another provider after a failure before the first byte.
+func (h *Handler) Metrics() []Metric {
+	return []Metric{{MetricRetries,
+		"Requests re-dispatched to a provider not tried yet after a failure before the first byte, by reason.",
+		func() map[string]float64 {
+			out := make(map[string]float64, nRetryReasons)
+			for r := range nRetryReasons {
+				out[`reason="`+r.String()+`"`] = float64(h.retries[r].Load())
+			}
+			return out
+		}}}
 }
 
 func (h *Handler) logFailure(x *exchange, st dispatch.Stream, e *apiError) {

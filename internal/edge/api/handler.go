@@ -19,7 +19,9 @@ import (
 	"iop/internal/edge/access"
 	"iop/internal/edge/config"
 	"iop/internal/edge/dispatch"
+	"iop/internal/edge/health"
 	"iop/internal/edge/limit"
+	"iop/internal/edge/outlier"
 	"iop/internal/edge/pool"
 	"iop/internal/edge/routing"
 	"iop/internal/protocol"
@@ -57,7 +59,10 @@ type Options struct {
 	// Logger gets one line per failed request; nil discards. Keys and
 	// request bodies are never logged (SPEC P4).
 	Logger *slog.Logger
-	// Now is the wall clock for "created" fields; nil means time.Now.
+	// Now is the clock of "created" fields and of every decision a request
+	// makes over its attempts (its re-dispatch deadline, a Retry-After date,
+	// the queue wait it records); nil means time.Now. Connection read
+	// deadlines and the access record's own timings use the wall clock.
 	Now func() time.Time
 	// NewID returns a fresh random token for "chatcmpl-<token>" and
 	// "call_<token>" ids; nil means crypto/rand text.
@@ -79,10 +84,10 @@ type Options struct {
 	Health Health
 	// RedispatchWait bounds the wait for the next lease when a stalled
 	// request is re-dispatched (SPEC H11); 0 means DefaultRedispatchWait,
-	// a negative value turns every re-dispatch off (retry.go).
+	// a negative value turns every re-dispatch off (attempt.go).
 	RedispatchWait time.Duration
 	// Outlier, when set, hears every attempt's verdict (passive health,
-	// retry.go): failures before the first byte and successes.
+	// attempt.go): failures before the first byte and successes.
 	Outlier Outlier
 	// OnUsage, when set, observes token usage reported by a run's COMPLETE
 	// event or a tunnel's USAGE frames (observation only; never merged into
@@ -508,4 +513,36 @@ func modelList(cfg *config.Config, created int64) []byte {
 		b = append(b, `,"owned_by":"iop"}`...)
 	}
 	return append(b, "]}"...)
+}
+
+// Health is the Edge's provider-health owner as the surface uses it (SPEC
+// H8, H11, H12); *health.Tracker satisfies it.
+//
+// ObserveStall takes the ExecutionFailure of a response_stalled terminal
+// (nil when the node sent none) of a stream on lease l, validates it
+// against l (the transport identity and the lease binding, never the
+// payload's) and, when valid, adds provider_id, the validated
+// provider_health and recovery_handoff="confirmed" to it; it reports
+// whether it did. It never returns l. RecoveryEligibility and
+// RecoveryOutcome record the surface's re-dispatch decision and its
+// outcome (second is nil when no second lease came).
+type Health interface {
+	ObserveStall(l *pool.Lease, f *iop.ExecutionFailure) bool
+	RecoveryEligibility(l *pool.Lease, model string, e health.Eligibility)
+	RecoveryOutcome(first, second *pool.Lease, model string, r health.RecoveryResult)
+}
+
+// DefaultRedispatchWait bounds the wait for the next lease when a stalled
+// request is re-dispatched (SPEC H11). The client has already waited the
+// stall timeout; a re-dispatch that would queue longer gives up and answers
+// the stall (504). Other failures re-dispatch within the request's own
+// deadline (attempt.go).
+const DefaultRedispatchWait = 2 * time.Second
+
+// Outlier is passive health as the surface feeds it; *outlier.Detector
+// satisfies it. Failure: provider k failed a request before the first
+// byte (retryAfter: a 429's Retry-After, 0 = none); Success: it answered.
+type Outlier interface {
+	Failure(k pool.Key, r outlier.Reason, retryAfter time.Duration)
+	Success(k pool.Key)
 }

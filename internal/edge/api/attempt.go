@@ -1,0 +1,309 @@
+package api
+
+import (
+	"time"
+
+	"iop/internal/edge/health"
+	"iop/internal/edge/outlier"
+	"iop/internal/edge/pool"
+)
+
+// The per-request attempt (SPEC H8, H11, H12, Q2, L8) as a pure state
+// machine: attempt.step(event) → (attempt, effects), no I/O, no clock.
+// Time arrives in events as readings of Options.Now. exchange.go turns what
+// the request meets — each envelope of the stream (classified once by
+// classify), a stall's validated evidence, a lost node connection, a
+// dispatch that could not start, the end of a relay, the pool's answer to a
+// re-dispatch — into events and carries out the effects: the sink's writes,
+// passive health (Options.Outlier), the stall record (Options.Health), the
+// lease's release and the next Acquire.
+//
+//	relaying ──envelope, a failure before any byte another provider may not share──▶ failed
+//	relaying ──tunnel RESPONSE_START with a failing status, before any byte──▶ holding
+//	holding  ──its END──▶ failed         holding ──over maxHeldFailure──▶ relaying (flush)
+//	relaying|holding ──stall terminal (Health set)──▶ checking ──evidence──▶ failed | back
+//	relaying|holding ──node lost, before any byte──▶ failed      start failed ──▶ failed
+//	failed ──relay ended──▶ (redispatch) ──leased──▶ relaying    ──no lease──▶ done
+//	relaying ──relay ended──▶ done
+//
+// A failure is kept for re-dispatch (failed) only while re-dispatch is on,
+// the attempt bound (models[].max_attempts) is not used up, nothing reached
+// the client (the body is still there) and the client is there, and — but
+// after a stall — before the request's deadline (its arrival plus
+// queue.wait_timeout_ms). Passive health hears each attempt's verdict once,
+// before anything else is decided, so a failed provider is cooling before
+// the pool picks again.
+
+// retryReason is why an attempt failed before the first byte: the label of
+// iop_edge_request_retries_total.
+type retryReason uint8
+
+const (
+	retryConnect       retryReason = iota // the node could not open a connection to the backend (upstream_connect)
+	retryReset                            // the backend closed or reset it before the response head (upstream_reset)
+	retryStatus                           // the backend answered one of outlier_detection.statuses (502, 503, 504)
+	retryRateLimited                      // the backend answered 429
+	retryStall                            // response_stalled with a confirmed handoff (SPEC H8, H11)
+	retryProviderError                    // the response broke after its head, before any byte reached the client (upstream_error)
+	retryOverCapacity                     // the node's capacity gate refused it (SPEC E4)
+	retryNodeLost                         // the node could not take it, its connection was lost (dispatch error, fence L8), or its drain cut the work (node_shutdown)
+	nRetryReasons
+)
+
+var retryNames = [nRetryReasons]string{"connect", "reset", "status", "rate_limited", "stall", "provider_error",
+	"over_capacity", "node_lost"}
+
+func (r retryReason) String() string { return retryNames[r] }
+
+// maxHeldFailure bounds the body of a failing tunnel response held back
+// for a possible re-dispatch (bytes); a larger one is passed through.
+const maxHeldFailure = 64 << 10
+
+type attemptPhase uint8
+
+const (
+	phaseRelaying attemptPhase = iota // envelopes go to the sink
+	phaseHolding                      // a failing tunnel response is held until its END
+	phaseChecking                     // a stall's evidence is with Options.Health (evStallChecked answers)
+	phaseFailed                       // the attempt failed before any byte; relay stops, the request is re-dispatched
+	phaseDone                         // the request is answered
+)
+
+// attempt is the state of one request across its attempts.
+type attempt struct {
+	// Fixed for the request.
+	bound      int       // providers it may be sent to (models[].max_attempts)
+	deadline   time.Time // re-dispatch deadline after a failure; zero = none
+	redispatch bool      // re-dispatch is on (Options.RedispatchWait ≥ 0)
+	stalls     bool      // stalls are validated evidence (Options.Health set)
+
+	// tried: the providers the request was sent to, in order, never one
+	// twice (pool.Request.Exclude).
+	tried    []pool.Key
+	phase    attemptPhase
+	from     attemptPhase // phaseChecking: the phase it came from
+	reason   retryReason  // phaseHolding, phaseFailed: why
+	held     int          // phaseHolding: body bytes held
+	observed bool         // passive health has the current attempt's verdict
+	// recovering: the current attempt follows a stall re-dispatch; its
+	// outcome is recorded (SPEC H12).
+	recovering bool
+}
+
+type eventKind uint8
+
+const (
+	evEnvelope     eventKind = iota // an envelope of the stream arrived (class)
+	evStallChecked                  // Options.Health answered the stall evidence (valid)
+	evLost                          // the node connection ended before the terminal: fence (L8), session loss, a drained node
+	evStartFailed                   // the request could not be dispatched on the lease
+	evRelayEnded                    // the attempt's relay returned (ok: a success outcome was written)
+	evLeased                        // a re-dispatch got its next lease
+	evNoLease                       // a re-dispatch got none (no untried candidate, none in time, the client left)
+)
+
+// event is one input of the machine.
+type event struct {
+	kind  eventKind
+	class class    // evEnvelope, evStallChecked
+	key   pool.Key // evLeased: the next lease's provider
+	valid bool     // evStallChecked: the evidence was validated against the lease (SPEC H8)
+	ok    bool     // evRelayEnded
+	// wrote: something reached the client or the body was dropped, so
+	// nothing may be resent (SPEC H11); gone: the client's context ended.
+	wrote, gone bool
+	now         time.Time
+}
+
+// envAction is what happens to the envelope of an evEnvelope.
+type envAction uint8
+
+const (
+	envPass  envAction = iota // the sink handles it
+	envHold                   // added to the held failure
+	envFail                   // it alone is the attempt's failure (what answers when no other provider does)
+	envFlush                  // added to the held failure, and everything held goes to the sink, in order
+	envWait                   // kept by the caller until evStallChecked decides
+)
+
+// leaseWait is how long a re-dispatch waits for its next lease.
+type leaseWait uint8
+
+const (
+	waitRedispatch leaseWait = iota // Options.RedispatchWait (after a stall, or with no deadline)
+	waitDeadline                    // until the request's deadline
+)
+
+// effects is what the caller must do after a step.
+type effects struct {
+	verdict    verdict // passive health hears the attempt's verdict (verdictOpen: nothing)
+	checkStall bool    // hand the stall evidence to Options.Health; step evStallChecked with its answer
+	// eligibility is the stall re-dispatch decision to record (SPEC H12),
+	// when recordEligibility.
+	eligibility       health.Eligibility
+	recordEligibility bool
+	env               envAction
+	// stop: relay stops; the attempt failed before any byte for reason
+	// and is kept for re-dispatch.
+	stop   bool
+	reason retryReason
+	// redispatch: release the lease (SPEC Q2: before the next is taken)
+	// and ask the pool again, excluding every provider tried, waiting wait.
+	redispatch bool
+	wait       leaseWait
+	// recovery is the outcome of a stall re-dispatch to record (SPEC H12),
+	// when recordRecovery.
+	recovery       health.RecoveryResult
+	recordRecovery bool
+	// answer: no other provider takes it; the kept failure answers the
+	// request (unless the client is gone).
+	answer bool
+}
+
+type verdictKind uint8
+
+const (
+	verdictOpen    verdictKind = iota // the envelope says nothing about the provider yet
+	verdictSuccess                    // the upstream answered
+	verdictFailure                    // the provider failed before the first byte
+)
+
+// verdict is one attempt's passive-health verdict (internal/edge/outlier).
+type verdict struct {
+	kind       verdictKind
+	reason     outlier.Reason
+	retryAfter time.Duration // a 429's Retry-After; 0 = none
+}
+
+// newAttempt is the state of a request admitted on its first lease, the
+// provider first.
+func newAttempt(first pool.Key, bound int, deadline time.Time, redispatch, stalls bool) attempt {
+	return attempt{bound: bound, deadline: deadline, redispatch: redispatch, stalls: stalls, tried: []pool.Key{first}}
+}
+
+// mayRetry reports whether a failure may still go to another provider
+// (SPEC H11): re-dispatch is on, the attempt bound is not used up, nothing
+// was written, the client is there and, unless after a stall, the
+// deadline has not passed.
+func (a attempt) mayRetry(e event, stall bool) bool {
+	switch {
+	case !a.redispatch, len(a.tried) >= a.bound, e.wrote, e.gone:
+		return false
+	case !stall && !a.deadline.IsZero() && !e.now.Before(a.deadline):
+		return false
+	}
+	return true
+}
+
+// step applies one event (STYLE 6).
+func (a attempt) step(e event) (attempt, effects) {
+	var fx effects
+	switch e.kind {
+	case evEnvelope:
+		if a.phase != phaseRelaying && a.phase != phaseHolding {
+			return a, fx // nothing is relayed after the attempt failed or the request was answered
+		}
+		if !a.observed && e.class.verdict.kind != verdictOpen {
+			a.observed, fx.verdict = true, e.class.verdict
+		}
+		if e.class.stall && a.stalls { // SPEC H8: validated and decorated before anything is decided
+			a.from, a.phase = a.phase, phaseChecking
+			fx.checkStall, fx.env = true, envWait
+			return a, fx
+		}
+		return a.relay(e, fx)
+	case evStallChecked:
+		if a.phase != phaseChecking {
+			return a, fx
+		}
+		a.phase = a.from
+		fx.recordEligibility = true
+		switch {
+		case !a.redispatch:
+			fx.eligibility = health.IneligibleDisabled
+		case !e.valid:
+			fx.eligibility = health.IneligibleEvidence
+		case len(a.tried) >= a.bound:
+			fx.eligibility = health.IneligibleAttempted
+		case e.wrote:
+			fx.eligibility = health.IneligibleStarted
+		case e.gone:
+			fx.eligibility = health.IneligibleClientGone
+		default:
+			fx.eligibility = health.Eligible
+			a.phase, a.reason = phaseFailed, retryStall
+			fx.env, fx.stop, fx.reason = envFail, true, retryStall
+			return a, fx
+		}
+		return a.relay(e, fx)
+	case evLost, evStartFailed:
+		if (a.phase == phaseRelaying || a.phase == phaseHolding) && a.mayRetry(e, false) {
+			a.phase, a.reason = phaseFailed, retryNodeLost
+			fx.stop, fx.reason = true, retryNodeLost
+			return a, fx
+		}
+		a.phase = phaseDone
+	case evRelayEnded:
+		if a.recovering {
+			a.recovering, fx.recordRecovery, fx.recovery = false, true, health.RecoveryFailed
+			if e.ok {
+				fx.recovery = health.RecoveryRecovered
+			}
+		}
+		if a.phase != phaseFailed {
+			a.phase = phaseDone
+			return a, fx
+		}
+		fx.redispatch, fx.reason = true, a.reason
+		if a.reason != retryStall && !a.deadline.IsZero() {
+			fx.wait = waitDeadline
+		}
+	case evLeased:
+		if a.phase != phaseFailed {
+			return a, fx
+		}
+		a.recovering = a.reason == retryStall
+		a.tried = append(a.tried, e.key)
+		a.phase, a.observed, a.held = phaseRelaying, false, 0
+	case evNoLease:
+		if a.phase != phaseFailed {
+			return a, fx
+		}
+		if a.reason == retryStall {
+			fx.recordRecovery, fx.recovery = true, health.RecoveryNoLease
+		}
+		a.phase = phaseDone
+		fx.answer = !e.gone
+	}
+	return a, fx
+}
+
+// relay decides what happens to an envelope while relaying or holding.
+func (a attempt) relay(e event, fx effects) (attempt, effects) {
+	c := e.class
+	if a.phase == phaseHolding {
+		a.held += c.body
+		switch {
+		case c.terminal:
+			a.phase = phaseFailed
+			fx.env, fx.stop, fx.reason = envHold, true, a.reason
+		case a.held > maxHeldFailure:
+			a.phase, a.held = phaseRelaying, 0
+			fx.env = envFlush
+		default:
+			fx.env = envHold
+		}
+		return a, fx
+	}
+	switch {
+	case c.retryable && c.holdStart && a.mayRetry(e, false):
+		a.phase, a.reason, a.held = phaseHolding, c.retry, 0
+		fx.env = envHold
+	case c.retryable && !c.holdStart && a.mayRetry(e, false):
+		a.phase, a.reason = phaseFailed, c.retry
+		fx.env, fx.stop, fx.reason = envFail, true, c.retry
+	default:
+		fx.env = envPass
+	}
+	return a, fx
+}
