@@ -40,6 +40,10 @@ demo_start_stack() {
   local node_addr=${IOP_NODE_ADDR:-127.0.0.1:7443}
   local backend_addr=${IOP_DEMO_BACKEND_ADDR:-127.0.0.1:18434}
   local t_tiny=${IOP_DEMO_TARGET:-tiny} t_tool=${IOP_DEMO_TOOL_TARGET:-tiny-tool} t_loop=${IOP_DEMO_LOOP_TARGET:-tiny-loop}
+  # tiny-think and tiny-agent exist on the demo backend only; on a real
+  # server IOP_DEMO_THINK_TARGET / IOP_DEMO_AGENT_TARGET name a model that
+  # thinks / that calls tools (default: the tool model).
+  local t_think=${IOP_DEMO_THINK_TARGET:-} t_agent=${IOP_DEMO_AGENT_TARGET:-}
   cmd_build
   mkdir -p "$RUN_DIR"
   if [ ! -f "$RUN_DIR/pki/ca.crt" ]; then
@@ -67,9 +71,11 @@ demo_start_stack() {
     log "backend: the Ollama answering at 127.0.0.1:11434"
   else
     log "backend: DEMO BACKEND (a deterministic stand-in for a real model server, not a model) on $backend_addr"
-    ./bin/demo-backend -listen "$backend_addr" -token-delay "${IOP_DEMO_TOKEN_DELAY:-20ms}" >"$RUN_DIR/backend.log" 2>&1 &
+    ./bin/demo-backend -listen "$backend_addr" -token-delay "${IOP_DEMO_TOKEN_DELAY:-20ms}" \
+      -models tiny,tiny-tool,tiny-loop,tiny-think,tiny-agent >"$RUN_DIR/backend.log" 2>&1 &
     demo_pids+=($!)
     ollama_url="http://$backend_addr"; openai_url="http://$backend_addr"; openai_profile=llamacpp
+    t_think=${t_think:-tiny-think}; t_agent=${t_agent:-tiny-agent}
     tool_url=$openai_url; loop_url=$openai_url
     wait_http "http://$backend_addr/api/tags" 50 || { log "demo backend did not start; see .run/backend.log"; return 1; }
   fi
@@ -96,6 +102,7 @@ demo_start_stack() {
   fi
   local ollama_adapter=""
   [ -n "$ollama_url" ] && ollama_adapter="{\"name\": \"ollama\", \"type\": \"ollama\", \"capacity\": 8, \"long_capacity\": 2, \"base_url\": \"$ollama_url\"},"
+  t_think=${t_think:-$t_tiny}; t_agent=${t_agent:-$t_tool}
   cat >"$RUN_DIR/edge.json" <<JSON
 {
   "http_listen": "$DEMO_HTTP",
@@ -113,7 +120,11 @@ demo_start_stack() {
     {"name": "tiny-loop",    "providers": [{"node": "gpu-1", "provider": "$native_loop", "target": "$t_loop"}]},
     {"name": "tiny-oa",      "providers": [{"node": "gpu-1", "provider": "oa", "target": "$t_tiny"}]},
     {"name": "tiny-tool-oa", "providers": [{"node": "gpu-1", "provider": "$oa_tool", "target": "$t_tool"}]},
-    {"name": "tiny-loop-oa", "providers": [{"node": "gpu-1", "provider": "$oa_loop", "target": "$t_loop"}]}
+    {"name": "tiny-loop-oa", "providers": [{"node": "gpu-1", "provider": "$oa_loop", "target": "$t_loop"}]},
+    {"name": "tiny-think",     "providers": [{"node": "gpu-1", "provider": "$native", "target": "$t_think"}]},
+    {"name": "tiny-think-oa",  "providers": [{"node": "gpu-1", "provider": "oa", "target": "$t_think"}]},
+    {"name": "tiny-agent",     "providers": [{"node": "gpu-1", "provider": "$native_tool", "target": "$t_agent"}]},
+    {"name": "tiny-agent-oa",  "providers": [{"node": "gpu-1", "provider": "$oa_tool", "target": "$t_agent"}]}
   ]
 }
 JSON
@@ -150,7 +161,7 @@ demo_main() {
   demo_start_stack || exit 1
   echo
   echo "API key (demo): $DEMO_KEY"
-  echo "Models: tiny, tiny-tool, tiny-loop (${DEMO_NATIVE_PATH:-native Ollama path}); tiny-oa, tiny-tool-oa, tiny-loop-oa (OpenAI-compatible tunnel)"
+  echo "Models: tiny, tiny-tool, tiny-loop, tiny-think, tiny-agent (${DEMO_NATIVE_PATH:-native Ollama path}); tiny-oa, tiny-tool-oa, tiny-loop-oa, tiny-think-oa, tiny-agent-oa (OpenAI-compatible tunnel)"
   echo
   echo "== chat completion (model tiny) =="
   curl -sS -m 60 "http://$DEMO_HTTP/v1/chat/completions" \

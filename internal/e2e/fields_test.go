@@ -127,7 +127,13 @@ var chatCases = []fieldCase{
 	chatCase("presence_penalty", `"presence_penalty":-0.5`, map[string]string{"options.presence_penalty": "-0.5"}, ""),
 	chatCase("prompt_cache_key", `"prompt_cache_key":"k1"`, nil, ""),
 	chatCase("prompt_cache_retention", `"prompt_cache_retention":"24h"`, nil, ""),
-	chatCase("reasoning_effort", `"reasoning_effort":"low"`, nil, `"reasoning_effort"`),
+	// tiny cannot think (/api/show): thinking asked for is answered without
+	// it (think left out), never a 400; reasoning_test.go covers a model
+	// that thinks.
+	chatCase("reasoning_effort", `"reasoning_effort":"low"`, map[string]string{"think": absent}, ""),
+	chatCase("reasoning_effort", `"reasoning_effort":"extreme"`, nil, "reasoning_effort"),
+	{field: "messages", body: `{"model":"tiny","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"hello","reasoning_content":"greet back"},` +
+		`{"role":"user","content":"again"}]}`, native: map[string]string{"messages.1.thinking": `"greet back"`}},
 	chatCase("response_format", `"response_format":{"type":"json_object"}`, map[string]string{"format": `"json"`}, ""),
 	chatCase("response_format", `"response_format":{"type":"json_schema","json_schema":{"name":"w","schema":{"type":"object","properties":{"a":{"type":"string"}}}}}`,
 		map[string]string{"format": `{"type":"object","properties":{"a":{"type":"string"}}}`}, ""),
@@ -172,15 +178,27 @@ var messagesCases = []fieldCase{
 	msgCase("top_p", `"top_p":0.75`, map[string]string{"options.top_p": "0.75"}, ""),
 	msgCase("top_k", `"top_k":20`, map[string]string{"options.top_k": "20"}, ""),
 	msgCase("tools", `"tools":[`+weatherTool+`]`, map[string]string{"tools.0.function.name": `"get_weather"`, "tools.0.function.parameters.type": `"object"`}, ""),
+	msgCase("tools", `"tools":[`+weatherTool+`,{"name":"later","input_schema":{"type":"object"},"defer_loading":true}]`,
+		map[string]string{"tools.0.function.name": `"get_weather"`, "tools.1": absent}, ""),
 	msgCase("tool_choice", `"tool_choice":{"type":"none"},"tools":[`+weatherTool+`]`, map[string]string{"tools": absent}, ""),
 	msgCase("tool_choice", `"tool_choice":{"type":"any"},"tools":[`+weatherTool+`]`, nil, "tool_choice"),
 	msgCase("metadata", `"metadata":{"user_id":"u-1"}`, map[string]string{"metadata": absent}, ""),
 	msgCase("metadata", `"metadata":{"tag":"x"}`, nil, "metadata.tag"),
-	msgCase("thinking", `"thinking":{"type":"enabled","budget_tokens":1024}`, nil, `"thinking"`),
+	msgCase("thinking", `"thinking":{"type":"enabled","budget_tokens":1024}`, map[string]string{"think": absent}, ""),
+	msgCase("thinking", `"thinking":{"type":"adaptive","display":"omitted"}`, map[string]string{"think": absent}, ""),
+	msgCase("thinking", `"thinking":{"type":"enabled","budget_tokens":10}`, nil, "budget_tokens"),
+	msgCase("output_config", `"output_config":{"effort":"high","format":{"type":"json_schema","schema":{"type":"object"}}}`,
+		map[string]string{"format": `{"type":"object"}`, "output_config": absent}, ""),
+	msgCase("output_config", `"output_config":{"effort":"extreme"}`, nil, "output_config.effort"),
+	{field: "messages", body: `{"model":"tiny","max_tokens":32,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[` +
+		`{"type":"thinking","thinking":"greet back","signature":"sig-from-elsewhere"},{"type":"text","text":"hello"}]},{"role":"system","content":[{"type":"text","text":"be brief"}]},` +
+		`{"role":"user","content":"again"}]}`,
+		native: map[string]string{"messages.1.thinking": `"greet back"`, "messages.1.content": `"hello"`, "messages.2.role": `"system"`, "messages.2.content": `"be brief"`}},
 	msgCase("service_tier", `"service_tier":"auto"`, nil, ""),
 	msgCase("container", `"container":"c-1"`, nil, `"container"`),
 	msgCase("mcp_servers", `"mcp_servers":[{"type":"url","url":"http://x","name":"x"}]`, nil, `"mcp_servers"`),
-	msgCase("context_management", `"context_management":{"edits":[]}`, nil, `"context_management"`),
+	msgCase("context_management", `"context_management":{"edits":[{"type":"clear_thinking_20251015","keep":"all"}]}`, map[string]string{"context_management": absent}, ""),
+	msgCase("context_management", `"context_management":{"edits":[{"type":"clear_tool_uses_20250919"}]}`, nil, "clear_tool_uses_20250919"),
 }
 
 func respCase(field, extra string, native map[string]string, refuse string) fieldCase {
@@ -199,6 +217,8 @@ var responsesCases = []fieldCase{
 	respCase("max_tool_calls", `"max_tool_calls":3`, nil, ""),
 	respCase("max_tool_calls", `"max_tool_calls":"3"`, nil, "max_tool_calls"),
 	respCase("background", `"background":true`, nil, `"background"`),
+	respCase("client_metadata", `"client_metadata":{"session_id":"s-1"}`, map[string]string{"client_metadata": absent}, ""),
+	respCase("client_metadata", `"client_metadata":"s-1"`, nil, "client_metadata"),
 	respCase("conversation", `"conversation":"conv_1"`, nil, `"conversation"`),
 	respCase("include", `"include":["file_search_call.results"]`, nil, `"include"`),
 	respCase("metadata", `"metadata":{"k":"v"}`, map[string]string{"metadata": absent}, ""),
@@ -208,7 +228,11 @@ var responsesCases = []fieldCase{
 	respCase("prompt", `"prompt":{"id":"pmpt_1"}`, nil, `"prompt"`),
 	respCase("prompt_cache_key", `"prompt_cache_key":"k"`, nil, ""),
 	respCase("prompt_cache_retention", `"prompt_cache_retention":"24h"`, nil, ""),
-	respCase("reasoning", `"reasoning":{"effort":"high"}`, nil, `"reasoning"`),
+	respCase("reasoning", `"reasoning":{"effort":"high","summary":"auto"}`, map[string]string{"think": absent, "reasoning": absent}, ""),
+	respCase("reasoning", `"reasoning":{"summary":"verbose"}`, nil, "reasoning.summary"),
+	{field: "input", body: `{"model":"tiny","input":[{"role":"user","content":"hi"},{"type":"reasoning","id":"rs_1","summary":[],"encrypted_content":"` +
+		`iop1.Z3JlZXQgYmFjaw=="},{"type":"message","role":"assistant","content":[{"type":"output_text","text":"hello"}]},{"role":"user","content":"again"}]}`,
+		native: map[string]string{"messages.1.thinking": `"greet back"`, "messages.1.content": `"hello"`}},
 	respCase("safety_identifier", `"safety_identifier":"u"`, nil, ""),
 	respCase("service_tier", `"service_tier":"default"`, nil, ""),
 	respCase("store", `"store":true`, nil, `"store"`),
@@ -218,6 +242,9 @@ var responsesCases = []fieldCase{
 	respCase("text", `"text":{"format":{"type":"json_object"}}`, map[string]string{"format": `"json"`}, ""),
 	respCase("tool_choice", `"tool_choice":"none","tools":[`+weatherRespFn+`]`, map[string]string{"tools": absent}, ""),
 	respCase("tools", `"tools":[`+weatherRespFn+`]`, map[string]string{"tools.0.function.name": `"get_weather"`}, ""),
+	respCase("tools", `"tools":[{"type":"web_search","external_web_access":false},{"type":"namespace","name":"ns","description":"d","tools":[`+weatherRespFn+`]}]`,
+		map[string]string{"tools.0.function.name": `"get_weather"`, "tools.1": absent}, ""),
+	respCase("tools", `"tools":[{"type":"teleport"}]`, nil, "teleport"),
 	respCase("top_logprobs", `"top_logprobs":2`, nil, `"top_logprobs"`),
 	respCase("top_p", `"top_p":0.75`, map[string]string{"options.top_p": "0.75"}, ""),
 	respCase("truncation", `"truncation":"auto"`, map[string]string{"truncate": "true"}, ""),

@@ -39,10 +39,15 @@ func (anthropicFormat) chunk(c *call, dst []byte, i int) []byte {
 	if c.plan.kind == kindTool {
 		dst = append(dst, "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"tool_use\",\"id\":\""...)
 		dst = append(dst, c.toolArr[:]...)
-		dst = append(dst, "\",\"name\":\""+toolName+"\",\"input\":{}}}\n\n"...)
+		dst = append(dst, "\",\"name\":\""...)
+		dst = append(dst, c.plan.toolName()...)
+		dst = append(dst, "\",\"input\":{}}}\n\n"...)
 		dst = append(dst, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":"...)
-		dst = appendJSONString(dst, toolArgsLlama)
+		dst = appendJSONString(dst, c.plan.toolArgsLlama())
 		return append(dst, "}}\n\n"...)
+	}
+	if _, ok := c.thought(i); ok {
+		return dst // llama-server streams reasoning here as a thinking block; the stand-in sends only the text
 	}
 	dst = append(dst, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\""...)
 	dst = append(dst, c.plan.token(i)...)
@@ -63,7 +68,11 @@ func (a anthropicFormat) whole(c *call, dst []byte, pad int) []byte {
 	if c.plan.kind == kindTool {
 		dst = append(dst, `[{"type":"tool_use","id":"`...)
 		dst = append(dst, c.toolArr[:]...)
-		dst = append(dst, `","name":"`+toolName+`","input":`+toolArgsOllamaJSON+`}]`...)
+		dst = append(dst, `","name":"`...)
+		dst = append(dst, c.plan.toolName()...)
+		dst = append(dst, `","input":`...)
+		dst = append(dst, c.plan.toolArgsObject()...)
+		dst = append(dst, `}]`...)
 	} else {
 		dst = append(dst, `[{"type":"text","text":"`...)
 		for i := range c.plan.n {

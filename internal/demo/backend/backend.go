@@ -47,7 +47,8 @@ type Options struct {
 	// seed and the request's sequence number.
 	Seed uint64
 	// Models restricts the served models to these catalogue names ("tiny",
-	// "tiny-tool", "tiny-loop"); nil or empty serves all three.
+	// "tiny-tool", "tiny-loop", and the opt-in "tiny-think" and
+	// "tiny-agent"); nil or empty serves the first three.
 	Models []string
 	// LoopTokens is tiny-loop's token limit when a request sets none;
 	// 0 = DefaultLoopTokens.
@@ -170,7 +171,7 @@ func New(opts Options) (*Backend, error) {
 		now:    opts.Now,
 		byName: map[string]*model{},
 		loaded: map[string]time.Time{},
-		script: script{answer: answerTokens(), loop: loopTokens(), loopDefault: opts.LoopTokens},
+		script: script{answer: answerTokens(), loop: loopTokens(), loopDefault: opts.LoopTokens, think: thinkTokens()},
 	}
 	if b.now == nil {
 		b.now = time.Now
@@ -181,7 +182,7 @@ func New(opts Options) (*Backend, error) {
 	all := catalogue()
 	for _, name := range opts.Models {
 		if !slices.ContainsFunc(all, func(m model) bool { return m.name == name }) {
-			errs = append(errs, fmt.Errorf("Models: %q is not tiny, tiny-tool or tiny-loop: %w", name, ErrBadOption))
+			errs = append(errs, fmt.Errorf("Models: %q is not tiny, tiny-tool, tiny-loop, tiny-think or tiny-agent: %w", name, ErrBadOption))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -189,12 +190,12 @@ func New(opts Options) (*Backend, error) {
 	}
 	for i := range all {
 		m := &all[i]
-		if len(opts.Models) == 0 || slices.Contains(opts.Models, m.name) {
+		if slices.Contains(opts.Models, m.name) || (len(opts.Models) == 0 && slices.Contains(defaultModels, m.name)) {
 			b.models = append(b.models, m)
 			b.byName[m.name] = m
 		}
 	}
-	for _, s := range append(answerTokens(), loopTokens()...) {
+	for _, s := range append(append(answerTokens(), loopTokens()...), thinkTokens()...) {
 		if needsEscape(s) {
 			return nil, fmt.Errorf("token %q needs escaping: %w", s, ErrBadOption)
 		}
@@ -293,14 +294,14 @@ func (b *Backend) route(c *call) {
 	want := http.MethodGet
 	switch path {
 	case "/api/chat", "/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens", "/api/embed", "/v1/embeddings",
-		"/v1/responses", "/v1/completions":
+		"/v1/responses", "/v1/completions", "/api/show":
 		want = http.MethodPost
 	}
 	if method != want {
 		switch path {
 		case "/", "/api/chat", "/api/tags", "/api/ps", "/api/version", "/v1/models",
 			"/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens", "/health", "/_demo/stats",
-			"/api/embed", "/v1/embeddings", "/v1/responses", "/v1/completions":
+			"/api/embed", "/v1/embeddings", "/v1/responses", "/v1/completions", "/api/show":
 			c.w.Header().Set("Allow", want)
 			c.writeError(shapeFor(path), http.StatusMethodNotAllowed, "method "+method+" not allowed on "+path, nil)
 			return
@@ -323,6 +324,8 @@ func (b *Backend) route(c *call) {
 		c.embed(shapeOllama)
 	case "/v1/embeddings":
 		c.embed(shapeOpenAI)
+	case "/api/show":
+		c.show()
 	case "/api/tags":
 		c.writeJSON(http.StatusOK, b.tagsBody)
 	case "/api/ps":

@@ -60,6 +60,9 @@ type chatRequest struct {
 	// Ollama /api/chat: log probabilities of the output tokens.
 	Logprobs    bool `json:"logprobs"`
 	TopLogprobs int  `json:"top_logprobs"`
+	// Ollama /api/chat: whether a thinking model thinks (true, false or a
+	// level); nil = the model's default.
+	Think json.RawMessage `json:"think"`
 }
 
 // limit returns the request's token limit (0 = none): max_completion_tokens,
@@ -261,6 +264,12 @@ func (c *call) chat(sh shape) {
 	}
 	c.includeUsage = c.req.StreamOptions != nil && c.req.StreamOptions.IncludeUsage
 	c.plan = c.b.script.planFor(c.m, c.req.limit(), c.req.hasTools())
+	if !c.thinkPlan(sh) {
+		return
+	}
+	if c.m.kind == kindAgent {
+		c.plan = agentPlan(c.buf, sh)
+	}
 	if !c.headerFaults(sh) {
 		return
 	}

@@ -11,9 +11,11 @@ import (
 type kind uint8
 
 const (
-	kindText kind = iota // fixed answer
-	kindTool             // fixed tool call when the request has tools, else the fixed answer
-	kindLoop             // repeats words until the token limit
+	kindText  kind = iota // fixed answer
+	kindTool              // fixed tool call when the request has tools, else the fixed answer
+	kindLoop              // repeats words until the token limit
+	kindThink             // thinks (fixed reasoning tokens), then the fixed answer (think.go)
+	kindAgent             // calls the agent's shell tool, then answers with its output (agent.go)
 )
 
 // model is one served model with the metadata /api/tags, /api/ps and
@@ -21,6 +23,7 @@ const (
 type model struct {
 	name      string // without tag, e.g. "tiny"
 	kind      kind
+	think     bool  // /api/show lists the "thinking" capability
 	size      int64 // bytes on disk (/api/tags)
 	psSize    int64 // bytes in memory (/api/ps)
 	digest    string
@@ -29,12 +32,21 @@ type model struct {
 }
 
 // catalogue lists every model the stand-in knows, sorted by tagged name as
-// /api/tags sorts them ("tiny-loop:latest" < "tiny-tool:latest" < "tiny:latest").
+// /api/tags sorts them ("tiny-agent:latest" < "tiny-loop:latest" <
+// "tiny-think:latest" < "tiny-tool:latest" < "tiny:latest"). tiny-agent and
+// tiny-think are served only when Options.Models names them (defaultModels
+// are the three the captures hold).
 func catalogue() []model {
 	return []model{
+		{name: "tiny-agent", kind: kindAgent, size: 1810137, psSize: 5744576,
+			digest:    "5d1f0e2a7c3b9f8e6d4c2b1a09f8e7d6c5b4a3928170f6e5d4c3b2a19080f7e6",
+			paramSize: "448K", modified: "2026-11-29T11:21:46.273486967Z"},
 		{name: "tiny-loop", kind: kindLoop, size: 1814265, psSize: 5748704,
 			digest:    "39c74706490fbe4c55ca66f8a7f8acfc6f6417d4ca10d92f99fe3b726844d1e2",
 			paramSize: "449K", modified: "2026-11-29T11:21:46.563462647Z"},
+		{name: "tiny-think", kind: kindThink, think: true, size: 1816345, psSize: 5750784,
+			digest:    "b2c4d6e8f0a1b3c5d7e9f1a2b4c6d8e0f2a4b6c8d0e2f4a6b8c0d2e4f6a8b0c2",
+			paramSize: "450K", modified: "2026-11-29T11:21:45.974751058Z"},
 		{name: "tiny-tool", kind: kindTool, size: 1810137, psSize: 5744576,
 			digest:    "9a3fb2d380df67042c5513741af62240d2061d4745d2650294e5c004c4ee14ef",
 			paramSize: "448K", modified: "2026-11-29T11:21:46.273486967Z"},
@@ -43,6 +55,9 @@ func catalogue() []model {
 			paramSize: "450K", modified: "2026-11-29T11:21:45.974751058Z"},
 	}
 }
+
+// defaultModels are the models served when Options.Models is empty.
+var defaultModels = []string{"tiny", "tiny-tool", "tiny-loop"}
 
 // The fixed answers, one entry per token, as the captures split them.
 func answerTokens() []string {
@@ -79,10 +94,16 @@ const (
 // plan is what one request will generate.
 type plan struct {
 	kind       kind     // kindTool only when the request carries tools
-	tokens     []string // the text or loop tokens (shared, read-only)
-	n          int      // content chunks to send (a tool call is one chunk)
+	tokens     []string // the text or loop tokens (shared, read-only; JSON-escaped)
+	n          int      // chunks to send (a tool call is one chunk), thinking ones included
 	finish     finish
 	completion int // completion tokens reported in usage
+	// think is how many of the first chunks are reasoning (thinkTokens;
+	// tiny-think), sent before the text.
+	think int
+	// call, when set, is the tool call to make instead of the fixed
+	// get_weather one (tiny-agent).
+	call *toolCall
 }
 
 // script holds the read-only token tables a Backend plans from.
@@ -90,6 +111,7 @@ type script struct {
 	answer      []string
 	loop        []string
 	loopDefault int // tiny-loop's limit when the request sets none (tokens)
+	think       []string
 }
 
 // planFor decides the generation for model m; limit is the request's token
@@ -99,6 +121,10 @@ func (s *script) planFor(m *model, limit int, tools bool) plan {
 	switch {
 	case m.kind == kindTool && tools:
 		return plan{kind: kindTool, n: 1, finish: finishTool, completion: toolCallTokens}
+	case m.kind == kindThink:
+		think := len(s.think)
+		return plan{kind: kindText, tokens: s.answer, n: think + len(s.answer), finish: finishStop,
+			completion: think + len(s.answer) + 1, think: think}
 	case m.kind == kindLoop:
 		if limit <= 0 {
 			limit = s.loopDefault
@@ -112,8 +138,15 @@ func (s *script) planFor(m *model, limit int, tools bool) plan {
 	}
 }
 
-// token returns content token i of a text or loop plan.
-func (p *plan) token(i int) string { return p.tokens[i%len(p.tokens)] }
+// token returns the text of chunk i of a text or loop plan: "" for a
+// reasoning chunk, else content token i-think.
+func (p *plan) token(i int) string {
+	if i < p.think {
+		return ""
+	}
+	i -= p.think
+	return p.tokens[i%len(p.tokens)]
+}
 
 // fault is the fault-injection suffix of a model name (see the package doc).
 type fault struct {

@@ -28,8 +28,11 @@ func (ollamaFormat) head(c *call, dst []byte) []byte {
 func (ollamaFormat) toolCalls(c *call, dst []byte) []byte {
 	dst = append(dst, `,"tool_calls":[{"id":"call_`...)
 	dst = appendID(dst, c.b.opts.Seed, c.seq*4+2, lower36, 8)
-	dst = append(dst, `","function":{"index":0,"name":"`+toolName+`","arguments":`+toolArgsOllamaJSON+`}}]`...)
-	return dst
+	dst = append(dst, `","function":{"index":0,"name":"`...)
+	dst = append(dst, c.plan.toolName()...)
+	dst = append(dst, `","arguments":`...)
+	dst = append(dst, c.plan.toolArgsObject()...)
+	return append(dst, `}}]`...)
 }
 
 func (o ollamaFormat) chunk(c *call, dst []byte, i int) []byte {
@@ -37,6 +40,10 @@ func (o ollamaFormat) chunk(c *call, dst []byte, i int) []byte {
 	if c.plan.kind == kindTool {
 		dst = append(dst, `""`...)
 		dst = o.toolCalls(c, dst)
+	} else if t, ok := c.thought(i); ok {
+		dst = append(dst, `"","thinking":"`...)
+		dst = append(dst, t...)
+		dst = append(dst, '"')
 	} else {
 		dst = append(dst, '"')
 		dst = append(dst, c.plan.token(i)...)
@@ -142,6 +149,11 @@ func (o ollamaFormat) whole(c *call, dst []byte, pad int) []byte {
 		}
 		dst = appendPadding(dst, pad)
 		dst = append(dst, '"')
+		if c.plan.think > 0 {
+			dst = append(dst, `,"thinking":"`...)
+			dst = c.appendThoughts(dst)
+			dst = append(dst, '"')
+		}
 	}
 	dst = append(dst, '}')
 	return o.done(c, dst)

@@ -36,9 +36,15 @@ func (l llamaChatFormat) chunk(c *call, dst []byte, i int) []byte {
 	if c.plan.kind == kindTool {
 		dst = append(dst, `data: {"choices":[{"finish_reason":null,"index":0,"delta":{"tool_calls":[{"index":0,"id":"`...)
 		dst = append(dst, c.toolArr[:]...)
-		dst = append(dst, `","type":"function","function":{"name":"`+toolName+`","arguments":`...)
-		dst = appendJSONString(dst, toolArgsLlama)
+		dst = append(dst, `","type":"function","function":{"name":"`...)
+		dst = append(dst, c.plan.toolName()...)
+		dst = append(dst, `","arguments":`...)
+		dst = appendJSONString(dst, c.plan.toolArgsLlama())
 		dst = append(dst, `}}]}}]`...)
+	} else if t, ok := c.thought(i); ok {
+		dst = append(dst, `data: {"choices":[{"finish_reason":null,"index":0,"delta":{"reasoning_content":"`...)
+		dst = append(dst, t...)
+		dst = append(dst, `"}}]`...)
 	} else {
 		dst = append(dst, `data: {"choices":[{"finish_reason":null,"index":0,"delta":{"content":"`...)
 		dst = append(dst, c.plan.token(i)...)
@@ -70,8 +76,10 @@ func (l llamaChatFormat) whole(c *call, dst []byte, pad int) []byte {
 	dst = append(dst, openAIFinish(c.plan.finish)...)
 	dst = append(dst, `","index":0,"message":{"role":"assistant","content":"`...)
 	if c.plan.kind == kindTool {
-		dst = append(dst, `","tool_calls":[{"type":"function","function":{"name":"`+toolName+`","arguments":`...)
-		dst = appendJSONString(dst, toolArgsLlama)
+		dst = append(dst, `","tool_calls":[{"type":"function","function":{"name":"`...)
+		dst = append(dst, c.plan.toolName()...)
+		dst = append(dst, `","arguments":`...)
+		dst = appendJSONString(dst, c.plan.toolArgsLlama())
 		dst = append(dst, `},"id":"`...)
 		dst = append(dst, c.toolArr[:]...)
 		dst = append(dst, `"}]`...)
@@ -81,6 +89,11 @@ func (l llamaChatFormat) whole(c *call, dst []byte, pad int) []byte {
 		}
 		dst = appendPadding(dst, pad)
 		dst = append(dst, '"')
+		if c.plan.think > 0 {
+			dst = append(dst, `,"reasoning_content":"`...)
+			dst = c.appendThoughts(dst)
+			dst = append(dst, '"')
+		}
 	}
 	dst = append(dst, `}}],"created":`...)
 	dst = strconv.AppendInt(dst, c.created, 10)

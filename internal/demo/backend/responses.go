@@ -57,15 +57,20 @@ func (l llamaResponsesFormat) chunk(c *call, dst []byte, i int) []byte {
 		dst = respEvent(dst, "response.output_item.added")
 		dst = append(dst, `,"item":{"arguments":"","call_id":`...)
 		dst = l.callID(c, dst)
-		dst = append(dst, `,"name":"`+toolName+`","type":"function_call","status":"in_progress"}}`+"\n\n"...)
+		dst = append(dst, `,"name":"`...)
+		dst = append(dst, c.plan.toolName()...)
+		dst = append(dst, `","type":"function_call","status":"in_progress"}}`+"\n\n"...)
 		dst = respEvent(dst, "response.function_call_arguments.delta")
 		dst = append(dst, `,"delta":`...)
-		dst = appendJSONString(dst, toolArgsLlama)
+		dst = appendJSONString(dst, c.plan.toolArgsLlama())
 		dst = append(dst, `,"item_id":`...)
 		dst = l.callID(c, dst)
 		return append(dst, "}\n\n"...)
 	}
-	if i == 0 {
+	if _, ok := c.thought(i); ok {
+		return dst // llama-server streams reasoning here as a reasoning item; the stand-in sends only the text
+	}
+	if i == c.plan.think {
 		dst = respEvent(dst, "response.output_item.added")
 		dst = append(dst, `,"item":{"content":[],"id":`...)
 		dst = l.msgID(c, dst)
@@ -102,10 +107,12 @@ func (l llamaResponsesFormat) textPart(c *call, dst []byte, pad int) []byte {
 // order.
 func (l llamaResponsesFormat) callItem(c *call, dst []byte) []byte {
 	dst = append(dst, `{"type":"function_call","status":"completed","arguments":`...)
-	dst = appendJSONString(dst, toolArgsLlama)
+	dst = appendJSONString(dst, c.plan.toolArgsLlama())
 	dst = append(dst, `,"call_id":`...)
 	dst = l.callID(c, dst)
-	return append(dst, `,"name":"`+toolName+`"}`...)
+	dst = append(dst, `,"name":"`...)
+	dst = append(dst, c.plan.toolName()...)
+	return append(dst, `"}`...)
 }
 
 // messageItem appends the completed message item in the stream's key

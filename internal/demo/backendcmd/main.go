@@ -4,7 +4,7 @@
 // models and the fault suffixes.
 //
 //	demo-backend -listen 127.0.0.1:11434 [-token-delay 20ms] [-pad-bytes 1024] [-seed N] [-loop-tokens 64] [-api-key-file FILE]
-//	             [-prefix-cache 4096] [-prefill-per-token 1ms]
+//	             [-prefix-cache 4096] [-prefill-per-token 1ms] [-models tiny,tiny-tool,tiny-loop,tiny-think,tiny-agent]
 //
 // -api-key-file names a file holding an API key that the /v1 routes then
 // require, as llama-server's --api-key does (the key is read from a file,
@@ -54,6 +54,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	keyFile := fs.String("api-key-file", "", "file holding an API key the /v1 routes require (llama-server's --api-key)")
 	cache := fs.Int("prefix-cache", 0, "prompt prefixes (message boundaries) the instance's prefix cache holds (0 = no cache)")
 	prefill := fs.Duration("prefill-per-token", 0, "simulated prefill time per uncached prompt token (0 = none)")
+	models := fs.String("models", "tiny,tiny-tool,tiny-loop", "comma-separated models to serve (also tiny-think, tiny-agent)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -76,7 +77,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	log := slog.New(slog.NewJSONHandler(stderr, nil))
 	b, err := backend.New(backend.Options{
 		Logger: log, TokenDelay: *delay, PadBytes: *pad, Seed: *seed, LoopTokens: *loop, APIKey: apiKey,
-		PrefixCache: *cache, PrefillPerToken: *prefill,
+		PrefixCache: *cache, PrefillPerToken: *prefill, Models: strings.Split(*models, ","),
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "demo-backend: %v\n", err)
@@ -88,7 +89,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		return 1
 	}
 	log.Info("demo-backend listening: a deterministic demo stand-in for a model server, not a model",
-		"addr", ln.Addr().String(), "models", []string{"tiny", "tiny-tool", "tiny-loop"},
+		"addr", ln.Addr().String(), "models", strings.Split(*models, ","),
 		"token_delay", delay.String(), "pad_bytes", *pad, "api_key_required", apiKey != "",
 		"prefix_cache", *cache, "prefill_per_token", prefill.String())
 	if err := b.Serve(ctx, ln); err != nil {

@@ -299,6 +299,12 @@ type HTTP struct {
 	// MaxConnections bounds concurrent client connections; a connection
 	// beyond it gets 503 with Retry-After and is closed.
 	MaxConnections int `json:"max_connections"`
+	// UnknownFields is the run path's policy for a request member its
+	// field tables do not know (surface.UnknownFields): "report" (the
+	// default: accepted, not sent to the backend, reported) or "reject"
+	// (a 400 naming its path). Unknown types of message, content block,
+	// input item or tool are a 400 under both.
+	UnknownFields string `json:"unknown_fields"`
 }
 
 // Admin tunes the admin surface.
@@ -431,6 +437,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.HTTP.MaxInflightBodyBytes == 0 {
 		c.HTTP.MaxInflightBodyBytes = DefaultMaxInflightBodyBytes
+	}
+	if c.HTTP.UnknownFields == "" {
+		c.HTTP.UnknownFields = "report"
 	}
 	if c.HTTP.MaxConnections == 0 {
 		c.HTTP.MaxConnections = DefaultMaxConnections
@@ -695,6 +704,9 @@ func (c *Config) validate() jsonconfig.Errors {
 	}
 	if c.HTTP.MaxInflightBodyBytes < c.HTTP.MaxBodyBytes {
 		add("http.max_inflight_body_bytes", "must be at least http.max_body_bytes (%d), got %d", c.HTTP.MaxBodyBytes, c.HTTP.MaxInflightBodyBytes)
+	}
+	if c.HTTP.UnknownFields != "report" && c.HTTP.UnknownFields != "reject" {
+		add("http.unknown_fields", "must be \"report\" or \"reject\", got %q", c.HTTP.UnknownFields)
 	}
 	if c.HTTP.MaxConnections < 0 {
 		add("http.max_connections", "must be ≥ 1, got %d", c.HTTP.MaxConnections)

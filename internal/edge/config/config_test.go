@@ -106,7 +106,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
      "providers": [{"node": "gpu-9", "provider": "x", "target": "t"}]}
   ],
   "queue": {"max_waiters": -1},
-  "http": {"max_body_bytes": 999999999, "max_inflight_body_bytes": 1000, "max_connections": -1},
+  "http": {"max_body_bytes": 999999999, "max_inflight_body_bytes": 1000, "max_connections": -1, "unknown_fields": "ignore"},
   "shutdown": {"drain_timeout_ms": -1}
 }`
 	_, err := Parse([]byte(bad))
@@ -143,6 +143,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 		"shutdown.drain_timeout_ms: must be between",
 		"http.max_inflight_body_bytes: must be at least http.max_body_bytes",
 		"http.max_connections: must be ≥ 1",
+		"http.unknown_fields: must be \"report\" or \"reject\"",
 	}
 	for _, w := range wants {
 		if !strings.Contains(err.Error(), w) {
@@ -240,8 +241,8 @@ func TestDemoConfigParses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(c.Models) != 6 || c.ModelByName("tiny-tool-oa") == nil {
-		t.Fatalf("got %d models, want the six demo groups", len(c.Models))
+	if len(c.Models) != 10 || c.ModelByName("tiny-tool-oa") == nil || c.ModelByName("tiny-agent-oa") == nil {
+		t.Fatalf("got %d models, want the ten demo groups", len(c.Models))
 	}
 }
 

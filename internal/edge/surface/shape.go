@@ -71,56 +71,83 @@ func (sh *Shape) AllNames() []string {
 	return out
 }
 
-// check returns the path below v of the first member sh does not allow
-// (".foo", "[2].content[0].foo"), or bad=false. b must be valid JSON.
-// It allocates only to build the path of an unknown member.
-func (sh *Shape) check(b []byte, v jsonscan.Span) (path string, bad bool) {
+// check reports, through sc, the members below v that sh does not allow,
+// as paths relative to v (".foo", "[2].content[0].foo"); it stops at the
+// first one unless sc.all. b must be valid JSON. It allocates only to
+// build the paths of unknown members (at most MaxIgnored of them).
+func (sh *Shape) check(b []byte, v jsonscan.Span, sc *scan) []string {
 	switch jsonscan.Kind(b, v) {
 	case '[':
+		var out []string
 		els := jsonscan.NewElements(b, v)
 		for i := 0; ; i++ {
 			el, more := els.Next()
 			if !more {
-				return "", false
+				return out
 			}
-			if p, bad := sh.check(b, el); bad {
-				return "[" + strconv.Itoa(i) + "]" + p, true
+			for _, p := range sh.check(b, el, sc) {
+				out = append(out, "["+strconv.Itoa(i)+"]"+p)
+			}
+			if sc.stop() {
+				return out
 			}
 		}
 	case '{':
-		return sh.checkObject(b, v)
+		return sh.checkObject(b, v, sc)
 	}
-	return "", false
+	return nil
 }
 
-func (sh *Shape) checkObject(b []byte, v jsonscan.Span) (string, bool) {
+func (sh *Shape) checkObject(b []byte, v jsonscan.Span, sc *scan) []string {
 	var variant []Member
 	if len(sh.Types) > 0 {
 		var ok bool
 		if variant, ok = sh.variant(typeOf(b, v)); !ok {
-			return "", false
+			return nil
 		}
 	}
+	var out []string
 	it, _ := jsonscan.NewMembers(b, v)
 	for {
 		key, val, more := it.Next()
 		if !more {
-			return "", false
+			return out
 		}
 		m := find(key, sh.Members)
 		if m == nil {
 			m = find(key, variant)
 		}
 		if m == nil {
-			return "." + jsonscan.Key(key), true
-		}
-		if m.Shape != nil {
-			if p, bad := m.Shape.check(b, val); bad {
-				return "." + m.Name + p, true
+			if sc.add() {
+				out = append(out, "."+jsonscan.Key(key))
 			}
+		} else if m.Shape != nil {
+			for _, p := range m.Shape.check(b, val, sc) {
+				out = append(out, "."+m.Name+p)
+			}
+		}
+		if sc.stop() {
+			return out
 		}
 	}
 }
+
+// scan counts the unknown members one check finds: all of them (report
+// mode) or the first (reject mode); paths are kept for at most
+// MaxIgnored.
+type scan struct {
+	all bool
+	n   int // unknown members found
+}
+
+// add counts one unknown member and reports whether its path is kept.
+func (sc *scan) add() bool {
+	sc.n++
+	return sc.n <= MaxIgnored
+}
+
+// stop reports whether the scan is done (reject mode after the first).
+func (sc *scan) stop() bool { return !sc.all && sc.n > 0 }
 
 // variant returns the members the object's type adds; ok is false for a
 // type without a Variant.

@@ -351,7 +351,8 @@ func (s *Set) build(ac *iop.AdapterConfig, allowEnv func(string) bool, lookupEnv
 	}
 	switch inst.typ {
 	case TypeOllama:
-		inst.newRunner = func(ep *upstream.Endpoint) runner { return &ollama.Driver{EP: ep} }
+		caps := &ollama.Capabilities{} // shared by the instance's runners (one per credential lease)
+		inst.newRunner = func(ep *upstream.Endpoint) runner { return &ollama.Driver{EP: ep, Caps: caps} }
 	default:
 		inst.newRunner = func(ep *upstream.Endpoint) runner { return &openaicompat.Driver{EP: ep, Profile: inst.profile} }
 	}

@@ -99,6 +99,9 @@ func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit f
 		hooks.OnDelta = func(text string, lp []*iop.TokenLogprob) {
 			rs.send(&iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_DELTA, Delta: text, Logprobs: lp})
 		}
+		hooks.OnReasoning = func(text string) {
+			rs.send(&iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_DELTA, ReasoningDelta: text})
+		}
 	}
 	s.supervise(ctx, a, runID, inst.name, req.GetTarget(), attemptIO{
 		probe: func(ctx context.Context) string { return s.probeWith(ctx, inst, runner, req.GetTarget()) },
@@ -134,6 +137,7 @@ func (s *Set) runTerminal(ctx, runCtx context.Context, adapter, runID string, re
 			Metadata:     res.Metadata,
 			Logprobs:     res.Logprobs,
 			Embeddings:   res.Embeddings,
+			Reasoning:    res.Reasoning,
 		}
 	case ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrNodeShutdown):
 		return &iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_ERROR, Error: "run cancelled: " + ErrNodeShutdown.Error(),

@@ -1675,7 +1675,12 @@ type RunInput struct {
 	// Whether the backend may drop the oldest messages when the prompt
 	// exceeds its context (true) or must fail (false); unset = backend
 	// default.
-	Truncate      *bool `protobuf:"varint,17,opt,name=truncate,proto3,oneof" json:"truncate,omitempty"`
+	Truncate *bool `protobuf:"varint,17,opt,name=truncate,proto3,oneof" json:"truncate,omitempty"`
+	// Whether a thinking model thinks before it answers: "true", "false",
+	// or a level "low", "medium" or "high" (Ollama's "think"); "" = the
+	// backend's default. A target that cannot think is run without it,
+	// never refused: clients ask for thinking by default.
+	Think         string `protobuf:"bytes,18,opt,name=think,proto3" json:"think,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1829,6 +1834,13 @@ func (x *RunInput) GetTruncate() bool {
 	return false
 }
 
+func (x *RunInput) GetThink() string {
+	if x != nil {
+		return x.Think
+	}
+	return ""
+}
+
 // ChatMessage is one message of a conversation.
 type ChatMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1843,7 +1855,10 @@ type ChatMessage struct {
 	ToolCallsJson []byte `protobuf:"bytes,5,opt,name=tool_calls_json,json=toolCallsJson,proto3" json:"tool_calls_json,omitempty"`
 	// Images attached to the message (role "user"), in order. The Edge
 	// accepts only inline image data, never a URL a node would fetch.
-	Images        []*ChatImage `protobuf:"bytes,6,rep,name=images,proto3" json:"images,omitempty"`
+	Images []*ChatImage `protobuf:"bytes,6,rep,name=images,proto3" json:"images,omitempty"`
+	// For role "assistant": the reasoning the model produced before this
+	// message's content, sent back as history (Ollama's message.thinking).
+	Thinking      string `protobuf:"bytes,7,opt,name=thinking,proto3" json:"thinking,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1918,6 +1933,13 @@ func (x *ChatMessage) GetImages() []*ChatImage {
 		return x.Images
 	}
 	return nil
+}
+
+func (x *ChatMessage) GetThinking() string {
+	if x != nil {
+		return x.Thinking
+	}
+	return ""
 }
 
 // ChatImage is one inline image: its media type (e.g. "image/png") and the
@@ -2140,7 +2162,12 @@ type RunEvent struct {
 	// (invalid_request), why the credential lease was refused
 	// (credential_*). Empty when the code's own words suffice. Never an
 	// adapter name, an upstream address or a Go type name (SPEC P4).
-	Message       string `protobuf:"bytes,18,opt,name=message,proto3" json:"message,omitempty"`
+	Message string `protobuf:"bytes,18,opt,name=message,proto3" json:"message,omitempty"`
+	// DELTA: the next piece of the model's reasoning (Ollama's streamed
+	// message.thinking), which comes before the answer's text.
+	ReasoningDelta string `protobuf:"bytes,19,opt,name=reasoning_delta,json=reasoningDelta,proto3" json:"reasoning_delta,omitempty"`
+	// COMPLETE: the whole reasoning, when the model produced any.
+	Reasoning     string `protobuf:"bytes,20,opt,name=reasoning,proto3" json:"reasoning,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2297,6 +2324,20 @@ func (x *RunEvent) GetParam() string {
 func (x *RunEvent) GetMessage() string {
 	if x != nil {
 		return x.Message
+	}
+	return ""
+}
+
+func (x *RunEvent) GetReasoningDelta() string {
+	if x != nil {
+		return x.ReasoningDelta
+	}
+	return ""
+}
+
+func (x *RunEvent) GetReasoning() string {
+	if x != nil {
+		return x.Reasoning
 	}
 	return ""
 }
@@ -3715,7 +3756,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\toperation\x18\r \x01(\tR\toperation\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcd\x05\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe3\x05\n" +
 	"\bRunInput\x127\n" +
 	"\bmessages\x18\x01 \x03(\v2\x1b.iop.runtime.v1.ChatMessageR\bmessages\x12\x1d\n" +
 	"\n" +
@@ -3739,14 +3780,15 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\n" +
 	"dimensions\x18\x10 \x01(\x03R\n" +
 	"dimensions\x12\x1f\n" +
-	"\btruncate\x18\x11 \x01(\bH\x06R\btruncate\x88\x01\x01B\x0e\n" +
+	"\btruncate\x18\x11 \x01(\bH\x06R\btruncate\x88\x01\x01\x12\x14\n" +
+	"\x05think\x18\x12 \x01(\tR\x05thinkB\x0e\n" +
 	"\f_temperatureB\b\n" +
 	"\x06_top_pB\a\n" +
 	"\x05_seedB\x14\n" +
 	"\x12_frequency_penaltyB\x13\n" +
 	"\x11_presence_penaltyB\b\n" +
 	"\x06_top_kB\v\n" +
-	"\t_truncate\"\xcc\x01\n" +
+	"\t_truncate\"\xe8\x01\n" +
 	"\vChatMessage\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\tR\acontent\x12\x12\n" +
@@ -3754,7 +3796,8 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\ftool_call_id\x18\x04 \x01(\tR\n" +
 	"toolCallId\x12&\n" +
 	"\x0ftool_calls_json\x18\x05 \x01(\fR\rtoolCallsJson\x121\n" +
-	"\x06images\x18\x06 \x03(\v2\x19.iop.runtime.v1.ChatImageR\x06images\">\n" +
+	"\x06images\x18\x06 \x03(\v2\x19.iop.runtime.v1.ChatImageR\x06images\x12\x1a\n" +
+	"\bthinking\x18\a \x01(\tR\bthinking\">\n" +
 	"\tChatImage\x12\x1d\n" +
 	"\n" +
 	"media_type\x18\x01 \x01(\tR\tmediaType\x12\x12\n" +
@@ -3765,7 +3808,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x05bytes\x18\x03 \x01(\fR\x05bytes\x12?\n" +
 	"\ftop_logprobs\x18\x04 \x03(\v2\x1c.iop.runtime.v1.TokenLogprobR\vtopLogprobs\"#\n" +
 	"\tEmbedding\x12\x16\n" +
-	"\x06values\x18\x01 \x03(\x02R\x06values\"\xec\x05\n" +
+	"\x06values\x18\x01 \x03(\x02R\x06values\"\xb3\x06\n" +
 	"\bRunEvent\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x120\n" +
 	"\x04type\x18\x02 \x01(\x0e2\x1c.iop.runtime.v1.RunEventTypeR\x04type\x12\x14\n" +
@@ -3787,7 +3830,9 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"embeddings\x12$\n" +
 	"\x0eretry_after_ms\x18\x10 \x01(\x03R\fretryAfterMs\x12\x14\n" +
 	"\x05param\x18\x11 \x01(\tR\x05param\x12\x18\n" +
-	"\amessage\x18\x12 \x01(\tR\amessage\x1a;\n" +
+	"\amessage\x18\x12 \x01(\tR\amessage\x12'\n" +
+	"\x0freasoning_delta\x18\x13 \x01(\tR\x0ereasoningDelta\x12\x1c\n" +
+	"\treasoning\x18\x14 \x01(\tR\treasoning\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"|\n" +

@@ -42,10 +42,12 @@ func TestNestedUnknown(t *testing.T) {
 	}
 	for _, row := range rows {
 		t.Run("issue 14 "+row.name, func(t *testing.T) {
-			_, _, e := Input([]byte(row.body), false)
+			_, _, e := InputPolicy([]byte(row.body), false, surface.RejectUnknown)
 			if e == nil || e.Param != row.param || !strings.Contains(e.Message, "unknown field") {
 				t.Fatalf("got %v, want a 400 naming %q", e, row.param)
 			}
+			in, p, e := InputPolicy([]byte(row.body), false, surface.ReportUnknown)
+			st.CheckReported(t, in, p.Ignored, e, row.param)
 		})
 	}
 }
@@ -66,7 +68,7 @@ func TestAdvisoryChecked(t *testing.T) {
 	}
 	for _, row := range rows {
 		t.Run("issue 14 "+row.name, func(t *testing.T) {
-			_, _, e := Input([]byte(`{`+msgs+`,`+row.extra+`}`), false)
+			_, _, e := InputPolicy([]byte(`{`+msgs+`,`+row.extra+`}`), false, surface.RejectUnknown)
 			switch {
 			case row.want == "" && e != nil:
 				t.Fatalf("got %v, want nil", e)
@@ -90,7 +92,7 @@ func TestToolPairing(t *testing.T) {
 	}
 	for _, row := range rows {
 		t.Run("issue 14 "+row.name, func(t *testing.T) {
-			_, _, e := Input([]byte(`{"max_tokens":5,"messages":[`+row.msgs+`]}`), false)
+			_, _, e := InputPolicy([]byte(`{"max_tokens":5,"messages":[`+row.msgs+`]}`), false, surface.RejectUnknown)
 			switch {
 			case row.want == "" && e != nil:
 				t.Fatalf("got %v, want nil", e)
@@ -110,7 +112,7 @@ func TestSamplingRanges(t *testing.T) {
 	}
 	for _, row := range rows {
 		t.Run("issue 14 "+row.extra, func(t *testing.T) {
-			_, _, e := Input([]byte(`{"max_tokens":5,"messages":[{"role":"user","content":"hi"}],`+row.extra+`}`), false)
+			_, _, e := InputPolicy([]byte(`{"max_tokens":5,"messages":[{"role":"user","content":"hi"}],`+row.extra+`}`), false, surface.RejectUnknown)
 			switch {
 			case row.want == "" && e != nil:
 				t.Fatalf("got %v, want nil", e)
@@ -124,7 +126,7 @@ func TestSamplingRanges(t *testing.T) {
 // Issue 14: a tool's input_schema must be a schema object (Ollama answered
 // a string with a truncated decode error after the queue).
 func TestToolSchemaObject(t *testing.T) {
-	_, _, e := Input([]byte(`{"max_tokens":5,"tools":[{"name":"f","input_schema":"x"}],"messages":[{"role":"user","content":"hi"}]}`), false)
+	_, _, e := InputPolicy([]byte(`{"max_tokens":5,"tools":[{"name":"f","input_schema":"x"}],"messages":[{"role":"user","content":"hi"}]}`), false, surface.RejectUnknown)
 	if e == nil || !strings.Contains(e.Message, "tools[0].input_schema") {
 		t.Fatalf("got %v, want a 400 naming tools[0].input_schema", e)
 	}
@@ -141,7 +143,7 @@ func TestEmptyContent(t *testing.T) {
 	}
 	for _, row := range rows {
 		t.Run("issue 14 "+row.name, func(t *testing.T) {
-			_, _, e := Input([]byte(`{"max_tokens":5,"messages":[`+row.msgs+`]}`), false)
+			_, _, e := InputPolicy([]byte(`{"max_tokens":5,"messages":[`+row.msgs+`]}`), false, surface.RejectUnknown)
 			switch {
 			case row.want == "" && e != nil:
 				t.Fatalf("got %v, want nil", e)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"iop/internal/edge/surface"
@@ -28,11 +29,44 @@ type request struct {
 	Tools             []tool                     `json:"tools"`
 	ToolChoice        *toolChoice                `json:"tool_choice"`
 	Metadata          *surface.AnthropicMetadata `json:"metadata"`
-	Thinking          json.RawMessage            `json:"thinking"`
+	Thinking          *thinking                  `json:"thinking"`
+	OutputConfig      *outputConfig              `json:"output_config"`
 	ServiceTier       *string                    `json:"service_tier"`
 	Container         surface.Seen               `json:"container"`
 	MCPServers        surface.Seen               `json:"mcp_servers"`
-	ContextManagement surface.Seen               `json:"context_management"`
+	ContextManagement *contextManagement         `json:"context_management"`
+}
+
+// thinking is the request's extended-thinking control (Anthropic API
+// reference, "Extended thinking"; "adaptive" and "display" as Claude Code
+// 2.1 sends them).
+type thinking struct {
+	Type         string `json:"type"`
+	BudgetTokens *int64 `json:"budget_tokens"`
+	Display      string `json:"display"`
+}
+
+// outputConfig is the request's output_config: effort (low, medium, high,
+// max) and format (structured output: {"type":"json_schema","schema"}).
+type outputConfig struct {
+	Effort *string       `json:"effort"`
+	Format *outputFormat `json:"format"`
+}
+
+type outputFormat struct {
+	Type   string          `json:"type"`
+	Schema json.RawMessage `json:"schema"`
+}
+
+// contextManagement is the request's server-side context editing
+// (Anthropic API reference, "Context editing").
+type contextManagement struct {
+	Edits []contextEdit `json:"edits"`
+}
+
+type contextEdit struct {
+	Type string          `json:"type"`
+	Keep json.RawMessage `json:"keep"`
 }
 
 type message struct {
@@ -74,6 +108,7 @@ type tool struct {
 	Description  *string         `json:"description"`
 	InputSchema  json.RawMessage `json:"input_schema"`
 	CacheControl json.RawMessage `json:"cache_control"`
+	DeferLoading *bool           `json:"defer_loading"`
 }
 
 type toolChoice struct {
@@ -117,17 +152,21 @@ var (
 	}
 	messageShape = &surface.Shape{Members: []surface.Member{surface.M("role", nil), surface.M("content", blockShape)}}
 	toolShape    = &surface.Shape{Members: []surface.Member{surface.M("type", nil), surface.M("name", nil), surface.M("description", nil),
-		surface.M("input_schema", nil), surface.M("cache_control", cacheControlShape)}}
-	toolChoiceShape = &surface.Shape{Members: []surface.Member{surface.M("type", nil), surface.M("name", nil), surface.M("disable_parallel_tool_use", nil)}}
-	thinkingShape   = &surface.Shape{Members: []surface.Member{surface.M("type", nil), surface.M("budget_tokens", nil)}}
-	metadataShape   = &surface.Shape{Members: []surface.Member{surface.M("user_id", nil)}}
+		surface.M("input_schema", nil), surface.M("cache_control", cacheControlShape), surface.M("defer_loading", nil)}}
+	toolChoiceShape   = &surface.Shape{Members: []surface.Member{surface.M("type", nil), surface.M("name", nil), surface.M("disable_parallel_tool_use", nil)}}
+	thinkingShape     = &surface.Shape{Members: []surface.Member{surface.M("type", nil), surface.M("budget_tokens", nil), surface.M("display", nil)}}
+	metadataShape     = &surface.Shape{Members: []surface.Member{surface.M("user_id", nil)}}
+	outputFormatShape = &surface.Shape{Members: []surface.Member{surface.M("type", nil), surface.M("schema", nil)}}
+	outputConfigShape = &surface.Shape{Members: []surface.Member{surface.M("effort", nil), surface.M("format", outputFormatShape)}}
+	contextEditShape  = &surface.Shape{Members: []surface.Member{surface.M("type", nil), surface.M("keep", nil)}}
+	contextMgmtShape  = &surface.Shape{Members: []surface.Member{surface.M("edits", contextEditShape)}}
 )
 
 // Fields is the run path's table of Messages request fields (issue 14):
 // every field request parses has a row.
 var Fields = []surface.Field{
 	surface.Row("model", surface.Routing, "selects the model group; the provider's target replaces it"),
-	surface.Row("messages", surface.Translated, "text blocks → content; image (base64) → images; tool_use → tool_calls; tool_result → tool messages (is_error → content prefixed \"Error: \"); cache_control and citations advisory").Of(messageShape),
+	surface.Row("messages", surface.Translated, "text blocks → content; image (base64) → images; tool_use → tool_calls; tool_result → tool messages (is_error → content prefixed \"Error: \"); an assistant's thinking blocks → that message's thinking (the text, else the text its iop signature carries; a signature is never trusted or checked); redacted_thinking (Anthropic-encrypted, no backend can read it) dropped and reported; role \"system\" (mid-conversation system turns, Claude Code 2.1) → a system message; cache_control and citations advisory").Of(messageShape),
 	surface.Row("max_tokens", surface.Translated, "options.num_predict (required, as Anthropic requires it)"),
 	surface.Row("system", surface.Translated, "a system message (text blocks joined with \"\\n\")").Of(blockShape),
 	surface.Row("stop_sequences", surface.Translated, "options.stop"),
@@ -135,37 +174,49 @@ var Fields = []surface.Field{
 	surface.Row("temperature", surface.Translated, "options.temperature (0 to 1)"),
 	surface.Row("top_p", surface.Translated, "options.top_p (0 to 1)"),
 	surface.Row("top_k", surface.Translated, "options.top_k (≥ 0)"),
-	surface.Row("tools", surface.Translated, "tools (custom tools; server tools refused)").Of(toolShape),
+	surface.Row("tools", surface.Translated, "tools (custom tools; server tools refused); defer_loading true: the tool is not offered to the model (Anthropic loads a deferred tool only when its server-side tool search finds it, and there is none) and reported").Of(toolShape),
 	surface.Row("tool_choice", surface.Translated, "auto → \"auto\", none → \"none\", any/tool → refused by the Ollama adapter; disable_parallel_tool_use: the Edge returns at most one tool_use").Of(toolChoiceShape),
 	surface.Row("metadata", surface.Advisory, "metadata.user_id (a string up to 256 characters, no other member): an end-user id for Anthropic's abuse detection; no backend takes one").Of(metadataShape),
-	surface.Row("thinking", surface.Refused, "enabled; {\"type\":\"disabled\"} is the behaviour").Of(thinkingShape),
+	surface.Row("thinking", surface.Translated, "enabled or adaptive → think true (or output_config.effort's level), disabled → think false; a target that cannot think is answered without thinking (the node drops think); budget_tokens is checked (≥ 1024, < max_tokens) but Ollama has no budget; display summarized returns the thinking text, omitted returns thinking blocks with \"\" and the text in their signature").Of(thinkingShape),
+	surface.Row("output_config", surface.Translated, "effort (low, medium, high, max) → think \"low\"/\"medium\"/\"high\" when thinking is on; format json_schema → format <schema> (structured output)").Of(outputConfigShape),
 	surface.Row("service_tier", surface.Advisory, "a capacity tier (auto, standard_only): every request is served alike"),
 	surface.Row("container", surface.Refused, "no code-execution containers"),
 	surface.Row("mcp_servers", surface.Refused, "no MCP connector"),
-	surface.Row("context_management", surface.Refused, "no server-side context editing"),
+	surface.Row("context_management", surface.Translated, "edits: clear_thinking_20251015 applied by the Edge (keep \"all\", or {\"type\":\"thinking_turns\",\"value\":N}: the thinking of all but the last N assistant turns is not sent); any other edit (clear_tool_uses_20250919 triggers on the server's token count) refused").Of(contextMgmtShape),
 }
 
 // RequestFields lists the JSON names of every field the parser knows (for
 // the field-table test).
 func RequestFields() []string { return surface.JSONNames(request{}) }
 
-// Params is what Input read besides the RunInput: the declared tool names
-// and at most how many tool calls to return (0 = any; 1 with
-// tool_choice.disable_parallel_tool_use).
+// Params is what Input read besides the RunInput: the declared tool names,
+// at most how many tool calls to return (0 = any; 1 with
+// tool_choice.disable_parallel_tool_use), OmitThinking (thinking.display
+// "omitted": the encoder sends thinking blocks with "" and the text in
+// their signature) and Ignored, what the request carried that is not sent
+// to the backend.
 type Params struct {
 	Tools        []string
 	MaxToolCalls int
+	OmitThinking bool
+	Ignored      surface.Ignored
 }
 
-// Input turns a Messages body into the normalized RunInput (SPEC Q3;
-// Fields says what happens to each field). With count set the body is a
-// count_tokens request: no max_tokens or sampling fields are allowed and
-// the run generates at most one token (the count is the prompt's). Errors
-// are 400s naming the field.
+// Input is InputPolicy under surface.RejectUnknown.
 func Input(body []byte, count bool) (*iop.RunInput, Params, *surface.Error) {
+	return InputPolicy(body, count, surface.RejectUnknown)
+}
+
+// InputPolicy turns a Messages body into the normalized RunInput (SPEC Q3;
+// Fields says what happens to each field; policy what happens to a member
+// Fields does not know). With count set the body is a count_tokens
+// request: no max_tokens or sampling fields are allowed and the run
+// generates at most one token (the count is the prompt's). Errors are 400s
+// naming the field.
+func InputPolicy(body []byte, count bool, policy surface.UnknownFields) (*iop.RunInput, Params, *surface.Error) {
 	var req request
 	var p Params
-	if e := surface.DecodeRequest(body, &req, Fields); e != nil {
+	if e := surface.DecodeRequestPolicy(body, &req, Fields, policy, &p.Ignored); e != nil {
 		return nil, p, e
 	}
 	if e := refuse(&req, count); e != nil {
@@ -186,7 +237,7 @@ func Input(body []byte, count bool) (*iop.RunInput, Params, *surface.Error) {
 		if e := checkNonEmpty(i, &req.Messages[i], i == len(req.Messages)-1); e != nil {
 			return nil, p, e
 		}
-		ms, e := convertMessage(i, &req.Messages[i])
+		ms, e := convertMessage(i, &req.Messages[i], &p.Ignored)
 		if e != nil {
 			return nil, p, e
 		}
@@ -195,7 +246,10 @@ func Input(body []byte, count bool) (*iop.RunInput, Params, *surface.Error) {
 	if e := surface.CheckToolPairing("messages", surface.Terms{Call: "tool_use", Result: "tool_result"}, in.Messages); e != nil {
 		return nil, p, e
 	}
-	if in.ToolsJson, p.Tools, e = convertTools(req.Tools); e != nil {
+	if e := applyContextEdits(req.ContextManagement, in.Messages); e != nil {
+		return nil, p, e
+	}
+	if in.ToolsJson, p.Tools, e = convertTools(req.Tools, &p.Ignored); e != nil {
 		return nil, p, e
 	}
 	if tc := req.ToolChoice; tc != nil {
@@ -220,9 +274,18 @@ func Input(body []byte, count bool) (*iop.RunInput, Params, *surface.Error) {
 			p.MaxToolCalls = 1
 		}
 	}
+	think, e := thinkValue(&req)
+	if e != nil {
+		return nil, p, e
+	}
+	p.OmitThinking = req.Thinking != nil && req.Thinking.Display == "omitted"
 	if count {
 		in.MaxTokens = 1
 		return in, p, nil
+	}
+	in.Think = think
+	if in.ResponseFormatJson, e = outputFormatJSON(req.OutputConfig); e != nil {
+		return nil, p, e
 	}
 	if req.MaxTokens == nil {
 		return nil, p, surface.BadRequest("max_tokens", "missing required field \"max_tokens\"")
@@ -245,21 +308,113 @@ func Input(body []byte, count bool) (*iop.RunInput, Params, *surface.Error) {
 	return in, p, nil
 }
 
+// thinkValue maps thinking and output_config.effort to RunInput.think:
+// disabled → "false"; enabled or adaptive → the effort's level ("low",
+// "medium", "high"; max and xhigh → "high") or "true"; no thinking → ""
+// (the backend's default). Bad values are 400s naming the field.
+func thinkValue(r *request) (string, *surface.Error) {
+	level := ""
+	if oc := r.OutputConfig; oc != nil && oc.Effort != nil {
+		switch *oc.Effort {
+		case "low", "medium", "high":
+			level = *oc.Effort
+		case "max", "xhigh":
+			level = "high"
+		default:
+			return "", surface.BadRequest("output_config", "field \"output_config.effort\": %q is not one of low, medium, high, max", *oc.Effort)
+		}
+	}
+	t := r.Thinking
+	if t == nil {
+		return "", nil
+	}
+	switch t.Display {
+	case "", "summarized", "omitted":
+	default:
+		return "", surface.BadRequest("thinking", "field \"thinking.display\": %q is not one of summarized, omitted", t.Display)
+	}
+	switch t.Type {
+	case "disabled":
+		return "false", nil
+	case "enabled":
+		if t.BudgetTokens == nil || *t.BudgetTokens < 1024 {
+			return "", surface.BadRequest("thinking", "field \"thinking.budget_tokens\" is required with type \"enabled\" and must be at least 1024")
+		}
+	case "adaptive":
+	default:
+		return "", surface.BadRequest("thinking", "field \"thinking.type\": %q is not one of enabled, adaptive, disabled", t.Type)
+	}
+	if level != "" {
+		return level, nil
+	}
+	return "true", nil
+}
+
+// outputFormatJSON turns output_config.format (json_schema with a schema
+// object) into the chat response_format the node translates to Ollama's
+// format; nil when absent.
+func outputFormatJSON(oc *outputConfig) ([]byte, *surface.Error) {
+	if oc == nil || oc.Format == nil {
+		return nil, nil
+	}
+	f := oc.Format
+	if f.Type != "json_schema" {
+		return nil, surface.BadRequest("output_config", "field \"output_config.format.type\": %q is not json_schema", f.Type)
+	}
+	if !surface.Present(f.Schema) || f.Schema[0] != '{' {
+		return nil, surface.BadRequest("output_config", "field \"output_config.format.schema\" must be a JSON Schema object")
+	}
+	b := append([]byte(`{"type":"json_schema","json_schema":{"name":"output","schema":`), f.Schema...)
+	return append(b, "}}"...), nil
+}
+
+// applyContextEdits applies context_management.edits the run path can
+// apply at the Edge: clear_thinking_20251015 (keep "all", or
+// {"type":"thinking_turns","value":N}; absent keep is Anthropic's default,
+// the last turn). Any other edit is a 400 naming it.
+func applyContextEdits(cm *contextManagement, msgs []*iop.ChatMessage) *surface.Error {
+	if cm == nil {
+		return nil
+	}
+	for i, ed := range cm.Edits {
+		if ed.Type != "clear_thinking_20251015" {
+			return surface.BadRequest("context_management", "context_management.edits[%d].type %q is not supported by this model's provider (clear_thinking_20251015 only)", i, ed.Type)
+		}
+		keep := 1
+		switch k := ed.Keep; {
+		case !surface.Present(k):
+		case string(k) == `"all"`:
+			continue
+		default:
+			var turns struct {
+				Type  string `json:"type"`
+				Value *int   `json:"value"`
+			}
+			if json.Unmarshal(k, &turns) != nil || turns.Type != "thinking_turns" || turns.Value == nil || *turns.Value < 0 {
+				return surface.BadRequest("context_management", "context_management.edits[%d].keep must be \"all\" or {\"type\":\"thinking_turns\",\"value\":N}", i)
+			}
+			keep = *turns.Value
+		}
+		for j := len(msgs) - 1; j >= 0; j-- {
+			if m := msgs[j]; m.Role == "assistant" && m.Thinking != "" {
+				if keep > 0 {
+					keep--
+				} else {
+					m.Thinking = ""
+				}
+			}
+		}
+	}
+	return nil
+}
+
 // refuse answers the fields Fields marks refused, and in count mode the
 // fields count_tokens does not take, with a 400 naming the field.
 func refuse(r *request, count bool) *surface.Error {
-	if surface.Present(r.Thinking) {
-		var t struct {
-			Type string `json:"type"`
-		}
-		if json.Unmarshal(r.Thinking, &t) != nil || t.Type != "disabled" {
-			return surface.BadRequest("thinking", "field \"thinking\": extended thinking is not supported by this model's provider")
-		}
-	}
 	for _, f := range []struct {
 		name string
 		set  surface.Seen
-	}{{"container", r.Container}, {"mcp_servers", r.MCPServers}, {"context_management", r.ContextManagement}} {
+	}{{"container", r.Container}, {"mcp_servers", r.MCPServers}} {
 		if f.set {
 			return surface.BadRequest(f.name, "field %q is not supported by this model's provider", f.name)
 		}
@@ -332,10 +487,11 @@ func checkNonEmpty(i int, m *message, last bool) *surface.Error {
 // convertMessage turns one Messages message into chat messages: a user
 // message's tool_result blocks become tool messages, in order, around its
 // text and images; an assistant message's tool_use blocks become
-// tool_calls.
-func convertMessage(i int, m *message) ([]*iop.ChatMessage, *surface.Error) {
-	if m.Role != "user" && m.Role != "assistant" {
-		return nil, surface.BadRequest("messages", "messages[%d].role %q is not one of user, assistant", i, m.Role)
+// tool_calls and its thinking blocks its thinking; a system message (a
+// mid-conversation system turn) its text.
+func convertMessage(i int, m *message, ig *surface.Ignored) ([]*iop.ChatMessage, *surface.Error) {
+	if m.Role != "user" && m.Role != "assistant" && m.Role != "system" {
+		return nil, surface.BadRequest("messages", "messages[%d].role %q is not one of user, assistant, system", i, m.Role)
 	}
 	if !surface.Present(m.Content) {
 		return nil, surface.BadRequest("messages", "messages[%d].content is required", i)
@@ -352,8 +508,21 @@ func convertMessage(i int, m *message) ([]*iop.ChatMessage, *surface.Error) {
 		e.Message = fmt.Sprintf("messages[%d].content: %s", i, e.Message)
 		return nil, e
 	}
+	if m.Role == "system" {
+		var b strings.Builder
+		for j := range blocks {
+			if blocks[j].Type != "text" || blocks[j].Text == nil {
+				return nil, surface.BadRequest("messages", "messages[%d].content[%d]: block type %q is not supported on a system message (text)", i, j, blocks[j].Type)
+			}
+			if j > 0 {
+				b.WriteByte('\n')
+			}
+			b.WriteString(*blocks[j].Text)
+		}
+		return []*iop.ChatMessage{{Role: "system", Content: b.String()}}, nil
+	}
 	if m.Role == "assistant" {
-		am, e := assistantMessage(i, blocks)
+		am, e := assistantMessage(i, blocks, ig)
 		if e != nil {
 			return nil, e
 		}
@@ -403,7 +572,7 @@ func convertMessage(i int, m *message) ([]*iop.ChatMessage, *surface.Error) {
 	return out, nil
 }
 
-func assistantMessage(i int, blocks []block) (*iop.ChatMessage, *surface.Error) {
+func assistantMessage(i int, blocks []block, ig *surface.Ignored) (*iop.ChatMessage, *surface.Error) {
 	am := &iop.ChatMessage{Role: "assistant"}
 	var calls []byte
 	texts := 0
@@ -443,8 +612,22 @@ func assistantMessage(i int, blocks []block) (*iop.ChatMessage, *surface.Error) 
 			calls = append(calls, `,"arguments":`...)
 			calls = surface.AppendString(calls, input)
 			calls = append(calls, "}}"...)
+		case "thinking":
+			text, _ := surface.StringValue(bl.Thinking)
+			if text == "" {
+				sig, _ := surface.StringValue(bl.Signature)
+				text, _ = surface.DecodeReasoning(sig)
+			}
+			if text != "" {
+				if am.Thinking != "" {
+					am.Thinking += "\n"
+				}
+				am.Thinking += text
+			}
+		case "redacted_thinking":
+			ig.Add(at, "messages") // encrypted by Anthropic: no backend can read it
 		default:
-			return nil, surface.BadRequest("messages", "%s: block type %q is not supported by this model's provider on an assistant message (text, tool_use)", at, bl.Type)
+			return nil, surface.BadRequest("messages", "%s: block type %q is not supported by this model's provider on an assistant message (text, tool_use, thinking, redacted_thinking)", at, bl.Type)
 		}
 	}
 	if calls != nil {
@@ -514,14 +697,19 @@ func image(at string, s *source) (*iop.ChatImage, *surface.Error) {
 }
 
 // convertTools turns Anthropic tools into an OpenAI chat "tools" array and
-// their names.
-func convertTools(tools []tool) ([]byte, []string, *surface.Error) {
+// their names. A deferred tool (defer_loading) is not offered, and
+// reported in ig.
+func convertTools(tools []tool, ig *surface.Ignored) ([]byte, []string, *surface.Error) {
 	if len(tools) == 0 {
 		return nil, nil, nil
 	}
 	out := []byte{'['}
 	names := make([]string, 0, len(tools))
 	for i, t := range tools {
+		if t.DeferLoading != nil && *t.DeferLoading {
+			ig.Add("tools["+strconv.Itoa(i)+"]", "tools")
+			continue
+		}
 		if t.Type != "" && t.Type != "custom" {
 			return nil, nil, surface.BadRequest("tools", "tools[%d].type %q: server tools are not supported by this model's provider", i, t.Type)
 		}
@@ -532,7 +720,7 @@ func convertTools(tools []tool) ([]byte, []string, *surface.Error) {
 		if !surface.Present(schema) || schema[0] != '{' {
 			return nil, nil, surface.BadRequest("tools", "tools[%d].input_schema is required and must be a JSON Schema object", i)
 		}
-		if i > 0 {
+		if len(names) > 0 {
 			out = append(out, ',')
 		}
 		out = append(out, `{"type":"function","function":{"name":`...)
@@ -545,6 +733,9 @@ func convertTools(tools []tool) ([]byte, []string, *surface.Error) {
 		out = append(out, schema...)
 		out = append(out, "}}"...)
 		names = append(names, t.Name)
+	}
+	if len(names) == 0 {
+		return nil, nil, nil
 	}
 	return append(out, ']'), names, nil
 }

@@ -24,6 +24,16 @@ import (
 //     then message_delta (stop_reason, stop_sequence, usage with
 //     input_tokens and output_tokens) and message_stop.
 //
+// The model's reasoning (RunEvent.reasoning_delta, COMPLETE's reasoning)
+// comes first as a thinking block (Anthropic API reference, "Extended
+// thinking"): streamed as content_block_start {"type":"thinking",
+// "thinking":"","signature":""}, thinking_delta…, one signature_delta,
+// content_block_stop; in a non-stream message as {"type":"thinking",
+// "thinking","signature"}. The signature is surface.EncodeReasoning of the
+// text (a carrier, not a proof). With Options.OmitThinking
+// (thinking.display "omitted") the thinking text is "" and only the
+// signature carries it.
+//
 // message_start goes out with the first text or at COMPLETE, so a failure
 // before any output is still an HTTP error. stop_reason is "tool_use"
 // whenever the message carries tool calls, "max_tokens" on the token limit,
@@ -31,11 +41,13 @@ import (
 // does not tell a stop sequence from the end of the turn). The zero value
 // is not usable; call Init. Not safe for concurrent use; one per request.
 type Messages struct {
-	o       Options
-	text    surface.Text
-	started bool // message_start sent
-	open    bool // a text block is open
-	nblocks int  // content blocks started
+	o        Options
+	text     surface.Text
+	started  bool   // message_start sent
+	open     bool   // a text block is open
+	thinking bool   // a thinking block is open
+	nblocks  int    // content blocks started
+	reason   []byte // the reasoning so far
 }
 
 // Options describe one Messages response: Model is the client's model name
@@ -51,6 +63,9 @@ type Options struct {
 	MaxToolCalls int
 	Hold         bool
 	NewID        func() string
+	// OmitThinking: thinking blocks carry "" and the text only in their
+	// signature (Params.OmitThinking).
+	OmitThinking bool
 }
 
 // Init makes m ready for one response described by o.
@@ -63,6 +78,12 @@ func (m *Messages) Init(o Options) {
 func (m *Messages) Event(dst []byte, ev *iop.RunEvent) ([]byte, bool, *surface.Error) {
 	switch ev.Type {
 	case iop.RunEventType_RUN_EVENT_DELTA:
+		if ev.ReasoningDelta != "" {
+			var err *surface.Error
+			if dst, err = m.appendThinking(dst, ev.ReasoningDelta); err != nil {
+				return dst, true, err
+			}
+		}
 		if d := m.text.Delta(ev.Delta); d != "" {
 			dst = m.appendText(dst, d)
 		}
@@ -102,6 +123,12 @@ func (m *Messages) complete(dst []byte, ev *iop.RunEvent) ([]byte, *surface.Erro
 	case ev.FinishReason == "length":
 		stop = "max_tokens"
 	}
+	if len(m.reason) == 0 && ev.Reasoning != "" {
+		var err *surface.Error
+		if dst, err = m.appendThinking(dst, ev.Reasoning); err != nil {
+			return dst, err
+		}
+	}
 	if !m.o.Stream {
 		return m.appendMessage(dst, rest, calls, stop, ev.Usage), nil
 	}
@@ -109,6 +136,7 @@ func (m *Messages) complete(dst []byte, ev *iop.RunEvent) ([]byte, *surface.Erro
 		dst = m.appendText(dst, rest)
 	}
 	dst = m.start(dst)
+	dst = m.closeThinking(dst)
 	dst = m.closeText(dst)
 	for i := range calls {
 		dst = m.appendToolUse(dst, &calls[i])
@@ -146,9 +174,53 @@ func (m *Messages) start(dst []byte) []byte {
 	return append(dst, `,"content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":0,"output_tokens":0}}}`+"\n\n"...)
 }
 
-// appendText appends a text_delta, opening a text block first.
+// appendThinking takes the next piece of reasoning: for a stream a
+// thinking_delta (opening the thinking block first), else it is kept for
+// the message. More than surface.MaxReasoningBytes is a 502.
+func (m *Messages) appendThinking(dst []byte, s string) ([]byte, *surface.Error) {
+	if len(m.reason)+len(s) > surface.MaxReasoningBytes {
+		return dst, surface.BadGateway("provider_error", "the provider's reasoning exceeded "+strconv.Itoa(surface.MaxReasoningBytes)+" bytes")
+	}
+	m.reason = append(m.reason, s...)
+	if !m.o.Stream || m.open {
+		return dst, nil // reasoning after the text has started: kept for the signature only
+	}
+	dst = m.start(dst)
+	if !m.thinking {
+		m.thinking = true
+		dst = append(dst, "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":"...)
+		dst = strconv.AppendInt(dst, int64(m.nblocks), 10)
+		dst = append(dst, `,"content_block":{"type":"thinking","thinking":"","signature":""}}`+"\n\n"...)
+	}
+	if m.o.OmitThinking {
+		return dst, nil
+	}
+	dst = append(dst, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":"...)
+	dst = strconv.AppendInt(dst, int64(m.nblocks), 10)
+	dst = append(dst, `,"delta":{"type":"thinking_delta","thinking":`...)
+	dst = surface.AppendString(dst, s)
+	return append(dst, "}}\n\n"...), nil
+}
+
+// closeThinking ends an open thinking block with its signature.
+func (m *Messages) closeThinking(dst []byte) []byte {
+	if !m.thinking {
+		return dst
+	}
+	m.thinking = false
+	dst = append(dst, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":"...)
+	dst = strconv.AppendInt(dst, int64(m.nblocks), 10)
+	dst = append(dst, `,"delta":{"type":"signature_delta","signature":`...)
+	dst = surface.AppendString(dst, surface.EncodeReasoning(string(m.reason)))
+	dst = append(dst, "}}\n\n"...)
+	return m.appendBlockStop(dst)
+}
+
+// appendText appends a text_delta, opening a text block first (and
+// closing the thinking block).
 func (m *Messages) appendText(dst []byte, s string) []byte {
 	dst = m.start(dst)
+	dst = m.closeThinking(dst)
 	if !m.open {
 		m.open = true
 		dst = append(dst, "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":"...)
@@ -179,6 +251,7 @@ func (m *Messages) appendBlockStop(dst []byte) []byte {
 }
 
 func (m *Messages) appendToolUse(dst []byte, c *surface.ToolCall) []byte {
+	dst = m.closeThinking(dst)
 	dst = append(dst, "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":"...)
 	dst = strconv.AppendInt(dst, int64(m.nblocks), 10)
 	dst = append(dst, `,"content_block":{"type":"tool_use","id":`...)
@@ -200,15 +273,33 @@ func (m *Messages) appendMessage(b []byte, text string, calls []surface.ToolCall
 	b = append(b, `,"type":"message","role":"assistant","model":`...)
 	b = surface.AppendString(b, m.o.Model)
 	b = append(b, `,"content":[`...)
+	n := 0
+	if len(m.reason) > 0 {
+		b = append(b, `{"type":"thinking","thinking":`...)
+		if m.o.OmitThinking {
+			b = append(b, `""`...)
+		} else {
+			b = surface.AppendString(b, string(m.reason))
+		}
+		b = append(b, `,"signature":`...)
+		b = surface.AppendString(b, surface.EncodeReasoning(string(m.reason)))
+		b = append(b, '}')
+		n++
+	}
 	if text != "" {
+		if n > 0 {
+			b = append(b, ',')
+		}
 		b = append(b, `{"type":"text","text":`...)
 		b = surface.AppendString(b, text)
 		b = append(b, '}')
+		n++
 	}
 	for i := range calls {
-		if i > 0 || text != "" {
+		if n > 0 {
 			b = append(b, ',')
 		}
+		n++
 		b = append(b, `{"type":"tool_use","id":`...)
 		b = surface.AppendString(b, calls[i].ID)
 		b = append(b, `,"name":`...)

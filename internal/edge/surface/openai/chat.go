@@ -21,6 +21,13 @@ import (
 //     with "choices": [] and the usage (every earlier chunk then carries
 //     "usage": null), then `data: [DONE]`.
 //
+// The model's reasoning (RunEvent.reasoning_delta, COMPLETE's reasoning)
+// is "reasoning_content" on the message and on stream deltas ({"delta":
+// {"reasoning_content": …}}), before the content: the field llama-server
+// (common/chat.cpp and tools/server/server-chat.cpp at e95dae18), vLLM and
+// DeepSeek use, so one client reads the same field on both paths (Ollama's
+// own /v1 calls it "reasoning"; the Edge reads both back as history).
+//
 // finish_reason is "tool_calls" whenever the message carries tool calls,
 // else the run's "length" or "content_filter" ("stop" for anything else).
 //
@@ -50,6 +57,7 @@ type Chat struct {
 
 	roleSent bool
 	text     surface.Text
+	reason   []byte              // the reasoning so far
 	lp       []*iop.TokenLogprob // logprobs not sent yet
 	prefix   []byte              // `data: {"id":…,"choices":[`
 }
@@ -98,6 +106,12 @@ func (c *Chat) Init(o ChatOptions) {
 func (c *Chat) Event(dst []byte, ev *iop.RunEvent) ([]byte, bool, *surface.Error) {
 	switch ev.Type {
 	case iop.RunEventType_RUN_EVENT_DELTA:
+		if ev.ReasoningDelta != "" {
+			var err *surface.Error
+			if dst, err = c.reasoning(dst, ev.ReasoningDelta); err != nil {
+				return dst, true, err
+			}
+		}
 		return c.delta(dst, ev), false, nil
 	case iop.RunEventType_RUN_EVENT_COMPLETE:
 		out, err := c.complete(dst, ev)
@@ -112,6 +126,25 @@ func (c *Chat) AppendError(dst []byte, e *surface.Error) []byte {
 	dst = append(dst, "data: "...)
 	dst = surface.AppendOpenAIError(dst, e)
 	return append(dst, '\n', '\n')
+}
+
+// reasoning takes the next piece of reasoning: a reasoning_content chunk
+// for a stream, kept for the message otherwise. More than
+// surface.MaxReasoningBytes is a 502.
+func (c *Chat) reasoning(dst []byte, s string) ([]byte, *surface.Error) {
+	if len(c.reason)+len(s) > surface.MaxReasoningBytes {
+		return dst, surface.BadGateway("provider_error", "the provider's reasoning exceeded "+strconv.Itoa(surface.MaxReasoningBytes)+" bytes")
+	}
+	c.reason = append(c.reason, s...)
+	if !c.stream {
+		return dst, nil
+	}
+	dst = c.appendRole(dst)
+	dst = append(dst, c.prefix...)
+	dst = append(dst, `{"index":0,"delta":{"reasoning_content":`...)
+	dst = surface.AppendString(dst, s)
+	dst = append(dst, `},"logprobs":null,"finish_reason":null}`...)
+	return c.endChunk(dst), nil
 }
 
 func (c *Chat) delta(dst []byte, ev *iop.RunEvent) []byte {
@@ -129,6 +162,12 @@ func (c *Chat) delta(dst []byte, ev *iop.RunEvent) []byte {
 func (c *Chat) complete(dst []byte, ev *iop.RunEvent) ([]byte, *surface.Error) {
 	if c.logprobs {
 		c.lp = append(c.lp, ev.Logprobs...)
+	}
+	if len(c.reason) == 0 && ev.Reasoning != "" {
+		var err *surface.Error
+		if dst, err = c.reasoning(dst, ev.Reasoning); err != nil {
+			return dst, err
+		}
 	}
 	pending := c.text.Rest(ev.Content)
 	calls, pending, err := surface.CompleteToolCalls(ev.Metadata, pending, c.tools, c.newID)
@@ -186,6 +225,10 @@ func (c *Chat) finishJSON(b []byte, text string, calls []surface.ToolCall, finis
 		b = append(b, "null"...)
 	} else {
 		b = surface.AppendString(b, text)
+	}
+	if len(c.reason) > 0 {
+		b = append(b, `,"reasoning_content":`...)
+		b = surface.AppendString(b, string(c.reason))
 	}
 	if len(calls) > 0 {
 		b = append(b, `,"tool_calls":[`...)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"iop/internal/edge/surface"
@@ -35,7 +36,7 @@ type chatRequest struct {
 	PresencePenalty     *float64        `json:"presence_penalty"`
 	PromptCacheKey      *string         `json:"prompt_cache_key"`
 	PromptCacheRetain   *string         `json:"prompt_cache_retention"`
-	ReasoningEffort     surface.Seen    `json:"reasoning_effort"`
+	ReasoningEffort     *string         `json:"reasoning_effort"`
 	ResponseFormat      json.RawMessage `json:"response_format"`
 	SafetyIdentifier    *string         `json:"safety_identifier"`
 	Seed                *int64          `json:"seed"`
@@ -66,6 +67,11 @@ type chatMessage struct {
 	Refusal      surface.Seen    `json:"refusal"`
 	Audio        surface.Seen    `json:"audio"`
 	FunctionCall surface.Seen    `json:"function_call"`
+	// The reasoning of an assistant turn sent back as history:
+	// reasoning_content (llama-server, vLLM, DeepSeek) or reasoning
+	// (Ollama's /v1).
+	ReasoningContent *string `json:"reasoning_content"`
+	Reasoning        *string `json:"reasoning"`
 }
 
 type contentPart struct {
@@ -100,7 +106,8 @@ var (
 		surface.M("function", &surface.Shape{Members: []surface.Member{surface.M("name", nil), surface.M("arguments", nil)}})}}
 	chatMessageShape = &surface.Shape{Members: []surface.Member{surface.M("role", nil), surface.M("content", chatPartShape),
 		surface.M("name", nil), surface.M("tool_calls", chatToolCallShape), surface.M("tool_call_id", nil),
-		surface.M("refusal", nil), surface.M("audio", nil), surface.M("function_call", nil)}}
+		surface.M("refusal", nil), surface.M("audio", nil), surface.M("function_call", nil),
+		surface.M("reasoning_content", nil), surface.M("reasoning", nil)}}
 	chatToolShape = &surface.Shape{Members: []surface.Member{surface.M("type", nil),
 		surface.M("function", &surface.Shape{Members: []surface.Member{surface.M("name", nil), surface.M("description", nil),
 			surface.M("parameters", nil), surface.M("strict", nil)}})}}
@@ -118,7 +125,7 @@ var (
 // advisory (no effect on the answer by OpenAI's own definition).
 var ChatFields = []surface.Field{
 	surface.Row("model", surface.Routing, "selects the model group; the provider's target replaces it"),
-	surface.Row("messages", surface.Translated, "messages (developer → system); text parts joined with \"\\n\"; image_url data: URLs → images").Of(chatMessageShape),
+	surface.Row("messages", surface.Translated, "messages (developer → system); text parts joined with \"\\n\"; image_url data: URLs → images; an assistant's reasoning_content (or reasoning, Ollama's /v1 name) → that message's thinking").Of(chatMessageShape),
 	surface.Row("stream", surface.Routing, "RunRequest.stream"),
 	surface.Row("stream_options", surface.Translated, "include_usage: the usage chunk; include_obfuscation: advisory (no obfuscation is added)").Of(chatStreamOptionsShape),
 	surface.Row("audio", surface.Refused, "no audio output"),
@@ -137,7 +144,7 @@ var ChatFields = []surface.Field{
 	surface.Row("presence_penalty", surface.Translated, "options.presence_penalty (-2 to 2)"),
 	surface.Row("prompt_cache_key", surface.Advisory, "a prompt-cache routing hint (a string): the backends cache prompt prefixes by themselves, and prefix_affinity groups route by the conversation"),
 	surface.Row("prompt_cache_retention", surface.Advisory, "a prompt-cache retention hint (in-memory or 24h): the backends keep their caches as they do"),
-	surface.Row("reasoning_effort", surface.Refused, "no reasoning control on the run path"),
+	surface.Row("reasoning_effort", surface.Translated, "think: none → false; minimal, low → \"low\"; medium → \"medium\"; high, xhigh → \"high\"; a target that cannot think is answered without thinking"),
 	surface.Row("response_format", surface.Translated, "json_object → format \"json\"; json_schema → format <schema>; text → none").Of(chatResponseFormatShape),
 	surface.Row("safety_identifier", surface.Advisory, "an end-user id (a string) for the API provider's abuse monitoring; no backend takes one"),
 	surface.Row("seed", surface.Translated, "options.seed"),
@@ -146,7 +153,7 @@ var ChatFields = []surface.Field{
 	surface.Row("store", surface.Refused, "true (nothing is stored); false is the behaviour"),
 	surface.Row("temperature", surface.Translated, "options.temperature (0 to 2)"),
 	surface.Row("tool_choice", surface.Translated, "\"none\" drops the tools, \"auto\" is Ollama's behaviour; \"required\" and a named function are refused by the Ollama adapter").Of(chatToolChoiceShape),
-	surface.Row("tools", surface.Translated, "tools (function tools only; function.strict is passed on but not enforced: Ollama has no constrained decoding of tool arguments)").Of(chatToolShape),
+	surface.Row("tools", surface.Translated, "tools (function tools only, rebuilt from their known members; function.strict is passed on but not enforced: Ollama has no constrained decoding of tool arguments)").Of(chatToolShape),
 	surface.Row("top_logprobs", surface.Translated, "top_logprobs (0–20, needs logprobs)"),
 	surface.Row("top_p", surface.Translated, "options.top_p (0 to 1)"),
 	surface.Row("user", surface.Advisory, "an end-user id (a string) for the API provider's abuse monitoring; no backend takes one"),
@@ -159,21 +166,29 @@ var ChatFields = []surface.Field{
 func ChatRequestFields() []string { return surface.JSONNames(chatRequest{}) }
 
 // ChatParams is what ChatInput read besides the RunInput: the declared tool
-// names (text tool-call fallback), whether the client wants logprobs and
-// at most how many tool calls (0 = any; 1 with parallel_tool_calls false).
+// names (text tool-call fallback), whether the client wants logprobs, at
+// most how many tool calls (0 = any; 1 with parallel_tool_calls false) and
+// Ignored, what the request carried that is not sent to the backend.
 type ChatParams struct {
 	Tools        []string
 	Logprobs     bool
 	MaxToolCalls int
+	Ignored      surface.Ignored
 }
 
-// ChatInput turns a chat completions body into the normalized RunInput the
-// node's run path takes (SPEC Q3; ChatFields says what happens to each
-// field). Errors are 400s naming the field.
+// ChatInput is ChatInputPolicy under surface.RejectUnknown.
 func ChatInput(body []byte) (*iop.RunInput, ChatParams, *surface.Error) {
+	return ChatInputPolicy(body, surface.RejectUnknown)
+}
+
+// ChatInputPolicy turns a chat completions body into the normalized
+// RunInput the node's run path takes (SPEC Q3; ChatFields says what
+// happens to each field, policy what happens to a member ChatFields does
+// not know). Errors are 400s naming the field.
+func ChatInputPolicy(body []byte, policy surface.UnknownFields) (*iop.RunInput, ChatParams, *surface.Error) {
 	var req chatRequest
 	var p ChatParams
-	if e := surface.DecodeRequest(body, &req, ChatFields); e != nil {
+	if e := surface.DecodeRequestPolicy(body, &req, ChatFields, policy, &p.Ignored); e != nil {
 		return nil, p, e
 	}
 	if e := refuseChat(&req); e != nil {
@@ -194,17 +209,16 @@ func ChatInput(body []byte) (*iop.RunInput, ChatParams, *surface.Error) {
 		return nil, p, e
 	}
 	var e *surface.Error
-	if p.Tools, e = FunctionToolNames("tools", req.Tools); e != nil {
+	if in.ToolsJson, p.Tools, e = FunctionTools("tools", req.Tools); e != nil {
 		return nil, p, e
 	}
-	if p.Tools != nil {
-		in.ToolsJson = req.Tools
+	if in.Think, e = Think("reasoning_effort", req.ReasoningEffort); e != nil {
+		return nil, p, e
 	}
 	if surface.Present(req.ToolChoice) {
-		if e := CheckToolChoice("tool_choice", req.ToolChoice); e != nil {
+		if in.ToolChoiceJson, e = ToolChoice("tool_choice", req.ToolChoice); e != nil {
 			return nil, p, e
 		}
-		in.ToolChoiceJson = req.ToolChoice
 	}
 	if req.ParallelToolCalls != nil && !*req.ParallelToolCalls {
 		p.MaxToolCalls = 1
@@ -267,7 +281,6 @@ func refuseChat(r *chatRequest) *surface.Error {
 		{"functions", r.Functions, "deprecated and not supported; use \"tools\""},
 		{"logit_bias", r.LogitBias, "not supported by this model's provider"},
 		{"prediction", r.Prediction, "predicted outputs are not supported by this model's provider"},
-		{"reasoning_effort", r.ReasoningEffort, "not supported by this model's provider"},
 		{"verbosity", r.Verbosity, "not supported by this model's provider"},
 		{"web_search_options", r.WebSearchOptions, "web search is not supported by this model's provider"},
 	} {
@@ -349,6 +362,16 @@ func runMessage(i int, m *chatMessage) (*iop.ChatMessage, *surface.Error) {
 			return nil, e
 		}
 		out.ToolCallsJson = m.ToolCalls
+	}
+	for _, r := range [...]*string{m.ReasoningContent, m.Reasoning} {
+		if r != nil && *r != "" {
+			if m.Role != "assistant" {
+				return nil, surface.BadRequest("messages", "messages[%d]: reasoning is only allowed on assistant messages", i)
+			}
+			if out.Thinking == "" {
+				out.Thinking = *r
+			}
+		}
 	}
 	if m.Role == "tool" && m.ToolCallID == "" {
 		return nil, surface.BadRequest("messages", "messages[%d].tool_call_id is required for role \"tool\"", i)
@@ -446,48 +469,105 @@ func checkToolCalls(i int, raw json.RawMessage) *surface.Error {
 	return nil
 }
 
-// FunctionToolNames checks an OpenAI chat "tools" array (only function
-// tools, each with a name) and returns the names; nil when absent.
-func FunctionToolNames(field string, raw json.RawMessage) ([]string, *surface.Error) {
+// FunctionTools checks an OpenAI chat "tools" array (only function tools,
+// each with a name) and returns it rebuilt from the members the run path
+// knows (type, function.name, description, parameters, strict: an unknown
+// member never reaches the backend) with the names; nil, nil when absent
+// or empty.
+func FunctionTools(field string, raw json.RawMessage) ([]byte, []string, *surface.Error) {
 	if !surface.Present(raw) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	var tools []struct {
 		Type     string `json:"type"`
 		Function struct {
-			Name       string          `json:"name"`
-			Parameters json.RawMessage `json:"parameters"`
+			Name        string          `json:"name"`
+			Description *string         `json:"description"`
+			Parameters  json.RawMessage `json:"parameters"`
+			Strict      *bool           `json:"strict"`
 		} `json:"function"`
 	}
 	if err := json.Unmarshal(raw, &tools); err != nil {
-		return nil, surface.BadRequest(field, "field %q must be an array of tool objects", field)
+		return nil, nil, surface.BadRequest(field, "field %q must be an array of tool objects", field)
+	}
+	if len(tools) == 0 {
+		return nil, nil, nil
 	}
 	names := make([]string, 0, len(tools))
+	out := make([]byte, 0, len(raw))
+	out = append(out, '[')
 	for i, t := range tools {
 		if t.Type != "function" {
-			return nil, surface.BadRequest(field, "%s[%d].type %q is not supported by this model's provider (function tools only)", field, i, t.Type)
+			return nil, nil, surface.BadRequest(field, "%s[%d].type %q is not supported by this model's provider (function tools only)", field, i, t.Type)
 		}
-		if t.Function.Name == "" {
-			return nil, surface.BadRequest(field, "%s[%d].function.name is required", field, i)
+		f := &t.Function
+		if f.Name == "" {
+			return nil, nil, surface.BadRequest(field, "%s[%d].function.name is required", field, i)
 		}
-		if surface.Present(t.Function.Parameters) && t.Function.Parameters[0] != '{' {
-			return nil, surface.BadRequest(field, "%s[%d].function.parameters must be a JSON Schema object", field, i)
+		if surface.Present(f.Parameters) && f.Parameters[0] != '{' {
+			return nil, nil, surface.BadRequest(field, "%s[%d].function.parameters must be a JSON Schema object", field, i)
 		}
-		names = append(names, t.Function.Name)
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = AppendFunctionTool(out, f.Name, f.Description, f.Parameters, f.Strict)
+		names = append(names, f.Name)
 	}
-	return names, nil
+	return append(out, ']'), names, nil
 }
 
-// CheckToolChoice checks an OpenAI chat "tool_choice": "none", "auto",
-// "required" or {"type":"function","function":{"name"}}.
-func CheckToolChoice(field string, raw json.RawMessage) *surface.Error {
+// AppendFunctionTool appends one chat function tool {"type":"function",
+// "function":{"name","description"?,"parameters"?,"strict"?}}.
+func AppendFunctionTool(out []byte, name string, description *string, parameters json.RawMessage, strict *bool) []byte {
+	out = append(out, `{"type":"function","function":{"name":`...)
+	out = surface.AppendString(out, name)
+	if description != nil {
+		out = append(out, `,"description":`...)
+		out = surface.AppendString(out, *description)
+	}
+	if surface.Present(parameters) {
+		out = append(out, `,"parameters":`...)
+		out = append(out, parameters...)
+	}
+	if strict != nil {
+		out = append(out, `,"strict":`...)
+		out = strconv.AppendBool(out, *strict)
+	}
+	return append(out, "}}"...)
+}
+
+// Think maps an OpenAI reasoning effort (chat reasoning_effort, Responses
+// reasoning.effort) to RunInput.think: none → "false"; minimal and low →
+// "low"; medium → "medium"; high and xhigh → "high"; absent → "" (the
+// backend's default). Another value is a 400 naming field.
+func Think(field string, effort *string) (string, *surface.Error) {
+	if effort == nil {
+		return "", nil
+	}
+	switch *effort {
+	case "none":
+		return "false", nil
+	case "minimal", "low":
+		return "low", nil
+	case "medium":
+		return "medium", nil
+	case "high", "xhigh":
+		return "high", nil
+	}
+	return "", surface.BadRequest(field, "field %q: %q is not one of none, minimal, low, medium, high, xhigh", field, *effort)
+}
+
+// ToolChoice checks an OpenAI chat "tool_choice" ("none", "auto",
+// "required" or {"type":"function","function":{"name"}}) and returns it
+// rebuilt from those members only.
+func ToolChoice(field string, raw json.RawMessage) ([]byte, *surface.Error) {
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
 		switch s {
 		case "none", "auto", "required":
-			return nil
+			return surface.AppendString(nil, s), nil
 		}
-		return surface.BadRequest(field, "field %q: want \"none\", \"auto\", \"required\" or a function, got %q", field, s)
+		return nil, surface.BadRequest(field, "field %q: want \"none\", \"auto\", \"required\" or a function, got %q", field, s)
 	}
 	var f struct {
 		Type     string `json:"type"`
@@ -496,15 +576,16 @@ func CheckToolChoice(field string, raw json.RawMessage) *surface.Error {
 		} `json:"function"`
 	}
 	if json.Unmarshal(raw, &f) != nil || f.Type != "function" || f.Function.Name == "" {
-		return surface.BadRequest(field, "field %q: want \"none\", \"auto\", \"required\" or {\"type\":\"function\",\"function\":{\"name\":…}}", field)
+		return nil, surface.BadRequest(field, "field %q: want \"none\", \"auto\", \"required\" or {\"type\":\"function\",\"function\":{\"name\":…}}", field)
 	}
-	return nil
+	return append(surface.AppendString([]byte(`{"type":"function","function":{"name":`), f.Function.Name), "}}"...), nil
 }
 
 // ResponseFormat checks an OpenAI "response_format" and returns it for
-// RunInput.response_format_json: nil for absent or {"type":"text"}, the
-// value for json_object and json_schema (which needs json_schema.schema as
-// an object).
+// RunInput.response_format_json, rebuilt from its known members: nil for
+// absent or {"type":"text"}, {"type":"json_object"}, or
+// {"type":"json_schema","json_schema":{"name","schema","strict"?}} (which
+// needs json_schema.schema as an object).
 func ResponseFormat(field string, raw json.RawMessage) ([]byte, *surface.Error) {
 	if !surface.Present(raw) {
 		return nil, nil
@@ -514,6 +595,7 @@ func ResponseFormat(field string, raw json.RawMessage) ([]byte, *surface.Error) 
 		JSONSchema *struct {
 			Name   string          `json:"name"`
 			Schema json.RawMessage `json:"schema"`
+			Strict *bool           `json:"strict"`
 		} `json:"json_schema"`
 	}
 	if err := json.Unmarshal(raw, &f); err != nil {
@@ -523,12 +605,20 @@ func ResponseFormat(field string, raw json.RawMessage) ([]byte, *surface.Error) 
 	case "text":
 		return nil, nil
 	case "json_object":
-		return raw, nil
+		return []byte(`{"type":"json_object"}`), nil
 	case "json_schema":
-		if f.JSONSchema == nil || len(f.JSONSchema.Schema) == 0 || f.JSONSchema.Schema[0] != '{' {
+		js := f.JSONSchema
+		if js == nil || len(js.Schema) == 0 || js.Schema[0] != '{' {
 			return nil, surface.BadRequest(field, "field %q: json_schema.schema must be a JSON Schema object", field)
 		}
-		return raw, nil
+		b := surface.AppendString([]byte(`{"type":"json_schema","json_schema":{"name":`), js.Name)
+		b = append(b, `,"schema":`...)
+		b = append(b, js.Schema...)
+		if js.Strict != nil {
+			b = append(b, `,"strict":`...)
+			b = strconv.AppendBool(b, *js.Strict)
+		}
+		return append(b, "}}"...), nil
 	}
 	return nil, surface.BadRequest(field, "field %q: type %q is not one of text, json_object, json_schema", field, f.Type)
 }

@@ -39,10 +39,12 @@ func TestChatNestedUnknown(t *testing.T) {
 	}
 	for _, row := range rows {
 		t.Run("issue 14 "+row.name, func(t *testing.T) {
-			_, _, e := ChatInput([]byte(row.body))
+			_, _, e := ChatInputPolicy([]byte(row.body), surface.RejectUnknown)
 			if e == nil || e.Param != row.param || !strings.Contains(e.Message, "unknown field") {
 				t.Fatalf("got %v, want a 400 naming %q", e, row.param)
 			}
+			in, p, e := ChatInputPolicy([]byte(row.body), surface.ReportUnknown)
+			st.CheckReported(t, in, p.Ignored, e, row.param)
 		})
 	}
 }
@@ -72,7 +74,7 @@ func TestChatAdvisoryChecked(t *testing.T) {
 	}
 	for _, row := range rows {
 		t.Run("issue 14 "+row.name, func(t *testing.T) {
-			_, _, e := ChatInput([]byte(`{` + msgs + `,` + row.extra + `}`))
+			_, _, e := ChatInputPolicy([]byte(`{`+msgs+`,`+row.extra+`}`), surface.RejectUnknown)
 			switch {
 			case row.param == "" && e != nil:
 				t.Fatalf("got %v, want nil", e)
@@ -95,7 +97,7 @@ func TestChatToolPairing(t *testing.T) {
 	}
 	for _, row := range rows {
 		t.Run("issue 14 "+row.name, func(t *testing.T) {
-			_, _, e := ChatInput([]byte(`{"messages":[` + row.msgs + `]}`))
+			_, _, e := ChatInputPolicy([]byte(`{"messages":[`+row.msgs+`]}`), surface.RejectUnknown)
 			switch {
 			case row.want == "" && e != nil:
 				t.Fatalf("got %v, want nil", e)

@@ -29,17 +29,34 @@ import (
 //     then response.completed or response.incomplete with the whole
 //     response; a failure after bytes is response.failed.
 //
+// The model's reasoning (RunEvent.reasoning_delta, COMPLETE's reasoning)
+// is a reasoning item before the message (as llama-server e95dae18's
+// tools/server/server-task.cpp streams it, and the Responses API returns
+// the raw reasoning of open-weight models): {"type":"reasoning","id":
+// "rs_…","summary":[],"content":[{"type":"reasoning_text","text"}],
+// "encrypted_content"} — encrypted_content is surface.EncodeReasoning of
+// the text, so that a client that sends back only that (Codex CLI)
+// round-trips it. Streamed: response.output_item.added,
+// response.reasoning_text.delta…, response.reasoning_text.done,
+// response.output_item.done; the message and calls then take the next
+// output indexes.
+//
 // The first events go out with the first text or at COMPLETE, so a failure
 // before any output is still an HTTP error. The zero value is not usable;
 // call Init. Not safe for concurrent use; one per request.
 type Encoder struct {
-	o       Options
-	text    surface.Text
-	seq     int64
-	started bool   // response.created and .in_progress sent
-	open    bool   // the message item and its output_text part were added
-	msgID   string // "msg_…"
-	full    []byte // the whole text sent (stream)
+	o        Options
+	text     surface.Text
+	seq      int64
+	started  bool   // response.created and .in_progress sent
+	open     bool   // the message item and its output_text part were added
+	msgID    string // "msg_…"
+	full     []byte // the whole text sent (stream)
+	rsID     string // "rs_…", once there is reasoning
+	reason   []byte // the reasoning so far
+	thinking bool   // the reasoning item is open (stream)
+	next     int    // the next output_index
+	msgIndex int    // the message item's output_index
 }
 
 // Options describe one response: Model is the client's model name
@@ -57,6 +74,9 @@ type Options struct {
 	Echo         []byte
 	Hold         bool
 	NewID        func() string
+	// Namespaces: a namespaced function's name → its namespace
+	// (Params.Namespaces), echoed on its function_call items.
+	Namespaces map[string]string
 }
 
 // Init makes e ready for one response described by o.
@@ -69,6 +89,12 @@ func (e *Encoder) Init(o Options) {
 func (e *Encoder) Event(dst []byte, ev *iop.RunEvent) ([]byte, bool, *surface.Error) {
 	switch ev.Type {
 	case iop.RunEventType_RUN_EVENT_DELTA:
+		if ev.ReasoningDelta != "" {
+			var err *surface.Error
+			if dst, err = e.appendReasoning(dst, ev.ReasoningDelta); err != nil {
+				return dst, true, err
+			}
+		}
 		if d := e.text.Delta(ev.Delta); d != "" {
 			dst = e.appendDelta(dst, d)
 		}
@@ -95,6 +121,12 @@ type call struct {
 }
 
 func (e *Encoder) complete(dst []byte, ev *iop.RunEvent) ([]byte, *surface.Error) {
+	if len(e.reason) == 0 && ev.Reasoning != "" {
+		var err *surface.Error
+		if dst, err = e.appendReasoning(dst, ev.Reasoning); err != nil {
+			return dst, err
+		}
+	}
 	rest := e.text.Rest(ev.Content)
 	tcs, rest, err := surface.CompleteToolCalls(ev.Metadata, rest, e.o.Tools, e.o.NewID)
 	if err == nil {
@@ -129,13 +161,13 @@ func (e *Encoder) complete(dst []byte, ev *iop.RunEvent) ([]byte, *surface.Error
 		dst = e.appendDelta(dst, rest)
 	}
 	dst = e.start(dst)
-	index := 0
+	dst = e.closeReasoning(dst)
 	if e.open {
 		dst = e.closeMessage(dst, status)
-		index = 1
 	}
 	for i := range calls {
-		dst = e.appendCall(dst, index+i, &calls[i])
+		dst = e.appendCall(dst, e.next, &calls[i])
+		e.next++
 	}
 	typ := "response.completed"
 	if status == "incomplete" {
@@ -174,20 +206,100 @@ func (e *Encoder) start(dst []byte) []byte {
 	return dst
 }
 
-// itemHead appends `,"item_id":…,"output_index":0,"content_index":0`.
+// itemHead appends `,"item_id":…,"output_index":n,"content_index":0`.
 func (e *Encoder) itemHead(dst []byte) []byte {
+	return appendHead(dst, e.msgID, e.msgIndex)
+}
+
+func appendHead(dst []byte, id string, index int) []byte {
 	dst = append(dst, `,"item_id":`...)
-	dst = surface.AppendString(dst, e.msgID)
-	return append(dst, `,"output_index":0,"content_index":0`...)
+	dst = surface.AppendString(dst, id)
+	dst = append(dst, `,"output_index":`...)
+	dst = strconv.AppendInt(dst, int64(index), 10)
+	return append(dst, `,"content_index":0`...)
+}
+
+// appendReasoning takes the next piece of reasoning: for a stream a
+// response.reasoning_text.delta (adding the reasoning item first), else it
+// is kept for the response. More than surface.MaxReasoningBytes is a 502.
+func (e *Encoder) appendReasoning(dst []byte, s string) ([]byte, *surface.Error) {
+	if len(e.reason)+len(s) > surface.MaxReasoningBytes {
+		return dst, surface.BadGateway("provider_error", "the provider's reasoning exceeded "+strconv.Itoa(surface.MaxReasoningBytes)+" bytes")
+	}
+	e.reason = append(e.reason, s...)
+	if e.rsID == "" {
+		e.rsID = "rs_" + e.o.NewID()
+	}
+	if !e.o.Stream || e.open {
+		return dst, nil // after the message started: kept for the item only
+	}
+	dst = e.start(dst)
+	if !e.thinking {
+		e.thinking = true
+		dst = e.event(dst, "response.output_item.added")
+		dst = append(dst, `,"output_index":`...)
+		dst = strconv.AppendInt(dst, int64(e.next), 10)
+		dst = append(dst, `,"item":`...)
+		dst = e.appendReasoningItem(dst, "in_progress", false)
+		dst = append(dst, "}\n\n"...)
+	}
+	dst = e.event(dst, "response.reasoning_text.delta")
+	dst = appendHead(dst, e.rsID, e.next)
+	dst = append(dst, `,"delta":`...)
+	dst = surface.AppendString(dst, s)
+	return append(dst, "}\n\n"...), nil
+}
+
+// closeReasoning ends an open reasoning item (stream).
+func (e *Encoder) closeReasoning(dst []byte) []byte {
+	if !e.thinking {
+		return dst
+	}
+	e.thinking = false
+	dst = e.event(dst, "response.reasoning_text.done")
+	dst = appendHead(dst, e.rsID, e.next)
+	dst = append(dst, `,"text":`...)
+	dst = surface.AppendString(dst, string(e.reason))
+	dst = append(dst, "}\n\n"...)
+	dst = e.event(dst, "response.output_item.done")
+	dst = append(dst, `,"output_index":`...)
+	dst = strconv.AppendInt(dst, int64(e.next), 10)
+	dst = append(dst, `,"item":`...)
+	dst = e.appendReasoningItem(dst, "completed", true)
+	e.next++
+	return append(dst, "}\n\n"...)
+}
+
+// appendReasoningItem appends the reasoning item; with full its text and
+// encrypted_content.
+func (e *Encoder) appendReasoningItem(dst []byte, status string, full bool) []byte {
+	dst = append(dst, `{"id":`...)
+	dst = surface.AppendString(dst, e.rsID)
+	dst = append(dst, `,"type":"reasoning","status":`...)
+	dst = surface.AppendString(dst, status)
+	dst = append(dst, `,"summary":[],"content":[`...)
+	if full {
+		dst = append(dst, `{"type":"reasoning_text","text":`...)
+		dst = surface.AppendString(dst, string(e.reason))
+		dst = append(dst, `}],"encrypted_content":`...)
+		dst = surface.AppendString(dst, surface.EncodeReasoning(string(e.reason)))
+		return append(dst, '}')
+	}
+	return append(dst, `]}`...)
 }
 
 func (e *Encoder) appendDelta(dst []byte, d string) []byte {
 	dst = e.start(dst)
+	dst = e.closeReasoning(dst)
 	if !e.open {
 		e.open = true
 		e.msgID = "msg_" + e.o.NewID()
+		e.msgIndex = e.next
+		e.next++
 		dst = e.event(dst, "response.output_item.added")
-		dst = append(dst, `,"output_index":0,"item":`...)
+		dst = append(dst, `,"output_index":`...)
+		dst = strconv.AppendInt(dst, int64(e.msgIndex), 10)
+		dst = append(dst, `,"item":`...)
 		dst = e.appendMessageItem(dst, "in_progress", nil, false)
 		dst = append(dst, "}\n\n"...)
 		dst = e.event(dst, "response.content_part.added")
@@ -214,7 +326,9 @@ func (e *Encoder) closeMessage(dst []byte, status string) []byte {
 	dst = appendTextPart(dst, e.full)
 	dst = append(dst, "}\n\n"...)
 	dst = e.event(dst, "response.output_item.done")
-	dst = append(dst, `,"output_index":0,"item":`...)
+	dst = append(dst, `,"output_index":`...)
+	dst = strconv.AppendInt(dst, int64(e.msgIndex), 10)
+	dst = append(dst, `,"item":`...)
 	dst = e.appendMessageItem(dst, status, e.full, true)
 	return append(dst, "}\n\n"...)
 }
@@ -224,7 +338,7 @@ func (e *Encoder) appendCall(dst []byte, index int, c *call) []byte {
 	dst = append(dst, `,"output_index":`...)
 	dst = strconv.AppendInt(dst, int64(index), 10)
 	dst = append(dst, `,"item":`...)
-	dst = appendCallItem(dst, c, "in_progress", "")
+	dst = e.appendCallItem(dst, c, "in_progress", "")
 	dst = append(dst, "}\n\n"...)
 	dst = e.event(dst, "response.function_call_arguments.delta")
 	dst = e.callHead(dst, index, c)
@@ -242,7 +356,7 @@ func (e *Encoder) appendCall(dst []byte, index int, c *call) []byte {
 	dst = append(dst, `,"output_index":`...)
 	dst = strconv.AppendInt(dst, int64(index), 10)
 	dst = append(dst, `,"item":`...)
-	dst = appendCallItem(dst, c, "completed", c.Arguments)
+	dst = e.appendCallItem(dst, c, "completed", c.Arguments)
 	return append(dst, "}\n\n"...)
 }
 
@@ -273,7 +387,7 @@ func (e *Encoder) appendMessageItem(dst []byte, status string, text []byte, part
 	return append(dst, `],"role":"assistant"}`...)
 }
 
-func appendCallItem(dst []byte, c *call, status, args string) []byte {
+func (e *Encoder) appendCallItem(dst []byte, c *call, status, args string) []byte {
 	dst = append(dst, `{"id":`...)
 	dst = surface.AppendString(dst, c.id)
 	dst = append(dst, `,"type":"function_call","status":`...)
@@ -284,6 +398,10 @@ func appendCallItem(dst []byte, c *call, status, args string) []byte {
 	dst = surface.AppendString(dst, c.ID)
 	dst = append(dst, `,"name":`...)
 	dst = surface.AppendString(dst, c.Name)
+	if ns := e.o.Namespaces[c.Name]; ns != "" {
+		dst = append(dst, `,"namespace":`...)
+		dst = surface.AppendString(dst, ns)
+	}
 	return append(dst, '}')
 }
 
@@ -323,7 +441,14 @@ func (e *Encoder) appendResponse(dst []byte, status string, err *surface.Error, 
 	dst = surface.AppendString(dst, e.o.Model)
 	dst = append(dst, `,"output":[`...)
 	n := 0
+	if len(e.reason) > 0 && status != "in_progress" && status != "failed" {
+		dst = e.appendReasoningItem(dst, "completed", true)
+		n++
+	}
 	if len(text) > 0 {
+		if n > 0 {
+			dst = append(dst, ',')
+		}
 		dst = e.appendMessageItem(dst, msgStatus(status), text, true)
 		n++
 	}
@@ -331,7 +456,7 @@ func (e *Encoder) appendResponse(dst []byte, status string, err *surface.Error, 
 		if n > 0 {
 			dst = append(dst, ',')
 		}
-		dst = appendCallItem(dst, &calls[i], "completed", calls[i].Arguments)
+		dst = e.appendCallItem(dst, &calls[i], "completed", calls[i].Arguments)
 		n++
 	}
 	dst = append(dst, `],"usage":`...)

@@ -37,10 +37,12 @@ func TestNestedUnknown(t *testing.T) {
 	}
 	for _, row := range rows {
 		t.Run("issue 14 "+row.name, func(t *testing.T) {
-			_, _, e := Input([]byte(row.body))
+			_, _, e := InputPolicy([]byte(row.body), surface.RejectUnknown)
 			if e == nil || e.Param != row.param || !strings.Contains(e.Message, "unknown field") {
 				t.Fatalf("got %v, want a 400 naming %q", e, row.param)
 			}
+			in, p, e := InputPolicy([]byte(row.body), surface.ReportUnknown)
+			st.CheckReported(t, in, p.Ignored, e, row.param)
 		})
 	}
 }
@@ -64,7 +66,7 @@ func TestAdvisoryChecked(t *testing.T) {
 	}
 	for _, row := range rows {
 		t.Run("issue 14 "+row.name, func(t *testing.T) {
-			_, p, e := Input([]byte(`{"input":"hi",` + row.extra + `}`))
+			_, p, e := InputPolicy([]byte(`{"input":"hi",`+row.extra+`}`), surface.RejectUnknown)
 			switch {
 			case row.param == "" && e != nil:
 				t.Fatalf("got %v, want nil", e)
@@ -88,7 +90,7 @@ func TestToolPairing(t *testing.T) {
 	}
 	for _, row := range rows {
 		t.Run("issue 14 "+row.name, func(t *testing.T) {
-			_, _, e := Input([]byte(`{"input":[` + row.items + `]}`))
+			_, _, e := InputPolicy([]byte(`{"input":[`+row.items+`]}`), surface.RejectUnknown)
 			switch {
 			case row.want == "" && e != nil:
 				t.Fatalf("got %v, want nil", e)
@@ -104,7 +106,7 @@ func TestSamplingRanges(t *testing.T) {
 	rows := []struct{ extra, param string }{{`"temperature":0`, ""}, {`"temperature":9`, "temperature"}, {`"top_p":2`, "top_p"}}
 	for _, row := range rows {
 		t.Run("issue 14 "+row.extra, func(t *testing.T) {
-			_, _, e := Input([]byte(`{"input":"hi",` + row.extra + `}`))
+			_, _, e := InputPolicy([]byte(`{"input":"hi",`+row.extra+`}`), surface.RejectUnknown)
 			switch {
 			case row.param == "" && e != nil:
 				t.Fatalf("got %v, want nil", e)
@@ -124,7 +126,7 @@ func TestToolShapes(t *testing.T) {
 	}
 	for _, row := range rows {
 		t.Run("issue 14 "+row.name, func(t *testing.T) {
-			_, _, e := Input([]byte(row.body))
+			_, _, e := InputPolicy([]byte(row.body), surface.RejectUnknown)
 			if e == nil || !strings.Contains(e.Message, row.want) {
 				t.Fatalf("got %v, want a 400 with %q", e, row.want)
 			}

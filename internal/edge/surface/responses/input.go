@@ -3,6 +3,7 @@ package responses
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -22,6 +23,7 @@ type request struct {
 	MaxOutputTokens    *int64          `json:"max_output_tokens"`
 	MaxToolCalls       *int64          `json:"max_tool_calls"`
 	Background         *bool           `json:"background"`
+	ClientMetadata     json.RawMessage `json:"client_metadata"`
 	Conversation       surface.Seen    `json:"conversation"`
 	Include            []string        `json:"include"`
 	Metadata           json.RawMessage `json:"metadata"`
@@ -67,19 +69,40 @@ type tool struct {
 	Description *string         `json:"description"`
 	Parameters  json.RawMessage `json:"parameters"`
 	Strict      *bool           `json:"strict"`
+	Tools       []tool          `json:"tools"` // type "namespace": its function tools
 }
+
+// builtinTools are the Responses API's hosted and built-in tool types: the
+// service runs them (or, for local_shell, computer use and custom
+// tools, needs a grammar or a protocol Ollama has no place for). Such a
+// tool is not offered to the model and is reported; the model answers
+// without it, as if the client had not offered it. Any other type is a
+// 400 naming it.
+var builtinTools = []string{"web_search", "web_search_preview", "web_search_preview_2025_03_11", "web_search_2025_08_26",
+	"file_search", "code_interpreter", "image_generation", "computer_use_preview", "computer_use", "mcp", "local_shell",
+	"shell", "apply_patch", "custom", "tool_search"}
 
 // item is any input item.
 type item struct {
-	Type      string          `json:"type"`
-	ID        string          `json:"id"`
-	Role      string          `json:"role"`
-	Content   json.RawMessage `json:"content"`
-	Status    string          `json:"status"`
-	CallID    string          `json:"call_id"`
-	Name      string          `json:"name"`
-	Arguments *string         `json:"arguments"`
-	Output    json.RawMessage `json:"output"`
+	Type             string          `json:"type"`
+	ID               string          `json:"id"`
+	Role             string          `json:"role"`
+	Content          json.RawMessage `json:"content"`
+	Status           string          `json:"status"`
+	CallID           string          `json:"call_id"`
+	Name             string          `json:"name"`
+	Namespace        string          `json:"namespace"`
+	Arguments        *string         `json:"arguments"`
+	Output           json.RawMessage `json:"output"`
+	Summary          []reasoningPart `json:"summary"`
+	EncryptedContent *string         `json:"encrypted_content"`
+}
+
+// reasoningPart is one part of a reasoning item's summary (summary_text)
+// or content (reasoning_text).
+type reasoningPart struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
 }
 
 type part struct {
@@ -110,14 +133,21 @@ var (
 		Types: []surface.Variant{
 			{Type: "", Members: messageMembers},
 			{Type: "message", Members: messageMembers},
-			{Type: "function_call", Members: []surface.Member{surface.M("call_id", nil), surface.M("name", nil), surface.M("arguments", nil)}},
+			{Type: "function_call", Members: []surface.Member{surface.M("call_id", nil), surface.M("name", nil),
+				surface.M("namespace", nil), surface.M("arguments", nil)}},
 			{Type: "function_call_output", Members: []surface.Member{surface.M("call_id", nil), surface.M("output", partShape)}},
+			{Type: "reasoning", Members: []surface.Member{surface.M("summary", reasoningPartShape),
+				surface.M("content", reasoningPartShape), surface.M("encrypted_content", nil)}},
 		},
 	}
+	reasoningPartShape = &surface.Shape{Members: []surface.Member{surface.M("type", nil), surface.M("text", nil)}}
+	functionMembers    = []surface.Member{surface.M("name", nil), surface.M("description", nil), surface.M("parameters", nil), surface.M("strict", nil)}
+	namespacedShape    = &surface.Shape{Members: []surface.Member{surface.M("type", nil)},
+		Types: []surface.Variant{{Type: "function", Members: functionMembers}}}
 	toolShape = &surface.Shape{
 		Members: []surface.Member{surface.M("type", nil)},
-		Types: []surface.Variant{{Type: "function", Members: []surface.Member{surface.M("name", nil), surface.M("description", nil),
-			surface.M("parameters", nil), surface.M("strict", nil)}}},
+		Types: []surface.Variant{{Type: "function", Members: functionMembers},
+			{Type: "namespace", Members: []surface.Member{surface.M("name", nil), surface.M("description", nil), surface.M("tools", namespacedShape)}}},
 	}
 	toolChoiceShape = &surface.Shape{
 		Members: []surface.Member{surface.M("type", nil)},
@@ -141,20 +171,21 @@ var (
 // every field request parses has a row.
 var Fields = []surface.Field{
 	surface.Row("model", surface.Routing, "selects the model group; the provider's target replaces it"),
-	surface.Row("input", surface.Translated, "a string or items: messages (input_text/output_text joined with \"\\n\", input_image data: URLs → images), function_call → assistant tool_calls, function_call_output → tool messages").Of(itemShape),
+	surface.Row("input", surface.Translated, "a string or items: messages (input_text/output_text joined with \"\\n\", input_image data: URLs → images), function_call → assistant tool_calls (its namespace is the client's: the call goes by name), function_call_output → tool messages, reasoning → the next assistant message's thinking (its reasoning_text content, else summary_text, else the text an iop encrypted_content carries; another provider's encrypted_content cannot be read and is dropped)").Of(itemShape),
 	surface.Row("instructions", surface.Translated, "a system message first"),
 	surface.Row("max_output_tokens", surface.Translated, "options.num_predict; the limit ends the response as incomplete"),
 	surface.Row("max_tool_calls", surface.Advisory, "limits calls to built-in tools (a count ≥ 0), and there are none"),
 	surface.Row("background", surface.Refused, "true (stateless); false is the behaviour"),
+	surface.Row("client_metadata", surface.Advisory, "the client's own tags for its vendor's logs (Codex CLI sends its session and turn ids; an object): no effect on the answer, no backend takes them"),
 	surface.Row("conversation", surface.Refused, "stateless: no stored conversations"),
-	surface.Row("include", surface.Refused, "any value but reasoning.encrypted_content (no reasoning items are produced, so it adds nothing)"),
+	surface.Row("include", surface.Refused, "any value but reasoning.encrypted_content (reasoning items always carry it: the reasoning text, base64, for clients that send back only that)"),
 	surface.Row("metadata", surface.Advisory, "tags (16 string pairs, checked) echoed on the response object; no effect on the answer"),
 	surface.Row("parallel_tool_calls", surface.Translated, "false: the Edge returns at most one function call"),
 	surface.Row("previous_response_id", surface.Refused, "stateless: no stored responses"),
 	surface.Row("prompt", surface.Refused, "no stored prompt templates"),
 	surface.Row("prompt_cache_key", surface.Advisory, "a prompt-cache routing hint (a string): the backends cache prompt prefixes by themselves, and prefix_affinity groups route by the conversation"),
 	surface.Row("prompt_cache_retention", surface.Advisory, "a prompt-cache retention hint (in-memory or 24h): the backends keep their caches as they do"),
-	surface.Row("reasoning", surface.Refused, "any non-null effort or summary: no reasoning control on the run path").Of(reasoningShape),
+	surface.Row("reasoning", surface.Translated, "effort → think (none → false; minimal, low → \"low\"; medium; high, xhigh → \"high\"); a target that cannot think is answered without thinking; summary and generate_summary (auto, concise, detailed) advisory: no summarizer, the reasoning itself is returned as the reasoning item's reasoning_text content").Of(reasoningShape),
 	surface.Row("safety_identifier", surface.Advisory, "an end-user id (a string) for the API provider's abuse monitoring; no backend takes one"),
 	surface.Row("service_tier", surface.Advisory, "a processing tier (auto, default, flex, scale, priority): every request is served alike"),
 	surface.Row("store", surface.Refused, "true (stateless); false is the behaviour"),
@@ -163,7 +194,7 @@ var Fields = []surface.Field{
 	surface.Row("temperature", surface.Translated, "options.temperature (0 to 2)"),
 	surface.Row("text", surface.Translated, "format: json_object → format \"json\", json_schema → format <schema>; verbosity refused").Of(textShape),
 	surface.Row("tool_choice", surface.Translated, "\"none\" drops the tools, \"auto\" is Ollama's behaviour; \"required\" and a named function are refused by the Ollama adapter; other kinds refused").Of(toolChoiceShape),
-	surface.Row("tools", surface.Translated, "function tools → tools; built-in tools refused; strict (default true, echoed) is passed on but not enforced: Ollama has no constrained decoding of tool arguments").Of(toolShape),
+	surface.Row("tools", surface.Translated, "function tools → tools; a namespace's function tools → tools under their own names; built-in and hosted tools (web_search, file_search, code_interpreter, mcp, local_shell, custom, …) are not offered to the model and are reported; strict (default true, echoed) is passed on but not enforced: Ollama has no constrained decoding of tool arguments").Of(toolShape),
 	surface.Row("top_logprobs", surface.Refused, "any value but 0: output_text logprobs are not offered on this surface"),
 	surface.Row("top_p", surface.Translated, "options.top_p (0 to 1)"),
 	surface.Row("truncation", surface.Translated, "\"auto\" → truncate true, \"disabled\" (the default) → truncate false"),
@@ -176,21 +207,31 @@ func RequestFields() []string { return surface.JSONNames(request{}) }
 
 // Params is what Input read besides the RunInput: the declared tool names,
 // at most how many calls to return (0 = any; 1 with parallel_tool_calls
-// false) and Echo, the JSON members the response object repeats from the
-// request (`"instructions":…,…,"user":null`, without braces).
+// false), Echo, the JSON members the response object repeats from the
+// request (`"instructions":…,…,"user":null`, without braces), Namespaces
+// (a namespaced function's name → its namespace, for the function_call
+// items) and Ignored, what the request carried that is not sent to the
+// backend.
 type Params struct {
 	Tools        []string
 	MaxToolCalls int
 	Echo         []byte
+	Namespaces   map[string]string
+	Ignored      surface.Ignored
 }
 
-// Input turns a Responses body into the normalized RunInput (SPEC Q3;
-// Fields says what happens to each field). Errors are 400s naming the
-// field.
+// Input is InputPolicy under surface.RejectUnknown.
 func Input(body []byte) (*iop.RunInput, Params, *surface.Error) {
+	return InputPolicy(body, surface.RejectUnknown)
+}
+
+// InputPolicy turns a Responses body into the normalized RunInput (SPEC
+// Q3; Fields says what happens to each field, policy what happens to a
+// member Fields does not know). Errors are 400s naming the field.
+func InputPolicy(body []byte, policy surface.UnknownFields) (*iop.RunInput, Params, *surface.Error) {
 	var req request
 	var p Params
-	if e := surface.DecodeRequest(body, &req, Fields); e != nil {
+	if e := surface.DecodeRequestPolicy(body, &req, Fields, policy, &p.Ignored); e != nil {
 		return nil, p, e
 	}
 	if e := refuse(&req); e != nil {
@@ -208,11 +249,25 @@ func Input(body []byte) (*iop.RunInput, Params, *surface.Error) {
 	if e := surface.CheckToolPairing("input", surface.Terms{Call: "function_call", Result: "function_call_output"}, msgs); e != nil {
 		return nil, p, e
 	}
-	toolsJSON, names, e := convertTools(req.Tools)
+	toolsJSON, names, e := convertTools(req.Tools, &p)
 	if e != nil {
 		return nil, p, e
 	}
 	in.ToolsJson, p.Tools = toolsJSON, names
+	if req.Reasoning != nil {
+		var effort *string
+		if surface.Present(req.Reasoning.Effort) {
+			var s string
+			if json.Unmarshal(req.Reasoning.Effort, &s) != nil {
+				return nil, p, surface.BadRequest("reasoning", "field \"reasoning.effort\" must be a string")
+			}
+			effort = &s
+		}
+		if in.Think, e = openai.Think("reasoning", effort); e != nil {
+			e.Message = strings.Replace(e.Message, `"reasoning"`, `"reasoning.effort"`, 1)
+			return nil, p, e
+		}
+	}
 	if in.ToolChoiceJson, e = toolChoice(req.ToolChoice); e != nil {
 		return nil, p, e
 	}
@@ -273,8 +328,22 @@ func refuse(r *request) *surface.Error {
 	case r.Text != nil && surface.Present(r.Text.Verbosity):
 		return surface.BadRequest("text", "field \"text.verbosity\" is not supported by this model's provider")
 	}
-	if r.Reasoning != nil && (surface.Present(r.Reasoning.Effort) || surface.Present(r.Reasoning.Summary) || surface.Present(r.Reasoning.GenerateSummary)) {
-		return surface.BadRequest("reasoning", "field \"reasoning\": reasoning control is not supported by this model's provider")
+	if r.Reasoning != nil {
+		for _, f := range [...]struct {
+			name string
+			raw  json.RawMessage
+		}{{"reasoning.summary", r.Reasoning.Summary}, {"reasoning.generate_summary", r.Reasoning.GenerateSummary}} {
+			if !surface.Present(f.raw) {
+				continue
+			}
+			var s string
+			if json.Unmarshal(f.raw, &s) != nil || (s != "auto" && s != "concise" && s != "detailed" && s != "none") {
+				return surface.BadRequest("reasoning", "field %q must be one of auto, concise, detailed, none", f.name)
+			}
+		}
+	}
+	if surface.Present(r.ClientMetadata) && r.ClientMetadata[0] != '{' {
+		return surface.BadRequest("client_metadata", "field \"client_metadata\" must be an object")
 	}
 	if r.MaxToolCalls != nil && *r.MaxToolCalls < 0 {
 		return surface.BadRequest("max_tool_calls", "field \"max_tool_calls\" must not be negative")
@@ -312,14 +381,28 @@ func convertInput(raw json.RawMessage) ([]*iop.ChatMessage, *surface.Error) {
 		return nil, surface.BadRequest("input", "field \"input\" must hold at least one item")
 	}
 	var out []*iop.ChatMessage
+	thinking := "" // a reasoning item's text, for the next assistant message
 	for i := range items {
 		it := &items[i]
 		at := "input[" + strconv.Itoa(i) + "]"
+		if thinking != "" && !(it.Type == "function_call" || it.Type == "reasoning" || (it.Type != "function_call_output" && it.Role == "assistant")) {
+			out = append(out, &iop.ChatMessage{Role: "assistant", Thinking: thinking}) // reasoning that led to no message
+			thinking = ""
+		}
 		switch it.Type {
+		case "reasoning":
+			text := reasoningText(it)
+			if text != "" && thinking != "" {
+				thinking += "\n"
+			}
+			thinking += text
 		case "", "message":
 			m, e := message(at, it)
 			if e != nil {
 				return nil, e
+			}
+			if m.Role == "assistant" && thinking != "" {
+				m.Thinking, thinking = thinking, ""
 			}
 			out = append(out, m)
 		case "function_call":
@@ -334,11 +417,12 @@ func convertInput(raw json.RawMessage) ([]*iop.ChatMessage, *surface.Error) {
 				return nil, surface.BadRequest("input", "%s.arguments must be a string holding a JSON object", at)
 			}
 			var last *iop.ChatMessage
-			if n := len(out); n > 0 && out[n-1].Role == "assistant" {
+			if n := len(out); n > 0 && out[n-1].Role == "assistant" && thinking == "" {
 				last = out[n-1]
 			} else {
-				last = &iop.ChatMessage{Role: "assistant"}
+				last = &iop.ChatMessage{Role: "assistant", Thinking: thinking}
 				out = append(out, last)
+				thinking = ""
 			}
 			last.ToolCallsJson = appendCall(last.ToolCallsJson, it.CallID, it.Name, args)
 		case "function_call_output":
@@ -351,10 +435,49 @@ func convertInput(raw json.RawMessage) ([]*iop.ChatMessage, *surface.Error) {
 			}
 			out = append(out, &iop.ChatMessage{Role: "tool", ToolCallId: it.CallID, Content: text})
 		default:
-			return nil, surface.BadRequest("input", "%s: item type %q is not supported by this model's provider (message, function_call, function_call_output)", at, it.Type)
+			return nil, surface.BadRequest("input", "%s: item type %q is not supported by this model's provider (message, function_call, function_call_output, reasoning)", at, it.Type)
 		}
 	}
+	if thinking != "" {
+		out = append(out, &iop.ChatMessage{Role: "assistant", Thinking: thinking})
+	}
 	return out, nil
+}
+
+// reasoningText is the text of a reasoning input item: its reasoning_text
+// content, else its summary_text parts, else the text of an iop
+// encrypted_content (surface.DecodeReasoning); "" when it has none the run
+// path can read.
+func reasoningText(it *item) string {
+	var b strings.Builder
+	if surface.Present(it.Content) && it.Content[0] == '[' {
+		var parts []reasoningPart
+		if json.Unmarshal(it.Content, &parts) == nil {
+			for _, p := range parts {
+				if p.Type == "reasoning_text" && p.Text != "" {
+					if b.Len() > 0 {
+						b.WriteByte('\n')
+					}
+					b.WriteString(p.Text)
+				}
+			}
+		}
+	}
+	if b.Len() == 0 {
+		for _, p := range it.Summary {
+			if p.Type == "summary_text" && p.Text != "" {
+				if b.Len() > 0 {
+					b.WriteByte('\n')
+				}
+				b.WriteString(p.Text)
+			}
+		}
+	}
+	if b.Len() == 0 && it.EncryptedContent != nil {
+		text, _ := surface.DecodeReasoning(*it.EncryptedContent)
+		return text
+	}
+	return b.String()
 }
 
 // appendCall adds one OpenAI-shaped tool call to a tool_calls JSON array.
@@ -461,43 +584,70 @@ func outputText(at string, raw json.RawMessage) (string, *surface.Error) {
 	return "", surface.BadRequest("input", "%s.output must be a string or an array of input_text parts", at)
 }
 
-// convertTools turns Responses function tools into an OpenAI chat "tools"
-// array and their names.
-func convertTools(tools []tool) ([]byte, []string, *surface.Error) {
+// convertTools turns Responses function tools (and the function tools of
+// a namespace, under their own names, recorded in p.Namespaces) into an
+// OpenAI chat "tools" array and their names. A built-in or hosted tool
+// (builtinTools) is not offered and is reported in p.Ignored; any other
+// type is a 400 naming it, as is a name offered twice.
+func convertTools(tools []tool, p *Params) ([]byte, []string, *surface.Error) {
 	if len(tools) == 0 {
 		return nil, nil, nil
 	}
 	out := []byte{'['}
 	names := make([]string, 0, len(tools))
-	for i, t := range tools {
-		if t.Type != "function" {
-			return nil, nil, surface.BadRequest("tools", "tools[%d].type %q: built-in tools are not supported by this model's provider (function tools only)", i, t.Type)
-		}
+	add := func(at string, t *tool, ns string) *surface.Error {
 		if t.Name == "" {
-			return nil, nil, surface.BadRequest("tools", "tools[%d].name is required", i)
+			return surface.BadRequest("tools", "%s.name is required", at)
 		}
 		if surface.Present(t.Parameters) && t.Parameters[0] != '{' {
-			return nil, nil, surface.BadRequest("tools", "tools[%d].parameters must be a JSON Schema object", i)
+			return surface.BadRequest("tools", "%s.parameters must be a JSON Schema object", at)
 		}
-		if i > 0 {
+		if slices.Contains(names, t.Name) {
+			return surface.BadRequest("tools", "%s: a tool named %q is offered twice", at, t.Name)
+		}
+		if len(names) > 0 {
 			out = append(out, ',')
 		}
-		out = append(out, `{"type":"function","function":{"name":`...)
-		out = surface.AppendString(out, t.Name)
-		if t.Description != nil {
-			out = append(out, `,"description":`...)
-			out = surface.AppendString(out, *t.Description)
-		}
-		if surface.Present(t.Parameters) {
-			out = append(out, `,"parameters":`...)
-			out = append(out, t.Parameters...)
-		}
-		if t.Strict != nil {
-			out = append(out, `,"strict":`...)
-			out = strconv.AppendBool(out, *t.Strict)
-		}
-		out = append(out, "}}"...)
+		out = openai.AppendFunctionTool(out, t.Name, t.Description, t.Parameters, t.Strict)
 		names = append(names, t.Name)
+		if ns != "" {
+			if p.Namespaces == nil {
+				p.Namespaces = map[string]string{}
+			}
+			p.Namespaces[t.Name] = ns
+		}
+		return nil
+	}
+	for i := range tools {
+		t := &tools[i]
+		at := "tools[" + strconv.Itoa(i) + "]"
+		switch {
+		case t.Type == "function":
+			if e := add(at, t, ""); e != nil {
+				return nil, nil, e
+			}
+		case t.Type == "namespace":
+			if t.Name == "" {
+				return nil, nil, surface.BadRequest("tools", "%s.name is required", at)
+			}
+			for j := range t.Tools {
+				sub := &t.Tools[j]
+				sat := at + ".tools[" + strconv.Itoa(j) + "]"
+				if sub.Type != "function" {
+					return nil, nil, surface.BadRequest("tools", "%s.type %q: a namespace holds function tools only", sat, sub.Type)
+				}
+				if e := add(sat, sub, t.Name); e != nil {
+					return nil, nil, e
+				}
+			}
+		case slices.Contains(builtinTools, t.Type):
+			p.Ignored.Add(at, "tools")
+		default:
+			return nil, nil, surface.BadRequest("tools", "%s.type %q is not a tool type this model's provider knows (function, namespace; built-in tools are not offered)", at, t.Type)
+		}
+	}
+	if len(names) == 0 {
+		return nil, nil, nil
 	}
 	return append(out, ']'), names, nil
 }
@@ -588,7 +738,15 @@ func echo(r *request, truncation string) []byte {
 	b = raw(b, r.Metadata, "{}")
 	b = append(b, `,"parallel_tool_calls":`...)
 	b = strconv.AppendBool(b, r.ParallelToolCalls == nil || *r.ParallelToolCalls)
-	b = append(b, `,"previous_response_id":null,"reasoning":{"effort":null,"summary":null},"store":false,"temperature":`...)
+	b = append(b, `,"previous_response_id":null,"reasoning":{"effort":`...)
+	var effort, summary json.RawMessage
+	if r.Reasoning != nil {
+		effort, summary = r.Reasoning.Effort, r.Reasoning.Summary
+	}
+	b = raw(b, effort, "null")
+	b = append(b, `,"summary":`...)
+	b = raw(b, summary, "null")
+	b = append(b, `},"store":false,"temperature":`...)
 	b = appendFloat(b, r.Temperature, 1)
 	b = append(b, `,"text":{"format":`...)
 	if r.Text != nil {
@@ -599,10 +757,15 @@ func echo(r *request, truncation string) []byte {
 	b = append(b, `},"tool_choice":`...)
 	b = raw(b, r.ToolChoice, `"auto"`)
 	b = append(b, `,"tools":[`...)
-	for i, t := range r.Tools {
-		if i > 0 {
+	n := 0
+	for _, t := range r.Tools {
+		if t.Type != "function" {
+			continue // offered as functions or not at all (convertTools)
+		}
+		if n > 0 {
 			b = append(b, ',')
 		}
+		n++
 		b = append(b, `{"type":"function","name":`...)
 		b = surface.AppendString(b, t.Name)
 		b = append(b, `,"description":`...)

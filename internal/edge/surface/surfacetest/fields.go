@@ -2,9 +2,11 @@ package surfacetest
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"iop/internal/edge/surface"
+	iop "iop/proto/gen/iop"
 )
 
 // CheckFieldTable checks a surface's request field table against the
@@ -48,6 +50,40 @@ func CheckShape(t testing.TB, what string, sh *surface.Shape, parsed []string) {
 	for _, n := range allowed {
 		if !slices.Contains(parsed, n) {
 			t.Errorf("%s: the shape allows %q but the parser drops it", what, n)
+		}
+	}
+}
+
+// CheckReported checks one request with an unknown member at path under
+// surface.ReportUnknown: it is never a 400 for that member; when the
+// request is otherwise valid, the member is in the Ignored report and its
+// key is in none of the JSON the RunInput carries to the node (tools,
+// tool_choice, response_format, each message's tool_calls): reported,
+// not forwarded.
+func CheckReported(t testing.TB, in *iop.RunInput, ig surface.Ignored, e *surface.Error, path string) {
+	t.Helper()
+	if e != nil {
+		if strings.Contains(e.Message, "unknown field") {
+			t.Fatalf("report mode: got %v, want the unknown member %q accepted", e, path)
+		}
+		return // the body is invalid for another reason; the member itself passed
+	}
+	found := false
+	for _, f := range ig.Fields {
+		found = found || f.Path == path
+	}
+	if !found {
+		t.Fatalf("report mode: Ignored %+v does not name %q", ig, path)
+	}
+	key := path[strings.LastIndexAny(path, ".")+1:]
+	needle := `"` + key + `":`
+	raws := [][]byte{in.GetToolsJson(), in.GetToolChoiceJson(), in.GetResponseFormatJson()}
+	for _, m := range in.GetMessages() {
+		raws = append(raws, m.GetToolCallsJson())
+	}
+	for _, r := range raws {
+		if strings.Contains(string(r), needle) {
+			t.Fatalf("report mode: the unknown member %q reaches the node in %s", path, r)
 		}
 	}
 }

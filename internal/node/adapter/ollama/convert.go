@@ -21,11 +21,13 @@ type chatRequest struct {
 	Truncate    *bool           `json:"truncate,omitempty"`
 	Logprobs    bool            `json:"logprobs,omitempty"`
 	TopLogprobs int32           `json:"top_logprobs,omitempty"`
+	Think       json.RawMessage `json:"think,omitempty"`
 }
 
 type message struct {
 	Role       string        `json:"role"`
 	Content    string        `json:"content"`
+	Thinking   string        `json:"thinking,omitempty"`
 	Images     [][]byte      `json:"images,omitempty"` // base64 in JSON, as Ollama's ImageData
 	ToolCalls  []reqToolCall `json:"tool_calls,omitempty"`
 	ToolName   string        `json:"tool_name,omitempty"`
@@ -62,8 +64,16 @@ type options struct {
 // response_format json_object becomes format "json" and json_schema its
 // schema; max_tokens, temperature, top_p, top_k, stop, seed and the
 // penalties become options; logprobs, top_logprobs and truncate pass as
-// they are. Errors wrap upstream.ErrInvalidInput and name the bad field.
+// they are; think becomes Ollama's "think" (true, false or a level) and an
+// assistant message's thinking its "thinking" (Ollama 0.17.4 api.Message
+// and api.ThinkValue). Errors wrap upstream.ErrInvalidInput and name the
+// bad field.
 func BuildChatRequest(target string, in *iop.RunInput) ([]byte, error) {
+	return buildChatRequest(target, in, in.GetThink())
+}
+
+// buildChatRequest is BuildChatRequest with think in place of in.think.
+func buildChatRequest(target string, in *iop.RunInput, think string) ([]byte, error) {
 	if in == nil {
 		return nil, fmt.Errorf("%w: no input", upstream.ErrInvalidInput)
 	}
@@ -80,6 +90,7 @@ func BuildChatRequest(target string, in *iop.RunInput) ([]byte, error) {
 		switch m.GetRole() {
 		case "system", "user":
 		case "assistant":
+			msg.Thinking = m.GetThinking()
 			calls, err := upstream.DecodeToolCalls(m.GetToolCallsJson())
 			if err != nil {
 				return nil, fmt.Errorf("message %d: %w", i, err)
@@ -129,6 +140,11 @@ func BuildChatRequest(target string, in *iop.RunInput) ([]byte, error) {
 		return nil, err
 	}
 	req.Format = format
+	tv, ok := thinkJSON(think)
+	if !ok {
+		return nil, &upstream.FieldError{Field: "think", Msg: fmt.Sprintf("think %.32q is not true, false, low, medium or high", think)}
+	}
+	req.Think = tv
 	req.Logprobs, req.TopLogprobs = in.GetLogprobs(), in.GetTopLogprobs()
 	req.Truncate = in.Truncate
 	var o options

@@ -31,9 +31,12 @@ const (
 	TagsPath = "/api/tags"
 )
 
-// Driver runs chats against one Ollama server.
+// Driver runs chats against one Ollama server. Caps, when set, caches
+// which targets can think (shared by an adapter instance's runners); nil
+// = think is sent as the input asks.
 type Driver struct {
-	EP *upstream.Endpoint
+	EP   *upstream.Endpoint
+	Caps *Capabilities
 }
 
 // Run streams one chat for target and returns the finished result. Text
@@ -42,12 +45,35 @@ type Driver struct {
 // (Ollama's {"error":"…"} message), upstream.ErrProtocol for a malformed or
 // unfinished stream or an error line mid-stream, or the transport's error
 // (including ctx's) as is.
+//
+// Thinking: when the input asks for it (think true or a level) and Caps
+// says the target cannot think, think is left out; when Caps does not know
+// and Ollama refuses think ("does not support thinking"), the run is sent
+// once more without it and the target is remembered as one that cannot.
+// think false goes out only to a target that can think (elsewhere it
+// changes nothing).
 func (d *Driver) Run(ctx context.Context, target string, in *iop.RunInput, h upstream.Hooks) (upstream.Result, error) {
-	body, err := BuildChatRequest(target, in)
+	think, known := in.GetThink(), false
+	if think != "" && d.Caps != nil {
+		can, ok := d.Caps.CanThink(ctx, d.EP, target)
+		if known = ok; ok && !can {
+			think = ""
+		}
+	}
+	body, err := buildChatRequest(target, in, think)
 	if err != nil {
 		return upstream.Result{}, err
 	}
 	resp, err := d.EP.PostJSON(ctx, ChatPath, body, "application/x-ndjson")
+	if err != nil && !known && think != "" && noThinking(err) {
+		if d.Caps != nil {
+			d.Caps.set(target, false)
+		}
+		if body, err = buildChatRequest(target, in, ""); err != nil {
+			return upstream.Result{}, err
+		}
+		resp, err = d.EP.PostJSON(ctx, ChatPath, body, "application/x-ndjson")
+	}
 	if err != nil {
 		return upstream.Result{}, err
 	}
@@ -56,10 +82,13 @@ func (d *Driver) Run(ctx context.Context, target string, in *iop.RunInput, h ups
 	return readChatStream(h.Body(resp.Body), h)
 }
 
-// chatLine is one line of the /api/chat stream.
+// chatLine is one line of the /api/chat stream (Ollama 0.17.4
+// api.ChatResponse: message.thinking streams before message.content
+// when the model thinks).
 type chatLine struct {
 	Message struct {
 		Content   string         `json:"content"`
+		Thinking  string         `json:"thinking"`
 		ToolCalls []chatToolCall `json:"tool_calls"`
 	} `json:"message"`
 	Logprobs        []logprob `json:"logprobs"`
@@ -108,14 +137,21 @@ type chatToolCall struct {
 func readChatStream(r io.Reader, h upstream.Hooks) (upstream.Result, error) {
 	lines := ndjson.NewReader(r, 0)
 	var (
-		content strings.Builder
-		calls   []upstream.ToolCall
-		pending int                 // bytes at the end of content not yet passed to h.Delta
-		lps     []*iop.TokenLogprob // every token's log probability
-		lpSent  int                 // lps already passed to h.Delta
-		size    int                 // counted toward upstream.MaxResultBytes
+		content  strings.Builder
+		thinking strings.Builder
+		thPend   int // bytes at the end of thinking not yet passed to h.Reasoning
+		calls    []upstream.ToolCall
+		pending  int                 // bytes at the end of content not yet passed to h.Delta
+		lps      []*iop.TokenLogprob // every token's log probability
+		lpSent   int                 // lps already passed to h.Delta
+		size     int                 // counted toward upstream.MaxResultBytes
 	)
 	flush := func() {
+		if thPend > 0 {
+			s := thinking.String()
+			h.Reasoning(s[len(s)-thPend:])
+			thPend = 0
+		}
 		if pending > 0 || lpSent < len(lps) {
 			s := content.String()
 			h.Delta(s[len(s)-pending:], lps[lpSent:len(lps):len(lps)])
@@ -138,7 +174,17 @@ func readChatStream(r io.Reader, h upstream.Hooks) (upstream.Result, error) {
 		if line.Error != "" {
 			return upstream.Result{}, fmt.Errorf("%w: ollama error mid-stream: %s", upstream.ErrProtocol, line.Error)
 		}
+		if line.Message.Thinking != "" {
+			if size += len(line.Message.Thinking); size > upstream.MaxResultBytes {
+				return upstream.Result{}, upstream.ErrResultTooLarge
+			}
+			thinking.WriteString(line.Message.Thinking)
+			thPend += len(line.Message.Thinking)
+		}
 		if line.Message.Content != "" {
+			if thPend > 0 {
+				flush() // the thinking goes out before the text that follows it
+			}
 			if size += len(line.Message.Content); size > upstream.MaxResultBytes {
 				return upstream.Result{}, upstream.ErrResultTooLarge
 			}
@@ -175,7 +221,8 @@ func readChatStream(r io.Reader, h upstream.Hooks) (upstream.Result, error) {
 					CompletionTokens: line.EvalCount,
 					TotalTokens:      line.PromptEvalCount + line.EvalCount,
 				},
-				Logprobs: lps,
+				Logprobs:  lps,
+				Reasoning: thinking.String(),
 			}
 			res.SetToolCalls(calls)
 			return res, nil

@@ -284,6 +284,16 @@ type Hooks struct {
 	// measures idleness from it. It must be cheap and safe to call from the
 	// provider call's goroutine.
 	OnActivity func()
+	// OnReasoning receives each piece of the model's reasoning (its
+	// thinking, which comes before the text) as it is read.
+	OnReasoning func(text string)
+}
+
+// Reasoning calls OnReasoning when set and there is text.
+func (h Hooks) Reasoning(text string) {
+	if h.OnReasoning != nil && text != "" {
+		h.OnReasoning(text)
+	}
 }
 
 // Activity calls OnActivity when set; drivers call it when the response
@@ -359,6 +369,9 @@ type Result struct {
 	Logprobs []*iop.TokenLogprob
 	// Embeddings holds one vector per input of an "embeddings" run.
 	Embeddings []*iop.Embedding
+	// Reasoning is the model's whole reasoning (its thinking), "" when it
+	// produced none.
+	Reasoning string
 }
 
 // ToolCall is one tool call in the OpenAI chat-completions shape (OpenAI API
