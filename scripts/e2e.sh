@@ -12,6 +12,11 @@
 # the release archives twice and compares them (internal/release,
 # IOP_RELEASE_BUILD=1; skipped when arguments are given). Extra arguments
 # go to `go test` (e.g. -run TestSDK).
+# The real coding agents (Claude Code, Codex CLI; pinned in
+# internal/e2e/agents/package.json + package-lock.json) are installed from
+# the npm registry with `npm ci` into .run/agents (IOP_AGENTS_DIR names
+# another place), outside the product's go.mod, and reinstalled only when
+# the lockfile changes; TestAgents runs them (IOP_AGENTS=0 skips that).
 # Sourced by run.sh.
 
 ensure_chromium() {
@@ -25,6 +30,28 @@ ensure_chromium() {
   fi
 }
 
+# ensure_agents installs the pinned agents into $AGENTS_DIR (npm ci from
+# the committed lockfile), skipping the install when the installed
+# lockfile is the committed one. Sets AGENTS_BIN.
+ensure_agents() {
+  AGENTS_DIR=${IOP_AGENTS_DIR:-$ROOT/.run/agents}
+  AGENTS_BIN="$AGENTS_DIR/node_modules/.bin"
+  local src="$ROOT/internal/e2e/agents"
+  if [ -x "$AGENTS_BIN/claude" ] && [ -x "$AGENTS_BIN/codex" ] && cmp -s "$src/package-lock.json" "$AGENTS_DIR/package-lock.json"; then
+    return 0
+  fi
+  if ! command -v npm >/dev/null 2>&1; then
+    log "FAIL: npm is needed to install the pinned agents (Node 20+); or set IOP_AGENTS=0"
+    return 1
+  fi
+  log "installing the pinned agents (Claude Code, Codex CLI) into $AGENTS_DIR"
+  mkdir -p "$AGENTS_DIR"
+  cp "$src/package.json" "$src/package-lock.json" "$AGENTS_DIR/"
+  # --ignore-scripts: Claude Code's postinstall only copies the native
+  # binary its platform package already put in place.
+  (cd "$AGENTS_DIR" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >/dev/null)
+}
+
 e2e_main() {
   cmd_build
   ensure_chromium
@@ -35,7 +62,12 @@ e2e_main() {
   else
     log "e2e: arguments given: skipping the release reproducibility build"
   fi
-  log "e2e: official SDK clients against bin/edge + bin/node (internal/e2e/sdk)"
-  (cd "$ROOT/internal/e2e/sdk" && IOP_E2E=1 IOP_BIN="$ROOT/bin" IOP_RUN_DIR="$ROOT/.run" \
-    IOP_CHROMIUM="${IOP_CHROMIUM:-$(command -v chromium)}" go test -count=1 -v -timeout 10m "$@" ./...)
+  local agents_bin=""
+  if [ "${IOP_AGENTS:-1}" != 0 ]; then
+    ensure_agents
+    agents_bin=$AGENTS_BIN
+  fi
+  log "e2e: official SDK clients and the real agents against bin/edge + bin/node (internal/e2e/sdk)"
+  (cd "$ROOT/internal/e2e/sdk" && IOP_E2E=1 IOP_BIN="$ROOT/bin" IOP_RUN_DIR="$ROOT/.run" IOP_AGENTS_BIN="$agents_bin" \
+    IOP_CHROMIUM="${IOP_CHROMIUM:-$(command -v chromium)}" go test -count=1 -v -timeout 15m "$@" ./...)
 }

@@ -48,7 +48,7 @@ var agentCases = []agentCase{
 		never: []string{"defer_loading", "cache_control", "output_config"}},
 	{file: "claude-code/tool-result.json", native: map[string]string{
 		"messages.3.role": `"assistant"`, "messages.3.tool_calls.0.function.name": `"Bash"`,
-		"messages.3.tool_calls.0.function.arguments": `{"command":"echo iop-agent-ok","description":"Print a marker line"}`,
+		"messages.3.tool_calls.0.function.arguments": `{"command":"echo iop-agent-ok","description":"Print a marker line"}`, // the capture run's command
 		"messages.4.role": `"tool"`, "messages.4.tool_name": `"Bash"`, "messages.4.content": `"iop-agent-ok"`,
 	}, never: []string{"cache_control", "is_error", "tool_use_id"}},
 	// Codex CLI 0.169.0: client_metadata, include, reasoning.summary, a

@@ -18,10 +18,11 @@ import (
 // "exec_command" {"cmd"}, and the older "shell" {"command":[argv]}.
 
 // AgentCommand is the command tiny-agent asks the agent to run; its output
-// is AgentMarker.
+// is AgentMarker, which the command's own text does not hold (the shell
+// computes it), so an answer that repeats it proves the command ran.
 const (
-	AgentCommand = "echo iop-agent-ok"
-	AgentMarker  = "iop-agent-ok"
+	AgentCommand = "echo iop-agent-$((6*7))"
+	AgentMarker  = "iop-agent-42"
 	// AgentAnswerPrefix starts tiny-agent's final answer.
 	AgentAnswerPrefix = "The command printed:"
 )

@@ -183,7 +183,8 @@ func newStack(t *testing.T, opts ...func(*stackOptions)) *stack {
 		s.backendAddr = ports[3]
 		var err error
 		s.backend, err = startProc("demo-backend", filepath.Join(env.bin, "demo-backend"),
-			append([]string{"-listen", s.backendAddr, "-token-delay", env.tokenDelay}, backendArgs...)...)
+			append([]string{"-listen", s.backendAddr, "-token-delay", env.tokenDelay,
+				"-models", "tiny,tiny-tool,tiny-loop,tiny-think,tiny-agent"}, backendArgs...)...)
 		if err != nil {
 			t.Fatal(err)
 		}
