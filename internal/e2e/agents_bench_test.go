@@ -1,10 +1,20 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
+	"time"
+
+	"iop/internal/demo/backend"
+	"iop/internal/edge/config"
+	"iop/internal/leakcheck"
 
 	"iop/internal/edge/surface"
 	"iop/internal/edge/surface/anthropic"
@@ -64,5 +74,57 @@ func BenchmarkAgentConversion(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkAgentTurn: one captured agent turn (Claude Code's Messages turn
+// with its tool result, Codex CLI's Responses turn; both streamed, as the
+// agents send them) through the whole stack — client → Edge → node → demo
+// backend (no token delay) and back — on the run path (group tiny, the
+// Ollama adapter: the surface's conversion both ways) and on the tunnel
+// (tiny-oa, llama-server's profile: the bytes as they are). p50-ms is the
+// median turn; the run path's minus the tunnel's is what the conversion
+// adds to an agent's turn.
+func BenchmarkAgentTurn(b *testing.B) {
+	leakcheck.Check(b)
+	p := newPKI(b, "gpu-1")
+	bp := startBackend(b, backend.Options{})
+	url := bp.serve(b, nil)
+	cfg := edgeConfig(b, p, []config.Node{{ID: "gpu-1", Adapters: []config.Adapter{ollamaAdapter("ollama", url, 4), compatAdapter("oa", url, 4)}}},
+		[]config.Model{modelGroup("tiny", provider("gpu-1", "ollama", "tiny")), modelGroup("tiny-oa", provider("gpu-1", "oa", "tiny"))}, nil)
+	e := startEdge(b, cfg, nil, nil)
+	startNode(b, p, "gpu-1", e.nodeAddr, nodeOpts{})
+	newAdminClient(b, e).waitConnected(b, 10*time.Second, "gpu-1")
+	c := newAPIClient(b, e)
+	for _, a := range []string{"claude-code/tool-result.json", "codex/tool-result.json"} {
+		raw, err := os.ReadFile(filepath.Join("testdata", "agents", a))
+		if err != nil {
+			b.Fatal(err)
+		}
+		var cp agentCapture
+		if err := json.Unmarshal(raw, &cp); err != nil {
+			b.Fatal(err)
+		}
+		for _, g := range []struct{ path, group string }{{"run", "tiny"}, {"tunnel", "tiny-oa"}} {
+			body := withModel(b, cp.Body, g.group)
+			b.Run(strings.Split(a, "/")[0]+"/"+g.path, func(b *testing.B) {
+				var ds []time.Duration
+				for b.Loop() {
+					start := time.Now()
+					resp, err := c.hc.Post(c.url+cp.Path, "application/json", bytes.NewReader(body))
+					if err != nil {
+						b.Fatal(err)
+					}
+					_, err = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if err != nil || resp.StatusCode != http.StatusOK {
+						b.Fatalf("status %d, read error %v", resp.StatusCode, err)
+					}
+					ds = append(ds, time.Since(start))
+				}
+				slices.Sort(ds)
+				b.ReportMetric(float64(ds[len(ds)/2].Microseconds())/1000, "p50-ms")
+			})
+		}
 	}
 }

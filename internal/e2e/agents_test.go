@@ -16,7 +16,7 @@ import (
 	"iop/internal/leakcheck"
 )
 
-// agentCapture is one request a real client sent, as internal/e2e/agentcapture
+// agentCapture is one request a real client sent, as internal/e2e/sdk/agentcapture
 // recorded it (testdata/agents/README.md says how and with which
 // versions).
 type agentCapture struct {

@@ -3,8 +3,8 @@
 // method, path, query, headers (credentials replaced by "<redacted>") and
 // JSON body is written to -dir as NNN.json, then the request goes on to
 // -upstream and the answer streams back unchanged. It is a development
-// tool for refreshing the goldens in internal/e2e/testdata/agents; it never
-// ships in the edge or node binaries.
+// tool for refreshing the goldens in internal/e2e/testdata/agents, in the
+// SDK suite's module; it never ships in the edge or node binaries.
 package main
 
 import (
