@@ -82,11 +82,12 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 1
 	}
 	if *check {
-		if err := edge.Check(cfg); err != nil {
+		warnings, err := edge.Check(cfg)
+		if err != nil {
 			fmt.Fprintln(stderr, err)
 			return 1
 		}
-		for _, w := range cfg.Warnings() {
+		for _, w := range warnings {
 			fmt.Fprintln(stderr, "warning:", w)
 		}
 		fmt.Fprintf(stdout, "%s: ok\n", *cfgPath)

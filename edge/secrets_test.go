@@ -15,8 +15,8 @@ import (
 
 // C1, C2: the built edge binary with the credential plane on: `edge
 // secrets` stores a key read from stdin, `-check` validates the store, the
-// keys and every route's slot, and a SIGHUP after `secrets rm` is rejected
-// (the running config keeps serving) — all without printing the secret.
+// keys and every route's slot, and a SIGHUP after `secrets rm` is accepted
+// and revokes the slot's routes — all without printing the secret.
 func TestEdgeSecretsBinary(t *testing.T) {
 	bin := proctest.Build(t, "edge")
 	dir := t.TempDir()
@@ -75,12 +75,21 @@ func TestEdgeSecretsBinary(t *testing.T) {
 	if out, code := run("", "secrets", "rm", "-store", filepath.Join(dir, "secrets.json"), "-slot", "llama"); code != 0 {
 		t.Fatalf("secrets rm: %d\n%s", code, out)
 	}
+	// C6: removal revokes. The reload is accepted (not "keeping the
+	// running config", which would go on issuing the removed secret) and
+	// warns naming the revoked route; -check says the same and passes.
 	cmd.Process.Signal(syscall.SIGHUP)
-	if !stderr.WaitFor(`credential slot \"llama\"`, 10*time.Second) || !strings.Contains(stderr.String(), "config reload rejected") {
-		t.Errorf("C1: a reload whose slot left the store was not rejected naming it:\n%s", stderr.String())
+	if !stderr.WaitFor(`config reloaded`, 10*time.Second) || !strings.Contains(stderr.String(), `credential route revoked`) ||
+		!strings.Contains(stderr.String(), `slot \"llama\": model tiny`) || strings.Contains(stderr.String(), "config reload rejected") {
+		t.Errorf("C6: a reload after secrets rm was not accepted with the route revoked:\n%s", stderr.String())
 	}
-	if out, code := run("", "-config", cfg, "-check"); code != 1 || !strings.Contains(out, `credential slot "llama"`) {
-		t.Errorf("C1 -check without the slot: exit %d, want 1 naming the slot\n%s", code, out)
+	if out, code := run("", "-config", cfg, "-check"); code != 0 || !strings.Contains(out, `warning: credential route revoked`) || !strings.Contains(out, `slot "llama"`) {
+		t.Errorf("C6 -check after secrets rm: exit %d, want 0 with a warning naming the slot\n%s", code, out)
+	}
+	// A slot the store never held is still an error naming it.
+	os.WriteFile(cfg, []byte(strings.Replace(plane, `"credential_slot":"llama"`, `"credential_slot":"nope"`, 1)), 0o600)
+	if out, code := run("", "-config", cfg, "-check"); code != 1 || !strings.Contains(out, `credential slot "nope"`) {
+		t.Errorf("C1 -check with a slot never set: exit %d, want 1 naming the slot\n%s", code, out)
 	}
 	cmd.Process.Signal(syscall.SIGTERM)
 	if code := proctest.ExitCode(cmd.Wait()); code != 0 {

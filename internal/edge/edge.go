@@ -117,6 +117,9 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 		return fmt.Errorf("credentials: %w", err)
 	}
 	cfg.CredentialProjection = mat.Projection() // before any node registers
+	for _, r := range mat.Revoked() {
+		log.Warn("credential route revoked: its slot was removed from the secret store; it issues no lease", "route", r)
+	}
 	plane := creds.NewPlane(mat, nil)
 	var cur atomic.Pointer[config.Config]
 	cur.Store(cfg)
@@ -404,8 +407,11 @@ func reload(ctx context.Context, log *slog.Logger, boot, nc *config.Config, cur 
 	if nc.HTTPListen != boot.HTTPListen || nc.NodeListen != boot.NodeListen || nc.AdminListen != boot.AdminListen || nc.TLS != boot.TLS {
 		log.Warn("config reload: listen addresses and tls settings take effect only after a restart")
 	}
+	for _, r := range mat.Revoked() {
+		log.Warn("credential route revoked: its slot was removed from the secret store; it issues no lease", "route", r)
+	}
 	nc.CredentialProjection = mat.Projection()
-	plane.Swap(mat)
+	plane.Swap(mat) // a removed slot is never issued again from here on (SPEC C6)
 	cur.Store(nc)
 	p.Reconfigure(PoolConfig(nc))
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -423,18 +429,25 @@ func reload(ctx context.Context, log *slog.Logger, boot, nc *config.Config, cur 
 // Check validates what Run would load before serving: the certificate, key
 // and CA files (readable, matching, an edge identity) and, with the
 // credential plane on, the issuer key, the secret store and its key (every
-// route's slot present and opening). `edge -check` uses it.
-func Check(cfg *config.Config) error {
+// route's slot present and opening, or removed by `edge secrets rm`). It
+// returns what Run would warn about: the config's Warnings and the routes
+// revoked by a removed slot. `edge -check` uses it.
+func Check(cfg *config.Config) (warnings []string, err error) {
 	if err := keyStoreServed(cfg); err != nil {
-		return err
+		return nil, err
 	}
 	if _, err := tlsConfig(cfg, func(string) bool { return true }); err != nil {
-		return err
+		return nil, err
 	}
-	if _, err := creds.Load(cfg, nil, time.Now()); err != nil {
-		return fmt.Errorf("credentials: %w", err)
+	mat, err := creds.Load(cfg, nil, time.Now())
+	if err != nil {
+		return nil, fmt.Errorf("credentials: %w", err)
 	}
-	return nil
+	warnings = cfg.Warnings()
+	for _, r := range mat.Revoked() {
+		warnings = append(warnings, "credential route revoked (its slot was removed from the secret store; it issues no lease): "+r)
+	}
+	return warnings, nil
 }
 
 func tlsConfig(cfg *config.Config, allow func(string) bool) (*tls.Config, error) {

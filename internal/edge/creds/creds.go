@@ -44,6 +44,9 @@ var (
 	ErrNoRoute = errors.New("no credential route")
 	// ErrIssue: the store or the seal failed.
 	ErrIssue = errors.New("credential lease could not be issued")
+	// ErrRevoked: the route's slot was removed from the store (`edge
+	// secrets rm`): its secret is never issued again (SPEC C6).
+	ErrRevoked = errors.New("credential slot revoked (removed from the secret store)")
 )
 
 // PreparedPerNode is how many HPKE encapsulations to each node are kept
@@ -82,6 +85,7 @@ type Material struct {
 	recipients map[string]*lease.Recipient
 	routes     map[routeKey]route
 	probes     map[probeKey]routeKey // the first route (config order) to each provider and target
+	revoked    map[routeKey]string   // routes whose slot the store removed → the slot
 	proj       config.CredentialProjection
 	digests    map[string][sha256.Size]byte
 }
@@ -128,10 +132,16 @@ func Load(cfg *config.Config, prev *Material, now time.Time) (*Material, error) 
 }
 
 // loadRoutes resolves every route's slot, profile and auth header and
-// checks that each slot is in the store and opens with its key.
+// checks that each slot is in the store and opens with its key. A slot
+// the store removed (`edge secrets rm` leaves a tombstone) is revocation,
+// not an error: its routes issue no lease (ErrRevoked), and because they
+// leave the projection, the generation of their nodes rises, so a node
+// that applied the refreshed payload refuses the leases issued before
+// (SPEC C6). A slot the store never held is an error, naming the route.
 func (m *Material) loadRoutes(cfg *config.Config) error {
 	m.routes = map[routeKey]route{}
 	m.probes = map[probeKey]routeKey{}
+	m.revoked = map[routeKey]string{}
 	opened := map[string]bool{}
 	for i, mod := range cfg.Models {
 		for j, mp := range mod.Providers {
@@ -141,6 +151,10 @@ func (m *Material) loadRoutes(cfg *config.Config) error {
 			}
 			a := n.Adapter(mp.Provider)
 			slot := config.RouteSlot(mp, a)
+			if m.store.Removed(slot) {
+				m.revoked[routeKey{mod.Name, mp.Node, mp.Provider}] = slot
+				continue
+			}
 			if !opened[slot] {
 				pt, _, err := m.store.Open(m.key, slot)
 				clear(pt)
@@ -211,6 +225,18 @@ func routeRevision(model string, mp config.ModelProvider, slot string) uint64 {
 	return binary.BigEndian.Uint64(sum[:8])
 }
 
+// Revoked describes the routes whose slot was removed from the store, one
+// line each ("slot \"s\": model m → node/provider"), sorted; the edge
+// warns with them at start, at reload and in -check.
+func (m *Material) Revoked() []string {
+	var out []string
+	for k, slot := range m.revoked {
+		out = append(out, fmt.Sprintf("slot %q: model %s → %s/%s", slot, k.model, k.node, k.provider))
+	}
+	sort.Strings(out)
+	return out
+}
+
 // Enabled reports whether the plane is on.
 func (m *Material) Enabled() bool { return m.enabled }
 
@@ -219,14 +245,18 @@ func (m *Material) Projection() config.CredentialProjection { return m.proj }
 
 // Lease returns the lease and binding for r at now (SPEC C2), or nil, nil,
 // nil with the plane off. The secret is decrypted from the store, sealed to
-// the node's recipient key and cleared. Errors: ErrNoRoute, ErrIssue (both
-// wrapped with the route).
+// the node's recipient key and cleared. Errors: ErrRevoked, ErrNoRoute,
+// ErrIssue (wrapped with the route).
 func (m *Material) Lease(now time.Time, r Request) (*iop.CredentialLease, *iop.CredentialLeaseBinding, error) {
 	if !m.enabled {
 		return nil, nil, nil
 	}
-	rt, ok := m.routes[routeKey{r.Model, r.Node, r.Provider}]
+	rk := routeKey{r.Model, r.Node, r.Provider}
+	rt, ok := m.routes[rk]
 	rcp := m.recipients[r.Node]
+	if slot, revoked := m.revoked[rk]; revoked {
+		return nil, nil, fmt.Errorf("%w: slot %q, model %q on %s/%s", ErrRevoked, slot, r.Model, r.Node, r.Provider)
+	}
 	if !ok || rcp == nil {
 		return nil, nil, fmt.Errorf("%w: model %q on %s/%s", ErrNoRoute, r.Model, r.Node, r.Provider)
 	}

@@ -308,3 +308,81 @@ func TestLoadErrors(t *testing.T) {
 		t.Fatalf("C1 wrong store key: got %v, want ErrDecrypt", err)
 	}
 }
+
+// remove takes slot out of the store file (edge secrets rm).
+func (f *fixture) remove(t *testing.T, slot string) {
+	t.Helper()
+	s, err := secretstore.Load(f.storeFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.Remove(slot, t0) {
+		t.Fatalf("remove %s: not in the store", slot)
+	}
+	if err := s.Save(f.storeFile); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// C6: `edge secrets rm` then a reload revokes: Load accepts the config,
+// every route of the removed slot issues no lease again (ErrRevoked) while
+// the other routes go on, the node's generation rises so a lease issued
+// before is refused once the node has the refreshed payload, and setting
+// the slot again restores the routes.
+func TestRevocationBySlotRemoval(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.config(t, true)
+	m1, err := Load(cfg, nil, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ollama := Request{Model: "tiny", Node: "gpu-1", Provider: "ollama", Target: "tiny"}
+	llama := Request{Model: "big", Node: "gpu-2", Provider: "vllm", Target: "big-model"} // slot "llama"
+	before, bb, err := m1.Lease(t0, ollama)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	f.remove(t, "ollama")
+	m2, err := Load(f.config(t, true), m1, t0.Add(time.Second))
+	if err != nil {
+		t.Fatalf("C6: the reload after secrets rm was rejected: %v", err)
+	}
+	// Both of tiny's routes use slot "ollama" (the second by its own
+	// credential_slot); big's uses "llama".
+	for _, r := range []Request{ollama, {Model: "tiny", Node: "gpu-1", Provider: "llama", Target: "tiny"}} {
+		if l, b, err := m2.Lease(t0, r); !errors.Is(err, ErrRevoked) || l != nil || b != nil {
+			t.Errorf("C6: %s/%s after rm: lease %v, %v, want ErrRevoked and nothing issued", r.Node, r.Provider, l, err)
+		}
+	}
+	if _, _, err := m2.Lease(t0, llama); err != nil {
+		t.Errorf("C6: a route of another slot stopped issuing: %v", err)
+	}
+	if got := m2.Revoked(); len(got) != 2 || !strings.Contains(got[0], `slot "ollama"`) {
+		t.Errorf("Revoked() = %q, want tiny's two routes", got)
+	}
+	g1, g2 := m1.Projection().Nodes["gpu-1"].Generation, m2.Projection().Nodes["gpu-1"].Generation
+	if g2 <= g1 {
+		t.Fatalf("C6: gpu-1's projection generation %d → %d, want it to rise", g1, g2)
+	}
+	if _, ok := m2.Projection().Nodes["gpu-1"].SlotRevisions["ollama"]; ok {
+		t.Error("C6: the revoked slot is still in gpu-1's projection")
+	}
+	scope := lease.Scope{Node: "gpu-1", Provider: "ollama", Target: "tiny", Profile: bb.Profile,
+		AuthHeader: bb.AuthHeader, AuthScheme: bb.AuthScheme, Generation: g2}
+	if _, err := f.opener(t, "gpu-1").Open(t0, scope, before, bb); !errors.Is(err, lease.ErrScope) {
+		t.Errorf("C6: a lease issued before the revocation opened on a refreshed node: %v", err)
+	}
+
+	f.set(t, "ollama", "sk-ollama-2")
+	m3, err := Load(f.config(t, true), m2, t0.Add(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, b, err := m3.Lease(t0, ollama); err != nil || b.CredentialRevision != 2 {
+		t.Errorf("slot set again: %v, %v; want a lease of revision 2", b, err)
+	}
+	if len(m3.Revoked()) != 0 {
+		t.Errorf("Revoked() after set = %q", m3.Revoked())
+	}
+}

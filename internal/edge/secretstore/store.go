@@ -291,6 +291,14 @@ func (s *Store) Remove(name string, now time.Time) bool {
 	return true
 }
 
+// Removed reports whether slot name held a secret that Remove took out
+// (`edge secrets rm`): its tombstone is in the store. A name never set is
+// not removed.
+func (s *Store) Removed(name string) bool {
+	e := s.slots[name]
+	return e != nil && !e.live()
+}
+
 // Slots lists the slots holding a secret, by name.
 func (s *Store) Slots() []Slot {
 	var out []Slot
