@@ -100,6 +100,10 @@ var (
 	// ErrHeartbeatTimeout: the current owner sent nothing for the heartbeat
 	// timeout (SPEC L7).
 	ErrHeartbeatTimeout = errors.New("heartbeat timeout")
+	// ErrRegistrationRateLimited: the node id's identity registered more
+	// often than the registration limit allows (LimitRegistrations); the
+	// current owner is untouched and the connection is closed.
+	ErrRegistrationRateLimited = errors.New("registrations of this node id too frequent; try again later")
 )
 
 // Result is the answer to a Register or Ready transition.
@@ -195,6 +199,9 @@ type node struct {
 	owner      ConnID // 0 = none
 	phase      Phase  // of owner
 	readySince time.Time
+	// tat is the registration limit's theoretical arrival time (GCRA):
+	// a registration at now is allowed when now ≥ tat − (burst−1)·every.
+	tat time.Time
 }
 
 type connState uint8
@@ -216,6 +223,45 @@ type Registry struct {
 	order []string // configured ids, config order
 	nodes map[string]*node
 	conns map[ConnID]*conn
+	// The registration limit per node id (LimitRegistrations); every = 0
+	// means none.
+	burst int
+	every time.Duration
+}
+
+// LimitRegistrations bounds how often one node id — one certificate
+// identity, since a registration must name its certificate's node (SPEC
+// I3) — can register: burst registrations at once, then one per every
+// (the generic cell rate algorithm, as a token bucket of burst tokens
+// refilled one per every). A registration beyond it is refused and its
+// connection closed, and the current owner keeps its session: a stolen
+// or duplicated certificate re-registering in a loop can take the node id
+// over at most that often, instead of dropping the real node's session
+// (and costing log lines and events) each time. every ≤ 0 or burst ≤ 0
+// removes the limit (the default).
+func (r *Registry) LimitRegistrations(burst int, every time.Duration) {
+	if burst <= 0 || every <= 0 {
+		r.burst, r.every = 0, 0
+		return
+	}
+	r.burst, r.every = burst, every
+}
+
+// allowRegistration is the limit's decision for n at now; it consumes one
+// registration when it allows. A clock that went back does not refill.
+func (r *Registry) allowRegistration(n *node, now time.Time) bool {
+	if r.every == 0 {
+		return true
+	}
+	tat := n.tat
+	if tat.Before(now) {
+		tat = now
+	}
+	if tat.Sub(now) > time.Duration(r.burst-1)*r.every {
+		return false
+	}
+	n.tat = tat.Add(r.every)
+	return true
 }
 
 // New returns a Registry with the configured node ids, in config order.
@@ -231,6 +277,8 @@ func New(nodeIDs []string) *Registry {
 //     generation unchanged, connection kept (L1);
 //   - nodeID ≠ certName → refused and closed (I3);
 //   - nodeID not configured → refused and closed (L2);
+//   - nodeID registered more often than LimitRegistrations allows →
+//     refused and closed, the current owner untouched;
 //   - else accepted: c becomes nodeID's Pending owner with generation+1
 //     (L3). A previous owner is fenced in the same step and its connection
 //     closed (L4, L8); node.disconnected is emitted only if it was Ready.
@@ -252,6 +300,9 @@ func (r *Registry) Register(c ConnID, nodeID, certName string, now time.Time) (R
 	n := r.nodes[nodeID]
 	if n == nil || !n.configured {
 		return reject(fmt.Errorf("register %q: %w", nodeID, ErrUnknownNode))
+	}
+	if !r.allowRegistration(n, now) {
+		return reject(fmt.Errorf("register %q: %w", nodeID, ErrRegistrationRateLimited))
 	}
 	var fx []Effect
 	if n.owner != 0 {

@@ -317,3 +317,53 @@ func TestNodesConfigOrder(t *testing.T) {
 		t.Fatalf("Binding(1) = %q, %d, %v; want gpu-1, 1, true", node, gen, cur)
 	}
 }
+
+// L4 (a bound on takeovers): with LimitRegistrations(2, 10 s), one node
+// id registers at most twice at once and then once per 10 s; a
+// registration beyond that is refused and closed, and leaves the current
+// owner, its generation and its phase as they were (no fence, no event).
+// Another node id has its own allowance.
+func TestRegistrationRateLimit(t *testing.T) {
+	r := New([]string{"gpu-1", "gpu-2"})
+	r.LimitRegistrations(2, 10*time.Second)
+	rows := []struct {
+		name   string
+		s      step
+		ok     bool
+		owner  ConnID
+		gen    uint64
+		effect bool
+	}{
+		{"L3 first registration", reg(1, "gpu-1"), true, 1, 1, false},
+		{"L4 a takeover within the burst", reg(2, "gpu-1"), true, 2, 2, true},
+		{"L4 beyond the burst: refused, owner kept", reg(3, "gpu-1"), false, 2, 2, false},
+		{"L4 another node id is not limited by this one", reg(4, "gpu-2"), true, 2, 2, false},
+		{"L4 still refused 9 s later", reg(5, "gpu-1").after(9), false, 2, 2, false},
+		{"L4 one registration per 10 s", reg(6, "gpu-1").after(10), true, 6, 3, true},
+		{"L4 not two", reg(7, "gpu-1").after(10), false, 6, 3, false},
+		{"L4 after a quiet while the burst is back", reg(8, "gpu-1").after(40), true, 8, 4, true},
+		{"L4 burst of two", reg(9, "gpu-1").after(40), true, 9, 5, true},
+		{"L4 and not three", reg(10, "gpu-1").after(40), false, 9, 5, false},
+	}
+	for _, row := range rows {
+		res, fx := row.s.apply(r)
+		if res.OK != row.ok || (len(fx) > 0) != row.effect {
+			t.Fatalf("%s: result %+v, effects %v; want ok=%v effects=%v", row.name, res, fx, row.ok, row.effect)
+		}
+		if !row.ok && (!errors.Is(res.Err, ErrRegistrationRateLimited) || !res.CloseAfterReply) {
+			t.Fatalf("%s: %v (close %v), want ErrRegistrationRateLimited and the connection closed", row.name, res.Err, res.CloseAfterReply)
+		}
+		if n, _ := r.Node("gpu-1"); n.Gen != row.gen {
+			t.Fatalf("%s: gpu-1 generation %d, want %d", row.name, n.Gen, row.gen)
+		}
+		if _, gen, cur := r.Binding(row.owner); !cur || gen != row.gen {
+			t.Fatalf("%s: conn %d is not the current owner of generation %d", row.name, row.owner, row.gen)
+		}
+	}
+	r.LimitRegistrations(0, 0)
+	for c := ConnID(20); c < 30; c++ {
+		if res, _ := r.Register(c, "gpu-1", "gpu-1", t0); !res.OK {
+			t.Fatalf("without a limit: registration %d refused: %v", c, res.Err)
+		}
+	}
+}

@@ -83,6 +83,7 @@ func (s *Server) serveConn(raw net.Conn) {
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
+		s.handshaking.Add(-1)
 		raw.Close()
 		return
 	}
@@ -154,7 +155,9 @@ func (c *session) run(hb heartbeat) error {
 	o := &c.s.o
 	c.raw.SetDeadline(time.Now().Add(o.HandshakeTimeout))
 	tc := tls.Server(c.raw, o.TLS)
-	if err := tc.Handshake(); err != nil {
+	err := tc.Handshake()
+	c.s.handshaking.Add(-1) // counted at accept (Serve)
+	if err != nil {
 		// SPEC I2: no certificate, wrong CA, role or name end here. Anyone
 		// who can reach the port can cause this line: it is rate limited.
 		c.s.logLimited(&c.s.handshakeLog, "node TLS handshake refused", "remote", c.raw.RemoteAddr().String(), "err", err)
@@ -312,6 +315,10 @@ func (c *session) readLoop(br *bufio.Reader) error {
 			}
 			return err
 		}
+		if what := boundIngress(env); what != "" {
+			c.s.logProtocol("node sent an oversized or implausible field; bounded", "node", c.peer, "field", what,
+				"kind", fmt.Sprintf("%T", env.Kind), "run_id", boundText(env.GetRunId(), maxShortText))
+		}
 		kept := false
 		switch k := env.Kind.(type) {
 		case *iop.Envelope_Ping:
@@ -373,10 +380,10 @@ func (c *session) register(req *iop.RegisterRequest) bool {
 	case res.OK:
 		s.log.Info("node registered", "node", res.Node, "generation", res.Gen)
 	case res.CloseAfterReply:
-		s.log.Warn("node registration refused", "node", req.GetNodeId(), "cert_name", c.peer, "reason", res.Err)
+		s.logLimited(&s.peerLog, "node registration refused", "node", boundText(req.GetNodeId(), maxShortText), "cert_name", c.peer, "reason", res.Err)
 		c.closeAfterFlush()
 	default:
-		s.log.Warn("duplicate node registration refused", "node", req.GetNodeId(), "reason", res.Err)
+		s.logLimited(&s.peerLog, "duplicate node registration refused", "node", boundText(req.GetNodeId(), maxShortText), "reason", res.Err)
 	}
 	return res.OK
 }
@@ -408,7 +415,7 @@ func (c *session) ready(req *iop.NodeReadyRequest) bool {
 		return fx
 	})
 	if !res.OK {
-		s.log.Warn("node ready refused", "node", req.GetNodeId(), "reason", res.Err)
+		s.logLimited(&s.peerLog, "node ready refused", "node", boundText(req.GetNodeId(), maxShortText), "reason", res.Err)
 	}
 	if push != nil {
 		s.log.Info("node registered before a reload: pushing the current config", "node", push.node,

@@ -13,9 +13,16 @@
 // # Peer input (issue 12)
 //
 // What a node (or anyone reaching node_listen) sends is bounded before it
-// costs memory: the TLS handshake has Options.HandshakeTimeout and its
-// refusals are logged at most ratelog.DefaultBurst lines a second with a
-// count of suppressed ones; frames are read with internal/wire (64 KiB until
+// costs memory: at most Options.MaxHandshakes connections may be in their
+// TLS handshake (one more is closed at accept), the handshake has
+// Options.HandshakeTimeout and its refusals are logged at most
+// ratelog.DefaultBurst lines a second with a count of suppressed ones; one
+// node identity registers at most Options.RegisterBurst times at once and
+// then once per Options.RegisterInterval (a refused registration leaves
+// the current owner alone; refusals are logged at a bounded rate); error
+// texts, identifiers, usage, error metadata, command results and tunnel
+// headers are bounded at ingress (ingress.go) before anything else sees
+// them; frames are read with internal/wire (64 KiB until
 // ready, 16 MiB after, buffered as the bytes arrive); a stream holds at
 // most Options.StreamBuffer bytes of frames unread (then it is cancelled
 // as a slow consumer); each stream's envelopes are checked against SPEC E3
@@ -91,6 +98,17 @@ const (
 	DefaultWriteTimeout     = 10 * time.Second // per frame written to the socket
 	DefaultSendQueue        = 256              // frames
 	DefaultStreamBuffer     = 4 << 20          // bytes of frames a stream may hold unread
+	// DefaultRegisterBurst and DefaultRegisterInterval bound registrations
+	// per node identity (registry.LimitRegistrations): 8 at once, then one
+	// every 2 s. A node reconnects every reconnect.interval_sec (10 s by
+	// default), so a healthy one never meets the bound.
+	DefaultRegisterBurst    = 8
+	DefaultRegisterInterval = 2 * time.Second
+	// DefaultMaxHandshakes bounds the connections accepted on node_listen
+	// that have not finished their TLS handshake (each costs a goroutine
+	// and ~12 KiB until HandshakeTimeout); beyond it a new connection is
+	// closed at accept.
+	DefaultMaxHandshakes = 256
 )
 
 // Errors of this package; test with errors.Is. Session-ending causes are
@@ -177,6 +195,14 @@ type Options struct {
 	HandshakeTimeout time.Duration
 	ReadyTimeout     time.Duration
 	WriteTimeout     time.Duration
+	// RegisterBurst and RegisterInterval bound how often one node identity
+	// may register (registry.LimitRegistrations); ≤ 0 means the defaults
+	// above; a negative RegisterBurst removes the bound.
+	RegisterBurst    int
+	RegisterInterval time.Duration
+	// MaxHandshakes bounds connections still in their TLS handshake; ≤ 0
+	// means DefaultMaxHandshakes.
+	MaxHandshakes int
 }
 
 // Server accepts node connections and dispatches to ready sessions. It
@@ -200,10 +226,14 @@ type Server struct {
 	wg     sync.WaitGroup // connection goroutines
 	served atomic.Bool
 
-	// handshakeLog and protoLog bound the lines a peer can cause at will:
-	// refused TLS handshakes (anyone who reaches the port) and stream
-	// protocol errors (a node), ratelog.DefaultBurst a second each.
-	handshakeLog, protoLog ratelog.Limiter
+	// handshakeLog, protoLog and peerLog bound the lines a peer can cause
+	// at will: refused TLS handshakes and connections over MaxHandshakes
+	// (anyone who reaches the port), stream protocol errors and bounded
+	// fields (a node), refused registrations and readies (a node
+	// certificate), ratelog.DefaultBurst a second each.
+	handshakeLog, protoLog, peerLog ratelog.Limiter
+
+	handshaking atomic.Int64 // connections accepted whose handshake has not ended
 
 	// beforeConnClosed and afterConnClosed, when set (tests only), run in
 	// a session's teardown around its ConnClosed transition.
@@ -241,9 +271,19 @@ func New(o Options) *Server {
 	if o.WriteTimeout <= 0 {
 		o.WriteTimeout = DefaultWriteTimeout
 	}
+	if o.RegisterBurst == 0 {
+		o.RegisterBurst = DefaultRegisterBurst
+	}
+	if o.RegisterInterval <= 0 {
+		o.RegisterInterval = DefaultRegisterInterval
+	}
+	if o.MaxHandshakes <= 0 {
+		o.MaxHandshakes = DefaultMaxHandshakes
+	}
 	s := &Server{o: o, log: o.Logger, now: o.Now, epoch: time.Now(),
 		sessions: make(map[registry.ConnID]*session)}
 	s.reg = registry.New(nil)
+	s.reg.LimitRegistrations(o.RegisterBurst, o.RegisterInterval) // a negative burst: no limit
 	if o.Config != nil {
 		s.reconcileLocked(o.Now()) // node ids for Nodes() before Serve; no effects yet
 	}
@@ -274,6 +314,17 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		raw, aerr := ln.Accept()
 		if aerr == nil {
 			backoff = 5 * time.Millisecond
+			// Bound what anyone who reaches the port can hold before
+			// proving an identity, as http.max_connections bounds the
+			// client listener: past MaxHandshakes connections in their
+			// handshake a new one is closed at once, costing nothing.
+			if s.handshaking.Add(1) > int64(s.o.MaxHandshakes) {
+				s.handshaking.Add(-1)
+				raw.Close()
+				s.logLimited(&s.handshakeLog, "node connection closed at accept: too many TLS handshakes in progress",
+					"max_handshakes", s.o.MaxHandshakes)
+				continue
+			}
 			s.wg.Add(1)
 			go s.serveConn(raw)
 			continue
