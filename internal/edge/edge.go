@@ -144,6 +144,7 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 			OnDraining: func(node string, gen uint64) { p.NodeDraining(node, gen) },
 		},
 	})
+	plane.BindBoots(tr.BootID) // SPEC C3: a node's restart invalidates its earlier leases
 	ht = health.New(health.Options{Overlay: overlayEvents{p, bus}, Commander: tr, Logger: log.With("component", "health"),
 		ProbeInterval: o.HealthProbeInterval, ProbeCredentials: plane.ProbeLease})
 	metrics, recent := access.NewMetrics(), access.NewRecent(0)
@@ -403,6 +404,16 @@ func reload(ctx context.Context, log *slog.Logger, boot, nc *config.Config, cur 
 	if err != nil {
 		log.Error("config reload rejected; keeping the running config", "err", err)
 		return
+	}
+	// SPEC C3: a new issuer key that a ready node does not trust would
+	// fail every credentialed request to it; the nodes first trust both
+	// keys (credentials.issuer_public_keys), then the edge switches.
+	if id := mat.IssuerKeyID(); id != "" && id != plane.Material().IssuerKeyID() {
+		if nodes := tr.UntrustingNodes(id); len(nodes) > 0 {
+			log.Error("config reload rejected; keeping the running config", "err",
+				fmt.Errorf("credentials.issuer_key_file: issuer key %s is not trusted by ready nodes %v: add its public key to their credentials.issuer_public_keys and restart them first", id, nodes))
+			return
+		}
 	}
 	if nc.HTTPListen != boot.HTTPListen || nc.NodeListen != boot.NodeListen || nc.AdminListen != boot.AdminListen || nc.TLS != boot.TLS {
 		log.Warn("config reload: listen addresses and tls settings take effect only after a restart")

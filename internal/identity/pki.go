@@ -335,6 +335,28 @@ func newNodeFiles(ca *x509.Certificate, caKey crypto.Signer, id ID, now time.Tim
 	), nil
 }
 
+// NewIssuer writes a new lease issuer key pair into dir as <name>.key
+// (Ed25519 PKCS #8 PEM, mode 0600) and <name>.pub (PKIX PEM, 0644), for
+// rotating the edge's issuer key with overlap (nodes trust the old and the
+// new public key while the edge switches; SPEC C3). Unless force is set it
+// writes nothing if either file exists (a *FileError wrapping
+// ErrFileExists). A bad name, or one of the CA's or a node's files, fails
+// with ErrInvalidOptions.
+func NewIssuer(dir, name string, force bool) error {
+	if err := ValidateName(name); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+	}
+	if l := strings.ToLower(name); l == "ca" || strings.HasSuffix(l, ".recipient") {
+		return fmt.Errorf("%w: issuer name %q would overwrite the CA's or a node's keys", ErrInvalidOptions, name)
+	}
+	files, err := newIssuerFiles()
+	if err != nil {
+		return err
+	}
+	files[0].name, files[1].name = name+".key", name+".pub"
+	return writeFiles(dir, files, force)
+}
+
 func newIssuerFiles() ([]outFile, error) {
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {

@@ -90,7 +90,7 @@ func BenchmarkVerifyOpen(b *testing.B) {
 	for b.Loop() {
 		if i%n == 0 {
 			b.StopTimer()
-			o, _ = NewOpener(k.node, k.issuer.Public().(ed25519.PublicKey), nil, 0)
+			o, _ = NewOpener(k.node, []ed25519.PublicKey{k.issuer.Public().(ed25519.PublicKey)}, nil, 0)
 			b.StartTimer()
 		}
 		pt, err := o.Open(t0.Add(time.Second), scope, leases[i%n], bind)
@@ -121,7 +121,7 @@ func FuzzOpen(f *testing.F) {
 		if proto.Unmarshal(lraw, &fl) != nil || proto.Unmarshal(braw, &fb) != nil {
 			return
 		}
-		o, _ := NewOpener(k.node, k.issuer.Public().(ed25519.PublicKey), nil, 0)
+		o, _ := NewOpener(k.node, []ed25519.PublicKey{k.issuer.Public().(ed25519.PublicKey)}, nil, 0)
 		pt, err := o.Open(t0, baseScope(), &fl, &fb)
 		if err == nil {
 			if !bytes.Equal(signedBytes(CanonicalBinding(&fb), &fl), signedBytes(CanonicalBinding(bind), l)) {

@@ -77,6 +77,9 @@ var (
 	ErrSignature = errors.New("credential lease signature invalid")
 	// ErrRecipient: the lease is sealed to another recipient key.
 	ErrRecipient = errors.New("credential lease sealed to another recipient")
+	// ErrBoot: the lease is bound to another boot of this Node: it was
+	// issued before the Node restarted (Opener.BootID).
+	ErrBoot = errors.New("credential lease issued before this node restarted")
 	// ErrScope: the binding names another node, provider, target, profile
 	// or auth header than this request, or an older credential revision or
 	// projection generation than this Node applied (SPEC C6).
@@ -199,6 +202,11 @@ func CanonicalBinding(b *iop.CredentialLeaseBinding) []byte {
 	out = appendString(out, b.GetAuthHeader())
 	out = appendString(out, b.GetAuthScheme())
 	out = appendString(out, b.GetProvider())
+	if id := b.GetNodeBootId(); id != "" {
+		// Appended only when set, so a binding without it encodes as it
+		// always did and a Node that predates the field still verifies it.
+		out = appendString(out, id)
+	}
 	return out
 }
 

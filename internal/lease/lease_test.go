@@ -171,7 +171,7 @@ func TestOpenMatrix(t *testing.T) {
 			if row.mutate != nil {
 				row.mutate(e)
 			}
-			o, err := NewOpener(k.node, k.issuer.Public().(ed25519.PublicKey), nil, 0)
+			o, err := NewOpener(k.node, []ed25519.PublicKey{k.issuer.Public().(ed25519.PublicKey)}, nil, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -391,7 +391,7 @@ func TestPrecompute(t *testing.T) {
 	is, _ := NewIssuer(k.issuer, 0)
 	r, _ := NewRecipient(k.node.PublicKey())
 	r.Precompute(4)
-	o, _ := NewOpener(k.node, k.issuer.Public().(ed25519.PublicKey), nil, 0)
+	o, _ := NewOpener(k.node, []ed25519.PublicKey{k.issuer.Public().(ed25519.PublicKey)}, nil, 0)
 	seen := map[string]bool{}
 	for i := 0; i < 12; i++ { // more than the store holds: some made inline
 		b := baseBinding()
@@ -407,5 +407,91 @@ func TestPrecompute(t *testing.T) {
 		if err != nil || !bytes.Equal(pt, secret) {
 			t.Fatalf("lease %d: %v", i, err)
 		}
+	}
+}
+
+// C3 (issuer rotation with overlap): an Opener trusts every issuer key it
+// was given — while the edge's issuer key is rotated a node trusts the old
+// and the new one, so leases of both open — and no other.
+func TestOpenerTrustsSeveralIssuers(t *testing.T) {
+	k := newKeys(t)
+	_, third, _ := ed25519.GenerateKey(rand.Reader)
+	pub := func(p ed25519.PrivateKey) ed25519.PublicKey { return p.Public().(ed25519.PublicKey) }
+	o, err := NewOpener(k.node, []ed25519.PublicKey{pub(k.issuer), pub(k.otherIssuer)}, nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _ := NewRecipient(k.node.PublicKey())
+	for _, row := range []struct {
+		name   string
+		issuer ed25519.PrivateKey
+		want   error
+	}{
+		{"C3 the old issuer key", k.issuer, nil},
+		{"C3 the new issuer key", k.otherIssuer, nil},
+		{"C3 a key the node does not trust", third, ErrIssuer},
+	} {
+		t.Run(row.name, func(t *testing.T) {
+			is, _ := NewIssuer(row.issuer, 0)
+			b := baseBinding()
+			l, err := is.Issue(t0, r, b, secret)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = o.Open(t0, baseScope(), l, b)
+			if !errors.Is(err, row.want) && !(row.want == nil && err == nil) {
+				t.Fatalf("got %v, want %v", err, row.want)
+			}
+		})
+	}
+	if ids := o.IssuerKeyIDs(); len(ids) != 2 || !o.TrustsIssuer(KeyID(pub(k.issuer))) || o.TrustsIssuer(KeyID(pub(third))) {
+		t.Errorf("IssuerKeyIDs %v", ids)
+	}
+	if _, err := NewOpener(k.node, nil, nil, 0); err == nil {
+		t.Error("an Opener without an issuer key was made")
+	}
+}
+
+// C3, C4 (a restart invalidates earlier leases): each Opener — one per
+// node process — has its own boot id; a lease the edge bound to one boot
+// (node_boot_id) opens there, once; after a restart (a new Opener with the
+// same keys and an empty replay cache) that lease is refused with ErrBoot
+// instead of opening a second time. A binding without a boot id (an edge
+// that does not bind boots) is checked without it.
+func TestBootBinding(t *testing.T) {
+	k := newKeys(t)
+	issuers := []ed25519.PublicKey{k.issuer.Public().(ed25519.PublicKey)}
+	before, _ := NewOpener(k.node, issuers, nil, 0)
+	after, _ := NewOpener(k.node, issuers, nil, 0) // the same node, restarted
+	if before.BootID() == after.BootID() || len(before.BootID()) != 32 {
+		t.Fatalf("boot ids %q and %q: want two different 32-hex-digit ids", before.BootID(), after.BootID())
+	}
+	is, _ := NewIssuer(k.issuer, 0)
+	r, _ := NewRecipient(k.node.PublicKey())
+	b := baseBinding()
+	b.NodeBootId = before.BootID()
+	l, err := is.Issue(t0, r, b, secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := before.Open(t0, baseScope(), l, b); err != nil {
+		t.Fatalf("the boot the lease names: %v", err)
+	}
+	if _, err := before.Open(t0, baseScope(), l, b); !errors.Is(err, ErrReplayed) {
+		t.Fatalf("replayed on the same boot: %v, want ErrReplayed", err)
+	}
+	if _, err := after.Open(t0, baseScope(), l, b); !errors.Is(err, ErrBoot) {
+		t.Fatalf("C3: replayed after a restart: %v, want ErrBoot (the new replay cache is empty)", err)
+	}
+	legacy := baseBinding()
+	ll, _ := is.Issue(t0, r, legacy, secret)
+	if _, err := after.Open(t0, baseScope(), ll, legacy); err != nil {
+		t.Fatalf("a binding without a boot id: %v", err)
+	}
+	// The boot id is signed: changing it breaks the signature.
+	forged := proto.Clone(b).(*iop.CredentialLeaseBinding)
+	forged.NodeBootId = after.BootID()
+	if _, err := after.Open(t0, baseScope(), l, forged); !errors.Is(err, ErrSignature) {
+		t.Fatalf("a binding with a rewritten boot id: %v, want ErrSignature", err)
 	}
 }

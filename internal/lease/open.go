@@ -4,10 +4,14 @@ import (
 	"crypto/ecdh"
 	"crypto/ed25519"
 	"crypto/hpke"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/textproto"
 	"runtime"
+	"slices"
+	"strings"
 	"time"
 
 	iop "iop/proto/gen/iop"
@@ -40,27 +44,52 @@ type Scope struct {
 }
 
 // Opener verifies and opens leases on a Node (SPEC C3). It holds the
-// Node's recipient private key, the trusted issuer public key and the
+// Node's recipient private key, the trusted issuer public keys and the
 // replay cache; safe for concurrent use.
+//
+// Restarts (the replay cache is in memory): each Opener draws a random
+// boot id, which the Node reports at registration (RegisterRequest.boot_id)
+// and the Edge binds into every lease for it (node_boot_id, signed). A
+// lease bound to another boot id was issued for an earlier run of the
+// Node and is rejected (ErrBoot), so a restart invalidates every lease
+// issued before it although the new process's replay cache is empty —
+// exactly, without a clock or state on disk. A binding without a boot id
+// comes from an Edge that does not bind boots and is checked without it.
 type Opener struct {
-	priv     hpke.PrivateKey
-	keyID    string
-	issuer   ed25519.PublicKey
-	issuerID string
-	skew     time.Duration
-	replay   *ReplayCache
+	bootID    string
+	priv      hpke.PrivateKey
+	keyID     string
+	issuers   map[string]ed25519.PublicKey // by KeyID
+	issuerIDs []string                     // sorted
+	skew      time.Duration
+	replay    *ReplayCache
 }
 
 // NewOpener returns an Opener for the Node's X25519 recipient private key
-// and the Edge's Ed25519 issuer public key, with replay (nil = a new cache
-// of DefaultReplayCapacity) and skew (0 = DefaultSkew).
-func NewOpener(priv *ecdh.PrivateKey, issuer ed25519.PublicKey, replay *ReplayCache, skew time.Duration) (*Opener, error) {
+// and the Edge's Ed25519 issuer public keys — one, or several while the
+// Edge's issuer key is rotated (a lease signed by any of them verifies) —
+// with replay (nil = a new cache of DefaultReplayCapacity) and skew (0 =
+// DefaultSkew).
+func NewOpener(priv *ecdh.PrivateKey, issuers []ed25519.PublicKey, replay *ReplayCache, skew time.Duration) (*Opener, error) {
 	if priv == nil || priv.Curve() != ecdh.X25519() {
 		return nil, errors.New("lease opener: want an X25519 recipient private key")
 	}
-	if len(issuer) != ed25519.PublicKeySize {
-		return nil, errors.New("lease opener: want an Ed25519 issuer public key")
+	if len(issuers) == 0 {
+		return nil, errors.New("lease opener: want at least one Ed25519 issuer public key")
 	}
+	trusted := make(map[string]ed25519.PublicKey, len(issuers))
+	var ids []string
+	for _, k := range issuers {
+		if len(k) != ed25519.PublicKeySize {
+			return nil, errors.New("lease opener: want Ed25519 issuer public keys")
+		}
+		id := KeyID(k)
+		if _, dup := trusted[id]; !dup {
+			ids = append(ids, id)
+		}
+		trusted[id] = k
+	}
+	slices.Sort(ids)
 	hp, err := hpke.NewDHKEMPrivateKey(priv)
 	if err != nil {
 		return nil, fmt.Errorf("lease opener: %w", err)
@@ -71,22 +100,36 @@ func NewOpener(priv *ecdh.PrivateKey, issuer ed25519.PublicKey, replay *ReplayCa
 	if skew <= 0 {
 		skew = DefaultSkew
 	}
-	return &Opener{priv: hp, keyID: KeyID(priv.PublicKey().Bytes()), issuer: issuer, issuerID: KeyID(issuer),
+	boot := make([]byte, 16)
+	if _, err := rand.Read(boot); err != nil {
+		return nil, fmt.Errorf("lease opener: boot id: %w", err)
+	}
+	return &Opener{bootID: hex.EncodeToString(boot), priv: hp, keyID: KeyID(priv.PublicKey().Bytes()), issuers: trusted, issuerIDs: ids,
 		skew: skew, replay: replay}, nil
 }
+
+// BootID is this Opener's boot id: 32 hex digits, random per process
+// (one Opener per Node process), for RegisterRequest.boot_id.
+func (o *Opener) BootID() string { return o.bootID }
 
 // RecipientKeyID is the id of the Node's recipient key.
 func (o *Opener) RecipientKeyID() string { return o.keyID }
 
-// IssuerKeyID is the id of the issuer key the Node trusts.
-func (o *Opener) IssuerKeyID() string { return o.issuerID }
+// IssuerKeyIDs are the ids of the issuer keys the Node trusts, sorted.
+func (o *Opener) IssuerKeyIDs() []string { return slices.Clone(o.issuerIDs) }
+
+// TrustsIssuer reports whether id is one of the trusted issuer keys.
+func (o *Opener) TrustsIssuer(id string) bool {
+	_, ok := o.issuers[id]
+	return ok
+}
 
 // Open verifies l and b for a request in scope s at time now and returns
 // the plaintext credential (SPEC C3). The caller owns the returned slice
 // and must clear() it once the credential is in the outgoing request. A
 // lease that passes every check before the seal is recorded in the replay
 // cache even if the seal then fails to open: it is consumed. Errors are
-// *Error wrapping ErrMalformed, ErrIssuer, ErrSignature, ErrRecipient,
+// *Error wrapping ErrMalformed, ErrIssuer, ErrSignature, ErrRecipient, ErrBoot,
 // ErrScope, ErrLifetime, ErrNotYetValid, ErrExpired, ErrReplayed,
 // ErrReplayFull or ErrOpen. Presence rules are CheckPresence's; Open
 // treats a nil l or b as ErrMalformed.
@@ -156,15 +199,19 @@ func checkShape(l *iop.CredentialLease, b *iop.CredentialLeaseBinding) error {
 // verify runs every check after the shape but the seal, in the documented
 // order, and records the lease id in the replay cache last.
 func (o *Opener) verify(now time.Time, s Scope, l *iop.CredentialLease, b *iop.CredentialLeaseBinding) error {
-	if l.GetIssuerKeyId() != o.issuerID {
-		return reject(ErrIssuer, "issuer_key_id %.32q, this node trusts %s", l.GetIssuerKeyId(), o.issuerID)
+	issuer, ok := o.issuers[l.GetIssuerKeyId()]
+	if !ok {
+		return reject(ErrIssuer, "issuer_key_id %.32q, this node trusts %s", l.GetIssuerKeyId(), strings.Join(o.issuerIDs, ", "))
 	}
-	if !ed25519.Verify(o.issuer, signedBytes(CanonicalBinding(b), l), l.GetSignature()) {
+	if !ed25519.Verify(issuer, signedBytes(CanonicalBinding(b), l), l.GetSignature()) {
 		return reject(ErrSignature, "")
 	}
 	// Signed from here on: the fields are the Edge's own.
 	if l.GetRecipientKeyId() != o.keyID || b.GetRecipient() != o.keyID {
 		return reject(ErrRecipient, "recipient %s, this node is %s", l.GetRecipientKeyId(), o.keyID)
+	}
+	if id := b.GetNodeBootId(); id != "" && id != o.bootID {
+		return reject(ErrBoot, "node_boot_id %.40q, this node's is %s", id, o.bootID)
 	}
 	if err := checkScope(s, b); err != nil {
 		return err

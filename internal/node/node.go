@@ -90,6 +90,12 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 		// adapters end it with failure code node_shutdown.
 		DrainCause: adapter.ErrNodeShutdown,
 	}
+	if opener != nil {
+		// SPEC C3: the edge binds this process's leases to its boot (a
+		// restart invalidates them) and checks its issuer key against
+		// the ones trusted here before a reload.
+		so.BootID, so.TrustedIssuerKeyIDs = opener.BootID(), opener.IssuerKeyIDs()
+	}
 	p := supervisor.Policy{Interval: cfg.Interval(), MaxAttempts: cfg.MaxAttempts()}
 	log.Info("node starting", "edge_addr", cfg.EdgeAddr, "reconnect_interval_ms", p.Interval.Milliseconds(), "max_attempts", p.MaxAttempts)
 	return supervisor.Run(ctx, p, func(ctx context.Context) (bool, error) {
@@ -159,16 +165,28 @@ func leaseOpener(cfg *config.Config) (*lease.Opener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("node %s: credentials.recipient_private_key_file: %w", cfg.NodeID, err)
 	}
-	var issuer ed25519.PublicKey
-	if config.IsKeyBase64(cr.IssuerPublicKey) {
-		issuer, err = identity.ParseIssuerPublicKeyBase64(cr.IssuerPublicKey)
-	} else {
-		issuer, err = identity.LoadIssuerPublicKey(cr.IssuerPublicKey)
+	type entry struct{ key, value string }
+	entries := []entry{}
+	if cr.IssuerPublicKey != "" {
+		entries = append(entries, entry{"credentials.issuer_public_key", cr.IssuerPublicKey})
 	}
-	if err != nil {
-		return nil, fmt.Errorf("node %s: credentials.issuer_public_key: %w", cfg.NodeID, err)
+	for i, k := range cr.IssuerPublicKeys {
+		entries = append(entries, entry{fmt.Sprintf("credentials.issuer_public_keys[%d]", i), k})
 	}
-	o, err := lease.NewOpener(priv, issuer, lease.NewReplayCache(0), 0)
+	var issuers []ed25519.PublicKey
+	for _, e := range entries {
+		var issuer ed25519.PublicKey
+		if config.IsKeyBase64(e.value) {
+			issuer, err = identity.ParseIssuerPublicKeyBase64(e.value)
+		} else {
+			issuer, err = identity.LoadIssuerPublicKey(e.value)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("node %s: %s: %w", cfg.NodeID, e.key, err)
+		}
+		issuers = append(issuers, issuer)
+	}
+	o, err := lease.NewOpener(priv, issuers, lease.NewReplayCache(0), 0)
 	if err != nil {
 		return nil, fmt.Errorf("node %s: credentials: %w", cfg.NodeID, err)
 	}

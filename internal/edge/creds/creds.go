@@ -63,6 +63,10 @@ type Request struct {
 	Node      string
 	Provider  string
 	Target    string
+	// BootID is the selected node's boot id (RegisterRequest.boot_id),
+	// bound into the lease so that the node refuses it after a restart;
+	// Plane fills it in from its BootIDs source.
+	BootID string
 }
 
 type routeKey struct{ model, node, provider string }
@@ -269,6 +273,7 @@ func (m *Material) Lease(now time.Time, r Request) (*iop.CredentialLease, *iop.C
 		Principal: r.Principal, Slot: rt.slot, Route: r.Model, Profile: rt.profile, UpstreamTarget: r.Target,
 		NodeId: r.Node, Provider: r.Provider, CredentialRevision: rev, RouteRevision: rt.revision,
 		ProjectionGeneration: m.proj.Nodes[r.Node].Generation, AuthHeader: rt.header, AuthScheme: rt.scheme,
+		NodeBootId: r.BootID,
 	}
 	l, err := m.issuer.Issue(now, rcp, b, secret)
 	if err != nil {
@@ -285,6 +290,11 @@ func (m *Material) Lease(now time.Time, r Request) (*iop.CredentialLease, *iop.C
 // empty (the Edge's own). Errors: ErrNoRoute (no model group routes target
 // there), ErrIssue.
 func (m *Material) ProbeLease(now time.Time, node, provider, target string) (*iop.CredentialLease, *iop.CredentialLeaseBinding, error) {
+	return m.probeLease(now, node, provider, target, "")
+}
+
+// probeLease is ProbeLease binding the lease to the node's bootID.
+func (m *Material) probeLease(now time.Time, node, provider, target, bootID string) (*iop.CredentialLease, *iop.CredentialLeaseBinding, error) {
 	if !m.enabled {
 		return nil, nil, nil
 	}
@@ -292,14 +302,37 @@ func (m *Material) ProbeLease(now time.Time, node, provider, target string) (*io
 	if !ok {
 		return nil, nil, fmt.Errorf("%w: target %q on %s/%s", ErrNoRoute, target, node, provider)
 	}
-	return m.Lease(now, Request{Model: rk.model, Node: node, Provider: provider, Target: target})
+	return m.Lease(now, Request{Model: rk.model, Node: node, Provider: provider, Target: target, BootID: bootID})
+}
+
+// IssuerKeyID is the id (lease.KeyID) of the issuer key leases are signed
+// with, "" with the plane off.
+func (m *Material) IssuerKeyID() string {
+	if !m.enabled {
+		return ""
+	}
+	return m.issuer.KeyID()
 }
 
 // Plane is the Edge's credential plane: the current Material, swapped on
 // reload. Safe for concurrent use.
 type Plane struct {
-	cur atomic.Pointer[Material]
-	now func() time.Time
+	cur   atomic.Pointer[Material]
+	now   func() time.Time
+	boots atomic.Pointer[func(node string) string]
+}
+
+// BindBoots makes every lease carry its node's boot id, as boot returns it
+// (the transport's registration of that node; SPEC C3): a node refuses a
+// lease bound to another boot of itself, so its restart invalidates the
+// leases issued before. Until it is called leases carry none.
+func (p *Plane) BindBoots(boot func(node string) string) { p.boots.Store(&boot) }
+
+func (p *Plane) bootID(node string) string {
+	if f := p.boots.Load(); f != nil {
+		return (*f)(node)
+	}
+	return ""
 }
 
 // NewPlane returns a Plane serving m; now is the wall clock (nil =
@@ -321,11 +354,20 @@ func (p *Plane) Swap(m *Material) { p.cur.Store(m) }
 
 // Lease issues r's lease from the current Material (see Material.Lease).
 func (p *Plane) Lease(r Request) (*iop.CredentialLease, *iop.CredentialLeaseBinding, error) {
-	return p.cur.Load().Lease(p.now(), r)
+	m := p.cur.Load()
+	if !m.enabled {
+		return nil, nil, nil
+	}
+	r.BootID = p.bootID(r.Node)
+	return m.Lease(p.now(), r)
 }
 
 // ProbeLease issues a health probe's lease from the current Material (see
 // Material.ProbeLease).
 func (p *Plane) ProbeLease(node, provider, target string) (*iop.CredentialLease, *iop.CredentialLeaseBinding, error) {
-	return p.cur.Load().ProbeLease(p.now(), node, provider, target)
+	m := p.cur.Load()
+	if !m.enabled {
+		return nil, nil, nil
+	}
+	return m.probeLease(p.now(), node, provider, target, p.bootID(node))
 }

@@ -2,6 +2,7 @@ package creds
 
 import (
 	"bytes"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -112,7 +113,7 @@ func (f *fixture) opener(t *testing.T, node string) *lease.Opener {
 	if err != nil {
 		t.Fatal(err)
 	}
-	o, err := lease.NewOpener(priv, pub, nil, 0)
+	o, err := lease.NewOpener(priv, []ed25519.PublicKey{pub}, nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -384,5 +385,32 @@ func TestRevocationBySlotRemoval(t *testing.T) {
 	}
 	if len(m3.Revoked()) != 0 {
 		t.Errorf("Revoked() after set = %q", m3.Revoked())
+	}
+}
+
+// C3: the plane binds every lease, a probe's included, to the selected
+// node's boot id as the transport reports it, so the node refuses it after
+// a restart; without BindBoots, or for a node that reported none, the
+// binding carries none.
+func TestPlaneBindsBoots(t *testing.T) {
+	f := newFixture(t)
+	m, err := Load(f.config(t, true), nil, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := NewPlane(m, func() time.Time { return t0 })
+	r := Request{Model: "tiny", Node: "gpu-1", Provider: "ollama", Target: "tiny"}
+	if _, b, err := p.Lease(r); err != nil || b.NodeBootId != "" {
+		t.Fatalf("before BindBoots: %v, %v", b, err)
+	}
+	p.BindBoots(func(node string) string { return map[string]string{"gpu-1": "boot-1"}[node] })
+	if _, b, err := p.Lease(r); err != nil || b.NodeBootId != "boot-1" {
+		t.Fatalf("C3: lease binding boot %q (%v), want boot-1", b.GetNodeBootId(), err)
+	}
+	if _, b, err := p.ProbeLease("gpu-1", "ollama", "tiny"); err != nil || b.NodeBootId != "boot-1" {
+		t.Fatalf("C3: probe lease binding boot %q (%v), want boot-1", b.GetNodeBootId(), err)
+	}
+	if _, b, err := p.Lease(Request{Model: "big", Node: "gpu-2", Provider: "vllm", Target: "big-model"}); err != nil || b.NodeBootId != "" {
+		t.Fatalf("a node that reported no boot: %v, %v", b, err)
 	}
 }

@@ -27,8 +27,9 @@ const (
 )
 
 const usage = `usage:
-  edge pki init  -dir DIR [-trust-domain iop.local] -edge NAME -node NAME [-node NAME ...] [-force]
-  edge pki issue -dir DIR -node NAME [-trust-domain TD] [-force]
+  edge pki init   -dir DIR [-trust-domain iop.local] -edge NAME -node NAME [-node NAME ...] [-force]
+  edge pki issue  -dir DIR -node NAME [-trust-domain TD] [-force]
+  edge pki issuer -dir DIR -name NAME [-force]    (a new lease issuer pair NAME.key/NAME.pub, for rotation)
 `
 
 // Main runs "edge pki <init|issue> flags..."; args are the words after
@@ -43,6 +44,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "init":
 		return runInit(args[1:], stdout, stderr)
+	case "issuer":
+		return runIssuer(args[1:], stdout, stderr)
 	case "issue":
 		return runIssue(args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
@@ -152,6 +155,33 @@ func runIssue(args []string, stdout, stderr io.Writer) int {
 	}
 	printFiles(stdout, *dir, nodeFiles(nodes[0]))
 	return printRecipients(stdout, stderr, "edge pki issue", *dir, nodes)
+}
+
+// runIssuer writes a new lease issuer pair and prints its public key in
+// the form of a node config's credentials.issuer_public_keys entry.
+func runIssuer(args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("issuer", stderr)
+	dir := fs.String("dir", "", "PKI directory")
+	name := fs.String("name", "", "file name stem: writes NAME.key and NAME.pub")
+	force := fs.Bool("force", false, "overwrite existing files")
+	if code, done := parse(fs, args, stderr); done {
+		return code
+	}
+	if *dir == "" || *name == "" {
+		fmt.Fprint(stderr, "edge pki issuer: missing -dir or -name\n"+usage)
+		return ExitUsage
+	}
+	if err := identity.NewIssuer(*dir, *name, *force); err != nil {
+		return fail(stderr, "edge pki issuer", err)
+	}
+	printFiles(stdout, *dir, []string{*name + ".key", *name + ".pub"})
+	pub, err := identity.LoadIssuerPublicKey(filepath.Join(*dir, *name+".pub"))
+	if err != nil {
+		return fail(stderr, "edge pki issuer", err)
+	}
+	fmt.Fprintf(stdout, "\nlease issuer public key (add to each node's credentials.issuer_public_keys before the edge switches):\n  %s\n",
+		identity.IssuerPublicKeyBase64(pub))
+	return ExitOK
 }
 
 func nodeFiles(n string) []string {

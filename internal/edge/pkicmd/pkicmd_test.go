@@ -66,6 +66,23 @@ func TestPKICommand(t *testing.T) {
 		{name: "I1 init -force overwrites", setup: initPKI, args: func(d string) []string {
 			return []string{"init", "-dir", d, "-edge", "edge-1", "-node", "gpu-1", "-force"}
 		}, wantCode: ExitOK, wantOut: []string{"wrote $DIR/ca.key"}},
+		// C3: a second lease issuer pair for rotation with overlap.
+		{name: "C3 issuer new pair", setup: initPKI, args: func(d string) []string { return []string{"issuer", "-dir", d, "-name", "issuer-2"} },
+			wantCode: ExitOK, wantOut: []string{"wrote $DIR/issuer-2.key", "wrote $DIR/issuer-2.pub", "credentials.issuer_public_keys"},
+			check: func(t *testing.T, dir, stdout string) {
+				if _, err := identity.LoadIssuerPrivateKey(filepath.Join(dir, "issuer-2.key")); err != nil {
+					t.Error(err)
+				}
+				if strings.Contains(stdout, "PRIVATE KEY") {
+					t.Error("printed private key material")
+				}
+			}},
+		{name: "C3 issuer refuses overwrite", setup: initPKI, args: func(d string) []string { return []string{"issuer", "-dir", d, "-name", "issuer"} },
+			wantCode: ExitError, wantErr: []string{"issuer.key", "-force"}},
+		{name: "C3 issuer missing -name", args: func(d string) []string { return []string{"issuer", "-dir", d} },
+			wantCode: ExitUsage, wantErr: []string{"missing -dir or -name"}},
+		{name: "C3 issuer name of the CA refused", setup: initPKI, args: func(d string) []string { return []string{"issuer", "-dir", d, "-name", "ca", "-force"} },
+			wantCode: ExitUsage, wantErr: []string{"would overwrite"}},
 		{name: "I1 issue new node", setup: initPKI, args: func(d string) []string { return []string{"issue", "-dir", d, "-node", "gpu-9"} },
 			wantCode: ExitOK, wantOut: []string{"wrote $DIR/gpu-9.crt", "wrote $DIR/gpu-9.recipient.key", `gpu-9: "lease_recipient_public_key": "`},
 			check: func(t *testing.T, dir, _ string) {

@@ -453,6 +453,15 @@ func (r *Registry) Current(nodeID string, gen uint64) (ConnID, bool) {
 	return n.owner, true
 }
 
+// Owner returns the connection that owns nodeID now, pending or ready.
+func (r *Registry) Owner(nodeID string) (ConnID, bool) {
+	n := r.nodes[nodeID]
+	if n == nil || n.owner == 0 {
+		return 0, false
+	}
+	return n.owner, true
+}
+
 // Binding returns the (node, generation) connection c registered, and
 // whether it is still that node's current owner.
 func (r *Registry) Binding(c ConnID) (nodeID string, gen uint64, current bool) {

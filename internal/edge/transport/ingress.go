@@ -212,3 +212,18 @@ func boundHeaders(hs *[]*iop.Header) bool {
 	*hs = out
 	return changed
 }
+
+// boundList returns at most n entries of l, each at most max bytes (a
+// longer one is dropped).
+func boundList(l []string, n, max int) []string {
+	out := make([]string, 0, min(len(l), n))
+	for _, s := range l {
+		if len(out) == n {
+			break
+		}
+		if len(s) <= max {
+			out = append(out, s)
+		}
+	}
+	return out
+}

@@ -108,3 +108,47 @@ func TestReloadWhilePendingEndsOnCurrentPayload(t *testing.T) {
 		})
 	}
 }
+
+// C3: a registration's boot id and trusted issuer key ids are kept for
+// its generation: BootID names the current owner's (pending or ready)
+// boot, so the credential plane binds leases to it, and a new
+// registration (a restart) replaces it; UntrustingNodes lists the ready
+// nodes that reported their trusted issuer keys without the one asked.
+func TestRegistrationReportsBootAndIssuers(t *testing.T) {
+	leakcheck.Check(t)
+	h := newHarness(t, harnessOpts{})
+	reg := func(n *fakeNode, boot string, issuers ...string) {
+		n.send(&iop.Envelope{Kind: &iop.Envelope_RegisterRequest{RegisterRequest: &iop.RegisterRequest{
+			NodeId: "gpu-1", BootId: boot, TrustedIssuerKeyIds: issuers}}})
+		if env := n.recv(); !env.GetRegisterResponse().GetAccepted() {
+			t.Fatalf("register: %v", env)
+		}
+	}
+	if got := h.srv.BootID("gpu-1"); got != "" {
+		t.Fatalf("BootID before any registration = %q", got)
+	}
+	a := h.dial("gpu-1")
+	reg(a, "boot-a", "old")
+	if got := h.srv.BootID("gpu-1"); got != "boot-a" {
+		t.Fatalf("C3: BootID of the pending owner = %q, want boot-a", got)
+	}
+	if got := h.srv.UntrustingNodes("new"); len(got) != 0 {
+		t.Fatalf("UntrustingNodes counts a pending node: %v", got)
+	}
+	if !a.ready("gpu-1").GetReady() {
+		t.Fatal("not ready")
+	}
+	h.wantHooks(hookCall{"ready", "gpu-1", 1})
+	if got := h.srv.UntrustingNodes("new"); len(got) != 1 || got[0] != "gpu-1" {
+		t.Fatalf("C3: UntrustingNodes(new) = %v, want [gpu-1]", got)
+	}
+	if got := h.srv.UntrustingNodes("old"); len(got) != 0 {
+		t.Fatalf("UntrustingNodes(old) = %v, want none", got)
+	}
+	b := h.dial("gpu-1") // the node restarted
+	reg(b, "boot-b", "old", "new")
+	if got := h.srv.BootID("gpu-1"); got != "boot-b" {
+		t.Fatalf("C3: BootID after the restart = %q, want boot-b", got)
+	}
+	h.wantHooks(hookCall{"fence", "gpu-1", 1})
+}

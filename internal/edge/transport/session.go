@@ -52,6 +52,11 @@ type session struct {
 	// Nodes compare them with the current payload).
 	revision        string
 	restartRevision string
+	// bootID and trustedIssuers are what the registration reported
+	// (RegisterRequest.boot_id, trusted_issuer_key_ids); guarded by
+	// Server.mu.
+	bootID         string
+	trustedIssuers []string
 
 	mu      sync.Mutex // guards the fields below; after Server.mu, before stream.mu
 	lost    bool       // streams and waiters have been failed; no new ones
@@ -372,6 +377,8 @@ func (c *session) register(req *iop.RegisterRequest) bool {
 		if res.OK {
 			resp.Config = s.cfg.NodePayload(res.Node) // SPEC L3, N5
 			c.revision = resp.Config.GetRevision()
+			c.bootID = req.GetBootId()
+			c.trustedIssuers = boundList(req.GetTrustedIssuerKeyIds(), maxMapEntries, maxShortText)
 		}
 		c.sendMust(&iop.Envelope{Kind: &iop.Envelope_RegisterResponse{RegisterResponse: resp}})
 		return fx

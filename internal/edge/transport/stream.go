@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 	"time"
 
@@ -410,4 +411,47 @@ func (s *Server) RefreshAll(ctx context.Context) []RefreshResult {
 	}
 	wg.Wait()
 	return todo
+}
+
+// BootID returns the boot id the current owner of node (pending or ready)
+// registered with (RegisterRequest.boot_id), or "" when it has none or
+// reported none. The credential plane binds it into the node's leases
+// (CredentialLeaseBinding.node_boot_id), so a lease issued before the node
+// restarted is refused by the restarted node.
+func (s *Server) BootID(node string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c := s.ownerLocked(node); c != nil {
+		return c.bootID
+	}
+	return ""
+}
+
+// UntrustingNodes lists the ready nodes, in config order, that reported
+// the issuer keys they trust at registration and do not trust the issuer
+// key keyID: a config whose leases they would all refuse (SPEC C3).
+func (s *Server) UntrustingNodes(keyID string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, n := range s.reg.Nodes() {
+		id, ok := s.reg.Current(n.ID, n.Gen)
+		c := s.sessions[id]
+		if !ok || c == nil || len(c.trustedIssuers) == 0 {
+			continue
+		}
+		if !slices.Contains(c.trustedIssuers, keyID) {
+			out = append(out, n.ID)
+		}
+	}
+	return out
+}
+
+// ownerLocked is the session of node's current owner in either phase, or
+// nil. Called with s.mu held.
+func (s *Server) ownerLocked(node string) *session {
+	if id, ok := s.reg.Owner(node); ok {
+		return s.sessions[id]
+	}
+	return nil
 }

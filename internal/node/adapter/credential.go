@@ -3,6 +3,7 @@ package adapter
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"iop/internal/lease"
 	"iop/internal/node/adapter/upstream"
@@ -27,9 +28,9 @@ func checkLeaseKeys(rt *iop.NodeRuntimeConfig, o *lease.Opener) error {
 		return fmt.Errorf("%w: the edge seals leases to recipient key %.16s, this node's credentials.recipient_private_key_file is key %s "+
 			"(nodes[].lease_recipient_public_key in the edge config must be this node's <node>.recipient.pub)", ErrLeaseKeyMismatch, id, o.RecipientKeyID())
 	}
-	if id := rt.GetCredentialIssuerKeyId(); id != "" && id != o.IssuerKeyID() {
-		return fmt.Errorf("%w: the edge signs leases with issuer key %.16s, this node's credentials.issuer_public_key is key %s "+
-			"(it must be the edge's issuer.pub)", ErrLeaseKeyMismatch, id, o.IssuerKeyID())
+	if id := rt.GetCredentialIssuerKeyId(); id != "" && !o.TrustsIssuer(id) {
+		return fmt.Errorf("%w: the edge signs leases with issuer key %.16s, this node's credentials.issuer_public_key(s) are keys %s "+
+			"(add the edge's issuer.pub to them and restart the node)", ErrLeaseKeyMismatch, id, strings.Join(o.IssuerKeyIDs(), ", "))
 	}
 	return nil
 }

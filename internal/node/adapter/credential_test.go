@@ -38,7 +38,7 @@ func newLeaseKit(t testing.TB) *leaseKit {
 		t.Fatal(err)
 	}
 	r, _ := lease.NewRecipient(rpriv.PublicKey())
-	o, err := lease.NewOpener(rpriv, ipriv.Public().(ed25519.PublicKey), nil, 0)
+	o, err := lease.NewOpener(rpriv, []ed25519.PublicKey{ipriv.Public().(ed25519.PublicKey)}, nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +226,7 @@ func TestCredentialPlaneNeedsKeys(t *testing.T) {
 		t.Fatalf("got %v, want ErrNoLeaseKeys", err)
 	}
 	k := newLeaseKit(t)
-	rid, iid := k.opener.RecipientKeyID(), k.opener.IssuerKeyID()
+	rid, iid := k.opener.RecipientKeyID(), k.opener.IssuerKeyIDs()[0]
 	for _, row := range []struct {
 		name       string
 		recipient  string
@@ -237,7 +237,7 @@ func TestCredentialPlaneNeedsKeys(t *testing.T) {
 		{"C3 the payload names this node's keys", rid, iid, nil, ""},
 		{"C3 an edge that names no key ids is not checked", "", "", nil, ""},
 		{"C3 sealed to another recipient key", "0123456789abcdef", iid, adapter.ErrLeaseKeyMismatch, "recipient key 0123456789abcdef, this node's credentials.recipient_private_key_file is key " + rid},
-		{"C3 signed by another issuer key", rid, "fedcba9876543210", adapter.ErrLeaseKeyMismatch, "issuer key fedcba9876543210, this node's credentials.issuer_public_key is key " + iid},
+		{"C3 signed by another issuer key", rid, "fedcba9876543210", adapter.ErrLeaseKeyMismatch, "issuer key fedcba9876543210, this node's credentials.issuer_public_key(s) are keys " + iid},
 	} {
 		t.Run(row.name, func(t *testing.T) {
 			s, err := adapter.NewSet(&iop.NodeConfigPayload{Runtime: &iop.NodeRuntimeConfig{CredentialsEnabled: true,

@@ -103,6 +103,21 @@ type Credentials struct {
 	// IssuerPublicKey is the Edge's Ed25519 lease issuer public key: the
 	// base64 line `edge pki init` prints, or the path of issuer.pub.
 	IssuerPublicKey string `json:"issuer_public_key"`
+	// IssuerPublicKeys are more issuer public keys to trust, in the same
+	// forms: while the Edge's issuer key is rotated the node trusts the
+	// old and the new one, so no lease fails at the switch (README,
+	// "Rotating the lease issuer key").
+	IssuerPublicKeys []string `json:"issuer_public_keys"`
+}
+
+// IssuerKeys are every trusted issuer public key entry: issuer_public_key
+// (when set) then issuer_public_keys.
+func (c Credentials) IssuerKeys() []string {
+	var out []string
+	if c.IssuerPublicKey != "" {
+		out = append(out, c.IssuerPublicKey)
+	}
+	return append(out, c.IssuerPublicKeys...)
 }
 
 // Interval is the reconnect interval.
@@ -136,6 +151,11 @@ func Load(path string) (*Config, error) {
 	paths := []*string{&c.TLS.CertFile, &c.TLS.KeyFile, &c.TLS.CAFile, &c.Credentials.RecipientPrivateKeyFile}
 	if !IsKeyBase64(c.Credentials.IssuerPublicKey) {
 		paths = append(paths, &c.Credentials.IssuerPublicKey) // a file path
+	}
+	for i := range c.Credentials.IssuerPublicKeys {
+		if !IsKeyBase64(c.Credentials.IssuerPublicKeys[i]) {
+			paths = append(paths, &c.Credentials.IssuerPublicKeys[i])
+		}
 	}
 	for _, p := range paths {
 		if *p != "" && !strings.HasPrefix(*p, "/") {
@@ -210,8 +230,13 @@ func (c *Config) validate() jsonconfig.Errors {
 	if !tdRE.MatchString(c.TLS.TrustDomain) {
 		add("tls.trust_domain", "invalid trust domain %q", c.TLS.TrustDomain)
 	}
-	if (c.Credentials.RecipientPrivateKeyFile == "") != (c.Credentials.IssuerPublicKey == "") {
-		add("credentials", "set both recipient_private_key_file and issuer_public_key, or neither (the credential plane needs both)")
+	if (c.Credentials.RecipientPrivateKeyFile == "") != (len(c.Credentials.IssuerKeys()) == 0) {
+		add("credentials", "set both recipient_private_key_file and issuer_public_key (or issuer_public_keys), or neither (the credential plane needs both)")
+	}
+	for i, k := range c.Credentials.IssuerPublicKeys {
+		if k == "" {
+			add(fmt.Sprintf("credentials.issuer_public_keys[%d]", i), "empty")
+		}
 	}
 	if !nameRE.MatchString(c.TLS.ExpectedEdgeName) {
 		add("tls.expected_edge_name", "invalid edge name %q", c.TLS.ExpectedEdgeName)

@@ -197,9 +197,14 @@ type Options struct {
 	// NewExecutor applies a config payload (registration and refresh).
 	NewExecutor NewExecutorFunc
 	// Version is reported in RegisterRequest.version.
-	Version  string
-	Logger   *slog.Logger // nil: discard
-	Timeouts Timeouts
+	Version string
+	// BootID and TrustedIssuerKeyIDs are reported in RegisterRequest: this
+	// process's lease boot id and the issuer keys it trusts
+	// (lease.Opener.BootID, IssuerKeyIDs); empty without lease keys.
+	BootID              string
+	TrustedIssuerKeyIDs []string
+	Logger              *slog.Logger // nil: discard
+	Timeouts            Timeouts
 	// SendQueue is the send queue length in frames; 0 = DefaultSendQueue.
 	SendQueue int
 	// DrainTimeout bounds the graceful drain of a ready session when
@@ -344,7 +349,7 @@ func (s *session) register() (*execRef, error) {
 		return nil
 	}
 	if err := send(&iop.Envelope{Kind: &iop.Envelope_RegisterRequest{RegisterRequest: &iop.RegisterRequest{
-		NodeId: s.o.NodeID, Version: s.o.Version,
+		NodeId: s.o.NodeID, Version: s.o.Version, BootId: s.o.BootID, TrustedIssuerKeyIds: s.o.TrustedIssuerKeyIDs,
 	}}}); err != nil {
 		return nil, err
 	}

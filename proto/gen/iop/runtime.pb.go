@@ -593,9 +593,20 @@ type RegisterRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// Node build version, informational (e.g. "0.1.0").
-	Version       string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Version string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	// Random id of this Node process, made at its start (128 bits, hex): the
+	// Edge binds it into every credential lease for this Node
+	// (CredentialLeaseBinding.node_boot_id), so a restart of the Node
+	// invalidates the leases issued before it, whatever the replay cache
+	// forgot. "" = a Node that does not bind leases to its boot.
+	BootId string `protobuf:"bytes,3,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`
+	// Key ids (lease.KeyID) of every lease issuer public key this Node
+	// trusts (SPEC C3; more than one while an issuer key is rotated). The
+	// Edge refuses a config reload whose issuer key a ready Node that sent
+	// this list does not trust. Public values; empty = not reported.
+	TrustedIssuerKeyIds []string `protobuf:"bytes,4,rep,name=trusted_issuer_key_ids,json=trustedIssuerKeyIds,proto3" json:"trusted_issuer_key_ids,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *RegisterRequest) Reset() {
@@ -640,6 +651,20 @@ func (x *RegisterRequest) GetVersion() string {
 		return x.Version
 	}
 	return ""
+}
+
+func (x *RegisterRequest) GetBootId() string {
+	if x != nil {
+		return x.BootId
+	}
+	return ""
+}
+
+func (x *RegisterRequest) GetTrustedIssuerKeyIds() []string {
+	if x != nil {
+		return x.TrustedIssuerKeyIds
+	}
+	return nil
 }
 
 // RegisterResponse answers RegisterRequest. When accepted, the connection is
@@ -3365,7 +3390,11 @@ type CredentialLeaseBinding struct {
 	AuthScheme string `protobuf:"bytes,12,opt,name=auth_scheme,json=authScheme,proto3" json:"auth_scheme,omitempty"`
 	// Adapter instance (provider_id) the lease is for: a lease for one
 	// adapter is never used on another of the same Node.
-	Provider      string `protobuf:"bytes,13,opt,name=provider,proto3" json:"provider,omitempty"`
+	Provider string `protobuf:"bytes,13,opt,name=provider,proto3" json:"provider,omitempty"`
+	// The boot_id the selected Node registered with: a Node refuses a lease
+	// bound to another boot of itself (a lease issued before it restarted).
+	// "" when the Node reported none.
+	NodeBootId    string `protobuf:"bytes,14,opt,name=node_boot_id,json=nodeBootId,proto3" json:"node_boot_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3487,6 +3516,13 @@ func (x *CredentialLeaseBinding) GetAuthScheme() string {
 func (x *CredentialLeaseBinding) GetProvider() string {
 	if x != nil {
 		return x.Provider
+	}
+	return ""
+}
+
+func (x *CredentialLeaseBinding) GetNodeBootId() string {
+	if x != nil {
+		return x.NodeBootId
 	}
 	return ""
 }
@@ -3664,10 +3700,12 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x0frefresh_request\x18\x17 \x01(\v2(.iop.runtime.v1.NodeConfigRefreshRequestH\x00R\x0erefreshRequest\x12V\n" +
 	"\x10refresh_response\x18\x18 \x01(\v2).iop.runtime.v1.NodeConfigRefreshResponseH\x00R\x0frefreshResponse\x12M\n" +
 	"\x0fdraining_notice\x18\x19 \x01(\v2\".iop.runtime.v1.NodeDrainingNoticeH\x00R\x0edrainingNoticeB\x06\n" +
-	"\x04kind\"D\n" +
+	"\x04kind\"\x92\x01\n" +
 	"\x0fRegisterRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
-	"\aversion\x18\x02 \x01(\tR\aversion\"\x81\x01\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\x12\x17\n" +
+	"\aboot_id\x18\x03 \x01(\tR\x06bootId\x123\n" +
+	"\x16trusted_issuer_key_ids\x18\x04 \x03(\tR\x13trustedIssuerKeyIds\"\x81\x01\n" +
 	"\x10RegisterResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x129\n" +
@@ -3934,7 +3972,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"ciphertext\x12\x1c\n" +
 	"\tsignature\x18\x06 \x01(\fR\tsignature\x12\"\n" +
 	"\rissuer_key_id\x18\a \x01(\tR\vissuerKeyId\x12(\n" +
-	"\x10recipient_key_id\x18\b \x01(\tR\x0erecipientKeyId\"\xc5\x03\n" +
+	"\x10recipient_key_id\x18\b \x01(\tR\x0erecipientKeyId\"\xe7\x03\n" +
 	"\x16CredentialLeaseBinding\x12\x1c\n" +
 	"\tprincipal\x18\x01 \x01(\tR\tprincipal\x12\x12\n" +
 	"\x04slot\x18\x02 \x01(\tR\x04slot\x12\x14\n" +
@@ -3951,7 +3989,9 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"authHeader\x12\x1f\n" +
 	"\vauth_scheme\x18\f \x01(\tR\n" +
 	"authScheme\x12\x1a\n" +
-	"\bprovider\x18\r \x01(\tR\bprovider\"\x88\x03\n" +
+	"\bprovider\x18\r \x01(\tR\bprovider\x12 \n" +
+	"\fnode_boot_id\x18\x0e \x01(\tR\n" +
+	"nodeBootId\"\x88\x03\n" +
 	"\x10ProviderSnapshot\x12\x1f\n" +
 	"\vprovider_id\x18\x01 \x01(\tR\n" +
 	"providerId\x12\x1a\n" +
