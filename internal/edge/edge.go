@@ -147,7 +147,8 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	plane.BindBoots(tr.BootID) // SPEC C3: a node's restart invalidates its earlier leases
 	ht = health.New(health.Options{Overlay: overlayEvents{p, bus}, Commander: tr, Logger: log.With("component", "health"),
 		ProbeInterval: o.HealthProbeInterval, ProbeCredentials: plane.ProbeLease})
-	metrics, recent := access.NewMetrics(), access.NewRecent(0)
+	hist := access.NewSeries(time.Now) // the operator page's last 15 minutes
+	metrics, recent := access.NewMetrics(hist), access.NewRecent(0)
 	od := outlier.New(outlier.Options{Pool: ejectEvents{p, bus}, Policy: OutlierPolicy(cfg), Logger: log.With("component", "outlier")})
 	defer od.Close()
 	h := api.New(api.Options{Config: current, Pool: p, Dispatcher: tr, Health: ht, Outlier: od, Logger: log.With("component", "api"),
@@ -170,7 +171,7 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 		Access: func() admin.Access {
 			c := current()
 			return admin.Access{TokenSHA256: c.Admin.TokenSHA256, AllowedHosts: c.Admin.AllowedHosts}
-		}})
+		}, Series: hist})
 	for _, w := range cfg.Warnings() {
 		log.Warn(w)
 	}
@@ -213,10 +214,14 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	hctx, stopHealth := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	errc := make(chan error, 3)
-	wg.Add(4)
+	wg.Add(5)
 	go func() {
 		defer wg.Done()
 		ht.Run(hctx) // the recovery loop (SPEC H10)
+	}()
+	go func() {
+		defer wg.Done()
+		sampleSeries(hctx, p, hist)
 	}()
 	go func() {
 		defer wg.Done()

@@ -42,8 +42,8 @@ var arches = []string{"amd64", "arm64"}
 var programs = []string{"edge", "node"}
 
 // paths are what the archive carries from the source tree besides the
-// binaries: files, or directories taken whole (files whose name starts
-// with "." skipped). A missing one is an error.
+// binaries: files, or directories taken whole but for names starting with
+// "." and Go files (docs/ holds its own checks). A missing one is an error.
 var paths = []string{"README.md", "docs", "deploy"}
 
 // Options for Build.
@@ -224,7 +224,7 @@ func BuildEnv(env []string, arch string) []string {
 
 // collect reads paths (relative to src, slash-separated) into Files:
 // a file as is, a directory's regular files recursively. Names starting
-// with "." are skipped inside directories; symlinks and other special
+// with "." and Go files are skipped inside directories; symlinks and other special
 // files are an error (an archive carries regular files only).
 func collect(src string, paths []string) ([]File, error) {
 	var files []File
@@ -258,6 +258,9 @@ func collect(src string, paths []string) ([]File, error) {
 		err = filepath.WalkDir(root, func(fp string, d fs.DirEntry, err error) error {
 			if err != nil {
 				return err
+			}
+			if !d.IsDir() && strings.HasSuffix(d.Name(), ".go") {
+				return nil // docs/'s own checks (go test ./docs), not documentation
 			}
 			if fp != root && strings.HasPrefix(d.Name(), ".") {
 				if d.IsDir() {

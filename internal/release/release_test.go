@@ -32,7 +32,8 @@ func repoRoot(t *testing.T) string {
 }
 
 // fakeTree writes a minimal source tree: what Build packs, with the given
-// mtimes and modes, plus files it must leave out.
+// mtimes and modes, plus files it must leave out (dot files, Go files,
+// what is not in paths).
 func fakeTree(t *testing.T, mtime time.Time, mode fs.FileMode) string {
 	t.Helper()
 	dir := t.TempDir()
@@ -41,6 +42,7 @@ func fakeTree(t *testing.T, mtime time.Time, mode fs.FileMode) string {
 		"docs/install.md":                 "# Installing\n",
 		"docs/.install.md.swp":            "editor junk",
 		"docs/.hidden/x":                  "junk",
+		"docs/layout_test.go":             "package docs",
 		"deploy/systemd/iop-edge.service": "[Unit]\n",
 		"deploy/sysusers.d/iop.conf":      "u iop-edge -\n",
 		"BENCHMARKS.md":                   "not packed",

@@ -206,16 +206,32 @@ func runDir(t *testing.T) string {
 // Issue 15: the operator page works in a real headless browser: it shows
 // the node row connected with its providers, has no script error (the CSP
 // allows only its own inline code), follows a node's SIGTERM to
-// "disconnected" by itself, and a screenshot is saved in
+// "disconnected" by itself, draws the last 15 minutes of a burst of
+// traffic (requests, time to first byte, tokens per model group, in-flight
+// per provider: GET /series), and a screenshot is saved in
 // .run/operator-page.png.
 func TestOperatorPage(t *testing.T) {
 	s := newStack(t)
 	exe := chromium(t)
-	// One failed request so "Last errors" has a row.
-	if resp, err := s.post(context.Background(), "/v1/chat/completions", chatBody("no-such-model", false, 0), "page-404", demoKey); err == nil {
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
+	// A burst of traffic for the charts of the last 15 minutes, with
+	// failed requests so that "Last errors" has a row, and one long stream
+	// held in flight while the page waits for its provider chart to show it.
+	burst(t, s)
+	long, err := s.post(context.Background(), "/v1/chat/completions", chatBody("tiny-loop", true, 400), "page-long", demoKey)
+	if err != nil {
+		t.Fatal(err)
 	}
+	longFirst, longDone := readStream(long)
+	select {
+	case <-longFirst:
+	case <-time.After(requestTimeout):
+		t.Fatal("the long stream sent nothing")
+	}
+	closeLong := sync.OnceFunc(func() {
+		long.Body.Close()
+		<-longDone
+	})
+	defer closeLong()
 	opts := append(slices.Clone(chromedp.DefaultExecAllocatorOptions[:]),
 		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.DisableGPU, chromedp.UserDataDir(t.TempDir()),
 		chromedp.Flag("disable-quic", true), chromedp.Flag("no-first-run", true),
@@ -256,7 +272,7 @@ func TestOperatorPage(t *testing.T) {
 		t.Fatalf("start %s: %v", exe, err)
 	}
 	node := chromedp.CSS(`tr.node[data-node="` + nodeID + `"]`)
-	err := chromedp.Do(ctx,
+	err = chromedp.Do(ctx,
 		chromedp.Navigate("http://"+s.adminAddr+"/"),
 		chromedp.WaitVisible(node),
 		chromedp.WaitVisible(chromedp.CSS(`tr.provider[data-provider="oa"]`)),
@@ -264,6 +280,22 @@ func TestOperatorPage(t *testing.T) {
 	)
 	if err != nil {
 		t.Fatalf("load the operator page in %s: %v", exe, err)
+	}
+	// The charts have data: the model group's requests, time to first
+	// byte and tokens, and a provider's in-flight peak (the sampler runs
+	// every second; the page polls /series every 5 s).
+	const charts = `(function(){const q=(m,k)=>document.querySelector('svg.chart[data-model="'+m+'"][data-metric="'+k+'"]');` +
+		`const n=(e,a)=>e!==null&&Number(e.dataset[a])>0;` +
+		`return n(q("tiny","requests"),"points")&&n(q("tiny","ttfb"),"points")&&n(q("tiny","tokens"),"peak")&&` +
+		`[...document.querySelectorAll('svg.chart[data-metric="in_flight"]')].some(e=>n(e,"peak"));})()`
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](charts, chromedp.WithPollingTimeout(30*time.Second))); err != nil {
+		state, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`JSON.stringify([...document.querySelectorAll("svg.chart")].map(e=>Object.assign({},e.dataset)))`))
+		t.Fatalf("the charts show no data after the burst: %v\n%s", err, state)
+	}
+	closeLong() // its provider chart has shown it; the node's drain below need not wait for it
+	rows, err := chromedp.Run(ctx, chromedp.Evaluate[string](`[...document.querySelectorAll("#model-charts .chart-row")].map(r=>r.dataset.model).join(",")`))
+	if err != nil || rows != "tiny,tiny-oa,_other" {
+		t.Errorf("model groups charted %q (%v), want tiny,tiny-oa,_other (config order, then _other; tiny-loop's stream is still going)", rows, err)
 	}
 	nodeRow, err := chromedp.Run(ctx, chromedp.Text(node))
 	if err != nil {
@@ -311,6 +343,52 @@ func TestOperatorPage(t *testing.T) {
 	defer mu.Unlock()
 	if len(jsErrs) > 0 {
 		t.Errorf("script errors on the page: %q", jsErrs)
+	}
+}
+
+// burst sends the operator page's charts something to draw: ten plain
+// answers on the run path and ten streams on the tunnel, four at a time,
+// and three requests for an unknown model (one with request id page-404).
+func burst(t *testing.T, s *stack) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
+	type req struct {
+		body, id string
+		status   int
+	}
+	var reqs []req
+	for i := range 10 {
+		reqs = append(reqs, req{chatBody("tiny", false, 0), fmt.Sprintf("burst-%d", i), 200},
+			req{chatBody("tiny-oa", true, 0), fmt.Sprintf("burst-oa-%d", i), 200})
+	}
+	for i := range 3 {
+		reqs = append(reqs, req{chatBody("no-such-model", false, 0), fmt.Sprintf("page-404-%d", i), 404})
+	}
+	reqs[len(reqs)-1].id = "page-404"
+	var wg sync.WaitGroup
+	errs := make(chan error, len(reqs))
+	sem := make(chan struct{}, 4)
+	for _, r := range reqs {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			resp, err := s.post(ctx, "/v1/chat/completions", r.body, r.id, demoKey)
+			if err != nil {
+				errs <- err
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != r.status {
+				errs <- fmt.Errorf("%s: status %d, want %d", r.id, resp.StatusCode, r.status)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
 	}
 }
 

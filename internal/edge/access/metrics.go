@@ -47,6 +47,16 @@ type Metrics struct {
 	queue    map[mpKey]*histogram
 	tokens   map[tokKey]uint64
 	inFlight map[string]int64
+	// also are told of every Record Observe counts (set once by
+	// NewMetrics, read without the lock).
+	also []Observer
+}
+
+// Observer is told of every finished request Metrics.Observe counts
+// (Series keeps the operator page's recent history from them). Observe
+// must be quick and must not keep r.
+type Observer interface {
+	Observe(r *Record)
 }
 
 type reqKey struct {
@@ -72,9 +82,11 @@ func (h *histogram) observe(bounds []float64, v float64) {
 	h.n++
 }
 
-// NewMetrics returns empty Metrics.
-func NewMetrics() *Metrics {
+// NewMetrics returns empty Metrics that also tell also of every request
+// they observe.
+func NewMetrics(also ...Observer) *Metrics {
 	return &Metrics{
+		also:     also,
 		requests: map[reqKey]uint64{},
 		duration: map[mpKey]*histogram{},
 		ttfb:     map[mpKey]*histogram{},
@@ -107,7 +119,8 @@ func (m *Metrics) End(model string) {
 	m.mu.Unlock()
 }
 
-// Observe counts one finished request: the requests counter, the duration
+// Observe counts one finished request (and tells the Observers given to
+// NewMetrics): the requests counter, the duration
 // histogram, the time-to-first-byte histogram (only when a byte was
 // written), the queue-wait histogram (only when it reached the queue, i.e.
 // Path is not PathNone or QueueWait > 0) and the tokens.
@@ -118,6 +131,9 @@ func (m *Metrics) Observe(r *Record) {
 		path = PathNone
 	}
 	mp := mpKey{model, path}
+	for _, o := range m.also {
+		o.Observe(r)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.requests[reqKey{model, r.Surface, path, r.Status, r.Outcome}]++

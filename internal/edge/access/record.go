@@ -5,7 +5,9 @@
 // request's end, the request metrics (iop_edge_requests_total, the
 // duration, time-to-first-byte and queue-wait histograms, tokens, requests
 // in flight), the bounded list of the last errors the operator page shows,
-// and the request id (X-Request-Id) rules.
+// the page's last 15 minutes in fixed rings (Series: requests, errors, time
+// to first byte, tokens per model group; providers' in-flight against
+// capacity, sampled by the Edge), and the request id (X-Request-Id) rules.
 //
 // It must never see a request or response body, an API key, a lease or any
 // other secret (SPEC P4): a Record holds names, numbers and codes only, and

@@ -9,6 +9,8 @@
 //	GET /status/keys  JSON: every API key's usage (docs/keys.md K7)
 //	GET /metrics  Prometheus text exposition format 0.0.4
 //	GET /events   SSE of node and provider events (SPEC N4)
+//	GET /series   JSON: the last 15 minutes per model group and provider
+//	              (access.Series), drawn as the page's charts
 //	/debug/pprof/ net/http/pprof, only when Options.Pprof is set
 //
 // It reads state through small interfaces and never changes it. It never
@@ -114,6 +116,8 @@ type Options struct {
 	// Keys, when set, adds per-key usage to /status ("keys", keys.go)
 	// and serves GET /status/keys.
 	Keys KeySource
+	// Series, when set, is served as GET /series and drawn on the page.
+	Series SeriesSource
 }
 
 // New returns the admin http.Handler.
@@ -124,6 +128,7 @@ func New(o Options) http.Handler {
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, r *http.Request) { serveStatus(w, o) })
 	mux.HandleFunc("GET /status/keys", func(w http.ResponseWriter, r *http.Request) { serveKeys(w, o.Keys) })
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) { serveMetrics(w, o) })
+	mux.HandleFunc("GET /series", func(w http.ResponseWriter, r *http.Request) { serveSeries(w, o.Series) })
 	mux.HandleFunc("GET /events", func(w http.ResponseWriter, r *http.Request) { serveEvents(w, r, o.Events) })
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
 	if o.Pprof {

@@ -17,10 +17,18 @@ import (
 //go:embed page.html
 var pageHTML string
 
+// chartsHTML defines the page's charts of the last 15 minutes (GET
+// /series): the section, its style and its script, included by page.html.
+//
+//go:embed charts.html
+var chartsHTML string
+
 // pageTemplate is parsed once per handler (New); html/template escapes the
 // version and the nonce for their contexts.
 func pageTemplate() *template.Template {
-	return template.Must(template.New("page").Parse(pageHTML))
+	t := template.Must(template.New("page").Parse(pageHTML))
+	template.Must(t.New("charts").Parse(chartsHTML))
+	return t
 }
 
 // pageData is what the template fills in.

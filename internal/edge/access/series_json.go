@@ -1,0 +1,155 @@
+package access
+
+import (
+	"math"
+	"strconv"
+	"time"
+	"unsafe"
+)
+
+const (
+	sizeofGroup    = unsafe.Sizeof(groupRing{})
+	sizeofProvider = unsafe.Sizeof(providerRing{})
+)
+
+// JSON is AppendJSON at the clock's now (NewSeries).
+func (s *Series) JSON() []byte {
+	return s.AppendJSON(make([]byte, 0, 4096), s.now())
+}
+
+// AppendJSON appends the series as the admin listener's GET /series
+// serves them and returns the extended buffer:
+//
+//	{"step_ms":10000,"slots":90,"start_ms":…,"now_ms":…,
+//	 "models":[{"name":"tiny","requests_per_s":[…],"errors_per_s":[…],
+//	   "ttfb_p50_ms":[…],"ttfb_p99_ms":[…],
+//	   "prompt_tokens_per_s":[…],"completion_tokens_per_s":[…]}],
+//	 "providers":[{"node":"gpu-1","provider":"ollama",
+//	   "in_flight_mean":[…],"in_flight_max":[…],"capacity":[…]}]}
+//
+// Every array has SeriesSlots values on one time axis: value i is the slot that
+// starts at start_ms + i·step_ms (Unix ms), the last one the slot holding
+// now_ms, which is still filling: its rates are over the part of it that
+// has passed (at least 1 s). A configured group without a request since
+// the edge started has its name only. Rates are per second; a quantile is null in a
+// slot without a request that ended ok with a byte written, a provider
+// value null in a slot without a sample. Models are the configured groups
+// in config order, then OtherModel; providers in the order the
+// last Sample gave them.
+func (s *Series) AppendJSON(b []byte, now time.Time) []byte {
+	cur := slotOf(now)
+	first := cur - SeriesSlots + 1
+	start := time.Unix(0, first*int64(SeriesStep))
+	elapsed := max(now.Sub(time.Unix(0, cur*int64(SeriesStep))), time.Second)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b = append(b, `{"step_ms":`...)
+	b = strconv.AppendInt(b, SeriesStep.Milliseconds(), 10)
+	b = append(b, `,"slots":`...)
+	b = strconv.AppendInt(b, SeriesSlots, 10)
+	b = append(b, `,"start_ms":`...)
+	b = strconv.AppendInt(b, start.UnixMilli(), 10)
+	b = append(b, `,"now_ms":`...)
+	b = strconv.AppendInt(b, now.UnixMilli(), 10)
+	b = append(b, `,"models":[`...)
+	for gi, name := range s.sortedGroups() {
+		g := s.groups[name]
+		if gi > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"name":`...)
+		b = strconv.AppendQuote(b, name)
+		if g == nil { // configured, no request yet
+			b = append(b, '}')
+			continue
+		}
+		// at is slot n of g, or nil when g holds none for it.
+		at := func(n int64) *groupSlot {
+			if !g.valid || n > g.head || n <= g.head-SeriesSlots {
+				return nil
+			}
+			return &g.slots[index(n)]
+		}
+		perSec := func(n int64, v float64) float64 {
+			if n == cur {
+				return v / elapsed.Seconds()
+			}
+			return v / SeriesStep.Seconds()
+		}
+		// field writes one array; empty is the value of a slot g holds
+		// nothing for (0 for a rate, null for a quantile).
+		field := func(key string, empty float64, get func(n int64, sl *groupSlot) float64) {
+			b = appendArray(b, key, first, cur, func(n int64) float64 {
+				if sl := at(n); sl != nil {
+					return get(n, sl)
+				}
+				return empty
+			})
+		}
+		quantile := func(n int64, sl *groupSlot, q float64, closed float32) float64 {
+			if n == g.head {
+				return g.hist.quantile(q)
+			}
+			if sl.ttfbN == 0 {
+				return math.NaN()
+			}
+			return float64(closed)
+		}
+		nan := math.NaN()
+		field("requests_per_s", 0, func(n int64, sl *groupSlot) float64 { return perSec(n, float64(sl.requests)) })
+		field("errors_per_s", 0, func(n int64, sl *groupSlot) float64 { return perSec(n, float64(sl.errors)) })
+		field("ttfb_p50_ms", nan, func(n int64, sl *groupSlot) float64 { return quantile(n, sl, 0.5, sl.ttfbP50) })
+		field("ttfb_p99_ms", nan, func(n int64, sl *groupSlot) float64 { return quantile(n, sl, 0.99, sl.ttfbP99) })
+		field("prompt_tokens_per_s", 0, func(n int64, sl *groupSlot) float64 { return perSec(n, float64(sl.promptTokens)) })
+		field("completion_tokens_per_s", 0, func(n int64, sl *groupSlot) float64 { return perSec(n, float64(sl.completionTokens)) })
+		b = append(b, '}')
+	}
+	b = append(b, `],"providers":[`...)
+	for pi, k := range s.porder {
+		p := s.providers[k]
+		if pi > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"node":`...)
+		b = strconv.AppendQuote(b, k.Node)
+		b = append(b, `,"provider":`...)
+		b = strconv.AppendQuote(b, k.Provider)
+		field := func(key string, get func(sl *providerSlot) float64) {
+			b = appendArray(b, key, first, cur, func(n int64) float64 {
+				if p.valid && n <= p.head && n > p.head-SeriesSlots {
+					if sl := &p.slots[index(n)]; sl.samples > 0 {
+						return get(sl)
+					}
+				}
+				return math.NaN()
+			})
+		}
+		field("in_flight_mean", func(sl *providerSlot) float64 { return float64(sl.inFlightSum) / float64(sl.samples) })
+		field("in_flight_max", func(sl *providerSlot) float64 { return float64(sl.inFlightMax) })
+		field("capacity", func(sl *providerSlot) float64 { return float64(sl.capacity) })
+		b = append(b, '}')
+	}
+	return append(b, "]}\n"...)
+}
+
+// appendArray appends ,"key":[v(first),…,v(last)].
+func appendArray(b []byte, key string, first, last int64, v func(n int64) float64) []byte {
+	b = append(b, `,"`...)
+	b = append(b, key...)
+	b = append(b, `":[`...)
+	for n := first; n <= last; n++ {
+		if n > first {
+			b = append(b, ',')
+		}
+		b = appendNum(b, v(n))
+	}
+	return append(b, ']')
+}
+
+// appendNum appends v with at most 4 significant digits, null for NaN.
+func appendNum(b []byte, v float64) []byte {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return append(b, "null"...)
+	}
+	return strconv.AppendFloat(b, v, 'g', 4, 64)
+}
