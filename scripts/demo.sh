@@ -110,6 +110,7 @@ demo_start_stack() {
   "admin_listen": "$DEMO_ADMIN",
   "tls": {"cert_file": "pki/edge-1.crt", "key_file": "pki/edge-1.key", "ca_file": "pki/ca.crt", "trust_domain": "iop.local"},
   "api_keys": [{"principal": "demo", "key_sha256": "$DEMO_KEY_SHA256"}],
+  "keys": {"store_file": "keys.json"},
   "nodes": [{"id": "gpu-1", "adapters": [
     $ollama_adapter
     $compat_adapters
@@ -192,6 +193,10 @@ print()
   echo "Serving. Try:"
   echo "  curl http://$DEMO_HTTP/v1/chat/completions -H 'Authorization: Bearer $DEMO_KEY' -H 'Content-Type: application/json' -d '{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'"
   echo "  curl http://$DEMO_ADMIN/status"
+  echo "Keys a team can run (key store .run/keys.json; docs/keys.md):"
+  echo "  KEY=\$(./bin/edge keys create -config .run/edge.json -name team-a -models 'tiny,*-oa' -tpm 2000 -tokens-per-day 100000 -expires 7d)"
+  echo "  curl -i http://$DEMO_HTTP/v1/chat/completions -H \"Authorization: Bearer \$KEY\" -H 'Content-Type: application/json' -d '{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'"
+  echo "  ./bin/edge keys list -config .run/edge.json; ./bin/edge keys usage -config .run/edge.json; ./bin/edge keys revoke -config .run/edge.json -name team-a"
   echo "Ctrl-C stops everything."
   # Serve until Ctrl-C, or until one process of the stack exits: then say
   # so and stop the rest (the node would otherwise redial a gone edge

@@ -25,6 +25,7 @@ import (
 	"iop/internal/edge/creds"
 	"iop/internal/edge/events"
 	"iop/internal/edge/health"
+	"iop/internal/edge/keys"
 	"iop/internal/edge/outlier"
 	"iop/internal/edge/pool"
 	"iop/internal/edge/routing"
@@ -109,9 +110,6 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if err := keyStoreServed(cfg); err != nil {
-		return err
-	}
 	mat, err := creds.Load(cfg, nil, time.Now())
 	if err != nil {
 		return fmt.Errorf("credentials: %w", err)
@@ -147,14 +145,18 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	plane.BindBoots(tr.BootID) // SPEC C3: a node's restart invalidates its earlier leases
 	ht = health.New(health.Options{Overlay: overlayEvents{p, bus}, Commander: tr, Logger: log.With("component", "health"),
 		ProbeInterval: o.HealthProbeInterval, ProbeCredentials: plane.ProbeLease})
+	kr, err := loadKeys(cfg, log.With("component", "keys"))
+	if err != nil {
+		return err
+	}
 	hist := access.NewSeries(time.Now) // the operator page's last 15 minutes
 	metrics, recent := access.NewMetrics(hist), access.NewRecent(0)
 	od := outlier.New(outlier.Options{Pool: ejectEvents{p, bus}, Policy: OutlierPolicy(cfg), Logger: log.With("component", "outlier")})
 	defer od.Close()
 	h := api.New(api.Options{Config: current, Pool: p, Dispatcher: tr, Health: ht, Outlier: od, Logger: log.With("component", "api"),
-		AccessLog: log, Metrics: metrics, Recent: recent, Credentials: plane})
+		AccessLog: log, Metrics: metrics, Recent: recent, Credentials: plane, Keys: kr.reg})
 	if h.OpenMode() {
-		log.Warn("no api_keys configured: the HTTP API is open to anyone who can reach it")
+		log.Warn("no api_keys and no keys.store_file configured: the HTTP API is open to anyone who can reach it")
 	}
 	var counters []admin.Counter
 	for _, m := range ht.Metrics() {
@@ -166,7 +168,8 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	for _, m := range h.Metrics() {
 		counters = append(counters, admin.Counter{Name: m.Name, Help: m.Help, Type: "counter", Samples: m.Samples})
 	}
-	adm := admin.New(admin.Options{Status: p, Routing: p, Groups: p, Events: bus, Metrics: counters, Collectors: []admin.Collector{metrics},
+	adm := admin.New(admin.Options{Status: p, Routing: p, Groups: p, Events: bus, Metrics: counters, Collectors: []admin.Collector{metrics, kr.reg},
+		Keys:   kr.reg,
 		Recent: recent, Payloads: payloadStates{tr}, Pprof: cfg.Admin.Pprof, Version: o.Version,
 		Access: func() admin.Access {
 			c := current()
@@ -214,7 +217,7 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	hctx, stopHealth := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	errc := make(chan error, 3)
-	wg.Add(5)
+	wg.Add(6)
 	go func() {
 		defer wg.Done()
 		ht.Run(hctx) // the recovery loop (SPEC H10)
@@ -223,6 +226,12 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 		defer wg.Done()
 		sampleSeries(hctx, p, hist)
 	}()
+	go func() {
+		defer wg.Done()
+		kr.loader.Run(hctx, 0, nil) // the key store's poll (K2)
+	}()
+	pctx, stopPersist := context.WithCancel(context.Background())
+	persisted := kr.runPersister(pctx) // stopped after the drain: its last write counts every request (K7)
 	go func() {
 		defer wg.Done()
 		if err := tr.Serve(trCtx, nodeLn); err != nil && !errors.Is(err, transport.ErrServerClosed) {
@@ -261,12 +270,14 @@ loop:
 				o.Reload = nil
 				continue
 			}
-			reload(ctx, log, cfg, nc, &cur, plane, p, tr)
+			reload(ctx, log, cfg, nc, &cur, plane, kr.loader, p, tr)
 			od.SetPolicy(OutlierPolicy(nc))
 		}
 	}
 
 	drainHTTP(log, httpSrv, h, drainTimeout(current(), o.ShutdownGrace), stopWait)
+	stopPersist()
+	<-persisted
 	adminSrv.Close()
 	stopHealth()
 	stopTransport()
@@ -404,7 +415,8 @@ func drainTimeout(c *config.Config, override time.Duration) time.Duration {
 // failure rejects the whole reload; the rest reaches the pool (Q5 pump),
 // the surface and ready nodes (N2), which learn new slot revisions and
 // projection generations from their refreshed payloads (SPEC C6).
-func reload(ctx context.Context, log *slog.Logger, boot, nc *config.Config, cur *atomic.Pointer[config.Config], plane *creds.Plane, p *pool.Pool, tr *transport.Server) {
+func reload(ctx context.Context, log *slog.Logger, boot, nc *config.Config, cur *atomic.Pointer[config.Config], plane *creds.Plane,
+	kl *keys.Loader, p *pool.Pool, tr *transport.Server) {
 	mat, err := creds.Load(nc, plane.Material(), time.Now())
 	if err != nil {
 		log.Error("config reload rejected; keeping the running config", "err", err)
@@ -419,6 +431,10 @@ func reload(ctx context.Context, log *slog.Logger, boot, nc *config.Config, cur 
 				fmt.Errorf("credentials.issuer_key_file: issuer key %s is not trusted by ready nodes %v: add its public key to their credentials.issuer_public_keys and restart them first", id, nodes))
 			return
 		}
+	}
+	if err := kl.Reload(nc); err != nil { // api_keys and the key store read again (K2); nothing changed yet
+		log.Error("config reload rejected; keeping the running config", "err", fmt.Errorf("keys: %w", err))
+		return
 	}
 	if nc.HTTPListen != boot.HTTPListen || nc.NodeListen != boot.NodeListen || nc.AdminListen != boot.AdminListen || nc.TLS != boot.TLS {
 		log.Warn("config reload: listen addresses and tls settings take effect only after a restart")
@@ -445,11 +461,12 @@ func reload(ctx context.Context, log *slog.Logger, boot, nc *config.Config, cur 
 // Check validates what Run would load before serving: the certificate, key
 // and CA files (readable, matching, an edge identity) and, with the
 // credential plane on, the issuer key, the secret store and its key (every
-// route's slot present and opening, or removed by `edge secrets rm`). It
-// returns what Run would warn about: the config's Warnings and the routes
-// revoked by a removed slot. `edge -check` uses it.
+// route's slot present and opening, or removed by `edge secrets rm`), and
+// the key store and the usage file (docs/keys.md). It returns what Run
+// would warn about: the config's Warnings and the routes revoked by a
+// removed slot. `edge -check` uses it.
 func Check(cfg *config.Config) (warnings []string, err error) {
-	if err := keyStoreServed(cfg); err != nil {
+	if _, err := loadKeys(cfg, nil); err != nil {
 		return nil, err
 	}
 	if _, err := tlsConfig(cfg, func(string) bool { return true }); err != nil {
@@ -475,15 +492,4 @@ func tlsConfig(cfg *config.Config, allow func(string) bool) (*tls.Config, error)
 		return nil, fmt.Errorf("edge tls: %w", err)
 	}
 	return tc, nil
-}
-
-// keyStoreServed refuses keys.store_file while the HTTP API authenticates
-// with api_keys alone: started on a key store it would neither know its
-// keys nor, without api_keys, ask for any (open mode). `edge keys`
-// already manages the store (docs/keys.md).
-func keyStoreServed(cfg *config.Config) error {
-	if cfg.Keys.StoreFile != "" {
-		return errors.New("keys.store_file: this edge's HTTP API does not serve the key store yet (docs/keys.md); remove it to start")
-	}
-	return nil
 }

@@ -25,6 +25,7 @@ type recorder struct {
 	wrote    bool   // the status line went out
 	gone     bool   // the client left before the response was complete
 	failed   bool   // an error response or error event was written, or the body was cut
+	usage    bool   // the provider reported token usage (setUsage)
 	inFlight string // model label counted in flight (Metrics.Begin), "" when none
 }
 
@@ -109,6 +110,7 @@ func setUsage(rw *recorder, u *iop.Usage) {
 	if u == nil {
 		return
 	}
+	rw.usage = true
 	if u.PromptTokens > 0 {
 		rw.rec.PromptTokens = u.PromptTokens
 	}

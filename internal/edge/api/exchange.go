@@ -28,6 +28,11 @@ type head struct {
 	spanBuf      [2]span
 	stream       bool
 	includeUsage bool
+	// maxTokens is the completion's bound the request sets (max_tokens,
+	// max_completion_tokens or max_output_tokens: a key's token
+	// reservation, K5); 0 when none or not a non-negative integer (the
+	// surface refuses what is invalid).
+	maxTokens int64
 	// prefix is the conversation prefix for prefix_affinity routing
 	// (prefixOf), nil for other groups; it lives in prefixBuf up to 8
 	// boundaries.
@@ -97,6 +102,8 @@ func parseHead(body []byte, ep *endpoint, hd *head) *apiError {
 			default:
 				return badRequest("stream_options", "field \"stream_options\" must be an object")
 			}
+		case jsonscan.KeyIs(key, "max_tokens") || jsonscan.KeyIs(key, "max_completion_tokens") || jsonscan.KeyIs(key, "max_output_tokens"):
+			hd.maxTokens = max(hd.maxTokens, jsonInt(body, val))
 		case ep.field != "" && jsonscan.KeyIs(key, ep.field):
 			if jsonscan.Kind(body, val) != '[' {
 				return badRequest(ep.field, "field %q must be an array of message objects", ep.field)
@@ -299,6 +306,15 @@ func (h *Handler) admit(ctx context.Context, w *recorder, r *http.Request, v *vi
 		hd.prefix = prefixOf(h.hasher, body, ep, hd.model, hd.prefixBuf[:0])
 	}
 	h.setModel(w, v, hd.model)
+	if t := ticketOf(ctx); t != nil && !t.Principal().Allows(hd.model) {
+		h.dropBody(x)
+		writeError(w, ep.surface, poolError(hd.model, pool.ErrUnknownModel)) // K4: the same 404 as a model that does not exist
+		return nil
+	}
+	if !h.reserveKey(x, w) {
+		h.dropBody(x)
+		return nil
+	}
 	queued := h.o.Now()
 	lease, err := h.o.Pool.Acquire(ctx, x.poolRequest())
 	setLease(w, lease, h.o.Now().Sub(queued))

@@ -3,9 +3,7 @@ package api
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
-	"crypto/subtle"
-	"encoding/hex"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -20,7 +18,7 @@ import (
 	"iop/internal/edge/config"
 	"iop/internal/edge/dispatch"
 	"iop/internal/edge/health"
-	"iop/internal/edge/limit"
+	"iop/internal/edge/keys"
 	"iop/internal/edge/outlier"
 	"iop/internal/edge/pool"
 	"iop/internal/edge/routing"
@@ -100,6 +98,11 @@ type Options struct {
 	// keeps the last failed ones for the operator page.
 	Metrics *access.Metrics
 	Recent  *access.Recent
+	// Keys authenticates every request and applies its key's model scope,
+	// bounds, token budgets and rate-limit headers (docs/keys.md K1–K9);
+	// nil = the config's api_keys alone, through a Registry of the
+	// Handler's own rebuilt with each config.
+	Keys *keys.Registry
 	// Credentials, when set, issues each dispatched request's credential
 	// lease (SPEC C2); nil = the credential plane is off.
 	Credentials Credentials
@@ -114,7 +117,9 @@ type Handler struct {
 	view    atomic.Pointer[view]
 	bufs    sync.Pool // *[]byte: encoding buffers of run-path responses (runSink)
 	drain   *drainer
-	lim     limits          // connections, body bytes and per-key bounds
+	keys    *keys.Registry  // Options.Keys, or its own (ownKeys)
+	ownKeys bool            // keys follows the config's api_keys (no Options.Keys)
+	lim     limits          // connections and body bytes
 	hasher  *routing.Hasher // conversation prefixes for prefix_affinity groups
 	retries [nRetryReasons]atomic.Uint64
 }
@@ -142,19 +147,23 @@ func New(o Options) *Handler {
 	if o.ResponseWaitGrace <= 0 {
 		o.ResponseWaitGrace = DefaultResponseWaitGrace
 	}
-	return &Handler{o: o, log: o.Logger, drain: newDrainer(), hasher: routing.NewHasher()}
+	h := &Handler{o: o, log: o.Logger, drain: newDrainer(), hasher: routing.NewHasher(), keys: o.Keys}
+	if h.keys == nil {
+		empty, _ := keys.Build(nil, nil, false, 1)
+		h.keys, h.ownKeys = keys.New(empty), true
+	}
+	return h
 }
 
 // view is what the Handler derives from one config value, rebuilt when
 // Options.Config returns a different pointer.
 type view struct {
 	cfg      *config.Config
-	keys     []apiKey
 	maxBody  int64
 	maxConns int
-	// keyLimits holds the api_keys bounds of the principals that have one.
-	keyLimits map[string]limit.KeyLimit
-	models    []byte // the GET /v1/models body
+	models   []byte   // the GET /v1/models body of a key without a scope
+	names    []string // the model groups, in config order (a scoped key's list, K4)
+	created  int64    // the list's "created"
 	// affinity names the model groups routed by prefix_affinity: only
 	// their requests carry a conversation prefix.
 	affinity map[string]bool
@@ -168,11 +177,6 @@ func (v *view) attemptBound(model string) int {
 	return max(v.bounds[model], 1)
 }
 
-type apiKey struct {
-	sum       [sha256.Size]byte
-	principal string
-}
-
 func (h *Handler) current() *view {
 	cfg := h.o.Config()
 	if v := h.view.Load(); v != nil && v.cfg == cfg {
@@ -181,17 +185,9 @@ func (h *Handler) current() *view {
 	v := &view{cfg: cfg, maxBody: config.DefaultMaxBodyBytes, maxConns: config.DefaultMaxConnections}
 	inflight := int64(config.DefaultMaxInflightBodyBytes)
 	if cfg != nil {
-		for _, k := range cfg.APIKeys {
-			var ak apiKey
-			if n, err := hex.Decode(ak.sum[:], []byte(k.KeySHA256)); err == nil && n == sha256.Size {
-				ak.principal = k.Principal
-				v.keys = append(v.keys, ak)
-			}
-			if k.MaxConcurrent > 0 || k.RequestsPerMinute > 0 {
-				if v.keyLimits == nil {
-					v.keyLimits = make(map[string]limit.KeyLimit)
-				}
-				v.keyLimits[k.Principal] = limit.KeyLimit{MaxConcurrent: k.MaxConcurrent, RequestsPerMinute: k.RequestsPerMinute}
+		if h.ownKeys {
+			if set, err := keys.Build(cfg.APIKeys, nil, false, 1); err == nil { // config.Parse refused what fails here
+				h.keys.Swap(set)
 			}
 		}
 		if cfg.HTTP.MaxBodyBytes > 0 {
@@ -203,7 +199,11 @@ func (h *Handler) current() *view {
 		if cfg.HTTP.MaxInflightBodyBytes > 0 {
 			inflight = cfg.HTTP.MaxInflightBodyBytes
 		}
-		v.models = modelList(cfg, h.o.Now().Unix())
+		v.created = h.o.Now().Unix()
+		for i := range cfg.Models {
+			v.names = append(v.names, cfg.Models[i].Name)
+		}
+		v.models = modelList(v.names, v.created)
 		for _, m := range cfg.Models {
 			if m.Routing == routing.NamePrefixAffinity {
 				if v.affinity == nil {
@@ -222,14 +222,17 @@ func (h *Handler) current() *view {
 		}
 	}
 	h.lim.bodies.SetMax(inflight)
-	h.lim.keys.Retain(func(p string) bool { _, ok := v.keyLimits[p]; return ok })
 	h.view.Store(v)
 	return v
 }
 
-// OpenMode reports whether no API keys are configured: every request is
-// then admitted without a principal. The caller logs the startup warning.
-func (h *Handler) OpenMode() bool { return len(h.current().keys) == 0 }
+// OpenMode reports whether no API keys and no key store are configured:
+// every request is then admitted without a principal. The caller logs the
+// startup warning.
+func (h *Handler) OpenMode() bool {
+	h.current() // the Handler's own registry follows the config
+	return h.keys.OpenMode()
+}
 
 type principalKey struct{}
 
@@ -285,7 +288,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// A model request's goroutine stays in serveModel for the stream's
 	// whole life: route's large frame is gone by then (see serveModel).
 	if ctx, v, ep := h.route(rw, r); ep != nil {
-		defer releaseKey(ctx) // api_keys[].max_concurrent counts until here
+		defer h.finishKey(ctx, rw) // the key's in-flight slot and token reservation count until here (K5)
 		ctx, release := h.requestContext(ctx)
 		defer release()
 		h.serveModel(ctx, rw, r, v, ep)
@@ -399,31 +402,33 @@ func (h *Handler) route(w *recorder, r *http.Request) (context.Context, *view, *
 		writeError(w, s, &apiError{status: http.StatusServiceUnavailable, typ: "server_error", msg: "the edge has no configuration loaded"})
 		return nil, nil, nil
 	}
-	principal, ok := v.authenticate(r, s == surfaceAnthropic)
+	p, ok := h.authenticate(w, r, s)
 	if !ok {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="iop"`)
-		hint := "send Authorization: Bearer <key>"
-		if s == surfaceAnthropic {
-			hint += " or x-api-key: <key>"
-		}
-		reject(w, r, s, &apiError{status: http.StatusUnauthorized, typ: "authentication_error", code: "invalid_api_key",
-			msg: "missing or invalid API key (" + hint + ")"})
 		return nil, nil, nil
 	}
-	w.rec.Principal = principal
 	ctx := r.Context()
-	if principal != "" {
-		ctx = context.WithValue(ctx, principalKey{}, principal)
-		if ctx = h.admitKey(ctx, w, r, s, v, principal); ctx == nil {
-			return nil, nil, nil
-		}
+	if p != nil {
+		w.rec.Principal = p.Name
+		ctx = context.WithValue(ctx, principalKey{}, p.Name)
 	}
 	if ep == nil {
+		body := v.models
+		if p != nil {
+			rl := h.keys.State(p, h.o.Now())
+			writeRateLimit(w.Header(), s, &rl, h.o.Now())
+			if p.Scoped() {
+				body = modelList(p.FilterModels(v.names), v.created) // K4
+			}
+		}
 		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Content-Length", strconv.Itoa(len(v.models)))
-		_, _ = w.Write(v.models)
-		releaseKey(ctx)
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		_, _ = w.Write(body)
 		return nil, nil, nil
+	}
+	if p != nil {
+		if ctx = h.admitKey(ctx, w, r, s, p); ctx == nil {
+			return nil, nil, nil
+		}
 	}
 	return ctx, v, ep
 }
@@ -463,17 +468,17 @@ func methodNotAllowed(w http.ResponseWriter, s surface, allow string) {
 		msg: "method not allowed; use " + allow})
 }
 
-// authenticate checks the request's key: "Authorization: Bearer <key>", or
-// on Anthropic routes also "x-api-key: <key>". The key's SHA-256 is compared
-// in constant time with every configured key_sha256 (no early exit, so the
-// time does not depend on which entry matched). With no keys configured
-// every request passes with principal "".
-func (v *view) authenticate(r *http.Request, anthropic bool) (string, bool) {
-	if len(v.keys) == 0 {
-		return "", true
+// authenticate finds the principal of the request's key (K3):
+// "Authorization: Bearer <key>", or on Anthropic routes also "x-api-key:
+// <key>", looked up by its SHA-256 (keys.Registry.Authenticate). In open
+// mode it returns nil and true; a request without an accepted key is
+// answered 401 and ok is false. The key is never logged or echoed.
+func (h *Handler) authenticate(w *recorder, r *http.Request, s surface) (p *keys.Principal, ok bool) {
+	if h.keys.OpenMode() {
+		return nil, true
 	}
 	var key string
-	if anthropic {
+	if s == surfaceAnthropic {
 		key = r.Header.Get("X-Api-Key")
 	}
 	if key == "" {
@@ -482,32 +487,34 @@ func (v *view) authenticate(r *http.Request, anthropic bool) (string, bool) {
 			key = strings.TrimSpace(auth[7:])
 		}
 	}
-	if key == "" {
-		return "", false
+	p, err := h.keys.Authenticate(key, h.o.Now())
+	if err == nil {
+		return p, true
 	}
-	sum := sha256.Sum256([]byte(key))
-	match := -1
-	for i := range v.keys {
-		if subtle.ConstantTimeCompare(sum[:], v.keys[i].sum[:]) == 1 {
-			match = i
-		}
+	w.Header().Set("WWW-Authenticate", `Bearer realm="iop"`)
+	msg := "missing or invalid API key (send Authorization: Bearer <key>"
+	if s == surfaceAnthropic {
+		msg += " or x-api-key: <key>"
 	}
-	if match < 0 {
-		return "", false
+	msg += ")"
+	switch {
+	case errors.Is(err, keys.ErrRevoked), errors.Is(err, keys.ErrExpired), errors.Is(err, keys.ErrRotated):
+		msg = err.Error() // the client holds the key: it may know why it stopped working
 	}
-	return v.keys[match].principal, true
+	reject(w, r, s, &apiError{status: http.StatusUnauthorized, typ: "authentication_error", code: "invalid_api_key", msg: msg})
+	return nil, false
 }
 
 // modelList is the GET /v1/models body: the configured model groups in the
 // OpenAI list shape (OpenAI API reference, "List models").
-func modelList(cfg *config.Config, created int64) []byte {
+func modelList(names []string, created int64) []byte {
 	b := []byte(`{"object":"list","data":[`)
-	for i, m := range cfg.Models {
+	for i, name := range names {
 		if i > 0 {
 			b = append(b, ',')
 		}
 		b = append(b, `{"id":`...)
-		b = appendJSONString(b, m.Name)
+		b = appendJSONString(b, name)
 		b = append(b, `,"object":"model","created":`...)
 		b = strconv.AppendInt(b, created, 10)
 		b = append(b, `,"owned_by":"iop"}`...)

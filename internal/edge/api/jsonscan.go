@@ -52,3 +52,20 @@ func spliceModel(body []byte, spans []span, target string) []byte {
 
 // appendJSONString appends s as a JSON string (surface.AppendString).
 func appendJSONString(dst []byte, s string) []byte { return apisurface.AppendString(dst, s) }
+
+// jsonInt is the value at v when it is a JSON integer from 0 to 2^53
+// written without fraction or exponent, else 0. It allocates nothing.
+func jsonInt(b []byte, v span) int64 {
+	raw := bytes.TrimSpace(b[v.Start:v.End])
+	if len(raw) == 0 || len(raw) > 16 {
+		return 0
+	}
+	var n int64
+	for _, c := range raw {
+		if c < '0' || c > '9' {
+			return 0
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return min(n, 1<<53)
+}

@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -14,16 +13,15 @@ import (
 	"iop/internal/ratelog"
 )
 
-// limits are the Handler's bounds on what clients may hold (issue 12):
-// connections (http.max_connections), request-body bytes
-// (http.max_inflight_body_bytes) and, per API key, requests in flight and
-// per minute (api_keys[].max_concurrent, .requests_per_minute). Refusals
-// are logged at most ratelog.DefaultBurst lines a second per kind, with the
-// count of suppressed lines.
+// limits are the Handler's bounds on what clients may hold: connections
+// (http.max_connections) and request-body bytes
+// (http.max_inflight_body_bytes); each API key's own bounds are the
+// keys.Registry's (keys.go). Refusals are logged at most
+// ratelog.DefaultBurst lines a second per kind, with the count of
+// suppressed lines.
 type limits struct {
 	conns  atomic.Int64 // open client connections, bound http.max_connections
 	bodies limit.Budget // request-body bytes held, bound http.max_inflight_body_bytes
-	keys   limit.Keys
 
 	connLog, bodyLog, keyLog ratelog.Limiter
 }
@@ -72,43 +70,6 @@ func (h *Handler) overConnections(w http.ResponseWriter, r *http.Request) bool {
 		code: access.CodeTooManyConnections, retryAfter: time.Second,
 		msg: "the edge has too many client connections open; retry later"})
 	return true
-}
-
-// slotKey carries a request's per-key limit.Slot in its context.
-type slotKey struct{}
-
-// admitKey takes a slot for principal's request under its api_keys bounds
-// and returns ctx carrying it, or answers 429 with Retry-After and returns
-// nil. The key itself is never logged, only its principal (SPEC P4).
-func (h *Handler) admitKey(ctx context.Context, w http.ResponseWriter, r *http.Request, s surface, v *view, principal string) context.Context {
-	lim, ok := v.keyLimits[principal]
-	if !ok {
-		return ctx
-	}
-	slot, err := h.lim.keys.Acquire(principal, lim, h.o.Now())
-	if err != nil {
-		re := err.(*limit.RefusedError)
-		what := "requests in flight (max_concurrent " + strconv.Itoa(re.Limit) + ")"
-		if re.Err == limit.ErrRate {
-			what = "requests per minute (requests_per_minute " + strconv.Itoa(re.Limit) + ")"
-		}
-		h.logRefusal(&h.lim.keyLog, "request refused: API key limit", slog.String("principal", principal),
-			slog.String("limit", what))
-		reject(w, r, s, &apiError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "rate_limit_exceeded",
-			retryAfter: re.RetryAfter, msg: "too many " + what + " for this API key; retry later"})
-		return nil
-	}
-	if slot == nil {
-		return ctx
-	}
-	return context.WithValue(ctx, slotKey{}, slot)
-}
-
-// releaseKey ends the per-key slot ctx carries, if any.
-func releaseKey(ctx context.Context) {
-	if s, ok := ctx.Value(slotKey{}).(*limit.Slot); ok {
-		s.Release()
-	}
 }
 
 // bodyBusy is the answer to a request whose body would pass

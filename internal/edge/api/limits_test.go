@@ -211,8 +211,8 @@ func TestKeyLimitsExactUnderLoad(t *testing.T) {
 			if got[429] != close429 || got[404] != row.wantAdmit || int(r.p.entered.Load()) != row.wantAdmit {
 				t.Fatalf("got statuses %v and %d pool entries, want %d×429 and %d×404", got, r.p.entered.Load(), close429, row.wantAdmit)
 			}
-			if inflight := r.h.lim.keys.InFlight("team-a"); inflight != 0 {
-				t.Errorf("in flight after every answer: %d", inflight)
+			if ks, _ := r.h.keys.StatusOf("team-a", fixedNow()); ks.InFlight != 0 {
+				t.Errorf("in flight after every answer: %d", ks.InFlight)
 			}
 			logs := r.log.String()
 			if !strings.Contains(logs, "principal=team-a") || strings.Contains(logs, "sk-secret-a") {

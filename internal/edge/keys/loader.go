@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -19,6 +20,12 @@ import (
 // revoked (or rotated, or created) is in effect within it plus the time to
 // read the file (K2: within a second).
 const PollInterval = 250 * time.Millisecond
+
+// MissPollInterval bounds how often an unknown key makes the Loader look
+// at the store file at once (a key `edge keys create` printed a moment
+// ago works on its first request): a client sending wrong keys causes at
+// most one stat(2) per interval.
+const MissPollInterval = 100 * time.Millisecond
 
 // Loader keeps a Registry's Set current from the Edge config's api_keys
 // and its key store file (K2): Reload on SIGHUP, Poll whenever the file
@@ -37,6 +44,9 @@ type Loader struct {
 	store     *keystore.Store
 	seen      stamp // the file the store in effect was read from
 	refused   stamp // the last file refused (logged once)
+
+	lastMiss atomic.Int64 // Unix ns of the last poll an unknown key caused
+	now      func() time.Time
 }
 
 // stamp identifies one version of a file: a rename (every `edge keys`
@@ -63,12 +73,13 @@ func NewLoader(cfg *config.Config, log *slog.Logger) (*Loader, *Registry, error)
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	l := &Loader{log: log}
+	l := &Loader{log: log, now: time.Now}
 	set, st, seen, err := l.build(cfg.APIKeys, cfg.Keys.StoreFile, cfg.Keys.EdgeCount)
 	if err != nil {
 		return nil, nil, err
 	}
 	l.reg = New(set)
+	l.reg.onMiss = l.pollOnMiss
 	l.apiKeys, l.path, l.edgeCount, l.store, l.seen = cfg.APIKeys, cfg.Keys.StoreFile, cfg.Keys.EdgeCount, st, seen
 	if l.path != "" {
 		log.Info("key store loaded", "file", l.path, "keys", set.Len()-len(cfg.APIKeys), "revision", set.Revision())
@@ -169,6 +180,17 @@ func (l *Loader) Poll() bool {
 	l.log.Info("key store reloaded", "file", l.path, "revision", set.Revision(), "previous_revision", old.Revision(),
 		"keys", set.Len()-len(l.apiKeys))
 	return true
+}
+
+// pollOnMiss is the Registry's onMiss: Poll, at most once per
+// MissPollInterval (a miss within it reports false at once).
+func (l *Loader) pollOnMiss() bool {
+	now := l.now().UnixNano()
+	last := l.lastMiss.Load()
+	if now-last < int64(MissPollInterval) || !l.lastMiss.CompareAndSwap(last, now) {
+		return false
+	}
+	return l.Poll()
 }
 
 // Run polls the key store file every interval (≤ 0: PollInterval) until

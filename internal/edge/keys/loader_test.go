@@ -255,3 +255,38 @@ func TestPersister(t *testing.T) {
 		t.Fatalf("a malformed usage file: %v", err)
 	}
 }
+
+// K2: a key created a moment ago works on its first request: an unknown
+// key makes the Loader look at the store file at once, at most once per
+// MissPollInterval.
+func TestUnknownKeyLooksAtTheStore(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.json")
+	edit(t, path, func(st *keystore.Store) error { _, err := st.Create(keystore.Spec{Name: "a"}, noon); return err })
+	l, reg, err := NewLoader(keysConfig(path), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := noon
+	l.now = func() time.Time { return clock }
+	var fresh string
+	edit(t, path, func(st *keystore.Store) (err error) {
+		fresh, err = st.Create(keystore.Spec{Name: "b"}, noon)
+		return err
+	})
+	if p, err := reg.Authenticate(fresh, noon); err != nil || p.Name != "b" {
+		t.Fatalf("a key created a moment ago: %v", err)
+	}
+	var second string
+	edit(t, path, func(st *keystore.Store) (err error) {
+		second, err = st.Create(keystore.Spec{Name: "c"}, noon)
+		return err
+	})
+	clock = clock.Add(MissPollInterval / 2)
+	if _, err := reg.Authenticate(second, noon); !errors.Is(err, ErrUnknownKey) {
+		t.Fatalf("a second miss within MissPollInterval looked at the store: %v", err)
+	}
+	clock = clock.Add(MissPollInterval)
+	if _, err := reg.Authenticate(second, noon); err != nil {
+		t.Fatalf("after MissPollInterval: %v", err)
+	}
+}

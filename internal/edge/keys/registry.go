@@ -54,6 +54,11 @@ type Registry struct {
 	mu    sync.Mutex
 	usage map[string]*counters // guarded by mu; the values are atomic
 	dirty atomic.Bool          // counters changed since the last Usage
+
+	// onMiss, when set (Loader.Registry), is called for a key no entry
+	// matches and reports whether it swapped in a newer Set: a key created
+	// a moment ago is then found at once instead of at the next poll.
+	onMiss func() bool
 }
 
 // counters are one principal's usage since it was first counted.
@@ -103,14 +108,20 @@ func (r *Registry) OpenMode() bool { return r.set.Load().Open() }
 
 // Authenticate returns the principal of key at now (K3): the SHA-256 of
 // key looked up among the configured ones (a map on the hash: the time
-// taken says nothing about any configured key). Errors: ErrNoKey (key ""),
+// taken says nothing about any configured key); an unknown key makes the
+// Loader look at the store file first (at most every MissPollInterval).
+// Errors: ErrNoKey (key ""),
 // ErrUnknownKey, ErrRevoked, ErrExpired (at and after expires_at),
 // ErrRotated (a rotated key after its grace).
 func (r *Registry) Authenticate(key string, now time.Time) (*Principal, error) {
 	if key == "" {
 		return nil, ErrNoKey
 	}
-	c, ok := r.set.Load().byHash[sha256.Sum256([]byte(key))]
+	sum := sha256.Sum256([]byte(key))
+	c, ok := r.set.Load().byHash[sum]
+	if !ok && r.onMiss != nil && r.onMiss() {
+		c, ok = r.set.Load().byHash[sum]
+	}
 	switch {
 	case !ok:
 		return nil, ErrUnknownKey

@@ -1,0 +1,105 @@
+package api
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"iop/internal/edge/keys"
+	"iop/internal/edge/limit"
+)
+
+// The HTTP side of client API keys (docs/keys.md): a request's key was
+// found by authenticate (handler.go); here it is admitted under its bounds
+// in two steps — its requests in flight and request rate before the body
+// is read (admitKey), its token budgets once the body says what it may
+// cost (reserveKey) — every answer carries its rate-limit headers, and the
+// request's end settles its tokens from the usage the backend reported
+// (finishKey). The key itself is never logged, only its principal (SPEC
+// P4).
+
+// ticketKey carries a request's keys.Ticket in its context.
+type ticketKey struct{}
+
+func ticketOf(ctx context.Context) *keys.Ticket {
+	t, _ := ctx.Value(ticketKey{}).(*keys.Ticket)
+	return t
+}
+
+// admitKey admits p's request under its requests in flight and request
+// rate (K5) and returns ctx carrying its ticket, or answers 429 with
+// Retry-After and the rate-limit headers and returns nil.
+func (h *Handler) admitKey(ctx context.Context, w *recorder, r *http.Request, s surface, p *keys.Principal) context.Context {
+	now := h.o.Now()
+	t, ref := h.keys.Admit(p, now)
+	if ref != nil {
+		h.refuseKey(w, s, ref, now, func(e *apiError) { reject(w, r, s, e) })
+		return nil
+	}
+	writeRateLimit(w.Header(), s, &t.RateLimit, now)
+	return context.WithValue(ctx, ticketKey{}, t)
+}
+
+// reserveKey reserves the request's token estimate under its key's
+// budgets (K5) once the body is read: the estimate is the body's bytes ÷
+// 4 and its maximum completion (keys.Estimate). It reports false when it
+// answered 429. Open mode: nothing to do.
+func (h *Handler) reserveKey(x *exchange, w *recorder) bool {
+	t := ticketOf(x.ctx)
+	if t == nil {
+		return true
+	}
+	now := h.o.Now()
+	if ref := t.Reserve(keys.Estimate(len(x.body), x.head.maxTokens), now); ref != nil {
+		h.refuseKey(w, x.ep.surface, ref, now, func(e *apiError) { writeError(w, x.ep.surface, e) })
+		return false
+	}
+	writeRateLimit(w.Header(), x.ep.surface, &t.RateLimit, now)
+	return true
+}
+
+// refuseKey answers a refusal of the key's own bounds: 429 with
+// Retry-After (rounded up to a second) and the rate-limit headers, in the
+// surface's shape, through write.
+func (h *Handler) refuseKey(w *recorder, s surface, ref *keys.Refusal, now time.Time, write func(*apiError)) {
+	what := "requests in flight"
+	switch ref.Err {
+	case limit.ErrRate:
+		what = "requests per minute"
+	case limit.ErrTokensMinute:
+		what = "tokens per minute"
+	case limit.ErrTokensDay:
+		what = "tokens per day"
+	}
+	h.logRefusal(&h.lim.keyLog, "request refused: API key limit", slog.String("principal", ref.Principal),
+		slog.String("limit", ref.Bound()))
+	writeRateLimit(w.Header(), s, &ref.RateLimit, now)
+	write(&apiError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "rate_limit_exceeded",
+		retryAfter: ref.RetryAfter, msg: "too many " + what + " (" + ref.Bound() + ") for this API key; retry later"})
+}
+
+// writeRateLimit sets the rate-limit headers of rl (K6): Anthropic's names
+// on the Anthropic surface, OpenAI's on every other.
+func writeRateLimit(h http.Header, s surface, rl *keys.RateLimit, now time.Time) {
+	if s == surfaceAnthropic {
+		rl.WriteAnthropic(h, now)
+		return
+	}
+	rl.WriteOpenAI(h)
+}
+
+// finishKey ends the request's ticket, if any, at the end of its
+// handler (K5): the in-flight slot goes back and the token reservation
+// is settled with the usage the backend reported (the latest report, as
+// the access record holds it), or the estimate for an answer that
+// reported none.
+func (h *Handler) finishKey(ctx context.Context, w *recorder) {
+	t := ticketOf(ctx)
+	if t == nil {
+		return
+	}
+	rec := &w.rec
+	t.Finish(keys.Outcome{PromptTokens: rec.PromptTokens, CompletionTokens: rec.CompletionTokens, Reported: w.usage,
+		Answered: w.wrote && rec.Status < 400}, h.o.Now())
+}
