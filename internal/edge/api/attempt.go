@@ -9,7 +9,8 @@ import (
 )
 
 // The per-request attempt (SPEC H8, H11, H12, Q2, L8) as a pure state
-// machine: attempt.step(event) → (attempt, effects), no I/O, no clock.
+// machine: attempt.step(event) → effects moves the attempt to its next
+// state (a transition like pool/core.go's), no I/O, no clock.
 // Time arrives in events as readings of Options.Now. exchange.go turns what
 // the request meets — each envelope of the stream (classified once by
 // classify), a stall's validated evidence, a lost node connection, a
@@ -110,7 +111,10 @@ type event struct {
 	valid bool     // evStallChecked: the evidence was validated against the lease (SPEC H8)
 	ok    bool     // evRelayEnded
 	// wrote: something reached the client or the body was dropped, so
-	// nothing may be resent (SPEC H11); gone: the client's context ended.
+	// nothing may be resent (SPEC H11); gone: the client's context ended;
+	// now: the clock's reading. gone and now are read only for a failure
+	// that may be kept (a retryable class, a stall, a lost node, a start
+	// that failed); for any other envelope the caller may leave them zero.
 	wrote, gone bool
 	now         time.Time
 }
@@ -185,7 +189,7 @@ func newAttempt(first pool.Key, bound int, deadline time.Time, redispatch, stall
 // (SPEC H11): re-dispatch is on, the attempt bound is not used up, nothing
 // was written, the client is there and, unless after a stall, the
 // deadline has not passed.
-func (a attempt) mayRetry(e event, stall bool) bool {
+func (a *attempt) mayRetry(e *event, stall bool) bool {
 	switch {
 	case !a.redispatch, len(a.tried) >= a.bound, e.wrote, e.gone:
 		return false
@@ -195,26 +199,30 @@ func (a attempt) mayRetry(e event, stall bool) bool {
 	return true
 }
 
-// step applies one event (STYLE 6).
-func (a attempt) step(e event) (attempt, effects) {
+// step applies one event and returns what the caller must do (STYLE 6).
+func (a *attempt) step(e *event) effects {
 	var fx effects
 	switch e.kind {
 	case evEnvelope:
+		c := &e.class
+		if a.phase == phaseRelaying && !c.retryable && !c.stall && (a.observed || c.verdict.kind == verdictOpen) {
+			return fx // the common case, a stream's next envelope: it goes to the sink (envPass)
+		}
 		if a.phase != phaseRelaying && a.phase != phaseHolding {
-			return a, fx // nothing is relayed after the attempt failed or the request was answered
+			return fx // nothing is relayed after the attempt failed or the request was answered
 		}
-		if !a.observed && e.class.verdict.kind != verdictOpen {
-			a.observed, fx.verdict = true, e.class.verdict
+		if !a.observed && c.verdict.kind != verdictOpen {
+			a.observed, fx.verdict = true, c.verdict
 		}
-		if e.class.stall && a.stalls { // SPEC H8: validated and decorated before anything is decided
+		if c.stall && a.stalls { // SPEC H8: validated and decorated before anything is decided
 			a.from, a.phase = a.phase, phaseChecking
 			fx.checkStall, fx.env = true, envWait
-			return a, fx
+			return fx
 		}
 		return a.relay(e, fx)
 	case evStallChecked:
 		if a.phase != phaseChecking {
-			return a, fx
+			return fx
 		}
 		a.phase = a.from
 		fx.recordEligibility = true
@@ -233,14 +241,14 @@ func (a attempt) step(e event) (attempt, effects) {
 			fx.eligibility = health.Eligible
 			a.phase, a.reason = phaseFailed, retryStall
 			fx.env, fx.stop, fx.reason = envFail, true, retryStall
-			return a, fx
+			return fx
 		}
 		return a.relay(e, fx)
 	case evLost, evStartFailed:
 		if (a.phase == phaseRelaying || a.phase == phaseHolding) && a.mayRetry(e, false) {
 			a.phase, a.reason = phaseFailed, retryNodeLost
 			fx.stop, fx.reason = true, retryNodeLost
-			return a, fx
+			return fx
 		}
 		a.phase = phaseDone
 	case evRelayEnded:
@@ -252,7 +260,7 @@ func (a attempt) step(e event) (attempt, effects) {
 		}
 		if a.phase != phaseFailed {
 			a.phase = phaseDone
-			return a, fx
+			return fx
 		}
 		fx.redispatch, fx.reason = true, a.reason
 		if a.reason != retryStall && !a.deadline.IsZero() {
@@ -260,14 +268,14 @@ func (a attempt) step(e event) (attempt, effects) {
 		}
 	case evLeased:
 		if a.phase != phaseFailed {
-			return a, fx
+			return fx
 		}
 		a.recovering = a.reason == retryStall
 		a.tried = append(a.tried, e.key)
 		a.phase, a.observed, a.held = phaseRelaying, false, 0
 	case evNoLease:
 		if a.phase != phaseFailed {
-			return a, fx
+			return fx
 		}
 		if a.reason == retryStall {
 			fx.recordRecovery, fx.recovery = true, health.RecoveryNoLease
@@ -275,12 +283,12 @@ func (a attempt) step(e event) (attempt, effects) {
 		a.phase = phaseDone
 		fx.answer = !e.gone
 	}
-	return a, fx
+	return fx
 }
 
 // relay decides what happens to an envelope while relaying or holding.
-func (a attempt) relay(e event, fx effects) (attempt, effects) {
-	c := e.class
+func (a *attempt) relay(e *event, fx effects) effects {
+	c := &e.class
 	if a.phase == phaseHolding {
 		a.held += c.body
 		switch {
@@ -293,7 +301,7 @@ func (a attempt) relay(e event, fx effects) (attempt, effects) {
 		default:
 			fx.env = envHold
 		}
-		return a, fx
+		return fx
 	}
 	switch {
 	case c.retryable && c.holdStart && a.mayRetry(e, false):
@@ -305,5 +313,5 @@ func (a attempt) relay(e event, fx effects) (attempt, effects) {
 	default:
 		fx.env = envPass
 	}
-	return a, fx
+	return fx
 }

@@ -21,7 +21,7 @@ func TestAttemptMachine(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
 	statuses := []int{502, 503, 504}
 	env := func(e *iop.Envelope) event {
-		return event{kind: evEnvelope, class: classify(e, statuses, t0), now: t0}
+		return event{kind: evEnvelope, class: classify(e, statuses, func() time.Time { return t0 }), now: t0}
 	}
 	runErr := func(code protocol.Code, status int32) *iop.Envelope {
 		return &iop.Envelope{Kind: &iop.Envelope_RunEvent{RunEvent: &iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_ERROR,
@@ -42,7 +42,7 @@ func TestAttemptMachine(t *testing.T) {
 	end := frame(&iop.ProviderTunnelFrame{Kind: iop.TunnelFrameKind_TUNNEL_FRAME_END})
 	stall := runErr(protocol.CodeResponseStalled, 0)
 	checked := func(valid bool) event {
-		return event{kind: evStallChecked, class: classify(stall, statuses, t0), valid: valid, now: t0}
+		return event{kind: evStallChecked, class: classify(stall, statuses, func() time.Time { return t0 }), valid: valid, now: t0}
 	}
 	wrote := func(e event) event { e.wrote = true; return e }
 	gone := func(e event) event { e.gone = true; return e }
@@ -163,7 +163,7 @@ func TestAttemptMachine(t *testing.T) {
 			}
 			var fx effects
 			for _, e := range row.events {
-				a, fx = a.step(e)
+				fx = a.step(&e)
 			}
 			if a.phase != row.phase {
 				t.Errorf("phase %d, want %d", a.phase, row.phase)
@@ -180,19 +180,19 @@ func TestAttemptMachine(t *testing.T) {
 func TestAttemptTried(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
 	a := newAttempt(pool.Key{Node: "n1", Provider: "p1"}, 3, time.Time{}, true, false)
-	a, _ = a.step(event{kind: evStartFailed, now: t0})
-	a, _ = a.step(event{kind: evRelayEnded, now: t0})
-	a, _ = a.step(event{kind: evLeased, key: pool.Key{Node: "n2", Provider: "p2"}, now: t0})
+	a.step(&event{kind: evStartFailed, now: t0})
+	a.step(&event{kind: evRelayEnded, now: t0})
+	a.step(&event{kind: evLeased, key: pool.Key{Node: "n2", Provider: "p2"}, now: t0})
 	if len(a.tried) != 2 || a.tried[1].Provider != "p2" || a.phase != phaseRelaying || a.observed {
 		t.Fatalf("after a re-dispatch: %+v", a)
 	}
-	a, fx := a.step(event{kind: evStartFailed, now: t0})
-	a, fx = a.step(event{kind: evRelayEnded, now: t0})
+	fx := a.step(&event{kind: evStartFailed, now: t0})
+	fx = a.step(&event{kind: evRelayEnded, now: t0})
 	if !fx.redispatch || fx.wait != waitRedispatch { // no deadline: RedispatchWait bounds the wait
 		t.Fatalf("effects %+v", fx)
 	}
-	a, _ = a.step(event{kind: evLeased, key: pool.Key{Node: "n3", Provider: "p3"}, now: t0})
-	if _, fx = a.step(event{kind: evStartFailed, now: t0}); fx.stop {
+	a.step(&event{kind: evLeased, key: pool.Key{Node: "n3", Provider: "p3"}, now: t0})
+	if fx = a.step(&event{kind: evStartFailed, now: t0}); fx.stop {
 		t.Fatal("H11: a fourth provider with max_attempts 3")
 	}
 }

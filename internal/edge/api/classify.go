@@ -36,10 +36,11 @@ type class struct {
 
 // classify reads env once (SPEC H1, H8, H11, T2, E3). statuses are the
 // upstream statuses that count as a provider failure
-// (outlier_detection.statuses); now is the clock reading a Retry-After
-// date is counted from. Failure codes are read through their
-// protocol.Failures row: its retry class and health class.
-func classify(env *iop.Envelope, statuses []int, now time.Time) class {
+// (outlier_detection.statuses); now is the clock a Retry-After date is
+// counted from, read only for a failing RESPONSE_START. Failure codes are
+// read through their protocol.Failures row: its retry class and health
+// class.
+func classify(env *iop.Envelope, statuses []int, now func() time.Time) class {
 	var c class
 	switch k := env.GetKind().(type) {
 	case *iop.Envelope_RunEvent:
@@ -66,7 +67,7 @@ func classify(env *iop.Envelope, statuses []int, now time.Time) class {
 			status := int(f.GetStatus())
 			c.verdict = statusVerdict(status, statuses)
 			if c.verdict.kind == verdictFailure {
-				c.verdict.retryAfter = parseRetryAfter(headerValue(f.GetHeaders(), "Retry-After"), now)
+				c.verdict.retryAfter = parseRetryAfter(headerValue(f.GetHeaders(), "Retry-After"), now())
 			}
 			c.retry, c.retryable = statusRetry(status, statuses)
 			c.holdStart = c.retryable

@@ -265,7 +265,7 @@ func (h *Handler) serveModel(ctx context.Context, w *recorder, r *http.Request, 
 		if st, s := h.start(x); st != nil {
 			h.relay(x, st, s)
 		}
-		fx := h.step(x, event{kind: evRelayEnded, ok: x.ok})
+		fx := h.step(x, &event{kind: evRelayEnded, ok: x.ok})
 		if !fx.redispatch || !h.reacquire(x, fx) {
 			return
 		}
@@ -397,7 +397,7 @@ func (h *Handler) startFailed(x *exchange, err error) {
 	h.log.Warn("dispatch failed", "model", x.model, "node", x.lease.Node, "provider", x.lease.Provider,
 		"request_id", x.acc.rec.RequestID, "err", err)
 	e := badGateway("provider_unavailable", msg)
-	if fx := h.step(x, h.event(x, evStartFailed, x.body == nil)); fx.stop {
+	if ev := h.event(x, evStartFailed, x.body == nil); h.step(x, &ev).stop {
 		x.kept = kept{err: e} // nothing was sent: another candidate may take it
 		return
 	}
@@ -483,12 +483,14 @@ func (h *Handler) unwatch(x *exchange, st dispatch.Stream) {
 // wrote, the body can never be resent and is dropped.
 func (h *Handler) deliver(x *exchange, st dispatch.Stream, s sink, env *iop.Envelope) bool {
 	x.timer.Reset(h.responseWait(x.lease))
-	e := h.event(x, evEnvelope, s.wrote() || x.body == nil)
-	e.class = classify(env, x.statuses, e.now)
-	fx := h.step(x, e)
+	e := event{kind: evEnvelope, class: classify(env, x.statuses, h.o.Now), wrote: s.wrote() || x.body == nil}
+	if e.class.retryable || e.class.stall { // only a failure that may be kept reads the clock and the client's context
+		e.gone, e.now = x.ctx.Err() != nil, h.o.Now()
+	}
+	fx := h.step(x, &e)
 	if fx.checkStall {
 		e.kind, e.valid = evStallChecked, h.o.Health.ObserveStall(x.lease, e.class.failure)
-		fx = h.step(x, e)
+		fx = h.step(x, &e)
 	}
 	switch fx.env {
 	case envHold:
@@ -521,9 +523,8 @@ func (h *Handler) event(x *exchange, kind eventKind, wrote bool) event {
 // only report: passive health's verdict (Options.Outlier) and the stall
 // records (Options.Health: the re-dispatch decision and its outcome, SPEC
 // H12). The effects that steer the request are returned.
-func (h *Handler) step(x *exchange, e event) effects {
-	var fx effects
-	x.att, fx = x.att.step(e)
+func (h *Handler) step(x *exchange, e *event) effects {
+	fx := x.att.step(e)
 	if v := fx.verdict; v.kind != verdictOpen && h.o.Outlier != nil {
 		if v.kind == verdictFailure {
 			h.o.Outlier.Failure(x.lease.Key, v.reason, v.retryAfter)
@@ -548,7 +549,7 @@ func (h *Handler) step(x *exchange, e event) effects {
 // before any byte as the attempt's failure e, when the machine says another
 // candidate may take the request; it reports whether it did.
 func (h *Handler) lost(x *exchange, s sink, e *apiError) bool {
-	if fx := h.step(x, h.event(x, evLost, s.wrote() || x.body == nil)); fx.stop {
+	if ev := h.event(x, evLost, s.wrote() || x.body == nil); h.step(x, &ev).stop {
 		x.kept = kept{sink: s, err: e}
 		return true
 	}
@@ -716,7 +717,8 @@ func (h *Handler) reacquire(x *exchange, fx effects) bool {
 	setLease(x.acc, l, h.o.Now().Sub(queued))
 	cancel()
 	if err != nil {
-		h.step(x, h.event(x, evNoLease, false))
+		e := h.event(x, evNoLease, false)
+		h.step(x, &e)
 		if x.ctx.Err() != nil {
 			if shuttingDown(x.ctx) {
 				writeError(x.out.w, x.ep.surface, shutdownError())
@@ -738,7 +740,7 @@ func (h *Handler) reacquire(x *exchange, fx effects) bool {
 	x.lease, x.released = l, false
 	e := h.event(x, evLeased, false)
 	e.key = l.Key
-	h.step(x, e)
+	h.step(x, &e)
 	return true
 }
 
