@@ -54,19 +54,7 @@ func callWithKey(t testing.TB, hc *http.Client, method, url, key, body string) k
 // editStore changes the key store as `edge keys` does.
 func editStore(t testing.TB, path string, change func(*keystore.Store) error) {
 	t.Helper()
-	unlock, err := keystore.Lock(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unlock()
-	st, err := keystore.LoadOrNew(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := change(st); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Save(path); err != nil {
+	if err := keystore.Update(path, change); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"iop/internal/edge/keys"
-	"iop/internal/edge/limit"
 )
 
 // The HTTP side of client API keys (docs/keys.md): a request's key was
@@ -63,20 +62,11 @@ func (h *Handler) reserveKey(x *exchange, w *recorder) bool {
 // Retry-After (rounded up to a second) and the rate-limit headers, in the
 // surface's shape, through write.
 func (h *Handler) refuseKey(w *recorder, s surface, ref *keys.Refusal, now time.Time, write func(*apiError)) {
-	what := "requests in flight"
-	switch ref.Err {
-	case limit.ErrRate:
-		what = "requests per minute"
-	case limit.ErrTokensMinute:
-		what = "tokens per minute"
-	case limit.ErrTokensDay:
-		what = "tokens per day"
-	}
 	h.logRefusal(&h.lim.keyLog, "request refused: API key limit", slog.String("principal", ref.Principal),
 		slog.String("limit", ref.Bound()))
 	writeRateLimit(w.Header(), s, &ref.RateLimit, now)
 	write(&apiError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "rate_limit_exceeded",
-		retryAfter: ref.RetryAfter, msg: "too many " + what + " (" + ref.Bound() + ") for this API key; retry later"})
+		retryAfter: ref.RetryAfter, msg: "too many " + ref.What() + " (" + ref.Bound() + ") for this API key; retry later"})
 }
 
 // writeRateLimit sets the rate-limit headers of rl (K6): Anthropic's names

@@ -17,23 +17,10 @@ import (
 	"iop/internal/proctest"
 )
 
-// edit changes the store at path as `edge keys` does: under the lock,
-// load, change, save.
+// edit changes the store at path as `edge keys` does.
 func edit(t testing.TB, path string, change func(*keystore.Store) error) {
 	t.Helper()
-	unlock, err := keystore.Lock(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unlock()
-	st, err := keystore.LoadOrNew(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := change(st); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Save(path); err != nil {
+	if err := keystore.Update(path, change); err != nil {
 		t.Fatal(err)
 	}
 }

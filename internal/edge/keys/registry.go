@@ -155,16 +155,26 @@ func (e *Refusal) Unwrap() error { return e.Err }
 
 // Bound names the refusing bound for a message: "requests_per_minute 60".
 func (e *Refusal) Bound() string {
-	name := "max_concurrent"
+	name, _ := e.names()
+	return name + " " + strconv.Itoa(e.Limit)
+}
+
+// What says in words what the key has too many of: "requests per minute".
+func (e *Refusal) What() string {
+	_, what := e.names()
+	return what
+}
+
+func (e *Refusal) names() (config, words string) {
 	switch e.Err {
 	case limit.ErrRate:
-		name = "requests_per_minute"
+		return "requests_per_minute", "requests per minute"
 	case limit.ErrTokensMinute:
-		name = "tokens_per_minute"
+		return "tokens_per_minute", "tokens per minute"
 	case limit.ErrTokensDay:
-		name = "tokens_per_day"
+		return "tokens_per_day", "tokens per day"
 	}
-	return name + " " + strconv.Itoa(e.Limit)
+	return "max_concurrent", "requests in flight"
 }
 
 // Ticket is one admitted request: Admit makes it (the requests in flight

@@ -138,20 +138,7 @@ func (c *cmd) fail(err error) int {
 
 // edit runs change on the store under its lock and saves it (K1).
 func (c *cmd) edit(change func(*keystore.Store) error) error {
-	path := c.cfg.Keys.StoreFile
-	unlock, err := keystore.Lock(path)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	st, err := keystore.LoadOrNew(path)
-	if err != nil {
-		return err
-	}
-	if err := change(st); err != nil {
-		return err
-	}
-	return st.Save(path)
+	return keystore.Update(c.cfg.Keys.StoreFile, change)
 }
 
 // limitFlags are the four bound flags, in keystore.Limits.Check's order.

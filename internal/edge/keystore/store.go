@@ -311,6 +311,26 @@ func Lock(path string) (unlock func(), err error) {
 	return unlock, nil
 }
 
+// Update is one writer's change of the store at path (K1): under the
+// lock, the store is read (an empty one when the file does not exist),
+// changed by change and saved; nothing is written when change or the read
+// fails. `edge keys` makes every change through it.
+func Update(path string, change func(*Store) error) error {
+	unlock, err := Lock(path)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	st, err := LoadOrNew(path)
+	if err != nil {
+		return err
+	}
+	if err := change(st); err != nil {
+		return err
+	}
+	return st.Save(path)
+}
+
 // Save writes the store to path atomically (storefile.WriteAtomic, mode
 // 0600) with the next revision and a fresh checksum, keys sorted by name.
 func (s *Store) Save(path string) error {
