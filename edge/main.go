@@ -12,6 +12,8 @@
 //	edge secrets list -store FILE
 //	edge secrets rm -store FILE -slot NAME
 //	edge keys create|list|show|revoke|rotate|usage -config FILE …
+//	edge tokens create|list|revoke -config EDGE_CONFIG …   join tokens for new nodes
+//	edge nodes list|revoke -config EDGE_CONFIG …           enrolled nodes
 //
 // SIGINT/SIGTERM drain and exit 0; SIGHUP reloads the config (SPEC N2).
 // A fatal config or credential error prints the message on stderr and exits 1.
@@ -31,6 +33,7 @@ import (
 	"iop/internal/buildinfo"
 	"iop/internal/edge"
 	"iop/internal/edge/config"
+	"iop/internal/edge/fleetcmd"
 	"iop/internal/edge/keyscmd"
 	"iop/internal/edge/pkicmd"
 	"iop/internal/edge/secretscmd"
@@ -59,6 +62,12 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	if len(args) > 0 && args[0] == "keys" {
 		return keyscmd.Main(args[1:], stdout, stderr, time.Now)
+	}
+	if len(args) > 0 && args[0] == "tokens" {
+		return fleetcmd.Tokens(args[1:], stdout, stderr, time.Now)
+	}
+	if len(args) > 0 && args[0] == "nodes" {
+		return fleetcmd.Nodes(args[1:], stdout, stderr, time.Now)
 	}
 	fs := flag.NewFlagSet("edge", flag.ContinueOnError)
 	fs.SetOutput(stderr)

@@ -5,6 +5,8 @@
 //	node -config node.json          run until SIGINT/SIGTERM
 //	node -config node.json -check   validate the config and exit 0 or 1
 //	node version                    print version, commit and Go version (also -version)
+//	node join -edge HOST:PORT -token TOKEN -dir DIR [-name NAME]
+//	                                        join the edge with a token from `edge tokens create`
 //
 // Exit codes (SPEC S4): 0 on SIGINT/SIGTERM; 1 when reconnect attempts are
 // exhausted or on a fatal local config or credential error.
@@ -12,6 +14,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -19,10 +22,12 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"iop/internal/buildinfo"
 	"iop/internal/node"
 	"iop/internal/node/config"
+	"iop/internal/node/enroll"
 )
 
 // version and commit are set at link time (-ldflags "-X main.version=…
@@ -39,6 +44,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "version" {
 		fmt.Fprintln(stdout, info)
 		return 0
+	}
+	if len(args) > 0 && args[0] == "join" {
+		return join(args[1:], stdout, stderr, info.Version)
 	}
 	fs := flag.NewFlagSet("node", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -78,5 +86,40 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "node:", err)
 		return 1
 	}
+	return 0
+}
+
+// join runs `node join` (SPEC J1-J3): exit 0 when DIR holds a node that can
+// start, 1 when the join failed (nothing written), 2 for bad flags.
+func join(args []string, stdout, stderr io.Writer, version string) int {
+	fs := flag.NewFlagSet("node join", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	edge := fs.String("edge", "", "host:port of the edge's node_listen")
+	token := fs.String("token", "", "the join token edge tokens create printed")
+	dir := fs.String("dir", "", "directory to write (must not exist, or be empty)")
+	name := fs.String("name", "", "node name to ask for (default: this host's name)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if *edge == "" || *token == "" || *dir == "" || fs.NArg() > 0 {
+		fmt.Fprintln(stderr, "usage: node join -edge HOST:PORT -token TOKEN -dir DIR [-name NAME]")
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, err := enroll.Join(ctx, enroll.JoinOptions{Edge: *edge, Token: *token, Dir: *dir, Name: *name, Version: version})
+	if err != nil {
+		fmt.Fprintln(stderr, "node join:", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "joined edge %s as node %s (trust domain %s); certificate valid until %s, renewed by the node while it runs\n",
+		res.Edge, res.Node, res.TrustDomain, res.NotAfter.UTC().Format(time.RFC3339))
+	if !res.Credentials {
+		fmt.Fprintln(stdout, "the edge sent no lease issuer key: node.json has no credentials (the edge's credential plane is off)")
+	}
+	fmt.Fprintf(stdout, "start it: node -config %s\n", res.ConfigPath)
 	return 0
 }

@@ -1,8 +1,11 @@
 # shellcheck shell=bash
 # The main job (./run.sh with no arguments): build, mint dev PKI, start an
-# inference backend, the edge and one node, wait until the node is ready,
-# send one chat completion and one streamed chat completion, print both
-# answers, then keep serving until Ctrl-C. Sourced by run.sh.
+# inference backend and the edge (enrollment on, a node template for
+# gpu-*), join node gpu-1 with the two commands docs/operating.md gives an
+# operator (edge tokens create, then the node join line it prints), start
+# it, wait until it is ready, send one chat completion and one streamed
+# chat completion, print both answers, then keep serving until Ctrl-C.
+# Sourced by run.sh.
 #
 # Backend choice:
 #   IOP_OLLAMA_URL   a real Ollama (native /api/chat and its /v1 layer)
@@ -47,8 +50,8 @@ demo_start_stack() {
   cmd_build
   mkdir -p "$RUN_DIR"
   if [ ! -f "$RUN_DIR/pki/ca.crt" ]; then
-    ./bin/edge pki init -dir "$RUN_DIR/pki" -edge edge-1 -node gpu-1 >/dev/null
-    log "minted dev PKI in .run/pki"
+    ./bin/edge pki init -dir "$RUN_DIR/pki" -edge edge-1 >/dev/null
+    log "minted dev PKI in .run/pki (the CA and the edge; nodes join with tokens)"
   fi
 
   local ollama_url="" openai_url="" openai_profile=${IOP_OPENAI_PROFILE:-llamacpp}
@@ -111,31 +114,42 @@ demo_start_stack() {
   "tls": {"cert_file": "pki/edge-1.crt", "key_file": "pki/edge-1.key", "ca_file": "pki/ca.crt", "trust_domain": "iop.local"},
   "api_keys": [{"principal": "demo", "key_sha256": "$DEMO_KEY_SHA256"}],
   "keys": {"store_file": "keys.json"},
-  "nodes": [{"id": "gpu-1", "adapters": [
+  "enrollment": {"ca_key_file": "pki/ca.key"},
+  "node_templates": [{"match": "gpu-*", "adapters": [
     $ollama_adapter
     $compat_adapters
   ]}],
   "models": [
-    {"name": "tiny",         "providers": [{"node": "gpu-1", "provider": "$native", "target": "$t_tiny"}]},
-    {"name": "tiny-tool",    "providers": [{"node": "gpu-1", "provider": "$native_tool", "target": "$t_tool"}]},
-    {"name": "tiny-loop",    "providers": [{"node": "gpu-1", "provider": "$native_loop", "target": "$t_loop"}]},
-    {"name": "tiny-oa",      "providers": [{"node": "gpu-1", "provider": "oa", "target": "$t_tiny"}]},
-    {"name": "tiny-tool-oa", "providers": [{"node": "gpu-1", "provider": "$oa_tool", "target": "$t_tool"}]},
-    {"name": "tiny-loop-oa", "providers": [{"node": "gpu-1", "provider": "$oa_loop", "target": "$t_loop"}]},
-    {"name": "tiny-think",     "providers": [{"node": "gpu-1", "provider": "$native", "target": "$t_think"}]},
-    {"name": "tiny-think-oa",  "providers": [{"node": "gpu-1", "provider": "oa", "target": "$t_think"}]},
-    {"name": "tiny-agent",     "providers": [{"node": "gpu-1", "provider": "$native_tool", "target": "$t_agent"}]},
-    {"name": "tiny-agent-oa",  "providers": [{"node": "gpu-1", "provider": "$oa_tool", "target": "$t_agent"}]}
-  ]
+    {"name": "tiny",         "providers": [{"node": "gpu-*", "provider": "$native", "target": "$t_tiny"}]},
+    {"name": "tiny-tool",    "providers": [{"node": "gpu-*", "provider": "$native_tool", "target": "$t_tool"}]},
+    {"name": "tiny-loop",    "providers": [{"node": "gpu-*", "provider": "$native_loop", "target": "$t_loop"}]},
+    {"name": "tiny-oa",      "providers": [{"node": "gpu-*", "provider": "oa", "target": "$t_tiny"}]},
+    {"name": "tiny-tool-oa", "providers": [{"node": "gpu-*", "provider": "$oa_tool", "target": "$t_tool"}]},
+    {"name": "tiny-loop-oa", "providers": [{"node": "gpu-*", "provider": "$oa_loop", "target": "$t_loop"}]},
+    {"name": "tiny-think",     "providers": [{"node": "gpu-*", "provider": "$native", "target": "$t_think"}]},
+    {"name": "tiny-think-oa",  "providers": [{"node": "gpu-*", "provider": "oa", "target": "$t_think"}]},
+    {"name": "tiny-agent",     "providers": [{"node": "gpu-*", "provider": "$native_tool", "target": "$t_agent"}]},
+    {"name": "tiny-agent-oa",  "providers": [{"node": "gpu-*", "provider": "$oa_tool", "target": "$t_agent"}]}
+  ],
+  "model_discovery": [{"node": "gpu-*", "provider": "$native"}]
 }
 JSON
-  sed -e "s#@EDGE_ADDR@#$node_addr#" "$ROOT/testdata/demo/node.json" >"$RUN_DIR/node.json"
 
   ./bin/edge -config "$RUN_DIR/edge.json" >"$RUN_DIR/edge.log" 2>&1 &
   demo_pids+=($!)
-  ./bin/node -config "$RUN_DIR/node.json" >"$RUN_DIR/node.log" 2>&1 &
+  wait_http "http://$DEMO_ADMIN/healthz" 100 || { log "edge did not start; see .run/edge.log"; tail -n 5 "$RUN_DIR/edge.log" >&2; return 1; }
+  # The operator's two commands (docs/operating.md): a token for gpu-1, and
+  # the line it prints, run on the node's host (here, this one).
+  rm -rf "$RUN_DIR/gpu-1"
+  local join
+  join=$(./bin/edge tokens create -config "$RUN_DIR/edge.json" -node gpu-1 -dir "$RUN_DIR/gpu-1" 2>/dev/null) ||
+    { log "edge tokens create failed"; return 1; }
+  log "edge tokens create -config .run/edge.json -node gpu-1  →  ${join%% -token *} -token … -dir .run/gpu-1 -name gpu-1"
+  # shellcheck disable=SC2086 # the printed line is one command with its words
+  ./bin/$join >"$RUN_DIR/join.log" 2>&1 || { log "node join failed:"; cat "$RUN_DIR/join.log" >&2; return 1; }
+  ./bin/node -config "$RUN_DIR/gpu-1/node.json" >"$RUN_DIR/node.log" 2>&1 &
   demo_pids+=($!)
-  log "edge: http://$DEMO_HTTP (admin http://$DEMO_ADMIN), node gpu-1; logs in .run/"
+  log "edge: http://$DEMO_HTTP (admin http://$DEMO_ADMIN), node gpu-1 joined into .run/gpu-1; logs in .run/"
   local i
   for i in $(seq 1 150); do
     if curl -fsS -m 1 "http://$DEMO_ADMIN/status" 2>/dev/null | grep -q '"connected":true'; then
@@ -197,6 +211,8 @@ print()
   echo "  KEY=\$(./bin/edge keys create -config .run/edge.json -name team-a -models 'tiny,*-oa' -tpm 2000 -tokens-per-day 100000 -expires 7d)"
   echo "  curl -i http://$DEMO_HTTP/v1/chat/completions -H \"Authorization: Bearer \$KEY\" -H 'Content-Type: application/json' -d '{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}'"
   echo "  ./bin/edge keys list -config .run/edge.json; ./bin/edge keys usage -config .run/edge.json; ./bin/edge keys revoke -config .run/edge.json -name team-a"
+  echo "Add a node (no edit of .run/edge.json): ./bin/edge tokens create -config .run/edge.json -node gpu-2 -dir .run/gpu-2"
+  echo "  then run the line it prints, with ./bin/ before it, and: ./bin/node -config .run/gpu-2/node.json"
   echo "Ctrl-C stops everything."
   # Serve until Ctrl-C, or until one process of the stack exits: then say
   # so and stop the rest (the node would otherwise redial a gone edge

@@ -24,6 +24,7 @@ import (
 	"iop/internal/edge/config"
 	"iop/internal/edge/creds"
 	"iop/internal/edge/events"
+	"iop/internal/edge/fleet"
 	"iop/internal/edge/health"
 	"iop/internal/edge/keys"
 	"iop/internal/edge/outlier"
@@ -31,6 +32,7 @@ import (
 	"iop/internal/edge/routing"
 	"iop/internal/edge/transport"
 	"iop/internal/identity"
+	iop "iop/proto/gen/iop"
 )
 
 // Options for Run.
@@ -110,6 +112,13 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	ap := newApplier()
+	fl, err := fleet.New(cfg, fleet.Options{Logger: log.With("component", "fleet"), Changed: ap.request, WaitApplied: ap.wait})
+	if err != nil {
+		return fmt.Errorf("enrollment: %w", err)
+	}
+	file := cfg // as read from the file; the edge runs Effective(file)
+	cfg = file.Effective(fl.Inputs())
 	mat, err := creds.Load(cfg, nil, time.Now())
 	if err != nil {
 		return fmt.Errorf("credentials: %w", err)
@@ -123,7 +132,9 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	cur.Store(cfg)
 	current := func() *config.Config { return cur.Load() }
 
-	tlsCfg, err := tlsConfig(cfg, func(name string) bool { return current().NodeByID(name) != nil })
+	// A name with an enrollment record is let through to fl.Admit, which
+	// refuses a revoked or superseded certificate naming why (SPEC J6).
+	tlsCfg, err := tlsConfig(file, func(name string) bool { return current().NodeByID(name) != nil || fl.Known(name) }, fl)
 	if err != nil {
 		return err
 	}
@@ -138,9 +149,12 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 			OnFence: func(node string, gen uint64) {
 				p.NodeFenced(node, gen)
 				ht.NodeFenced(node, gen) // H9: no overlay outlives its generation
+				fl.NodeFenced(node, gen) // D2: its discovered models go with it
 			},
 			OnDraining: func(node string, gen uint64) { p.NodeDraining(node, gen) },
 		},
+		Fleet: transport.FleetHooks{Join: fl.ServeJoin, Renew: fl.Renew,
+			OnModels: func(node string, gen uint64, r *iop.NodeModelsReport) { fl.Report(node, gen, r) }},
 	})
 	plane.BindBoots(tr.BootID) // SPEC C3: a node's restart invalidates its earlier leases
 	ht = health.New(health.Options{Overlay: overlayEvents{p, bus}, Commander: tr, Logger: log.With("component", "health"),
@@ -168,7 +182,7 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	for _, m := range h.Metrics() {
 		counters = append(counters, admin.Counter{Name: m.Name, Help: m.Help, Type: "counter", Samples: m.Samples})
 	}
-	adm := admin.New(admin.Options{Status: p, Routing: p, Groups: p, Events: bus, Metrics: counters, Collectors: []admin.Collector{metrics, kr.reg},
+	adm := admin.New(admin.Options{Status: p, Routing: p, Groups: p, Events: bus, Discovered: fl.Discovered, Metrics: counters, Collectors: []admin.Collector{metrics, kr.reg},
 		Keys:   kr.reg,
 		Recent: recent, Payloads: payloadStates{tr}, Pprof: cfg.Admin.Pprof, Version: o.Version,
 		Access: func() admin.Access {
@@ -217,10 +231,14 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	hctx, stopHealth := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	errc := make(chan error, 3)
-	wg.Add(6)
+	wg.Add(7)
 	go func() {
 		defer wg.Done()
 		ht.Run(hctx) // the recovery loop (SPEC H10)
+	}()
+	go func() {
+		defer wg.Done()
+		fl.Watch(hctx.Done()) // SPEC J6: edge nodes revoke reaches a running edge
 	}()
 	go func() {
 		defer wg.Done()
@@ -270,8 +288,22 @@ loop:
 				o.Reload = nil
 				continue
 			}
-			reload(ctx, log, cfg, nc, &cur, plane, kr.loader, p, tr)
-			od.SetPolicy(OutlierPolicy(nc))
+			if err := fl.Reconfigure(nc); err != nil {
+				log.Error("config reload rejected; keeping the running config", "err", fmt.Errorf("enrollment: %w", err))
+				continue
+			}
+			ap.apply(func() {
+				if reload(ctx, log, file, nc.Effective(fl.Inputs()), &cur, plane, kr.loader, p, tr) {
+					file = nc
+					od.SetPolicy(OutlierPolicy(nc))
+				} else if err := fl.Reconfigure(file); err != nil {
+					log.Error("enrollment: restoring the running config's", "err", err)
+				}
+			})
+		case <-ap.kick:
+			// A join, a revocation or a change of the models the nodes
+			// report (SPEC J2, J6, D2).
+			ap.apply(func() { apply(ctx, log, file.Effective(fl.Inputs()), &cur, plane, p, tr) })
 		}
 	}
 
@@ -410,17 +442,16 @@ func drainTimeout(c *config.Config, override time.Duration) time.Duration {
 	return config.DefaultDrainTimeoutMs * time.Millisecond
 }
 
-// reload applies a new config: listener and TLS changes need a restart; the
-// credential material (secret store, keys) is read again first and a
-// failure rejects the whole reload; the rest reaches the pool (Q5 pump),
-// the surface and ready nodes (N2), which learn new slot revisions and
-// projection generations from their refreshed payloads (SPEC C6).
+// reload applies a new config file (nc is its config.Effective) and
+// reports whether it did: listener and TLS changes need a restart; the
+// credential material (secret store, keys) and the key store are read
+// again first and a failure rejects the whole reload; then install.
 func reload(ctx context.Context, log *slog.Logger, boot, nc *config.Config, cur *atomic.Pointer[config.Config], plane *creds.Plane,
-	kl *keys.Loader, p *pool.Pool, tr *transport.Server) {
+	kl *keys.Loader, p *pool.Pool, tr *transport.Server) bool {
 	mat, err := creds.Load(nc, plane.Material(), time.Now())
 	if err != nil {
 		log.Error("config reload rejected; keeping the running config", "err", err)
-		return
+		return false
 	}
 	// SPEC C3: a new issuer key that a ready node does not trust would
 	// fail every credentialed request to it; the nodes first trust both
@@ -429,16 +460,42 @@ func reload(ctx context.Context, log *slog.Logger, boot, nc *config.Config, cur 
 		if nodes := tr.UntrustingNodes(id); len(nodes) > 0 {
 			log.Error("config reload rejected; keeping the running config", "err",
 				fmt.Errorf("credentials.issuer_key_file: issuer key %s is not trusted by ready nodes %v: add its public key to their credentials.issuer_public_keys and restart them first", id, nodes))
-			return
+			return false
 		}
 	}
 	if err := kl.Reload(nc); err != nil { // api_keys and the key store read again (K2); nothing changed yet
 		log.Error("config reload rejected; keeping the running config", "err", fmt.Errorf("keys: %w", err))
-		return
+		return false
 	}
 	if nc.HTTPListen != boot.HTTPListen || nc.NodeListen != boot.NodeListen || nc.AdminListen != boot.AdminListen || nc.TLS != boot.TLS {
 		log.Warn("config reload: listen addresses and tls settings take effect only after a restart")
 	}
+	install(ctx, log, nc, mat, cur, plane, p, tr)
+	log.Info("config reloaded")
+	return true
+}
+
+// apply installs nc, the effective config after a join, a revocation or a
+// change of the discovered models (config.Effective of the same file): the
+// credential material is read again for it (a joined node's recipient
+// key, the routes' slots) and a failure keeps the running config.
+func apply(ctx context.Context, log *slog.Logger, nc *config.Config, cur *atomic.Pointer[config.Config], plane *creds.Plane, p *pool.Pool, tr *transport.Server) {
+	mat, err := creds.Load(nc, plane.Material(), time.Now())
+	if err != nil {
+		log.Error("config change rejected; keeping the running config", "err", err)
+		return
+	}
+	install(ctx, log, nc, mat, cur, plane, p, tr)
+	log.Info("config applied", "nodes", len(nc.Nodes), "models", len(nc.Models))
+}
+
+// install makes nc current: the credential material mat, the pool (Q5
+// pump), the surface and the ready nodes (N2), which learn new slot
+// revisions and projection generations from their refreshed payloads
+// (SPEC C6); a node nc no longer has (removed, revoked) is fenced and
+// closed by the refresh's reconciliation (SPEC J6).
+func install(ctx context.Context, log *slog.Logger, nc *config.Config, mat *creds.Material, cur *atomic.Pointer[config.Config],
+	plane *creds.Plane, p *pool.Pool, tr *transport.Server) {
 	for _, r := range mat.Revoked() {
 		log.Warn("credential route revoked: its slot was removed from the secret store; it issues no lease", "route", r)
 	}
@@ -455,7 +512,6 @@ func reload(ctx context.Context, log *slog.Logger, boot, nc *config.Config, cur 
 		}
 		log.Info("config refresh", "node", r.Node, "revision", r.Revision, "status", r.Status.String(), "reason", r.Reason)
 	}
-	log.Info("config reloaded")
 }
 
 // Check validates what Run would load before serving: the certificate, key
@@ -469,10 +525,14 @@ func Check(cfg *config.Config) (warnings []string, err error) {
 	if _, err := loadKeys(cfg, nil); err != nil {
 		return nil, err
 	}
-	if _, err := tlsConfig(cfg, func(string) bool { return true }); err != nil {
+	fl, err := fleet.New(cfg, fleet.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("enrollment: %w", err)
+	}
+	if _, err := tlsConfig(cfg, func(string) bool { return true }, fl); err != nil {
 		return nil, err
 	}
-	mat, err := creds.Load(cfg, nil, time.Now())
+	mat, err := creds.Load(cfg.Effective(fl.Inputs()), nil, time.Now())
 	if err != nil {
 		return nil, fmt.Errorf("credentials: %w", err)
 	}
@@ -483,13 +543,19 @@ func Check(cfg *config.Config) (warnings []string, err error) {
 	return warnings, nil
 }
 
-func tlsConfig(cfg *config.Config, allow func(string) bool) (*tls.Config, error) {
+// tlsConfig is the node listener's TLS config (SPEC I1, I2): mutual TLS
+// for sessions, whose certificates the fleet also checks (revoked or
+// superseded, SPEC J6), and join connections on the same port (SPEC J1).
+func tlsConfig(cfg *config.Config, allow func(string) bool, fl *fleet.Fleet) (*tls.Config, error) {
 	tc, err := identity.ServerConfig(identity.ServerOptions{
 		CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, CAFile: cfg.TLS.CAFile,
-		TrustDomain: cfg.TLS.TrustDomain, AllowNode: allow,
+		TrustDomain: cfg.TLS.TrustDomain, AllowNode: allow, VerifyNode: fl.Admit,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("edge tls: %w", err)
+	}
+	if ca := fl.ChainCA(); ca != nil {
+		tc = identity.JoinServerConfig(tc, ca)
 	}
 	return tc, nil
 }

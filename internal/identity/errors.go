@@ -56,6 +56,15 @@ var (
 	// ErrFileExists: dev PKI generation refused to overwrite a file (set
 	// Force); the FileError around it names the file.
 	ErrFileExists = errors.New("identity: file exists, not overwritten without force")
+	// ErrBadCSR: a certificate signing request is malformed, not signed by
+	// its key, or asks for another identity than the one allowed (a join
+	// or renewal, SPEC J2).
+	ErrBadCSR = errors.New("identity: bad certificate signing request")
+	// ErrBadJoinToken: a join token does not parse (SPEC J1).
+	ErrBadJoinToken = errors.New("identity: malformed join token")
+	// ErrPinMismatch: the edge's CA is not the one the join token pins
+	// (SPEC J1): another deployment, or someone in between.
+	ErrPinMismatch = errors.New("identity: edge CA does not match the join token's pin")
 )
 
 // FileError reports a local credential file that could not be read, parsed

@@ -2,7 +2,6 @@ package identity
 
 import (
 	"crypto"
-	"crypto/ecdh"
 	"crypto/ecdsa"
 	"crypto/ed25519"
 	"crypto/elliptic"
@@ -20,6 +19,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"iop/internal/storefile"
 )
 
 // Dev PKI file names inside the PKI directory.
@@ -63,7 +64,7 @@ const (
 type PKIOptions struct {
 	TrustDomain string   // empty means DefaultTrustDomain
 	Edge        string   // edge name; required
-	Nodes       []string // node ids; at least one
+	Nodes       []string // node ids; none for an edge whose nodes join (SPEC J1)
 	Force       bool     // overwrite existing files
 	Now         func() time.Time
 	// Validity of the edge and node certificates; 0 means
@@ -112,9 +113,6 @@ func InitPKI(dir string, o PKIOptions) error {
 	}
 	if o.Edge == "" {
 		return fmt.Errorf("%w: edge name is empty", ErrInvalidOptions)
-	}
-	if len(o.Nodes) == 0 {
-		return fmt.Errorf("%w: no node names", ErrInvalidOptions)
 	}
 	for _, n := range append([]string{o.Edge}, o.Nodes...) {
 		if err := ValidateName(n); err != nil {
@@ -273,29 +271,9 @@ func newLeaf(ca *x509.Certificate, caKey crypto.Signer, id ID, now time.Time, va
 	if err != nil {
 		return nil, fmt.Errorf("generate key for %s: %w", id, err)
 	}
-	serial, err := newSerial()
+	tmpl, err := leafTemplate(ca, id, now, validity, notBeforeSkew)
 	if err != nil {
 		return nil, err
-	}
-	notAfter := now.Add(validity)
-	if notAfter.After(ca.NotAfter) {
-		notAfter = ca.NotAfter
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          serial,
-		Subject:               pkix.Name{Organization: []string{"iop"}, CommonName: id.Name},
-		NotBefore:             now.Add(-notBeforeSkew),
-		NotAfter:              notAfter,
-		KeyUsage:              x509.KeyUsageDigitalSignature,
-		BasicConstraintsValid: true,
-		URIs:                  []*url.URL{id.URL()},
-	}
-	if id.Role == RoleEdge {
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-		tmpl.DNSNames = []string{"localhost"}
-		tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
-	} else {
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, key.Public(), caKey)
 	if err != nil {
@@ -311,21 +289,51 @@ func newLeaf(ca *x509.Certificate, caKey crypto.Signer, id ID, now time.Time, va
 	}, nil
 }
 
+// leafTemplate is the certificate template of an edge or node workload
+// identity (SPEC I1): URI SAN id, digitalSignature, serverAuth for an edge
+// (with DNS SAN localhost and IP SAN 127.0.0.1) or clientAuth for a node,
+// NotBefore backdated by skew, NotAfter = now + validity capped at the
+// CA's NotAfter, a fresh random serial.
+func leafTemplate(ca *x509.Certificate, id ID, now time.Time, validity, skew time.Duration) (*x509.Certificate, error) {
+	serial, err := newSerial()
+	if err != nil {
+		return nil, err
+	}
+	notAfter := now.Add(validity)
+	if notAfter.After(ca.NotAfter) {
+		notAfter = ca.NotAfter
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial,
+		Subject:               pkix.Name{Organization: []string{"iop"}, CommonName: id.Name},
+		NotBefore:             now.Add(-skew),
+		NotAfter:              notAfter,
+		KeyUsage:              x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		URIs:                  []*url.URL{id.URL()},
+	}
+	if id.Role == RoleEdge {
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+		tmpl.DNSNames = []string{"localhost"}
+		tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1)}
+	} else {
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	}
+	return tmpl, nil
+}
+
 // newNodeFiles makes a node's certificate, key and lease recipient pair.
 func newNodeFiles(ca *x509.Certificate, caKey crypto.Signer, id ID, now time.Time, validity time.Duration) ([]outFile, error) {
 	files, err := newLeaf(ca, caKey, id, now, validity)
 	if err != nil {
 		return nil, err
 	}
-	rk, err := ecdh.X25519().GenerateKey(rand.Reader)
+	rk, err := NewRecipientKey()
 	if err != nil {
-		return nil, fmt.Errorf("generate recipient key for %s: %w", id.Name, err)
+		return nil, fmt.Errorf("%s: %w", id.Name, err)
 	}
-	privPEM, err := privateKeyPEM(rk)
-	if err != nil {
-		return nil, err
-	}
-	pubPEM, err := publicKeyPEM(rk.PublicKey())
+	privPEM := rk.KeyPEM
+	pubPEM, err := publicKeyPEM(rk.Public)
 	if err != nil {
 		return nil, err
 	}
@@ -379,49 +387,17 @@ func newIssuerFiles() ([]outFile, error) {
 
 // loadCA reads dir's ca.crt and ca.key and checks that they belong together.
 func loadCA(dir string) (*x509.Certificate, crypto.Signer, error) {
-	certPath, keyPath := filepath.Join(dir, CACertFile), filepath.Join(dir, CAKeyFile)
-	data, err := os.ReadFile(certPath)
-	if err != nil {
-		return nil, nil, &FileError{What: "CA certificate", Path: certPath, Err: err}
-	}
-	certs, err := parseCertificatesPEM(data)
-	if err != nil {
-		return nil, nil, &FileError{What: "CA certificate", Path: certPath, Err: err}
-	}
-	ca := certs[0]
-	if !ca.BasicConstraintsValid || !ca.IsCA {
-		return nil, nil, &FileError{What: "CA certificate", Path: certPath, Err: fmt.Errorf("%w: not a CA", ErrBadPEM)}
-	}
-	der, err := readPEMBlock(keyPath, "PRIVATE KEY", "CA private key")
+	ca, err := LoadCA(filepath.Join(dir, CACertFile), filepath.Join(dir, CAKeyFile))
 	if err != nil {
 		return nil, nil, err
 	}
-	defer clear(der)
-	k, err := x509.ParsePKCS8PrivateKey(der)
-	if err != nil {
-		return nil, nil, &FileError{What: "CA private key", Path: keyPath, Err: fmt.Errorf("%w: not PKCS #8", ErrBadPEM)}
-	}
-	signer, ok := k.(crypto.Signer)
-	if !ok {
-		return nil, nil, &FileError{What: "CA private key", Path: keyPath, Err: fmt.Errorf("%w: %T cannot sign", ErrKeyMismatch, k)}
-	}
-	type equaler interface{ Equal(crypto.PublicKey) bool }
-	if pub, ok := signer.Public().(equaler); !ok || !pub.Equal(ca.PublicKey) {
-		return nil, nil, &FileError{What: "CA private key", Path: keyPath,
-			Err: fmt.Errorf("%w: does not match %s", ErrKeyMismatch, certPath)}
-	}
-	return ca, signer, nil
+	return ca.Cert, ca.key, nil
 }
 
 // issueTrustDomain picks the trust domain for IssueNode: the option, the
 // CA's spiffe://<td> URI SAN, or both if they agree.
 func issueTrustDomain(ca *x509.Certificate, opt string) (string, error) {
-	var fromCA string
-	for _, u := range ca.URIs {
-		if u.Scheme == "spiffe" && (u.Path == "" || u.Path == "/") && ValidateTrustDomain(u.Host) == nil {
-			fromCA = u.Host
-		}
-	}
+	fromCA := caTrustDomain(ca)
 	switch {
 	case opt == "" && fromCA == "":
 		return "", fmt.Errorf("%w: CA certificate records no trust domain; set TrustDomain", ErrInvalidOptions)
@@ -471,9 +447,9 @@ func writeFiles(dir string, files []outFile, force bool) error {
 		p := filepath.Join(dir, f.name)
 		var err error
 		if force {
-			err = replaceFile(dir, p, f.data, f.mode)
+			err = storefile.WriteAtomicMode(p, "."+f.name+".tmp-*", f.data, f.mode)
 		} else {
-			err = createFile(p, f.data, f.mode)
+			err = storefile.Create(p, f.data, f.mode)
 		}
 		if err != nil {
 			if errors.Is(err, fs.ErrExist) {
@@ -483,46 +459,6 @@ func writeFiles(dir string, files []outFile, force bool) error {
 		}
 	}
 	return nil
-}
-
-func createFile(path string, data []byte, mode fs.FileMode) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
-	if err != nil {
-		return err
-	}
-	return finishFile(f, data, mode)
-}
-
-func replaceFile(dir, path string, data []byte, mode fs.FileMode) error {
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	if err := finishFile(f, data, mode); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return nil
-}
-
-// finishFile sets mode (independent of umask), writes, syncs and closes f.
-func finishFile(f *os.File, data []byte, mode fs.FileMode) error {
-	err := f.Chmod(mode)
-	if err == nil {
-		_, err = f.Write(data)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }
 
 func newSerial() (*big.Int, error) {

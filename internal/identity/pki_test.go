@@ -197,7 +197,6 @@ func TestInitPKIOptions(t *testing.T) {
 		o    PKIOptions
 	}{
 		{"I1 no edge", PKIOptions{Nodes: []string{"gpu-1"}}},
-		{"I1 no nodes", PKIOptions{Edge: "edge-1"}},
 		{"I1 name with slash", PKIOptions{Edge: "edge-1", Nodes: []string{"a/b"}}},
 		{"I1 name dot-dot", PKIOptions{Edge: "..", Nodes: []string{"gpu-1"}}},
 		{"I1 bad trust domain", PKIOptions{TrustDomain: "Upper.Case", Edge: "edge-1", Nodes: []string{"gpu-1"}}},

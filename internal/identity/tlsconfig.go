@@ -23,6 +23,11 @@ type ServerOptions struct {
 	// configured node" (SPEC I2). It is called during every handshake and
 	// must be safe for concurrent use. Required.
 	AllowNode func(name string) bool
+	// VerifyNode, if set, is called after every other check of a node's
+	// certificate has passed; a non-nil error refuses the handshake (the
+	// enrollment store's revocations and superseded serials, SPEC J6).
+	// It must be safe for concurrent use.
+	VerifyNode func(id ID, leaf *x509.Certificate) error
 	// Now is the clock for certificate validity; nil means time.Now.
 	Now func() time.Time
 }
@@ -90,7 +95,7 @@ func ServerConfig(o ServerOptions) (*tls.Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	allow := o.AllowNode
+	allow, verify := o.AllowNode, o.VerifyNode
 	return &tls.Config{
 		MinVersion:             tls.VersionTLS13,
 		MaxVersion:             tls.VersionTLS13,
@@ -105,7 +110,12 @@ func ServerConfig(o ServerOptions) (*tls.Config, error) {
 			if len(cs.PeerCertificates) == 0 {
 				return fmt.Errorf("node: %w", ErrNoPeerCertificate)
 			}
-			return checkID(cs.PeerCertificates[0], td, RoleNode, allow, "node")
+			leaf := cs.PeerCertificates[0]
+			if err := checkID(leaf, td, RoleNode, allow, "node"); err != nil || verify == nil {
+				return err
+			}
+			id, _ := FromCertificate(leaf) // checkID parsed it
+			return verify(id, leaf)
 		},
 	}, nil
 }

@@ -21,6 +21,7 @@ import (
 	"iop/internal/lease"
 	"iop/internal/node/adapter"
 	"iop/internal/node/config"
+	"iop/internal/node/enroll"
 	"iop/internal/node/session"
 	"iop/internal/node/supervisor"
 	iop "iop/proto/gen/iop"
@@ -63,6 +64,9 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 		log = slog.New(slog.DiscardHandler)
 	}
 	log = log.With("node_id", cfg.NodeID)
+	if err := enroll.Recover(cfg.TLS.CertFile, cfg.TLS.KeyFile); err != nil { // SPEC J5: an interrupted renewal
+		return supervisor.MarkFatal(fmt.Errorf("node %s: recovering a renewed key: %w", cfg.NodeID, err))
+	}
 	tc, err := tlsConfig(cfg)
 	if err != nil {
 		return supervisor.MarkFatal(err)
@@ -89,6 +93,9 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 		// What the drain timeout leaves is cancelled with this cause: the
 		// adapters end it with failure code node_shutdown.
 		DrainCause: adapter.ErrNodeShutdown,
+		// SPEC J5: used only when the edge's payload says certificate_renewal.
+		Renewer: enroll.NewRenewer(identity.ID{TrustDomain: cfg.TLS.TrustDomain, Role: identity.RoleNode, Name: cfg.NodeID},
+			cfg.TLS.CertFile, cfg.TLS.KeyFile),
 	}
 	if opener != nil {
 		// SPEC C3: the edge binds this process's leases to its boot (a
@@ -99,7 +106,11 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	p := supervisor.Policy{Interval: cfg.Interval(), MaxAttempts: cfg.MaxAttempts()}
 	log.Info("node starting", "edge_addr", cfg.EdgeAddr, "reconnect_interval_ms", p.Interval.Milliseconds(), "max_attempts", p.MaxAttempts)
 	return supervisor.Run(ctx, p, func(ctx context.Context) (bool, error) {
-		return session.Connect(ctx, so)
+		ready, err := session.Connect(ctx, so)
+		if errors.Is(err, session.ErrRegisterFatal) { // SPEC N6: retrying cannot help
+			return ready, supervisor.MarkFatal(err)
+		}
+		return ready, err
 	}, log)
 }
 

@@ -20,10 +20,18 @@ import (
 // dir and returns the binary's path.
 func Build(t testing.TB, name string) string {
 	t.Helper()
+	return BuildPackage(t, ".", name)
+}
+
+// BuildPackage compiles the command pkg (an import path, e.g. "iop/edge")
+// into a temp dir as name and returns the binary's path: a test of one
+// binary that needs the other.
+func BuildPackage(t testing.TB, pkg, name string) string {
+	t.Helper()
 	bin := filepath.Join(t.TempDir(), name)
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput()
 	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+		t.Fatalf("go build %s: %v\n%s", pkg, err, out)
 	}
 	return bin
 }

@@ -97,6 +97,22 @@ func kindRows() map[string]*iop.Envelope {
 			Status: iop.RefreshStatus_REFRESH_RESTART_REQUIRED, Reason: "adapter type changed",
 		}}},
 		"draining_notice": {Kind: &iop.Envelope_DrainingNotice{DrainingNotice: &iop.NodeDrainingNotice{DrainTimeoutMs: 30000}}},
+		"join_request": {Kind: &iop.Envelope_JoinRequest{JoinRequest: &iop.NodeJoinRequest{
+			TokenId: "4abcc7fa34f62fd8", TokenSecret: "BrsPoMEw2j76hN_mBwRXgQ9myHjAAOxGItRmn80oqZQ", NodeName: "gpu-3",
+			Csr: bytes.Repeat([]byte{0x30}, 400), LeaseRecipientPublicKey: bytes.Repeat([]byte{7}, 32), Version: "0.4.0",
+		}}},
+		"join_response": {Kind: &iop.Envelope_JoinResponse{JoinResponse: &iop.NodeJoinResponse{
+			Ok: true, NodeName: "gpu-3", TrustDomain: "iop.local", EdgeName: "edge-1",
+			CertificatePem: []byte("-----BEGIN CERTIFICATE-----\n…"), CaPem: []byte("-----BEGIN CERTIFICATE-----\n…"),
+			IssuerPublicKey: bytes.Repeat([]byte{5}, 32), NotAfterUnixMs: 1_700_086_400_000,
+		}}},
+		"renew_request": {Kind: &iop.Envelope_RenewRequest{RenewRequest: &iop.CertificateRenewRequest{Csr: bytes.Repeat([]byte{0x30}, 400)}}},
+		"renew_response": {Kind: &iop.Envelope_RenewResponse{RenewResponse: &iop.CertificateRenewResponse{
+			Ok: true, CertificatePem: []byte("-----BEGIN CERTIFICATE-----\n…"), NotAfterUnixMs: 1_700_086_400_000,
+		}}},
+		"models_report": {Kind: &iop.Envelope_ModelsReport{ModelsReport: &iop.NodeModelsReport{Adapters: []*iop.AdapterModels{
+			{Adapter: "ollama", Models: []string{"llama3.1:8b", "qwen2.5:7b"}}, {Adapter: "vllm", Error: "upstream status 503"},
+		}}}},
 	}
 }
 

@@ -118,6 +118,9 @@ type Options struct {
 	Keys KeySource
 	// Series, when set, is served as GET /series and drawn on the page.
 	Series SeriesSource
+	// Discovered, when set, adds each node's "discovered" models, by
+	// adapter, to /status (SPEC D1: what its backends serve now).
+	Discovered func() map[string]map[string][]string
 }
 
 // New returns the admin http.Handler.
@@ -147,7 +150,9 @@ var providerJSON = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated
 // "ready_since","config","providers":[…]}],"models":[…],"recent_errors":[…]}.
 // ready_since (RFC 3339) and generation are present only while connected,
 // and so is "config" (with Payloads: whether the node runs the current
-// config payload, SPEC N2); draining only while true. "models" lists the model groups when a group or
+// config payload, SPEC N2) and "discovered" (with Discovered: adapter →
+// the models its backend lists, SPEC D1); draining only while true.
+// "models" lists the model groups when a group or
 // routing source is set: {"name","waiters","long_waiters","candidates",
 // "live"} from Groups and {"routing","decisions":{"prefix_hit","hash",
 // "fallback"},"hit_ratio"} from Routing (issue 16; hit_ratio is prefix_hit
@@ -156,6 +161,10 @@ func serveStatus(w http.ResponseWriter, o Options) {
 	var buf bytes.Buffer
 	buf.WriteString(`{"nodes":[`)
 	var payloads map[string]string
+	var discovered map[string]map[string][]string
+	if o.Discovered != nil {
+		discovered = o.Discovered()
+	}
 	if o.Payloads != nil {
 		payloads = o.Payloads.NodePayloads()
 	}
@@ -172,6 +181,11 @@ func serveStatus(w http.ResponseWriter, o Options) {
 			}
 			if st := payloads[n.Node]; st != "" {
 				fmt.Fprintf(&buf, `,"config":%q`, st)
+			}
+			if d := discovered[n.Node]; len(d) > 0 {
+				b, _ := json.Marshal(d)
+				buf.WriteString(`,"discovered":`)
+				buf.Write(b)
 			}
 		}
 		buf.WriteString(`,"providers":[`)

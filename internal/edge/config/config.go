@@ -99,11 +99,23 @@ type Config struct {
 	OutlierDetection OutlierDetection `json:"outlier_detection"`
 	// Keys is the key store of `edge keys` (docs/keys.md).
 	Keys Keys `json:"keys"`
+	// Enrollment: node join tokens and short-lived certificates (SPEC J1-J6).
+	Enrollment Enrollment `json:"enrollment"`
+	// NodeTemplates give nodes not listed in Nodes their adapters (SPEC J7).
+	NodeTemplates []NodeTemplate `json:"node_templates"`
+	// ModelDiscovery makes model groups from what the nodes' backends
+	// serve (SPEC D2).
+	ModelDiscovery []ModelDiscovery `json:"model_discovery"`
+	Discovery      Discovery        `json:"discovery"`
 
 	// CredentialProjection is not read from the file: the Edge sets it
 	// after loading the secret store (internal/edge/creds), and NodePayload
 	// sends each node its part (SPEC C6).
 	CredentialProjection CredentialProjection `json:"-"`
+
+	// file is the config Effective derived this one from; nil for a
+	// config read from a file.
+	file *Config
 }
 
 // CredentialProjection is the non-secret credential state each node
@@ -187,6 +199,9 @@ type Node struct {
 	// Base64 of the node's 32-byte X25519 lease recipient key (SPEC C2).
 	LeaseRecipientPublicKey string    `json:"lease_recipient_public_key"`
 	Adapters                []Adapter `json:"adapters"`
+	// Enrolled is not read from the file: Effective sets it on a node
+	// that joined with a token and renews its certificate (SPEC J5).
+	Enrolled bool `json:"-"`
 }
 
 // Adapter is one provider resource on a node (SPEC E1).
@@ -399,7 +414,8 @@ func dirOf(path string) string {
 func (c *Config) resolvePaths(dir string) {
 	for _, p := range []*string{&c.TLS.CertFile, &c.TLS.KeyFile, &c.TLS.CAFile,
 		&c.Credentials.StoreFile, &c.Credentials.StoreKeyFile, &c.Credentials.IssuerKeyFile,
-		&c.Keys.StoreFile, &c.Keys.UsageFile} {
+		&c.Keys.StoreFile, &c.Keys.UsageFile,
+		&c.Enrollment.CAKeyFile, &c.Enrollment.StoreFile} {
 		if *p != "" && !strings.HasPrefix(*p, "/") {
 			*p = dir + *p
 		}
@@ -475,31 +491,37 @@ func (c *Config) applyDefaults() {
 	}
 	for i := range c.Nodes {
 		for j := range c.Nodes[i].Adapters {
-			a := &c.Nodes[i].Adapters[j]
-			if a.Name == "" {
-				a.Name = a.Type
-			}
-			if a.Type == TypeOpenAICompat && a.Profile == "" {
-				a.Profile = ProfileOpenAI
-			}
-			if a.Category == "" {
-				a.Category = CategoryLocalInference
-				if a.Type == TypeOpenAICompat && a.Profile == ProfileOpenAI {
-					a.Category = CategoryAPI
-				}
-			}
-			if a.Capacity == 0 {
-				a.Capacity = DefaultCapacity
-			}
-			if a.LongCapacity == nil {
-				n := a.Capacity
-				a.LongCapacity = &n
-			}
-			if a.BaseURL == "" && a.Type == TypeOpenAICompat {
-				if d, ok := protocol.NamedProfile(a.Profile); ok {
-					a.BaseURL = d.DefaultBaseURL
-				}
-			}
+			applyAdapterDefaults(&c.Nodes[i].Adapters[j])
+		}
+	}
+	c.applyEnrollmentDefaults()
+}
+
+// applyAdapterDefaults fills an adapter's omitted keys (nodes[] and
+// node_templates[] alike).
+func applyAdapterDefaults(a *Adapter) {
+	if a.Name == "" {
+		a.Name = a.Type
+	}
+	if a.Type == TypeOpenAICompat && a.Profile == "" {
+		a.Profile = ProfileOpenAI
+	}
+	if a.Category == "" {
+		a.Category = CategoryLocalInference
+		if a.Type == TypeOpenAICompat && a.Profile == ProfileOpenAI {
+			a.Category = CategoryAPI
+		}
+	}
+	if a.Capacity == 0 {
+		a.Capacity = DefaultCapacity
+	}
+	if a.LongCapacity == nil {
+		n := a.Capacity
+		a.LongCapacity = &n
+	}
+	if a.BaseURL == "" && a.Type == TypeOpenAICompat {
+		if d, ok := protocol.NamedProfile(a.Profile); ok {
+			a.BaseURL = d.DefaultBaseURL
 		}
 	}
 }
@@ -584,8 +606,8 @@ func (c *Config) validate() jsonconfig.Errors {
 			add(p+".requests_per_minute", "must be ≥ 0 (0 = no bound), got %d", k.RequestsPerMinute)
 		}
 	}
-	if len(c.Nodes) == 0 {
-		add("nodes", "at least one node is required")
+	if len(c.Nodes) == 0 && len(c.NodeTemplates) == 0 {
+		add("nodes", "at least one node or node template is required")
 	}
 	adapters := map[string]map[string]*Adapter{}
 	for i := range c.Nodes {
@@ -619,8 +641,8 @@ func (c *Config) validate() jsonconfig.Errors {
 			byName[a.Name] = a
 		}
 	}
-	if len(c.Models) == 0 {
-		add("models", "at least one model is required")
+	if len(c.Models) == 0 && len(c.ModelDiscovery) == 0 {
+		add("models", "at least one model (or a model_discovery rule) is required")
 	}
 	models := map[string]bool{}
 	for i, m := range c.Models {
@@ -634,7 +656,7 @@ func (c *Config) validate() jsonconfig.Errors {
 		if m.LongContextTokens < 0 {
 			add(p+".long_context_tokens", "must be ≥ 0, got %d", m.LongContextTokens)
 		}
-		if m.MaxAttempts < 0 || m.MaxAttempts > len(m.Providers) {
+		if m.MaxAttempts < 0 || (m.MaxAttempts > len(m.Providers) && !m.hasPatterns()) {
 			add(p+".max_attempts", "must be between 0 (every provider once) and the number of providers (%d), got %d", len(m.Providers), m.MaxAttempts)
 		}
 		if len(m.Providers) == 0 {
@@ -654,22 +676,16 @@ func (c *Config) validate() jsonconfig.Errors {
 		seen := map[[2]string]bool{}
 		for j, mp := range m.Providers {
 			pp := fmt.Sprintf("%s.providers[%d]", p, j)
-			byName, ok := adapters[mp.Node]
-			switch {
-			case mp.Node == "":
-				add(pp+".node", "required")
-			case !ok:
-				add(pp+".node", "no configured node %q", mp.Node)
-			case byName[mp.Provider] == nil:
-				add(pp+".provider", "node %q has no adapter %q", mp.Node, mp.Provider)
-			}
-			c.validateRouteSlot(pp, mp, byName[mp.Provider], add)
+			a := c.checkProviderNode(pp, mp.Node, mp.Provider, add)
+			c.validateRouteSlot(pp, mp, a, add)
 			if seen[[2]string{mp.Node, mp.Provider}] {
 				add(pp, "provider %s/%s listed twice in model %q", mp.Node, mp.Provider, m.Name)
 			}
 			seen[[2]string{mp.Node, mp.Provider}] = true
 			if mp.Target == "" {
-				add(pp+".target", "required (the backend's own model name)")
+				add(pp+".target", "required (the backend's own model name, or a glob over the names discovery reports)")
+			} else if err := checkGlob(mp.Target); IsPattern(mp.Target) && err != nil {
+				add(pp+".target", "invalid glob %q: %v", mp.Target, err)
 			}
 			if mp.ResponseStallTimeoutMs < 0 || mp.ResponseStallTimeoutMs > MaxStallTimeoutMs {
 				add(pp+".response_stall_timeout_ms", "must be between 0 and %d, got %d", MaxStallTimeoutMs, mp.ResponseStallTimeoutMs)
@@ -687,6 +703,7 @@ func (c *Config) validate() jsonconfig.Errors {
 	}
 	c.validateCredentials(add)
 	c.validateKeys(add)
+	c.validateEnrollment(add)
 	od := c.OutlierDetection
 	if od.BaseEjectionMs < 0 || od.BaseEjectionMs > MaxIdleTimeoutMs {
 		add("outlier_detection.base_ejection_ms", "must be between 1 and %d, got %d", int64(MaxIdleTimeoutMs), od.BaseEjectionMs)
@@ -846,6 +863,17 @@ func (c *Config) ModelByName(name string) *Model {
 	return nil
 }
 
+// hasPatterns reports whether a provider entry names a node glob or a
+// target glob (expanded by Effective).
+func (m *Model) hasPatterns() bool {
+	for _, mp := range m.Providers {
+		if IsPattern(mp.Node) || IsPattern(mp.Target) {
+			return true
+		}
+	}
+	return false
+}
+
 // AttemptBound is how many providers one request of model m may be sent
 // to: m.MaxAttempts, or (0) every provider of the group once.
 func (m *Model) AttemptBound() int {
@@ -880,11 +908,17 @@ func (c *Config) NodePayload(nodeID string) *iop.NodeConfigPayload {
 	if n == nil {
 		return nil
 	}
+	return c.nodePayload(n)
+}
+
+func (c *Config) nodePayload(n *Node) *iop.NodeConfigPayload {
+	nodeID := n.ID
 	p := &iop.NodeConfigPayload{
 		Runtime: &iop.NodeRuntimeConfig{
 			HeartbeatIntervalMs: c.Heartbeat.IntervalMs,
 			HeartbeatTimeoutMs:  c.Heartbeat.NodeTimeoutMs,
 			CredentialsEnabled:  c.Credentials.Enabled,
+			CertificateRenewal:  n.Enrolled,
 		},
 	}
 	c.addCredentials(p.Runtime, nodeID)
@@ -900,6 +934,9 @@ func (c *Config) NodePayload(nodeID string) *iop.NodeConfigPayload {
 			ResponseStallTimeoutMs: a.ResponseStallTimeoutMs,
 			ApiKeyEnv:              a.APIKeyEnv,
 			UpstreamIdleTimeoutMs:  EffectiveUpstreamIdleTimeoutMs(a),
+		}
+		if c.Discovers(nodeID, a.Name) {
+			ac.DiscoveryIntervalMs = c.Discovery.PollIntervalMs
 		}
 		if a.Type == TypeOpenAICompat {
 			ac.OpenaiCompat = &iop.OpenAICompatAdapterConfig{ProtocolProfile: ResolveProfile(a)}

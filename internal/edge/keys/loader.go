@@ -9,11 +9,11 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"iop/internal/edge/config"
 	"iop/internal/edge/keystore"
+	"iop/internal/storefile"
 )
 
 // PollInterval is how often Loader.Run looks at the key store file: a key
@@ -49,21 +49,10 @@ type Loader struct {
 	now      func() time.Time
 }
 
-// stamp identifies one version of a file: a rename (every `edge keys`
-// write) gives a new inode, an edit in place a new size or mtime.
-type stamp struct {
-	ok         bool
-	dev, ino   uint64
-	size, nsec int64
-}
+// stamp identifies one version of a file (storefile.Stamp).
+type stamp = storefile.Stamp
 
-func stampOf(fi fs.FileInfo) stamp {
-	s := stamp{ok: true, size: fi.Size(), nsec: fi.ModTime().UnixNano()}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		s.dev, s.ino = uint64(st.Dev), st.Ino
-	}
-	return s
-}
+func stampOf(fi fs.FileInfo) stamp { return storefile.StampOf(fi) }
 
 // NewLoader loads cfg's api_keys and key store (a missing store file is a
 // store without keys: `edge keys create` makes it) and returns the
@@ -155,10 +144,10 @@ func (l *Loader) Poll() bool {
 	if err == nil {
 		now = stampOf(fi)
 	}
-	if now == l.seen || (now.ok && now == l.refused) {
+	if now == l.seen || (now.Exists() && now == l.refused) {
 		return false
 	}
-	if !now.ok { // gone since the last poll (seen holds the version in effect)
+	if !now.Exists() { // gone since the last poll (seen holds the version in effect)
 		l.log.Error("key store file is gone; keeping the keys in effect (revoke keys with `edge keys revoke`)",
 			"file", l.path, "keys", l.reg.Set().Len(), "err", err)
 		l.seen = stamp{} // a file written again is a change

@@ -43,8 +43,8 @@ import (
 	"strings"
 	"time"
 
-	"iop/internal/edge/storefile"
 	"iop/internal/jsonconfig"
+	"iop/internal/storefile"
 )
 
 // Errors; test with errors.Is.

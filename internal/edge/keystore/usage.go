@@ -10,8 +10,8 @@ import (
 	"sort"
 	"time"
 
-	"iop/internal/edge/storefile"
 	"iop/internal/jsonconfig"
+	"iop/internal/storefile"
 )
 
 // ErrBadUsage: the usage file does not parse or holds invalid values.

@@ -27,7 +27,8 @@ const (
 )
 
 const usage = `usage:
-  edge pki init   -dir DIR [-trust-domain iop.local] -edge NAME -node NAME [-node NAME ...] [-force]
+  edge pki init   -dir DIR [-trust-domain iop.local] -edge NAME [-node NAME ...] [-force]
+                  (no -node: the nodes join with tokens, see edge tokens)
   edge pki issue  -dir DIR -node NAME [-trust-domain TD] [-force]
   edge pki issuer -dir DIR -name NAME [-force]    (a new lease issuer pair NAME.key/NAME.pub, for rotation)
 `
@@ -103,9 +104,6 @@ func runInit(args []string, stdout, stderr io.Writer) int {
 	}
 	if *edge == "" {
 		missing = append(missing, "-edge")
-	}
-	if len(nodes) == 0 {
-		missing = append(missing, "-node")
 	}
 	if len(missing) > 0 {
 		fmt.Fprintf(stderr, "edge pki init: missing %s\n%s", strings.Join(missing, ", "), usage)

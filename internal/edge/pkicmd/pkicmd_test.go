@@ -27,8 +27,9 @@ func TestPKICommand(t *testing.T) {
 		{name: "I1 unknown subcommand", args: func(string) []string { return []string{"make"} }, wantCode: ExitUsage, wantErr: []string{`unknown subcommand "make"`}},
 		{name: "I1 init missing -dir", args: func(string) []string { return []string{"init", "-edge", "e", "-node", "n"} },
 			wantCode: ExitUsage, wantErr: []string{"missing -dir"}},
-		{name: "I1 init no -node", args: func(d string) []string { return []string{"init", "-dir", d, "-edge", "e"} },
-			wantCode: ExitUsage, wantErr: []string{"missing -node"}},
+		// J1: an edge whose nodes join with tokens needs no node certificate.
+		{name: "I1 J1 init without -node writes the CA, the edge and the issuer", args: func(d string) []string { return []string{"init", "-dir", d, "-edge", "e"} },
+			wantCode: ExitOK, wantOut: []string{"wrote $DIR/ca.crt", "wrote $DIR/e.crt", "wrote $DIR/issuer.pub"}},
 		{name: "I1 init unknown flag", args: func(d string) []string { return []string{"init", "-dir", d, "-bogus"} },
 			wantCode: ExitUsage, wantErr: []string{"-bogus"}},
 		{name: "I1 init stray argument", args: func(d string) []string { return []string{"init", "-dir", d, "-edge", "e", "-node", "n", "extra"} },

@@ -41,8 +41,8 @@ import (
 	"strings"
 	"time"
 
-	"iop/internal/edge/storefile"
 	"iop/internal/lease"
+	"iop/internal/storefile"
 )
 
 // KeySize is the store key's size in bytes (AES-256).

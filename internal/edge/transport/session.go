@@ -45,6 +45,7 @@ type session struct {
 
 	lastSeen  atomic.Int64 // Server.mono() of the last inbound frame
 	activated atomic.Bool  // a ready was accepted; stops the register→ready timer
+	renewing  atomic.Bool  // a CertificateRenewRequest is being answered (fleet.go)
 
 	// revision of the NodeConfigPayload last applied by the node, and the
 	// revision it last answered RESTART_REQUIRED to (SPEC N2: not applied;
@@ -167,6 +168,9 @@ func (c *session) run(hb heartbeat) error {
 		// who can reach the port can cause this line: it is rate limited.
 		c.s.logLimited(&c.s.handshakeLog, "node TLS handshake refused", "remote", c.raw.RemoteAddr().String(), "err", err)
 		return fmt.Errorf("handshake: %w", err)
+	}
+	if c.s.joinConn(tc) { // SPEC J1: a join, not a session
+		return errJoined
 	}
 	c.raw.SetDeadline(time.Time{})
 	id, err := identity.PeerID(tc.ConnectionState())
@@ -348,6 +352,10 @@ func (c *session) readLoop(br *bufio.Reader) error {
 			if ph == phaseReady {
 				kept = c.answer(env)
 			}
+		case *iop.Envelope_RenewRequest, *iop.Envelope_ModelsReport:
+			if ph == phaseReady {
+				c.fleetFrame(env) // SPEC J5, D1
+			}
 		case *iop.Envelope_DrainingNotice:
 			if ph == phaseReady && !drained {
 				drained = true
@@ -370,7 +378,13 @@ func (c *session) readLoop(br *bufio.Reader) error {
 func (c *session) register(req *iop.RegisterRequest) bool {
 	s := c.s
 	var res registry.Result
+	var oversize error
 	s.step(func(now time.Time) []registry.Effect {
+		if oversize = c.oversize(req.GetNodeId()); oversize != nil { // SPEC N6
+			c.sendMust(&iop.Envelope{Kind: &iop.Envelope_RegisterResponse{RegisterResponse: &iop.RegisterResponse{
+				Reason: oversize.Error(), Fatal: true}}})
+			return nil
+		}
 		var fx []registry.Effect
 		res, fx = s.reg.Register(c.id, req.GetNodeId(), c.peer, now)
 		resp := &iop.RegisterResponse{Accepted: res.OK, Reason: res.Reason()}
@@ -384,6 +398,9 @@ func (c *session) register(req *iop.RegisterRequest) bool {
 		return fx
 	})
 	switch {
+	case oversize != nil:
+		s.log.Error("node registration refused", "node", req.GetNodeId(), "reason", oversize)
+		c.closeAfterFlush()
 	case res.OK:
 		s.log.Info("node registered", "node", res.Node, "generation", res.Gen)
 	case res.CloseAfterReply:
@@ -518,9 +535,7 @@ func (c *session) awaitRefresh(r *pendingRefresh) {
 // streams in flight go on.
 func (c *session) draining(n *iop.NodeDrainingNotice) {
 	s := c.s
-	s.mu.Lock()
-	node, gen, current := s.reg.Binding(c.id)
-	s.mu.Unlock()
+	node, gen, current := c.binding()
 	if !current {
 		return
 	}

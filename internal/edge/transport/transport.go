@@ -181,6 +181,9 @@ type Options struct {
 	// Events receives node.connected / node.disconnected; nil drops them.
 	Events *events.Bus
 	Hooks  Hooks
+	// Fleet serves joins, renewals and model reports (SPEC J1, J5, D1);
+	// the zero value serves none of them.
+	Fleet FleetHooks
 	// Now stamps ready_since and event times; nil means time.Now. Timers
 	// (heartbeats, deadlines) use the time package: drive them in tests
 	// with testing/synctest.

@@ -41,6 +41,8 @@ func (s *session) dispatch(env *iop.Envelope) {
 		s.startCommand(env.GetRequestId(), k.CommandRequest)
 	case *iop.Envelope_RefreshRequest:
 		s.refresh(env.GetRequestId(), k.RefreshRequest)
+	case *iop.Envelope_RenewResponse:
+		s.fleetFrame(k.RenewResponse) // SPEC J5
 	default:
 		s.log.Warn("ignoring envelope not expected by a ready node", "kind", fmt.Sprintf("%T", env.Kind))
 	}
@@ -463,6 +465,7 @@ func (s *session) refresh(requestID string, req *iop.NodeConfigRefreshRequest) {
 		old.ex.Close()
 	}
 	s.setHeartbeat(cfg.GetRuntime())
+	s.kickDiscovery() // SPEC D1: the adapters may have changed
 	s.log.Info("config refreshed", "revision", cfg.GetRevision(), "adapters", len(cfg.GetAdapters()))
 	respond(iop.RefreshStatus_REFRESH_APPLIED, "")
 }

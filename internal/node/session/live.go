@@ -57,6 +57,8 @@ type session struct {
 	// idle, while a drain waits, is closed when runs becomes empty
 	// (guarded by mu).
 	idle chan struct{}
+
+	fl fleetState // renewal and discovery (fleet.go)
 }
 
 // execRef counts the work running on one Executor so that a replaced one is
@@ -82,6 +84,7 @@ func newSession(ctx context.Context, cancel context.CancelCauseFunc, conn net.Co
 		hbReset:  make(chan struct{}, 1),
 		flushReq: make(chan chan struct{}),
 		runs:     make(map[string]context.CancelCauseFunc),
+		fl:       newFleetState(),
 	}
 	s.hbInterval.Store(int64(DefaultHeartbeatInterval))
 	s.hbTimeout.Store(int64(DefaultHeartbeatTimeout))
@@ -100,6 +103,7 @@ func (s *session) live(ex *execRef, stop <-chan struct{}) error {
 		defer close(writerDone)
 		s.sendLoop()
 	}()
+	s.startFleet() // SPEC J5, D1
 	drainDone := make(chan struct{})
 	go func() {
 		defer close(drainDone)

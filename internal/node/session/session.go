@@ -87,6 +87,10 @@ var (
 	// ErrRegisterRejected: RegisterResponse{accepted=false}; the error text
 	// carries the Edge's reason (SPEC L1, L2, I3).
 	ErrRegisterRejected = errors.New("session: registration rejected")
+	// ErrRegisterFatal comes with ErrRegisterRejected when the Edge set
+	// RegisterResponse.fatal: retrying cannot succeed until its operator
+	// changes its config (SPEC N6); the caller should stop.
+	ErrRegisterFatal = errors.New("session: the edge says retrying cannot succeed")
 	// ErrConfig: the Executor could not be built from the registration's
 	// NodeConfigPayload; no ready was sent.
 	ErrConfig = errors.New("session: apply node config")
@@ -216,6 +220,9 @@ type Options struct {
 	// away (the adapters' ErrNodeShutdown → failure code node_shutdown);
 	// nil = ErrDrained.
 	DrainCause error
+	// Renewer renews the certificate over the live session when the
+	// payload asks for it (SPEC J5); nil = never.
+	Renewer CertRenewer
 	// Dial opens the connection to Addr ("tcp"), bounded by Timeouts.Dial
 	// through ctx; nil = a net.Dialer. Tests pass the client end of a
 	// net.Pipe to drive the heartbeat timers with testing/synctest.
@@ -385,6 +392,9 @@ func (s *session) register() (*execRef, error) {
 			}
 			resp := k.RegisterResponse
 			if !resp.GetAccepted() {
+				if resp.GetFatal() {
+					return fail(fmt.Errorf("%w: %w: %q", ErrRegisterRejected, ErrRegisterFatal, resp.GetReason()))
+				}
 				return fail(fmt.Errorf("%w: %q", ErrRegisterRejected, resp.GetReason()))
 			}
 			cfg := resp.GetConfig()

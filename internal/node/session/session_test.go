@@ -164,6 +164,16 @@ func TestBeforeReady(t *testing.T) {
 			wantErr: session.ErrRegisterRejected,
 		},
 		{
+			name: "N6 a refusal marked fatal says retrying cannot help",
+			script: func(c *edgeConn) {
+				c.expectRegister()
+				c.send(&iop.Envelope{Kind: &iop.Envelope_RegisterResponse{RegisterResponse: &iop.RegisterResponse{
+					Reason: "config payload too large", Fatal: true}}})
+				c.expectClosed()
+			},
+			wantErr: session.ErrRegisterFatal,
+		},
+		{
 			name:  "L5 config that cannot be applied sends no ready",
 			setup: func(f *fakeFactory) { f.setFail(errors.New("adapters[0].base_url: invalid")) },
 			script: func(c *edgeConn) {

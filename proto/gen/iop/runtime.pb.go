@@ -287,6 +287,11 @@ type Envelope struct {
 	//	*Envelope_RefreshRequest
 	//	*Envelope_RefreshResponse
 	//	*Envelope_DrainingNotice
+	//	*Envelope_JoinRequest
+	//	*Envelope_JoinResponse
+	//	*Envelope_RenewRequest
+	//	*Envelope_RenewResponse
+	//	*Envelope_ModelsReport
 	Kind          isEnvelope_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -487,6 +492,51 @@ func (x *Envelope) GetDrainingNotice() *NodeDrainingNotice {
 	return nil
 }
 
+func (x *Envelope) GetJoinRequest() *NodeJoinRequest {
+	if x != nil {
+		if x, ok := x.Kind.(*Envelope_JoinRequest); ok {
+			return x.JoinRequest
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetJoinResponse() *NodeJoinResponse {
+	if x != nil {
+		if x, ok := x.Kind.(*Envelope_JoinResponse); ok {
+			return x.JoinResponse
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetRenewRequest() *CertificateRenewRequest {
+	if x != nil {
+		if x, ok := x.Kind.(*Envelope_RenewRequest); ok {
+			return x.RenewRequest
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetRenewResponse() *CertificateRenewResponse {
+	if x != nil {
+		if x, ok := x.Kind.(*Envelope_RenewResponse); ok {
+			return x.RenewResponse
+		}
+	}
+	return nil
+}
+
+func (x *Envelope) GetModelsReport() *NodeModelsReport {
+	if x != nil {
+		if x, ok := x.Kind.(*Envelope_ModelsReport); ok {
+			return x.ModelsReport
+		}
+	}
+	return nil
+}
+
 type isEnvelope_Kind interface {
 	isEnvelope_Kind()
 }
@@ -555,6 +605,27 @@ type Envelope_DrainingNotice struct {
 	DrainingNotice *NodeDrainingNotice `protobuf:"bytes,25,opt,name=draining_notice,json=drainingNotice,proto3,oneof"`
 }
 
+type Envelope_JoinRequest struct {
+	// Joining, renewal and discovery (SPEC J1-J7, D1-D2).
+	JoinRequest *NodeJoinRequest `protobuf:"bytes,30,opt,name=join_request,json=joinRequest,proto3,oneof"`
+}
+
+type Envelope_JoinResponse struct {
+	JoinResponse *NodeJoinResponse `protobuf:"bytes,31,opt,name=join_response,json=joinResponse,proto3,oneof"`
+}
+
+type Envelope_RenewRequest struct {
+	RenewRequest *CertificateRenewRequest `protobuf:"bytes,32,opt,name=renew_request,json=renewRequest,proto3,oneof"`
+}
+
+type Envelope_RenewResponse struct {
+	RenewResponse *CertificateRenewResponse `protobuf:"bytes,33,opt,name=renew_response,json=renewResponse,proto3,oneof"`
+}
+
+type Envelope_ModelsReport struct {
+	ModelsReport *NodeModelsReport `protobuf:"bytes,34,opt,name=models_report,json=modelsReport,proto3,oneof"`
+}
+
 func (*Envelope_RegisterRequest) isEnvelope_Kind() {}
 
 func (*Envelope_RegisterResponse) isEnvelope_Kind() {}
@@ -586,6 +657,16 @@ func (*Envelope_RefreshRequest) isEnvelope_Kind() {}
 func (*Envelope_RefreshResponse) isEnvelope_Kind() {}
 
 func (*Envelope_DrainingNotice) isEnvelope_Kind() {}
+
+func (*Envelope_JoinRequest) isEnvelope_Kind() {}
+
+func (*Envelope_JoinResponse) isEnvelope_Kind() {}
+
+func (*Envelope_RenewRequest) isEnvelope_Kind() {}
+
+func (*Envelope_RenewResponse) isEnvelope_Kind() {}
+
+func (*Envelope_ModelsReport) isEnvelope_Kind() {}
 
 // RegisterRequest is the first frame a Node sends on a new connection. The
 // node_id must match the name in the Node's certificate (SPEC I3).
@@ -676,7 +757,12 @@ type RegisterResponse struct {
 	// Human-readable rejection reason; empty when accepted.
 	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	// The Node's adapter instances and runtime settings; set when accepted.
-	Config        *NodeConfigPayload `protobuf:"bytes,3,opt,name=config,proto3" json:"config,omitempty"`
+	Config *NodeConfigPayload `protobuf:"bytes,3,opt,name=config,proto3" json:"config,omitempty"`
+	// Set with accepted=false when retrying cannot succeed until the
+	// operator changes the Edge's config (e.g. the payload would exceed the
+	// 64 KiB a Node reads before ready, SPEC N6): the Node stops instead of
+	// reconnecting. Older Nodes ignore it and retry (SPEC W5).
+	Fatal         bool `protobuf:"varint,10,opt,name=fatal,proto3" json:"fatal,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -730,6 +816,13 @@ func (x *RegisterResponse) GetConfig() *NodeConfigPayload {
 		return x.Config
 	}
 	return nil
+}
+
+func (x *RegisterResponse) GetFatal() bool {
+	if x != nil {
+		return x.Fatal
+	}
+	return false
 }
 
 // NodeConfigPayload is everything a Node needs to run its adapters, built from
@@ -827,8 +920,13 @@ type AdapterConfig struct {
 	// backend's own keep-alive timeout: llama-server and vLLM close idle
 	// connections after 5 s). 0 = the Node's default (90000).
 	UpstreamIdleTimeoutMs int64 `protobuf:"varint,10,opt,name=upstream_idle_timeout_ms,json=upstreamIdleTimeoutMs,proto3" json:"upstream_idle_timeout_ms,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// Model discovery (SPEC D1): when positive, the Node lists the models this
+	// backend serves (Ollama GET /api/tags, OpenAI-compatible models_path)
+	// when it turns ready and then every this many ms, and sends a
+	// NodeModelsReport when the list changed. 0 = no discovery.
+	DiscoveryIntervalMs int64 `protobuf:"varint,20,opt,name=discovery_interval_ms,json=discoveryIntervalMs,proto3" json:"discovery_interval_ms,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *AdapterConfig) Reset() {
@@ -927,6 +1025,13 @@ func (x *AdapterConfig) GetApiKeyEnv() string {
 func (x *AdapterConfig) GetUpstreamIdleTimeoutMs() int64 {
 	if x != nil {
 		return x.UpstreamIdleTimeoutMs
+	}
+	return 0
+}
+
+func (x *AdapterConfig) GetDiscoveryIntervalMs() int64 {
+	if x != nil {
+		return x.DiscoveryIntervalMs
 	}
 	return 0
 }
@@ -1160,8 +1265,12 @@ type NodeRuntimeConfig struct {
 	// becoming ready and rejecting every lease. Public values; "" = not sent.
 	CredentialRecipientKeyId string `protobuf:"bytes,7,opt,name=credential_recipient_key_id,json=credentialRecipientKeyId,proto3" json:"credential_recipient_key_id,omitempty"`
 	CredentialIssuerKeyId    string `protobuf:"bytes,8,opt,name=credential_issuer_key_id,json=credentialIssuerKeyId,proto3" json:"credential_issuer_key_id,omitempty"`
-	unknownFields            protoimpl.UnknownFields
-	sizeCache                protoimpl.SizeCache
+	// The Node's certificate was issued by the Edge's enrollment and is
+	// short-lived: the Node renews it over this session with
+	// CertificateRenewRequest before it expires (SPEC J5).
+	CertificateRenewal bool `protobuf:"varint,20,opt,name=certificate_renewal,json=certificateRenewal,proto3" json:"certificate_renewal,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *NodeRuntimeConfig) Reset() {
@@ -1248,6 +1357,13 @@ func (x *NodeRuntimeConfig) GetCredentialIssuerKeyId() string {
 		return x.CredentialIssuerKeyId
 	}
 	return ""
+}
+
+func (x *NodeRuntimeConfig) GetCertificateRenewal() bool {
+	if x != nil {
+		return x.CertificateRenewal
+	}
+	return false
 }
 
 // NodeReadyRequest is sent after the Node applied its config, started its
@@ -3673,11 +3789,456 @@ func (x *ProviderSnapshot) GetCoolingReason() string {
 	return ""
 }
 
+// NodeJoinRequest is the only frame a Node sends on a join connection (TLS
+// ALPN "iop-join/1", no client certificate; internal/identity). It is sent
+// only after the Node checked the Edge's CA against the token's pin. The
+// Edge answers with one NodeJoinResponse and closes.
+type NodeJoinRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The join token's id and secret (identity.JoinToken; the Edge keeps
+	// only the secret's SHA-256).
+	TokenId     string `protobuf:"bytes,1,opt,name=token_id,json=tokenId,proto3" json:"token_id,omitempty"`
+	TokenSecret string `protobuf:"bytes,2,opt,name=token_secret,json=tokenSecret,proto3" json:"token_secret,omitempty"`
+	// The node name the Node asks for; the token's scope must allow it.
+	NodeName string `protobuf:"bytes,3,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	// PKCS #10 request (DER) for spiffe://<td>/node/<node_name>, signed with
+	// the Node's new key; the key never leaves the Node (SPEC J2).
+	Csr []byte `protobuf:"bytes,4,opt,name=csr,proto3" json:"csr,omitempty"`
+	// The Node's new X25519 lease recipient public key, 32 raw bytes (SPEC C2).
+	LeaseRecipientPublicKey []byte `protobuf:"bytes,5,opt,name=lease_recipient_public_key,json=leaseRecipientPublicKey,proto3" json:"lease_recipient_public_key,omitempty"`
+	// Node build version, informational.
+	Version       string `protobuf:"bytes,6,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeJoinRequest) Reset() {
+	*x = NodeJoinRequest{}
+	mi := &file_iop_runtime_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeJoinRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeJoinRequest) ProtoMessage() {}
+
+func (x *NodeJoinRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_iop_runtime_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeJoinRequest.ProtoReflect.Descriptor instead.
+func (*NodeJoinRequest) Descriptor() ([]byte, []int) {
+	return file_iop_runtime_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *NodeJoinRequest) GetTokenId() string {
+	if x != nil {
+		return x.TokenId
+	}
+	return ""
+}
+
+func (x *NodeJoinRequest) GetTokenSecret() string {
+	if x != nil {
+		return x.TokenSecret
+	}
+	return ""
+}
+
+func (x *NodeJoinRequest) GetNodeName() string {
+	if x != nil {
+		return x.NodeName
+	}
+	return ""
+}
+
+func (x *NodeJoinRequest) GetCsr() []byte {
+	if x != nil {
+		return x.Csr
+	}
+	return nil
+}
+
+func (x *NodeJoinRequest) GetLeaseRecipientPublicKey() []byte {
+	if x != nil {
+		return x.LeaseRecipientPublicKey
+	}
+	return nil
+}
+
+func (x *NodeJoinRequest) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+// NodeJoinResponse answers NodeJoinRequest.
+type NodeJoinResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Ok    bool                   `protobuf:"varint,1,opt,name=ok,proto3" json:"ok,omitempty"`
+	// Why not; empty when ok. Never names the token's secret.
+	Error string `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	// The identity the certificate carries.
+	NodeName    string `protobuf:"bytes,3,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	TrustDomain string `protobuf:"bytes,4,opt,name=trust_domain,json=trustDomain,proto3" json:"trust_domain,omitempty"`
+	// The Edge's certificate name (the Node's tls.expected_edge_name).
+	EdgeName string `protobuf:"bytes,5,opt,name=edge_name,json=edgeName,proto3" json:"edge_name,omitempty"`
+	// The node certificate, PEM (SPIFFE URI SAN, clientAuth).
+	CertificatePem []byte `protobuf:"bytes,6,opt,name=certificate_pem,json=certificatePem,proto3" json:"certificate_pem,omitempty"`
+	// The CA certificate, PEM: the Node's tls.ca_file.
+	CaPem []byte `protobuf:"bytes,7,opt,name=ca_pem,json=caPem,proto3" json:"ca_pem,omitempty"`
+	// The lease issuer public key, 32 raw Ed25519 bytes, when the Edge's
+	// credential plane has one; empty otherwise.
+	IssuerPublicKey []byte `protobuf:"bytes,8,opt,name=issuer_public_key,json=issuerPublicKey,proto3" json:"issuer_public_key,omitempty"`
+	// The certificate's NotAfter, Unix ms.
+	NotAfterUnixMs int64 `protobuf:"varint,9,opt,name=not_after_unix_ms,json=notAfterUnixMs,proto3" json:"not_after_unix_ms,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *NodeJoinResponse) Reset() {
+	*x = NodeJoinResponse{}
+	mi := &file_iop_runtime_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeJoinResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeJoinResponse) ProtoMessage() {}
+
+func (x *NodeJoinResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_iop_runtime_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeJoinResponse.ProtoReflect.Descriptor instead.
+func (*NodeJoinResponse) Descriptor() ([]byte, []int) {
+	return file_iop_runtime_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *NodeJoinResponse) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+func (x *NodeJoinResponse) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *NodeJoinResponse) GetNodeName() string {
+	if x != nil {
+		return x.NodeName
+	}
+	return ""
+}
+
+func (x *NodeJoinResponse) GetTrustDomain() string {
+	if x != nil {
+		return x.TrustDomain
+	}
+	return ""
+}
+
+func (x *NodeJoinResponse) GetEdgeName() string {
+	if x != nil {
+		return x.EdgeName
+	}
+	return ""
+}
+
+func (x *NodeJoinResponse) GetCertificatePem() []byte {
+	if x != nil {
+		return x.CertificatePem
+	}
+	return nil
+}
+
+func (x *NodeJoinResponse) GetCaPem() []byte {
+	if x != nil {
+		return x.CaPem
+	}
+	return nil
+}
+
+func (x *NodeJoinResponse) GetIssuerPublicKey() []byte {
+	if x != nil {
+		return x.IssuerPublicKey
+	}
+	return nil
+}
+
+func (x *NodeJoinResponse) GetNotAfterUnixMs() int64 {
+	if x != nil {
+		return x.NotAfterUnixMs
+	}
+	return 0
+}
+
+// CertificateRenewRequest is sent by a ready Node whose payload says
+// certificate_renewal, before its certificate expires (SPEC J5). At most one
+// is outstanding per session; the Edge answers with CertificateRenewResponse.
+type CertificateRenewRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// PKCS #10 request (DER) for the session's own node identity, signed with
+	// a new key.
+	Csr           []byte `protobuf:"bytes,1,opt,name=csr,proto3" json:"csr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CertificateRenewRequest) Reset() {
+	*x = CertificateRenewRequest{}
+	mi := &file_iop_runtime_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CertificateRenewRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CertificateRenewRequest) ProtoMessage() {}
+
+func (x *CertificateRenewRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_iop_runtime_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CertificateRenewRequest.ProtoReflect.Descriptor instead.
+func (*CertificateRenewRequest) Descriptor() ([]byte, []int) {
+	return file_iop_runtime_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *CertificateRenewRequest) GetCsr() []byte {
+	if x != nil {
+		return x.Csr
+	}
+	return nil
+}
+
+// CertificateRenewResponse answers CertificateRenewRequest.
+type CertificateRenewResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Ok    bool                   `protobuf:"varint,1,opt,name=ok,proto3" json:"ok,omitempty"`
+	Error string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	// The new certificate, PEM.
+	CertificatePem []byte `protobuf:"bytes,3,opt,name=certificate_pem,json=certificatePem,proto3" json:"certificate_pem,omitempty"`
+	// Its NotAfter, Unix ms.
+	NotAfterUnixMs int64 `protobuf:"varint,4,opt,name=not_after_unix_ms,json=notAfterUnixMs,proto3" json:"not_after_unix_ms,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *CertificateRenewResponse) Reset() {
+	*x = CertificateRenewResponse{}
+	mi := &file_iop_runtime_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CertificateRenewResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CertificateRenewResponse) ProtoMessage() {}
+
+func (x *CertificateRenewResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_iop_runtime_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CertificateRenewResponse.ProtoReflect.Descriptor instead.
+func (*CertificateRenewResponse) Descriptor() ([]byte, []int) {
+	return file_iop_runtime_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *CertificateRenewResponse) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+func (x *CertificateRenewResponse) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *CertificateRenewResponse) GetCertificatePem() []byte {
+	if x != nil {
+		return x.CertificatePem
+	}
+	return nil
+}
+
+func (x *CertificateRenewResponse) GetNotAfterUnixMs() int64 {
+	if x != nil {
+		return x.NotAfterUnixMs
+	}
+	return 0
+}
+
+// NodeModelsReport is sent by a ready Node when the models one of its
+// discovering adapters serves changed, and once after ready (SPEC D1). It
+// lists every adapter with discovery_interval_ms > 0.
+type NodeModelsReport struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Adapters      []*AdapterModels       `protobuf:"bytes,1,rep,name=adapters,proto3" json:"adapters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeModelsReport) Reset() {
+	*x = NodeModelsReport{}
+	mi := &file_iop_runtime_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeModelsReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeModelsReport) ProtoMessage() {}
+
+func (x *NodeModelsReport) ProtoReflect() protoreflect.Message {
+	mi := &file_iop_runtime_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeModelsReport.ProtoReflect.Descriptor instead.
+func (*NodeModelsReport) Descriptor() ([]byte, []int) {
+	return file_iop_runtime_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *NodeModelsReport) GetAdapters() []*AdapterModels {
+	if x != nil {
+		return x.Adapters
+	}
+	return nil
+}
+
+// AdapterModels is what one adapter instance's backend lists.
+type AdapterModels struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Adapter instance name.
+	Adapter string `protobuf:"bytes,1,opt,name=adapter,proto3" json:"adapter,omitempty"`
+	// The backend's model names as it lists them (Ollama "name", OpenAI
+	// "id"), sorted, without duplicates; at most 4096 of at most 256 bytes.
+	Models []string `protobuf:"bytes,2,rep,name=models,proto3" json:"models,omitempty"`
+	// Set when the backend could not be listed this time; models is then
+	// empty and the Edge keeps what it knew (SPEC D2).
+	Error         string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdapterModels) Reset() {
+	*x = AdapterModels{}
+	mi := &file_iop_runtime_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdapterModels) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdapterModels) ProtoMessage() {}
+
+func (x *AdapterModels) ProtoReflect() protoreflect.Message {
+	mi := &file_iop_runtime_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdapterModels.ProtoReflect.Descriptor instead.
+func (*AdapterModels) Descriptor() ([]byte, []int) {
+	return file_iop_runtime_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *AdapterModels) GetAdapter() string {
+	if x != nil {
+		return x.Adapter
+	}
+	return ""
+}
+
+func (x *AdapterModels) GetModels() []string {
+	if x != nil {
+		return x.Models
+	}
+	return nil
+}
+
+func (x *AdapterModels) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 var File_iop_runtime_proto protoreflect.FileDescriptor
 
 const file_iop_runtime_proto_rawDesc = "" +
 	"\n" +
-	"\x11iop/runtime.proto\x12\x0eiop.runtime.v1\"\xdd\t\n" +
+	"\x11iop/runtime.proto\x12\x0eiop.runtime.v1\"\xd8\f\n" +
 	"\bEnvelope\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1d\n" +
 	"\n" +
@@ -3699,21 +4260,28 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x10command_response\x18\x16 \x01(\v2#.iop.runtime.v1.NodeCommandResponseH\x00R\x0fcommandResponse\x12S\n" +
 	"\x0frefresh_request\x18\x17 \x01(\v2(.iop.runtime.v1.NodeConfigRefreshRequestH\x00R\x0erefreshRequest\x12V\n" +
 	"\x10refresh_response\x18\x18 \x01(\v2).iop.runtime.v1.NodeConfigRefreshResponseH\x00R\x0frefreshResponse\x12M\n" +
-	"\x0fdraining_notice\x18\x19 \x01(\v2\".iop.runtime.v1.NodeDrainingNoticeH\x00R\x0edrainingNoticeB\x06\n" +
+	"\x0fdraining_notice\x18\x19 \x01(\v2\".iop.runtime.v1.NodeDrainingNoticeH\x00R\x0edrainingNotice\x12D\n" +
+	"\fjoin_request\x18\x1e \x01(\v2\x1f.iop.runtime.v1.NodeJoinRequestH\x00R\vjoinRequest\x12G\n" +
+	"\rjoin_response\x18\x1f \x01(\v2 .iop.runtime.v1.NodeJoinResponseH\x00R\fjoinResponse\x12N\n" +
+	"\rrenew_request\x18  \x01(\v2'.iop.runtime.v1.CertificateRenewRequestH\x00R\frenewRequest\x12Q\n" +
+	"\x0erenew_response\x18! \x01(\v2(.iop.runtime.v1.CertificateRenewResponseH\x00R\rrenewResponse\x12G\n" +
+	"\rmodels_report\x18\" \x01(\v2 .iop.runtime.v1.NodeModelsReportH\x00R\fmodelsReportB\x06\n" +
 	"\x04kind\"\x92\x01\n" +
 	"\x0fRegisterRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x17\n" +
 	"\aboot_id\x18\x03 \x01(\tR\x06bootId\x123\n" +
-	"\x16trusted_issuer_key_ids\x18\x04 \x03(\tR\x13trustedIssuerKeyIds\"\x81\x01\n" +
+	"\x16trusted_issuer_key_ids\x18\x04 \x03(\tR\x13trustedIssuerKeyIds\"\x97\x01\n" +
 	"\x10RegisterResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x129\n" +
-	"\x06config\x18\x03 \x01(\v2!.iop.runtime.v1.NodeConfigPayloadR\x06config\"\xa7\x01\n" +
+	"\x06config\x18\x03 \x01(\v2!.iop.runtime.v1.NodeConfigPayloadR\x06config\x12\x14\n" +
+	"\x05fatal\x18\n" +
+	" \x01(\bR\x05fatal\"\xa7\x01\n" +
 	"\x11NodeConfigPayload\x129\n" +
 	"\badapters\x18\x01 \x03(\v2\x1d.iop.runtime.v1.AdapterConfigR\badapters\x12;\n" +
 	"\aruntime\x18\x02 \x01(\v2!.iop.runtime.v1.NodeRuntimeConfigR\aruntime\x12\x1a\n" +
-	"\brevision\x18\x03 \x01(\tR\brevision\"\x93\x03\n" +
+	"\brevision\x18\x03 \x01(\tR\brevision\"\xc7\x03\n" +
 	"\rAdapterConfig\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x1a\n" +
@@ -3725,7 +4293,8 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x19response_stall_timeout_ms\x18\b \x01(\x03R\x16responseStallTimeoutMs\x12\x1e\n" +
 	"\vapi_key_env\x18\t \x01(\tR\tapiKeyEnv\x127\n" +
 	"\x18upstream_idle_timeout_ms\x18\n" +
-	" \x01(\x03R\x15upstreamIdleTimeoutMs\"o\n" +
+	" \x01(\x03R\x15upstreamIdleTimeoutMs\x122\n" +
+	"\x15discovery_interval_ms\x18\x14 \x01(\x03R\x13discoveryIntervalMs\"o\n" +
 	"\x19OpenAICompatAdapterConfig\x12R\n" +
 	"\x10protocol_profile\x18\x01 \x01(\v2'.iop.runtime.v1.ConcreteProtocolProfileR\x0fprotocolProfile\"\xef\x03\n" +
 	"\x17ConcreteProtocolProfile\x12\x12\n" +
@@ -3746,7 +4315,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\vhealth_path\x18\v \x01(\tR\n" +
 	"healthPath\x12)\n" +
 	"\x10completions_path\x18\f \x01(\tR\x0fcompletionsPath\x12'\n" +
-	"\x0fembeddings_path\x18\r \x01(\tR\x0eembeddingsPath\"\xd6\x04\n" +
+	"\x0fembeddings_path\x18\r \x01(\tR\x0eembeddingsPath\"\x87\x05\n" +
 	"\x11NodeRuntimeConfig\x12 \n" +
 	"\vconcurrency\x18\x01 \x01(\x05R\vconcurrency\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\x120\n" +
@@ -3755,7 +4324,8 @@ const file_iop_runtime_proto_rawDesc = "" +
 	" credential_projection_generation\x18\x05 \x01(\x04R\x1ecredentialProjectionGeneration\x12z\n" +
 	"\x19credential_slot_revisions\x18\x06 \x03(\v2>.iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntryR\x17credentialSlotRevisions\x12=\n" +
 	"\x1bcredential_recipient_key_id\x18\a \x01(\tR\x18credentialRecipientKeyId\x127\n" +
-	"\x18credential_issuer_key_id\x18\b \x01(\tR\x15credentialIssuerKeyId\x1aJ\n" +
+	"\x18credential_issuer_key_id\x18\b \x01(\tR\x15credentialIssuerKeyId\x12/\n" +
+	"\x13certificate_renewal\x18\x14 \x01(\bR\x12certificateRenewal\x1aJ\n" +
 	"\x1cCredentialSlotRevisionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"+\n" +
@@ -4007,7 +4577,37 @@ const file_iop_runtime_proto_rawDesc = "" +
 	" \x01(\x05R\n" +
 	"longQueued\x12#\n" +
 	"\rcooling_until\x18\v \x01(\tR\fcoolingUntil\x12%\n" +
-	"\x0ecooling_reason\x18\f \x01(\tR\rcoolingReason*\x9e\x01\n" +
+	"\x0ecooling_reason\x18\f \x01(\tR\rcoolingReason\"\xd5\x01\n" +
+	"\x0fNodeJoinRequest\x12\x19\n" +
+	"\btoken_id\x18\x01 \x01(\tR\atokenId\x12!\n" +
+	"\ftoken_secret\x18\x02 \x01(\tR\vtokenSecret\x12\x1b\n" +
+	"\tnode_name\x18\x03 \x01(\tR\bnodeName\x12\x10\n" +
+	"\x03csr\x18\x04 \x01(\fR\x03csr\x12;\n" +
+	"\x1alease_recipient_public_key\x18\x05 \x01(\fR\x17leaseRecipientPublicKey\x12\x18\n" +
+	"\aversion\x18\x06 \x01(\tR\aversion\"\xac\x02\n" +
+	"\x10NodeJoinResponse\x12\x0e\n" +
+	"\x02ok\x18\x01 \x01(\bR\x02ok\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\x12\x1b\n" +
+	"\tnode_name\x18\x03 \x01(\tR\bnodeName\x12!\n" +
+	"\ftrust_domain\x18\x04 \x01(\tR\vtrustDomain\x12\x1b\n" +
+	"\tedge_name\x18\x05 \x01(\tR\bedgeName\x12'\n" +
+	"\x0fcertificate_pem\x18\x06 \x01(\fR\x0ecertificatePem\x12\x15\n" +
+	"\x06ca_pem\x18\a \x01(\fR\x05caPem\x12*\n" +
+	"\x11issuer_public_key\x18\b \x01(\fR\x0fissuerPublicKey\x12)\n" +
+	"\x11not_after_unix_ms\x18\t \x01(\x03R\x0enotAfterUnixMs\"+\n" +
+	"\x17CertificateRenewRequest\x12\x10\n" +
+	"\x03csr\x18\x01 \x01(\fR\x03csr\"\x94\x01\n" +
+	"\x18CertificateRenewResponse\x12\x0e\n" +
+	"\x02ok\x18\x01 \x01(\bR\x02ok\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\x12'\n" +
+	"\x0fcertificate_pem\x18\x03 \x01(\fR\x0ecertificatePem\x12)\n" +
+	"\x11not_after_unix_ms\x18\x04 \x01(\x03R\x0enotAfterUnixMs\"M\n" +
+	"\x10NodeModelsReport\x129\n" +
+	"\badapters\x18\x01 \x03(\v2\x1d.iop.runtime.v1.AdapterModelsR\badapters\"W\n" +
+	"\rAdapterModels\x12\x18\n" +
+	"\aadapter\x18\x01 \x01(\tR\aadapter\x12\x16\n" +
+	"\x06models\x18\x02 \x03(\tR\x06models\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error*\x9e\x01\n" +
 	"\fRunEventType\x12\x1e\n" +
 	"\x1aRUN_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fRUN_EVENT_START\x10\x01\x12\x13\n" +
@@ -4046,7 +4646,7 @@ func file_iop_runtime_proto_rawDescGZIP() []byte {
 }
 
 var file_iop_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_iop_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_iop_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_iop_runtime_proto_goTypes = []any{
 	(RunEventType)(0),                 // 0: iop.runtime.v1.RunEventType
 	(TunnelFrameKind)(0),              // 1: iop.runtime.v1.TunnelFrameKind
@@ -4085,13 +4685,19 @@ var file_iop_runtime_proto_goTypes = []any{
 	(*CredentialLease)(nil),           // 34: iop.runtime.v1.CredentialLease
 	(*CredentialLeaseBinding)(nil),    // 35: iop.runtime.v1.CredentialLeaseBinding
 	(*ProviderSnapshot)(nil),          // 36: iop.runtime.v1.ProviderSnapshot
-	nil,                               // 37: iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntry
-	nil,                               // 38: iop.runtime.v1.RunRequest.MetadataEntry
-	nil,                               // 39: iop.runtime.v1.RunEvent.MetadataEntry
-	nil,                               // 40: iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
-	nil,                               // 41: iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
-	nil,                               // 42: iop.runtime.v1.NodeCommandRequest.ArgsEntry
-	nil,                               // 43: iop.runtime.v1.NodeCommandResponse.ResultEntry
+	(*NodeJoinRequest)(nil),           // 37: iop.runtime.v1.NodeJoinRequest
+	(*NodeJoinResponse)(nil),          // 38: iop.runtime.v1.NodeJoinResponse
+	(*CertificateRenewRequest)(nil),   // 39: iop.runtime.v1.CertificateRenewRequest
+	(*CertificateRenewResponse)(nil),  // 40: iop.runtime.v1.CertificateRenewResponse
+	(*NodeModelsReport)(nil),          // 41: iop.runtime.v1.NodeModelsReport
+	(*AdapterModels)(nil),             // 42: iop.runtime.v1.AdapterModels
+	nil,                               // 43: iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntry
+	nil,                               // 44: iop.runtime.v1.RunRequest.MetadataEntry
+	nil,                               // 45: iop.runtime.v1.RunEvent.MetadataEntry
+	nil,                               // 46: iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
+	nil,                               // 47: iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
+	nil,                               // 48: iop.runtime.v1.NodeCommandRequest.ArgsEntry
+	nil,                               // 49: iop.runtime.v1.NodeCommandResponse.ResultEntry
 }
 var file_iop_runtime_proto_depIdxs = []int32{
 	5,  // 0: iop.runtime.v1.Envelope.register_request:type_name -> iop.runtime.v1.RegisterRequest
@@ -4110,46 +4716,52 @@ var file_iop_runtime_proto_depIdxs = []int32{
 	32, // 13: iop.runtime.v1.Envelope.refresh_request:type_name -> iop.runtime.v1.NodeConfigRefreshRequest
 	33, // 14: iop.runtime.v1.Envelope.refresh_response:type_name -> iop.runtime.v1.NodeConfigRefreshResponse
 	14, // 15: iop.runtime.v1.Envelope.draining_notice:type_name -> iop.runtime.v1.NodeDrainingNotice
-	7,  // 16: iop.runtime.v1.RegisterResponse.config:type_name -> iop.runtime.v1.NodeConfigPayload
-	8,  // 17: iop.runtime.v1.NodeConfigPayload.adapters:type_name -> iop.runtime.v1.AdapterConfig
-	11, // 18: iop.runtime.v1.NodeConfigPayload.runtime:type_name -> iop.runtime.v1.NodeRuntimeConfig
-	9,  // 19: iop.runtime.v1.AdapterConfig.openai_compat:type_name -> iop.runtime.v1.OpenAICompatAdapterConfig
-	10, // 20: iop.runtime.v1.OpenAICompatAdapterConfig.protocol_profile:type_name -> iop.runtime.v1.ConcreteProtocolProfile
-	37, // 21: iop.runtime.v1.NodeRuntimeConfig.credential_slot_revisions:type_name -> iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntry
-	18, // 22: iop.runtime.v1.RunRequest.input:type_name -> iop.runtime.v1.RunInput
-	38, // 23: iop.runtime.v1.RunRequest.metadata:type_name -> iop.runtime.v1.RunRequest.MetadataEntry
-	34, // 24: iop.runtime.v1.RunRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
-	35, // 25: iop.runtime.v1.RunRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
-	19, // 26: iop.runtime.v1.RunInput.messages:type_name -> iop.runtime.v1.ChatMessage
-	20, // 27: iop.runtime.v1.ChatMessage.images:type_name -> iop.runtime.v1.ChatImage
-	21, // 28: iop.runtime.v1.TokenLogprob.top_logprobs:type_name -> iop.runtime.v1.TokenLogprob
-	0,  // 29: iop.runtime.v1.RunEvent.type:type_name -> iop.runtime.v1.RunEventType
-	24, // 30: iop.runtime.v1.RunEvent.usage:type_name -> iop.runtime.v1.Usage
-	39, // 31: iop.runtime.v1.RunEvent.metadata:type_name -> iop.runtime.v1.RunEvent.MetadataEntry
-	25, // 32: iop.runtime.v1.RunEvent.failure:type_name -> iop.runtime.v1.ExecutionFailure
-	21, // 33: iop.runtime.v1.RunEvent.logprobs:type_name -> iop.runtime.v1.TokenLogprob
-	22, // 34: iop.runtime.v1.RunEvent.embeddings:type_name -> iop.runtime.v1.Embedding
-	27, // 35: iop.runtime.v1.ProviderTunnelRequest.headers:type_name -> iop.runtime.v1.Header
-	40, // 36: iop.runtime.v1.ProviderTunnelRequest.metadata:type_name -> iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
-	34, // 37: iop.runtime.v1.ProviderTunnelRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
-	35, // 38: iop.runtime.v1.ProviderTunnelRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
-	1,  // 39: iop.runtime.v1.ProviderTunnelFrame.kind:type_name -> iop.runtime.v1.TunnelFrameKind
-	27, // 40: iop.runtime.v1.ProviderTunnelFrame.headers:type_name -> iop.runtime.v1.Header
-	24, // 41: iop.runtime.v1.ProviderTunnelFrame.usage:type_name -> iop.runtime.v1.Usage
-	41, // 42: iop.runtime.v1.ProviderTunnelFrame.metadata:type_name -> iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
-	25, // 43: iop.runtime.v1.ProviderTunnelFrame.failure:type_name -> iop.runtime.v1.ExecutionFailure
-	2,  // 44: iop.runtime.v1.NodeCommandRequest.type:type_name -> iop.runtime.v1.NodeCommandType
-	42, // 45: iop.runtime.v1.NodeCommandRequest.args:type_name -> iop.runtime.v1.NodeCommandRequest.ArgsEntry
-	34, // 46: iop.runtime.v1.NodeCommandRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
-	35, // 47: iop.runtime.v1.NodeCommandRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
-	43, // 48: iop.runtime.v1.NodeCommandResponse.result:type_name -> iop.runtime.v1.NodeCommandResponse.ResultEntry
-	7,  // 49: iop.runtime.v1.NodeConfigRefreshRequest.config:type_name -> iop.runtime.v1.NodeConfigPayload
-	3,  // 50: iop.runtime.v1.NodeConfigRefreshResponse.status:type_name -> iop.runtime.v1.RefreshStatus
-	51, // [51:51] is the sub-list for method output_type
-	51, // [51:51] is the sub-list for method input_type
-	51, // [51:51] is the sub-list for extension type_name
-	51, // [51:51] is the sub-list for extension extendee
-	0,  // [0:51] is the sub-list for field type_name
+	37, // 16: iop.runtime.v1.Envelope.join_request:type_name -> iop.runtime.v1.NodeJoinRequest
+	38, // 17: iop.runtime.v1.Envelope.join_response:type_name -> iop.runtime.v1.NodeJoinResponse
+	39, // 18: iop.runtime.v1.Envelope.renew_request:type_name -> iop.runtime.v1.CertificateRenewRequest
+	40, // 19: iop.runtime.v1.Envelope.renew_response:type_name -> iop.runtime.v1.CertificateRenewResponse
+	41, // 20: iop.runtime.v1.Envelope.models_report:type_name -> iop.runtime.v1.NodeModelsReport
+	7,  // 21: iop.runtime.v1.RegisterResponse.config:type_name -> iop.runtime.v1.NodeConfigPayload
+	8,  // 22: iop.runtime.v1.NodeConfigPayload.adapters:type_name -> iop.runtime.v1.AdapterConfig
+	11, // 23: iop.runtime.v1.NodeConfigPayload.runtime:type_name -> iop.runtime.v1.NodeRuntimeConfig
+	9,  // 24: iop.runtime.v1.AdapterConfig.openai_compat:type_name -> iop.runtime.v1.OpenAICompatAdapterConfig
+	10, // 25: iop.runtime.v1.OpenAICompatAdapterConfig.protocol_profile:type_name -> iop.runtime.v1.ConcreteProtocolProfile
+	43, // 26: iop.runtime.v1.NodeRuntimeConfig.credential_slot_revisions:type_name -> iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntry
+	18, // 27: iop.runtime.v1.RunRequest.input:type_name -> iop.runtime.v1.RunInput
+	44, // 28: iop.runtime.v1.RunRequest.metadata:type_name -> iop.runtime.v1.RunRequest.MetadataEntry
+	34, // 29: iop.runtime.v1.RunRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
+	35, // 30: iop.runtime.v1.RunRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
+	19, // 31: iop.runtime.v1.RunInput.messages:type_name -> iop.runtime.v1.ChatMessage
+	20, // 32: iop.runtime.v1.ChatMessage.images:type_name -> iop.runtime.v1.ChatImage
+	21, // 33: iop.runtime.v1.TokenLogprob.top_logprobs:type_name -> iop.runtime.v1.TokenLogprob
+	0,  // 34: iop.runtime.v1.RunEvent.type:type_name -> iop.runtime.v1.RunEventType
+	24, // 35: iop.runtime.v1.RunEvent.usage:type_name -> iop.runtime.v1.Usage
+	45, // 36: iop.runtime.v1.RunEvent.metadata:type_name -> iop.runtime.v1.RunEvent.MetadataEntry
+	25, // 37: iop.runtime.v1.RunEvent.failure:type_name -> iop.runtime.v1.ExecutionFailure
+	21, // 38: iop.runtime.v1.RunEvent.logprobs:type_name -> iop.runtime.v1.TokenLogprob
+	22, // 39: iop.runtime.v1.RunEvent.embeddings:type_name -> iop.runtime.v1.Embedding
+	27, // 40: iop.runtime.v1.ProviderTunnelRequest.headers:type_name -> iop.runtime.v1.Header
+	46, // 41: iop.runtime.v1.ProviderTunnelRequest.metadata:type_name -> iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
+	34, // 42: iop.runtime.v1.ProviderTunnelRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
+	35, // 43: iop.runtime.v1.ProviderTunnelRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
+	1,  // 44: iop.runtime.v1.ProviderTunnelFrame.kind:type_name -> iop.runtime.v1.TunnelFrameKind
+	27, // 45: iop.runtime.v1.ProviderTunnelFrame.headers:type_name -> iop.runtime.v1.Header
+	24, // 46: iop.runtime.v1.ProviderTunnelFrame.usage:type_name -> iop.runtime.v1.Usage
+	47, // 47: iop.runtime.v1.ProviderTunnelFrame.metadata:type_name -> iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
+	25, // 48: iop.runtime.v1.ProviderTunnelFrame.failure:type_name -> iop.runtime.v1.ExecutionFailure
+	2,  // 49: iop.runtime.v1.NodeCommandRequest.type:type_name -> iop.runtime.v1.NodeCommandType
+	48, // 50: iop.runtime.v1.NodeCommandRequest.args:type_name -> iop.runtime.v1.NodeCommandRequest.ArgsEntry
+	34, // 51: iop.runtime.v1.NodeCommandRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
+	35, // 52: iop.runtime.v1.NodeCommandRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
+	49, // 53: iop.runtime.v1.NodeCommandResponse.result:type_name -> iop.runtime.v1.NodeCommandResponse.ResultEntry
+	7,  // 54: iop.runtime.v1.NodeConfigRefreshRequest.config:type_name -> iop.runtime.v1.NodeConfigPayload
+	3,  // 55: iop.runtime.v1.NodeConfigRefreshResponse.status:type_name -> iop.runtime.v1.RefreshStatus
+	42, // 56: iop.runtime.v1.NodeModelsReport.adapters:type_name -> iop.runtime.v1.AdapterModels
+	57, // [57:57] is the sub-list for method output_type
+	57, // [57:57] is the sub-list for method input_type
+	57, // [57:57] is the sub-list for extension type_name
+	57, // [57:57] is the sub-list for extension extendee
+	0,  // [0:57] is the sub-list for field type_name
 }
 
 func init() { file_iop_runtime_proto_init() }
@@ -4174,6 +4786,11 @@ func file_iop_runtime_proto_init() {
 		(*Envelope_RefreshRequest)(nil),
 		(*Envelope_RefreshResponse)(nil),
 		(*Envelope_DrainingNotice)(nil),
+		(*Envelope_JoinRequest)(nil),
+		(*Envelope_JoinResponse)(nil),
+		(*Envelope_RenewRequest)(nil),
+		(*Envelope_RenewResponse)(nil),
+		(*Envelope_ModelsReport)(nil),
 	}
 	file_iop_runtime_proto_msgTypes[14].OneofWrappers = []any{}
 	type x struct{}
@@ -4182,7 +4799,7 @@ func file_iop_runtime_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_iop_runtime_proto_rawDesc), len(file_iop_runtime_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   40,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -305,3 +305,9 @@ func (d *Driver) Probe(ctx context.Context, target string) string {
 // NormalizeTag returns an Ollama model name with its tag; see
 // upstream.NormalizeTag.
 func NormalizeTag(name string) string { return upstream.NormalizeTag(name) }
+
+// Models lists the models the server has (GET /api/tags, their "name"s:
+// "tiny:latest"), for discovery (SPEC D1); see upstream.ListModels.
+func (d *Driver) Models(ctx context.Context) ([]string, error) {
+	return upstream.ListModels(ctx, d.EP, TagsPath)
+}

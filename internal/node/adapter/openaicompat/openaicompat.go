@@ -190,3 +190,14 @@ func (d *Driver) get(ctx context.Context, rel string, limit int64) (int, []byte,
 	}
 	return resp.StatusCode, body, ""
 }
+
+// Models lists the models the server serves (the profile's models path,
+// data[].id), for discovery (SPEC D1); see upstream.ListModels. A profile
+// without a models path lists nothing (an error).
+func (d *Driver) Models(ctx context.Context) ([]string, error) {
+	p := d.Profile.GetModelsPath()
+	if p == "" {
+		return nil, errors.New("the profile has no models_path to list models from")
+	}
+	return upstream.ListModels(ctx, d.EP, p)
+}

@@ -1,0 +1,166 @@
+package fleet
+
+import (
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"iop/internal/identity"
+	"iop/internal/leakcheck"
+	iop "iop/proto/gen/iop"
+)
+
+func report(adapters ...*iop.AdapterModels) *iop.NodeModelsReport {
+	return &iop.NodeModelsReport{Adapters: adapters}
+}
+
+// D1 D2: what a node reports is cleaned and bounded before the edge keeps
+// it; a failed listing keeps the last list; an older generation is
+// ignored; a fenced node's models go; Changed fires only on a change.
+func TestReport(t *testing.T) {
+	e := newEdgeEnv(t, nil)
+	drain := func() int {
+		n := 0
+		for {
+			select {
+			case <-e.changed:
+				n++
+			default:
+				return n
+			}
+		}
+	}
+	f := e.f
+	if !f.Report("gpu-3", 1, report(&iop.AdapterModels{Adapter: "ollama",
+		Models: []string{"tiny:latest", "b", "tiny:latest", "", "bad\x00name", strings.Repeat("x", MaxModelName+1), "a\xff"}})) {
+		t.Fatal("D1 a first report is a change")
+	}
+	_, _, disc := f.Inputs()
+	if got := disc["gpu-3"]["ollama"]; !slices.Equal(got, []string{"b", "tiny:latest"}) {
+		t.Fatalf("D2 cleaned list %q, want [b tiny:latest]", got)
+	}
+	if drain() != 1 {
+		t.Error("D2 Changed not called once for the first report")
+	}
+	if f.Report("gpu-3", 1, report(&iop.AdapterModels{Adapter: "ollama", Models: []string{"tiny:latest", "b"}})) || drain() != 0 {
+		t.Error("D2 the same list again counts as a change")
+	}
+	if f.Report("gpu-3", 1, report(&iop.AdapterModels{Adapter: "ollama", Error: "connection refused"})) {
+		t.Error("D2 a failed listing changed the models")
+	}
+	if _, _, disc := f.Inputs(); len(disc["gpu-3"]["ollama"]) != 2 {
+		t.Error("D2 a failed listing dropped the models")
+	}
+	if f.Report("gpu-3", 0, report(&iop.AdapterModels{Adapter: "ollama", Models: []string{"old"}})) {
+		t.Error("L9 a report of an older generation was taken")
+	}
+	many := make([]string, 10000)
+	for i := range many {
+		many[i] = fmt.Sprintf("m%05d", i)
+	}
+	var ads []*iop.AdapterModels
+	for i := range 100 {
+		ads = append(ads, &iop.AdapterModels{Adapter: fmt.Sprintf("a%d", i), Models: many})
+	}
+	f.Report("gpu-4", 1, report(ads...))
+	_, _, disc = f.Inputs()
+	total, bytes := 0, 0
+	for a, ms := range disc["gpu-4"] {
+		if len(ms) > MaxAdapterModels {
+			t.Errorf("D2 adapter %s keeps %d models, over %d", a, len(ms), MaxAdapterModels)
+		}
+		total += len(ms)
+		for _, m := range ms {
+			bytes += len(m)
+		}
+	}
+	if len(disc["gpu-4"]) > MaxReportAdapters || bytes > MaxReportBytes {
+		t.Errorf("D2 a hostile report kept %d adapters, %d bytes of names (bounds %d, %d)", len(disc["gpu-4"]), bytes, MaxReportAdapters, MaxReportBytes)
+	}
+	drain()
+	f.NodeFenced("gpu-3", 1)
+	if _, _, disc := f.Inputs(); disc["gpu-3"] != nil || drain() != 1 {
+		t.Error("D2 a fenced node's models stayed, or no change was announced")
+	}
+	f.Report("gpu-3", 2, report(&iop.AdapterModels{Adapter: "ollama", Models: []string{"tiny:latest"}}))
+	f.NodeFenced("gpu-3", 1) // the fence of an older generation
+	if _, _, disc := f.Inputs(); disc["gpu-3"] == nil {
+		t.Error("L9 the fence of an older generation dropped a newer one's models")
+	}
+}
+
+// J6: a revocation written by another process (edge nodes revoke) reaches
+// the fleet within its watch interval: Changed fires, the node is no longer
+// enrolled, and its certificate is refused at the handshake.
+func TestWatchRevocation(t *testing.T) {
+	leakcheck.Check(t)
+	e := newEdgeEnv(t, nil)
+	tok := e.token(t, nil)
+	resp, err := join(t, e.addr, tok.Pin, joinReq(t, tok, "gpu-3", "gpu-3"))
+	if err != nil || !resp.GetOk() {
+		t.Fatalf("join: %v %v", resp, err)
+	}
+	cert, _ := identity.ParseCertificatePEM(resp.GetCertificatePem())
+	id := identity.ID{TrustDomain: "iop.local", Role: identity.RoleNode, Name: "gpu-3"}
+	for len(e.changed) > 0 {
+		<-e.changed
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	e.f.o.WatchInterval = 20 * time.Millisecond
+	go func() { defer close(done); e.f.Watch(stop) }()
+	defer func() { close(stop); <-done }()
+	if err := Update(e.store, func(st *Store) error { st.RevokeNode("gpu-3", time.Now()); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-e.changed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("J6 the revocation was not noticed")
+	}
+	enrolled, revoked, _ := e.f.Inputs()
+	if len(enrolled) != 0 || !revoked["gpu-3"] {
+		t.Errorf("J6 after the revocation: enrolled %v, revoked %v", enrolled, revoked)
+	}
+	if err := e.f.Admit(id, cert); !errors.Is(err, ErrNodeRevoked) {
+		t.Errorf("J6 handshake check: got %v, want ErrNodeRevoked", err)
+	}
+	if r := e.f.Renew("gpu-3", cert, &iop.CertificateRenewRequest{Csr: joinReq(t, tok, "gpu-3", "gpu-3").Csr}); r.GetOk() ||
+		!strings.Contains(r.GetError(), "revoked") {
+		t.Errorf("J6 renewal after revocation: %v", r)
+	}
+}
+
+// J5: a renewal signs a new certificate for a new key, keeps the serial it
+// replaces, and is refused for a CSR of another name or too soon again.
+func TestRenew(t *testing.T) {
+	e := newEdgeEnv(t, nil)
+	tok := e.token(t, nil)
+	resp, err := join(t, e.addr, tok.Pin, joinReq(t, tok, "gpu-3", "gpu-3"))
+	if err != nil || !resp.GetOk() {
+		t.Fatalf("join: %v %v", resp, err)
+	}
+	old, _ := identity.ParseCertificatePEM(resp.GetCertificatePem())
+	csr := func(name string) []byte { return joinReq(t, tok, name, name).Csr }
+	if r := e.f.Renew("gpu-3", old, &iop.CertificateRenewRequest{Csr: csr("gpu-4")}); r.GetOk() || !strings.Contains(r.GetError(), "asks for") {
+		t.Fatalf("J2 a renewal CSR for another name: %v", r)
+	}
+	r := e.f.Renew("gpu-3", old, &iop.CertificateRenewRequest{Csr: csr("gpu-3")})
+	if !r.GetOk() {
+		t.Fatalf("J5 renewal: %v", r.GetError())
+	}
+	renewed, _ := identity.ParseCertificatePEM(r.GetCertificatePem())
+	id := identity.ID{TrustDomain: "iop.local", Role: identity.RoleNode, Name: "gpu-3"}
+	for name, c := range map[string]*x509.Certificate{"renewed": renewed, "replaced": old} {
+		if err := e.f.Admit(id, c); err != nil {
+			t.Errorf("J5 the %s certificate is refused: %v", name, err)
+		}
+	}
+	if r := e.f.Renew("gpu-3", renewed, &iop.CertificateRenewRequest{Csr: csr("gpu-3")}); r.GetOk() || !strings.Contains(r.GetError(), "too recently") {
+		t.Errorf("J5 an immediate second renewal: %v", r)
+	}
+}

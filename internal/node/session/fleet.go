@@ -1,0 +1,249 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"iop/internal/wire/direct"
+	iop "iop/proto/gen/iop"
+)
+
+// Certificate renewal and model discovery on a live session (SPEC J5, D1).
+// Each is one goroutine of the session's work group, started by live and
+// ended by the session's end; neither touches the read loop, which only
+// hands a CertificateRenewResponse over (fleetFrame).
+
+// CertRenewer renews the node's certificate in its files
+// (internal/node/enroll.Renewer). The session calls it only while its
+// payload says certificate_renewal.
+type CertRenewer interface {
+	// RenewAt is when the certificate in use is due.
+	RenewAt() (time.Time, error)
+	// NewRequest makes a new key and returns its CSR (DER).
+	NewRequest() ([]byte, error)
+	// Install checks the certificate (PEM) is for the last request's key
+	// and writes key and certificate.
+	Install(certPEM []byte) error
+}
+
+// ModelLister is what an Executor implements to serve discovery (the
+// adapter Set does): the models one adapter's backend serves.
+type ModelLister interface {
+	ListModels(ctx context.Context, adapter string) ([]string, error)
+}
+
+// Renewal timing.
+const (
+	// RenewAnswerTimeout bounds the wait for the edge's answer.
+	RenewAnswerTimeout = 30 * time.Second
+	// renewRetryMin and renewRetryMax bound the wait before retrying a
+	// failed renewal (it doubles from the one to the other).
+	renewRetryMin = 2 * time.Second
+	renewRetryMax = time.Minute
+	// renewRecheck is how often a session whose payload does not ask for
+	// renewal looks again (a refresh may turn it on).
+	renewRecheck = time.Minute
+)
+
+// fleetState is the session's part of renewal and discovery.
+type fleetState struct {
+	renewResp chan *iop.CertificateRenewResponse // cap 1; filled by the read loop
+	discover  chan struct{}                      // cap 1; a refresh asks for a poll now
+}
+
+func newFleetState() fleetState {
+	return fleetState{renewResp: make(chan *iop.CertificateRenewResponse, 1), discover: make(chan struct{}, 1)}
+}
+
+// startFleet starts the renewal and discovery goroutines of a live session.
+func (s *session) startFleet() {
+	s.work.Add(2)
+	go func() {
+		defer s.work.Done()
+		s.renewLoop()
+	}()
+	go func() {
+		defer s.work.Done()
+		s.discoverLoop()
+	}()
+}
+
+// fleetFrame takes a CertificateRenewResponse off the read loop (never
+// blocking: an answer nobody waits for is dropped).
+func (s *session) fleetFrame(r *iop.CertificateRenewResponse) {
+	select {
+	case s.fl.renewResp <- r:
+	default:
+	}
+}
+
+// kickDiscovery asks for a discovery poll now (after a refresh).
+func (s *session) kickDiscovery() {
+	select {
+	case s.fl.discover <- struct{}{}:
+	default:
+	}
+}
+
+// renewalWanted reports whether the current payload asks for renewal.
+func (s *session) renewalWanted() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.exec.cfg.GetRuntime().GetCertificateRenewal()
+}
+
+// sleep waits d or until the session ends; false when it ended.
+func (s *session) sleep(d time.Duration, wake <-chan struct{}) bool {
+	t := time.NewTimer(max(d, 0))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-wake:
+		return true
+	case <-s.ctx.Done():
+		return false
+	}
+}
+
+// renewLoop renews the certificate when it is due (SPEC J5): a new key
+// and CSR, one CertificateRenewRequest, the answer installed. A failure
+// is retried after 2 s, doubling up to a minute. The
+// connection goes on with the certificate it has; the next handshake uses
+// the new one.
+func (s *session) renewLoop() {
+	r := s.o.Renewer
+	if r == nil {
+		return
+	}
+	retry := renewRetryMin
+	for {
+		if !s.renewalWanted() {
+			if !s.sleep(renewRecheck, nil) {
+				return
+			}
+			continue
+		}
+		at, err := r.RenewAt()
+		if err != nil {
+			s.log.Error("certificate renewal: cannot read the certificate", "err", err)
+			if !s.sleep(renewRetryMax, nil) {
+				return
+			}
+			continue
+		}
+		if !s.sleep(time.Until(at), nil) {
+			return
+		}
+		if err := s.renewOnce(r); err != nil {
+			s.log.Warn("certificate renewal failed; retrying", "err", err, "retry_in", retry)
+			if !s.sleep(retry, nil) {
+				return
+			}
+			retry = min(2*retry, renewRetryMax)
+			continue
+		}
+		retry = renewRetryMin
+	}
+}
+
+// errRenewNoAnswer: the edge did not answer in RenewAnswerTimeout (an
+// edge build without renewal ignores the request, SPEC W5).
+var errRenewNoAnswer = errors.New("no answer from the edge (a build without certificate renewal?)")
+
+func (s *session) renewOnce(r CertRenewer) error {
+	csr, err := r.NewRequest()
+	if err != nil {
+		return err
+	}
+	select { // an answer to an earlier request that timed out
+	case <-s.fl.renewResp:
+	default:
+	}
+	s.sendFromWork(&iop.Envelope{Kind: &iop.Envelope_RenewRequest{RenewRequest: &iop.CertificateRenewRequest{Csr: csr}}}, direct.Flush)
+	t := time.NewTimer(RenewAnswerTimeout)
+	defer t.Stop()
+	var resp *iop.CertificateRenewResponse
+	select {
+	case resp = <-s.fl.renewResp:
+	case <-t.C:
+		return errRenewNoAnswer
+	case <-s.ctx.Done():
+		return context.Cause(s.ctx)
+	}
+	if !resp.GetOk() {
+		return errors.New("edge refused: " + resp.GetError())
+	}
+	if err := r.Install(resp.GetCertificatePem()); err != nil {
+		return err
+	}
+	s.log.Info("certificate renewed", "not_after", time.UnixMilli(resp.GetNotAfterUnixMs()).UTC().Format(time.RFC3339))
+	return nil
+}
+
+// discoverLoop lists the models of every adapter whose config asks for
+// discovery (AdapterConfig.discovery_interval_ms) once the session is
+// ready, again every interval and after each refresh, and sends a
+// NodeModelsReport when anything changed since the last one sent (SPEC
+// D1). A listing that fails reports the adapter's error (the edge keeps
+// what it knew).
+func (s *session) discoverLoop() {
+	var last *iop.NodeModelsReport
+	for {
+		interval := s.discoverOnce(&last)
+		if interval <= 0 {
+			interval = renewRecheck // nothing to discover: look again after a while or a refresh
+		}
+		if !s.sleep(interval, s.fl.discover) {
+			return
+		}
+	}
+}
+
+// discoverOnce polls once and returns the poll interval of the current
+// config (0 when no adapter discovers).
+func (s *session) discoverOnce(last **iop.NodeModelsReport) time.Duration {
+	ex := s.acquire()
+	defer s.release(ex)
+	var interval time.Duration
+	var names []string
+	for _, a := range ex.cfg.GetAdapters() {
+		if ms := a.GetDiscoveryIntervalMs(); ms > 0 {
+			d := msDuration(ms, time.Minute)
+			if interval == 0 || d < interval {
+				interval = d
+			}
+			names = append(names, instanceName(a))
+		}
+	}
+	lister, ok := ex.ex.(ModelLister)
+	if len(names) == 0 || !ok {
+		return interval
+	}
+	report := &iop.NodeModelsReport{}
+	for _, n := range names {
+		models, err := lister.ListModels(s.ctx, n)
+		am := &iop.AdapterModels{Adapter: n, Models: models}
+		if err != nil {
+			am.Models, am.Error = nil, err.Error()
+		}
+		report.Adapters = append(report.Adapters, am)
+	}
+	if s.ctx.Err() != nil || (*last != nil && sameReport(*last, report)) {
+		return interval
+	}
+	*last = report
+	s.sendFromWork(&iop.Envelope{Kind: &iop.Envelope_ModelsReport{ModelsReport: report}}, direct.Flush)
+	return interval
+}
+
+// sameReport compares two reports by adapter, models and whether each
+// failed (not by the error's text, which may vary).
+func sameReport(a, b *iop.NodeModelsReport) bool {
+	return slices.EqualFunc(a.GetAdapters(), b.GetAdapters(), func(x, y *iop.AdapterModels) bool {
+		return x.GetAdapter() == y.GetAdapter() && slices.Equal(x.GetModels(), y.GetModels()) &&
+			(x.GetError() == "") == (y.GetError() == "")
+	})
+}
