@@ -36,9 +36,12 @@ var (
 //	iop_edge_queue_wait_seconds{model,path}                       histogram
 //	iop_edge_tokens_total{model,direction="prompt"|"completion"}  counter
 //	iop_edge_requests_in_flight{model}                            gauge
+//	iop_edge_ignored_fields_total{surface,field}                  counter
 //
 // model is a configured group name or OtherModel; surface, path, code and
-// outcome come from fixed sets; so every label is bounded (issue 15).
+// outcome come from fixed sets; field is a field-table row name (or
+// "top_level" for a member no row knows), never the client's own words;
+// so every label is bounded.
 type Metrics struct {
 	mu       sync.Mutex
 	requests map[reqKey]uint64
@@ -49,7 +52,8 @@ type Metrics struct {
 	inFlight map[string]int64
 	// also are told of every Record Observe counts (set once by
 	// NewMetrics, read without the lock).
-	also []Observer
+	also    []Observer
+	ignored map[ignKey]uint64
 }
 
 // Observer is told of every finished request Metrics.Observe counts
@@ -58,6 +62,12 @@ type Metrics struct {
 type Observer interface {
 	Observe(r *Record)
 }
+
+type ignKey struct{ surface, field string }
+
+// IgnoredTopLevel is the field label of an ignored member that no table
+// row knows.
+const IgnoredTopLevel = "top_level"
 
 type reqKey struct {
 	model, surface, path string
@@ -93,6 +103,7 @@ func NewMetrics(also ...Observer) *Metrics {
 		queue:    map[mpKey]*histogram{},
 		tokens:   map[tokKey]uint64{},
 		inFlight: map[string]int64{},
+		ignored:  map[ignKey]uint64{},
 	}
 }
 
@@ -150,6 +161,12 @@ func (m *Metrics) Observe(r *Record) {
 	if r.CompletionTokens > 0 {
 		m.tokens[tokKey{model, "completion"}] += uint64(r.CompletionTokens)
 	}
+	for _, row := range r.IgnoredRows {
+		if row == "" {
+			row = IgnoredTopLevel
+		}
+		m.ignored[ignKey{r.Surface, row}]++
+	}
 }
 
 func hist(m map[mpKey]*histogram, k mpKey, bounds []float64) *histogram {
@@ -196,6 +213,13 @@ func (m *Metrics) writeLocked(w *bufio.Writer) {
 	fk := sortedKeys(m.inFlight, strings.Compare)
 	for _, k := range fk {
 		series(w, "iop_edge_requests_in_flight", []string{"model", k}, float64(m.inFlight[k]))
+	}
+	header(w, "iop_edge_ignored_fields_total", "counter", "Request members the run path accepted and did not send to the backend (http.unknown_fields report, tools the model is not offered), by surface and the field-table row they are under (top_level: no row); at most 8 per request.")
+	ik := sortedKeys(m.ignored, func(a, b ignKey) int {
+		return cmpAll(strings.Compare(a.surface, b.surface), strings.Compare(a.field, b.field))
+	})
+	for _, k := range ik {
+		series(w, "iop_edge_ignored_fields_total", []string{"surface", k.surface, "field", k.field}, float64(m.ignored[k]))
 	}
 }
 

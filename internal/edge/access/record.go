@@ -174,6 +174,12 @@ type Record struct {
 	PromptTokens, CompletionTokens int64
 	// Retries counts dispatches after the first (SPEC H11 re-dispatch).
 	Retries int
+	// IgnoredFields lists what the run path accepted and did not send to
+	// the backend (surface.Ignored.Header: at most 8 sanitized paths and a
+	// count); "" when nothing. IgnoredRows are the field-table rows of the
+	// listed paths ("" for a top-level member), the metric's bounded label.
+	IgnoredFields string
+	IgnoredRows   []string
 }
 
 // MaxModelLen bounds the model name kept in a Record, bytes.
@@ -216,7 +222,7 @@ func (r *Record) Log(ctx context.Context, l *slog.Logger) {
 }
 
 // nAttrs is the number of attributes of an access line.
-const nAttrs = 17
+const nAttrs = 18
 
 // Attrs are r's log attributes (those Log writes).
 func (r *Record) Attrs() []slog.Attr {
@@ -248,6 +254,7 @@ func (r *Record) fill(a *[nAttrs]slog.Attr) {
 		slog.Int64("prompt_tokens", r.PromptTokens),
 		slog.Int64("completion_tokens", r.CompletionTokens),
 		slog.Int("retries", r.Retries),
+		slog.String("ignored_fields", r.IgnoredFields),
 	}
 }
 

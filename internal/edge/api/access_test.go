@@ -481,7 +481,7 @@ func TestAccessErrorMessageBounded(t *testing.T) {
 		cut        bool // the message itself is over access.MaxErrorLen
 	}{
 		{"unknown model", `{"model":"` + long + `","messages":[{"role":"user","content":"x"}]}`, pool.ErrUnknownModel, http.StatusNotFound, false},
-		{"unknown field", `{"model":"tiny","messages":[{"role":"user","content":"x","` + long + `":1}]}`, nil, http.StatusBadRequest, true},
+		{"unknown content type", `{"model":"tiny","messages":[{"role":"user","content":[{"type":"` + long + `"}]}]}`, nil, http.StatusBadRequest, true},
 	}
 	for i, row := range rows {
 		t.Run(row.name, func(t *testing.T) {

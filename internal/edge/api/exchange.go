@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	apisurface "iop/internal/edge/surface"
 	"log/slog"
 	"math"
 	"net/http"
@@ -187,6 +188,9 @@ type exchange struct {
 	// (outlier_detection.statuses), for classify.
 	att      attempt
 	statuses []int
+	// unknown: the run path's policy for unknown request members
+	// (http.unknown_fields).
+	unknown apisurface.UnknownFields
 	// kept: the current attempt's failure before any byte, kept from the
 	// client while another candidate may answer (SPEC H11).
 	kept kept
@@ -291,7 +295,7 @@ func (h *Handler) admit(ctx context.Context, w *recorder, r *http.Request, v *vi
 	// connection (its disconnect detector's read) ever runs into it.
 	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
 	x := &exchange{ctx: ctx, r: r, acc: w, out: output{w: w}, ep: ep, body: body, held: int64(cap(body)),
-		statuses: v.statuses}
+		statuses: v.statuses, unknown: v.unknown}
 	var deadline time.Time
 	if ms := v.cfg.Queue.WaitTimeoutMs; ms > 0 {
 		deadline = h.o.Now().Add(time.Duration(ms) * time.Millisecond)

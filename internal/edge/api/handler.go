@@ -5,8 +5,10 @@ import (
 	"crypto/rand"
 	"errors"
 	"io"
+	apisurface "iop/internal/edge/surface"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -164,11 +166,17 @@ type view struct {
 	models   []byte   // the GET /v1/models body of a key without a scope
 	names    []string // the model groups, in config order (a scoped key's list, K4)
 	created  int64    // the list's "created"
+	// anthropicModels is GET /v1/models in Anthropic's list shape (a key
+	// without a scope).
+	anthropicModels []byte
 	// affinity names the model groups routed by prefix_affinity: only
 	// their requests carry a conversation prefix.
 	affinity map[string]bool
 	bounds   map[string]int // model → models[].max_attempts in effect
 	statuses []int          // outlier_detection.statuses in effect
+	// unknown is http.unknown_fields: what the run path does with a
+	// request member its field tables do not know.
+	unknown apisurface.UnknownFields
 }
 
 // attemptBound is how many providers one request of model may be sent to
@@ -204,6 +212,7 @@ func (h *Handler) current() *view {
 			v.names = append(v.names, cfg.Models[i].Name)
 		}
 		v.models = modelList(v.names, v.created)
+		v.anthropicModels = anthropicModelList(v.names, v.created)
 		for _, m := range cfg.Models {
 			if m.Routing == routing.NamePrefixAffinity {
 				if v.affinity == nil {
@@ -212,6 +221,7 @@ func (h *Handler) current() *view {
 				v.affinity[m.Name] = true
 			}
 		}
+		v.unknown, _ = apisurface.ParseUnknownFields(cfg.HTTP.UnknownFields) // config.Parse checked it
 		v.statuses = cfg.OutlierDetection.Statuses
 		if v.statuses == nil { // a config that did not go through config.Parse
 			v.statuses = config.DefaultEjectStatuses
@@ -331,6 +341,9 @@ func surfaceFor(path string) surface {
 
 // surfaceOf is the access record's surface of a request to path.
 func surfaceOf(path string) string {
+	if strings.HasPrefix(path, "/v1/models/") {
+		return protocol.OpModels
+	}
 	switch path {
 	case "/v1/models":
 		return protocol.OpModels
@@ -364,6 +377,10 @@ func (h *Handler) route(w *recorder, r *http.Request) (context.Context, *view, *
 	var ep *endpoint
 	method := http.MethodPost
 	w.rec.Surface = surfaceOf(r.URL.Path)
+	// The models endpoints answer in Anthropic's shapes when asked as the
+	// Anthropic API is (its SDKs send anthropic-version on every request).
+	anthropicModels := r.Header.Get("Anthropic-Version") != ""
+	modelID, oneModel := strings.CutPrefix(r.URL.Path, "/v1/models/")
 	switch r.URL.Path {
 	case "/v1/models":
 		method = http.MethodGet
@@ -380,6 +397,10 @@ func (h *Handler) route(w *recorder, r *http.Request) (context.Context, *view, *
 	case "/v1/embeddings":
 		ep = &epEmbeddings
 	default:
+		if oneModel && modelID != "" {
+			method = http.MethodGet
+			break
+		}
 		s := surfaceOpenAI
 		if strings.HasPrefix(r.URL.Path, "/v1/messages/") {
 			s = surfaceAnthropic
@@ -391,6 +412,8 @@ func (h *Handler) route(w *recorder, r *http.Request) (context.Context, *view, *
 	s := surfaceOpenAI
 	if ep != nil {
 		s = ep.surface
+	} else if anthropicModels {
+		s = surfaceAnthropic
 	}
 	if r.Method != method {
 		closeUnread(w, r)
@@ -412,17 +435,15 @@ func (h *Handler) route(w *recorder, r *http.Request) (context.Context, *view, *
 		ctx = context.WithValue(ctx, principalKey{}, p.Name)
 	}
 	if ep == nil {
-		body := v.models
+		names := v.names
 		if p != nil {
 			rl := h.keys.State(p, h.o.Now())
 			writeRateLimit(w.Header(), s, &rl, h.o.Now())
 			if p.Scoped() {
-				body = modelList(p.FilterModels(v.names), v.created) // K4
+				names = p.FilterModels(v.names) // K4
 			}
 		}
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-		_, _ = w.Write(body)
+		serveModels(w, v, s, names, oneModel, modelID)
 		return nil, nil, nil
 	}
 	if p != nil {
@@ -505,6 +526,84 @@ func (h *Handler) authenticate(w *recorder, r *http.Request, s surface) (p *keys
 	return nil, false
 }
 
+// serveModels answers GET /v1/models (the model groups names holds: every
+// configured one, or a scoped key's, K4) and GET /v1/models/{id} (one of
+// them; 404 model_not_found for any other id), in OpenAI's shapes (API
+// reference, "Models": list and retrieve) or, with surface s Anthropic's,
+// in Anthropic's ("Models": list {data, has_more, first_id, last_id}, get
+// {type, id, display_name, created_at}).
+func serveModels(w http.ResponseWriter, v *view, s surface, names []string, one bool, id string) {
+	var body []byte
+	switch {
+	case one:
+		if !slices.Contains(names, id) {
+			e := &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "model_not_found",
+				msg: "The model '" + truncate(id, 256) + "' does not exist"}
+			writeError(w, s, e)
+			return
+		}
+		if s == surfaceAnthropic {
+			body = appendAnthropicModel(nil, id, v.created)
+		} else {
+			body = appendOpenAIModel(nil, id, v.created)
+		}
+	case s == surfaceAnthropic && len(names) == len(v.names):
+		body = v.anthropicModels
+	case s == surfaceAnthropic:
+		body = anthropicModelList(names, v.created)
+	case len(names) == len(v.names):
+		body = v.models
+	default:
+		body = modelList(names, v.created)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	_, _ = w.Write(body)
+}
+
+// appendOpenAIModel appends one OpenAI model object {"id","object":
+// "model","created","owned_by"}.
+func appendOpenAIModel(b []byte, name string, created int64) []byte {
+	b = append(b, `{"id":`...)
+	b = appendJSONString(b, name)
+	b = append(b, `,"object":"model","created":`...)
+	b = strconv.AppendInt(b, created, 10)
+	return append(b, `,"owned_by":"iop"}`...)
+}
+
+// appendAnthropicModel appends one Anthropic model object {"type":"model",
+// "id","display_name","created_at"} (created_at RFC 3339, UTC).
+func appendAnthropicModel(b []byte, name string, created int64) []byte {
+	b = append(b, `{"type":"model","id":`...)
+	b = appendJSONString(b, name)
+	b = append(b, `,"display_name":`...)
+	b = appendJSONString(b, name)
+	b = append(b, `,"created_at":"`...)
+	b = time.Unix(created, 0).UTC().AppendFormat(b, time.RFC3339)
+	return append(b, `"}`...)
+}
+
+// anthropicModelList is GET /v1/models in Anthropic's list shape: the
+// groups names holds, on one page.
+func anthropicModelList(names []string, created int64) []byte {
+	b := []byte(`{"data":[`)
+	for i, name := range names {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendAnthropicModel(b, name, created)
+	}
+	b = append(b, `],"has_more":false,"first_id":`...)
+	if n := len(names); n > 0 {
+		b = appendJSONString(b, names[0])
+		b = append(b, `,"last_id":`...)
+		b = appendJSONString(b, names[n-1])
+	} else {
+		b = append(b, `null,"last_id":null`...)
+	}
+	return append(b, '}')
+}
+
 // modelList is the GET /v1/models body: the configured model groups in the
 // OpenAI list shape (OpenAI API reference, "List models").
 func modelList(names []string, created int64) []byte {
@@ -513,11 +612,7 @@ func modelList(names []string, created int64) []byte {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = append(b, `{"id":`...)
-		b = appendJSONString(b, name)
-		b = append(b, `,"object":"model","created":`...)
-		b = strconv.AppendInt(b, created, 10)
-		b = append(b, `,"owned_by":"iop"}`...)
+		b = appendOpenAIModel(b, name, created)
 	}
 	return append(b, "]}"...)
 }

@@ -58,38 +58,42 @@ func (h *Handler) runSurface(x *exchange) (sink, *iop.RunRequest, *apisurface.Er
 	hold := x.lease.Type != config.TypeOllama // text tool calls (E9) only on openai_compat adapters
 	switch x.ep.run {
 	case runChat:
-		in, p, e := openai.ChatInput(x.body)
+		in, p, e := openai.ChatInputPolicy(x.body, x.unknown)
 		if e != nil {
 			return nil, nil, e
 		}
+		reportIgnored(x, &p.Ignored)
 		s := &runSink[openai.Chat, *openai.Chat]{h: h, x: x, stream: hd.stream}
 		s.enc.Init(openai.ChatOptions{Model: hd.model, ID: "chatcmpl-" + h.o.NewID(), Created: h.o.Now().Unix(),
 			Stream: hd.stream, IncludeUsage: hd.includeUsage, Tools: p.Tools, Hold: hold,
 			Logprobs: p.Logprobs, MaxToolCalls: p.MaxToolCalls, NewID: h.o.NewID})
 		return s, &iop.RunRequest{Input: in, Stream: hd.stream}, nil
 	case runMessages:
-		in, p, e := anthropic.Input(x.body, false)
+		in, p, e := anthropic.InputPolicy(x.body, false, x.unknown)
 		if e != nil {
 			return nil, nil, e
 		}
+		reportIgnored(x, &p.Ignored)
 		s := &runSink[anthropic.Messages, *anthropic.Messages]{h: h, x: x, stream: hd.stream}
 		s.enc.Init(anthropic.Options{Model: hd.model, ID: "msg_" + h.o.NewID(), Stream: hd.stream, Tools: p.Tools,
-			MaxToolCalls: p.MaxToolCalls, Hold: hold, NewID: h.o.NewID})
+			MaxToolCalls: p.MaxToolCalls, Hold: hold, NewID: h.o.NewID, OmitThinking: p.OmitThinking})
 		return s, &iop.RunRequest{Input: in, Stream: hd.stream}, nil
 	case runCountTokens:
-		in, _, e := anthropic.Input(x.body, true)
+		in, p, e := anthropic.InputPolicy(x.body, true, x.unknown)
 		if e != nil {
 			return nil, nil, e
 		}
+		reportIgnored(x, &p.Ignored)
 		return &runSink[anthropic.Count, *anthropic.Count]{h: h, x: x}, &iop.RunRequest{Input: in}, nil
 	case runResponses:
-		in, p, e := responses.Input(x.body)
+		in, p, e := responses.InputPolicy(x.body, x.unknown)
 		if e != nil {
 			return nil, nil, e
 		}
+		reportIgnored(x, &p.Ignored)
 		s := &runSink[responses.Encoder, *responses.Encoder]{h: h, x: x, stream: hd.stream}
 		s.enc.Init(responses.Options{Model: hd.model, ID: "resp_" + h.o.NewID(), Created: h.o.Now().Unix(), Stream: hd.stream,
-			Tools: p.Tools, MaxToolCalls: p.MaxToolCalls, Echo: p.Echo, Hold: hold, NewID: h.o.NewID})
+			Tools: p.Tools, MaxToolCalls: p.MaxToolCalls, Echo: p.Echo, Hold: hold, NewID: h.o.NewID, Namespaces: p.Namespaces})
 		return s, &iop.RunRequest{Input: in, Stream: hd.stream}, nil
 	case runEmbeddings:
 		in, b64, e := openai.EmbeddingsInput(x.body)
@@ -101,6 +105,27 @@ func (h *Handler) runSurface(x *exchange) (sink, *iop.RunRequest, *apisurface.Er
 		return s, &iop.RunRequest{Input: in, Operation: protocol.RunEmbeddings}, nil
 	}
 	return nil, nil, apisurface.BadRequest("", "%s has no run-path surface", x.ep.path)
+}
+
+// reportIgnored reports what the run path accepted without sending to
+// the backend (surface.Ignored: unknown members under "report", tools the
+// model is not offered): the response header surface.IgnoredHeader, the
+// access line's ignored_fields and the metric
+// iop_edge_ignored_fields_total{surface,field} (field: the table row,
+// bounded). The header is set before any byte, so a failure answered
+// later carries it too.
+func reportIgnored(x *exchange, ig *apisurface.Ignored) {
+	if ig.Total == 0 {
+		return
+	}
+	v := ig.Header()
+	x.out.w.Header().Set(apisurface.IgnoredHeader, v)
+	rec := &x.acc.rec
+	rec.IgnoredFields = v
+	rec.IgnoredRows = rec.IgnoredRows[:0]
+	for _, f := range ig.Fields {
+		rec.IgnoredRows = append(rec.IgnoredRows, f.Row)
+	}
 }
 
 // encoder is a surface encoder held by value in its runSink, so that a

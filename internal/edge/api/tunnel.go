@@ -12,9 +12,9 @@ import (
 // T2, T5):
 //
 //   - RESPONSE_START: the upstream status and the allowed response headers
-//     (Content-Type, Retry-After; never Set-Cookie or hop-by-hop ones) are
-//     kept until the first BODY, so an ERROR before any byte can still
-//     become a proper 502/504;
+//     (Content-Type, Retry-After and the ones clients read about their
+//     limits and the request: relayedHeader) are kept until the first
+//     BODY, so an ERROR before any byte can still become a proper 502/504;
 //   - BODY: a stream (SSE, NDJSON, or a request that asked to stream) is
 //     written and flushed as it arrives, bytes unchanged; a plain body is
 //     held until END (up to maxHeldBody, then passed through) and sent
@@ -37,6 +37,7 @@ type tunnelSink struct {
 	status     int
 	ctype      string
 	retryAfter string
+	relayed    []*iop.Header // the RESPONSE_START headers relayedHeader lets through
 
 	committed bool // status line written
 	finished  bool // terminal outcome written
@@ -77,6 +78,9 @@ func (s *tunnelSink) handle(env *iop.Envelope) (bool, error) {
 					s.sse = strings.HasPrefix(strings.ToLower(hd.Value), "text/event-stream")
 				case strings.EqualFold(hd.Name, "Retry-After"):
 					s.retryAfter = hd.Value
+				case len(s.relayed) < maxRelayedHeaders && relayedHeader(hd.Name) && len(hd.Value) <= maxRelayedValue &&
+					!strings.ContainsAny(hd.Value, "\r\n\x00"):
+					s.relayed = append(s.relayed, hd)
 				}
 			}
 		}
@@ -146,8 +150,49 @@ func (s *tunnelSink) commit() bool {
 	if s.retryAfter != "" {
 		h.Set("Retry-After", s.retryAfter)
 	}
+	for _, hd := range s.relayed {
+		h.Add(hd.Name, hd.Value)
+	}
 	s.x.out.w.WriteHeader(s.status)
 	return true
+}
+
+// The bounds of the relayed response headers: a node or a backend that
+// sends many or long ones costs the client response nothing unbounded.
+const (
+	maxRelayedHeaders = 32
+	maxRelayedValue   = 256
+)
+
+// relayedHeader reports whether an upstream response header reaches the
+// client besides Content-Type and Retry-After (SPEC T2 passes the body
+// unchanged; the headers are the Edge's to choose). It is an allow-list of
+// what clients read about the answer and their limits: OpenAI's
+// x-ratelimit-* and openai-processing-ms, Anthropic's anthropic-ratelimit-*
+// and request-id, the SDKs' retry hints retry-after-ms and x-should-retry.
+// Not a deny-list, because the node and the backend are less trusted than
+// the Edge: any other header could set cookies or CORS, caching or
+// security policy on the Edge's origin, redirect (Location), or shadow the
+// Edge's own (X-Request-Id, Iop-Ignored-Fields, Content-Length); a header
+// a client starts to read is one line here.
+func relayedHeader(name string) bool {
+	n := strings.ToLower(name)
+	switch n {
+	case "request-id", "openai-processing-ms", "retry-after-ms", "x-should-retry":
+		return true
+	}
+	return (strings.HasPrefix(n, "x-ratelimit-") || strings.HasPrefix(n, "anthropic-ratelimit-")) && validToken(n)
+}
+
+// validToken reports whether s is an RFC 9110 token (a header name).
+func validToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c <= ' ' || c >= 0x7f || strings.IndexByte("\"(),/:;<=>?@[\\]{}", c) >= 0 {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // commitHeld commits the response and writes the plain body held so far.
