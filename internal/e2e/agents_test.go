@@ -131,6 +131,13 @@ func TestAgentCaptures(t *testing.T) {
 			}
 			capt.take()
 			status, body := api.postRaw(t, cp.Path, string(withModel(t, cp.Body, "tiny")))
+			if os.Getenv("IOP_TEST_OLLAMA_URL") != "" && status == http.StatusBadRequest && cp.Path == "/v1/responses" &&
+				strings.Contains(body, "exceeds the context length") {
+				// Responses' truncation defaults to "disabled" (truncate
+				// false): a turn longer than the real tiny model's context
+				// is the API's 400, not a conversion fault.
+				t.Skipf("real Ollama: this turn exceeds the model's context and truncation is disabled: %.200s", body)
+			}
 			if status != http.StatusOK {
 				t.Fatalf("got %d %.400s, want 200", status, body)
 			}
