@@ -54,7 +54,7 @@ var agentCases = []agentCase{
 	// Codex CLI 0.169.0: client_metadata, include, reasoning.summary, a
 	// namespace of function tools and the hosted web_search tool.
 	{file: "codex/plain.json", native: map[string]string{
-		"stream": "true", "think": absent, "truncate": "false",
+		"stream": "true", "think": absent, "truncate": absent,
 		"messages.0.role": `"system"`, "messages.1.role": `"system"`, "messages.3.content": `"Say hello."`,
 		"tools.0.function.name": `"exec_command"`, "tools.4.function.name": `"close_agent"`,
 	}, never: []string{"client_metadata", "external_web_access", "prompt_cache_key", "include", "namespace", "summary"}},
@@ -131,13 +131,6 @@ func TestAgentCaptures(t *testing.T) {
 			}
 			capt.take()
 			status, body := api.postRaw(t, cp.Path, string(withModel(t, cp.Body, "tiny")))
-			if os.Getenv("IOP_TEST_OLLAMA_URL") != "" && status == http.StatusBadRequest && cp.Path == "/v1/responses" &&
-				strings.Contains(body, "exceeds the context length") {
-				// Responses' truncation defaults to "disabled" (truncate
-				// false): a turn longer than the real tiny model's context
-				// is the API's 400, not a conversion fault.
-				t.Skipf("real Ollama: this turn exceeds the model's context and truncation is disabled: %.200s", body)
-			}
 			if status != http.StatusOK {
 				t.Fatalf("got %d %.400s, want 200", status, body)
 			}

@@ -249,6 +249,8 @@ var responsesCases = []fieldCase{
 	respCase("top_logprobs", `"top_logprobs":2`, nil, `"top_logprobs"`),
 	respCase("top_p", `"top_p":0.75`, map[string]string{"options.top_p": "0.75"}, ""),
 	respCase("truncation", `"truncation":"auto"`, map[string]string{"truncate": "true"}, ""),
+	respCase("truncation", `"truncation":"disabled"`, map[string]string{"truncate": "false"}, ""),
+	respCase("truncation", `"stream":false`, map[string]string{"truncate": absent}, ""),
 	respCase("user", `"user":"u"`, nil, ""),
 }
 

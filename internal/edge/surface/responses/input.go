@@ -197,7 +197,7 @@ var Fields = []surface.Field{
 	surface.Row("tools", surface.Translated, "function tools → tools; a namespace's function tools → tools under their own names; built-in and hosted tools (web_search, file_search, code_interpreter, mcp, local_shell, custom, …) are not offered to the model and are reported; strict (default true, echoed) is passed on but not enforced: Ollama has no constrained decoding of tool arguments").Of(toolShape),
 	surface.Row("top_logprobs", surface.Refused, "any value but 0: output_text logprobs are not offered on this surface"),
 	surface.Row("top_p", surface.Translated, "options.top_p (0 to 1)"),
-	surface.Row("truncation", surface.Translated, "\"auto\" → truncate true, \"disabled\" (the default) → truncate false"),
+	surface.Row("truncation", surface.Translated, "\"auto\" → truncate true, \"disabled\" → truncate false; absent → Ollama's default, which truncates as auto does (what Ollama's own /v1/responses does; echoed \"auto\")"),
 	surface.Row("user", surface.Advisory, "an end-user id (a string) for the API provider's abuse monitoring; no backend takes one"),
 }
 
@@ -292,7 +292,11 @@ func InputPolicy(body []byte, policy surface.UnknownFields) (*iop.RunInput, Para
 			return nil, p, e
 		}
 	}
-	truncation := "disabled"
+	// No truncation is Ollama's own default, which drops the oldest
+	// messages like "auto" does: a client that names none (Codex CLI)
+	// gets what Ollama's /v1/responses, the tunnel, gives it, not a 400
+	// for a conversation longer than a local model's context.
+	truncation := "auto"
 	if req.Truncation != nil {
 		truncation = *req.Truncation
 	}
@@ -300,8 +304,10 @@ func InputPolicy(body []byte, policy surface.UnknownFields) (*iop.RunInput, Para
 	case "disabled":
 		in.Truncate = new(bool)
 	case "auto":
-		t := true
-		in.Truncate = &t
+		if req.Truncation != nil {
+			t := true
+			in.Truncate = &t
+		}
 	default:
 		return nil, p, surface.BadRequest("truncation", "field \"truncation\": want \"auto\" or \"disabled\", got %q", truncation)
 	}
