@@ -82,11 +82,15 @@ func PoolConfig(c *config.Config) pool.Config {
 			g.Epsilon = *m.AffinityEpsilon
 		}
 		for _, mp := range m.Providers {
-			g.Candidates = append(g.Candidates, pool.Candidate{
+			cd := pool.Candidate{
 				Key:            pool.Key{Node: mp.Node, Provider: mp.Provider},
 				Target:         mp.Target,
 				StallTimeoutMs: c.EffectiveStallTimeoutMs(mp),
-			})
+			}
+			if n := c.NodeByID(mp.Node); c.Credentials.Enabled && n != nil {
+				cd.Slot = config.RouteSlot(mp, n.Adapter(mp.Provider)) // SPEC C6: a re-dispatch stays within it
+			}
+			g.Candidates = append(g.Candidates, cd)
 		}
 		pc.Groups = append(pc.Groups, g)
 	}

@@ -53,10 +53,15 @@ const (
 type Health uint8
 
 const (
-	HealthNone     Health = iota // no verdict
-	HealthConnect                // a connect failure: ejects
-	HealthReset                  // a reset before the response head: ejects
-	HealthByStatus               // a failing status (outlier_detection.statuses) or 429 ejects; any other is a success
+	HealthNone    Health = iota // no verdict
+	HealthConnect               // a connect failure: nothing of the request reached the backend; ejects
+	// HealthReset: a reset before the response head; the request's own
+	// input may cause one, so the Edge counts it only when corroborated.
+	HealthReset
+	// HealthByStatus: 429 and a failing status (outlier_detection.statuses)
+	// are failures (429, 502 and 503 the upstream's own state; others
+	// corroborated first, like a reset); any other status is a success.
+	HealthByStatus
 )
 
 // Failure is what one failure code means to both sides.

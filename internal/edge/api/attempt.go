@@ -27,6 +27,23 @@ import (
 //	failed ──relay ended──▶ (redispatch) ──leased──▶ relaying    ──no lease──▶ done
 //	relaying ──relay ended──▶ done
 //
+// An envelope is evidence about the provider only when its typed adapter
+// and target (RunEvent.adapter/target, ProviderTunnelFrame.adapter/target)
+// are the current lease's provider and target (SPEC H8): one that names
+// another gives passive health no verdict and a stall no validation, and
+// the request goes on as its class says (the lease still goes back exactly
+// once). A re-dispatch stays within the credential slot of the route the
+// request was bound to (SPEC C6): the pool is asked for that slot only
+// (pool.Request.SameSlot) and a lease of another slot is refused.
+//
+// A failure the request's own input may have caused (verdict.input: a
+// reset before the response head, a status other than 429, 502 and 503)
+// is heard as a suspicion, not as a failure: passive health ejects on it
+// only when another principal's request corroborates it (outlier
+// Suspect), and the attempt keeps it until another provider answers the
+// same request, which makes it a failure of the provider
+// (effects.corroborated: the input was fine).
+//
 // A failure is kept for re-dispatch (failed) only while re-dispatch is on,
 // the attempt bound (models[].max_attempts) is not used up, nothing reached
 // the client (the body is still there) and the client is there, and — but
@@ -78,9 +95,16 @@ type attempt struct {
 	redispatch bool      // re-dispatch is on (Options.RedispatchWait ≥ 0)
 	stalls     bool      // stalls are validated evidence (Options.Health set)
 
+	// slot: the credential slot of the route the request was bound to
+	// (pool.Lease.Slot; SPEC C6); every re-dispatch stays within it.
+	slot string
+
 	// tried: the providers the request was sent to, in order, never one
-	// twice (pool.Request.Exclude).
+	// twice (pool.Request.Exclude); the last is the current lease's, and
+	// target its target (SPEC H8: what an envelope's typed identity must
+	// name).
 	tried    []pool.Key
+	target   string
 	phase    attemptPhase
 	from     attemptPhase // phaseChecking: the phase it came from
 	reason   retryReason  // phaseHolding, phaseFailed: why
@@ -89,6 +113,17 @@ type attempt struct {
 	// recovering: the current attempt follows a stall re-dispatch; its
 	// outcome is recorded (SPEC H12).
 	recovering bool
+	// suspects: the failures of earlier attempts that the input may have
+	// caused, until another provider answers the request (corroborated)
+	// or the request ends (dropped).
+	suspects []suspect
+}
+
+// suspect is one attempt's failure that the request's input may have
+// caused.
+type suspect struct {
+	key    pool.Key
+	reason outlier.Reason
 }
 
 type eventKind uint8
@@ -99,17 +134,17 @@ const (
 	evLost                          // the node connection ended before the terminal: fence (L8), session loss, a drained node
 	evStartFailed                   // the request could not be dispatched on the lease
 	evRelayEnded                    // the attempt's relay returned (ok: a success outcome was written)
-	evLeased                        // a re-dispatch got its next lease
+	evLeased                        // a re-dispatch got its next lease (lease)
 	evNoLease                       // a re-dispatch got none (no untried candidate, none in time, the client left)
 )
 
 // event is one input of the machine.
 type event struct {
 	kind  eventKind
-	class class    // evEnvelope, evStallChecked
-	key   pool.Key // evLeased: the next lease's provider
-	valid bool     // evStallChecked: the evidence was validated against the lease (SPEC H8)
-	ok    bool     // evRelayEnded
+	class class       // evEnvelope, evStallChecked
+	lease *pool.Lease // evLeased: the next lease
+	valid bool        // evStallChecked: the evidence was validated against the lease (SPEC H8)
+	ok    bool        // evRelayEnded
 	// wrote: something reached the client or the body was dropped, so
 	// nothing may be resent (SPEC H11); gone: the client's context ended;
 	// now: the clock's reading. gone and now are read only for a failure
@@ -140,8 +175,12 @@ const (
 
 // effects is what the caller must do after a step.
 type effects struct {
-	verdict    verdict // passive health hears the attempt's verdict (verdictOpen: nothing)
-	checkStall bool    // hand the stall evidence to Options.Health; step evStallChecked with its answer
+	verdict verdict // passive health hears the attempt's verdict (verdictOpen: nothing)
+	// corroborated: failures of earlier attempts that another provider's
+	// answer to the same request shows were the providers' own, not the
+	// input's; passive health hears each as a failure, before verdict.
+	corroborated []suspect
+	checkStall   bool // hand the stall evidence to Options.Health; step evStallChecked with its answer
 	// eligibility is the stall re-dispatch decision to record (SPEC H12),
 	// when recordEligibility.
 	eligibility       health.Eligibility
@@ -162,6 +201,10 @@ type effects struct {
 	// answer: no other provider takes it; the kept failure answers the
 	// request (unless the client is gone).
 	answer bool
+	// refuse: the re-dispatch's lease (evLeased) is of another credential
+	// slot (SPEC C6): release it unused; answer says the kept failure
+	// answers.
+	refuse bool
 }
 
 type verdictKind uint8
@@ -177,12 +220,42 @@ type verdict struct {
 	kind       verdictKind
 	reason     outlier.Reason
 	retryAfter time.Duration // a 429's Retry-After; 0 = none
+	// input: a failure the request's own input may have caused (a reset
+	// before the response head; a status of outlier_detection.statuses
+	// other than 502 and 503), heard as a suspicion (Outlier.Suspect).
+	input bool
+	// accepted: a success whose upstream took the input (2xx, a stream's
+	// output), which corroborates the suspects of earlier attempts; an
+	// upstream 4xx is a success that does not.
+	accepted bool
 }
 
-// newAttempt is the state of a request admitted on its first lease, the
-// provider first.
-func newAttempt(first pool.Key, bound int, deadline time.Time, redispatch, stalls bool) attempt {
-	return attempt{bound: bound, deadline: deadline, redispatch: redispatch, stalls: stalls, tried: []pool.Key{first}}
+// newAttempt is the state of a request admitted on its first lease.
+func newAttempt(first *pool.Lease, bound int, deadline time.Time, redispatch, stalls bool) attempt {
+	return attempt{bound: bound, deadline: deadline, redispatch: redispatch, stalls: stalls, tried: []pool.Key{first.Key},
+		target: first.Target, slot: first.Slot}
+}
+
+// binds reports whether c's typed adapter and target are the current
+// lease's provider and target (SPEC H8).
+func (a *attempt) binds(c *class) bool {
+	return c.adapter == a.tried[len(a.tried)-1].Provider && c.target == a.target
+}
+
+// hear sets fx's verdict from c's, once per attempt, when c is evidence
+// about the current lease (binds), keeping a suspicion for corroboration
+// and corroborating the kept ones with an accepted answer.
+func (a *attempt) hear(c *class, fx *effects) {
+	if a.observed || c.verdict.kind == verdictOpen || !a.binds(c) {
+		return // SPEC H8: an envelope naming another adapter or target is no evidence
+	}
+	a.observed, fx.verdict = true, c.verdict
+	switch v := c.verdict; {
+	case v.kind == verdictFailure && v.input:
+		a.suspects = append(a.suspects, suspect{key: a.tried[len(a.tried)-1], reason: v.reason})
+	case v.kind == verdictSuccess && v.accepted && len(a.suspects) > 0:
+		fx.corroborated, a.suspects = a.suspects, nil
+	}
 }
 
 // mayRetry reports whether a failure may still go to another provider
@@ -211,11 +284,13 @@ func (a *attempt) step(e *event) effects {
 		if a.phase != phaseRelaying && a.phase != phaseHolding {
 			return fx // nothing is relayed after the attempt failed or the request was answered
 		}
-		if !a.observed && c.verdict.kind != verdictOpen {
-			a.observed, fx.verdict = true, c.verdict
-		}
-		if c.stall && a.stalls { // SPEC H8: validated and decorated before anything is decided
-			a.from, a.phase = a.phase, phaseChecking
+		a.hear(c, &fx)
+		if c.stall && a.stalls {
+			if !a.binds(c) { // SPEC H8: evidence naming another adapter or target is rejected unseen
+				a.from, a.phase = a.phase, phaseChecking
+				return a.checked(e, false, fx)
+			}
+			a.from, a.phase = a.phase, phaseChecking // validated and decorated before anything is decided
 			fx.checkStall, fx.env = true, envWait
 			return fx
 		}
@@ -224,26 +299,7 @@ func (a *attempt) step(e *event) effects {
 		if a.phase != phaseChecking {
 			return fx
 		}
-		a.phase = a.from
-		fx.recordEligibility = true
-		switch {
-		case !a.redispatch:
-			fx.eligibility = health.IneligibleDisabled
-		case !e.valid:
-			fx.eligibility = health.IneligibleEvidence
-		case len(a.tried) >= a.bound:
-			fx.eligibility = health.IneligibleAttempted
-		case e.wrote:
-			fx.eligibility = health.IneligibleStarted
-		case e.gone:
-			fx.eligibility = health.IneligibleClientGone
-		default:
-			fx.eligibility = health.Eligible
-			a.phase, a.reason = phaseFailed, retryStall
-			fx.env, fx.stop, fx.reason = envFail, true, retryStall
-			return fx
-		}
-		return a.relay(e, fx)
+		return a.checked(e, e.valid, fx)
 	case evLost, evStartFailed:
 		if (a.phase == phaseRelaying || a.phase == phaseHolding) && a.mayRetry(e, false) {
 			a.phase, a.reason = phaseFailed, retryNodeLost
@@ -259,7 +315,7 @@ func (a *attempt) step(e *event) effects {
 			}
 		}
 		if a.phase != phaseFailed {
-			a.phase = phaseDone
+			a.phase, a.suspects = phaseDone, nil // no other provider answered: the suspicions stay unconfirmed
 			return fx
 		}
 		fx.redispatch, fx.reason = true, a.reason
@@ -270,8 +326,17 @@ func (a *attempt) step(e *event) effects {
 		if a.phase != phaseFailed {
 			return fx
 		}
+		if e.lease.Slot != a.slot { // SPEC C6: never another credential slot after a bound route failed
+			if a.reason == retryStall {
+				fx.recordRecovery, fx.recovery = true, health.RecoveryNoLease
+			}
+			a.phase, a.suspects = phaseDone, nil
+			fx.refuse, fx.answer = true, !e.gone
+			return fx
+		}
 		a.recovering = a.reason == retryStall
-		a.tried = append(a.tried, e.key)
+		a.tried = append(a.tried, e.lease.Key)
+		a.target = e.lease.Target
 		a.phase, a.observed, a.held = phaseRelaying, false, 0
 	case evNoLease:
 		if a.phase != phaseFailed {
@@ -280,10 +345,36 @@ func (a *attempt) step(e *event) effects {
 		if a.reason == retryStall {
 			fx.recordRecovery, fx.recovery = true, health.RecoveryNoLease
 		}
-		a.phase = phaseDone
+		a.phase, a.suspects = phaseDone, nil
 		fx.answer = !e.gone
 	}
 	return fx
+}
+
+// checked decides on a stall whose evidence was checked (valid: validated
+// against the lease, SPEC H8): re-dispatched when eligible (SPEC H11),
+// else relayed to the client; the decision is recorded (SPEC H12).
+func (a *attempt) checked(e *event, valid bool, fx effects) effects {
+	a.phase = a.from
+	fx.recordEligibility = true
+	switch {
+	case !a.redispatch:
+		fx.eligibility = health.IneligibleDisabled
+	case !valid:
+		fx.eligibility = health.IneligibleEvidence
+	case len(a.tried) >= a.bound:
+		fx.eligibility = health.IneligibleAttempted
+	case e.wrote:
+		fx.eligibility = health.IneligibleStarted
+	case e.gone:
+		fx.eligibility = health.IneligibleClientGone
+	default:
+		fx.eligibility = health.Eligible
+		a.phase, a.reason = phaseFailed, retryStall
+		fx.env, fx.stop, fx.reason = envFail, true, retryStall
+		return fx
+	}
+	return a.relay(e, fx)
 }
 
 // relay decides what happens to an envelope while relaying or holding.

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"reflect"
 	"testing"
 	"time"
 
@@ -9,6 +10,8 @@ import (
 	"iop/internal/edge/pool"
 	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
+
+	"google.golang.org/protobuf/proto"
 )
 
 // The attempt machine, one row per decision it makes (SPEC H8, H11, H12,
@@ -20,17 +23,31 @@ import (
 func TestAttemptMachine(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
 	statuses := []int{502, 503, 504}
+	// Envelopes name the first lease's provider p1 and target t1 (SPEC
+	// H8: typed identity), unless as says otherwise.
+	as := func(provider, target string, e *iop.Envelope) *iop.Envelope {
+		e = proto.Clone(e).(*iop.Envelope)
+		if ev := e.GetRunEvent(); ev != nil {
+			ev.Adapter, ev.Target = provider, target
+		} else if f := e.GetTunnelFrame(); f != nil {
+			f.Adapter, f.Target = provider, target
+		}
+		return e
+	}
 	env := func(e *iop.Envelope) event {
 		return event{kind: evEnvelope, class: classify(e, statuses, func() time.Time { return t0 }), now: t0}
 	}
 	runErr := func(code protocol.Code, status int32) *iop.Envelope {
-		return &iop.Envelope{Kind: &iop.Envelope_RunEvent{RunEvent: &iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_ERROR,
-			FailureCode: code.String(), UpstreamStatus: status, RetryAfterMs: 3000}}}
+		return as("p1", "t1", &iop.Envelope{Kind: &iop.Envelope_RunEvent{RunEvent: &iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_ERROR,
+			FailureCode: code.String(), UpstreamStatus: status, RetryAfterMs: 3000}}})
 	}
 	runEv := func(ty iop.RunEventType) *iop.Envelope {
-		return &iop.Envelope{Kind: &iop.Envelope_RunEvent{RunEvent: &iop.RunEvent{Type: ty}}}
+		return as("p1", "t1", &iop.Envelope{Kind: &iop.Envelope_RunEvent{RunEvent: &iop.RunEvent{Type: ty}}})
 	}
 	frame := func(f *iop.ProviderTunnelFrame) *iop.Envelope {
+		if f.Kind != iop.TunnelFrameKind_TUNNEL_FRAME_BODY {
+			f.Adapter, f.Target = "p1", "t1"
+		}
 		return &iop.Envelope{Kind: &iop.Envelope_TunnelFrame{TunnelFrame: f}}
 	}
 	start := func(status int32, hdr ...*iop.Header) *iop.Envelope {
@@ -48,7 +65,11 @@ func TestAttemptMachine(t *testing.T) {
 	gone := func(e event) event { e.gone = true; return e }
 	late := func(e event) event { e.now = t0.Add(2 * time.Second); return e }
 	ended := func(ok bool) event { return event{kind: evRelayEnded, ok: ok, now: t0} }
-	leased := event{kind: evLeased, key: pool.Key{Node: "n2", Provider: "p2"}, now: t0}
+	leased := event{kind: evLeased, lease: &pool.Lease{Key: pool.Key{Node: "n2", Provider: "p2"}, Target: "t2", Slot: "slot-a"}, now: t0}
+	otherSlot := event{kind: evLeased, lease: &pool.Lease{Key: pool.Key{Node: "n3", Provider: "p3"}, Target: "t1", Slot: "slot-b"}, now: t0}
+	accepted := verdict{kind: verdictSuccess, accepted: true}
+	// p2's answer on the next lease.
+	p2 := func(e *iop.Envelope) *iop.Envelope { return as("p2", "t2", e) }
 
 	rows := []struct {
 		name   string
@@ -59,10 +80,28 @@ func TestAttemptMachine(t *testing.T) {
 	}{
 		{name: "T5 a delta is passive health's success and goes to the client",
 			events: []event{env(runEv(iop.RunEventType_RUN_EVENT_DELTA))},
-			phase:  phaseRelaying, want: effects{verdict: verdict{kind: verdictSuccess}, env: envPass}},
+			phase:  phaseRelaying, want: effects{verdict: accepted, env: envPass}},
 		{name: "T5 the verdict is heard once per attempt",
 			events: []event{env(runEv(iop.RunEventType_RUN_EVENT_DELTA)), env(runEv(iop.RunEventType_RUN_EVENT_COMPLETE))},
 			phase:  phaseRelaying, want: effects{env: envPass}},
+		{name: "H8 a failure naming another adapter is no verdict, and the request still fails over",
+			events: []event{env(as("other", "t1", runErr(protocol.CodeUpstreamConnect, 0)))},
+			phase:  phaseFailed, want: effects{env: envFail, stop: true, reason: retryConnect}},
+		{name: "H8 a failure naming another target is no verdict",
+			events: []event{env(as("p1", "other", runErr(protocol.CodeUpstreamConnect, 0)))},
+			phase:  phaseFailed, want: effects{env: envFail, stop: true, reason: retryConnect}},
+		{name: "H8 a terminal without typed identity is no verdict",
+			events: []event{env(as("", "", runErr(protocol.CodeUpstreamStatus, 503)))},
+			phase:  phaseFailed, want: effects{env: envFail, stop: true, reason: retryStatus}},
+		{name: "H8 a tunnel head naming another adapter is no verdict",
+			events: []event{env(as("other", "t1", start(503)))},
+			phase:  phaseHolding, want: effects{env: envHold}},
+		{name: "H8 a delta naming another adapter is no success either",
+			events: []event{env(as("other", "t1", runEv(iop.RunEventType_RUN_EVENT_DELTA)))},
+			phase:  phaseRelaying, want: effects{env: envPass}},
+		{name: "H8 a stall naming another adapter is rejected without the Health check and answered",
+			events: []event{env(as("other", "t1", stall))},
+			phase:  phaseRelaying, want: effects{recordEligibility: true, eligibility: health.IneligibleEvidence, env: envPass}},
 		{name: "H11 upstream_connect before any byte is kept for re-dispatch and ejects",
 			events: []event{env(runErr(protocol.CodeUpstreamConnect, 0))},
 			phase:  phaseFailed, want: effects{verdict: verdict{kind: verdictFailure, reason: outlier.ReasonConnect},
@@ -74,6 +113,30 @@ func TestAttemptMachine(t *testing.T) {
 		{name: "T5 an upstream 400 is the client's: passed on, a success for passive health",
 			events: []event{env(runErr(protocol.CodeUpstreamStatus, 400))},
 			phase:  phaseRelaying, want: effects{verdict: verdict{kind: verdictSuccess}, env: envPass}},
+		{name: "H11 a 504 may be the input's: a suspicion, kept for re-dispatch",
+			events: []event{env(runErr(protocol.CodeUpstreamStatus, 504))},
+			phase:  phaseFailed, want: effects{verdict: verdict{kind: verdictFailure, reason: outlier.ReasonStatus, retryAfter: 3 * time.Second, input: true},
+				env: envFail, stop: true, reason: retryStatus}},
+		{name: "H11 a 503 is the upstream's own state: a failure",
+			events: []event{env(runErr(protocol.CodeUpstreamStatus, 503))},
+			phase:  phaseFailed, want: effects{verdict: verdict{kind: verdictFailure, reason: outlier.ReasonStatus, retryAfter: 3 * time.Second},
+				env: envFail, stop: true, reason: retryStatus}},
+		{name: "H11 a reset before the head may be the input's: a suspicion",
+			events: []event{env(runErr(protocol.CodeUpstreamReset, 0))},
+			phase:  phaseFailed, want: effects{verdict: verdict{kind: verdictFailure, reason: outlier.ReasonReset, input: true},
+				env: envFail, stop: true, reason: retryReset}},
+		{name: "H11 another provider's answer to the same request corroborates the suspicion",
+			events: []event{env(runErr(protocol.CodeUpstreamStatus, 504)), ended(false), leased,
+				env(p2(runEv(iop.RunEventType_RUN_EVENT_DELTA)))},
+			phase: phaseRelaying, want: effects{verdict: accepted, env: envPass,
+				corroborated: []suspect{{key: pool.Key{Node: "n1", Provider: "p1"}, reason: outlier.ReasonStatus}}}},
+		{name: "H11 another provider's 400 to the same request corroborates nothing",
+			events: []event{env(runErr(protocol.CodeUpstreamStatus, 504)), ended(false), leased,
+				env(p2(runErr(protocol.CodeUpstreamStatus, 400)))},
+			phase: phaseRelaying, want: effects{verdict: verdict{kind: verdictSuccess}, env: envPass}},
+		{name: "H11 a suspicion of a request no other provider answered is dropped",
+			events: []event{env(runErr(protocol.CodeUpstreamStatus, 504)), ended(false), {kind: evNoLease, now: t0}},
+			phase:  phaseDone, want: effects{answer: true}},
 		{name: "E4 over_capacity is re-dispatched, no verdict",
 			events: []event{env(runErr(protocol.CodeOverCapacity, 0))},
 			phase:  phaseFailed, want: effects{env: envFail, stop: true, reason: retryOverCapacity}},
@@ -82,7 +145,7 @@ func TestAttemptMachine(t *testing.T) {
 			phase:  phaseRelaying, want: effects{verdict: verdict{kind: verdictFailure, reason: outlier.ReasonConnect}, env: envPass}},
 		{name: "H11 never once the client left",
 			events: []event{gone(env(runErr(protocol.CodeUpstreamReset, 0)))},
-			phase:  phaseRelaying, want: effects{verdict: verdict{kind: verdictFailure, reason: outlier.ReasonReset}, env: envPass}},
+			phase:  phaseRelaying, want: effects{verdict: verdict{kind: verdictFailure, reason: outlier.ReasonReset, input: true}, env: envPass}},
 		{name: "H11 never past the deadline",
 			events: []event{late(env(runErr(protocol.CodeUpstreamError, 0)))},
 			phase:  phaseRelaying, want: effects{env: envPass}},
@@ -147,17 +210,27 @@ func TestAttemptMachine(t *testing.T) {
 		{name: "H11 no candidate left: the kept failure answers",
 			events: []event{env(runErr(protocol.CodeUpstreamError, 0)), ended(false), {kind: evNoLease, now: t0}},
 			phase:  phaseDone, want: effects{answer: true}},
-		{name: "H11 the next attempt's verdict is heard anew and the bound counts it",
+		{name: "H8 the next attempt's envelopes naming the first lease are no verdict",
 			events: []event{env(runErr(protocol.CodeUpstreamConnect, 0)), ended(false), leased,
 				env(runErr(protocol.CodeUpstreamConnect, 0))},
+			phase: phaseRelaying, want: effects{env: envPass}},
+		{name: "H8 H11 the next attempt's verdict is heard anew, by its own lease's identity, and the bound counts it",
+			events: []event{env(runErr(protocol.CodeUpstreamConnect, 0)), ended(false), leased,
+				env(p2(runErr(protocol.CodeUpstreamConnect, 0)))},
 			phase: phaseRelaying, want: effects{verdict: verdict{kind: verdictFailure, reason: outlier.ReasonConnect}, env: envPass}},
+		{name: "C6 a re-dispatch lease of another credential slot is refused and the kept failure answers",
+			events: []event{env(runErr(protocol.CodeUpstreamStatus, 503)), ended(false), otherSlot},
+			phase:  phaseDone, want: effects{refuse: true, answer: true}},
+		{name: "C6 H12 a stall re-dispatch refused for another slot is recorded as no lease",
+			events: []event{env(stall), checked(true), ended(false), otherSlot},
+			phase:  phaseDone, want: effects{refuse: true, answer: true, recordRecovery: true, recovery: health.RecoveryNoLease}},
 		{name: "T5 a code no row knows is neither retried nor a verdict",
 			events: []event{env(runErr("from_a_newer_node", 0))},
 			phase:  phaseRelaying, want: effects{env: envPass}},
 	}
 	for _, row := range rows {
 		t.Run(row.name, func(t *testing.T) {
-			a := newAttempt(pool.Key{Node: "n1", Provider: "p1"}, 2, t0.Add(time.Second), true, true)
+			a := newAttempt(&pool.Lease{Key: pool.Key{Node: "n1", Provider: "p1"}, Target: "t1", Slot: "slot-a"}, 2, t0.Add(time.Second), true, true)
 			if row.setup != nil {
 				row.setup(&a)
 			}
@@ -168,7 +241,7 @@ func TestAttemptMachine(t *testing.T) {
 			if a.phase != row.phase {
 				t.Errorf("phase %d, want %d", a.phase, row.phase)
 			}
-			if fx != row.want {
+			if !reflect.DeepEqual(fx, row.want) {
 				t.Errorf("effects\n got %+v\nwant %+v", fx, row.want)
 			}
 		})
@@ -179,10 +252,10 @@ func TestAttemptMachine(t *testing.T) {
 // lease counts against max_attempts.
 func TestAttemptTried(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
-	a := newAttempt(pool.Key{Node: "n1", Provider: "p1"}, 3, time.Time{}, true, false)
+	a := newAttempt(&pool.Lease{Key: pool.Key{Node: "n1", Provider: "p1"}}, 3, time.Time{}, true, false)
 	a.step(&event{kind: evStartFailed, now: t0})
 	a.step(&event{kind: evRelayEnded, now: t0})
-	a.step(&event{kind: evLeased, key: pool.Key{Node: "n2", Provider: "p2"}, now: t0})
+	a.step(&event{kind: evLeased, lease: &pool.Lease{Key: pool.Key{Node: "n2", Provider: "p2"}}, now: t0})
 	if len(a.tried) != 2 || a.tried[1].Provider != "p2" || a.phase != phaseRelaying || a.observed {
 		t.Fatalf("after a re-dispatch: %+v", a)
 	}
@@ -191,7 +264,7 @@ func TestAttemptTried(t *testing.T) {
 	if !fx.redispatch || fx.wait != waitRedispatch { // no deadline: RedispatchWait bounds the wait
 		t.Fatalf("effects %+v", fx)
 	}
-	a.step(&event{kind: evLeased, key: pool.Key{Node: "n3", Provider: "p3"}, now: t0})
+	a.step(&event{kind: evLeased, lease: &pool.Lease{Key: pool.Key{Node: "n3", Provider: "p3"}}, now: t0})
 	if fx = a.step(&event{kind: evStartFailed, now: t0}); fx.stop {
 		t.Fatal("H11: a fourth provider with max_attempts 3")
 	}

@@ -32,6 +32,10 @@ type class struct {
 	// ExecutionFailure, nil when the node sent none.
 	stall   bool
 	failure *iop.ExecutionFailure
+	// adapter, target: the envelope's typed identity (SPEC H8), which the
+	// attempt checks against its lease before any health effect; a tunnel
+	// BODY carries none (and no verdict).
+	adapter, target string
 }
 
 // classify reads env once (SPEC H1, H8, H11, T2, E3). statuses are the
@@ -45,11 +49,12 @@ func classify(env *iop.Envelope, statuses []int, now func() time.Time) class {
 	switch k := env.GetKind().(type) {
 	case *iop.Envelope_RunEvent:
 		ev := k.RunEvent
+		c.adapter, c.target = ev.GetAdapter(), ev.GetTarget()
 		switch ev.GetType() {
 		case iop.RunEventType_RUN_EVENT_DELTA:
-			c.verdict.kind = verdictSuccess
+			c.verdict = verdict{kind: verdictSuccess, accepted: true}
 		case iop.RunEventType_RUN_EVENT_COMPLETE:
-			c.terminal, c.verdict.kind = true, verdictSuccess
+			c.terminal, c.verdict = true, verdict{kind: verdictSuccess, accepted: true}
 		case iop.RunEventType_RUN_EVENT_CANCELLED:
 			c.terminal = true
 		case iop.RunEventType_RUN_EVENT_ERROR:
@@ -62,6 +67,7 @@ func classify(env *iop.Envelope, statuses []int, now func() time.Time) class {
 		}
 	case *iop.Envelope_TunnelFrame:
 		f := k.TunnelFrame
+		c.adapter, c.target = f.GetAdapter(), f.GetTarget()
 		switch f.GetKind() {
 		case iop.TunnelFrameKind_TUNNEL_FRAME_RESPONSE_START:
 			status := int(f.GetStatus())
@@ -91,7 +97,7 @@ func (c *class) failureCode(code string, status int, statuses []int, f *iop.Exec
 	case protocol.HealthConnect:
 		c.verdict = verdict{kind: verdictFailure, reason: outlier.ReasonConnect}
 	case protocol.HealthReset:
-		c.verdict = verdict{kind: verdictFailure, reason: outlier.ReasonReset}
+		c.verdict = verdict{kind: verdictFailure, reason: outlier.ReasonReset, input: true}
 	case protocol.HealthByStatus:
 		c.verdict = statusVerdict(status, statuses)
 	}
@@ -130,15 +136,20 @@ func statusRetry(status int, statuses []int) (retryReason, bool) {
 }
 
 // statusVerdict is passive health's verdict on an upstream status: a
-// failure for 429 and statuses, a success for any other answer.
+// failure for 429 and statuses, a success for any other answer (accepted
+// below 400). A 429, 502 or 503 is the upstream's own state (rate
+// limited, its backend unreachable, unavailable); any other failing
+// status (500, 504, …) may be the request's input's and is a suspicion
+// (verdict.input; docs/operating.md, "Passive health").
 func statusVerdict(status int, statuses []int) verdict {
 	switch r, ok := statusRetry(status, statuses); {
 	case !ok:
-		return verdict{kind: verdictSuccess}
+		return verdict{kind: verdictSuccess, accepted: status < 400}
 	case r == retryRateLimited:
 		return verdict{kind: verdictFailure, reason: outlier.ReasonRateLimited}
 	}
-	return verdict{kind: verdictFailure, reason: outlier.ReasonStatus}
+	return verdict{kind: verdictFailure, reason: outlier.ReasonStatus,
+		input: status != http.StatusBadGateway && status != http.StatusServiceUnavailable}
 }
 
 // The client error of a node's ERROR or CANCELLED terminal, written by the

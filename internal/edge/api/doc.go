@@ -124,7 +124,14 @@
 // to a provider of its group it has not tried, within models[].max_attempts
 // and the request's deadline (attempt.go). Passive health
 // (internal/edge/outlier, Options.Outlier) hears each attempt's verdict
-// first, so a failing provider is cooling before the pool picks again.
+// first, so a failing provider is cooling before the pool picks again —
+// but only evidence whose typed adapter and target are the lease's (SPEC
+// H8), and a failure the request's own input may have caused (a reset
+// before the head, 500, 504) only as a suspicion that needs another
+// provider's answer to the same request or a second principal's failure
+// (attempt.go; docs/config.md, "What cools a provider"). A re-dispatch
+// stays within the credential slot of the route the request was bound to
+// (SPEC C6).
 // With no candidate left the client gets the last failure: the upstream's
 // own answer on the tunnel path, its class on the run path (below).
 //

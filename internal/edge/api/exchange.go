@@ -216,10 +216,11 @@ type kept struct {
 
 // poolRequest is x's admission request (SPEC Q4, Q7); a re-dispatch asks
 // again with it (H11), while the body is still there, excluding every
-// provider tried.
+// provider tried and within the credential slot of the route the request
+// was bound to (C6).
 func (x *exchange) poolRequest() pool.Request {
 	return pool.Request{Model: x.head.model, Operation: x.ep.operation, PromptTokens: pool.EstimatePromptTokens(len(x.body)),
-		Prefix: x.head.prefix, Exclude: x.att.tried}
+		Prefix: x.head.prefix, Exclude: x.att.tried, SameSlot: len(x.att.tried) > 0, Slot: x.att.slot}
 }
 
 // principal is the request's authenticated principal; "" in open mode.
@@ -344,7 +345,7 @@ func (h *Handler) admit(ctx context.Context, w *recorder, r *http.Request, v *vi
 		return nil
 	}
 	x.lease, x.model = lease, hd.model
-	x.att = newAttempt(lease.Key, v.attemptBound(hd.model), deadline, h.o.RedispatchWait >= 0, h.o.Health != nil)
+	x.att = newAttempt(lease, v.attemptBound(hd.model), deadline, h.o.RedispatchWait >= 0, h.o.Health != nil)
 	return x
 }
 
@@ -524,15 +525,24 @@ func (h *Handler) event(x *exchange, kind eventKind, wrote bool) event {
 }
 
 // step applies e to x's attempt machine and carries out the effects that
-// only report: passive health's verdict (Options.Outlier) and the stall
-// records (Options.Health: the re-dispatch decision and its outcome, SPEC
-// H12). The effects that steer the request are returned.
+// only report: passive health's verdicts (Options.Outlier: the failures
+// another provider's answer corroborated, then the attempt's own, a
+// failure the input may have caused as a suspicion of the request's
+// principal) and the stall records (Options.Health: the re-dispatch
+// decision and its outcome, SPEC H12). The effects that steer the request
+// are returned.
 func (h *Handler) step(x *exchange, e *event) effects {
 	fx := x.att.step(e)
 	if v := fx.verdict; v.kind != verdictOpen && h.o.Outlier != nil {
-		if v.kind == verdictFailure {
+		for _, s := range fx.corroborated {
+			h.o.Outlier.Failure(s.key, s.reason, 0)
+		}
+		switch {
+		case v.kind == verdictFailure && v.input:
+			h.o.Outlier.Suspect(x.lease.Key, v.reason, x.principal())
+		case v.kind == verdictFailure:
 			h.o.Outlier.Failure(x.lease.Key, v.reason, v.retryAfter)
-		} else {
+		default:
 			h.o.Outlier.Success(x.lease.Key)
 		}
 	}
@@ -541,7 +551,7 @@ func (h *Handler) step(x *exchange, e *event) effects {
 	}
 	if fx.recordRecovery {
 		second := x.lease
-		if e.kind == evNoLease {
+		if e.kind == evNoLease || fx.refuse {
 			second = nil
 		}
 		h.o.Health.RecoveryOutcome(x.stalled, second, x.model, fx.recovery)
@@ -735,6 +745,17 @@ func (h *Handler) reacquire(x *exchange, fx effects) bool {
 		h.answerRetry(x, k, fx.reason, first, err)
 		return false
 	}
+	e := h.event(x, evLeased, false)
+	e.lease = l
+	if h.step(x, &e).refuse { // SPEC C6: a lease of another credential slot is never used
+		h.o.Pool.Release(l)
+		h.log.Warn("re-dispatch lease refused: another credential slot", "model", x.model, "request_id", x.acc.rec.RequestID,
+			"node", l.Node, "provider", l.Provider)
+		if x.ctx.Err() == nil {
+			h.answerRetry(x, k, fx.reason, first, errOtherSlot)
+		}
+		return false
+	}
 	h.retries[fx.reason].Add(1)
 	x.acc.rec.Retries++
 	h.log.LogAttrs(x.ctx, slog.LevelInfo, "request re-dispatched", slog.String("request_id", x.acc.rec.RequestID),
@@ -742,11 +763,12 @@ func (h *Handler) reacquire(x *exchange, fx effects) bool {
 		slog.String("from_node", first.Node), slog.String("from_provider", first.Provider),
 		slog.String("node", l.Node), slog.String("provider", l.Provider), slog.Int("attempt", len(x.att.tried)+1))
 	x.lease, x.released = l, false
-	e := h.event(x, evLeased, false)
-	e.key = l.Key
-	h.step(x, &e)
 	return true
 }
+
+// errOtherSlot is why a re-dispatch found no candidate when the pool
+// offered a lease of another credential slot (SPEC C6).
+var errOtherSlot = errors.New("no untried provider within the request's credential slot")
 
 // answerRetry answers x with the failure r of its last attempt (failed for
 // reason) on lease last, after no other candidate could take it (why).

@@ -127,6 +127,34 @@ type fakeStream struct {
 	// noTerminalOnCancel: Cancel does not make the stream end by itself.
 	noTerminalOnCancel bool
 	once               sync.Once
+	// adapter, target: the request's, which Recv puts on every envelope
+	// that names none, as the node does (SPEC H8: typed identity).
+	adapter, target string
+}
+
+// bind sets the identity Recv stamps (the dispatched request's).
+func (s *fakeStream) bind(adapter, target string) {
+	s.mu.Lock()
+	s.adapter, s.target = adapter, target
+	s.mu.Unlock()
+}
+
+// stamp puts the stream's adapter and target on env, like the node's
+// runStream and tunnelStream (a tunnel BODY carries none), unless env names
+// its own.
+func (s *fakeStream) stamp(env *iop.Envelope) {
+	if env == nil {
+		return
+	}
+	s.mu.Lock()
+	a, t := s.adapter, s.target
+	s.mu.Unlock()
+	if ev := env.GetRunEvent(); ev != nil && ev.Adapter == "" && ev.Target == "" {
+		ev.Adapter, ev.Target = a, t
+	}
+	if f := env.GetTunnelFrame(); f != nil && f.Kind != iop.TunnelFrameKind_TUNNEL_FRAME_BODY && f.Adapter == "" && f.Target == "" {
+		f.Adapter, f.Target = a, t
+	}
 }
 
 // kill makes every later Recv fail with ErrSessionLost, so a failed test
@@ -147,6 +175,7 @@ func (s *fakeStream) RunID() string { return s.id }
 func (s *fakeStream) Recv(ctx context.Context) (*iop.Envelope, error) {
 	select {
 	case it := <-s.ch:
+		s.stamp(it.env)
 		return it.env, it.err
 	case <-ctx.Done():
 		return nil, ctx.Err()
@@ -214,7 +243,7 @@ func newFakeDispatcher(s *fakeStream) *fakeDispatcher {
 	return &fakeDispatcher{stream: s, started: make(chan struct{})}
 }
 
-func (d *fakeDispatcher) start(t dispatch.Target) (dispatch.Stream, error) {
+func (d *fakeDispatcher) start(t dispatch.Target, adapter, target string) (dispatch.Stream, error) {
 	d.targets = append(d.targets, t)
 	if len(d.targets) == 1 {
 		close(d.started)
@@ -222,6 +251,7 @@ func (d *fakeDispatcher) start(t dispatch.Target) (dispatch.Stream, error) {
 	if d.err != nil {
 		return nil, d.err
 	}
+	d.stream.bind(adapter, target)
 	return d.stream, nil
 }
 
@@ -229,14 +259,14 @@ func (d *fakeDispatcher) StartRun(t dispatch.Target, req *iop.RunRequest) (dispa
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.runs = append(d.runs, req)
-	return d.start(t)
+	return d.start(t, req.GetAdapter(), req.GetTarget())
 }
 
 func (d *fakeDispatcher) StartTunnel(t dispatch.Target, req *iop.ProviderTunnelRequest) (dispatch.Stream, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.tunnels = append(d.tunnels, req)
-	return d.start(t)
+	return d.start(t, req.GetAdapter(), req.GetTarget())
 }
 
 func (d *fakeDispatcher) lastTunnel() *iop.ProviderTunnelRequest {

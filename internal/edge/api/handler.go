@@ -643,8 +643,12 @@ const DefaultRedispatchWait = 2 * time.Second
 
 // Outlier is passive health as the surface feeds it; *outlier.Detector
 // satisfies it. Failure: provider k failed a request before the first
-// byte (retryAfter: a 429's Retry-After, 0 = none); Success: it answered.
+// byte in a way that is the provider's (retryAfter: a 429's Retry-After,
+// 0 = none); Suspect: it failed in a way the request's own input may have
+// caused, for principal ("" in open mode), which counts only when
+// corroborated (outlier.Machine.Suspect); Success: it answered.
 type Outlier interface {
 	Failure(k pool.Key, r outlier.Reason, retryAfter time.Duration)
+	Suspect(k pool.Key, r outlier.Reason, principal string)
 	Success(k pool.Key)
 }

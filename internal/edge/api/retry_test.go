@@ -27,7 +27,14 @@ import (
 type outlierRec struct {
 	mu       sync.Mutex
 	failures []failureRec
+	suspects []suspectRec
 	oks      []pool.Key
+}
+
+type suspectRec struct {
+	k         pool.Key
+	r         outlier.Reason
+	principal string
 }
 
 type failureRec struct {
@@ -40,6 +47,12 @@ func (o *outlierRec) Failure(k pool.Key, r outlier.Reason, retryAfter time.Durat
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.failures = append(o.failures, failureRec{k, r, retryAfter})
+}
+
+func (o *outlierRec) Suspect(k pool.Key, r outlier.Reason, principal string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.suspects = append(o.suspects, suspectRec{k, r, principal})
 }
 
 func (o *outlierRec) Success(k pool.Key) {

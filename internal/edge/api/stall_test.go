@@ -85,22 +85,24 @@ type streamDispatcher struct {
 	targets []dispatch.Target
 }
 
-func (d *streamDispatcher) start(t dispatch.Target) (dispatch.Stream, error) {
+func (d *streamDispatcher) start(t dispatch.Target, adapter, target string) (dispatch.Stream, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.targets = append(d.targets, t)
 	if len(d.targets) > len(d.streams) {
 		return nil, dispatch.ErrNotReady
 	}
-	return d.streams[len(d.targets)-1], nil
+	st := d.streams[len(d.targets)-1]
+	st.bind(adapter, target)
+	return st, nil
 }
 
-func (d *streamDispatcher) StartRun(t dispatch.Target, _ *iop.RunRequest) (dispatch.Stream, error) {
-	return d.start(t)
+func (d *streamDispatcher) StartRun(t dispatch.Target, req *iop.RunRequest) (dispatch.Stream, error) {
+	return d.start(t, req.GetAdapter(), req.GetTarget())
 }
 
-func (d *streamDispatcher) StartTunnel(t dispatch.Target, _ *iop.ProviderTunnelRequest) (dispatch.Stream, error) {
-	return d.start(t)
+func (d *streamDispatcher) StartTunnel(t dispatch.Target, req *iop.ProviderTunnelRequest) (dispatch.Stream, error) {
+	return d.start(t, req.GetAdapter(), req.GetTarget())
 }
 
 func (d *streamDispatcher) dispatched() []dispatch.Target {
@@ -400,11 +402,13 @@ func TestRedispatchSameRequest(t *testing.T) {
 	p.mu.Lock()
 	reqs := append([]pool.Request(nil), p.reqs...)
 	p.mu.Unlock()
-	// H11: the same request, excluding the provider already tried.
+	// H11: the same request, excluding the provider already tried; C6:
+	// within the first lease's credential slot.
 	want := reqs[0]
 	want.Exclude = []pool.Key{leaseA.Key}
-	if len(reqs) != 2 || len(reqs[0].Exclude) != 0 || !reflect.DeepEqual(reqs[1], want) {
-		t.Errorf("pool requests %+v, want the same request twice, the second excluding %v", reqs, leaseA.Key)
+	want.SameSlot, want.Slot = true, leaseA.Slot
+	if len(reqs) != 2 || len(reqs[0].Exclude) != 0 || reqs[0].SameSlot || !reflect.DeepEqual(reqs[1], want) {
+		t.Errorf("pool requests %+v, want the same request twice, the second excluding %v within slot %q", reqs, leaseA.Key, leaseA.Slot)
 	}
 	p.checkReleased(t)
 }

@@ -121,6 +121,21 @@ func (d *Detector) Failure(k pool.Key, r Reason, retryAfter time.Duration) {
 	d.onRecord.Store(d.m.Len() > 0)
 }
 
+// Suspect records that provider k failed a request of principal before
+// the first byte in a way the request's own input may have caused (see
+// Machine.Suspect); it ejects k only when another principal's failure
+// corroborates it.
+func (d *Detector) Suspect(k pool.Key, r Reason, principal string) {
+	now := d.clk.Now()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return
+	}
+	d.apply(d.m.Suspect(k, r, principal, now), now)
+	d.onRecord.Store(d.m.Len() > 0)
+}
+
 // Success records that provider k answered a request (any answer that is
 // not a failure above, a client error included): its failure streak ends.
 func (d *Detector) Success(k pool.Key) {

@@ -47,6 +47,10 @@ type entry struct {
 	cooling bool
 	until   time.Time // end of the window while cooling
 	reason  Reason    // of the ejection that started the window
+	// suspected: a failure the input may have caused is on record since
+	// the provider's last success, from principal suspect (Suspect).
+	suspected bool
+	suspect   string
 }
 
 // Machine is the passive-health state machine (outlier ejection) of every
@@ -130,7 +134,39 @@ func (m *Machine) Failure(k pool.Key, r Reason, retryAfter time.Duration, now ti
 	}
 	e.level++
 	e.cooling, e.until, e.reason = true, now.Add(d), r
+	e.suspected, e.suspect = false, ""
 	return Effect{Op: OpEject, Key: k, Until: e.until, Reason: r, Level: e.level}
+}
+
+// Suspect records that k failed a request of principal for reason r at
+// now in a way the request's own input may have caused (a reset before
+// the response head, a 500 or 504: the HTTP layer decides, see
+// docs/operating.md "Passive health"). One principal's input is no
+// evidence that a shared provider is sick: k is ejected (as by Failure)
+// only when its failures since its last success hold suspicions of two
+// different principals; a first suspicion, or more of the same principal,
+// only go on record. principal is "" for every request in open mode, so
+// there a suspicion never ejects alone. A provider already cooling is left
+// as it is.
+func (m *Machine) Suspect(k pool.Key, r Reason, principal string, now time.Time) Effect {
+	if m.p.Disabled {
+		return Effect{}
+	}
+	e := m.entries[k]
+	if e == nil {
+		e = &entry{}
+		m.entries[k] = e
+	}
+	switch {
+	case e.cooling:
+		return Effect{}
+	case !e.suspected:
+		e.suspected, e.suspect = true, principal
+		return Effect{}
+	case e.suspect == principal:
+		return Effect{}
+	}
+	return m.Failure(k, r, 0, now) // corroborated by a second principal
 }
 
 // window is Base << level, at most Max, without overflow.
@@ -143,14 +179,14 @@ func (m *Machine) window(level int) time.Duration {
 }
 
 // Success records that k answered a request: its failure streak is reset,
-// so the next ejection is Base long again. A window already running ends
-// on time; nothing else changes.
+// so the next ejection is Base long again, and a suspicion on record is
+// dropped. A window already running ends on time; nothing else changes.
 func (m *Machine) Success(k pool.Key) {
 	e := m.entries[k]
 	if e == nil {
 		return
 	}
-	e.level = 0
+	e.level, e.suspected, e.suspect = 0, false, ""
 	if !e.cooling {
 		delete(m.entries, k)
 	}

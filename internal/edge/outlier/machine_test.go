@@ -15,8 +15,9 @@ var (
 // step is one event of a script and the effect it must produce.
 type step struct {
 	at         time.Duration // since t0
-	ev         string        // fail, ok, expire
+	ev         string        // fail, suspect, ok, expire
 	k          pool.Key
+	principal  string // suspect
 	r          Reason
 	retryAfter time.Duration
 	want       Op
@@ -91,6 +92,34 @@ func TestMachine(t *testing.T) {
 		{"disabled: failures eject nothing", Policy{Base: time.Second, Max: time.Minute, Disabled: true}, []step{
 			{at: 0, ev: "fail", k: kA, r: ReasonConnect},
 			{at: 0, ev: "fail", k: kA, r: ReasonRateLimited, retryAfter: s},
+			{at: 0, ev: "suspect", k: kA, r: ReasonStatus, principal: "p"},
+			{at: 0, ev: "suspect", k: kA, r: ReasonStatus, principal: "q"},
+		}},
+		{"one principal's suspicions never eject, however many", pol, []step{
+			{at: 0, ev: "suspect", k: kA, r: ReasonStatus, principal: "team-a"},
+			{at: s, ev: "suspect", k: kA, r: ReasonStatus, principal: "team-a"},
+			{at: 2 * s, ev: "suspect", k: kA, r: ReasonReset, principal: "team-a"},
+		}},
+		{"open mode: every suspicion is principal \"\", none ejects", pol, []step{
+			{at: 0, ev: "suspect", k: kA, r: ReasonStatus},
+			{at: 0, ev: "suspect", k: kA, r: ReasonStatus},
+		}},
+		{"a second principal's suspicion corroborates: ejected for the base window, the streak counted", pol, []step{
+			{at: 0, ev: "suspect", k: kA, r: ReasonStatus, principal: "team-a"},
+			{at: s, ev: "suspect", k: kA, r: ReasonReset, principal: "team-b", want: OpEject, until: 2 * s, level: 1},
+			{at: 2 * s, ev: "expire", k: kA, want: OpReadmit},
+			{at: 2 * s, ev: "suspect", k: kA, r: ReasonStatus, principal: "team-b"}, // the ejection used the record up
+			{at: 2 * s, ev: "suspect", k: kA, r: ReasonStatus, principal: "team-c", want: OpEject, until: 4 * s, level: 2},
+		}},
+		{"a success drops the suspicion on record; suspicions while cooling change nothing", pol, []step{
+			{at: 0, ev: "suspect", k: kA, r: ReasonStatus, principal: "team-a"},
+			{at: 0, ev: "ok", k: kA},
+			{at: 0, ev: "suspect", k: kA, r: ReasonStatus, principal: "team-b"},
+			{at: 0, ev: "fail", k: kB, r: ReasonConnect, want: OpEject, until: s, level: 1},
+			{at: 0, ev: "suspect", k: kB, r: ReasonStatus, principal: "team-a"},
+			{at: 0, ev: "suspect", k: kB, r: ReasonStatus, principal: "team-b"},
+			{at: s, ev: "expire", k: kB, want: OpReadmit},
+			{at: s, ev: "suspect", k: kB, r: ReasonStatus, principal: "team-c"},
 		}},
 	}
 	t0 := time.Unix(1000, 0)
@@ -103,6 +132,8 @@ func TestMachine(t *testing.T) {
 				switch st.ev {
 				case "fail":
 					fx = m.Failure(st.k, st.r, st.retryAfter, now)
+				case "suspect":
+					fx = m.Suspect(st.k, st.r, st.principal, now)
 				case "ok":
 					m.Success(st.k)
 				case "expire":

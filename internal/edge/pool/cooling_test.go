@@ -29,6 +29,24 @@ func tried(r Request, ks ...Key) Request {
 	return r
 }
 
+// inSlot is r as a re-dispatch bound to credential slot slot (SPEC C6).
+func inSlot(r Request, slot string) Request {
+	r.SameSlot, r.Slot = true, slot
+	return r
+}
+
+// slotConfig is baseConfig with tiny's routes on credential slots: ollama
+// on a, llama on b (or on a too when shared).
+func slotConfig(shared bool) Config {
+	cfg := baseConfig()
+	cfg.Groups[0].Candidates[0].Slot = "slot-a"
+	cfg.Groups[0].Candidates[1].Slot = "slot-b"
+	if shared {
+		cfg.Groups[0].Candidates[1].Slot = "slot-a"
+	}
+	return cfg
+}
+
 // Issue 11: passive-health ejection and re-dispatch exclusion as pool
 // transitions. The harness checks after every step that no queued waiter
 // is servable (Q5) — narrowed classes included.
@@ -150,6 +168,39 @@ func TestCoolingAndExclusion(t *testing.T) {
 			if n := len(h.s.groups["tiny"].classes); n != own {
 				h.t.Fatalf("tiny has %d classes after its narrowed waiters left, want its %d own", n, own)
 			}
+		}},
+		{"C2 a lease carries its route's credential slot", func(h *harness) {
+			h.reconfigure(slotConfig(false))
+			h.ready("gpu-1", 1, true)
+			h.acq("a", chat("tiny", 0))
+			if l := h.wantLease("a", kOllama); l.Slot != "slot-a" {
+				h.t.Fatalf("lease slot %q, want slot-a", l.Slot)
+			}
+		}},
+		{"C6 a re-dispatch never falls back to another credential slot: ErrAllTried naming the slot", func(h *harness) {
+			h.reconfigure(slotConfig(false))
+			h.ready("gpu-1", 1, true)
+			h.ready("gpu-2", 1, true)
+			h.acq("a", inSlot(tried(chat("tiny", 0), kOllama), "slot-a")) // llama is free, but on slot-b
+			h.wantErr("a", ErrAllTried, `within credential slot "slot-a"`)
+			h.wantStats(0, 0)
+		}},
+		{"C6 a re-dispatch takes an untried route of its own slot", func(h *harness) {
+			h.reconfigure(slotConfig(true))
+			h.ready("gpu-1", 1, true)
+			h.ready("gpu-2", 1, true)
+			h.acq("a", inSlot(tried(chat("tiny", 0), kOllama), "slot-a"))
+			if l := h.wantLease("a", kLlama); l.Slot != "slot-a" {
+				h.t.Fatalf("lease slot %q, want slot-a", l.Slot)
+			}
+		}},
+		{"C6 Q5 a queued re-dispatch whose slot's last route a reload moves to another slot fails with ErrAllTried", func(h *harness) {
+			h.reconfigure(slotConfig(true))
+			h.acq("r", inSlot(tried(chat("tiny", 0), kOllama), "slot-a"))
+			h.wantQueued("r")
+			h.reconfigure(slotConfig(false))
+			h.wantErr("r", ErrAllTried, `"slot-a"`)
+			h.wantStats(0, 0)
 		}},
 		{"H11 Q5 reconfigure moves a narrowed waiter; a removed last candidate fails it with ErrAllTried", func(h *harness) {
 			h.acq("r", tried(chat("tiny", 0), kOllama))

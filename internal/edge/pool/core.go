@@ -187,6 +187,7 @@ type cand struct {
 	res    *resource
 	target string
 	stall  int64
+	slot   string // the route's credential slot (Candidate.Slot)
 }
 
 // waiter is one queued request. Its links are owned by the state; ch and
@@ -201,6 +202,8 @@ type waiter struct {
 	pinnedOnce   bool        // it was pinned once: after its affinity wait it takes any candidate
 	stopPin      func() bool // stops the affinity-wait timer the wrapper armed for a pump-time pin
 	exclude      []Key       // Request.Exclude
+	sameSlot     bool        // Request.SameSlot
+	slot         string      // Request.Slot
 	cls          *class
 	queued       bool
 	timeout      time.Duration
@@ -295,9 +298,9 @@ func (s *state) admit(r Request) (*Lease, *class, error) {
 	if c == nil {
 		return nil, nil, &NoCandidateError{Model: r.Model, Operation: r.Operation, Long: long}
 	}
-	if len(r.Exclude) > 0 {
-		if c = c.narrow(r.Exclude); c == nil {
-			return nil, nil, fmt.Errorf("model %q: %w", r.Model, ErrAllTried)
+	if len(r.Exclude) > 0 || r.SameSlot {
+		if c = c.narrow(r.Exclude, r.SameSlot, r.Slot); c == nil {
+			return nil, nil, allTried(r.Model, r.SameSlot, r.Slot)
 		}
 	}
 	if c.q.n == 0 {
@@ -395,6 +398,7 @@ func (s *state) grant(c *class, cd *cand, prefix []uint64, res routing.Result) *
 		Type:           r.cfg.Type,
 		StallTimeoutMs: cd.stall,
 		Long:           c.long,
+		Slot:           cd.slot,
 		res:            r,
 		fenced:         r.node.fence,
 	}

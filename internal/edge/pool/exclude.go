@@ -1,5 +1,7 @@
 package pool
 
+import "fmt"
+
 // Narrowed classes (issue 11, SPEC H11). A re-dispatched request must not
 // get a provider it already tried (Request.Exclude), so it cannot wait in
 // its class's FIFO: the head of a class must be servable by every free
@@ -11,14 +13,20 @@ package pool
 // class list only while it has waiters; re-dispatches are rare, so their
 // classes cost nothing in steady state.
 
+// A re-dispatch also stays within the credential slot of the route it
+// was bound to (SPEC C6: no fallback to another credential slot of the
+// same model after a bound route fails): its narrowed class keeps only the
+// candidates of that slot.
+
 // narrow returns the class of c's requests that exclude the providers in
-// ex: c itself when ex names none of c's candidates, nil when it names all
-// of them, else the group's narrowed class with exactly the remaining
-// candidates (found among the registered ones, or new and unregistered).
-func (c *class) narrow(ex []Key) *class {
+// ex and, when sameSlot, every route whose credential slot is not slot: c
+// itself when that leaves all of c's candidates, nil when it leaves none,
+// else the group's narrowed class with exactly the remaining candidates
+// (found among the registered ones, or new and unregistered).
+func (c *class) narrow(ex []Key, sameSlot bool, slot string) *class {
 	keep := make([]cand, 0, len(c.cands))
 	for _, cd := range c.cands {
-		if !excluded(ex, cd.res.cfg.Key) {
+		if !excluded(ex, cd.res.cfg.Key) && (!sameSlot || cd.slot == slot) {
 			keep = append(keep, cd)
 		}
 	}
@@ -82,4 +90,13 @@ func (c *class) unregisterIfEmpty() {
 		}
 	}
 	c.registered = false
+}
+
+// allTried is the ErrAllTried of a request of model that excluded every
+// candidate (within credential slot slot, when sameSlot).
+func allTried(model string, sameSlot bool, slot string) error {
+	if sameSlot && slot != "" {
+		return fmt.Errorf("model %q: %w within credential slot %q", model, ErrAllTried, slot)
+	}
+	return fmt.Errorf("model %q: %w", model, ErrAllTried)
 }

@@ -76,7 +76,8 @@ func (h *harness) acq(name string, r Request) {
 	case l != nil:
 		h.leases[name] = l
 	default:
-		w := &waiter{model: r.Model, op: r.Operation, promptTokens: r.PromptTokens, prefix: r.Prefix, exclude: r.Exclude}
+		w := &waiter{model: r.Model, op: r.Operation, promptTokens: r.PromptTokens, prefix: r.Prefix, exclude: r.Exclude,
+			sameSlot: r.SameSlot, slot: r.Slot}
 		h.s.enqueue(c, w, h.s.waitTimeout)
 		h.waiters[name], h.names[w] = w, name
 	}

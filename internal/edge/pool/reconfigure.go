@@ -107,7 +107,7 @@ func (s *state) buildGroup(gc Group) *group {
 					(long && r.cfg.LongCapacity <= 0) || c.has(r) {
 					continue
 				}
-				c.cands = append(c.cands, cand{res: r, target: cc.Target, stall: cc.StallTimeoutMs})
+				c.cands = append(c.cands, cand{res: r, target: cc.Target, stall: cc.StallTimeoutMs, slot: cc.Slot})
 			}
 			if len(c.cands) > 0 {
 				g.classes = append(g.classes, c)
@@ -133,8 +133,8 @@ func (s *state) rehome(w *waiter) {
 	if g != nil {
 		c = g.class(w.op, g.isLong(w.promptTokens))
 	}
-	if c != nil && len(w.exclude) > 0 {
-		c = c.narrow(w.exclude)
+	if c != nil && (len(w.exclude) > 0 || w.sameSlot) {
+		c = c.narrow(w.exclude, w.sameSlot, w.slot)
 	}
 	if c == nil {
 		s.all.remove(w, true)
@@ -142,8 +142,8 @@ func (s *state) rehome(w *waiter) {
 		s.waiters--
 		var err error = fmt.Errorf("model %q removed by reconfigure: %w", w.model, ErrUnknownModel)
 		switch {
-		case g != nil && len(w.exclude) > 0 && g.class(w.op, g.isLong(w.promptTokens)) != nil:
-			err = fmt.Errorf("model %q: %w", w.model, ErrAllTried)
+		case g != nil && (len(w.exclude) > 0 || w.sameSlot) && g.class(w.op, g.isLong(w.promptTokens)) != nil:
+			err = allTried(w.model, w.sameSlot, w.slot)
 		case g != nil:
 			err = &NoCandidateError{Model: w.model, Operation: w.op, Long: g.isLong(w.promptTokens)}
 		}

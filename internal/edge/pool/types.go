@@ -43,6 +43,11 @@ type Candidate struct {
 	Key
 	Target         string
 	StallTimeoutMs int64
+	// Slot is the route's credential slot (SPEC C2): the secret store slot
+	// whose lease a request on this route carries; "" when it carries none
+	// (the credential plane is off). Copied into the lease; a re-dispatch
+	// stays within it (Request.SameSlot, SPEC C6).
+	Slot string
 }
 
 // Group is one configured model: the external model name clients send, the
@@ -105,6 +110,12 @@ type Request struct {
 	// re-dispatched request already tried (SPEC H11: never the
 	// same provider twice in one request). Empty for a first admission.
 	Exclude []Key
+	// SameSlot limits the request to the routes whose credential slot is
+	// Slot: a re-dispatch of a failed request stays within the credential
+	// slot of the route it was bound to (SPEC C6; "" is the slot of routes
+	// that carry none). False for a first admission.
+	SameSlot bool
+	Slot     string
 }
 
 // QueueFullRetryAfter is the Retry-After a QueueFullError suggests.
@@ -126,8 +137,9 @@ var (
 	ErrQueueFull = errors.New("pool: queue full")
 	// ErrWaitTimeout: the request waited WaitTimeout without a lease.
 	ErrWaitTimeout = errors.New("pool: wait timeout")
-	// ErrAllTried: Request.Exclude leaves no configured provider for the
-	// request: a re-dispatch has no candidate left to try.
+	// ErrAllTried: Request.Exclude (and Request.SameSlot) leaves no
+	// configured provider for the request: a re-dispatch has no candidate
+	// left to try.
 	ErrAllTried = errors.New("pool: every provider of the request was tried")
 )
 
@@ -190,6 +202,8 @@ type Lease struct {
 	Type           string
 	StallTimeoutMs int64
 	Long           bool
+	// Slot is the route's credential slot (Candidate.Slot).
+	Slot string
 
 	// Owned by the pool's state; read and written under Pool.mu only.
 	res        *resource
