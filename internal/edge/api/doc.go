@@ -36,7 +36,7 @@
 //     failure code's row of internal/protocol.
 //   - run.go, tunnel.go: the sinks of the two paths (SPEC Q3, T2, T5).
 //   - errors.go: client error shapes; account.go: the access record;
-//     body.go, limits.go: hostile-client bounds; drain.go: SIGTERM;
+//     body.go, limits.go, conns.go: hostile-client bounds; drain.go: SIGTERM;
 //     credential.go: the credential lease (SPEC C2); prefix.go,
 //     jsonscan.go: what routing reads from a body.
 //
@@ -77,9 +77,13 @@
 //
 // Memory follows the bytes a peer sent, capped, never what it declared, and
 // every per-client resource has a bound (limits.go, internal/edge/limit):
-//   - connections: counted by ConnContext/ConnState; beyond
-//     http.max_connections a request gets a fast 503, beyond twice that the
-//     connection is closed at accept; the accept loop never waits.
+//   - connections: counted by ConnContext/ConnState (conns.go); at
+//     http.max_connections a new connection takes the slot of the
+//     longest-quiet connection that never presented a valid key, a
+//     request with a valid key on a connection beyond the bound takes one
+//     from a quiet connection, any other request there gets a fast 503,
+//     and beyond twice the bound the connection is closed at accept; the
+//     accept loop never waits.
 //   - API keys: api_keys[].max_concurrent and requests_per_minute are
 //     checked right after authentication, before the body is read (429).
 //   - request bodies (body.go): the buffer starts at 4 KiB and doubles as

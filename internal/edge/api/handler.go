@@ -431,6 +431,7 @@ func (h *Handler) route(w *recorder, r *http.Request) (context.Context, *view, *
 	}
 	ctx := r.Context()
 	if p != nil {
+		h.lim.conns.keyed(connOf(r)) // its connection is shed after those without a key (conns.go)
 		w.rec.Principal = p.Name
 		ctx = context.WithValue(ctx, principalKey{}, p.Name)
 	}
@@ -489,24 +490,70 @@ func methodNotAllowed(w http.ResponseWriter, s surface, allow string) {
 		msg: "method not allowed; use " + allow})
 }
 
-// authenticate finds the principal of the request's key (K3):
-// "Authorization: Bearer <key>", or on Anthropic routes also "x-api-key:
-// <key>", looked up by its SHA-256 (keys.Registry.Authenticate). In open
-// mode it returns nil and true; a request without an accepted key is
-// answered 401 and ok is false. The key is never logged or echoed.
+// requestKey is the API key request r presents (docs/keys.md): "Authorization:
+// Bearer <key>", or on Anthropic routes also "x-api-key: <key>"; "" when
+// none. ok is false when r presents credentials that disagree — two
+// values that are not the same key among its Authorization and (Anthropic
+// routes) x-api-key headers, an Authorization that is not a bearer key
+// counting as one — which is a 401 however valid either one is: the edge
+// never picks one credential of several.
+func requestKey(r *http.Request, s surface) (key string, ok bool) {
+	auth := r.Header["Authorization"]
+	var api []string
+	if s == surfaceAnthropic {
+		api = r.Header["X-Api-Key"]
+	}
+	if len(auth)+len(api) == 1 { // the common case: one credential
+		if len(api) == 1 {
+			return strings.TrimSpace(api[0]), true
+		}
+		return bearer(auth[0]), true
+	}
+	seen := false
+	for i, v := range append(auth[:len(auth):len(auth)], api...) {
+		k := strings.TrimSpace(v)
+		if i < len(auth) {
+			if k = bearer(v); k == "" {
+				k = "\x00" + v // not a bearer key: disagrees with any key
+			}
+		}
+		switch {
+		case !seen:
+			key, seen = k, true
+		case k != key:
+			return "", false
+		}
+	}
+	if strings.HasPrefix(key, "\x00") {
+		key = ""
+	}
+	return key, true
+}
+
+// bearer is the key of an "Authorization: Bearer <key>" value, "" when v
+// is not one.
+func bearer(v string) string {
+	if len(v) > 7 && strings.EqualFold(v[:7], "bearer ") {
+		return strings.TrimSpace(v[7:])
+	}
+	return ""
+}
+
+// authenticate finds the principal of the request's key (requestKey),
+// looked up by its SHA-256 (keys.Registry.Authenticate). In open mode it
+// returns nil and true; a request without an accepted key, or with
+// credentials that disagree, is answered 401 and ok is false. The key is
+// never logged or echoed.
 func (h *Handler) authenticate(w *recorder, r *http.Request, s surface) (p *keys.Principal, ok bool) {
 	if h.keys.OpenMode() {
 		return nil, true
 	}
-	var key string
-	if s == surfaceAnthropic {
-		key = r.Header.Get("X-Api-Key")
-	}
-	if key == "" {
-		auth := r.Header.Get("Authorization")
-		if len(auth) > 7 && strings.EqualFold(auth[:7], "bearer ") {
-			key = strings.TrimSpace(auth[7:])
-		}
+	key, agree := requestKey(r, s)
+	if !agree {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="iop"`)
+		reject(w, r, s, &apiError{status: http.StatusUnauthorized, typ: "authentication_error", code: "invalid_api_key",
+			msg: "the request carries credentials that disagree (Authorization and x-api-key, or one of them twice); send one API key"})
+		return nil, false
 	}
 	p, err := h.keys.Authenticate(key, h.o.Now())
 	if err == nil {

@@ -73,6 +73,23 @@ func TestAuth(t *testing.T) {
 		{"T4 x-api-key on /v1/messages", "POST", "/v1/messages", chatBody, []string{"x-api-key", "sk-a"}, 404, true, "team-a"},
 		{"T4 bearer on /v1/messages", "POST", "/v1/messages", chatBody, []string{"Authorization", "Bearer sk-a"}, 404, true, "team-a"},
 		{"T4 wrong x-api-key on /v1/messages/count_tokens", "POST", "/v1/messages/count_tokens", chatBody, []string{"x-api-key", "nope"}, 401, true, ""},
+		// T4: credentials that disagree are a 401, however valid one of them is.
+		{"T4 a valid x-api-key beside a wrong bearer is 401", "POST", "/v1/messages", chatBody,
+			[]string{"x-api-key", "sk-a", "Authorization", "Bearer sk-wrong"}, 401, true, ""},
+		{"T4 a wrong x-api-key beside a valid bearer is 401", "POST", "/v1/messages", chatBody,
+			[]string{"x-api-key", "sk-wrong", "Authorization", "Bearer sk-a"}, 401, true, ""},
+		{"T4 two valid keys of two principals are 401", "POST", "/v1/messages", chatBody,
+			[]string{"x-api-key", "sk-a", "Authorization", "Bearer sk-b"}, 401, true, ""},
+		{"T4 x-api-key beside an Authorization that is no bearer key is 401", "POST", "/v1/messages", chatBody,
+			[]string{"x-api-key", "sk-a", "Authorization", "Basic c2stYTo="}, 401, true, ""},
+		{"T4 two x-api-key values that disagree are 401", "POST", "/v1/messages", chatBody,
+			[]string{"x-api-key", "sk-a", "x-api-key", "sk-b"}, 401, true, ""},
+		{"T4 two Authorization values that disagree are 401", "POST", "/v1/chat/completions", chatBody,
+			[]string{"Authorization", "Bearer sk-a", "Authorization", "Bearer sk-b"}, 401, false, ""},
+		{"T4 the same key in both headers is that key", "POST", "/v1/messages", chatBody,
+			[]string{"x-api-key", "sk-a", "Authorization", "Bearer sk-a"}, 404, true, "team-a"},
+		{"T4 on an OpenAI route x-api-key is no credential: the bearer decides", "POST", "/v1/chat/completions", chatBody,
+			[]string{"X-Api-Key", "sk-b", "Authorization", "Bearer sk-a"}, 404, false, "team-a"},
 	}
 	for _, row := range rows {
 		t.Run(row.name, func(t *testing.T) {

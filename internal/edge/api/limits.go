@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"sync/atomic"
 	"time"
 
 	"iop/internal/edge/access"
@@ -20,51 +19,82 @@ import (
 // ratelog.DefaultBurst lines a second per kind, with the count of
 // suppressed lines.
 type limits struct {
-	conns  atomic.Int64 // open client connections, bound http.max_connections
+	conns  connTable    // client connections, bound http.max_connections (conns.go)
 	bodies limit.Budget // request-body bytes held, bound http.max_inflight_body_bytes
 
-	connLog, bodyLog, keyLog ratelog.Limiter
+	connLog, shedLog, bodyLog, keyLog ratelog.Limiter
 }
 
-// connOverKey marks, in a connection's context, a connection accepted
-// beyond http.max_connections.
-type connOverKey struct{}
+// connKey is the context key of a connection's *clientConn.
+type connKey struct{}
+
+// connOf is the entry of the connection r arrived on; nil when the server
+// was not wired with ConnContext.
+func connOf(r *http.Request) *clientConn {
+	cc, _ := r.Context().Value(connKey{}).(*clientConn)
+	return cc
+}
 
 // ConnContext is the http.Server hook that counts client connections
-// (http.max_connections): a connection beyond the bound is served, but its
-// requests get a fast 503 with Retry-After in the surface's shape and
-// "Connection: close"; beyond twice the bound it is closed at once, without
-// an answer. The accept loop never waits. Wire it with ConnState, which
-// uncounts every connection ConnContext counted.
+// (http.max_connections, conns.go): a new connection at the bound takes
+// the slot of the longest-quiet connection that never presented a valid
+// key, which is closed; without one it is over the bound: its requests get
+// a fast 503 with Retry-After in the surface's shape and "Connection:
+// close" unless they present a valid key (claim), and beyond twice the
+// bound it is closed at once, without an answer. The accept loop never
+// waits. Wire it with ConnState, which follows every connection
+// ConnContext counted until it closes.
 func (h *Handler) ConnContext(ctx context.Context, c net.Conn) context.Context {
-	max := int64(h.current().maxConns)
-	n := h.lim.conns.Add(1)
-	if n <= max {
-		return ctx
+	max := h.current().maxConns
+	cc, shed, closeNow := h.lim.conns.accept(c, max)
+	if shed != nil {
+		h.shed(shed, max)
 	}
-	if n > 2*max {
+	if closeNow {
 		h.logRefusal(&h.lim.connLog, "client connection closed at once: over twice http.max_connections",
-			slog.Int64("max_connections", max))
+			slog.Int("max_connections", max))
 		c.Close()
 	}
-	return context.WithValue(ctx, connOverKey{}, true)
+	return context.WithValue(ctx, connKey{}, cc)
 }
 
-// ConnState is the http.Server hook that uncounts a connection that ended.
+// ConnState is the http.Server hook that follows a connection's state:
+// whether it is quiet (may be shed) and when it ended.
 func (h *Handler) ConnState(c net.Conn, s http.ConnState) {
-	if s == http.StateClosed || s == http.StateHijacked {
-		h.lim.conns.Add(-1)
+	if s != http.StateNew {
+		h.lim.conns.state(c, s)
 	}
+}
+
+// shed closes cc, a quiet connection whose slot went to another.
+func (h *Handler) shed(cc *clientConn, max int) {
+	h.logRefusal(&h.lim.shedLog, "quiet client connection closed: its slot went to a new one at http.max_connections",
+		slog.Int("max_connections", max), slog.Bool("keyed", cc.keyed.Load()))
+	cc.c.Close()
 }
 
 // overConnections answers a request on a connection beyond
-// http.max_connections; false when the connection is within the bound.
+// http.max_connections; false when the connection is within the bound or
+// the request presents a valid key and so claimed a slot (conns.go).
 func (h *Handler) overConnections(w http.ResponseWriter, r *http.Request) bool {
-	if over, _ := r.Context().Value(connOverKey{}).(bool); !over {
+	cc := connOf(r)
+	if cc == nil || !cc.over.Load() {
 		return false
 	}
+	max := h.current().maxConns
+	if key, ok := requestKey(r, surfaceFor(r.URL.Path)); ok && key != "" && !h.keys.OpenMode() {
+		if _, err := h.keys.Authenticate(key, h.o.Now()); err == nil {
+			ok, shed := h.lim.conns.claim(cc, max)
+			if shed != nil {
+				h.shed(shed, max)
+			}
+			if ok {
+				return false
+			}
+		}
+	}
 	h.logRefusal(&h.lim.connLog, "client connection refused: over http.max_connections",
-		slog.Int("max_connections", h.current().maxConns))
+		slog.Int("max_connections", max))
 	w.Header().Set("Connection", "close")
 	reject(w, r, surfaceFor(r.URL.Path), &apiError{status: http.StatusServiceUnavailable, typ: "server_error",
 		code: access.CodeTooManyConnections, retryAfter: time.Second,

@@ -293,8 +293,8 @@ func TestGlobalLimits(t *testing.T) {
 			if used := r.h.lim.bodies.Used(); used != 0 {
 				t.Errorf("body bytes still counted after every connection closed: %d", used)
 			}
-			if n := r.h.lim.conns.Load(); n != 0 {
-				t.Errorf("connections still counted after every connection closed: %d", n)
+			if n, over := r.h.lim.conns.open(); n != 0 || over != 0 {
+				t.Errorf("connections still counted after every connection closed: %d (%d over the bound)", n, over)
 			}
 		})
 	}
