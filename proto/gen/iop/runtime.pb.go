@@ -152,6 +152,63 @@ func (TunnelFrameKind) EnumDescriptor() ([]byte, []int) {
 	return file_iop_runtime_proto_rawDescGZIP(), []int{1}
 }
 
+// NodeSpanKind is what one NodeSpan measures.
+type NodeSpanKind int32
+
+const (
+	NodeSpanKind_NODE_SPAN_KIND_UNSPECIFIED NodeSpanKind = 0
+	// The node's handling of a RunRequest, from its receipt to the terminal.
+	NodeSpanKind_NODE_SPAN_RUN NodeSpanKind = 1
+	// The node's handling of a ProviderTunnelRequest, likewise.
+	NodeSpanKind_NODE_SPAN_TUNNEL NodeSpanKind = 2
+	// The node's HTTP call to the backend, from the request sent to the
+	// provider call's return.
+	NodeSpanKind_NODE_SPAN_UPSTREAM NodeSpanKind = 3
+)
+
+// Enum value maps for NodeSpanKind.
+var (
+	NodeSpanKind_name = map[int32]string{
+		0: "NODE_SPAN_KIND_UNSPECIFIED",
+		1: "NODE_SPAN_RUN",
+		2: "NODE_SPAN_TUNNEL",
+		3: "NODE_SPAN_UPSTREAM",
+	}
+	NodeSpanKind_value = map[string]int32{
+		"NODE_SPAN_KIND_UNSPECIFIED": 0,
+		"NODE_SPAN_RUN":              1,
+		"NODE_SPAN_TUNNEL":           2,
+		"NODE_SPAN_UPSTREAM":         3,
+	}
+)
+
+func (x NodeSpanKind) Enum() *NodeSpanKind {
+	p := new(NodeSpanKind)
+	*p = x
+	return p
+}
+
+func (x NodeSpanKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (NodeSpanKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_iop_runtime_proto_enumTypes[2].Descriptor()
+}
+
+func (NodeSpanKind) Type() protoreflect.EnumType {
+	return &file_iop_runtime_proto_enumTypes[2]
+}
+
+func (x NodeSpanKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use NodeSpanKind.Descriptor instead.
+func (NodeSpanKind) EnumDescriptor() ([]byte, []int) {
+	return file_iop_runtime_proto_rawDescGZIP(), []int{2}
+}
+
 type NodeCommandType int32
 
 const (
@@ -188,11 +245,11 @@ func (x NodeCommandType) String() string {
 }
 
 func (NodeCommandType) Descriptor() protoreflect.EnumDescriptor {
-	return file_iop_runtime_proto_enumTypes[2].Descriptor()
+	return file_iop_runtime_proto_enumTypes[3].Descriptor()
 }
 
 func (NodeCommandType) Type() protoreflect.EnumType {
-	return &file_iop_runtime_proto_enumTypes[2]
+	return &file_iop_runtime_proto_enumTypes[3]
 }
 
 func (x NodeCommandType) Number() protoreflect.EnumNumber {
@@ -201,7 +258,7 @@ func (x NodeCommandType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use NodeCommandType.Descriptor instead.
 func (NodeCommandType) EnumDescriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{2}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{3}
 }
 
 type RefreshStatus int32
@@ -241,11 +298,11 @@ func (x RefreshStatus) String() string {
 }
 
 func (RefreshStatus) Descriptor() protoreflect.EnumDescriptor {
-	return file_iop_runtime_proto_enumTypes[3].Descriptor()
+	return file_iop_runtime_proto_enumTypes[4].Descriptor()
 }
 
 func (RefreshStatus) Type() protoreflect.EnumType {
-	return &file_iop_runtime_proto_enumTypes[3]
+	return &file_iop_runtime_proto_enumTypes[4]
 }
 
 func (x RefreshStatus) Number() protoreflect.EnumNumber {
@@ -254,7 +311,7 @@ func (x RefreshStatus) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RefreshStatus.Descriptor instead.
 func (RefreshStatus) EnumDescriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{3}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{4}
 }
 
 // Envelope is the only top-level message on the wire. It carries exactly one
@@ -1662,7 +1719,11 @@ type RunRequest struct {
 	// "embeddings" = embed input.embed_input (COMPLETE carries embeddings and
 	// usage, no text). A Node that does not know the operation ends the run
 	// with ERROR invalid_request.
-	Operation     string `protobuf:"bytes,13,opt,name=operation,proto3" json:"operation,omitempty"`
+	Operation string `protobuf:"bytes,13,opt,name=operation,proto3" json:"operation,omitempty"`
+	// The trace this run belongs to (W3C Trace Context; docs/operating.md
+	// "Tracing"); absent = not traced. A node that does not know the field
+	// ignores it (W5): the run is served untraced.
+	Trace         *TraceContext `protobuf:"bytes,14,opt,name=trace,proto3" json:"trace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1779,6 +1840,13 @@ func (x *RunRequest) GetOperation() string {
 		return x.Operation
 	}
 	return ""
+}
+
+func (x *RunRequest) GetTrace() *TraceContext {
+	if x != nil {
+		return x.Trace
+	}
+	return nil
 }
 
 // RunInput is the normalized provider input, an OpenAI chat request reduced
@@ -2308,7 +2376,10 @@ type RunEvent struct {
 	// message.thinking), which comes before the answer's text.
 	ReasoningDelta string `protobuf:"bytes,19,opt,name=reasoning_delta,json=reasoningDelta,proto3" json:"reasoning_delta,omitempty"`
 	// COMPLETE: the whole reasoning, when the model produced any.
-	Reasoning     string `protobuf:"bytes,20,opt,name=reasoning,proto3" json:"reasoning,omitempty"`
+	Reasoning string `protobuf:"bytes,20,opt,name=reasoning,proto3" json:"reasoning,omitempty"`
+	// The terminal (COMPLETE, ERROR, CANCELLED) of a run whose trace was
+	// sampled: the spans the node recorded for it; empty otherwise.
+	TraceSpans    []*NodeSpan `protobuf:"bytes,21,rep,name=trace_spans,json=traceSpans,proto3" json:"trace_spans,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2481,6 +2552,13 @@ func (x *RunEvent) GetReasoning() string {
 		return x.Reasoning
 	}
 	return ""
+}
+
+func (x *RunEvent) GetTraceSpans() []*NodeSpan {
+	if x != nil {
+		return x.TraceSpans
+	}
+	return nil
 }
 
 // Usage is token accounting as the backend reported it, in tokens.
@@ -2817,7 +2895,9 @@ type ProviderTunnelRequest struct {
 	// Idle time after which the attempt counts as stalled, ms; see RunRequest.
 	ResponseStallTimeoutMs int64 `protobuf:"varint,14,opt,name=response_stall_timeout_ms,json=responseStallTimeoutMs,proto3" json:"response_stall_timeout_ms,omitempty"`
 	// The client request's id; see RunRequest.request_id.
-	RequestId     string `protobuf:"bytes,15,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId string `protobuf:"bytes,15,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The trace this tunnel belongs to; see RunRequest.trace.
+	Trace         *TraceContext `protobuf:"bytes,16,opt,name=trace,proto3" json:"trace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2957,6 +3037,13 @@ func (x *ProviderTunnelRequest) GetRequestId() string {
 	return ""
 }
 
+func (x *ProviderTunnelRequest) GetTrace() *TraceContext {
+	if x != nil {
+		return x.Trace
+	}
+	return nil
+}
+
 // ProviderTunnelFrame is one ordered frame of a tunnel response.
 type ProviderTunnelFrame struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2981,7 +3068,10 @@ type ProviderTunnelFrame struct {
 	// ERROR with failure_code "response_stalled" only (SPEC H1, W4).
 	Failure *ExecutionFailure `protobuf:"bytes,15,opt,name=failure,proto3" json:"failure,omitempty"`
 	// ERROR: the failure in the words a client may see, as on RunEvent.
-	Message       string `protobuf:"bytes,16,opt,name=message,proto3" json:"message,omitempty"`
+	Message string `protobuf:"bytes,16,opt,name=message,proto3" json:"message,omitempty"`
+	// END or ERROR of a tunnel whose trace was sampled: the node's spans, as
+	// on RunEvent.trace_spans.
+	TraceSpans    []*NodeSpan `protobuf:"bytes,17,rep,name=trace_spans,json=traceSpans,proto3" json:"trace_spans,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3107,6 +3197,225 @@ func (x *ProviderTunnelFrame) GetMessage() string {
 	return ""
 }
 
+func (x *ProviderTunnelFrame) GetTraceSpans() []*NodeSpan {
+	if x != nil {
+		return x.TraceSpans
+	}
+	return nil
+}
+
+// TraceContext is the W3C trace context of the Edge's attempt span, the
+// parent of the spans a node records for one run or tunnel. The node sends
+// "traceparent: 00-{trace_id}-{its upstream span id}-{flags}" (and
+// tracestate when set) on its upstream request, so a backend that traces
+// joins the trace.
+type TraceContext struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 16 bytes, not all zero (W3C Trace Context section 3.2.2.3).
+	TraceId []byte `protobuf:"bytes,1,opt,name=trace_id,json=traceId,proto3" json:"trace_id,omitempty"`
+	// 8 bytes, not all zero: the Edge's attempt span.
+	ParentSpanId []byte `protobuf:"bytes,2,opt,name=parent_span_id,json=parentSpanId,proto3" json:"parent_span_id,omitempty"`
+	// The W3C sampled flag. false: the context is propagated (the backend
+	// sees the flag clear) and the node records no span.
+	Sampled bool `protobuf:"varint,3,opt,name=sampled,proto3" json:"sampled,omitempty"`
+	// The client's tracestate, validated by the Edge, passed to the backend
+	// unchanged; at most 512 bytes of printable ASCII.
+	Tracestate    string `protobuf:"bytes,4,opt,name=tracestate,proto3" json:"tracestate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TraceContext) Reset() {
+	*x = TraceContext{}
+	mi := &file_iop_runtime_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TraceContext) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TraceContext) ProtoMessage() {}
+
+func (x *TraceContext) ProtoReflect() protoreflect.Message {
+	mi := &file_iop_runtime_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TraceContext.ProtoReflect.Descriptor instead.
+func (*TraceContext) Descriptor() ([]byte, []int) {
+	return file_iop_runtime_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *TraceContext) GetTraceId() []byte {
+	if x != nil {
+		return x.TraceId
+	}
+	return nil
+}
+
+func (x *TraceContext) GetParentSpanId() []byte {
+	if x != nil {
+		return x.ParentSpanId
+	}
+	return nil
+}
+
+func (x *TraceContext) GetSampled() bool {
+	if x != nil {
+		return x.Sampled
+	}
+	return false
+}
+
+func (x *TraceContext) GetTracestate() string {
+	if x != nil {
+		return x.Tracestate
+	}
+	return ""
+}
+
+// NodeSpan is one span a node recorded, relayed to the Edge on the
+// terminal of a sampled run or tunnel. The Edge exports it: the node
+// needs no route to a collector. Times are offsets, never the node's wall
+// clock: the Edge anchors them at the attempt's dispatch and keeps every
+// span inside the attempt's own window. The Edge checks kinds, ids,
+// parents and sizes, and drops what does not fit.
+type NodeSpan struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Kind  NodeSpanKind           `protobuf:"varint,1,opt,name=kind,proto3,enum=iop.runtime.v1.NodeSpanKind" json:"kind,omitempty"`
+	// 8 bytes, random on the node, not all zero.
+	SpanId []byte `protobuf:"bytes,2,opt,name=span_id,json=spanId,proto3" json:"span_id,omitempty"`
+	// RUN and TUNNEL: TraceContext.parent_span_id; UPSTREAM: the id of the
+	// RUN or TUNNEL span.
+	ParentSpanId []byte `protobuf:"bytes,3,opt,name=parent_span_id,json=parentSpanId,proto3" json:"parent_span_id,omitempty"`
+	// From the node's receipt of the request, ns.
+	StartOffsetNs int64 `protobuf:"varint,4,opt,name=start_offset_ns,json=startOffsetNs,proto3" json:"start_offset_ns,omitempty"`
+	DurationNs    int64 `protobuf:"varint,5,opt,name=duration_ns,json=durationNs,proto3" json:"duration_ns,omitempty"`
+	// UPSTREAM: from the span's start to the response head, ns; 0 = no
+	// response head came.
+	FirstByteNs int64 `protobuf:"varint,6,opt,name=first_byte_ns,json=firstByteNs,proto3" json:"first_byte_ns,omitempty"`
+	// UPSTREAM: the HTTP method and the request path below the adapter's
+	// base URL (no query, no host: never the base URL, which is node
+	// configuration).
+	Method string `protobuf:"bytes,7,opt,name=method,proto3" json:"method,omitempty"`
+	Path   string `protobuf:"bytes,8,opt,name=path,proto3" json:"path,omitempty"`
+	// UPSTREAM: the status of the (last) response head; 0 = none.
+	StatusCode int32 `protobuf:"varint,9,opt,name=status_code,json=statusCode,proto3" json:"status_code,omitempty"`
+	// The failure code the run or tunnel ended with; "" = success.
+	FailureCode   string `protobuf:"bytes,10,opt,name=failure_code,json=failureCode,proto3" json:"failure_code,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeSpan) Reset() {
+	*x = NodeSpan{}
+	mi := &file_iop_runtime_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeSpan) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeSpan) ProtoMessage() {}
+
+func (x *NodeSpan) ProtoReflect() protoreflect.Message {
+	mi := &file_iop_runtime_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeSpan.ProtoReflect.Descriptor instead.
+func (*NodeSpan) Descriptor() ([]byte, []int) {
+	return file_iop_runtime_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *NodeSpan) GetKind() NodeSpanKind {
+	if x != nil {
+		return x.Kind
+	}
+	return NodeSpanKind_NODE_SPAN_KIND_UNSPECIFIED
+}
+
+func (x *NodeSpan) GetSpanId() []byte {
+	if x != nil {
+		return x.SpanId
+	}
+	return nil
+}
+
+func (x *NodeSpan) GetParentSpanId() []byte {
+	if x != nil {
+		return x.ParentSpanId
+	}
+	return nil
+}
+
+func (x *NodeSpan) GetStartOffsetNs() int64 {
+	if x != nil {
+		return x.StartOffsetNs
+	}
+	return 0
+}
+
+func (x *NodeSpan) GetDurationNs() int64 {
+	if x != nil {
+		return x.DurationNs
+	}
+	return 0
+}
+
+func (x *NodeSpan) GetFirstByteNs() int64 {
+	if x != nil {
+		return x.FirstByteNs
+	}
+	return 0
+}
+
+func (x *NodeSpan) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *NodeSpan) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *NodeSpan) GetStatusCode() int32 {
+	if x != nil {
+		return x.StatusCode
+	}
+	return 0
+}
+
+func (x *NodeSpan) GetFailureCode() string {
+	if x != nil {
+		return x.FailureCode
+	}
+	return ""
+}
+
 // NodeCommandRequest is a query or control command, separate from execution,
 // sent only to ready nodes (SPEC N1). Envelope.request_id correlates.
 type NodeCommandRequest struct {
@@ -3128,7 +3437,7 @@ type NodeCommandRequest struct {
 
 func (x *NodeCommandRequest) Reset() {
 	*x = NodeCommandRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[26]
+	mi := &file_iop_runtime_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3140,7 +3449,7 @@ func (x *NodeCommandRequest) String() string {
 func (*NodeCommandRequest) ProtoMessage() {}
 
 func (x *NodeCommandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[26]
+	mi := &file_iop_runtime_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3153,7 +3462,7 @@ func (x *NodeCommandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeCommandRequest.ProtoReflect.Descriptor instead.
 func (*NodeCommandRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{26}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *NodeCommandRequest) GetType() NodeCommandType {
@@ -3213,7 +3522,7 @@ type NodeCommandResponse struct {
 
 func (x *NodeCommandResponse) Reset() {
 	*x = NodeCommandResponse{}
-	mi := &file_iop_runtime_proto_msgTypes[27]
+	mi := &file_iop_runtime_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3225,7 +3534,7 @@ func (x *NodeCommandResponse) String() string {
 func (*NodeCommandResponse) ProtoMessage() {}
 
 func (x *NodeCommandResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[27]
+	mi := &file_iop_runtime_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3238,7 +3547,7 @@ func (x *NodeCommandResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeCommandResponse.ProtoReflect.Descriptor instead.
 func (*NodeCommandResponse) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{27}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *NodeCommandResponse) GetOk() bool {
@@ -3273,7 +3582,7 @@ type NodeConfigRefreshRequest struct {
 
 func (x *NodeConfigRefreshRequest) Reset() {
 	*x = NodeConfigRefreshRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[28]
+	mi := &file_iop_runtime_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3285,7 +3594,7 @@ func (x *NodeConfigRefreshRequest) String() string {
 func (*NodeConfigRefreshRequest) ProtoMessage() {}
 
 func (x *NodeConfigRefreshRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[28]
+	mi := &file_iop_runtime_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3298,7 +3607,7 @@ func (x *NodeConfigRefreshRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeConfigRefreshRequest.ProtoReflect.Descriptor instead.
 func (*NodeConfigRefreshRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{28}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *NodeConfigRefreshRequest) GetConfig() *NodeConfigPayload {
@@ -3318,7 +3627,7 @@ type NodeConfigRefreshResponse struct {
 
 func (x *NodeConfigRefreshResponse) Reset() {
 	*x = NodeConfigRefreshResponse{}
-	mi := &file_iop_runtime_proto_msgTypes[29]
+	mi := &file_iop_runtime_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3330,7 +3639,7 @@ func (x *NodeConfigRefreshResponse) String() string {
 func (*NodeConfigRefreshResponse) ProtoMessage() {}
 
 func (x *NodeConfigRefreshResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[29]
+	mi := &file_iop_runtime_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3343,7 +3652,7 @@ func (x *NodeConfigRefreshResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeConfigRefreshResponse.ProtoReflect.Descriptor instead.
 func (*NodeConfigRefreshResponse) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{29}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *NodeConfigRefreshResponse) GetStatus() RefreshStatus {
@@ -3390,7 +3699,7 @@ type CredentialLease struct {
 
 func (x *CredentialLease) Reset() {
 	*x = CredentialLease{}
-	mi := &file_iop_runtime_proto_msgTypes[30]
+	mi := &file_iop_runtime_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3402,7 +3711,7 @@ func (x *CredentialLease) String() string {
 func (*CredentialLease) ProtoMessage() {}
 
 func (x *CredentialLease) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[30]
+	mi := &file_iop_runtime_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3415,7 +3724,7 @@ func (x *CredentialLease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CredentialLease.ProtoReflect.Descriptor instead.
 func (*CredentialLease) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{30}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CredentialLease) GetLeaseId() string {
@@ -3517,7 +3826,7 @@ type CredentialLeaseBinding struct {
 
 func (x *CredentialLeaseBinding) Reset() {
 	*x = CredentialLeaseBinding{}
-	mi := &file_iop_runtime_proto_msgTypes[31]
+	mi := &file_iop_runtime_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3529,7 +3838,7 @@ func (x *CredentialLeaseBinding) String() string {
 func (*CredentialLeaseBinding) ProtoMessage() {}
 
 func (x *CredentialLeaseBinding) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[31]
+	mi := &file_iop_runtime_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3542,7 +3851,7 @@ func (x *CredentialLeaseBinding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CredentialLeaseBinding.ProtoReflect.Descriptor instead.
 func (*CredentialLeaseBinding) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{31}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CredentialLeaseBinding) GetPrincipal() string {
@@ -3677,7 +3986,7 @@ type ProviderSnapshot struct {
 
 func (x *ProviderSnapshot) Reset() {
 	*x = ProviderSnapshot{}
-	mi := &file_iop_runtime_proto_msgTypes[32]
+	mi := &file_iop_runtime_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3689,7 +3998,7 @@ func (x *ProviderSnapshot) String() string {
 func (*ProviderSnapshot) ProtoMessage() {}
 
 func (x *ProviderSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[32]
+	mi := &file_iop_runtime_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3702,7 +4011,7 @@ func (x *ProviderSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderSnapshot.ProtoReflect.Descriptor instead.
 func (*ProviderSnapshot) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{32}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ProviderSnapshot) GetProviderId() string {
@@ -3814,7 +4123,7 @@ type NodeJoinRequest struct {
 
 func (x *NodeJoinRequest) Reset() {
 	*x = NodeJoinRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[33]
+	mi := &file_iop_runtime_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3826,7 +4135,7 @@ func (x *NodeJoinRequest) String() string {
 func (*NodeJoinRequest) ProtoMessage() {}
 
 func (x *NodeJoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[33]
+	mi := &file_iop_runtime_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3839,7 +4148,7 @@ func (x *NodeJoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeJoinRequest.ProtoReflect.Descriptor instead.
 func (*NodeJoinRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{33}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *NodeJoinRequest) GetTokenId() string {
@@ -3910,7 +4219,7 @@ type NodeJoinResponse struct {
 
 func (x *NodeJoinResponse) Reset() {
 	*x = NodeJoinResponse{}
-	mi := &file_iop_runtime_proto_msgTypes[34]
+	mi := &file_iop_runtime_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3922,7 +4231,7 @@ func (x *NodeJoinResponse) String() string {
 func (*NodeJoinResponse) ProtoMessage() {}
 
 func (x *NodeJoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[34]
+	mi := &file_iop_runtime_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3935,7 +4244,7 @@ func (x *NodeJoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeJoinResponse.ProtoReflect.Descriptor instead.
 func (*NodeJoinResponse) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{34}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *NodeJoinResponse) GetOk() bool {
@@ -4015,7 +4324,7 @@ type CertificateRenewRequest struct {
 
 func (x *CertificateRenewRequest) Reset() {
 	*x = CertificateRenewRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[35]
+	mi := &file_iop_runtime_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4027,7 +4336,7 @@ func (x *CertificateRenewRequest) String() string {
 func (*CertificateRenewRequest) ProtoMessage() {}
 
 func (x *CertificateRenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[35]
+	mi := &file_iop_runtime_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4040,7 +4349,7 @@ func (x *CertificateRenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CertificateRenewRequest.ProtoReflect.Descriptor instead.
 func (*CertificateRenewRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{35}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CertificateRenewRequest) GetCsr() []byte {
@@ -4065,7 +4374,7 @@ type CertificateRenewResponse struct {
 
 func (x *CertificateRenewResponse) Reset() {
 	*x = CertificateRenewResponse{}
-	mi := &file_iop_runtime_proto_msgTypes[36]
+	mi := &file_iop_runtime_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4077,7 +4386,7 @@ func (x *CertificateRenewResponse) String() string {
 func (*CertificateRenewResponse) ProtoMessage() {}
 
 func (x *CertificateRenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[36]
+	mi := &file_iop_runtime_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4090,7 +4399,7 @@ func (x *CertificateRenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CertificateRenewResponse.ProtoReflect.Descriptor instead.
 func (*CertificateRenewResponse) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{36}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CertificateRenewResponse) GetOk() bool {
@@ -4133,7 +4442,7 @@ type NodeModelsReport struct {
 
 func (x *NodeModelsReport) Reset() {
 	*x = NodeModelsReport{}
-	mi := &file_iop_runtime_proto_msgTypes[37]
+	mi := &file_iop_runtime_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4145,7 +4454,7 @@ func (x *NodeModelsReport) String() string {
 func (*NodeModelsReport) ProtoMessage() {}
 
 func (x *NodeModelsReport) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[37]
+	mi := &file_iop_runtime_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4158,7 +4467,7 @@ func (x *NodeModelsReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeModelsReport.ProtoReflect.Descriptor instead.
 func (*NodeModelsReport) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{37}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *NodeModelsReport) GetAdapters() []*AdapterModels {
@@ -4185,7 +4494,7 @@ type AdapterModels struct {
 
 func (x *AdapterModels) Reset() {
 	*x = AdapterModels{}
-	mi := &file_iop_runtime_proto_msgTypes[38]
+	mi := &file_iop_runtime_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4197,7 +4506,7 @@ func (x *AdapterModels) String() string {
 func (*AdapterModels) ProtoMessage() {}
 
 func (x *AdapterModels) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[38]
+	mi := &file_iop_runtime_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4210,7 +4519,7 @@ func (x *AdapterModels) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterModels.ProtoReflect.Descriptor instead.
 func (*AdapterModels) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{38}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *AdapterModels) GetAdapter() string {
@@ -4343,7 +4652,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\rHeartbeatPong\x12 \n" +
 	"\fsent_unix_ms\x18\x01 \x01(\x03R\n" +
 	"sentUnixMs\x12\x14\n" +
-	"\x05nonce\x18\x02 \x01(\x04R\x05nonce\"\xe4\x04\n" +
+	"\x05nonce\x18\x02 \x01(\x04R\x05nonce\"\x98\x05\n" +
 	"\n" +
 	"RunRequest\x12\x18\n" +
 	"\aadapter\x18\x01 \x01(\tR\aadapter\x12\x16\n" +
@@ -4361,7 +4670,8 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x06stream\x18\v \x01(\bR\x06stream\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\f \x01(\tR\trequestId\x12\x1c\n" +
-	"\toperation\x18\r \x01(\tR\toperation\x1a;\n" +
+	"\toperation\x18\r \x01(\tR\toperation\x122\n" +
+	"\x05trace\x18\x0e \x01(\v2\x1c.iop.runtime.v1.TraceContextR\x05trace\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe3\x05\n" +
@@ -4416,7 +4726,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x05bytes\x18\x03 \x01(\fR\x05bytes\x12?\n" +
 	"\ftop_logprobs\x18\x04 \x03(\v2\x1c.iop.runtime.v1.TokenLogprobR\vtopLogprobs\"#\n" +
 	"\tEmbedding\x12\x16\n" +
-	"\x06values\x18\x01 \x03(\x02R\x06values\"\xb3\x06\n" +
+	"\x06values\x18\x01 \x03(\x02R\x06values\"\xee\x06\n" +
 	"\bRunEvent\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x120\n" +
 	"\x04type\x18\x02 \x01(\x0e2\x1c.iop.runtime.v1.RunEventTypeR\x04type\x12\x14\n" +
@@ -4440,7 +4750,9 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x05param\x18\x11 \x01(\tR\x05param\x12\x18\n" +
 	"\amessage\x18\x12 \x01(\tR\amessage\x12'\n" +
 	"\x0freasoning_delta\x18\x13 \x01(\tR\x0ereasoningDelta\x12\x1c\n" +
-	"\treasoning\x18\x14 \x01(\tR\treasoning\x1a;\n" +
+	"\treasoning\x18\x14 \x01(\tR\treasoning\x129\n" +
+	"\vtrace_spans\x18\x15 \x03(\v2\x18.iop.runtime.v1.NodeSpanR\n" +
+	"traceSpans\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"|\n" +
@@ -4468,7 +4780,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\"2\n" +
 	"\x06Header\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value\"\xbc\x05\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\"\xf0\x05\n" +
 	"\x15ProviderTunnelRequest\x12\x18\n" +
 	"\aadapter\x18\x01 \x01(\tR\aadapter\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\tR\x06target\x12\x16\n" +
@@ -4488,10 +4800,11 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\toperation\x18\r \x01(\tR\toperation\x129\n" +
 	"\x19response_stall_timeout_ms\x18\x0e \x01(\x03R\x16responseStallTimeoutMs\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x0f \x01(\tR\trequestId\x1a;\n" +
+	"request_id\x18\x0f \x01(\tR\trequestId\x122\n" +
+	"\x05trace\x18\x10 \x01(\v2\x1c.iop.runtime.v1.TraceContextR\x05trace\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb4\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xef\x04\n" +
 	"\x13ProviderTunnelFrame\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x123\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x1f.iop.runtime.v1.TunnelFrameKindR\x04kind\x12\x16\n" +
@@ -4506,10 +4819,33 @@ const file_iop_runtime_proto_rawDesc = "" +
 	" \x01(\tR\aadapter\x12\x16\n" +
 	"\x06target\x18\v \x01(\tR\x06target\x12:\n" +
 	"\afailure\x18\x0f \x01(\v2 .iop.runtime.v1.ExecutionFailureR\afailure\x12\x18\n" +
-	"\amessage\x18\x10 \x01(\tR\amessage\x1a;\n" +
+	"\amessage\x18\x10 \x01(\tR\amessage\x129\n" +
+	"\vtrace_spans\x18\x11 \x03(\v2\x18.iop.runtime.v1.NodeSpanR\n" +
+	"traceSpans\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x99\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x89\x01\n" +
+	"\fTraceContext\x12\x19\n" +
+	"\btrace_id\x18\x01 \x01(\fR\atraceId\x12$\n" +
+	"\x0eparent_span_id\x18\x02 \x01(\fR\fparentSpanId\x12\x18\n" +
+	"\asampled\x18\x03 \x01(\bR\asampled\x12\x1e\n" +
+	"\n" +
+	"tracestate\x18\x04 \x01(\tR\n" +
+	"tracestate\"\xd8\x02\n" +
+	"\bNodeSpan\x120\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x1c.iop.runtime.v1.NodeSpanKindR\x04kind\x12\x17\n" +
+	"\aspan_id\x18\x02 \x01(\fR\x06spanId\x12$\n" +
+	"\x0eparent_span_id\x18\x03 \x01(\fR\fparentSpanId\x12&\n" +
+	"\x0fstart_offset_ns\x18\x04 \x01(\x03R\rstartOffsetNs\x12\x1f\n" +
+	"\vduration_ns\x18\x05 \x01(\x03R\n" +
+	"durationNs\x12\"\n" +
+	"\rfirst_byte_ns\x18\x06 \x01(\x03R\vfirstByteNs\x12\x16\n" +
+	"\x06method\x18\a \x01(\tR\x06method\x12\x12\n" +
+	"\x04path\x18\b \x01(\tR\x04path\x12\x1f\n" +
+	"\vstatus_code\x18\t \x01(\x05R\n" +
+	"statusCode\x12!\n" +
+	"\ffailure_code\x18\n" +
+	" \x01(\tR\vfailureCode\"\x99\x03\n" +
 	"\x12NodeCommandRequest\x123\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x1f.iop.runtime.v1.NodeCommandTypeR\x04type\x12\x18\n" +
 	"\aadapter\x18\x02 \x01(\tR\aadapter\x12\x16\n" +
@@ -4621,7 +4957,12 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x11TUNNEL_FRAME_BODY\x10\x02\x12\x16\n" +
 	"\x12TUNNEL_FRAME_USAGE\x10\x03\x12\x14\n" +
 	"\x10TUNNEL_FRAME_END\x10\x04\x12\x16\n" +
-	"\x12TUNNEL_FRAME_ERROR\x10\x05*\x94\x01\n" +
+	"\x12TUNNEL_FRAME_ERROR\x10\x05*o\n" +
+	"\fNodeSpanKind\x12\x1e\n" +
+	"\x1aNODE_SPAN_KIND_UNSPECIFIED\x10\x00\x12\x11\n" +
+	"\rNODE_SPAN_RUN\x10\x01\x12\x14\n" +
+	"\x10NODE_SPAN_TUNNEL\x10\x02\x12\x16\n" +
+	"\x12NODE_SPAN_UPSTREAM\x10\x03*\x94\x01\n" +
 	"\x0fNodeCommandType\x12!\n" +
 	"\x1dNODE_COMMAND_TYPE_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19NODE_COMMAND_CAPABILITIES\x10\x01\x12\x1a\n" +
@@ -4645,123 +4986,131 @@ func file_iop_runtime_proto_rawDescGZIP() []byte {
 	return file_iop_runtime_proto_rawDescData
 }
 
-var file_iop_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_iop_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_iop_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_iop_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_iop_runtime_proto_goTypes = []any{
 	(RunEventType)(0),                 // 0: iop.runtime.v1.RunEventType
 	(TunnelFrameKind)(0),              // 1: iop.runtime.v1.TunnelFrameKind
-	(NodeCommandType)(0),              // 2: iop.runtime.v1.NodeCommandType
-	(RefreshStatus)(0),                // 3: iop.runtime.v1.RefreshStatus
-	(*Envelope)(nil),                  // 4: iop.runtime.v1.Envelope
-	(*RegisterRequest)(nil),           // 5: iop.runtime.v1.RegisterRequest
-	(*RegisterResponse)(nil),          // 6: iop.runtime.v1.RegisterResponse
-	(*NodeConfigPayload)(nil),         // 7: iop.runtime.v1.NodeConfigPayload
-	(*AdapterConfig)(nil),             // 8: iop.runtime.v1.AdapterConfig
-	(*OpenAICompatAdapterConfig)(nil), // 9: iop.runtime.v1.OpenAICompatAdapterConfig
-	(*ConcreteProtocolProfile)(nil),   // 10: iop.runtime.v1.ConcreteProtocolProfile
-	(*NodeRuntimeConfig)(nil),         // 11: iop.runtime.v1.NodeRuntimeConfig
-	(*NodeReadyRequest)(nil),          // 12: iop.runtime.v1.NodeReadyRequest
-	(*NodeReadyResponse)(nil),         // 13: iop.runtime.v1.NodeReadyResponse
-	(*NodeDrainingNotice)(nil),        // 14: iop.runtime.v1.NodeDrainingNotice
-	(*HeartbeatPing)(nil),             // 15: iop.runtime.v1.HeartbeatPing
-	(*HeartbeatPong)(nil),             // 16: iop.runtime.v1.HeartbeatPong
-	(*RunRequest)(nil),                // 17: iop.runtime.v1.RunRequest
-	(*RunInput)(nil),                  // 18: iop.runtime.v1.RunInput
-	(*ChatMessage)(nil),               // 19: iop.runtime.v1.ChatMessage
-	(*ChatImage)(nil),                 // 20: iop.runtime.v1.ChatImage
-	(*TokenLogprob)(nil),              // 21: iop.runtime.v1.TokenLogprob
-	(*Embedding)(nil),                 // 22: iop.runtime.v1.Embedding
-	(*RunEvent)(nil),                  // 23: iop.runtime.v1.RunEvent
-	(*Usage)(nil),                     // 24: iop.runtime.v1.Usage
-	(*ExecutionFailure)(nil),          // 25: iop.runtime.v1.ExecutionFailure
-	(*CancelRequest)(nil),             // 26: iop.runtime.v1.CancelRequest
-	(*Header)(nil),                    // 27: iop.runtime.v1.Header
-	(*ProviderTunnelRequest)(nil),     // 28: iop.runtime.v1.ProviderTunnelRequest
-	(*ProviderTunnelFrame)(nil),       // 29: iop.runtime.v1.ProviderTunnelFrame
-	(*NodeCommandRequest)(nil),        // 30: iop.runtime.v1.NodeCommandRequest
-	(*NodeCommandResponse)(nil),       // 31: iop.runtime.v1.NodeCommandResponse
-	(*NodeConfigRefreshRequest)(nil),  // 32: iop.runtime.v1.NodeConfigRefreshRequest
-	(*NodeConfigRefreshResponse)(nil), // 33: iop.runtime.v1.NodeConfigRefreshResponse
-	(*CredentialLease)(nil),           // 34: iop.runtime.v1.CredentialLease
-	(*CredentialLeaseBinding)(nil),    // 35: iop.runtime.v1.CredentialLeaseBinding
-	(*ProviderSnapshot)(nil),          // 36: iop.runtime.v1.ProviderSnapshot
-	(*NodeJoinRequest)(nil),           // 37: iop.runtime.v1.NodeJoinRequest
-	(*NodeJoinResponse)(nil),          // 38: iop.runtime.v1.NodeJoinResponse
-	(*CertificateRenewRequest)(nil),   // 39: iop.runtime.v1.CertificateRenewRequest
-	(*CertificateRenewResponse)(nil),  // 40: iop.runtime.v1.CertificateRenewResponse
-	(*NodeModelsReport)(nil),          // 41: iop.runtime.v1.NodeModelsReport
-	(*AdapterModels)(nil),             // 42: iop.runtime.v1.AdapterModels
-	nil,                               // 43: iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntry
-	nil,                               // 44: iop.runtime.v1.RunRequest.MetadataEntry
-	nil,                               // 45: iop.runtime.v1.RunEvent.MetadataEntry
-	nil,                               // 46: iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
-	nil,                               // 47: iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
-	nil,                               // 48: iop.runtime.v1.NodeCommandRequest.ArgsEntry
-	nil,                               // 49: iop.runtime.v1.NodeCommandResponse.ResultEntry
+	(NodeSpanKind)(0),                 // 2: iop.runtime.v1.NodeSpanKind
+	(NodeCommandType)(0),              // 3: iop.runtime.v1.NodeCommandType
+	(RefreshStatus)(0),                // 4: iop.runtime.v1.RefreshStatus
+	(*Envelope)(nil),                  // 5: iop.runtime.v1.Envelope
+	(*RegisterRequest)(nil),           // 6: iop.runtime.v1.RegisterRequest
+	(*RegisterResponse)(nil),          // 7: iop.runtime.v1.RegisterResponse
+	(*NodeConfigPayload)(nil),         // 8: iop.runtime.v1.NodeConfigPayload
+	(*AdapterConfig)(nil),             // 9: iop.runtime.v1.AdapterConfig
+	(*OpenAICompatAdapterConfig)(nil), // 10: iop.runtime.v1.OpenAICompatAdapterConfig
+	(*ConcreteProtocolProfile)(nil),   // 11: iop.runtime.v1.ConcreteProtocolProfile
+	(*NodeRuntimeConfig)(nil),         // 12: iop.runtime.v1.NodeRuntimeConfig
+	(*NodeReadyRequest)(nil),          // 13: iop.runtime.v1.NodeReadyRequest
+	(*NodeReadyResponse)(nil),         // 14: iop.runtime.v1.NodeReadyResponse
+	(*NodeDrainingNotice)(nil),        // 15: iop.runtime.v1.NodeDrainingNotice
+	(*HeartbeatPing)(nil),             // 16: iop.runtime.v1.HeartbeatPing
+	(*HeartbeatPong)(nil),             // 17: iop.runtime.v1.HeartbeatPong
+	(*RunRequest)(nil),                // 18: iop.runtime.v1.RunRequest
+	(*RunInput)(nil),                  // 19: iop.runtime.v1.RunInput
+	(*ChatMessage)(nil),               // 20: iop.runtime.v1.ChatMessage
+	(*ChatImage)(nil),                 // 21: iop.runtime.v1.ChatImage
+	(*TokenLogprob)(nil),              // 22: iop.runtime.v1.TokenLogprob
+	(*Embedding)(nil),                 // 23: iop.runtime.v1.Embedding
+	(*RunEvent)(nil),                  // 24: iop.runtime.v1.RunEvent
+	(*Usage)(nil),                     // 25: iop.runtime.v1.Usage
+	(*ExecutionFailure)(nil),          // 26: iop.runtime.v1.ExecutionFailure
+	(*CancelRequest)(nil),             // 27: iop.runtime.v1.CancelRequest
+	(*Header)(nil),                    // 28: iop.runtime.v1.Header
+	(*ProviderTunnelRequest)(nil),     // 29: iop.runtime.v1.ProviderTunnelRequest
+	(*ProviderTunnelFrame)(nil),       // 30: iop.runtime.v1.ProviderTunnelFrame
+	(*TraceContext)(nil),              // 31: iop.runtime.v1.TraceContext
+	(*NodeSpan)(nil),                  // 32: iop.runtime.v1.NodeSpan
+	(*NodeCommandRequest)(nil),        // 33: iop.runtime.v1.NodeCommandRequest
+	(*NodeCommandResponse)(nil),       // 34: iop.runtime.v1.NodeCommandResponse
+	(*NodeConfigRefreshRequest)(nil),  // 35: iop.runtime.v1.NodeConfigRefreshRequest
+	(*NodeConfigRefreshResponse)(nil), // 36: iop.runtime.v1.NodeConfigRefreshResponse
+	(*CredentialLease)(nil),           // 37: iop.runtime.v1.CredentialLease
+	(*CredentialLeaseBinding)(nil),    // 38: iop.runtime.v1.CredentialLeaseBinding
+	(*ProviderSnapshot)(nil),          // 39: iop.runtime.v1.ProviderSnapshot
+	(*NodeJoinRequest)(nil),           // 40: iop.runtime.v1.NodeJoinRequest
+	(*NodeJoinResponse)(nil),          // 41: iop.runtime.v1.NodeJoinResponse
+	(*CertificateRenewRequest)(nil),   // 42: iop.runtime.v1.CertificateRenewRequest
+	(*CertificateRenewResponse)(nil),  // 43: iop.runtime.v1.CertificateRenewResponse
+	(*NodeModelsReport)(nil),          // 44: iop.runtime.v1.NodeModelsReport
+	(*AdapterModels)(nil),             // 45: iop.runtime.v1.AdapterModels
+	nil,                               // 46: iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntry
+	nil,                               // 47: iop.runtime.v1.RunRequest.MetadataEntry
+	nil,                               // 48: iop.runtime.v1.RunEvent.MetadataEntry
+	nil,                               // 49: iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
+	nil,                               // 50: iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
+	nil,                               // 51: iop.runtime.v1.NodeCommandRequest.ArgsEntry
+	nil,                               // 52: iop.runtime.v1.NodeCommandResponse.ResultEntry
 }
 var file_iop_runtime_proto_depIdxs = []int32{
-	5,  // 0: iop.runtime.v1.Envelope.register_request:type_name -> iop.runtime.v1.RegisterRequest
-	6,  // 1: iop.runtime.v1.Envelope.register_response:type_name -> iop.runtime.v1.RegisterResponse
-	12, // 2: iop.runtime.v1.Envelope.ready_request:type_name -> iop.runtime.v1.NodeReadyRequest
-	13, // 3: iop.runtime.v1.Envelope.ready_response:type_name -> iop.runtime.v1.NodeReadyResponse
-	15, // 4: iop.runtime.v1.Envelope.ping:type_name -> iop.runtime.v1.HeartbeatPing
-	16, // 5: iop.runtime.v1.Envelope.pong:type_name -> iop.runtime.v1.HeartbeatPong
-	17, // 6: iop.runtime.v1.Envelope.run_request:type_name -> iop.runtime.v1.RunRequest
-	23, // 7: iop.runtime.v1.Envelope.run_event:type_name -> iop.runtime.v1.RunEvent
-	28, // 8: iop.runtime.v1.Envelope.tunnel_request:type_name -> iop.runtime.v1.ProviderTunnelRequest
-	29, // 9: iop.runtime.v1.Envelope.tunnel_frame:type_name -> iop.runtime.v1.ProviderTunnelFrame
-	26, // 10: iop.runtime.v1.Envelope.cancel_request:type_name -> iop.runtime.v1.CancelRequest
-	30, // 11: iop.runtime.v1.Envelope.command_request:type_name -> iop.runtime.v1.NodeCommandRequest
-	31, // 12: iop.runtime.v1.Envelope.command_response:type_name -> iop.runtime.v1.NodeCommandResponse
-	32, // 13: iop.runtime.v1.Envelope.refresh_request:type_name -> iop.runtime.v1.NodeConfigRefreshRequest
-	33, // 14: iop.runtime.v1.Envelope.refresh_response:type_name -> iop.runtime.v1.NodeConfigRefreshResponse
-	14, // 15: iop.runtime.v1.Envelope.draining_notice:type_name -> iop.runtime.v1.NodeDrainingNotice
-	37, // 16: iop.runtime.v1.Envelope.join_request:type_name -> iop.runtime.v1.NodeJoinRequest
-	38, // 17: iop.runtime.v1.Envelope.join_response:type_name -> iop.runtime.v1.NodeJoinResponse
-	39, // 18: iop.runtime.v1.Envelope.renew_request:type_name -> iop.runtime.v1.CertificateRenewRequest
-	40, // 19: iop.runtime.v1.Envelope.renew_response:type_name -> iop.runtime.v1.CertificateRenewResponse
-	41, // 20: iop.runtime.v1.Envelope.models_report:type_name -> iop.runtime.v1.NodeModelsReport
-	7,  // 21: iop.runtime.v1.RegisterResponse.config:type_name -> iop.runtime.v1.NodeConfigPayload
-	8,  // 22: iop.runtime.v1.NodeConfigPayload.adapters:type_name -> iop.runtime.v1.AdapterConfig
-	11, // 23: iop.runtime.v1.NodeConfigPayload.runtime:type_name -> iop.runtime.v1.NodeRuntimeConfig
-	9,  // 24: iop.runtime.v1.AdapterConfig.openai_compat:type_name -> iop.runtime.v1.OpenAICompatAdapterConfig
-	10, // 25: iop.runtime.v1.OpenAICompatAdapterConfig.protocol_profile:type_name -> iop.runtime.v1.ConcreteProtocolProfile
-	43, // 26: iop.runtime.v1.NodeRuntimeConfig.credential_slot_revisions:type_name -> iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntry
-	18, // 27: iop.runtime.v1.RunRequest.input:type_name -> iop.runtime.v1.RunInput
-	44, // 28: iop.runtime.v1.RunRequest.metadata:type_name -> iop.runtime.v1.RunRequest.MetadataEntry
-	34, // 29: iop.runtime.v1.RunRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
-	35, // 30: iop.runtime.v1.RunRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
-	19, // 31: iop.runtime.v1.RunInput.messages:type_name -> iop.runtime.v1.ChatMessage
-	20, // 32: iop.runtime.v1.ChatMessage.images:type_name -> iop.runtime.v1.ChatImage
-	21, // 33: iop.runtime.v1.TokenLogprob.top_logprobs:type_name -> iop.runtime.v1.TokenLogprob
-	0,  // 34: iop.runtime.v1.RunEvent.type:type_name -> iop.runtime.v1.RunEventType
-	24, // 35: iop.runtime.v1.RunEvent.usage:type_name -> iop.runtime.v1.Usage
-	45, // 36: iop.runtime.v1.RunEvent.metadata:type_name -> iop.runtime.v1.RunEvent.MetadataEntry
-	25, // 37: iop.runtime.v1.RunEvent.failure:type_name -> iop.runtime.v1.ExecutionFailure
-	21, // 38: iop.runtime.v1.RunEvent.logprobs:type_name -> iop.runtime.v1.TokenLogprob
-	22, // 39: iop.runtime.v1.RunEvent.embeddings:type_name -> iop.runtime.v1.Embedding
-	27, // 40: iop.runtime.v1.ProviderTunnelRequest.headers:type_name -> iop.runtime.v1.Header
-	46, // 41: iop.runtime.v1.ProviderTunnelRequest.metadata:type_name -> iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
-	34, // 42: iop.runtime.v1.ProviderTunnelRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
-	35, // 43: iop.runtime.v1.ProviderTunnelRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
-	1,  // 44: iop.runtime.v1.ProviderTunnelFrame.kind:type_name -> iop.runtime.v1.TunnelFrameKind
-	27, // 45: iop.runtime.v1.ProviderTunnelFrame.headers:type_name -> iop.runtime.v1.Header
-	24, // 46: iop.runtime.v1.ProviderTunnelFrame.usage:type_name -> iop.runtime.v1.Usage
-	47, // 47: iop.runtime.v1.ProviderTunnelFrame.metadata:type_name -> iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
-	25, // 48: iop.runtime.v1.ProviderTunnelFrame.failure:type_name -> iop.runtime.v1.ExecutionFailure
-	2,  // 49: iop.runtime.v1.NodeCommandRequest.type:type_name -> iop.runtime.v1.NodeCommandType
-	48, // 50: iop.runtime.v1.NodeCommandRequest.args:type_name -> iop.runtime.v1.NodeCommandRequest.ArgsEntry
-	34, // 51: iop.runtime.v1.NodeCommandRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
-	35, // 52: iop.runtime.v1.NodeCommandRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
-	49, // 53: iop.runtime.v1.NodeCommandResponse.result:type_name -> iop.runtime.v1.NodeCommandResponse.ResultEntry
-	7,  // 54: iop.runtime.v1.NodeConfigRefreshRequest.config:type_name -> iop.runtime.v1.NodeConfigPayload
-	3,  // 55: iop.runtime.v1.NodeConfigRefreshResponse.status:type_name -> iop.runtime.v1.RefreshStatus
-	42, // 56: iop.runtime.v1.NodeModelsReport.adapters:type_name -> iop.runtime.v1.AdapterModels
-	57, // [57:57] is the sub-list for method output_type
-	57, // [57:57] is the sub-list for method input_type
-	57, // [57:57] is the sub-list for extension type_name
-	57, // [57:57] is the sub-list for extension extendee
-	0,  // [0:57] is the sub-list for field type_name
+	6,  // 0: iop.runtime.v1.Envelope.register_request:type_name -> iop.runtime.v1.RegisterRequest
+	7,  // 1: iop.runtime.v1.Envelope.register_response:type_name -> iop.runtime.v1.RegisterResponse
+	13, // 2: iop.runtime.v1.Envelope.ready_request:type_name -> iop.runtime.v1.NodeReadyRequest
+	14, // 3: iop.runtime.v1.Envelope.ready_response:type_name -> iop.runtime.v1.NodeReadyResponse
+	16, // 4: iop.runtime.v1.Envelope.ping:type_name -> iop.runtime.v1.HeartbeatPing
+	17, // 5: iop.runtime.v1.Envelope.pong:type_name -> iop.runtime.v1.HeartbeatPong
+	18, // 6: iop.runtime.v1.Envelope.run_request:type_name -> iop.runtime.v1.RunRequest
+	24, // 7: iop.runtime.v1.Envelope.run_event:type_name -> iop.runtime.v1.RunEvent
+	29, // 8: iop.runtime.v1.Envelope.tunnel_request:type_name -> iop.runtime.v1.ProviderTunnelRequest
+	30, // 9: iop.runtime.v1.Envelope.tunnel_frame:type_name -> iop.runtime.v1.ProviderTunnelFrame
+	27, // 10: iop.runtime.v1.Envelope.cancel_request:type_name -> iop.runtime.v1.CancelRequest
+	33, // 11: iop.runtime.v1.Envelope.command_request:type_name -> iop.runtime.v1.NodeCommandRequest
+	34, // 12: iop.runtime.v1.Envelope.command_response:type_name -> iop.runtime.v1.NodeCommandResponse
+	35, // 13: iop.runtime.v1.Envelope.refresh_request:type_name -> iop.runtime.v1.NodeConfigRefreshRequest
+	36, // 14: iop.runtime.v1.Envelope.refresh_response:type_name -> iop.runtime.v1.NodeConfigRefreshResponse
+	15, // 15: iop.runtime.v1.Envelope.draining_notice:type_name -> iop.runtime.v1.NodeDrainingNotice
+	40, // 16: iop.runtime.v1.Envelope.join_request:type_name -> iop.runtime.v1.NodeJoinRequest
+	41, // 17: iop.runtime.v1.Envelope.join_response:type_name -> iop.runtime.v1.NodeJoinResponse
+	42, // 18: iop.runtime.v1.Envelope.renew_request:type_name -> iop.runtime.v1.CertificateRenewRequest
+	43, // 19: iop.runtime.v1.Envelope.renew_response:type_name -> iop.runtime.v1.CertificateRenewResponse
+	44, // 20: iop.runtime.v1.Envelope.models_report:type_name -> iop.runtime.v1.NodeModelsReport
+	8,  // 21: iop.runtime.v1.RegisterResponse.config:type_name -> iop.runtime.v1.NodeConfigPayload
+	9,  // 22: iop.runtime.v1.NodeConfigPayload.adapters:type_name -> iop.runtime.v1.AdapterConfig
+	12, // 23: iop.runtime.v1.NodeConfigPayload.runtime:type_name -> iop.runtime.v1.NodeRuntimeConfig
+	10, // 24: iop.runtime.v1.AdapterConfig.openai_compat:type_name -> iop.runtime.v1.OpenAICompatAdapterConfig
+	11, // 25: iop.runtime.v1.OpenAICompatAdapterConfig.protocol_profile:type_name -> iop.runtime.v1.ConcreteProtocolProfile
+	46, // 26: iop.runtime.v1.NodeRuntimeConfig.credential_slot_revisions:type_name -> iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntry
+	19, // 27: iop.runtime.v1.RunRequest.input:type_name -> iop.runtime.v1.RunInput
+	47, // 28: iop.runtime.v1.RunRequest.metadata:type_name -> iop.runtime.v1.RunRequest.MetadataEntry
+	37, // 29: iop.runtime.v1.RunRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
+	38, // 30: iop.runtime.v1.RunRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
+	31, // 31: iop.runtime.v1.RunRequest.trace:type_name -> iop.runtime.v1.TraceContext
+	20, // 32: iop.runtime.v1.RunInput.messages:type_name -> iop.runtime.v1.ChatMessage
+	21, // 33: iop.runtime.v1.ChatMessage.images:type_name -> iop.runtime.v1.ChatImage
+	22, // 34: iop.runtime.v1.TokenLogprob.top_logprobs:type_name -> iop.runtime.v1.TokenLogprob
+	0,  // 35: iop.runtime.v1.RunEvent.type:type_name -> iop.runtime.v1.RunEventType
+	25, // 36: iop.runtime.v1.RunEvent.usage:type_name -> iop.runtime.v1.Usage
+	48, // 37: iop.runtime.v1.RunEvent.metadata:type_name -> iop.runtime.v1.RunEvent.MetadataEntry
+	26, // 38: iop.runtime.v1.RunEvent.failure:type_name -> iop.runtime.v1.ExecutionFailure
+	22, // 39: iop.runtime.v1.RunEvent.logprobs:type_name -> iop.runtime.v1.TokenLogprob
+	23, // 40: iop.runtime.v1.RunEvent.embeddings:type_name -> iop.runtime.v1.Embedding
+	32, // 41: iop.runtime.v1.RunEvent.trace_spans:type_name -> iop.runtime.v1.NodeSpan
+	28, // 42: iop.runtime.v1.ProviderTunnelRequest.headers:type_name -> iop.runtime.v1.Header
+	49, // 43: iop.runtime.v1.ProviderTunnelRequest.metadata:type_name -> iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
+	37, // 44: iop.runtime.v1.ProviderTunnelRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
+	38, // 45: iop.runtime.v1.ProviderTunnelRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
+	31, // 46: iop.runtime.v1.ProviderTunnelRequest.trace:type_name -> iop.runtime.v1.TraceContext
+	1,  // 47: iop.runtime.v1.ProviderTunnelFrame.kind:type_name -> iop.runtime.v1.TunnelFrameKind
+	28, // 48: iop.runtime.v1.ProviderTunnelFrame.headers:type_name -> iop.runtime.v1.Header
+	25, // 49: iop.runtime.v1.ProviderTunnelFrame.usage:type_name -> iop.runtime.v1.Usage
+	50, // 50: iop.runtime.v1.ProviderTunnelFrame.metadata:type_name -> iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
+	26, // 51: iop.runtime.v1.ProviderTunnelFrame.failure:type_name -> iop.runtime.v1.ExecutionFailure
+	32, // 52: iop.runtime.v1.ProviderTunnelFrame.trace_spans:type_name -> iop.runtime.v1.NodeSpan
+	2,  // 53: iop.runtime.v1.NodeSpan.kind:type_name -> iop.runtime.v1.NodeSpanKind
+	3,  // 54: iop.runtime.v1.NodeCommandRequest.type:type_name -> iop.runtime.v1.NodeCommandType
+	51, // 55: iop.runtime.v1.NodeCommandRequest.args:type_name -> iop.runtime.v1.NodeCommandRequest.ArgsEntry
+	37, // 56: iop.runtime.v1.NodeCommandRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
+	38, // 57: iop.runtime.v1.NodeCommandRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
+	52, // 58: iop.runtime.v1.NodeCommandResponse.result:type_name -> iop.runtime.v1.NodeCommandResponse.ResultEntry
+	8,  // 59: iop.runtime.v1.NodeConfigRefreshRequest.config:type_name -> iop.runtime.v1.NodeConfigPayload
+	4,  // 60: iop.runtime.v1.NodeConfigRefreshResponse.status:type_name -> iop.runtime.v1.RefreshStatus
+	45, // 61: iop.runtime.v1.NodeModelsReport.adapters:type_name -> iop.runtime.v1.AdapterModels
+	62, // [62:62] is the sub-list for method output_type
+	62, // [62:62] is the sub-list for method input_type
+	62, // [62:62] is the sub-list for extension type_name
+	62, // [62:62] is the sub-list for extension extendee
+	0,  // [0:62] is the sub-list for field type_name
 }
 
 func init() { file_iop_runtime_proto_init() }
@@ -4798,8 +5147,8 @@ func file_iop_runtime_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_iop_runtime_proto_rawDesc), len(file_iop_runtime_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   46,
+			NumEnums:      5,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
