@@ -30,6 +30,7 @@ import (
 	"iop/internal/edge/outlier"
 	"iop/internal/edge/pool"
 	"iop/internal/edge/routing"
+	"iop/internal/edge/tracing"
 	"iop/internal/edge/transport"
 	"iop/internal/identity"
 	iop "iop/proto/gen/iop"
@@ -171,8 +172,14 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	metrics, recent := access.NewMetrics(hist), access.NewRecent(0)
 	od := outlier.New(outlier.Options{Pool: ejectEvents{p, bus}, Policy: OutlierPolicy(cfg), Logger: log.With("component", "outlier")})
 	defer od.Close()
-	h := api.New(api.Options{Config: current, Pool: p, Dispatcher: tr, Health: ht, Outlier: od, Logger: log.With("component", "api"),
-		AccessLog: log, Metrics: metrics, Recent: recent, Credentials: plane, Keys: kr.reg})
+	ao := api.Options{Config: current, Pool: p, Dispatcher: tr, Health: ht, Outlier: od, Logger: log.With("component", "api"),
+		AccessLog: log, Metrics: metrics, Recent: recent, Credentials: plane, Keys: kr.reg}
+	exp := newExporter(cfg, o.Version, log)
+	bootTracing := cfg.Tracing // what the exporter runs with; a reload changes none of it
+	if exp != nil {
+		ao.Tracer, ao.TraceRatio = exp, cfg.Tracing.Ratio()
+	}
+	h := api.New(ao)
 	if h.OpenMode() {
 		log.Warn("no api_keys and no keys.store_file configured: the HTTP API is open to anyone who can reach it")
 	}
@@ -185,6 +192,11 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	}
 	for _, m := range h.Metrics() {
 		counters = append(counters, admin.Counter{Name: m.Name, Help: m.Help, Type: "counter", Samples: m.Samples})
+	}
+	if exp != nil {
+		for _, m := range exp.Metrics() {
+			counters = append(counters, admin.Counter{Name: m.Name, Help: m.Help, Type: m.Type, Samples: m.Samples})
+		}
 	}
 	adm := admin.New(admin.Options{Status: p, Routing: p, Groups: p, Events: bus, Discovered: fl.Discovered, Metrics: counters, Collectors: []admin.Collector{metrics, kr.reg},
 		Keys:   kr.reg,
@@ -254,6 +266,14 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	}()
 	pctx, stopPersist := context.WithCancel(context.Background())
 	persisted := kr.runPersister(pctx) // stopped after the drain: its last write counts every request (K7)
+	xctx, stopExport := context.WithCancel(context.Background())
+	exported := make(chan struct{})
+	go func() { // stopped after the drain: the last requests' spans go out (tracing.FinalFlush)
+		defer close(exported)
+		if exp != nil {
+			exp.Run(xctx)
+		}
+	}()
 	go func() {
 		defer wg.Done()
 		if err := tr.Serve(trCtx, nodeLn); err != nil && !errors.Is(err, transport.ErrServerClosed) {
@@ -300,6 +320,9 @@ loop:
 				if reload(ctx, log, file, nc.Effective(fl.Inputs()), &cur, plane, kr.loader, p, tr) {
 					file = nc
 					od.SetPolicy(OutlierPolicy(nc))
+					if !sameTracing(bootTracing, nc.Tracing) {
+						log.Warn("config reload: tracing settings take effect only after a restart")
+					}
 				} else if err := fl.Reconfigure(file); err != nil {
 					log.Error("enrollment: restoring the running config's", "err", err)
 				}
@@ -314,6 +337,8 @@ loop:
 	drainHTTP(log, httpSrv, h, drainTimeout(current(), o.ShutdownGrace), stopWait)
 	stopPersist()
 	<-persisted
+	stopExport()
+	<-exported
 	adminSrv.Close()
 	stopHealth()
 	stopTransport()
@@ -327,6 +352,23 @@ loop:
 	cancel()
 	log.Info("edge stopped")
 	return runErr
+}
+
+// newExporter is the OTLP exporter of cfg's tracing block, nil when
+// tracing is off (docs/operating.md "Tracing").
+func newExporter(cfg *config.Config, version string, log *slog.Logger) *tracing.Exporter {
+	t := cfg.Tracing
+	if !t.Enabled() {
+		return nil
+	}
+	log.Info("tracing on", "endpoint", tracing.Endpoint(t.OTLPEndpoint), "sampling_ratio", t.Ratio())
+	return tracing.New(tracing.Options{Endpoint: tracing.Endpoint(t.OTLPEndpoint), Timeout: time.Duration(t.TimeoutMs) * time.Millisecond,
+		QueueSpans: t.QueueSpans, Resource: tracing.Resource{Version: version}, Logger: log.With("component", "tracing")})
+}
+
+// sameTracing reports whether two tracing blocks are equal.
+func sameTracing(a, b config.Tracing) bool {
+	return a.OTLPEndpoint == b.OTLPEndpoint && a.Ratio() == b.Ratio() && a.TimeoutMs == b.TimeoutMs && a.QueueSpans == b.QueueSpans
 }
 
 // payloadStates is the transport's view of which config payload each ready

@@ -96,7 +96,7 @@ func TestRecordLog(t *testing.T) {
 	want := map[string]any{"msg": Msg, "request_id": "r1", "principal": "team-a", "surface": "chat_completions",
 		"model": "tiny", "node": "gpu-1", "provider": "ollama", "path": "run", "status": 200.0, "outcome": "ok",
 		"code": "", "error": "", "queue_wait_ms": 2.0, "ttfb_ms": 20.0, "duration_ms": 250.0, "prompt_tokens": 12.0,
-		"completion_tokens": 34.0, "retries": 1.0, "ignored_fields": "client_metadata, tools[3]", "level": "INFO"}
+		"completion_tokens": 34.0, "retries": 1.0, "ignored_fields": "client_metadata, tools[3]", "trace_id": "", "level": "INFO"}
 	for k, v := range want {
 		if got[k] != v {
 			t.Errorf("%s = %v, want %v", k, got[k], v)

@@ -19,6 +19,7 @@ package access
 
 import (
 	"context"
+	"encoding/hex"
 	"iop/internal/protocol"
 	"log/slog"
 	"time"
@@ -180,6 +181,9 @@ type Record struct {
 	// listed paths ("" for a top-level member), the metric's bounded label.
 	IgnoredFields string
 	IgnoredRows   []string
+	// TraceID is the request's trace (W3C trace-id), zero with tracing
+	// off; logged as 32 hex digits, "" when zero.
+	TraceID [16]byte
 }
 
 // MaxModelLen bounds the model name kept in a Record, bytes.
@@ -222,7 +226,7 @@ func (r *Record) Log(ctx context.Context, l *slog.Logger) {
 }
 
 // nAttrs is the number of attributes of an access line.
-const nAttrs = 18
+const nAttrs = 19
 
 // Attrs are r's log attributes (those Log writes).
 func (r *Record) Attrs() []slog.Attr {
@@ -255,7 +259,16 @@ func (r *Record) fill(a *[nAttrs]slog.Attr) {
 		slog.Int64("completion_tokens", r.CompletionTokens),
 		slog.Int("retries", r.Retries),
 		slog.String("ignored_fields", r.IgnoredFields),
+		slog.String("trace_id", traceID(&r.TraceID)),
 	}
+}
+
+// traceID is id in lowercase hex, "" when all zero.
+func traceID(id *[16]byte) string {
+	if *id == [16]byte{} {
+		return ""
+	}
+	return hex.EncodeToString(id[:])
 }
 
 // ms is d in whole milliseconds, rounded to the nearest (the histograms

@@ -22,11 +22,12 @@ type recorder struct {
 	http.ResponseWriter
 	flushErr func() error // the writer's FlushError, or nil
 	rec      access.Record
-	wrote    bool   // the status line went out
-	gone     bool   // the client left before the response was complete
-	failed   bool   // an error response or error event was written, or the body was cut
-	usage    bool   // the provider reported token usage (setUsage)
-	inFlight string // model label counted in flight (Metrics.Begin), "" when none
+	wrote    bool     // the status line went out
+	gone     bool     // the client left before the response was complete
+	failed   bool     // an error response or error event was written, or the body was cut
+	usage    bool     // the provider reported token usage (setUsage)
+	inFlight string   // model label counted in flight (Metrics.Begin), "" when none
+	tr       reqTrace // the request's trace (trace.go)
 }
 
 func (rw *recorder) WriteHeader(code int) {
@@ -91,9 +92,12 @@ func (h *Handler) setModel(rw *recorder, v *view, model string) {
 	}
 }
 
-// setLease records the lease a request runs on and how long it waited.
-func setLease(rw *recorder, l *pool.Lease, waited time.Duration) {
+// setLease records the lease a request runs on (nil with err, when
+// Pool.Acquire gave none) and how long it waited: in the access record and
+// as the trace's queue span.
+func setLease(rw *recorder, l *pool.Lease, waited time.Duration, err error) {
 	rw.rec.QueueWait += waited
+	rw.tr.queue(waited, l, err)
 	if l == nil {
 		return
 	}
@@ -131,6 +135,10 @@ func (h *Handler) begin(w http.ResponseWriter, r *http.Request, start time.Time)
 	rw.rec.RequestID = access.RequestID(r.Header.Get(access.HeaderRequestID), h.o.NewID)
 	rw.rec.Surface = surfaceOther
 	w.Header().Set(access.HeaderRequestID, rw.rec.RequestID)
+	h.beginTrace(rw, r)
+	if rw.tr.on {
+		rw.rec.TraceID = rw.tr.ctx.TraceID
+	}
 	return rw
 }
 
@@ -156,6 +164,7 @@ func (h *Handler) end(ctx context.Context, rw *recorder) {
 			r.Outcome = access.Classify(r.Status, r.Code, rw.failed)
 		}
 	}
+	h.endTrace(rw, now)
 	r.Log(ctx, h.o.AccessLog)
 	if m := h.o.Metrics; m != nil {
 		m.Observe(r)

@@ -36,6 +36,8 @@ type class struct {
 	// attempt checks against its lease before any health effect; a tunnel
 	// BODY carries none (and no verdict).
 	adapter, target string
+	// spans: a terminal's relayed node spans (tracing).
+	spans []*iop.NodeSpan
 }
 
 // classify reads env once (SPEC H1, H8, H11, T2, E3). statuses are the
@@ -50,6 +52,7 @@ func classify(env *iop.Envelope, statuses []int, now func() time.Time) class {
 	case *iop.Envelope_RunEvent:
 		ev := k.RunEvent
 		c.adapter, c.target = ev.GetAdapter(), ev.GetTarget()
+		c.spans = ev.GetTraceSpans()
 		switch ev.GetType() {
 		case iop.RunEventType_RUN_EVENT_DELTA:
 			c.verdict = verdict{kind: verdictSuccess, accepted: true}
@@ -68,6 +71,7 @@ func classify(env *iop.Envelope, statuses []int, now func() time.Time) class {
 	case *iop.Envelope_TunnelFrame:
 		f := k.TunnelFrame
 		c.adapter, c.target = f.GetAdapter(), f.GetTarget()
+		c.spans = f.GetTraceSpans()
 		switch f.GetKind() {
 		case iop.TunnelFrameKind_TUNNEL_FRAME_RESPONSE_START:
 			status := int(f.GetStatus())

@@ -322,7 +322,7 @@ func (h *Handler) admit(ctx context.Context, w *recorder, r *http.Request, v *vi
 	}
 	queued := h.o.Now()
 	lease, err := h.o.Pool.Acquire(ctx, x.poolRequest())
-	setLease(w, lease, h.o.Now().Sub(queued))
+	setLease(w, lease, h.o.Now().Sub(queued), err)
 	if err != nil {
 		h.dropBody(x)
 		if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
@@ -381,6 +381,7 @@ func (h *Handler) tunnel(x *exchange) (dispatch.Stream, sink) {
 		Adapter: l.Provider, Target: l.Target, Method: http.MethodPost, Path: x.ep.path,
 		Headers: forwardHeaders(x.r.Header), Body: out, Stream: hd.stream,
 		Operation: x.ep.operation, ResponseStallTimeoutMs: l.StallTimeoutMs, RequestId: x.acc.rec.RequestID,
+		Trace: x.acc.tr.beginAttempt(l, access.PathTunnel),
 	}
 	var ok bool
 	if req.CredentialLease, req.CredentialBinding, ok = h.credential(x); !ok {
@@ -529,10 +530,19 @@ func (h *Handler) event(x *exchange, kind eventKind, wrote bool) event {
 // another provider's answer corroborated, then the attempt's own, a
 // failure the input may have caused as a suspicion of the request's
 // principal) and the stall records (Options.Health: the re-dispatch
-// decision and its outcome, SPEC H12). The effects that steer the request
-// are returned.
+// decision and its outcome, SPEC H12) and, for a sampled request, the
+// attempt's span (trace.go: its first envelope, the node's spans on its
+// terminal, its end). The effects that steer the request are returned.
 func (h *Handler) step(x *exchange, e *event) effects {
 	fx := x.att.step(e)
+	if x.acc.tr.spans != nil {
+		switch e.kind {
+		case evEnvelope:
+			x.acc.tr.envelope(&e.class, x.lease, h.o.Tracer)
+		case evRelayEnded:
+			x.attemptEnded(&fx)
+		}
+	}
 	if v := fx.verdict; v.kind != verdictOpen && h.o.Outlier != nil {
 		for _, s := range fx.corroborated {
 			h.o.Outlier.Failure(s.key, s.reason, 0)
@@ -728,7 +738,7 @@ func (h *Handler) reacquire(x *exchange, fx effects) bool {
 	}
 	queued := h.o.Now()
 	l, err := h.o.Pool.Acquire(ctx, x.poolRequest())
-	setLease(x.acc, l, h.o.Now().Sub(queued))
+	setLease(x.acc, l, h.o.Now().Sub(queued), err)
 	cancel()
 	if err != nil {
 		e := h.event(x, evNoLease, false)

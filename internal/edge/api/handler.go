@@ -108,6 +108,15 @@ type Options struct {
 	// Credentials, when set, issues each dispatched request's credential
 	// lease (SPEC C2); nil = the credential plane is off.
 	Credentials Credentials
+	// Tracer, when set, takes the spans of every sampled request
+	// (trace.go, internal/edge/tracing): a client's valid traceparent is
+	// continued, the trace context rides each RunRequest and
+	// ProviderTunnelRequest to the node. nil = tracing off: no span, no
+	// context on the wire.
+	Tracer Tracer
+	// TraceRatio is the share of new traces sampled (0 to 1,
+	// tracing.sampling_ratio); a client's traceparent decides for its own.
+	TraceRatio float64
 }
 
 // Handler is the Edge's client HTTP surface (an http.Handler): GET

@@ -2,6 +2,8 @@ package api
 
 import (
 	"net/http"
+
+	"iop/internal/edge/access"
 	"strconv"
 
 	"iop/internal/edge/config"
@@ -39,6 +41,7 @@ func (h *Handler) run(x *exchange) (dispatch.Stream, sink) {
 	l := x.lease
 	req.Adapter, req.Target, req.ResponseStallTimeoutMs = l.Provider, l.Target, l.StallTimeoutMs
 	req.RequestId = x.acc.rec.RequestID
+	req.Trace = x.acc.tr.beginAttempt(l, access.PathRun)
 	var ok bool
 	if req.CredentialLease, req.CredentialBinding, ok = h.credential(x); !ok {
 		return nil, nil

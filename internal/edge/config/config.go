@@ -107,6 +107,8 @@ type Config struct {
 	// serve (SPEC D2).
 	ModelDiscovery []ModelDiscovery `json:"model_discovery"`
 	Discovery      Discovery        `json:"discovery"`
+	// Tracing exports OpenTelemetry traces (tracing.go).
+	Tracing Tracing `json:"tracing"`
 
 	// CredentialProjection is not read from the file: the Edge sets it
 	// after loading the secret store (internal/edge/creds), and NodePayload
@@ -475,6 +477,7 @@ func (c *Config) applyDefaults() {
 		}
 	}
 	c.keysDefaults()
+	c.tracingDefaults()
 	od := &c.OutlierDetection
 	if od.Enabled == nil {
 		on := true
@@ -704,6 +707,7 @@ func (c *Config) validate() jsonconfig.Errors {
 	c.validateCredentials(add)
 	c.validateKeys(add)
 	c.validateEnrollment(add)
+	c.validateTracing(add)
 	od := c.OutlierDetection
 	if od.BaseEjectionMs < 0 || od.BaseEjectionMs > MaxIdleTimeoutMs {
 		add("outlier_detection.base_ejection_ms", "must be between 1 and %d, got %d", int64(MaxIdleTimeoutMs), od.BaseEjectionMs)

@@ -169,15 +169,16 @@ func (e *Exporter) Export(spans []Span) {
 		return
 	}
 	e.mu.Lock()
-	if len(e.queue)+len(spans) > e.o.QueueSpans {
-		e.mu.Unlock()
-		e.dropped[DropQueueFull].Add(uint64(len(spans)))
-		return
+	fits := len(e.queue)+len(spans) <= e.o.QueueSpans
+	if fits {
+		e.queue = append(e.queue, spans...)
 	}
-	e.queue = append(e.queue, spans...)
-	full := len(e.queue) >= e.o.BatchSpans
+	full := !fits || len(e.queue) >= e.o.BatchSpans
 	e.mu.Unlock()
-	if full {
+	if !fits {
+		e.dropped[DropQueueFull].Add(uint64(len(spans)))
+	}
+	if full { // a full batch, or a full queue, goes out now
 		select {
 		case e.wake <- struct{}{}:
 		default:

@@ -1,6 +1,7 @@
 package tracing
 
 import (
+	"strconv"
 	"time"
 
 	iop "iop/proto/gen/iop"
@@ -194,6 +195,9 @@ func nodeSpan(attempt *Span, end time.Time, ns *iop.NodeSpan) (Span, bool) {
 		sp.Attrs = append(sp.Attrs, String(attrRequestMethod, m))
 		if st := ns.GetStatusCode(); st >= 100 && st <= 999 {
 			sp.Attrs = append(sp.Attrs, Int(attrStatusCode, int64(st)))
+			if st >= 400 { // OpenTelemetry's HTTP client rule: 4xx and 5xx are errors
+				sp.Error, sp.Message = true, strconv.Itoa(int(st))
+			}
 		}
 		if fb := ns.GetFirstByteNs(); fb > 0 {
 			sp.Events = append(sp.Events, Event{Name: eventFirstByte, Time: clamp(sp.Start.Add(time.Duration(min(fb, int64(sp.End.Sub(sp.Start))))))})

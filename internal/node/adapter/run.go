@@ -52,7 +52,8 @@ import (
 // CANCELLED; timeout_sec > 0 ends it with ERROR "timeout".
 func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit func(*iop.RunEvent)) {
 	ctx = upstream.WithRequestID(ctx, req.GetRequestId()) // logs and the upstream's X-Request-Id
-	rs := &runStream{emit: emit, adapter: req.GetAdapter(), target: req.GetTarget()}
+	rs := &runStream{emit: emit, adapter: req.GetAdapter(), target: req.GetTarget(),
+		trace: newSpanRecorder(req.GetTrace(), iop.NodeSpanKind_NODE_SPAN_RUN)}
 	rs.send(&iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_START})
 	if err := checkStall(req.GetResponseStallTimeoutMs()); err != nil { // SPEC E2: before the adapter lookup
 		rs.fail(protocol.CodeInvalidRequest, err.Error(), err)
@@ -106,7 +107,8 @@ func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit f
 	s.supervise(ctx, a, runID, inst.name, req.GetTarget(), attemptIO{
 		probe: func(ctx context.Context) string { return s.probeWith(ctx, inst, runner, req.GetTarget()) },
 		call: func() func() {
-			res, err := s.callRunner(runCtx, inst, runner, req, hooks, runID)
+			res, err := s.callRunner(rs.trace.context(runCtx), inst, runner, req, hooks, runID)
+			rs.trace.returned()
 			if req.GetStream() {
 				res.Logprobs = nil // the deltas carried them
 			}
@@ -268,6 +270,8 @@ type runStream struct {
 	// releases its lease on the terminal and may dispatch the next waiter
 	// at once, never finds the slot still taken (SPEC E4, Q2).
 	release func()
+	// trace records the run's spans (trace.go); nil = not traced.
+	trace *spanRecorder
 }
 
 // send emits a non-terminal event; it is dropped once the attempt is
@@ -293,6 +297,7 @@ func (r *runStream) end(ev *iop.RunEvent, returnSlot bool) {
 	if returnSlot && r.release != nil {
 		r.release()
 	}
+	ev.TraceSpans = r.trace.spans(ev.GetFailureCode())
 	r.put(ev)
 }
 

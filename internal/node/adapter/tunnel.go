@@ -55,7 +55,8 @@ import (
 // Set-Cookie. The other boundary checks are those of Run.
 func (s *Set) Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelRequest, emit func(*iop.ProviderTunnelFrame)) {
 	ctx = upstream.WithRequestID(ctx, req.GetRequestId()) // logs and the upstream's X-Request-Id
-	ts := &tunnelStream{emit: emit, adapter: req.GetAdapter(), target: req.GetTarget()}
+	ts := &tunnelStream{emit: emit, adapter: req.GetAdapter(), target: req.GetTarget(),
+		trace: newSpanRecorder(req.GetTrace(), iop.NodeSpanKind_NODE_SPAN_TUNNEL)}
 	if err := checkStall(req.GetResponseStallTimeoutMs()); err != nil { // SPEC E2: before the adapter lookup
 		ts.fail(protocol.CodeInvalidRequest, err.Error(), err)
 		return
@@ -103,7 +104,8 @@ func (s *Set) Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelR
 	s.supervise(ctx, a, runID, inst.name, req.GetTarget(), attemptIO{
 		probe: func(ctx context.Context) string { return s.probeWith(ctx, inst, inst.runnerFor(ep), req.GetTarget()) },
 		call: func() func() {
-			f := s.relay(ctx, runCtx, inst, ep, a, method, path, req, ts)
+			f := s.relay(ctx, ts.trace.context(runCtx), inst, ep, a, method, path, req, ts)
+			ts.trace.returned()
 			return func() { ts.end(f, true) }
 		},
 		fenced: func(st *stallTerminal, returnSlot bool) {
@@ -252,6 +254,8 @@ type tunnelStream struct {
 	adapter, target string
 	// release: as runStream's, before END or ERROR.
 	release func()
+	// trace records the tunnel's spans (trace.go); nil = not traced.
+	trace *spanRecorder
 }
 
 // send emits a non-terminal frame; it is dropped once the attempt is fenced
@@ -278,6 +282,7 @@ func (t *tunnelStream) end(f *iop.ProviderTunnelFrame, returnSlot bool) {
 	if returnSlot && t.release != nil {
 		t.release()
 	}
+	f.TraceSpans = t.trace.spans(f.GetFailureCode())
 	t.put(f)
 }
 

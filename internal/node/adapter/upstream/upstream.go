@@ -90,9 +90,18 @@ func (e *RequestError) Error() string { return e.Err.Error() }
 func (e *RequestError) Unwrap() error { return e.Err }
 
 // Do sends req with e.Client and wraps a transport failure (no response
-// head) as *RequestError.
+// head) as *RequestError. With a Trace on req's context (WithTrace) it
+// notes when the first request went out and when the first response head
+// came, and the last status.
 func (e *Endpoint) Do(req *http.Request) (*http.Response, error) {
+	tr := traceOf(req.Context())
+	if tr != nil {
+		tr.sending()
+	}
 	resp, err := e.Client.Do(req)
+	if tr != nil && err == nil {
+		tr.answered(resp.StatusCode)
+	}
 	if err != nil {
 		var op *net.OpError
 		return nil, &RequestError{Err: err, Connect: errors.As(err, &op) && op.Op == "dial"}
@@ -163,9 +172,11 @@ func RequestID(ctx context.Context) string {
 
 // NewRequest builds a request to rel with the endpoint's auth, a fixed
 // User-Agent, "Accept-Encoding: identity" (so bodies stream as sent,
-// without transparent decompression buffering them) and, when ctx carries
-// one (WithRequestID), the X-Request-Id header. An id with a byte that
-// cannot be in a header value is left out.
+// without transparent decompression buffering them), when ctx carries
+// one (WithRequestID), the X-Request-Id header, and when ctx carries a
+// Trace (WithTrace) its traceparent and tracestate headers (W3C Trace
+// Context). An id with a byte that cannot be in a header value is left
+// out.
 func (e *Endpoint) NewRequest(ctx context.Context, method, rel string, body io.Reader) (*http.Request, error) {
 	req, err := http.NewRequestWithContext(ctx, method, e.URL(rel), body)
 	if err != nil {
@@ -175,6 +186,9 @@ func (e *Endpoint) NewRequest(ctx context.Context, method, rel string, body io.R
 	req.Header.Set("Accept-Encoding", "identity")
 	if id := RequestID(ctx); id != "" && !strings.ContainsAny(id, "\r\n\x00") {
 		req.Header.Set(HeaderRequestID, id)
+	}
+	if tr := traceOf(ctx); tr != nil {
+		tr.request(req.Header, method, rel)
 	}
 	if e.AuthHeader != "" && e.AuthValue != "" {
 		req.Header.Set(e.AuthHeader, e.AuthValue)
