@@ -18,6 +18,7 @@ import (
 	"iop/internal/edge/keys"
 	"iop/internal/edge/keystore"
 	"iop/internal/edge/pool"
+	"iop/internal/edge/tracing"
 	iop "iop/proto/gen/iop"
 )
 
@@ -220,6 +221,76 @@ func BenchmarkTunnelRoundTripKeys(b *testing.B) {
 			slices.Sort(lat)
 			b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds()), "p50-ns/request")
 			b.ReportMetric(0, "ns/op")
+		})
+	}
+}
+
+// BenchmarkTunnelRoundTripTracing: BenchmarkTunnelRoundTrip with tracing
+// off, at sampling ratio 0.01 and 1.0 (a running tracing.Exporter sending
+// to an httptest collector that discards), and at 1.0 with the collector
+// down (a closed port: spans queue, then drop). p50-ns/request is the
+// median of per-request times over batches of 64; the exporter's goroutine
+// shares the CPU with the requests, as in the edge.
+func BenchmarkTunnelRoundTripTracing(b *testing.B) {
+	up := []byte(`{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hello"},"finish_reason":"stop"}]}`)
+	envs := []*iop.Envelope{
+		{Kind: &iop.Envelope_TunnelFrame{TunnelFrame: fStart(200, "Content-Type", "application/json")}},
+		{Kind: &iop.Envelope_TunnelFrame{TunnelFrame: fBody(up)}},
+		{Kind: &iop.Envelope_TunnelFrame{TunnelFrame: fEnd()}},
+	}
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, "{}")
+	}))
+	defer collector.Close()
+	for _, c := range []struct {
+		name  string
+		ratio float64
+		url   string // "" = tracing off
+	}{
+		{"off", 0, ""},
+		{"ratio=0.01", 0.01, collector.URL},
+		{"ratio=1", 1, collector.URL},
+		{"ratio=1/collector_down", 1, "http://127.0.0.1:1"},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			h := benchHandler(config.TypeOpenAICompat, envs)
+			var exp *tracing.Exporter
+			if c.url != "" {
+				exp = tracing.New(tracing.Options{Endpoint: tracing.Endpoint(c.url), Timeout: time.Second})
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan struct{})
+				go func() { defer close(done); exp.Run(ctx) }()
+				defer func() { cancel(); <-done }()
+				h.o.Tracer, h.o.TraceRatio = exp, c.ratio
+			}
+			body := []byte(chatBody)
+			req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
+			req.Header.Set("Authorization", "Bearer sk-bench")
+			req.Header.Set("Content-Type", "application/json")
+			rd := bytes.NewReader(body)
+			w := &discardWriter{h: http.Header{}}
+			const batch = 64
+			var lat []time.Duration
+			b.ReportAllocs()
+			for b.Loop() {
+				start := time.Now()
+				for range batch {
+					rd.Reset(body)
+					req.Body = io.NopCloser(rd)
+					req.ContentLength = int64(len(body))
+					clear(w.h)
+					h.ServeHTTP(w, req)
+				}
+				lat = append(lat, time.Since(start)/batch)
+			}
+			slices.Sort(lat)
+			b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds()), "p50-ns/request")
+			b.ReportMetric(0, "ns/op")
+			if exp != nil {
+				b.ReportMetric(float64(exp.Dropped(tracing.DropQueueFull)+exp.Dropped(tracing.DropExportFailed))/float64(b.N*batch), "dropped-spans/request")
+			}
 		})
 	}
 }
