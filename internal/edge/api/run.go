@@ -181,7 +181,7 @@ func (s *runSink[T, E]) handle(env *iop.Envelope) (bool, error) {
 	case iop.RunEventType_RUN_EVENT_CANCELLED:
 		return true, s.fail(nodeFailure(protocol.CodeCancelled.String(), "", ev.Error, 0, nil))
 	case iop.RunEventType_RUN_EVENT_DELTA:
-		if s.text += len(ev.Delta); s.text > maxRunText {
+		if s.text += len(ev.Delta) + len(ev.ReasoningDelta); s.text > maxRunText { // the reasoning is held too
 			e := badGateway("provider_error", "the provider's answer exceeded "+strconv.Itoa(maxRunText)+" bytes")
 			return true, s.fail(e)
 		}

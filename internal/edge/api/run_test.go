@@ -132,6 +132,8 @@ func TestRunFailures(t *testing.T) {
 			events: []*iop.RunEvent{evStart(), evDelta(2, "a")}, recvErr: dispatch.ErrProtocol, want: 200, contains: `"code":"provider_protocol_error"`},
 		{name: "DELTAs past maxRunText fail the run", body: chatBody,
 			events: append([]*iop.RunEvent{evStart()}, bigDeltas(2, maxRunText/(1<<20)+1, 1<<20)...), want: 502, contains: "exceeded"},
+		{name: "T5 reasoning DELTAs past maxRunText fail the run too", body: chatBody,
+			events: append([]*iop.RunEvent{evStart()}, bigReasoning(2, maxRunText/(1<<20)+1, 1<<20)...), want: 502, contains: "answer exceeded"},
 		{name: "a field the node's driver cannot honour is a 400 naming it in param", body: chatBody,
 			events: []*iop.RunEvent{{Seq: 1, Type: iop.RunEventType_RUN_EVENT_ERROR, FailureCode: protocol.CodeInvalidRequest.String(), Param: "tool_choice",
 				Error:   `adapter "ollama": invalid run input: tool_choice "required" cannot be enforced by Ollama's /api/chat`,
@@ -565,6 +567,15 @@ func TestNodeFailureHidesInternals(t *testing.T) {
 }
 
 // bigDeltas returns n DELTA events of size bytes each, from seq.
+// bigReasoning is n DELTAs of size bytes of reasoning each.
+func bigReasoning(seq uint64, n, size int) []*iop.RunEvent {
+	out := bigDeltas(seq, n, size)
+	for _, ev := range out {
+		ev.ReasoningDelta, ev.Delta = ev.Delta, ""
+	}
+	return out
+}
+
 func bigDeltas(seq uint64, n, size int) []*iop.RunEvent {
 	text := strings.Repeat("x", size)
 	out := make([]*iop.RunEvent, n)
