@@ -210,17 +210,18 @@ func (h *traceparents) last() string {
 	return h.seen[len(h.seen)-1]
 }
 
-// one returns the only span named name (kind, service), failing otherwise.
-func one(t *testing.T, spans []gotSpan, name, service string) gotSpan {
+// only returns the only span named name whose service (when service is
+// set) or parent (when parent is set) matches, failing otherwise.
+func only(t *testing.T, spans []gotSpan, name, service, parent string) gotSpan {
 	t.Helper()
 	var found []gotSpan
 	for _, s := range spans {
-		if s.name == name && s.service == service {
+		if s.name == name && (service == "" || s.service == service) && (parent == "" || s.parent == parent) {
 			found = append(found, s)
 		}
 	}
 	if len(found) != 1 {
-		t.Fatalf("%d spans %q of %s, want 1: %+v", len(found), name, service, spans)
+		t.Fatalf("%d spans %q (service %q, parent %q), want 1: %+v", len(found), name, service, parent, spans)
 	}
 	return found[0]
 }
@@ -336,7 +337,7 @@ func TestTracingSpans(t *testing.T) {
 				// and upstream spans (a refused connection was a request
 				// sent too).
 				spans := col.trace(t, id, 1+4*tc.attempts)
-				req := one(t, spans, "POST /v1/chat/completions", "iop-edge")
+				req := only(t, spans, "POST /v1/chat/completions", "iop-edge", "")
 				if req.kind != 2 || req.attrs["http.response.status_code"] != "200" || req.attrs["gen_ai.request.model"] != tc.model ||
 					req.attrs["iop.path"] != tc.path || req.attrs["iop.outcome"] != "ok" || req.errored {
 					t.Errorf("request span %+v", req)
@@ -358,11 +359,11 @@ func TestTracingSpans(t *testing.T) {
 					}
 				}
 				last := attempts[len(attempts)-1]
-				node := childOf(t, spans, tc.nodeSpan, last.spanID)
+				node := only(t, spans, tc.nodeSpan, "", last.spanID)
 				if node.parent != last.spanID || node.node != "gpu-1" || node.kind != 2 || node.errored {
 					t.Errorf("node span %+v, want a SERVER child of the last attempt %s on gpu-1", node, last.spanID)
 				}
-				up := childOf(t, spans, tc.upstream, node.spanID)
+				up := only(t, spans, tc.upstream, "", node.spanID)
 				if up.service != "iop-node" || up.parent != node.spanID || up.kind != 3 || up.attrs["http.response.status_code"] != "200" || len(up.events) != 1 {
 					t.Errorf("upstream span %+v, want a CLIENT child of the node span %s with status 200 and first_byte", up, node.spanID)
 				}
@@ -402,21 +403,6 @@ func TestTracingSpans(t *testing.T) {
 		t.Errorf("trace metrics: exported %v, node_invalid %v", m[`iop_edge_trace_spans_exported_total`],
 			m[`iop_edge_trace_spans_dropped_total{reason="node_invalid"}`])
 	}
-}
-
-// childOf returns the only span named name whose parent is parent.
-func childOf(t *testing.T, spans []gotSpan, name, parent string) gotSpan {
-	t.Helper()
-	var found []gotSpan
-	for _, s := range spans {
-		if s.name == name && s.parent == parent {
-			found = append(found, s)
-		}
-	}
-	if len(found) != 1 {
-		t.Fatalf("%d spans %q under %s, want 1: %+v", len(found), name, parent, spans)
-	}
-	return found[0]
 }
 
 // Parent-based sampling: a client's traceparent with the sampled flag clear
