@@ -37,7 +37,7 @@ ensure_agents() {
   AGENTS_DIR=${IOP_AGENTS_DIR:-$ROOT/.run/agents}
   AGENTS_BIN="$AGENTS_DIR/node_modules/.bin"
   local src="$ROOT/internal/e2e/agents"
-  if [ -x "$AGENTS_BIN/claude" ] && [ -x "$AGENTS_BIN/codex" ] && cmp -s "$src/package-lock.json" "$AGENTS_DIR/package-lock.json"; then
+  if agents_installed && cmp -s "$src/package-lock.json" "$AGENTS_DIR/package-lock.json"; then
     return 0
   fi
   if ! command -v npm >/dev/null 2>&1; then
@@ -47,9 +47,24 @@ ensure_agents() {
   log "installing the pinned agents (Claude Code, Codex CLI) into $AGENTS_DIR"
   mkdir -p "$AGENTS_DIR"
   cp "$src/package.json" "$src/package-lock.json" "$AGENTS_DIR/"
-  # --ignore-scripts: Claude Code's postinstall only copies the native
-  # binary its platform package already put in place.
+  # --ignore-scripts: no package runs code at install. Claude Code's own
+  # postinstall (install.cjs) is then run by hand: it only links or copies
+  # the native binary its platform package (an optional dependency in the
+  # lockfile) already unpacked over the bin/claude.exe placeholder, with no
+  # download; without it `claude` is a text stub ("exec format error").
   (cd "$AGENTS_DIR" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >/dev/null)
+  (cd "$AGENTS_DIR/node_modules/@anthropic-ai/claude-code" && node install.cjs >/dev/null)
+  if ! agents_installed; then
+    log "FAIL: the pinned agents did not install runnable binaries into $AGENTS_DIR (claude --version failed)"
+    return 1
+  fi
+}
+
+# agents_installed: both agents' binaries are in place and Claude Code's is
+# the native program, not the placeholder its package ships.
+agents_installed() {
+  [ -x "$AGENTS_BIN/claude" ] && [ -x "$AGENTS_BIN/codex" ] &&
+    DISABLE_AUTOUPDATER=1 timeout 60 "$AGENTS_BIN/claude" --version >/dev/null 2>&1
 }
 
 e2e_main() {
