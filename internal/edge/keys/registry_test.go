@@ -187,8 +187,9 @@ func TestBudgets(t *testing.T) {
 		steps  []step
 	}{
 		{"per minute: spent → 429 with the exact Retry-After", keystore.Limits{TokensPerMinute: 600}, 1, []step{
-			{0, 100, used(50, 250), nil, 0, map[string]string{HeaderLimitTokens: "600", HeaderRemainingTokens: "500", HeaderResetTokens: "0s"}},
-			{0, 100, used(100, 200), nil, 0, map[string]string{HeaderRemainingTokens: "200", HeaderResetTokens: "30s"}},
+			// the reset counts the request's own reservation, as the remaining does (100 at 10 a second)
+			{0, 100, used(50, 250), nil, 0, map[string]string{HeaderLimitTokens: "600", HeaderRemainingTokens: "500", HeaderResetTokens: "10s"}},
+			{0, 100, used(100, 200), nil, 0, map[string]string{HeaderRemainingTokens: "200", HeaderResetTokens: "40s"}},
 			{0, 1, nil, limit.ErrTokensMinute, time.Second / 10, map[string]string{HeaderRemainingTokens: "0", HeaderResetTokens: "1m0s"}},
 			{100 * time.Millisecond, 1, used(1, 0), nil, 0, map[string]string{HeaderRemainingTokens: "0"}},
 		}},
@@ -276,7 +277,7 @@ func TestAnthropicHeaders(t *testing.T) {
 	tk.RateLimit.WriteAnthropic(h, noon.Add(500*time.Millisecond))
 	want := map[string]string{
 		HeaderAnthropicRequestsLimit: "60", HeaderAnthropicRequestsRemaining: "58", HeaderAnthropicRequestsReset: "2026-01-31T12:00:02Z",
-		HeaderAnthropicTokensLimit: "600", HeaderAnthropicTokensRemaining: "295", HeaderAnthropicTokensReset: "2026-01-31T12:00:30Z",
+		HeaderAnthropicTokensLimit: "600", HeaderAnthropicTokensRemaining: "295", HeaderAnthropicTokensReset: "2026-01-31T12:00:31Z", // 300 settled and 10 in flight at 10 a second
 	}
 	for k, v := range want {
 		if got := h.Get(k); got != v {

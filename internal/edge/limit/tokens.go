@@ -56,8 +56,9 @@ type tokenState struct { // guarded by Tokens.mu
 
 // TokenState is a principal's budgets at one instant, as the rate-limit
 // headers report them (docs/keys.md K6). Remaining counts the
-// reservations of the requests in flight as spent; Reset is when the
-// window is back to its initial state (the minute: empty; the day: the
+// reservations of the requests in flight as spent, and so does Reset:
+// when the window is back to its initial state (the minute: empty once
+// the settled tokens and then the reservations have drained; the day: the
 // next 00:00 UTC).
 type TokenState struct {
 	MinuteRemaining, DayRemaining int64
@@ -178,7 +179,9 @@ func (st *tokenState) state(lim TokenLimit, now time.Time) TokenState {
 	}
 	if lim.PerMinute > 0 {
 		s.MinuteRemaining = max(lim.PerMinute-minuteLevel(st.tat, now, lim.PerMinute)-st.reserved, 0)
-		s.MinuteReset = max(st.tat.Sub(now), 0)
+		// Back to its limit once the settled tokens have drained and
+		// then the reservations, which Remaining counts as spent too.
+		s.MinuteReset = min(max(st.tat.Sub(now), 0), maxAhead) + min(tokensDuration(st.reserved, lim.PerMinute), maxAhead)
 	}
 	return s
 }

@@ -126,6 +126,53 @@ func TestTokensExactUnderConcurrency(t *testing.T) {
 	}
 }
 
+// K6: the minute window's reset is when it is back to its limit with the
+// in-flight reservations counted as spent, as its remaining counts them: a
+// reset of 0 with less than the limit remaining would tell a client it may
+// send the limit again at once.
+func TestTokenStateMinuteReset(t *testing.T) {
+	lim := TokenLimit{PerMinute: 600} // 10 tokens a second
+	rows := []struct {
+		name      string
+		settled   int64 // settled at noon before the reservation
+		reserve   int64 // in flight at noon
+		at        time.Duration
+		wantLeft  int64
+		wantReset time.Duration
+	}{
+		{"empty, nothing in flight", 0, 0, 0, 600, 0},
+		{"empty, one reservation in flight", 0, 100, 0, 500, 10 * time.Second},
+		{"settled and in flight add up", 300, 100, 0, 200, 40 * time.Second},
+		{"settled and drained a while, in flight", 300, 100, 10 * time.Second, 300, 30 * time.Second},
+		{"the window overfilled by a reservation", 0, 1000, 0, 0, 100 * time.Second},
+	}
+	for _, row := range rows {
+		t.Run(row.name, func(t *testing.T) {
+			var tk Tokens
+			if row.settled > 0 {
+				r, err := tk.Reserve("a", lim, 1, noon)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r.Settle(row.settled, noon)
+			}
+			now := noon.Add(row.at)
+			if row.reserve > 0 {
+				r, err := tk.Reserve("a", lim, row.reserve, now)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r.State.MinuteRemaining != row.wantLeft || r.State.MinuteReset != row.wantReset {
+					t.Errorf("after the reservation: %+v, want %d remaining, reset %v", r.State, row.wantLeft, row.wantReset)
+				}
+			}
+			if st := tk.State("a", lim, now); st.MinuteRemaining != row.wantLeft || st.MinuteReset != row.wantReset {
+				t.Errorf("state: %+v, want %d remaining, reset %v", st, row.wantLeft, row.wantReset)
+			}
+		})
+	}
+}
+
 // K5: Settle is idempotent and nil-safe.
 func TestSettleOnce(t *testing.T) {
 	var tk Tokens
