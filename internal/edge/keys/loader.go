@@ -30,7 +30,8 @@ const MissPollInterval = 100 * time.Millisecond
 // Loader keeps a Registry's Set current from the Edge config's api_keys
 // and its key store file (K2): Reload on SIGHUP, Poll whenever the file
 // changed. A store that does not load (malformed, corrupted, conflicting
-// with api_keys, gone) is refused and the Set in effect is kept; each
+// with api_keys, gone, older than the one in effect) is refused and the
+// Set in effect is kept; each
 // refused version of the file is logged once. Safe for concurrent use;
 // Run is its one goroutine.
 type Loader struct {
@@ -116,7 +117,8 @@ func readStore(path string) (*keystore.Store, stamp, error) {
 }
 
 // Reload applies a reloaded config (SIGHUP): its api_keys, keys.store_file
-// and keys.edge_count, with the store file read again. On an error nothing
+// and keys.edge_count, with the store file read again — an older store
+// too (Poll refuses one), logged as a warning. On an error nothing
 // changes and the caller rejects the reload.
 func (l *Loader) Reload(cfg *config.Config) error {
 	l.mu.Lock()
@@ -125,7 +127,11 @@ func (l *Loader) Reload(cfg *config.Config) error {
 	if err != nil {
 		return err
 	}
-	l.apiKeys, l.path, l.edgeCount, l.store, l.seen = cfg.APIKeys, cfg.Keys.StoreFile, cfg.Keys.EdgeCount, st, seen
+	if old := l.reg.Set(); cfg.Keys.StoreFile == l.path && set.Revision() < old.Revision() {
+		l.log.Warn("key store revision went back: applying the older store on SIGHUP", "file", l.path,
+			"revision", set.Revision(), "previous_revision", old.Revision(), "keys", set.Len()-len(cfg.APIKeys))
+	}
+	l.apiKeys, l.path, l.edgeCount, l.store, l.seen, l.refused = cfg.APIKeys, cfg.Keys.StoreFile, cfg.Keys.EdgeCount, st, seen, stamp{}
 	l.reg.Swap(set)
 	return nil
 }
@@ -156,6 +162,9 @@ func (l *Loader) Poll() bool {
 	st, seen, err := readStore(l.path)
 	var set *Set
 	if err == nil {
+		err = l.older(st)
+	}
+	if err == nil {
 		set, err = Build(l.apiKeys, st, true, l.edgeCount)
 	}
 	if err != nil {
@@ -169,6 +178,20 @@ func (l *Loader) Poll() bool {
 	l.log.Info("key store reloaded", "file", l.path, "revision", set.Revision(), "previous_revision", old.Revision(),
 		"keys", set.Len()-len(l.apiKeys))
 	return true
+}
+
+// older refuses, while the Edge runs, a store whose revision is below the
+// one in effect (K1): `edge keys` only ever raises it, so a lower one is an
+// older copy put back or a new store begun after the file was lost, and
+// applying it would drop the other keys with their spent budgets and bring
+// revoked keys back. A SIGHUP (Reload) or a restart applies it on purpose.
+func (l *Loader) older(st *keystore.Store) error {
+	if in := l.reg.Set().Revision(); st.Revision < in {
+		return fmt.Errorf("key store revision %d is older than the revision %d in effect "+
+			"(an older copy put back, or a new store begun after the file was lost): "+
+			"restore the newer file, or send SIGHUP or restart the edge to apply this one", st.Revision, in)
+	}
+	return nil
 }
 
 // pollOnMiss is the Registry's onMiss: Poll, at most once per

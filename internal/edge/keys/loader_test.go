@@ -150,6 +150,83 @@ func TestBadStoreKeepsPrevious(t *testing.T) {
 	}
 }
 
+// K1, K2: a running Edge refuses a store older than the one in effect (its
+// revision lower: an old backup copied back, or the file deleted and a new
+// store begun by `edge keys create`), which would drop every other key with
+// its spent budgets and bring revoked keys back; the keys in effect and
+// their usage stay, logged once per version. A SIGHUP applies it on purpose.
+func TestOlderStoreRefusedWhileRunning(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "keys.json")
+	secrets := map[string]string{}
+	for _, name := range []string{"a", "b"} {
+		edit(t, path, func(st *keystore.Store) (err error) {
+			secrets[name], err = st.Create(keystore.Spec{Name: name, Limits: keystore.Limits{TokensPerDay: 100}}, noon)
+			return err
+		})
+	}
+	backup, _ := os.ReadFile(path) // revision 2: b not revoked yet
+	edit(t, path, func(st *keystore.Store) error { return st.Revoke("b", noon) })
+	var logs proctest.Log
+	l, reg, err := NewLoader(keysConfig(path), slog.New(slog.NewJSONHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := reg.Authenticate(secrets["a"], noon)
+	tk, _ := admit(reg, p, 10, noon)
+	tk.Finish(*used(40, 40), noon)
+	kept := func(what string) {
+		t.Helper()
+		if _, err := reg.Authenticate(secrets["a"], noon); err != nil {
+			t.Fatalf("%s: the key in effect is gone: %v", what, err)
+		}
+		if _, err := reg.Authenticate(secrets["b"], noon); !errors.Is(err, ErrRevoked) {
+			t.Fatalf("%s: the revoked key is back: %v", what, err)
+		}
+		if ks, _ := reg.StatusOf("a", noon); ks.TokensToday != 80 || ks.Limits.TokensDayLeft != 20 {
+			t.Fatalf("%s: the spent budget is gone: %+v", what, ks)
+		}
+	}
+
+	tmp := filepath.Join(dir, "tmp")
+	os.WriteFile(tmp, backup, 0o600)
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+	if l.Poll() || l.Poll() {
+		t.Fatal("an older backup copied back: swapped in")
+	}
+	kept("an older backup")
+
+	os.Remove(path)
+	l.Poll()
+	var fresh string
+	edit(t, path, func(st *keystore.Store) (err error) {
+		fresh, err = st.Create(keystore.Spec{Name: "c"}, noon)
+		return err
+	})
+	if l.Poll() {
+		t.Fatal("a new store begun after the file was deleted: swapped in")
+	}
+	kept("a new store")
+	if _, err := reg.Authenticate(fresh, noon); !errors.Is(err, ErrUnknownKey) {
+		t.Fatalf("a key of the refused store: %v", err)
+	}
+	if n := strings.Count(logs.String(), "older than the revision 3 in effect"); n != 2 {
+		t.Fatalf("%d refusal lines naming the revisions for 2 older versions, want one each:\n%s", n, logs.String())
+	}
+
+	if err := l.Reload(keysConfig(path)); err != nil { // SIGHUP: on purpose
+		t.Fatal(err)
+	}
+	if p, err := reg.Authenticate(fresh, noon); err != nil || p.Name != "c" {
+		t.Fatalf("after SIGHUP: %v", err)
+	}
+	if !strings.Contains(logs.String(), "key store revision went back") {
+		t.Fatalf("the SIGHUP that applied an older store is not logged:\n%s", logs.String())
+	}
+}
+
 // K1: at startup there is no previous store to keep: a bad one is an
 // error, a missing one a store without keys (and no open mode).
 func TestNewLoader(t *testing.T) {

@@ -183,13 +183,47 @@ func (c *cmd) create(args []string) int {
 		}
 	}
 	var secret string
-	if err := c.edit(func(st *keystore.Store) (err error) { secret, err = st.Create(spec, now); return err }); err != nil {
+	fresh := false
+	if err := c.edit(func(st *keystore.Store) (err error) {
+		fresh = st.Revision == 0
+		secret, err = st.Create(spec, now)
+		return err
+	}); err != nil {
 		return c.fail(err)
 	}
 	fmt.Fprintln(c.stdout, secret)
 	fmt.Fprintf(c.stderr, "key %q created (%s); the line above is the key, shown only this once\n", *name, describe(spec.Models, spec.Limits, spec.ExpiresAt))
+	if fresh {
+		c.noteLostStore()
+	}
 	c.noteUnmatched(spec.Models)
 	return ExitOK
+}
+
+// noteLostStore warns, after a create began a new store file, when the
+// edge's usage file counts keys that are not api_keys principals: the
+// store they were in is gone, and a running edge refuses the new one as
+// older than its own (K1) until SIGHUP or a restart.
+func (c *cmd) noteLostStore() {
+	u, err := keystore.LoadUsage(c.cfg.Keys.UsageFile)
+	if err != nil {
+		return
+	}
+	api := map[string]bool{}
+	for _, k := range c.cfg.APIKeys {
+		api[k.Principal] = true
+	}
+	n := 0
+	for _, k := range u.Keys {
+		if !api[k.Name] {
+			n++
+		}
+	}
+	if n > 0 {
+		fmt.Fprintf(c.stderr, "warning: %s did not exist: this began a new key store, but %s counts %d keys of an earlier one; "+
+			"a running edge keeps those and refuses this store until SIGHUP or a restart (restore the old file instead if it was lost)\n",
+			c.cfg.Keys.StoreFile, c.cfg.Keys.UsageFile, n)
+	}
 }
 
 // noteUnmatched says which scope entries match no model group of the

@@ -139,6 +139,34 @@ func TestKeysCommandConfig(t *testing.T) {
 	}
 }
 
+// K1: a create that begins a new store while the edge's usage file names
+// store keys (the store file was lost) says so: a running edge refuses the
+// new, older store and keeps the keys it has. A first store says nothing.
+func TestCreateAfterTheStoreWasLost(t *testing.T) {
+	dir := t.TempDir()
+	cfg := edgeConfig(t, dir, `"keys": {"store_file": "keys.json"},`)
+	store := filepath.Join(dir, "keys.json")
+	u := &keystore.Usage{SavedAt: clock(), Keys: []keystore.KeyUsage{{Name: "ops", Requests: 1}}} // api_keys only
+	if err := keystore.SaveUsage(store+".usage", u); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errs := run("create", "-config", cfg, "-name", "a"); code != ExitOK || strings.Contains(errs, "new key store") {
+		t.Fatalf("the first store: exit %d: %s", code, errs)
+	}
+	u.Keys = append(u.Keys, keystore.KeyUsage{Name: "a", Requests: 2}, keystore.KeyUsage{Name: "b", Requests: 3})
+	if err := keystore.SaveUsage(store+".usage", u); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(store); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := run("create", "-config", cfg, "-name", "c")
+	if code != ExitOK || !strings.HasPrefix(out, keystore.KeyPrefix) ||
+		!strings.Contains(errs, "began a new key store") || !strings.Contains(errs, "2 keys") {
+		t.Fatalf("a lost store: exit %d\nstdout: %s\nstderr: %s", code, out, errs)
+	}
+}
+
 // K1: concurrent creates and revokes lose nothing: each holds the lock
 // from reading the store to renaming the new one.
 func TestConcurrentCreateAndRevoke(t *testing.T) {
