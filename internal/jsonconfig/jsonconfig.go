@@ -2,7 +2,8 @@
 // key is an error naming its full path (e.g.
 // "nodes[0].adapters[1].capacty: unknown field"), and all of them are
 // reported at once. It owns decoding only; validation of values belongs to
-// each config package.
+// each config package, and naming the file (an edge config, a key store)
+// to the caller: a problem without a key path (invalid JSON) names none.
 package jsonconfig
 
 import (
@@ -37,10 +38,10 @@ func Decode(data []byte, v any) (errs Errors, usable bool) {
 		return Errors{syntaxMessage(data, err)}, false
 	}
 	if dec.More() {
-		return Errors{"config: trailing data after the top-level JSON value"}, false
+		return Errors{"trailing data after the top-level JSON value"}, false
 	}
 	if _, ok := tree.(map[string]any); !ok {
-		return Errors{"config: top level must be a JSON object"}, false
+		return Errors{"top level must be a JSON object"}, false
 	}
 	var mismatched bool
 	walk(reflect.TypeOf(v).Elem(), tree, "", &errs, &mismatched)
@@ -61,12 +62,12 @@ func syntaxMessage(data []byte, err error) string {
 	var se *json.SyntaxError
 	if errors.As(err, &se) {
 		line, col := position(data, se.Offset)
-		return fmt.Sprintf("config: invalid JSON at line %d, column %d: %v", line, col, err)
+		return fmt.Sprintf("invalid JSON at line %d, column %d: %v", line, col, err)
 	}
 	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-		return "config: invalid JSON: unexpected end of input"
+		return "invalid JSON: unexpected end of input"
 	}
-	return "config: invalid JSON: " + err.Error()
+	return "invalid JSON: " + err.Error()
 }
 
 func position(data []byte, off int64) (line, col int) {

@@ -87,6 +87,9 @@ func TestParseRefuses(t *testing.T) {
 			if !errors.Is(err, ErrBadStore) || !strings.Contains(err.Error(), row.want) {
 				t.Fatalf("got %v, want ErrBadStore naming %q", err, row.want)
 			}
+			if strings.Contains(err.Error(), "config") {
+				t.Fatalf("a key store's error calls it a config: %v", err)
+			}
 		})
 	}
 	if _, err := Parse(good); err != nil {
