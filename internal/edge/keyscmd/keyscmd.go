@@ -293,12 +293,31 @@ func (c *cmd) list(args []string) int {
 	for _, k := range st.Keys() {
 		models := "*"
 		if len(k.Models) > 0 {
-			models = strings.Join(k.Models, ",")
+			models = scopeColumn(k.Models)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.Name, k.Status(now), k.Hint, models,
 			bound(k.RequestsPerMinute), bound(k.TokensPerMinute), bound(k.TokensPerDay), bound(k.MaxConcurrent), date(k.ExpiresAt))
 	}
 	return flushErr(c, tw.Flush())
+}
+
+// listScopeWidth bounds the MODELS column of `list` (tabwriter pads every
+// row to the widest cell); `show` prints a scope whole.
+const listScopeWidth = 40
+
+// scopeColumn is models joined by commas, cut after the entries that fit
+// listScopeWidth with the count of the rest: "m-0,m-1,… (+98)".
+func scopeColumn(models []string) string {
+	all := strings.Join(models, ",")
+	if len(all) <= listScopeWidth {
+		return all
+	}
+	n, width := 0, 0
+	for n < len(models) && (n == 0 || width+1+len(models[n]) <= listScopeWidth) {
+		width += len(models[n]) + min(n, 1)
+		n++
+	}
+	return strings.Join(models[:n], ",") + ",… (+" + strconv.Itoa(len(models)-n) + ")"
 }
 
 func bound(v int64) string {

@@ -139,6 +139,38 @@ func TestKeysCommandConfig(t *testing.T) {
 	}
 }
 
+// K4, K9: a scope of more than keystore.MaxScopeEntries entries is
+// refused naming the count; `list` shows a long scope cut to its column
+// (every row of the table is padded to the widest), `show` shows it whole.
+func TestLongScope(t *testing.T) {
+	dir := t.TempDir()
+	cfg := edgeConfig(t, dir, `"keys": {"store_file": "keys.json"},`)
+	many := make([]string, keystore.MaxScopeEntries+1)
+	for i := range many {
+		many[i] = fmt.Sprintf("model-%d", i)
+	}
+	if code, _, errs := run("create", "-config", cfg, "-name", "huge", "-models", strings.Join(many, ",")); code != ExitUsage ||
+		!strings.Contains(errs, fmt.Sprintf("-models: model scope too large: %d entries, at most %d", len(many), keystore.MaxScopeEntries)) {
+		t.Fatalf("too many entries: exit %d: %s", code, errs)
+	}
+	if code, _, errs := run("create", "-config", cfg, "-name", "wide", "-models", strings.Join(many[:100], ",")); code != ExitOK {
+		t.Fatal(errs)
+	}
+	run("create", "-config", cfg, "-name", "narrow", "-models", "tiny")
+	code, out, _ := run("list", "-config", cfg)
+	if code != ExitOK || !strings.Contains(out, "model-0,model-1,") || !strings.Contains(out, "(+9") {
+		t.Fatalf("list:\n%s", out)
+	}
+	for line := range strings.Lines(out) {
+		if len(line) > 160 {
+			t.Fatalf("a %d-byte row:\n%s", len(line), out)
+		}
+	}
+	if _, out, _ := run("show", "-config", cfg, "-name", "wide"); !strings.Contains(out, "model-99") {
+		t.Fatalf("show cut the scope:\n%s", out)
+	}
+}
+
 // K1: a create that begins a new store while the edge's usage file names
 // store keys (the store file was lost) says so: a running edge refuses the
 // new, older store and keeps the keys it has. A first store says nothing.

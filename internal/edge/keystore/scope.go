@@ -11,9 +11,26 @@ import (
 // MaxPatternLen bounds one model name or pattern, in bytes.
 const MaxPatternLen = 256
 
+// MaxScopeEntries bounds a key's model scope, in names and patterns:
+// every request of the key is matched against its patterns, and a fleet
+// with more model groups than this for one key names them by pattern.
+const MaxScopeEntries = 256
+
 // ErrBadPattern: a model name or pattern of a key's scope is not one
 // (docs/keys.md K4, K9).
 var ErrBadPattern = errors.New("bad model pattern")
+
+// ErrScopeTooLarge: a key's scope has more than MaxScopeEntries entries
+// (K9).
+var ErrScopeTooLarge = errors.New("model scope too large")
+
+// checkScopeSize is ErrScopeTooLarge naming n when n > MaxScopeEntries.
+func checkScopeSize(n int) error {
+	if n > MaxScopeEntries {
+		return fmt.Errorf("%w: %d entries, at most %d (name many models by a pattern: 'qwen3*')", ErrScopeTooLarge, n, MaxScopeEntries)
+	}
+	return nil
+}
 
 // ValidatePattern checks one entry of a key's model scope: a model group
 // name, or a pattern where '*' stands for any run of characters (none
@@ -43,8 +60,9 @@ func ValidatePattern(p string) error {
 }
 
 // ParseModels splits a -models value ("tiny,qwen3*") into its entries,
-// each checked by ValidatePattern; surrounding spaces are dropped and a
-// repeated entry is kept once. "" is no scope (every model).
+// each checked by ValidatePattern, at most MaxScopeEntries of them
+// (ErrScopeTooLarge); surrounding spaces are dropped and a repeated entry
+// is kept once. "" is no scope (every model).
 func ParseModels(s string) ([]string, error) {
 	if strings.TrimSpace(s) == "" {
 		return nil, nil
@@ -60,6 +78,9 @@ func ParseModels(s string) ([]string, error) {
 			seen[f] = true
 			out = append(out, f)
 		}
+	}
+	if err := checkScopeSize(len(out)); err != nil {
+		return nil, err
 	}
 	return out, nil
 }

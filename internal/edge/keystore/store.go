@@ -250,6 +250,9 @@ func Parse(b []byte) (*Store, error) {
 		if k.PreviousKeySHA256 != "" && k.PreviousExpiresAt.IsZero() {
 			add(p+".previous_expires_at", "required with previous_key_sha256")
 		}
+		if err := checkScopeSize(len(k.Models)); err != nil {
+			add(p+".models", "%d entries, at most %d", len(k.Models), MaxScopeEntries)
+		}
 		for j, m := range k.Models {
 			if err := ValidatePattern(m); err != nil {
 				add(fmt.Sprintf("%s.models[%d]", p, j), "%v", err)
@@ -380,7 +383,7 @@ func (s *Store) Key(name string) (Key, bool) {
 // Spec is what `edge keys create` asks for.
 type Spec struct {
 	Name   string
-	Models []string // checked by ValidatePattern; empty = every model
+	Models []string // checked by ValidatePattern, at most MaxScopeEntries; empty = every model
 	Limits Limits
 	// ExpiresAt: zero = never; else after now.
 	ExpiresAt time.Time
@@ -389,7 +392,7 @@ type Spec struct {
 // Create adds a key for spec and returns it: the only time it exists
 // outside the client's hands (the store keeps its hash). Errors:
 // ErrBadName, ErrExists (a live or revoked key has the name), ErrBadPattern,
-// ErrBadLimit, and an expiry not after now.
+// ErrScopeTooLarge, ErrBadLimit, and an expiry not after now.
 func (s *Store) Create(spec Spec, now time.Time) (string, error) {
 	if !ValidName(spec.Name) {
 		return "", fmt.Errorf("%w %q (1-63 of letters, digits, '.', '_', '-')", ErrBadName, spec.Name)
@@ -399,6 +402,9 @@ func (s *Store) Create(spec Spec, now time.Time) (string, error) {
 			return "", fmt.Errorf("%w: %q (revoked %s; a name is never reused, pick another)", ErrExists, spec.Name, old.RevokedAt.Format(time.RFC3339))
 		}
 		return "", fmt.Errorf("%w: %q (`edge keys rotate` issues it a new secret)", ErrExists, spec.Name)
+	}
+	if err := checkScopeSize(len(spec.Models)); err != nil {
+		return "", err
 	}
 	for _, m := range spec.Models {
 		if err := ValidatePattern(m); err != nil {

@@ -3,6 +3,7 @@ package keystore
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -79,6 +80,7 @@ func TestParseRefuses(t *testing.T) {
 		{"bad pattern", `{"version":1,"keys":[{"name":"a","key_sha256":"` + hashOf() + `","models":["qw[en"],"created_at":"2026-01-01T00:00:00Z"}]}`, `keys[0].models[0]: bad model pattern "qw[en"`},
 		{"negative limit", `{"version":1,"keys":[{"name":"a","key_sha256":"` + hashOf() + `","tokens_per_day":-1,"created_at":"2026-01-01T00:00:00Z"}]}`, "keys[0].tokens_per_day: must be ≥ 0"},
 		{"a bad time", `{"version":1,"keys":[{"name":"a","key_sha256":"` + hashOf() + `","created_at":"yesterday"}]}`, "yesterday"},
+		{"a scope too large", `{"version":1,"keys":[{"name":"a","key_sha256":"` + hashOf() + `","models":["m*"` + strings.Repeat(`,"m*"`, MaxScopeEntries) + `],"created_at":"2026-01-01T00:00:00Z"}]}`, "keys[0].models: 257 entries, at most 256"},
 		{"a type mismatch", `{"version":1,"keys":[{"name":"a","max_concurrent":"4"}]}`, "keys[0].max_concurrent: want an integer"},
 	}
 	for _, row := range rows {
@@ -224,6 +226,21 @@ func TestParseModels(t *testing.T) {
 	}
 	if got, err := ParseModels(""); got != nil || err != nil {
 		t.Fatalf("empty: got %q, %v", got, err)
+	}
+	// A scope is bounded (every request of the key matches its patterns):
+	// MaxScopeEntries entries, one more is refused naming the count.
+	many := make([]string, MaxScopeEntries+1)
+	for i := range many {
+		many[i] = fmt.Sprintf("m%d*", i)
+	}
+	if got, err := ParseModels(strings.Join(many[:MaxScopeEntries], ",")); err != nil || len(got) != MaxScopeEntries {
+		t.Fatalf("%d entries: %d, %v", MaxScopeEntries, len(got), err)
+	}
+	if _, err := ParseModels(strings.Join(many, ",")); !errors.Is(err, ErrScopeTooLarge) || !strings.Contains(err.Error(), fmt.Sprint(MaxScopeEntries+1)) {
+		t.Fatalf("%d entries: got %v, want ErrScopeTooLarge naming the count", MaxScopeEntries+1, err)
+	}
+	if _, err := New().Create(Spec{Name: "a", Models: many}, t0); !errors.Is(err, ErrScopeTooLarge) {
+		t.Fatalf("Create with %d entries: %v", len(many), err)
 	}
 	for _, bad := range []string{"tiny,,x", "qw[en]", "a{b}", `a\b`, "tab\tx", strings.Repeat("m", MaxPatternLen+1)} {
 		_, err := ParseModels(bad)
