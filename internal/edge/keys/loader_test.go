@@ -354,3 +354,28 @@ func TestUnknownKeyLooksAtTheStore(t *testing.T) {
 		t.Fatalf("after MissPollInterval: %v", err)
 	}
 }
+
+// K2: a key created a moment ago works on its first request even when the
+// background poll swaps the new store in while the request looks (the
+// miss's own poll then finds nothing new): the miss looks at the set in
+// effect again, not only when its own poll swapped.
+func TestUnknownKeyRacingThePoll(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.json")
+	edit(t, path, func(st *keystore.Store) error { _, err := st.Create(keystore.Spec{Name: "a"}, noon); return err })
+	l, reg, err := NewLoader(keysConfig(path), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fresh string
+	edit(t, path, func(st *keystore.Store) (err error) {
+		fresh, err = st.Create(keystore.Spec{Name: "b"}, noon)
+		return err
+	})
+	reg.onMiss = func() bool {
+		l.Poll() // Run's poll, between the request's lookup and its miss
+		return l.pollOnMiss()
+	}
+	if p, err := reg.Authenticate(fresh, noon); err != nil || p.Name != "b" {
+		t.Fatalf("a key the background poll swapped in meanwhile: %v", err)
+	}
+}

@@ -56,8 +56,9 @@ type Registry struct {
 	dirty atomic.Bool          // counters changed since the last Usage
 
 	// onMiss, when set (Loader.Registry), is called for a key no entry
-	// matches and reports whether it swapped in a newer Set: a key created
-	// a moment ago is then found at once instead of at the next poll.
+	// matches and looks at the store file (reporting whether it swapped in
+	// a newer Set): a key created a moment ago is then found at once
+	// instead of at the next poll.
 	onMiss func() bool
 }
 
@@ -118,9 +119,15 @@ func (r *Registry) Authenticate(key string, now time.Time) (*Principal, error) {
 		return nil, ErrNoKey
 	}
 	sum := sha256.Sum256([]byte(key))
-	c, ok := r.set.Load().byHash[sum]
-	if !ok && r.onMiss != nil && r.onMiss() {
-		c, ok = r.set.Load().byHash[sum]
+	set := r.set.Load()
+	c, ok := set.byHash[sum]
+	if !ok && r.onMiss != nil {
+		// Look again whenever the set changed, not only when this miss's
+		// poll swapped it: the background poll may have swapped in the
+		// key's store meanwhile (K2).
+		if r.onMiss(); r.set.Load() != set {
+			c, ok = r.set.Load().byHash[sum]
+		}
 	}
 	switch {
 	case !ok:
