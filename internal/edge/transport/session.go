@@ -125,10 +125,18 @@ func (s *Server) serveConn(raw net.Conn) {
 	c.logEnd(node)
 }
 
+// logEnd writes the session's last line. A connection that never owned a
+// node id is a peer's to repeat at will (a registration flood, connect and
+// close): its refused registration was already logged (rate limited), and
+// any other end of it goes through the same peer limiter, so a flood costs
+// a few lines a second (SPEC L1, L4; the ingress bounds).
 func (c *session) logEnd(node string) {
 	err := c.err
 	switch {
 	case c.tc == nil: // the handshake or identity refusal was logged by run
+	case node == "" && errors.Is(err, ErrRefusedRegistration):
+	case node == "":
+		c.s.logLimited(&c.s.peerLog, "unregistered node connection closed", "cert_name", c.peer, "reason", err)
 	case errors.Is(err, io.EOF), errors.Is(err, ErrServerClosed), errors.Is(err, registry.ErrSuperseded),
 		errors.Is(err, ErrRefusedRegistration):
 		c.s.log.Info("node session closed", "node", node, "cert_name", c.peer, "reason", err)
