@@ -250,9 +250,6 @@ func Parse(b []byte) (*Store, error) {
 		if k.PreviousKeySHA256 != "" && k.PreviousExpiresAt.IsZero() {
 			add(p+".previous_expires_at", "required with previous_key_sha256")
 		}
-		if err := checkScopeSize(len(k.Models)); err != nil {
-			add(p+".models", "%d entries, at most %d", len(k.Models), MaxScopeEntries)
-		}
 		for j, m := range k.Models {
 			if err := ValidatePattern(m); err != nil {
 				add(fmt.Sprintf("%s.models[%d]", p, j), "%v", err)
