@@ -11,13 +11,19 @@
 # For each routing mode in BENCH_AFF_MODES
 # ("least_loaded prefix_affinity") the replicas, the edge and the node start
 # fresh (empty caches, empty affinity tables), so the modes are comparable.
+# A mode may carry an affinity_balance after a colon, e.g.
+# "prefix_affinity:0" (the holder takes every turn, as before the cost of
+# a turn was weighed); otherwise BENCH_AFF_BALANCE (unset = the default).
 #
 # Replicas, each its own provider (adapter r1, r2 on node gpu-1, capacity
 # BENCH_AFF_CAPACITY, default 8):
 #   demo (default)  two demo backends on BENCH_AFF_R1/BENCH_AFF_R2
 #                   (127.0.0.1:28501/28502) with -prefix-cache 65536,
-#                   -prefill-per-token BENCH_AFF_PREFILL (500us) and
-#                   -token-delay BENCH_AFF_TOKEN_DELAY (2ms); targets
+#                   -prefill-per-token BENCH_AFF_PREFILL (500us),
+#                   -token-delay BENCH_AFF_TOKEN_DELAY (2ms) and -slots
+#                   BENCH_AFF_SLOTS (= the capacity: one instance's compute
+#                   shared by its slots as llama-server's is; 0 = each
+#                   request paced on its own); targets
 #                   tiny-loop and tiny-loop:latest (one name per replica,
 #                   so responses tell the replica apart).
 #   real            set BENCH_LLAMA_SERVER (llama-server binary) and
@@ -31,7 +37,8 @@
 #                   cache (--cache-ram) is on.
 # Cached prompt tokens are the backends' own reports
 # (usage.prompt_tokens_details.cached_tokens); results land in
-# .run/bench/affinity.jsonl and the table in .run/bench/affinity.md.
+# .run/bench/affinity.jsonl, the table in .run/bench/affinity.md and one
+# line per request in .run/bench/affinity-trace-MODE.jsonl.
 
 bench_affinity_start_replicas() { # $1 = mode label (for logs)
   local bin="$BENCH_DIR/bin" i addr
@@ -44,7 +51,7 @@ bench_affinity_start_replicas() { # $1 = mode label (for logs)
         >>"$BENCH_DIR/affinity-r$i.log" 2>&1 &
     else
       "$bin/demo-backend" -listen "$addr" -token-delay "$BENCH_AFF_TOKEN_DELAY" -prefix-cache 65536 \
-        -prefill-per-token "$BENCH_AFF_PREFILL" >/dev/null 2>&1 &
+        -prefill-per-token "$BENCH_AFF_PREFILL" -slots "${BENCH_AFF_SLOTS:-$BENCH_AFF_CAPACITY}" >/dev/null 2>&1 &
     fi
     AFF_REPLICA_PIDS+=($!)
     bench_pids+=($!)
@@ -60,8 +67,11 @@ bench_affinity_stop() {
   for pid in "$EDGE_PID" "$NODE_PID" "${AFF_REPLICA_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
 }
 
-bench_affinity_config() { # $1 = routing mode
-  local key_sha t1=tiny-loop t2=tiny-loop:latest
+bench_affinity_config() { # $1 = routing mode[:affinity_balance]
+  local key_sha t1=tiny-loop t2=tiny-loop:latest routing=${1%%:*} balance=${BENCH_AFF_BALANCE:-}
+  [ "$routing" != "$1" ] && balance=${1#*:}
+  local balance_json=""
+  [ -n "$balance" ] && balance_json=" \"affinity_balance\": $balance,"
   [ -n "${BENCH_LLAMA_SERVER:-}" ] && { t1=r1; t2=r2; }
   key_sha=$(printf '%s' "$BENCH_KEY" | sha256sum | cut -d' ' -f1)
   cat >"$BENCH_DIR/edge.json" <<JSON
@@ -77,7 +87,7 @@ bench_affinity_config() { # $1 = routing mode
     {"name": "r2", "type": "openai_compat", "profile": "llamacpp", "capacity": $BENCH_AFF_CAPACITY, "base_url": "http://$BENCH_AFF_R2"}
   ]}],
   "models": [
-    {"name": "conv", "routing": "$1", "affinity_epsilon": ${BENCH_AFF_EPSILON:-0.5}, "providers": [
+    {"name": "conv", "routing": "$routing", "affinity_epsilon": ${BENCH_AFF_EPSILON:-0.5},$balance_json "providers": [
       {"node": "gpu-1", "provider": "r1", "target": "$t1"},
       {"node": "gpu-1", "provider": "r2", "target": "$t2"}]}
   ]
@@ -122,9 +132,10 @@ bench_affinity_main() {
     "$BENCH_DIR/bin/iopbench" affinity -url "http://$BENCH_HTTP/v1/chat/completions" -model conv -key "$BENCH_KEY" \
       -label "$mode" -replicas "$AFF_REPLICAS" -conversations "${BENCH_AFF_CONVS:-50}" -turns "${BENCH_AFF_TURNS:-5}" \
       -concurrency "${BENCH_AFF_CONC:-8}" -system-bytes "${BENCH_AFF_SYSTEM:-1536}" -user-bytes "${BENCH_AFF_USER:-256}" \
-      -max-tokens "${BENCH_AFF_MAX_TOKENS:-64}" -timeout "${BENCH_AFF_TIMEOUT:-10m}" >>"$BENCH_DIR/affinity.jsonl" 2>>"$BENCH_DIR/iopbench.log" ||
+      -max-tokens "${BENCH_AFF_MAX_TOKENS:-64}" -timeout "${BENCH_AFF_TIMEOUT:-10m}" -trace "$BENCH_DIR/affinity-trace-$mode.jsonl" >>"$BENCH_DIR/affinity.jsonl" 2>>"$BENCH_DIR/iopbench.log" ||
       log "iopbench affinity $mode failed; see .run/bench/iopbench.log"
     curl -fsS -m 5 "http://$BENCH_ADMIN/status" >"$BENCH_DIR/affinity-status-$mode.json" 2>/dev/null || true
+    log "affinity: $mode decisions $(grep -o '"decisions":{[^}]*}' "$BENCH_DIR/affinity-status-$mode.json" 2>/dev/null || echo '?')"
     bench_affinity_stop
   done
   "$BENCH_DIR/bin/iopbench" report -in "$BENCH_DIR/affinity.jsonl" >"$BENCH_DIR/affinity.md"

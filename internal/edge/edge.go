@@ -71,7 +71,8 @@ func PoolConfig(c *config.Config) pool.Config {
 				Key:  pool.Key{Node: n.ID, Provider: a.Name},
 				Type: a.Type, Category: a.Category,
 				Capacity: a.Capacity, LongCapacity: *a.LongCapacity,
-				Operations: config.Operations(a),
+				Operations:             config.Operations(a),
+				PrefillTokensPerSecond: a.PrefillTokensPerS,
 			})
 		}
 	}
@@ -81,6 +82,10 @@ func PoolConfig(c *config.Config) pool.Config {
 			Epsilon: routing.DefaultEpsilon, AffinityWait: time.Duration(m.AffinityWaitMs) * time.Millisecond}
 		if m.AffinityEpsilon != nil {
 			g.Epsilon = *m.AffinityEpsilon
+		}
+		g.Balance = routing.DefaultBalance
+		if m.AffinityBalance != nil {
+			g.Balance = *m.AffinityBalance
 		}
 		for _, mp := range m.Providers {
 			cd := pool.Candidate{
@@ -96,6 +101,31 @@ func PoolConfig(c *config.Config) pool.Config {
 		pc.Groups = append(pc.Groups, g)
 	}
 	return pc
+}
+
+// streamedGap is how long after its first byte a response must still have
+// been running for that first byte to count as a time to first token: a
+// non-streamed answer's head and body are written together, after the
+// whole generation.
+const streamedGap = 10 * time.Millisecond
+
+// firstBytes is the access.Observer that reports every finished request's
+// time from its lease to its first byte to the pool (observeFirstByte).
+type firstBytes struct{ p *pool.Pool }
+
+func (f firstBytes) Observe(r *access.Record) { observeFirstByte(f.p, r) }
+
+// observeFirstByte reports a finished request's time from its lease to its
+// first byte (the access record's TTFB less its queue wait) to the pool,
+// which pairs it with the lease to calibrate the provider's prefill speed
+// for prefix_affinity (SPEC Q3 cost of a turn, pool.ObserveFirstByte). It
+// counts only a completed, streamed answer on its first attempt.
+func observeFirstByte(p *pool.Pool, r *access.Record) {
+	if r.Node == "" || r.Path == access.PathNone {
+		return
+	}
+	usable := r.Outcome == access.OK && r.Retries == 0 && r.TTFB > 0 && r.Duration-r.TTFB >= streamedGap
+	p.ObserveFirstByte(pool.Key{Node: r.Node, Provider: r.Provider}, r.TTFB-r.QueueWait, usable)
 }
 
 // OutlierPolicy projects outlier_detection onto the passive-health policy
@@ -169,7 +199,7 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 		return err
 	}
 	hist := access.NewSeries(time.Now) // the operator page's last 15 minutes
-	metrics, recent := access.NewMetrics(hist), access.NewRecent(0)
+	metrics, recent := access.NewMetrics(hist, firstBytes{p}), access.NewRecent(0)
 	od := outlier.New(outlier.Options{Pool: ejectEvents{p, bus}, Policy: OutlierPolicy(cfg), Logger: log.With("component", "outlier")})
 	defer od.Close()
 	ao := api.Options{Config: current, Pool: p, Dispatcher: tr, Health: ht, Outlier: od, Logger: log.With("component", "api"),

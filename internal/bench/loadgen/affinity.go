@@ -11,6 +11,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -50,6 +51,7 @@ func cmdAffinity(args []string, stdout, stderr io.Writer) error {
 	seed := fs.Uint64("seed", 1, "seed of the message texts")
 	timeout := fs.Duration("timeout", 10*time.Minute, "bound on the whole run")
 	replicas := fs.String("replicas", "", "comma-separated replica names (response \"model\"), so that one sent nothing counts 0")
+	trace := fs.String("trace", "", "file to write one JSON line per request to (start, TTFT and total in ms, replica, prompt and cached tokens, conversation, turn)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -64,6 +66,11 @@ func cmdAffinity(args []string, stdout, stderr io.Writer) error {
 	start := time.Now()
 	res := w.run(ctx, *convs, *conc)
 	rec := res.record(*label, time.Since(start))
+	if *trace != "" {
+		if err := res.writeTrace(*trace, *label, start); err != nil {
+			return err
+		}
+	}
 	for _, n := range strings.Split(*replicas, ",") {
 		if n != "" {
 			rec.Replicas[n] += 0
@@ -83,7 +90,9 @@ type workload struct {
 
 // turnResult is one request's outcome.
 type turnResult struct {
-	ttft           time.Duration
+	conv, turn     int
+	start          time.Time
+	ttft, total    time.Duration
 	prompt, cached int
 	replica        string
 	err            error
@@ -129,6 +138,7 @@ func (w *workload) run(ctx context.Context, convs, conc int) *affinityResults {
 				cv.turn++
 				cv.msgs = append(cv.msgs, message{"user", fmt.Sprintf("Conversation %d, question %d: %s", cv.id, cv.turn, filler(cv.rng, w.userBytes))})
 				tr, answer := w.turn(ctx, cv.msgs)
+				tr.conv, tr.turn = cv.id, cv.turn
 				res.mu.Lock()
 				res.turns = append(res.turns, tr)
 				res.mu.Unlock()
@@ -167,14 +177,14 @@ func (w *workload) turn(ctx context.Context, msgs []message) (turnResult, string
 	start := time.Now()
 	resp, err := w.cl.Do(req)
 	if err != nil {
-		return turnResult{err: err}, ""
+		return turnResult{start: start, err: err}, ""
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 300))
 		return turnResult{err: fmt.Errorf("HTTP %d: %s", resp.StatusCode, b)}, ""
 	}
-	var tr turnResult
+	tr := turnResult{start: start}
 	var answer strings.Builder
 	done := false
 	br := bufio.NewReaderSize(resp.Body, 16384)
@@ -198,6 +208,7 @@ func (w *workload) turn(ctx context.Context, msgs []message) (turnResult, string
 	if !done || tr.ttft == 0 {
 		return turnResult{err: fmt.Errorf("stream ended without [DONE] or without content")}, ""
 	}
+	tr.total = time.Since(start)
 	return tr, answer.String()
 }
 
@@ -282,6 +293,19 @@ func (r *affinityResults) record(label string, took time.Duration) record {
 		rec.FirstAvg = us(sum / time.Duration(len(ttft)))
 	}
 	return rec
+}
+
+// writeTrace writes one JSON line per request to path, in the order the
+// requests ended.
+func (r *affinityResults) writeTrace(path, label string, start time.Time) error {
+	var b bytes.Buffer
+	for _, t := range r.turns {
+		line, _ := json.Marshal(map[string]any{"label": label, "conv": t.conv, "turn": t.turn,
+			"start_ms": float64(t.start.Sub(start)) / 1e6, "ttft_ms": float64(t.ttft) / 1e6, "total_ms": float64(t.total) / 1e6,
+			"replica": t.replica, "prompt": t.prompt, "cached": t.cached, "ok": t.err == nil})
+		b.Write(append(line, '\n'))
+	}
+	return os.WriteFile(path, b.Bytes(), 0o644)
 }
 
 // filler returns n bytes of lowercase words (no JSON escaping needed).

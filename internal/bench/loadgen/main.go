@@ -15,6 +15,7 @@
 //	mem     -pids edge=P,node=Q -label L           VmRSS / VmHWM of the product processes
 //	report  -in results.jsonl                      medians of the rounds as Markdown
 //	affinity -url U -model M -label MODE            issue 16's multi-turn workload: cached tokens, TTFT, requests per replica
+//	slots   -url U -model M [-levels 1,2,4,8]      one backend under c concurrent streams: TTFT, time per token
 //
 // Common flags: -path (the path's label: a, a2, b, c, d; ck, dk with the credential plane on;
 // e, e5, f, f5 the passive-health pairs), -round, -key
@@ -39,7 +40,7 @@ func main() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: iopbench floor|rate|wrk|stream|hold|mem|conc|report|affinity [flags]")
+		fmt.Fprintln(stderr, "usage: iopbench floor|rate|wrk|stream|hold|mem|conc|report|affinity|slots [flags]")
 		return 2
 	}
 	cmds := map[string]func([]string, io.Writer, io.Writer) error{
@@ -52,6 +53,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		"mem":      cmdMem,
 		"report":   cmdReport,
 		"affinity": cmdAffinity,
+		"slots":    cmdSlots,
 	}
 	f, ok := cmds[args[0]]
 	if !ok {

@@ -61,6 +61,19 @@ type Options struct {
 	// served from the prefix cache, waited before anything is written
 	// (0 = none). The binary's -prefill-per-token, e.g. 1ms.
 	PrefillPerToken time.Duration
+	// Slots, when > 0, makes the chat routes share one instance's compute
+	// the way llama-server's slots do (see engine): at most Slots requests
+	// at once, each generated token one step of every generating slot, a
+	// prompt waiting for the prompts queued before it. 0 = each request is
+	// paced on its own by TokenDelay and PrefillPerToken (as before). The
+	// binary's -slots, e.g. 8 (llama-server -np 8).
+	Slots int
+	// Batch is the prompt tokens one step processes with Slots (0 =
+	// DefaultBatch, llama-server's n_batch); Parallel the generated tokens
+	// a step decodes at the cost of one TokenDelay (0 or 1: a CPU, where
+	// each generating slot adds a TokenDelay to every step; a GPU batches
+	// many). The binary's -batch and -parallel.
+	Batch, Parallel int
 	// OnRequestEnd, if set, is called on the request's goroutine after the
 	// handler is done writing (for a client abort: after the request's
 	// context ended and the handler noticed). It must not block for long.
@@ -136,6 +149,7 @@ type Backend struct {
 	ended   atomic.Uint64
 
 	cache        *prefixCache // nil without Options.PrefixCache
+	engine       *engine      // nil without Options.Slots
 	promptTokens atomic.Uint64
 	cachedTokens atomic.Uint64
 
@@ -161,6 +175,9 @@ func New(opts Options) (*Backend, error) {
 	}
 	if opts.PrefillPerToken < 0 {
 		errs = append(errs, fmt.Errorf("PrefillPerToken %s is negative: %w", opts.PrefillPerToken, ErrBadOption))
+	}
+	if opts.Slots < 0 || opts.Batch < 0 || opts.Parallel < 0 {
+		errs = append(errs, fmt.Errorf("Slots %d, Batch %d, Parallel %d: none may be negative: %w", opts.Slots, opts.Batch, opts.Parallel, ErrBadOption))
 	}
 	if opts.LoopTokens < 0 || opts.LoopTokens > maxTokenLimit {
 		errs = append(errs, fmt.Errorf("LoopTokens %d is outside 0-%d: %w", opts.LoopTokens, maxTokenLimit, ErrBadOption))
@@ -202,6 +219,9 @@ func New(opts Options) (*Backend, error) {
 	}
 	if opts.PrefixCache > 0 {
 		b.cache = newPrefixCache(opts.PrefixCache)
+	}
+	if opts.Slots > 0 {
+		b.engine = newEngine(opts)
 	}
 	b.tagsBody = b.renderTags()
 	b.versionBody = []byte(`{"version":"0.17.4"}`)
@@ -367,6 +387,9 @@ func (b *Backend) finish(c *call) {
 	}
 	if c.timer != nil {
 		c.timer.Stop()
+	}
+	if c.slot {
+		b.engine.release(c.generating)
 	}
 	end := RequestEnd{
 		Seq: c.seq, Method: c.r.Method, Path: c.r.URL.Path, Model: c.echo, Fault: c.fault.suffix,

@@ -155,6 +155,10 @@ type call struct {
 	status   int
 	outcome  Outcome
 	err      error
+
+	// With Options.Slots: the request holds an engine slot (released in
+	// finish) and, once its prompt is done, counts as generating.
+	slot, generating bool
 }
 
 // buffer returns the request's empty scratch buffer.
@@ -301,8 +305,9 @@ func (c *call) chat(sh shape) {
 
 // prefill looks the prompt up in the instance's prefix cache and waits
 // Options.PrefillPerToken for each prompt token not served from it,
-// before anything is written (a real server's time to first token). It
-// reports whether the client is still there.
+// before anything is written (a real server's time to first token); with
+// Options.Slots it first takes a slot and waits for the prompts queued
+// ahead too (engine). It reports whether the client is still there.
 func (c *call) prefill() bool {
 	if pc := c.b.cache; pc != nil {
 		bs := pc.boundaries(c.m.name, &c.req)
@@ -311,7 +316,38 @@ func (c *call) prefill() bool {
 	}
 	c.b.promptTokens.Add(uint64(c.prompt))
 	c.b.cachedTokens.Add(uint64(c.cached))
-	return c.wait(time.Duration(c.prompt-c.cached) * c.b.opts.PrefillPerToken)
+	e := c.b.engine
+	if e == nil {
+		return c.wait(time.Duration(c.prompt-c.cached) * c.b.opts.PrefillPerToken)
+	}
+	if !e.acquire(c.ctx) {
+		return false
+	}
+	c.slot = true
+	step := e.queuePrompt(c.prompt - c.cached)
+	for d := e.promptWait(step); d > 0; d = e.promptWait(step) {
+		if !c.wait(d) {
+			e.abandon(step)
+			return false
+		}
+	}
+	e.generate()
+	c.generating = true
+	return true
+}
+
+// tokenDelay is the wait before the next content token: TokenDelay, or
+// with Options.Slots the engine's step (the first token comes with the
+// step that ended the prompt).
+func (c *call) tokenDelay() time.Duration {
+	switch e := c.b.engine; {
+	case e == nil:
+		return c.b.opts.TokenDelay
+	case c.emitted == 0:
+		return 0
+	default:
+		return e.tokenStep()
+	}
 }
 
 // cacheAnswer caches the prompt followed by the generated text answer,
@@ -339,7 +375,7 @@ func (c *call) runStream(f format) {
 		if c.faultAt(false) {
 			return
 		}
-		if !c.wait(c.b.opts.TokenDelay) {
+		if !c.wait(c.tokenDelay()) {
 			c.outcome = OutcomeClientGone
 			return
 		}
@@ -366,7 +402,7 @@ func (c *call) runOnce(f format) {
 		if c.faultAt(false) {
 			return
 		}
-		if !c.wait(c.b.opts.TokenDelay) {
+		if !c.wait(c.tokenDelay()) {
 			c.outcome = OutcomeClientGone
 			return
 		}

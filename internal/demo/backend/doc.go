@@ -101,6 +101,18 @@
 // conversation on one instance shows up as a shorter time to first token.
 // Several Backends are several instances with separate caches.
 //
+// # Slots
+//
+// With Options.Slots > 0 the chat routes share one instance's compute the
+// way llama-server's slots share its threads (engine): at most Slots
+// requests are served at once, a later one waits for a free slot; every
+// step decodes one token for each generating slot — on a CPU (Parallel 1)
+// each busy slot adds a TokenDelay to every step, so N generating slots
+// are each served N times slower — and carries the queued prompt tokens in
+// turn, up to Batch per step, so a prompt waits for the prompts before it
+// and a stream stalls while a prompt is processed. Without Slots each
+// request is paced on its own (TokenDelay, PrefillPerToken).
+//
 // # Fault injection
 //
 // Faults ride on the model name so they pass unchanged through a gateway:

@@ -5,6 +5,13 @@
 //
 //	demo-backend -listen 127.0.0.1:11434 [-token-delay 20ms] [-pad-bytes 1024] [-seed N] [-loop-tokens 64] [-api-key-file FILE]
 //	             [-prefix-cache 4096] [-prefill-per-token 1ms] [-models tiny,tiny-tool,tiny-loop,tiny-think,tiny-agent]
+//	             [-slots 8 [-batch 2048] [-parallel 1]]
+//
+// -slots N makes the chat routes share the instance's compute as
+// llama-server's N slots do (per-token time grows with the busy slots, a
+// prompt waits for those queued before it; see the backend package's
+// engine); -parallel P lets a step decode P tokens at the cost of one (a
+// GPU's batch). Without -slots each request is paced on its own.
 //
 // -api-key-file names a file holding an API key that the /v1 routes then
 // require, as llama-server's --api-key does (the key is read from a file,
@@ -55,6 +62,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	cache := fs.Int("prefix-cache", 0, "prompt prefixes (message boundaries) the instance's prefix cache holds (0 = no cache)")
 	prefill := fs.Duration("prefill-per-token", 0, "simulated prefill time per uncached prompt token (0 = none)")
 	models := fs.String("models", "tiny,tiny-tool,tiny-loop", "comma-separated models to serve (also tiny-think, tiny-agent)")
+	slots := fs.Int("slots", 0, "share the compute among this many slots as llama-server -np does (0 = each request paced on its own)")
+	batch := fs.Int("batch", 0, "with -slots: prompt tokens one step processes (0 = 2048, llama-server's n_batch)")
+	parallel := fs.Int("parallel", 1, "with -slots: generated tokens one step decodes at the cost of one token delay (1 = a CPU; a GPU batches many)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -78,6 +88,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	b, err := backend.New(backend.Options{
 		Logger: log, TokenDelay: *delay, PadBytes: *pad, Seed: *seed, LoopTokens: *loop, APIKey: apiKey,
 		PrefixCache: *cache, PrefillPerToken: *prefill, Models: strings.Split(*models, ","),
+		Slots: *slots, Batch: *batch, Parallel: *parallel,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "demo-backend: %v\n", err)
@@ -91,7 +102,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	log.Info("demo-backend listening: a deterministic demo stand-in for a model server, not a model",
 		"addr", ln.Addr().String(), "models", strings.Split(*models, ","),
 		"token_delay", delay.String(), "pad_bytes", *pad, "api_key_required", apiKey != "",
-		"prefix_cache", *cache, "prefill_per_token", prefill.String())
+		"prefix_cache", *cache, "prefill_per_token", prefill.String(), "slots", *slots, "parallel", *parallel)
 	if err := b.Serve(ctx, ln); err != nil {
 		log.Error("serve failed", "error", err)
 		return 1

@@ -155,7 +155,7 @@ var providerJSON = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated
 // "models" lists the model groups when a group or
 // routing source is set: {"name","waiters","long_waiters","candidates",
 // "live"} from Groups and {"routing","decisions":{"prefix_hit","hash",
-// "fallback"},"hit_ratio"} from Routing (issue 16; hit_ratio is prefix_hit
+// "fallback","yield"},"hit_ratio"} from Routing (issue 16; hit_ratio is prefix_hit
 // over all decisions, 0 without any). recent_errors only with Recent.
 func serveStatus(w http.ResponseWriter, o Options) {
 	var buf bytes.Buffer
@@ -256,8 +256,8 @@ func writeModels(buf *bytes.Buffer, gs GroupSource, rs RoutingSource) {
 			fmt.Fprintf(buf, `,"waiters":%d,"long_waiters":%d,"candidates":%d,"live":%d`, g.Waiters, g.LongWaiters, g.Candidates, g.Live)
 		}
 		if r, ok := routes[name]; ok {
-			fmt.Fprintf(buf, `,"routing":%q,"decisions":{"prefix_hit":%d,"hash":%d,"fallback":%d},"hit_ratio":%s`,
-				r.Mode, r.PrefixHit, r.Hash, r.Fallback, strconv.FormatFloat(r.HitRatio(), 'g', 4, 64))
+			fmt.Fprintf(buf, `,"routing":%q,"decisions":{"prefix_hit":%d,"hash":%d,"fallback":%d,"yield":%d},"hit_ratio":%s`,
+				r.Mode, r.PrefixHit, r.Hash, r.Fallback, r.Yield, strconv.FormatFloat(r.HitRatio(), 'g', 4, 64))
 			delete(routes, name)
 		}
 		buf.WriteByte('}')
@@ -311,15 +311,15 @@ func serveMetrics(w http.ResponseWriter, o Options) {
 	fmt.Fprintf(&buf, "iop_edge_waiters %d\n", waiters)
 	if o.Routing != nil {
 		family("iop_edge_routing_decisions_total", "counter",
-			"prefix_affinity routing decisions per model: prefix_hit (the holder of the longest prefix took it), hash (nobody held a prefix; the bounded-load hash chose), fallback (the holder was busy or the request had no conversation).")
+			"prefix_affinity routing decisions per model: prefix_hit (the holder of the longest prefix took it), hash (nobody held a prefix; the bounded-load hash chose), fallback (the holder was at capacity or the request had no conversation), yield (the prefill queued on the holder outweighed what it saves; another provider took it).")
 		for _, g := range o.Routing.Routing() {
-			if g.Mode != "prefix_affinity" && g.PrefixHit+g.Hash+g.Fallback == 0 {
+			if g.Mode != "prefix_affinity" && g.PrefixHit+g.Hash+g.Fallback+g.Yield == 0 {
 				continue
 			}
 			for _, r := range []struct {
 				name string
 				n    uint64
-			}{{"prefix_hit", g.PrefixHit}, {"hash", g.Hash}, {"fallback", g.Fallback}} {
+			}{{"prefix_hit", g.PrefixHit}, {"hash", g.Hash}, {"fallback", g.Fallback}, {"yield", g.Yield}} {
 				fmt.Fprintf(&buf, "iop_edge_routing_decisions_total{model=%s,result=%q} %d\n", strconv.Quote(g.Model), r.name, r.n)
 			}
 		}

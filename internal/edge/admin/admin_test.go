@@ -145,7 +145,7 @@ type fakeRouting []pool.GroupRouting
 func (f fakeRouting) Routing() []pool.GroupRouting { return f }
 
 var routes = fakeRouting{
-	{Model: "tiny", Mode: "prefix_affinity", PrefixHit: 6, Hash: 3, Fallback: 1},
+	{Model: "tiny", Mode: "prefix_affinity", PrefixHit: 6, Hash: 3, Fallback: 1, Yield: 2},
 	{Model: "plain", Mode: "least_loaded"},
 }
 
@@ -180,9 +180,9 @@ func TestRoutingStatusAndMetrics(t *testing.T) {
 		t.Fatalf("status: %d nodes, %d models; want 2, 2: %s", len(st.Nodes), len(st.Models), body)
 	}
 	m := st.Models[0]
-	if m.Name != "tiny" || m.Routing != "prefix_affinity" || m.HitRatio != 0.6 ||
-		m.Decisions["prefix_hit"] != 6 || m.Decisions["hash"] != 3 || m.Decisions["fallback"] != 1 {
-		t.Errorf("status models[0] = %+v, want tiny prefix_affinity 6/3/1, hit ratio 0.6", m)
+	if m.Name != "tiny" || m.Routing != "prefix_affinity" || m.HitRatio != 0.5 ||
+		m.Decisions["prefix_hit"] != 6 || m.Decisions["hash"] != 3 || m.Decisions["fallback"] != 1 || m.Decisions["yield"] != 2 {
+		t.Errorf("status models[0] = %+v, want tiny prefix_affinity 6/3/1/2, hit ratio 0.5", m)
 	}
 	if p := st.Models[1]; p.Routing != "least_loaded" || p.HitRatio != 0 {
 		t.Errorf("status models[1] = %+v, want least_loaded, hit ratio 0", p)
@@ -193,6 +193,7 @@ func TestRoutingStatusAndMetrics(t *testing.T) {
 		`iop_edge_routing_decisions_total{model="tiny",result="prefix_hit"} 6`,
 		`iop_edge_routing_decisions_total{model="tiny",result="hash"} 3`,
 		`iop_edge_routing_decisions_total{model="tiny",result="fallback"} 1`,
+		`iop_edge_routing_decisions_total{model="tiny",result="yield"} 2`,
 	} {
 		if !strings.Contains(metrics, want+"\n") {
 			t.Errorf("metrics lack %q:\n%s", want, metrics)

@@ -164,8 +164,8 @@ func TestStatusModelsMerged(t *testing.T) {
 	defer srv.Close()
 	_, body := get(t, srv.URL+"/status")
 	want := `"models":[{"name":"tiny","waiters":1,"long_waiters":0,"candidates":2,"live":2},` +
-		`{"name":"big","waiters":0,"long_waiters":0,"candidates":1,"live":0,"routing":"prefix_affinity","decisions":{"prefix_hit":3,"hash":1,"fallback":0},"hit_ratio":0.75},` +
-		`{"name":"ghost","routing":"ordered","decisions":{"prefix_hit":0,"hash":0,"fallback":0},"hit_ratio":0}]`
+		`{"name":"big","waiters":0,"long_waiters":0,"candidates":1,"live":0,"routing":"prefix_affinity","decisions":{"prefix_hit":3,"hash":1,"fallback":0,"yield":0},"hit_ratio":0.75},` +
+		`{"name":"ghost","routing":"ordered","decisions":{"prefix_hit":0,"hash":0,"fallback":0,"yield":0},"hit_ratio":0}]`
 	if !strings.Contains(body, want) {
 		t.Errorf("status models:\n%s\nwant %s", body, want)
 	}

@@ -57,7 +57,11 @@ const (
 	MaxLeaseTTLMs         = 300000 // lease.MaxTTL
 	// MaxAffinityEpsilon bounds models[].affinity_epsilon: beyond it the
 	// load bound no longer bounds anything.
-	MaxAffinityEpsilon    = 100.0
+	MaxAffinityEpsilon = 100.0
+	// MaxAffinityBalance bounds models[].affinity_balance.
+	MaxAffinityBalance = 100.0
+	// MaxPrefillTokensPerS bounds adapters[].prefill_tokens_per_s.
+	MaxPrefillTokensPerS  = 1e7
 	DefaultBaseEjectionMs = 1000  // outlier_detection.base_ejection_ms
 	DefaultMaxEjectionMs  = 30000 // outlier_detection.max_ejection_ms
 	// MaxIdleTimeoutMs bounds upstream_idle_timeout_ms (a day).
@@ -226,6 +230,11 @@ type Adapter struct {
 	// UpstreamIdleTimeoutMs: how long the node reuses an idle upstream
 	// connection; 0 = the profile's default (EffectiveUpstreamIdleTimeoutMs).
 	UpstreamIdleTimeoutMs int64 `json:"upstream_idle_timeout_ms"`
+	// PrefillTokensPerS is the prefill speed (prompt tokens per second,
+	// by the Edge's estimate of body bytes ÷ 4) prefix_affinity assumes
+	// for this provider until it has timed the provider's streamed
+	// answers; 0 = routing.DefaultTokenTime's 2,000. Edge-side only.
+	PrefillTokensPerS float64 `json:"prefill_tokens_per_s"`
 }
 
 // ProfileOverrides replaces single fields of a named profile. A path set to
@@ -265,6 +274,12 @@ type Model struct {
 	// provider is free (on arrival, or once queued when another provider
 	// frees first); 0 = never.
 	AffinityWaitMs int64 `json:"affinity_wait_ms"`
+	// AffinityBalance: under prefix_affinity, the weight of the prefill
+	// queued on a provider against the prefill a turn saves there: a busy
+	// holder of a conversation yields a turn to another provider when
+	// balance × its queued prefill exceeds the saving. 0 = the holder takes
+	// every turn while it has a free slot. Omitted = 1.
+	AffinityBalance *float64 `json:"affinity_balance"`
 	// MaxAttempts bounds the providers one request is sent to: the first
 	// plus re-dispatches after a failure or stall before the first byte
 	// (SPEC H11), never the same provider twice. 0 = every
@@ -475,6 +490,10 @@ func (c *Config) applyDefaults() {
 			e := routing.DefaultEpsilon
 			m.AffinityEpsilon = &e
 		}
+		if m.AffinityBalance == nil {
+			b := routing.DefaultBalance
+			m.AffinityBalance = &b
+		}
 	}
 	c.keysDefaults()
 	c.tracingDefaults()
@@ -671,6 +690,9 @@ func (c *Config) validate() jsonconfig.Errors {
 		if e := *m.AffinityEpsilon; !(e >= 0 && e <= MaxAffinityEpsilon) {
 			add(p+".affinity_epsilon", "must be between 0 and %g, got %g", float64(MaxAffinityEpsilon), e)
 		}
+		if b := *m.AffinityBalance; !(b >= 0 && b <= MaxAffinityBalance) {
+			add(p+".affinity_balance", "must be between 0 (the holder takes every turn) and %g, got %g", float64(MaxAffinityBalance), b)
+		}
 		// Against a queue.wait_timeout_ms that is itself refused, only the
 		// sign is checked: that one error is enough.
 		if m.AffinityWaitMs < 0 || (c.Queue.WaitTimeoutMs > 0 && m.AffinityWaitMs > c.Queue.WaitTimeoutMs) {
@@ -798,6 +820,9 @@ func (c *Config) validateAdapter(ap string, a *Adapter, add func(string, string,
 		if a.APIKeyEnv != "" {
 			add(ap+".credential_slot", "set either credential_slot (the edge's secret store) or api_key_env (the node's environment), not both")
 		}
+	}
+	if v := a.PrefillTokensPerS; !(v >= 0 && v <= MaxPrefillTokensPerS) {
+		add(ap+".prefill_tokens_per_s", "must be between 0 (the default) and %g, got %g", float64(MaxPrefillTokensPerS), v)
 	}
 	if a.UpstreamIdleTimeoutMs < 0 || a.UpstreamIdleTimeoutMs > MaxIdleTimeoutMs {
 		add(ap+".upstream_idle_timeout_ms", "must be between 0 (the profile's default) and %d, got %d", int64(MaxIdleTimeoutMs), a.UpstreamIdleTimeoutMs)

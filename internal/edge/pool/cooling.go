@@ -18,7 +18,7 @@ const HealthCooling = "cooling"
 // snapshots. A second Eject updates them. It reports false for an unknown
 // provider.
 func (p *Pool) Eject(k Key, until time.Time, reason string) bool {
-	p.mu.Lock()
+	p.lock()
 	defer p.mu.Unlock()
 	return p.s.eject(k, until, reason)
 }
@@ -26,7 +26,7 @@ func (p *Pool) Eject(k Key, until time.Time, reason string) bool {
 // Readmit makes an ejected provider k a candidate again and pumps waiters
 // (SPEC Q5). It reports whether k was ejected.
 func (p *Pool) Readmit(k Key) bool {
-	p.mu.Lock()
+	p.lock()
 	defer p.mu.Unlock()
 	ok := p.s.readmit(k)
 	p.apply()

@@ -38,6 +38,11 @@ type state struct {
 	// chose for the next enqueue.
 	pinned wlist
 	pinTo  *resource
+
+	// now is the time of the current transition, set by the wrapper when
+	// some group weighs the cost of a turn (costed, cost.go); it only rises.
+	now    time.Time
+	costed bool
 }
 
 // effects are what a transition asks the wrapper to carry out.
@@ -115,6 +120,11 @@ type resource struct {
 	id  uint64
 	aff *routing.Table
 
+	// The prefill queued on it and its time per token (cost.go), kept
+	// while it is a candidate of some prefix_affinity group (costed).
+	costed bool
+	q      routing.Queue
+
 	// Passive-health ejection (cooling.go); no generation: it is about
 	// the backend, not the node's connection.
 	ejected      bool
@@ -153,6 +163,7 @@ type group struct {
 	mode         routing.Mode
 	epsilon      float64
 	affinityWait time.Duration
+	balance      float64
 	stats        *routeCounts
 }
 
@@ -304,9 +315,9 @@ func (s *state) admit(r Request) (*Lease, *class, error) {
 		}
 	}
 	if c.q.n == 0 {
-		if cd, res, holder := s.choose(c, r.Prefix); cd != nil {
+		if cd, res, holder := s.choose(c, r.Prefix, r.PromptTokens); cd != nil {
 			if holder == nil || g.affinityWait <= 0 || s.waiters >= s.maxWaiters {
-				return s.grant(c, cd, r.Prefix, res), nil, nil
+				return s.grant(c, cd, r.Prefix, r.PromptTokens, res), nil, nil
 			}
 			s.pinTo = holder // the group waits for the holder (see pin.go)
 			return nil, c, nil
@@ -383,12 +394,17 @@ func (s *state) timeout(w *waiter) {
 	s.fx.failed = append(s.fx.failed, failure{w, err})
 }
 
-// grant gives cd's resource to a request of class c with prefix, decided
-// as res (counted and recorded for prefix_affinity groups only).
-func (s *state) grant(c *class, cd *cand, prefix []uint64, res routing.Result) *Lease {
+// grant gives cd's resource to a request of class c with prefix and
+// promptTokens, decided as res (counted and recorded for prefix_affinity
+// groups only; its prefill queued on a costed resource, cost.go).
+func (s *state) grant(c *class, cd *cand, prefix []uint64, promptTokens int, res routing.Result) *Lease {
 	r := cd.res
+	var sample routing.Sample
+	if r.costed {
+		sample = s.queuePrefill(r, prefix, promptTokens)
+	}
 	if c.g.mode == routing.PrefixAffinity {
-		s.recordAffinity(c.g, r, prefix, res)
+		s.recordAffinity(c.g, r, prefix, promptTokens, res)
 	}
 	l := &Lease{
 		Key:            r.cfg.Key,
@@ -401,6 +417,7 @@ func (s *state) grant(c *class, cd *cand, prefix []uint64, res routing.Result) *
 		Slot:           cd.slot,
 		res:            r,
 		fenced:         r.node.fence,
+		sample:         sample,
 	}
 	r.inFlight++
 	if c.long {
@@ -433,6 +450,9 @@ func (s *state) unhold(l *Lease) {
 	l.prev, l.next = nil, nil
 	l.returned = true
 	s.leases--
+	if r.costed {
+		r.q.Released(s.now, l.sample, r.inFlight == 0)
+	}
 }
 
 // release returns l exactly once (SPEC Q2) and pumps (Q5). A second call,
@@ -463,7 +483,7 @@ round:
 				if c.q.head == nil || (best != nil && c.q.head.seq > best.q.head.seq) {
 					continue
 				}
-				cd, res, holder := s.choose(c, c.q.head.prefix)
+				cd, res, holder := s.choose(c, c.q.head.prefix, c.q.head.promptTokens)
 				if cd == nil {
 					continue
 				}
@@ -477,7 +497,7 @@ round:
 		if pw != nil && (best == nil || pw.seq < best.q.head.seq) {
 			c := pw.cls
 			s.dequeue(pw)
-			s.fx.grants = append(s.fx.grants, grant{pw, s.grant(c, pcd, pw.prefix, routing.ResultPrefixHit)})
+			s.fx.grants = append(s.fx.grants, grant{pw, s.grant(c, pcd, pw.prefix, pw.promptTokens, routing.ResultPrefixHit)})
 			continue
 		}
 		if best == nil {
@@ -485,7 +505,7 @@ round:
 		}
 		w := best.q.head
 		s.dequeue(w)
-		s.fx.grants = append(s.fx.grants, grant{w, s.grant(best, bestCand, w.prefix, bestRes)})
+		s.fx.grants = append(s.fx.grants, grant{w, s.grant(best, bestCand, w.prefix, w.promptTokens, bestRes)})
 	}
 }
 

@@ -37,10 +37,11 @@
 // (route.go, issue 16): least_loaded (the default) takes the lowest
 // in_flight/capacity, then config order; ordered the first in config
 // order; prefix_affinity asks internal/edge/routing for the candidate
-// holding the longest prefix of the request's conversation, else a
-// bounded-load rendezvous hash (SPEC Q1, Q3). Each resource keeps its
-// affinity table (prefixes granted to it) for its node's current
-// generation only. Provider type never excludes a candidate, and no mode
+// holding the longest prefix of the request's conversation unless the
+// prefill queued on it outweighs what it saves, else a bounded-load
+// rendezvous hash (SPEC Q1, Q3). Each resource keeps its affinity table
+// (prefixes granted to it) for its node's current generation only, and,
+// while a prefix_affinity group routes to it, its prefill queue (cost.go). Provider type never excludes a candidate, and no mode
 // makes a request wait while a candidate is free — except a
 // prefix_affinity group with an affinity wait, whose request may wait that
 // long for the busy provider holding its conversation as a pinned waiter

@@ -198,7 +198,7 @@ func (h *harness) checkInvariants() {
 			if c.q.n == 0 {
 				continue
 			}
-			if cd, _ := h.s.pick(c, c.q.head.prefix); cd != nil {
+			if cd, _ := h.s.pick(c, c.q.head.prefix, c.q.head.promptTokens); cd != nil {
 				h.t.Fatalf("Q5 class %s/%s long=%v has %d waiters and a free live candidate", g.name, c.op, c.long, c.q.n)
 			}
 		}

@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -28,9 +29,10 @@ func (systemClock) AfterFunc(d time.Duration, f func()) func() bool {
 // Pool is the concurrency-safe provider pool. All methods may be called from
 // any goroutine; none blocks except Acquire while it waits.
 type Pool struct {
-	clk Clock
-	mu  sync.Mutex
-	s   *state // guarded by mu
+	clk    Clock
+	mu     sync.Mutex
+	s      *state      // guarded by mu
+	costed atomic.Bool // s.costed as of the last config (cost.go)
 }
 
 // New returns a pool for cfg. No node is ready yet: nothing is admitted
@@ -39,7 +41,9 @@ func New(cfg Config, clk Clock) *Pool {
 	if clk == nil {
 		clk = SystemClock()
 	}
-	return &Pool{clk: clk, s: newState(cfg)}
+	p := &Pool{clk: clk, s: newState(cfg)}
+	p.costed.Store(p.s.costed)
+	return p
 }
 
 // apply carries out the effects of the transition just run and resets
@@ -58,7 +62,7 @@ func (p *Pool) apply() {
 	}
 	for _, w := range fx.pins {
 		w.stopPin = p.clk.AfterFunc(w.cls.g.affinityWait, func() {
-			p.mu.Lock()
+			p.lock()
 			p.s.affinityExpired(w)
 			p.apply()
 			p.mu.Unlock()
@@ -73,10 +77,10 @@ func (p *Pool) apply() {
 // and the queue is pumped. MaxWaiters and WaitTimeout apply to requests that
 // arrive afterwards.
 func (p *Pool) Reconfigure(cfg Config) {
-	p.mu.Lock()
+	p.lock()
 	p.s.reconfigure(cfg)
 	p.apply()
-	p.mu.Unlock()
+	p.unlockConfig()
 }
 
 // Acquire admits r and returns its lease (SPEC Q2–Q4, Q6, Q7). With no free
@@ -93,7 +97,7 @@ func (p *Pool) Acquire(ctx context.Context, r Request) (*Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	p.mu.Lock()
+	p.lock()
 	l, c, err := p.s.admit(r)
 	if c == nil {
 		p.mu.Unlock()
@@ -106,7 +110,7 @@ func (p *Pool) Acquire(ctx context.Context, r Request) (*Lease, error) {
 		// Pinned to the provider holding the conversation (issue 16):
 		// after the group's affinity wait it competes for any candidate.
 		stopPin := p.clk.AfterFunc(c.g.affinityWait, func() {
-			p.mu.Lock()
+			p.lock()
 			p.s.affinityExpired(w)
 			p.apply()
 			p.mu.Unlock()
@@ -125,7 +129,7 @@ func (p *Pool) Acquire(ctx context.Context, r Request) (*Lease, error) {
 
 	if timeout > 0 {
 		stop := p.clk.AfterFunc(timeout, func() {
-			p.mu.Lock()
+			p.lock()
 			p.s.timeout(w)
 			p.apply()
 			p.mu.Unlock()
@@ -136,7 +140,7 @@ func (p *Pool) Acquire(ctx context.Context, r Request) (*Lease, error) {
 	case res := <-w.ch:
 		return res.l, res.err
 	case <-ctx.Done():
-		p.mu.Lock()
+		p.lock()
 		queued := p.s.cancel(w)
 		p.mu.Unlock()
 		if !queued {
@@ -155,7 +159,7 @@ func (p *Pool) Acquire(ctx context.Context, r Request) (*Lease, error) {
 // after NodeFenced already returned it, or a nil lease reports false and
 // changes nothing.
 func (p *Pool) Release(l *Lease) bool {
-	p.mu.Lock()
+	p.lock()
 	ok := p.s.release(l)
 	p.apply()
 	p.mu.Unlock()
@@ -169,7 +173,7 @@ func (p *Pool) Release(l *Lease) bool {
 // reports whether the call activated gen.
 func (p *Pool) NodeReady(node string, gen uint64) bool {
 	now := p.clk.Now()
-	p.mu.Lock()
+	p.lock()
 	ok := p.s.ready(node, gen, now)
 	p.apply()
 	p.mu.Unlock()
@@ -182,7 +186,7 @@ func (p *Pool) NodeReady(node string, gen uint64) bool {
 // the remaining live candidates. A stale generation, or one already fenced,
 // is a no-op (L9). It returns the number of leases returned.
 func (p *Pool) NodeFenced(node string, gen uint64) int {
-	p.mu.Lock()
+	p.lock()
 	n := p.s.fence(node, gen)
 	p.apply()
 	p.mu.Unlock()
@@ -195,7 +199,7 @@ func (p *Pool) NodeFenced(node string, gen uint64) int {
 // stale generation, one not ready, or a repeat is a no-op (SPEC L9); a new
 // generation of the node starts live. It reports whether it applied.
 func (p *Pool) NodeDraining(node string, gen uint64) bool {
-	p.mu.Lock()
+	p.lock()
 	ok := p.s.drain(node, gen)
 	p.apply()
 	p.mu.Unlock()
@@ -208,7 +212,7 @@ func (p *Pool) NodeDraining(node string, gen uint64) bool {
 // (health_observation_seq, H5) is above every seq accepted for (k, gen); it
 // reports whether it applied. A later generation starts without overlay.
 func (p *Pool) SetOverlay(k Key, gen, seq uint64) bool {
-	p.mu.Lock()
+	p.lock()
 	ok := p.s.setOverlay(k, gen, seq)
 	p.apply() // waiters pinned to k may move (issue 16)
 	p.mu.Unlock()
@@ -220,7 +224,7 @@ func (p *Pool) SetOverlay(k Key, gen, seq uint64) bool {
 // current ready generation gen and seq is above every seq accepted for
 // (k, gen); anything else changes nothing. It reports whether it applied.
 func (p *Pool) ClearOverlay(k Key, gen, seq uint64) bool {
-	p.mu.Lock()
+	p.lock()
 	ok := p.s.clearOverlay(k, gen, seq)
 	p.apply()
 	p.mu.Unlock()

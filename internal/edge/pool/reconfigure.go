@@ -63,6 +63,7 @@ func (s *state) reconfigure(cfg Config) {
 		s.groupList = append(s.groupList, g)
 	}
 
+	s.markCosted()
 	s.unpinAll()
 	for w := s.all.head; w != nil; {
 		next := w.anext
@@ -80,6 +81,7 @@ func (s *state) buildGroup(gc Group) *group {
 	g := &group{name: gc.Name, longTokens: gc.LongContextTokens, mode: gc.Routing, epsilon: max(gc.Epsilon, 0)}
 	if gc.Routing == routing.PrefixAffinity {
 		g.affinityWait = gc.AffinityWait
+		g.balance = max(gc.Balance, 0)
 	}
 	g.stats = s.routeStats[gc.Name]
 	if g.stats == nil {

@@ -3,27 +3,28 @@ package pool
 import "iop/internal/edge/routing"
 
 // pick returns the candidate of class c to grant now to a request with
-// prefix, or nil when none is free; for prefix_affinity groups also how
+// prefix and promptTokens, or nil when none is free; for prefix_affinity groups also how
 // routing decided. Only live, free candidates are ever returned (SPEC Q3):
 //   - least_loaded: lowest in_flight/capacity, then config order;
 //   - ordered: the first in config order;
-//   - prefix_affinity: routing.Choose (longest held prefix, then
+//   - prefix_affinity: routing.Choose (longest held prefix unless the
+//     prefill queued on its holder outweighs what it saves, cost.go; then
 //     bounded-load rendezvous hashing; never a wait while one is free).
 //
 // It changes nothing: the pump calls it for every class head and grants
 // only one.
-func (s *state) pick(c *class, prefix []uint64) (*cand, routing.Result) {
-	cd, res, _ := s.choose(c, prefix)
+func (s *state) pick(c *class, prefix []uint64, promptTokens int) (*cand, routing.Result) {
+	cd, res, _ := s.choose(c, prefix, promptTokens)
 	return cd, res
 }
 
 // choose is pick that also returns, for a prefix_affinity request that was
 // not given to the holder of its longest prefix because that holder is at
 // capacity, the holder (admit may pin the request to it, pin.go).
-func (s *state) choose(c *class, prefix []uint64) (*cand, routing.Result, *resource) {
+func (s *state) choose(c *class, prefix []uint64, promptTokens int) (*cand, routing.Result, *resource) {
 	switch c.g.mode {
 	case routing.PrefixAffinity:
-		return s.pickAffinity(c, prefix)
+		return s.pickAffinity(c, prefix, promptTokens)
 	case routing.Ordered:
 		for i := range c.cands {
 			if r := c.cands[i].res; r.live() && r.free(c.long) {
@@ -46,28 +47,30 @@ func (s *state) choose(c *class, prefix []uint64) (*cand, routing.Result, *resou
 	return best, routing.ResultFallback, nil
 }
 
-func (s *state) pickAffinity(c *class, prefix []uint64) (*cand, routing.Result, *resource) {
+func (s *state) pickAffinity(c *class, prefix []uint64, promptTokens int) (*cand, routing.Result, *resource) {
 	cs := s.scratch[:0]
 	holder := -1 // the live candidate with the longest match, first in config order
 	for i := range c.cands {
 		r := c.cands[i].res
 		live := r.live()
-		match := 0
-		if live && len(prefix) > 0 && r.aff != nil && r.aff.Gen() == r.node.gen {
-			match = r.aff.Longest(prefix)
+		cd := routing.Candidate{ID: r.id, Live: live, Free: live && r.free(c.long), Load: r.inFlight, Weight: r.cfg.Capacity}
+		if live && len(prefix) > 0 {
+			cd.Match, cd.Held = r.held(prefix)
 		}
-		if match > 0 && (holder < 0 || match > cs[holder].Match) {
+		if cd.Match > 0 && (holder < 0 || cd.Match > cs[holder].Match) {
 			holder = i
 		}
-		cs = append(cs, routing.Candidate{ID: r.id, Live: live, Free: live && r.free(c.long),
-			Load: r.inFlight, Weight: r.cfg.Capacity, Match: match})
+		if r.costed {
+			cd.Backlog, cd.TokenTime = r.q.Wait(s.now, r.inFlight), r.q.TokenTime()
+		}
+		cs = append(cs, cd)
 	}
 	s.scratch = cs
-	var key uint64
-	if len(prefix) > 0 {
-		key = prefix[0]
+	t := routing.Turn{HasKey: len(prefix) > 0, Prompt: promptTokens}
+	if t.HasKey {
+		t.Key = prefix[0]
 	}
-	i, res := routing.Choose(cs, len(prefix) > 0, key, c.g.epsilon)
+	i, res := routing.Choose(cs, t, routing.Policy{Epsilon: c.g.epsilon, Balance: c.g.balance})
 	if i < 0 {
 		return nil, res, nil
 	}
@@ -78,11 +81,21 @@ func (s *state) pickAffinity(c *class, prefix []uint64) (*cand, routing.Result, 
 	return &c.cands[i], res, busy
 }
 
+// held returns how many leading boundaries of prefix r's affinity table
+// holds for its node's current generation, and the prompt tokens up to
+// there (routing.Table.Held); 0, 0 without a current table.
+func (r *resource) held(prefix []uint64) (match, tokens int) {
+	if r.aff == nil || r.aff.Gen() != r.node.gen {
+		return 0, 0
+	}
+	return r.aff.Held(prefix)
+}
+
 // recordAffinity counts a prefix_affinity decision for g and records the
-// request's prefix in r's table, which is reset first when it belongs to
-// an older generation of r's node (a reconnected backend may have lost
-// its cache).
-func (s *state) recordAffinity(g *group, r *resource, prefix []uint64, res routing.Result) {
+// request's prefix (of promptTokens) in r's table, which is reset first
+// when it belongs to an older generation of r's node (a reconnected
+// backend may have lost its cache).
+func (s *state) recordAffinity(g *group, r *resource, prefix []uint64, promptTokens int, res routing.Result) {
 	g.stats[res]++
 	if len(prefix) == 0 {
 		return
@@ -93,7 +106,7 @@ func (s *state) recordAffinity(g *group, r *resource, prefix []uint64, res routi
 	case r.aff.Gen() != r.node.gen:
 		r.aff.Reset(r.node.gen)
 	}
-	r.aff.Record(prefix)
+	r.aff.Record(prefix, promptTokens)
 }
 
 // routeCounts are one model's prefix_affinity decisions by routing.Result.
@@ -106,13 +119,13 @@ type routeCounts [routing.NumResults]uint64
 type GroupRouting struct {
 	Model string
 	// Mode is the configured mode's name (routing.NameOrdered, …).
-	Mode                      string
-	PrefixHit, Hash, Fallback uint64
+	Mode                             string
+	PrefixHit, Hash, Fallback, Yield uint64
 }
 
 // HitRatio is PrefixHit over all decisions, 0 when there were none.
 func (g GroupRouting) HitRatio() float64 {
-	n := g.PrefixHit + g.Hash + g.Fallback
+	n := g.PrefixHit + g.Hash + g.Fallback + g.Yield
 	if n == 0 {
 		return 0
 	}
@@ -124,7 +137,8 @@ func (s *state) routing() []GroupRouting {
 	out := make([]GroupRouting, 0, len(s.groupList))
 	for _, g := range s.groupList {
 		out = append(out, GroupRouting{Model: g.name, Mode: g.mode.String(),
-			PrefixHit: g.stats[routing.ResultPrefixHit], Hash: g.stats[routing.ResultHash], Fallback: g.stats[routing.ResultFallback]})
+			PrefixHit: g.stats[routing.ResultPrefixHit], Hash: g.stats[routing.ResultHash], Fallback: g.stats[routing.ResultFallback],
+			Yield: g.stats[routing.ResultYield]})
 	}
 	return out
 }

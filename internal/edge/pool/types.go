@@ -33,6 +33,10 @@ type Resource struct {
 	LongCapacity int
 	// Operations the resource's profile supports (protocol.OpChatCompletions, …).
 	Operations []string
+	// PrefillTokensPerSecond is the prefill speed prefix_affinity assumes
+	// for the resource until its answers have been timed
+	// (ObserveFirstByte); <= 0 means routing.DefaultTokenTime.
+	PrefillTokensPerSecond float64
 }
 
 // Candidate is one models[].providers entry (SPEC Q1): a resource and the
@@ -69,6 +73,11 @@ type Group struct {
 	// provider while another candidate is free (models[].affinity_wait_ms;
 	// 0 = never, the request takes the free candidate at once).
 	AffinityWait time.Duration
+	// Balance: under prefix affinity, the weight of the prefill queued on
+	// a candidate against the prefill a turn saves there (routing.Policy;
+	// models[].affinity_balance). 0 = the holder of a conversation takes
+	// every turn while it has a free slot.
+	Balance float64
 }
 
 // Config is the pool's part of the Edge config. The config layer validates
@@ -210,6 +219,7 @@ type Lease struct {
 	prev, next *Lease // the resource's list of held leases
 	returned   bool
 	fenced     context.Context // the generation's fence context; immutable
+	sample     routing.Sample  // what it met on its resource when granted (routing.Queue.Grant)
 }
 
 // Fenced is closed when the node generation the lease was granted on is

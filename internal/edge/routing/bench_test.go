@@ -12,21 +12,21 @@ func BenchmarkChoose(b *testing.B) {
 	x := uint64(1)
 	for i := range 10000 {
 		x = mix(x)
-		tables[i%3].Record([]uint64{x})
+		tables[i%3].Record([]uint64{x}, 0)
 	}
 	prefix := make([]uint64, 12)
 	for i := range prefix {
 		x = mix(x)
 		prefix[i] = x
 	}
-	tables[1].Record(prefix[:8])
+	tables[1].Record(prefix[:8], 0)
 	cands := make([]Candidate, 3)
 	b.ReportAllocs()
 	for b.Loop() {
 		for i, tb := range tables {
 			cands[i] = Candidate{ID: uint64(i + 1), Live: true, Free: true, Load: 1, Weight: 8, Match: tb.Longest(prefix)}
 		}
-		Choose(cands, true, prefix[0], DefaultEpsilon)
+		Choose(cands, Turn{HasKey: true, Key: prefix[0]}, Policy{Epsilon: DefaultEpsilon})
 	}
 }
 
@@ -42,7 +42,7 @@ func BenchmarkTableRecord(b *testing.B) {
 			x = mix(x)
 			prefix[i] = x
 		}
-		tb.Record(prefix)
+		tb.Record(prefix, 0)
 	}
 }
 
@@ -58,7 +58,7 @@ func BenchmarkTableMemory(b *testing.B) {
 		x := uint64(1)
 		for range DefaultTableEntries {
 			x = mix(x)
-			tb.Record([]uint64{x})
+			tb.Record([]uint64{x}, 0)
 		}
 		runtime.GC()
 		runtime.ReadMemStats(&after)

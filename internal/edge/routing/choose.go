@@ -28,18 +28,25 @@ type Candidate struct {
 	// Load is the requests it has in flight; Weight its capacity (> 0).
 	Load, Weight int
 	// Match is how many leading boundaries of the request's prefix it holds
-	// (Table.Longest); 0 = none.
-	Match int
+	// (Table.Held); 0 = none. Held is the estimated prompt tokens of the
+	// request up to that boundary (what its prefix cache should serve).
+	Match, Held int
+	// Backlog is how long a request granted now waits for the prompts
+	// queued on it, seconds (Queue.Wait);
+	// TokenTime its seconds per prefilled token (Queue.TokenTime, > 0).
+	// Both are read only when Policy.Balance > 0.
+	Backlog, TokenTime float64
 }
 
 // Choose picks the candidate for a request under prefix affinity and says
 // how it decided; it returns -1 when no candidate is free (the request
-// then waits, as under any mode). hasKey says the request carries a
-// conversation; key is its conversation key (Prefix[0]). epsilon is the
-// load bound's slack (≥ 0).
+// then waits, as under any mode). t says whether the request carries a
+// conversation, its key and its prompt size; p.Epsilon is the load bound's
+// slack (≥ 0), p.Balance the weight of a candidate's queued prefill.
 //
-// The free candidate holding the longest prefix of the request takes it:
-// a holder's bound is its capacity (Free), not the load bound, because
+// The free candidate holding the longest prefix of the request takes it
+// (unless its cost says otherwise, below): a holder's bound is its
+// capacity (Free), not the load bound, because
 // turning a conversation away from the replica that holds it costs a full
 // prefill of its history elsewhere and moves the conversation for good.
 // Among free candidates that hold the same longest prefix, and for a
@@ -52,7 +59,17 @@ type Candidate struct {
 // capacities are uneven, or among holders), or the request has no key, the
 // least loaded of them (Load/Weight, then slice order) takes it: affinity
 // never makes a request wait while a candidate is free.
-func Choose(cands []Candidate, hasKey bool, key uint64, epsilon float64) (int, Result) {
+//
+// A turn chosen for a holder of its prefix then weighs its cost (see
+// cost.go): it goes to the free candidate where its first token is
+// expected soonest — Balance × the prefill queued there plus its own
+// uncached prefill there, (Prompt − Held) × TokenTime — and stays with the
+// holder unless another candidate's cost is strictly lower (ResultYield;
+// a candidate holding the same prefix keeps the holder's result).
+// With nothing queued the holder's cost is the lowest, so at low load the
+// holder keeps its turns.
+func Choose(cands []Candidate, t Turn, p Policy) (int, Result) {
+	hasKey, key, epsilon := t.HasKey, t.Key, p.Epsilon
 	m, w, maxMatch, freeMatch := 1, 0, 0, 0
 	for i := range cands {
 		c := &cands[i]
@@ -90,13 +107,22 @@ func Choose(cands []Candidate, hasKey bool, key uint64, epsilon float64) (int, R
 	case best < 0:
 		best = least
 	}
-	switch {
-	case maxMatch == 0:
+	if maxMatch == 0 {
 		return best, ResultHash
-	case freeMatch == maxMatch:
-		return best, ResultPrefixHit
 	}
-	return best, ResultFallback
+	res := ResultFallback
+	if freeMatch == maxMatch {
+		res = ResultPrefixHit
+	}
+	if freeMatch > 0 {
+		if alt := yieldTo(cands, best, t, p); alt >= 0 {
+			if cands[alt].Match != freeMatch {
+				res = ResultYield
+			}
+			return alt, res
+		}
+	}
+	return best, res
 }
 
 // withinBound: the candidate's load after taking the request stays within

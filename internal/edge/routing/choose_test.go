@@ -53,7 +53,7 @@ func TestChoose(t *testing.T) {
 	}
 	for _, r := range rows {
 		t.Run(r.name, func(t *testing.T) {
-			got, res := Choose(r.cands, !r.noKey, 0xfeed, 0.5) // the bounds in the rows' comments
+			got, res := Choose(r.cands, Turn{HasKey: !r.noKey, Key: 0xfeed}, Policy{Epsilon: 0.5}) // the bounds in the rows' comments
 			if r.want != -2 && got != r.want || r.want == -2 && got < 0 {
 				t.Errorf("chose %d, want %d", got, r.want)
 			}
@@ -93,8 +93,8 @@ func TestConversationStaysOnItsProvider(t *testing.T) {
 			for i := range ids {
 				cands[i] = free(ids[i], load[i], 64, tables[i].Longest(prefix))
 			}
-			got, res := Choose(cands, true, prefix[0], DefaultEpsilon)
-			tables[got].Record(prefix)
+			got, res := Choose(cands, Turn{HasKey: true, Key: prefix[0]}, Policy{Epsilon: DefaultEpsilon})
+			tables[got].Record(prefix, 0)
 			load[got]++
 			if turn == 0 {
 				if res != ResultHash {
@@ -155,7 +155,7 @@ func TestLoadNeverExceedsBound(t *testing.T) {
 				for i := range cands {
 					cands[i] = Candidate{ID: uint64(i + 1), Live: true, Free: load[i] < capacity, Load: load[i], Weight: capacity, Match: match[i]}
 				}
-				got, res := Choose(cands, true, x, eps)
+				got, res := Choose(cands, Turn{HasKey: true, Key: x}, Policy{Epsilon: eps})
 				if got < 0 {
 					t.Fatalf("step %d: nothing chosen with loads %v", step, load)
 				}
@@ -210,7 +210,7 @@ func TestLeavingProviderMovesOnlyItsConversations(t *testing.T) {
 					cands[i].Live, cands[i].Free = false, false
 				}
 			}
-			out[k], _ = Choose(cands, true, key, DefaultEpsilon)
+			out[k], _ = Choose(cands, Turn{HasKey: true, Key: key}, Policy{Epsilon: DefaultEpsilon})
 		}
 		return out
 	}
@@ -221,7 +221,7 @@ func TestLeavingProviderMovesOnlyItsConversations(t *testing.T) {
 			if withTables {
 				tables = []*Table{NewTable(1, 0), NewTable(1, 0), NewTable(1, 0), NewTable(1, 0)}
 				for k, p := range before {
-					tables[p].Record([]uint64{mix(uint64(k) + 7)})
+					tables[p].Record([]uint64{mix(uint64(k) + 7)}, 0)
 				}
 			}
 			for gone := range ids {

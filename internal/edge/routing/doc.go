@@ -2,8 +2,9 @@
 // candidates that can serve a request right now gets it (issue 16). It
 // owns the routing modes (ordered, least_loaded, prefix_affinity), the
 // prefix hash of a conversation (Hasher), the per-provider affinity table
-// of recently routed prefixes (Table) and the choice by longest matching
-// prefix with bounded-load rendezvous hashing (Choose).
+// of recently routed prefixes (Table), each provider's prefill queue
+// estimate (Queue) and the choice by longest matching prefix, weighed by the
+// cost of the turn, with bounded-load rendezvous hashing (Choose).
 //
 // It must never do I/O, start goroutines, read a clock, log, or own a
 // lease or a waiter: the provider pool (internal/edge/pool) calls it under
@@ -38,6 +39,19 @@
 // a free slot, a provider that leaves or cools moves only the
 // conversations it held, and no provider is handed new conversations
 // beyond its bounded share while another has room.
+//
+// # The cost of a turn
+//
+// A holder's free slot is not free time: a backend works through the
+// prompts it was given in turn. Each provider therefore has a Queue, the
+// pool's estimate of the prefill granted to it and not yet done, with a
+// time per token and a delay per queued token that the provider's timed
+// first bytes calibrate; Choose sends a held turn to the free candidate
+// where its first token is expected soonest (Policy.Balance × the wait for
+// the queued prompts plus the turn's own uncached
+// prefill there), so the holder keeps its turns while little is queued on
+// it and yields (ResultYield) when the wait would exceed the prefill it
+// saves (cost.go).
 //
 // # Memory
 //

@@ -72,6 +72,11 @@ const (
 	// holder of its longest prefix was at capacity (or not live) and
 	// another candidate took it.
 	ResultFallback
+	// ResultYield: a free holder of the request's longest prefix was
+	// passed over for a candidate where the turn's first token is expected
+	// sooner: the prefill queued on the holder outweighed the prefill it
+	// would have saved (see Choose).
+	ResultYield
 	// NumResults is the number of Results (for counter arrays).
 	NumResults
 )
@@ -82,6 +87,8 @@ func (r Result) String() string {
 		return "prefix_hit"
 	case ResultHash:
 		return "hash"
+	case ResultYield:
+		return "yield"
 	}
 	return "fallback"
 }

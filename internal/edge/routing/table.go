@@ -1,13 +1,15 @@
 package routing
 
+import "math"
+
 // DefaultTableEntries is a provider's affinity table size when the config
 // says nothing: 16384 prefix hashes, about 1 MiB (TableEntryBytes each).
 const DefaultTableEntries = 16384
 
 // TableEntryBytes is the approximate memory of one table entry in bytes:
-// the entry (8-byte hash, two int32 LRU links) and its map slot (8-byte
-// key, int32 value, control byte and load-factor slack). Measured by
-// BenchmarkTableMemory.
+// the entry (8-byte hash, two int32 LRU links, an int32 token estimate) and
+// its map slot (8-byte key, int32 value, control byte and load-factor
+// slack). Measured by BenchmarkTableMemory.
 const TableEntryBytes = 64
 
 // Table is one provider's affinity table: the prefix hashes of the
@@ -28,6 +30,7 @@ type Table struct {
 type entry struct {
 	hash       uint64
 	prev, next int32 // towards head / towards tail; -1 = none
+	tokens     int32 // estimated prompt tokens up to this boundary (Record)
 }
 
 // NewTable returns an empty table for node generation gen holding at most
@@ -67,11 +70,34 @@ func (t *Table) Longest(prefix []uint64) int {
 	return 0
 }
 
+// Held is Longest with the estimated prompt tokens of the request up to
+// that boundary (the tokens Record stored for it; 0 when none is held): the
+// part of the request's prompt the provider is expected to find in its
+// prefix cache. Cost: as Longest.
+func (t *Table) Held(prefix []uint64) (match, tokens int) {
+	for i := len(prefix) - 1; i >= 0; i-- {
+		if e, ok := t.idx[prefix[i]]; ok {
+			return i + 1, int(t.ents[e].tokens)
+		}
+	}
+	return 0, 0
+}
+
 // Record marks every boundary of prefix as held, the longest most recently
-// used, evicting the least recently used hashes beyond the limit.
-func (t *Table) Record(prefix []uint64) {
-	for _, h := range prefix {
+// used, evicting the least recently used hashes beyond the limit. tokens is
+// the request's estimated prompt tokens (pool.EstimatePromptTokens): the
+// last boundary is the whole prompt and holds all of them; an earlier
+// boundary i of n that was not held yet gets the share tokens·(i+1)/n (a
+// boundary already held keeps its estimate: it was, or was estimated as,
+// an earlier request's whole prompt).
+func (t *Table) Record(prefix []uint64, tokens int) {
+	tokens = min(max(tokens, 0), math.MaxInt32)
+	for k, h := range prefix {
+		last := k == len(prefix)-1
 		if i, ok := t.idx[h]; ok {
+			if last {
+				t.ents[i].tokens = int32(tokens)
+			}
 			t.unlink(i)
 			t.pushFront(i)
 			continue
@@ -86,6 +112,10 @@ func (t *Table) Record(prefix []uint64) {
 			delete(t.idx, t.ents[i].hash)
 		}
 		t.ents[i].hash = h
+		t.ents[i].tokens = int32(tokens)
+		if !last {
+			t.ents[i].tokens = int32(int64(tokens) * int64(k+1) / int64(len(prefix)))
+		}
 		t.idx[h] = i
 		t.pushFront(i)
 	}

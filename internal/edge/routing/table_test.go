@@ -37,7 +37,7 @@ func TestTable(t *testing.T) {
 		t.Run(r.name, func(t *testing.T) {
 			tb := NewTable(1, r.limit)
 			for _, p := range r.record {
-				tb.Record(p)
+				tb.Record(p, 0)
 			}
 			if r.reset {
 				tb.Reset(2)
@@ -67,7 +67,7 @@ func TestTableBounded(t *testing.T) {
 			x = mix(x)
 			p[j] = x % 300 // repeats on purpose
 		}
-		tb.Record(p)
+		tb.Record(p, 0)
 		if tb.Len() > 64 || len(tb.ents) > 64 {
 			t.Fatalf("after %d records: Len %d, entries %d, want ≤ 64", i+1, tb.Len(), len(tb.ents))
 		}
@@ -104,5 +104,38 @@ func checkLinks(t *testing.T, tb *Table) {
 	slices.Sort(fwd)
 	if len(slices.Compact(fwd)) != len(tb.idx) {
 		t.Fatal("duplicate hash in the LRU list")
+	}
+}
+
+// TestTableHeld: Q3 — the table's estimate of the prompt tokens a provider
+// holds of a request: a whole earlier prompt holds all its tokens, an
+// earlier boundary first recorded inside a longer prompt its share.
+func TestTableHeld(t *testing.T) {
+	rows := []struct {
+		name       string
+		record     [][]uint64
+		tokens     []int
+		query      []uint64
+		wantMatch  int
+		wantTokens int
+	}{
+		{name: "nothing held", query: []uint64{1}, wantMatch: 0, wantTokens: 0},
+		{name: "the previous turn's whole prompt",
+			record: [][]uint64{{1}, {1, 2, 3}}, tokens: []int{500, 900}, query: []uint64{1, 2, 3, 4, 5}, wantMatch: 3, wantTokens: 900},
+		{name: "a boundary first seen inside a longer prompt holds its share",
+			record: [][]uint64{{1, 2, 3}}, tokens: []int{900}, query: []uint64{1, 2, 7}, wantMatch: 2, wantTokens: 600},
+		{name: "a boundary keeps the estimate of the prompt it ended",
+			record: [][]uint64{{1}, {1, 2, 3}}, tokens: []int{500, 900}, query: []uint64{1, 9}, wantMatch: 1, wantTokens: 500},
+	}
+	for _, r := range rows {
+		t.Run(r.name, func(t *testing.T) {
+			tb := NewTable(1, 16)
+			for i, p := range r.record {
+				tb.Record(p, r.tokens[i])
+			}
+			if m, n := tb.Held(r.query); m != r.wantMatch || n != r.wantTokens {
+				t.Errorf("Held = %d boundaries, %d tokens; want %d, %d", m, n, r.wantMatch, r.wantTokens)
+			}
+		})
 	}
 }

@@ -1,0 +1,151 @@
+package pool
+
+import (
+	"time"
+
+	"iop/internal/edge/routing"
+)
+
+// The cost of a turn (SPEC Q3's choice under prefix_affinity): every
+// resource that is a candidate of a prefix_affinity group keeps a
+// routing.Queue — the prefill granted to it and not yet done, at an
+// estimated time per prefilled token — so that routing.Choose can weigh the
+// wait on a busy holder of a conversation against the prefill the holder
+// saves (internal/edge/routing, cost.go).
+//
+// A grant queues the request's uncached prompt tokens (its estimated
+// prompt less what the resource's affinity table holds of it) on its
+// resource at the transition's time; every grant on such a resource
+// counts, whatever mode the request's own group has. A lease's return
+// hands its Sample (own and queued-ahead tokens, other requests in flight)
+// back to the queue, and ObserveFirstByte — the request's time to first
+// byte, reported after it ended (internal/edge/access's record, wired in
+// internal/edge) — pairs with it to calibrate the time per token and how
+// much queued tokens and busy slots delay a request. When nothing reports, the estimate stays at the configured
+// speed (Resource.PrefillTokensPerSecond, else routing.DefaultTokenTime)
+// and load delays nothing: the holder keeps its turns.
+//
+// Time: the wrapper reads the Clock before taking Pool.mu (it stays a
+// leaf) and only while some group is costed, so least_loaded and ordered
+// pools read no clock; state.now only rises.
+
+// markCosted marks the resources that are candidates of a prefix_affinity
+// group, giving each newly marked one an empty queue at its configured
+// speed (a resource that stays marked keeps its queue and calibration).
+func (s *state) markCosted() {
+	was := make(map[*resource]bool)
+	for _, r := range s.resources {
+		if r.costed {
+			was[r] = true
+		}
+		r.costed = false
+	}
+	s.costed = false
+	for _, g := range s.groupList {
+		if g.mode != routing.PrefixAffinity {
+			continue
+		}
+		for _, c := range g.classes {
+			for i := range c.cands {
+				r := c.cands[i].res
+				if !r.costed && !was[r] {
+					r.q = routing.NewQueue(tokenTime(r.cfg.PrefillTokensPerSecond))
+				}
+				r.costed, s.costed = true, true
+			}
+		}
+	}
+}
+
+// tokenTime is seconds per token for a speed in tokens per second; 0 (the
+// default) for a speed <= 0.
+func tokenTime(tokensPerSecond float64) float64 {
+	if tokensPerSecond <= 0 {
+		return 0
+	}
+	return 1 / tokensPerSecond
+}
+
+// queuePrefill queues the prefill of a request with prefix and
+// promptTokens granted on r now (before it counts in r's in-flight) and
+// returns the lease's Sample.
+func (s *state) queuePrefill(r *resource, prefix []uint64, promptTokens int) routing.Sample {
+	_, held := r.held(prefix)
+	return r.q.Grant(s.now, promptTokens-held, r.inFlight)
+}
+
+// setNow advances the transition time to now (never back: the wrapper
+// reads the clock before the lock, so calls may arrive out of order).
+func (s *state) setNow(now time.Time) {
+	if now.After(s.now) {
+		s.now = now
+	}
+}
+
+// lock takes p.mu for one transition, with the state's time set when some
+// group weighs the cost of a turn (the clock is read first, outside the
+// lock).
+func (p *Pool) lock() {
+	if !p.costed.Load() {
+		p.mu.Lock()
+		return
+	}
+	now := p.clk.Now()
+	p.mu.Lock()
+	p.s.setNow(now)
+}
+
+// unlockConfig publishes whether the new config weighs costs (read
+// without the lock by lock) and unlocks.
+func (p *Pool) unlockConfig() {
+	p.costed.Store(p.s.costed)
+	p.mu.Unlock()
+}
+
+// ObserveFirstByte reports that a request served by provider k ended, with
+// ttfb from its lease's grant to its first response byte (Q3 cost:
+// routing.Queue.Observe). usable says ttfb is a time to first token — a
+// streamed answer, completed, on the request's first attempt; otherwise the
+// report only pairs with the lease (a non-streamed answer's first byte
+// comes after its whole generation). Reports for providers that no
+// prefix_affinity group routes to are ignored.
+func (p *Pool) ObserveFirstByte(k Key, ttfb time.Duration, usable bool) {
+	if !p.costed.Load() {
+		return
+	}
+	p.lock()
+	if r := p.s.resources[k]; r != nil && r.costed {
+		r.q.Observe(p.s.now, ttfb, usable)
+	}
+	p.mu.Unlock()
+}
+
+// PrefillEstimate is one provider's prefill queue as prefix_affinity sees
+// it (Pool.PrefillEstimates).
+type PrefillEstimate struct {
+	Key
+	// Queued is the prompt tokens queued on it now, Wait how long a
+	// request granted now is expected to wait for them and for the
+	// requests in flight; TokensPerSecond the estimated prefill speed of a
+	// request's own prompt.
+	Queued          float64
+	Wait            time.Duration
+	TokensPerSecond float64
+}
+
+// PrefillEstimates returns the estimate of every provider a
+// prefix_affinity group routes to, in no particular order (for /status
+// and tests).
+func (p *Pool) PrefillEstimates() []PrefillEstimate {
+	p.lock()
+	defer p.mu.Unlock()
+	var out []PrefillEstimate
+	for _, r := range p.s.resources {
+		if r.costed {
+			out = append(out, PrefillEstimate{Key: r.cfg.Key, Queued: r.q.Ahead(p.s.now),
+				Wait:            time.Duration(r.q.Wait(p.s.now, r.inFlight) * float64(time.Second)),
+				TokensPerSecond: 1 / r.q.TokenTime()})
+		}
+	}
+	return out
+}

@@ -1,0 +1,340 @@
+package routing
+
+import (
+	"math"
+	"time"
+)
+
+// The cost of a turn (prefix_affinity, SPEC Q3's choice among the free
+// candidates). The holder of a conversation saves the turn the prefill of
+// the history it holds, but a free slot is not free time: a backend
+// processes the prompts it was given in turn (llama-server fills each step
+// with the prompt tokens of its slots in order, up to its batch size, and
+// decodes one token for every generating slot in the same step; vLLM and
+// SGLang schedule prefill chunks the same way), so a turn that arrives
+// behind other prompts waits for them before its own prefill starts. Choose
+// therefore weighs, for every free candidate, the wait (for the prompts
+// already queued on it, Candidate.Backlog: Queue.Wait) against the turn's
+// own prefill there (its prompt less what the candidate holds,
+// Candidate.Held, at the candidate's time per token), and a busy holder
+// yields the turn to another candidate when the wait there would be longer
+// than the prefill it saves. At low load nothing is queued and the holder
+// always wins.
+
+// DefaultBalance is the weight of the queued prefill against the saved one
+// when the config says nothing (models[].affinity_balance): 1 = the turn
+// goes to the candidate where its first token is expected soonest.
+const DefaultBalance = 1.0
+
+// DefaultTokenTime is the seconds per prefilled token a provider is
+// assumed to take until its answers have been timed (Queue.Observe), when
+// the config gives no prefill speed: 0.5 ms, 2,000 tokens/s, a CPU-class
+// figure (llama-server on a few threads with a small model; a GPU prefills
+// ten to a hundred times faster). Until then queued tokens are assumed to
+// delay nothing, so the figure only scales the queue's drain.
+const DefaultTokenTime = 0.0005
+
+// Token-time bounds (seconds per token): an estimate is kept within them
+// whatever the observations say.
+const (
+	MinTokenTime = 1e-6
+	MaxTokenTime = 1.0
+)
+
+// Turn is what a decision knows of the request.
+type Turn struct {
+	// HasKey says the request carries a conversation; Key is its
+	// conversation key (Prefix[0]).
+	HasKey bool
+	Key    uint64
+	// Prompt is the request's estimated prompt tokens
+	// (pool.EstimatePromptTokens); 0 = unknown (no cost is weighed).
+	Prompt int
+}
+
+// Policy is a group's prefix_affinity knobs.
+type Policy struct {
+	// Epsilon is the load bound's slack for new conversations (≥ 0).
+	Epsilon float64
+	// Balance weighs the prefill queued on a candidate against the prefill
+	// the turn saves there (≥ 0): a candidate's cost is
+	// Balance·Backlog + (Prompt − Held)·TokenTime. 0 = never weigh: the
+	// holder takes every turn while it has a free slot.
+	Balance float64
+}
+
+// cost is the expected seconds to c's first token for a turn of prompt
+// tokens: the queued prefill (weighted) and the turn's own uncached prefill.
+func cost(c *Candidate, prompt int, balance float64) float64 {
+	own := max(prompt-c.Held, 1) // a backend always evaluates the last token again
+	return balance*c.Backlog + float64(own)*c.TokenTime
+}
+
+// yieldTo returns the free candidate a turn chosen for holder best should
+// go to instead, or -1 to keep it on best: the free candidate of lowest
+// cost, when that is strictly below best's; ties go to the lower
+// load/capacity, then to slice order.
+func yieldTo(cands []Candidate, best int, t Turn, p Policy) int {
+	if p.Balance <= 0 || t.Prompt <= 0 {
+		return -1
+	}
+	keep := cost(&cands[best], t.Prompt, p.Balance)
+	alt, altCost := -1, keep
+	for i := range cands {
+		c := &cands[i]
+		if i == best || !c.Free {
+			continue
+		}
+		k := cost(c, t.Prompt, p.Balance)
+		if k < altCost || alt >= 0 && k == altCost && c.Load*cands[alt].Weight < cands[alt].Load*c.Weight {
+			alt, altCost = i, k
+		}
+	}
+	return alt
+}
+
+// Queue is one provider's prefill estimate, a pure machine (the pool calls
+// it under its lock and passes the time): the prompt tokens granted to it
+// and not yet processed, and three figures that the provider's own answers
+// calibrate — TokenTime, how long a token of the request's own prompt
+// takes; how long each token queued ahead of it delays it; and how long
+// each other request in flight on the provider delays it (Wait).
+//
+// The queue is a first-come-first-served fluid: a grant of n uncached
+// tokens at time now ends at max(end, now) + n·TokenTime, and the tokens
+// still ahead at a later time are what remains of it at that speed; when
+// the provider holds no lease any more, nothing is queued. How much queued
+// tokens and busy slots delay a new request is the backend's: llama-server
+// on a CPU processes its slots' prompts in turn and decodes a token for
+// every generating slot in each step, so both cost time, while a backend
+// that prefills side by side and batches its decoding (a GPU with compute
+// to spare; the demo backend without slots) is hardly delayed. The queue
+// learns which: a released lease leaves its Sample (as Grant returned it)
+// to be paired with the time to first byte of the same request (Observe,
+// in release order, within PairWindow), and the three figures are the
+// least-squares fit of ttfb ≈ TokenTime·own + perAhead·ahead + perBusy·busy
+// over the decayed observations, none negative, with a weak prior of the
+// seed TokenTime and no delays: until a provider's answers show that load
+// delays it, its holders keep their turns. The fit also carries what the
+// model leaves out (the first-token step, network time).
+//
+// The zero value is not usable; use NewQueue.
+type Queue struct {
+	seed float64    // the configured seconds per token (the prior)
+	coef [3]float64 // seconds per own token, per token ahead, per busy request
+	end  time.Time  // when the prefill granted so far is expected done
+	// Decayed sums of the observations: Σ x·xᵀ and Σ y·x for x = (own,
+	// ahead, busy), y the seconds to first byte.
+	sxx     [3][3]float64
+	sxy     [3]float64
+	pend    [pendLen]pending
+	head, n int
+}
+
+// Sample is what a request met when it was granted: its own uncached
+// prompt tokens, the tokens queued ahead of it and the other requests in
+// flight on the provider.
+type Sample struct {
+	Own, Ahead float64
+	Busy       int
+}
+
+type pending struct {
+	at time.Time // released
+	s  Sample
+}
+
+// pendLen bounds the released leases waiting for their observation.
+const pendLen = 16
+
+// PairWindow is how long after its release a lease's work waits for the
+// observation of the same request; older ones are dropped.
+const PairWindow = 2 * time.Second
+
+// ObserveWeight is the weight of a new observation in the calibration
+// (an exponential decay over about the last 1/ObserveWeight answers).
+const ObserveWeight = 0.125
+
+// prior is the weight of the prior (seed TokenTime, no delays) in the fit,
+// per figure: as much as one observation of 128 own tokens, 128 tokens
+// ahead and one busy request, never decayed.
+var prior = [3]float64{128 * 128, 128 * 128, 1}
+
+// NewQueue returns an empty queue assuming tokenTime seconds per prefilled
+// token (≤ 0: DefaultTokenTime; kept within the bounds) and no delay from
+// queued tokens or busy slots until answers are observed.
+func NewQueue(tokenTime float64) Queue {
+	if !(tokenTime > 0) {
+		tokenTime = DefaultTokenTime
+	}
+	tokenTime = clampTokenTime(tokenTime)
+	return Queue{seed: tokenTime, coef: [3]float64{tokenTime, 0, 0}}
+}
+
+func clampTokenTime(v float64) float64 { return min(max(v, MinTokenTime), MaxTokenTime) }
+
+// TokenTime is the estimated seconds per token of a request's own prompt.
+func (q *Queue) TokenTime() float64 { return q.coef[0] }
+
+// Delays are the estimated seconds of wait per token queued ahead and per
+// other request in flight.
+func (q *Queue) Delays() (perAhead, perBusy float64) { return q.coef[1], q.coef[2] }
+
+// Ahead is the prompt tokens still queued at now (≥ 0).
+func (q *Queue) Ahead(now time.Time) float64 {
+	if !q.end.After(now) {
+		return 0
+	}
+	return q.end.Sub(now).Seconds() / q.coef[0]
+}
+
+// Wait is the seconds a request granted at now, with busy other requests
+// in flight on the provider, is expected to wait for them and for the
+// tokens queued ahead of it (Candidate.Backlog).
+func (q *Queue) Wait(now time.Time, busy int) float64 {
+	return q.coef[1]*q.Ahead(now) + q.coef[2]*float64(max(busy, 0))
+}
+
+// Grant queues the prefill of a request granted at now with tokens
+// uncached prompt tokens (< 1 counts as 1) and busy other requests in
+// flight on the provider, and returns its Sample, to hand back to Released.
+func (q *Queue) Grant(now time.Time, tokens, busy int) Sample {
+	sm := Sample{Own: float64(max(tokens, 1)), Ahead: q.Ahead(now), Busy: max(busy, 0)}
+	start := now
+	if q.end.After(now) {
+		start = q.end
+	}
+	q.end = start.Add(time.Duration(sm.Own * q.coef[0] * float64(time.Second)))
+	return sm
+}
+
+// Released records the return at now of a lease whose Grant returned sm;
+// idle says the provider holds no lease any more, so its queue is empty.
+func (q *Queue) Released(now time.Time, sm Sample, idle bool) {
+	if idle && q.end.After(now) {
+		q.end = now
+	}
+	i := (q.head + q.n) % pendLen
+	if q.n == pendLen {
+		q.head = (q.head + 1) % pendLen // the oldest is dropped
+	} else {
+		q.n++
+	}
+	q.pend[i] = pending{at: now, s: sm}
+}
+
+// Observe pairs the time to first byte of a request that ended at now
+// (ttfb: from its grant to the first response byte) with the oldest
+// released lease within PairWindow; usable says the figure is a time to
+// first token (a streamed answer, first attempt), otherwise the pair is
+// only consumed. It reports whether the estimate changed.
+func (q *Queue) Observe(now time.Time, ttfb time.Duration, usable bool) bool {
+	for q.n > 0 && now.Sub(q.pend[q.head].at) > PairWindow {
+		q.pop()
+	}
+	if q.n == 0 {
+		return false
+	}
+	p := q.pop()
+	if !usable || ttfb <= 0 || !(p.s.Own > 0) || !(p.s.Ahead >= 0) {
+		return false
+	}
+	x := [3]float64{p.s.Own, p.s.Ahead, float64(p.s.Busy)}
+	y := ttfb.Seconds()
+	k := 1 - ObserveWeight
+	for i := range 3 {
+		for j := range 3 {
+			q.sxx[i][j] = q.sxx[i][j]*k + x[i]*x[j]
+		}
+		q.sxy[i] = q.sxy[i]*k + y*x[i]
+	}
+	q.fit()
+	return true
+}
+
+// fit solves the least squares with the prior over the figures in use,
+// dropping a delay that comes out negative (it is 0) and solving again,
+// then keeps TokenTime within bounds.
+func (q *Queue) fit() {
+	x0 := [3]float64{q.seed, 0, 0}
+	use := [3]bool{true, true, true}
+	var c [3]float64
+	for range 3 {
+		c = q.solve(use, x0)
+		worst := -1
+		for i := 1; i < 3; i++ {
+			if use[i] && c[i] < 0 && (worst < 0 || c[i] < c[worst]) {
+				worst = i
+			}
+		}
+		if worst < 0 {
+			break
+		}
+		use[worst] = false
+	}
+	for i := 1; i < 3; i++ {
+		if !use[i] || c[i] < 0 || math.IsNaN(c[i]) {
+			c[i] = 0
+		}
+	}
+	if math.IsNaN(c[0]) {
+		c[0] = q.seed
+	}
+	q.coef = [3]float64{clampTokenTime(c[0]), min(c[1], MaxTokenTime), min(c[2], MaxBusyDelay)}
+}
+
+// MaxBusyDelay bounds the estimated wait per busy request, seconds.
+const MaxBusyDelay = 60.0
+
+// solve is the ridge least-squares solution over the figures in use (the
+// others are 0), by Gaussian elimination with partial pivoting.
+func (q *Queue) solve(use [3]bool, x0 [3]float64) [3]float64 {
+	var idx []int
+	for i := range 3 {
+		if use[i] {
+			idx = append(idx, i)
+		}
+	}
+	n := len(idx)
+	var m [3][4]float64
+	for r, i := range idx {
+		for cc, j := range idx {
+			m[r][cc] = q.sxx[i][j]
+		}
+		m[r][r] += prior[i]
+		m[r][n] = q.sxy[i] + prior[i]*x0[i]
+	}
+	for col := range n {
+		piv := col
+		for r := col + 1; r < n; r++ {
+			if math.Abs(m[r][col]) > math.Abs(m[piv][col]) {
+				piv = r
+			}
+		}
+		m[col], m[piv] = m[piv], m[col]
+		if m[col][col] == 0 {
+			return x0
+		}
+		for r := range n {
+			if r == col {
+				continue
+			}
+			f := m[r][col] / m[col][col]
+			for cc := col; cc <= n; cc++ {
+				m[r][cc] -= f * m[col][cc]
+			}
+		}
+	}
+	var out [3]float64
+	for r, i := range idx {
+		out[i] = m[r][n] / m[r][r]
+	}
+	return out
+}
+
+func (q *Queue) pop() pending {
+	p := q.pend[q.head]
+	q.head = (q.head + 1) % pendLen
+	q.n--
+	return p
+}
