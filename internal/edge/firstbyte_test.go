@@ -7,6 +7,7 @@ import (
 	"iop/internal/edge/access"
 	"iop/internal/edge/pool"
 	"iop/internal/edge/routing"
+	"iop/internal/protocol"
 )
 
 // Q3 cost of a turn: a finished request's access record calibrates its
@@ -32,11 +33,11 @@ func TestObserveFirstByte(t *testing.T) {
 	for _, r := range rows {
 		t.Run(r.name, func(t *testing.T) {
 			p := pool.New(pool.Config{Nodes: []string{"gpu-1"}, MaxWaiters: 1,
-				Resources: []pool.Resource{{Key: k, Type: "openai_compat", Capacity: 1, LongCapacity: 1, Operations: []string{pool.OpChatCompletions}}},
+				Resources: []pool.Resource{{Key: k, Type: "openai_compat", Capacity: 1, LongCapacity: 1, Operations: []string{protocol.OpChatCompletions}}},
 				Groups:    []pool.Group{{Name: "conv", Routing: routing.PrefixAffinity, Balance: 1, Candidates: []pool.Candidate{{Key: k, Target: "m"}}}}},
 				pool.SystemClock())
 			p.NodeReady("gpu-1", 1)
-			l, err := p.Acquire(t.Context(), pool.Request{Model: "conv", Operation: pool.OpChatCompletions, PromptTokens: 1000, Prefix: []uint64{1}})
+			l, err := p.Acquire(t.Context(), pool.Request{Model: "conv", Operation: protocol.OpChatCompletions, PromptTokens: 1000, Prefix: []uint64{1}})
 			if err != nil {
 				t.Fatal(err)
 			}
