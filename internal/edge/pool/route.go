@@ -61,7 +61,7 @@ func (s *state) pickAffinity(c *class, prefix []uint64, promptTokens int) (*cand
 			holder = i
 		}
 		if r.costed {
-			cd.Backlog, cd.TokenTime = r.q.Wait(s.now, r.inFlight), r.q.TokenTime()
+			cd.Backlog, cd.Base, cd.TokenTime = r.q.Wait(s.now, r.inFlight), r.q.Base(), r.q.TokenTime()
 		}
 		cs = append(cs, cd)
 	}

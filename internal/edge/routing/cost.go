@@ -67,7 +67,7 @@ type Policy struct {
 // tokens: the queued prefill (weighted) and the turn's own uncached prefill.
 func cost(c *Candidate, prompt int, balance float64) float64 {
 	own := max(prompt-c.Held, 1) // a backend always evaluates the last token again
-	return balance*c.Backlog + float64(own)*c.TokenTime
+	return balance*c.Backlog + c.Base + float64(own)*c.TokenTime
 }
 
 // yieldTo returns the free candidate a turn chosen for holder best should
@@ -96,9 +96,10 @@ func yieldTo(cands []Candidate, best int, t Turn, p Policy) int {
 // Queue is one provider's prefill estimate, a pure machine (the pool calls
 // it under its lock and passes the time): the prompt tokens granted to it
 // and not yet processed, and three figures that the provider's own answers
-// calibrate — TokenTime, how long a token of the request's own prompt
-// takes; how long each token queued ahead of it delays it; and how long
-// each other request in flight on the provider delays it (Wait).
+// calibrate — Base, the time every first byte takes on it; TokenTime, how
+// long a token of the request's own prompt takes; how long each token
+// queued ahead of it delays it; and how long each other request in flight
+// on the provider delays it (Wait).
 //
 // The queue is a first-come-first-served fluid: a grant of n uncached
 // tokens at time now ends at max(end, now) + n·TokenTime, and the tokens
@@ -111,22 +112,24 @@ func yieldTo(cands []Candidate, best int, t Turn, p Policy) int {
 // to spare; the demo backend without slots) is hardly delayed. The queue
 // learns which: a released lease leaves its Sample (as Grant returned it)
 // to be paired with the time to first byte of the same request (Observe,
-// in release order, within PairWindow), and the three figures are the
-// least-squares fit of ttfb ≈ TokenTime·own + perAhead·ahead + perBusy·busy
-// over the decayed observations, none negative, with a weak prior of the
-// seed TokenTime and no delays: until a provider's answers show that load
-// delays it, its holders keep their turns. The fit also carries what the
-// model leaves out (the first-token step, network time).
+// in release order, within PairWindow), and the four figures are the
+// least-squares fit of
+// ttfb ≈ Base + TokenTime·own + perAhead·ahead + perBusy·busy over the
+// decayed observations, none negative, with a weak prior of the seed
+// TokenTime and no base or delays: until a provider's answers show that
+// load delays it, its holders keep their turns. Base carries what does
+// not grow with the request or the load (the first-token step, network
+// and relay time), so that it is not taken for load.
 //
 // The zero value is not usable; use NewQueue.
 type Queue struct {
-	seed float64    // the configured seconds per token (the prior)
-	coef [3]float64 // seconds per own token, per token ahead, per busy request
-	end  time.Time  // when the prefill granted so far is expected done
-	// Decayed sums of the observations: Σ x·xᵀ and Σ y·x for x = (own,
+	seed float64           // the configured seconds per token (the prior)
+	coef [nFigures]float64 // see the fig* indexes
+	end  time.Time         // when the prefill granted so far is expected done
+	// Decayed sums of the observations: Σ x·xᵀ and Σ y·x for x = (1, own,
 	// ahead, busy), y the seconds to first byte.
-	sxx     [3][3]float64
-	sxy     [3]float64
+	sxx     [nFigures][nFigures]float64
+	sxy     [nFigures]float64
 	pend    [pendLen]pending
 	head, n int
 }
@@ -155,10 +158,23 @@ const PairWindow = 2 * time.Second
 // (an exponential decay over about the last 1/ObserveWeight answers).
 const ObserveWeight = 0.125
 
-// prior is the weight of the prior (seed TokenTime, no delays) in the fit,
-// per figure: as much as one observation of 128 own tokens, 128 tokens
-// ahead and one busy request, never decayed.
-var prior = [3]float64{128 * 128, 128 * 128, 1}
+// The figures of the fit, in order: seconds per first byte, per own token,
+// per token queued ahead, per other request in flight.
+const (
+	figBase = iota
+	figOwn
+	figAhead
+	figBusy
+	nFigures
+)
+
+// prior is the weight of the prior (seed TokenTime, no base or delays) in
+// the fit, per figure, never decayed: as much as one observation of 128 own
+// tokens, 128 tokens ahead and one busy request, and a hundredth of one
+// answer for the base, so that a time that does not vary with the request
+// goes to the base rather than to a load that hardly varies (a steady
+// number of busy slots).
+var prior = [nFigures]float64{0.01, 128 * 128, 128 * 128, 1}
 
 // NewQueue returns an empty queue assuming tokenTime seconds per prefilled
 // token (≤ 0: DefaultTokenTime; kept within the bounds) and no delay from
@@ -168,31 +184,37 @@ func NewQueue(tokenTime float64) Queue {
 		tokenTime = DefaultTokenTime
 	}
 	tokenTime = clampTokenTime(tokenTime)
-	return Queue{seed: tokenTime, coef: [3]float64{tokenTime, 0, 0}}
+	q := Queue{seed: tokenTime}
+	q.coef[figOwn] = tokenTime
+	return q
 }
 
 func clampTokenTime(v float64) float64 { return min(max(v, MinTokenTime), MaxTokenTime) }
 
 // TokenTime is the estimated seconds per token of a request's own prompt.
-func (q *Queue) TokenTime() float64 { return q.coef[0] }
+func (q *Queue) TokenTime() float64 { return q.coef[figOwn] }
+
+// Base is the estimated seconds every first byte takes on the provider,
+// whatever the request and the load.
+func (q *Queue) Base() float64 { return q.coef[figBase] }
 
 // Delays are the estimated seconds of wait per token queued ahead and per
 // other request in flight.
-func (q *Queue) Delays() (perAhead, perBusy float64) { return q.coef[1], q.coef[2] }
+func (q *Queue) Delays() (perAhead, perBusy float64) { return q.coef[figAhead], q.coef[figBusy] }
 
 // Ahead is the prompt tokens still queued at now (≥ 0).
 func (q *Queue) Ahead(now time.Time) float64 {
 	if !q.end.After(now) {
 		return 0
 	}
-	return q.end.Sub(now).Seconds() / q.coef[0]
+	return q.end.Sub(now).Seconds() / q.coef[figOwn]
 }
 
 // Wait is the seconds a request granted at now, with busy other requests
 // in flight on the provider, is expected to wait for them and for the
 // tokens queued ahead of it (Candidate.Backlog).
 func (q *Queue) Wait(now time.Time, busy int) float64 {
-	return q.coef[1]*q.Ahead(now) + q.coef[2]*float64(max(busy, 0))
+	return q.coef[figAhead]*q.Ahead(now) + q.coef[figBusy]*float64(max(busy, 0))
 }
 
 // Grant queues the prefill of a request granted at now with tokens
@@ -204,7 +226,7 @@ func (q *Queue) Grant(now time.Time, tokens, busy int) Sample {
 	if q.end.After(now) {
 		start = q.end
 	}
-	q.end = start.Add(time.Duration(sm.Own * q.coef[0] * float64(time.Second)))
+	q.end = start.Add(time.Duration(sm.Own * q.coef[figOwn] * float64(time.Second)))
 	return sm
 }
 
@@ -239,11 +261,11 @@ func (q *Queue) Observe(now time.Time, ttfb time.Duration, usable bool) bool {
 	if !usable || ttfb <= 0 || !(p.s.Own > 0) || !(p.s.Ahead >= 0) {
 		return false
 	}
-	x := [3]float64{p.s.Own, p.s.Ahead, float64(p.s.Busy)}
+	x := [nFigures]float64{1, p.s.Own, p.s.Ahead, float64(p.s.Busy)}
 	y := ttfb.Seconds()
 	k := 1 - ObserveWeight
-	for i := range 3 {
-		for j := range 3 {
+	for i := range nFigures {
+		for j := range nFigures {
 			q.sxx[i][j] = q.sxx[i][j]*k + x[i]*x[j]
 		}
 		q.sxy[i] = q.sxy[i]*k + y*x[i]
@@ -253,17 +275,18 @@ func (q *Queue) Observe(now time.Time, ttfb time.Duration, usable bool) bool {
 }
 
 // fit solves the least squares with the prior over the figures in use,
-// dropping a delay that comes out negative (it is 0) and solving again,
-// then keeps TokenTime within bounds.
+// dropping the most negative figure but the own-token time (each is ≥ 0)
+// and solving again, then keeps every figure within its bounds.
 func (q *Queue) fit() {
-	x0 := [3]float64{q.seed, 0, 0}
-	use := [3]bool{true, true, true}
-	var c [3]float64
-	for range 3 {
+	var x0 [nFigures]float64
+	x0[figOwn] = q.seed
+	use := [nFigures]bool{true, true, true, true}
+	var c [nFigures]float64
+	for range nFigures {
 		c = q.solve(use, x0)
 		worst := -1
-		for i := 1; i < 3; i++ {
-			if use[i] && c[i] < 0 && (worst < 0 || c[i] < c[worst]) {
+		for i := range nFigures {
+			if i != figOwn && use[i] && c[i] < 0 && (worst < 0 || c[i] < c[worst]) {
 				worst = i
 			}
 		}
@@ -272,34 +295,40 @@ func (q *Queue) fit() {
 		}
 		use[worst] = false
 	}
-	for i := 1; i < 3; i++ {
-		if !use[i] || c[i] < 0 || math.IsNaN(c[i]) {
+	for i := range nFigures {
+		if i != figOwn && (!use[i] || !(c[i] >= 0)) {
 			c[i] = 0
 		}
 	}
-	if math.IsNaN(c[0]) {
-		c[0] = q.seed
+	if math.IsNaN(c[figOwn]) {
+		c[figOwn] = q.seed
 	}
-	q.coef = [3]float64{clampTokenTime(c[0]), min(c[1], MaxTokenTime), min(c[2], MaxBusyDelay)}
+	q.coef[figBase] = min(c[figBase], MaxBusyDelay)
+	q.coef[figOwn] = clampTokenTime(c[figOwn])
+	q.coef[figAhead] = min(c[figAhead], MaxTokenTime)
+	q.coef[figBusy] = min(c[figBusy], MaxBusyDelay)
 }
 
-// MaxBusyDelay bounds the estimated wait per busy request, seconds.
+// MaxBusyDelay bounds the estimated base time and wait per busy request,
+// seconds.
 const MaxBusyDelay = 60.0
 
 // solve is the ridge least-squares solution over the figures in use (the
 // others are 0), by Gaussian elimination with partial pivoting.
-func (q *Queue) solve(use [3]bool, x0 [3]float64) [3]float64 {
-	var idx []int
-	for i := range 3 {
+func (q *Queue) solve(use [nFigures]bool, x0 [nFigures]float64) [nFigures]float64 {
+	var idx [nFigures]int
+	n := 0
+	for i := range nFigures {
 		if use[i] {
-			idx = append(idx, i)
+			idx[n] = i
+			n++
 		}
 	}
-	n := len(idx)
-	var m [3][4]float64
-	for r, i := range idx {
-		for cc, j := range idx {
-			m[r][cc] = q.sxx[i][j]
+	var m [nFigures][nFigures + 1]float64
+	for r := range n {
+		i := idx[r]
+		for cc := range n {
+			m[r][cc] = q.sxx[i][idx[cc]]
 		}
 		m[r][r] += prior[i]
 		m[r][n] = q.sxy[i] + prior[i]*x0[i]
@@ -325,9 +354,9 @@ func (q *Queue) solve(use [3]bool, x0 [3]float64) [3]float64 {
 			}
 		}
 	}
-	var out [3]float64
-	for r, i := range idx {
-		out[i] = m[r][n] / m[r][r]
+	var out [nFigures]float64
+	for r := range n {
+		out[idx[r]] = m[r][n] / m[r][r]
 	}
 	return out
 }
