@@ -63,7 +63,7 @@ func TestTurnCost(t *testing.T) {
 			// 2 + 0.1 s on the holder against 1 + 1.5 s on a peer that
 			// always takes a second longer
 			cands: []Candidate{costed(1, 7, 5, held, 2), func() Candidate { c := costed(2, 0, 0, 0, 0); c.Base = 1; return c }()},
-			want: 0, result: ResultPrefixHit},
+			want:  0, result: ResultPrefixHit},
 		{name: "a new conversation: the bounded hash decides, whatever is queued",
 			cands: []Candidate{costed(1, 0, 0, 0, 5), costed(2, 0, 0, 0, 0)}, want: -2, result: ResultHash},
 		{name: "holder at capacity: another free candidate as before, no cost weighed",
