@@ -33,6 +33,10 @@ type state struct {
 	all     wlist   // every queued waiter in arrival order
 	fx      effects // effects of the current transition
 
+	// fits are the prefix_affinity groups' calibrations by model name
+	// (cost.go); like routeStats they survive Reconfigure.
+	fits map[string]*routing.Fit
+
 	// Affinity wait (pin.go): waiters pinned to the provider holding their
 	// conversation, in arrival order (class links), and the holder admit
 	// chose for the next enqueue.
@@ -120,10 +124,12 @@ type resource struct {
 	id  uint64
 	aff *routing.Table
 
-	// The prefill queued on it and its time per token (cost.go), kept
-	// while it is a candidate of some prefix_affinity group (costed).
+	// The prefill queued on it (cost.go), kept while it is a candidate of
+	// some prefix_affinity group (costed); fit is the calibration of the
+	// first such group (its queue drains at that group's time per token).
 	costed bool
-	q      routing.Queue
+	bl     routing.Backlog
+	fit    *routing.Fit
 
 	// Passive-health ejection (cooling.go); no generation: it is about
 	// the backend, not the node's connection.
@@ -164,6 +170,7 @@ type group struct {
 	epsilon      float64
 	affinityWait time.Duration
 	balance      float64
+	fit          *routing.Fit // prefix_affinity: the calibration of the cost of a turn (cost.go)
 	stats        *routeCounts
 }
 
@@ -291,6 +298,7 @@ func newState(cfg Config) *state {
 		nodes:      make(map[string]*nodeState),
 		resources:  make(map[Key]*resource),
 		routeStats: make(map[string]*routeCounts),
+		fits:       make(map[string]*routing.Fit),
 	}
 	s.reconfigure(cfg)
 	return s
@@ -401,7 +409,7 @@ func (s *state) grant(c *class, cd *cand, prefix []uint64, promptTokens int, res
 	r := cd.res
 	var sample routing.Sample
 	if r.costed {
-		sample = s.queuePrefill(r, prefix, promptTokens)
+		sample = s.queuePrefill(c.g, r, prefix, promptTokens)
 	}
 	if c.g.mode == routing.PrefixAffinity {
 		s.recordAffinity(c.g, r, prefix, promptTokens, res)
@@ -418,6 +426,7 @@ func (s *state) grant(c *class, cd *cand, prefix []uint64, promptTokens int, res
 		res:            r,
 		fenced:         r.node.fence,
 		sample:         sample,
+		fit:            c.g.fit,
 	}
 	r.inFlight++
 	if c.long {
@@ -451,7 +460,7 @@ func (s *state) unhold(l *Lease) {
 	l.returned = true
 	s.leases--
 	if r.costed {
-		r.q.Released(s.now, l.sample, r.inFlight == 0)
+		r.bl.Released(s.now, l.sample, l.fit, r.inFlight == 0)
 	}
 }
 

@@ -8,37 +8,36 @@ import (
 
 // The cost of a turn (SPEC Q3's choice under prefix_affinity): every
 // resource that is a candidate of a prefix_affinity group keeps a
-// routing.Queue — the prefill granted to it and not yet done, at an
-// estimated time per prefilled token — so that routing.Choose can weigh the
-// wait on a busy holder of a conversation against the prefill the holder
-// saves (internal/edge/routing, cost.go).
+// routing.Backlog — the prefill granted to it and not yet done — and every
+// prefix_affinity group a routing.Fit — its providers' time per token and
+// how much queued prompts and busy slots delay a first byte — so that
+// routing.Choose can weigh the wait on a busy holder of a conversation
+// against the prefill the holder saves (internal/edge/routing, cost.go).
 //
 // A grant queues the request's uncached prompt tokens (its estimated
 // prompt less what the resource's affinity table holds of it) on its
 // resource at the transition's time; every grant on such a resource
 // counts, whatever mode the request's own group has. A lease's return
 // hands its Sample (own and queued-ahead tokens, other requests in flight)
-// back to the queue, and ObserveFirstByte — the request's time to first
+// back to the backlog, and ObserveFirstByte — the request's time to first
 // byte, reported after it ended (internal/edge/access's record, wired in
-// internal/edge) — pairs with it to calibrate the time per token and how
-// much queued tokens and busy slots delay a request. When nothing reports, the estimate stays at the configured
-// speed (Resource.PrefillTokensPerSecond, else routing.DefaultTokenTime)
-// and load delays nothing: the holder keeps its turns.
+// internal/edge) — pairs with it and feeds the fit of the lease's group.
+// When nothing reports, a fit stays at the configured speed
+// (Resource.PrefillTokensPerSecond of the group's first candidate that
+// sets one, else routing.DefaultTokenTime) and load delays nothing: the
+// holder keeps its turns. Fits survive config reloads (by model name).
 //
 // Time: the wrapper reads the Clock before taking Pool.mu (it stays a
 // leaf) and only while some group is costed, so least_loaded and ordered
 // pools read no clock; state.now only rises.
 
 // markCosted marks the resources that are candidates of a prefix_affinity
-// group, giving each newly marked one an empty queue at its configured
-// speed (a resource that stays marked keeps its queue and calibration).
+// group (a resource keeps its backlog while it stays marked) and gives
+// each the fit of the first such group, whose time per token drains its
+// backlog for grants of groups without a fit.
 func (s *state) markCosted() {
-	was := make(map[*resource]bool)
 	for _, r := range s.resources {
-		if r.costed {
-			was[r] = true
-		}
-		r.costed = false
+		r.costed, r.fit = false, nil
 	}
 	s.costed = false
 	for _, g := range s.groupList {
@@ -48,13 +47,29 @@ func (s *state) markCosted() {
 		for _, c := range g.classes {
 			for i := range c.cands {
 				r := c.cands[i].res
-				if !r.costed && !was[r] {
-					r.q = routing.NewQueue(tokenTime(r.cfg.PrefillTokensPerSecond))
+				if !r.costed {
+					r.costed, r.fit = true, g.fit
 				}
-				r.costed, s.costed = true, true
+				s.costed = true
 			}
 		}
 	}
+	for _, r := range s.resources {
+		if !r.costed {
+			r.bl = routing.Backlog{}
+		}
+	}
+}
+
+// seedTokenTime is the time per token a new fit for gc starts from: its
+// first candidate's configured prefill speed, else 0 (the default).
+func (s *state) seedTokenTime(gc Group) float64 {
+	for _, cc := range gc.Candidates {
+		if r := s.resources[cc.Key]; r != nil && r.configured && r.cfg.PrefillTokensPerSecond > 0 {
+			return tokenTime(r.cfg.PrefillTokensPerSecond)
+		}
+	}
+	return 0
 }
 
 // tokenTime is seconds per token for a speed in tokens per second; 0 (the
@@ -66,12 +81,16 @@ func tokenTime(tokensPerSecond float64) float64 {
 	return 1 / tokensPerSecond
 }
 
-// queuePrefill queues the prefill of a request with prefix and
+// queuePrefill queues the prefill of a request of g with prefix and
 // promptTokens granted on r now (before it counts in r's in-flight) and
 // returns the lease's Sample.
-func (s *state) queuePrefill(r *resource, prefix []uint64, promptTokens int) routing.Sample {
+func (s *state) queuePrefill(g *group, r *resource, prefix []uint64, promptTokens int) routing.Sample {
+	f := g.fit
+	if f == nil {
+		f = r.fit
+	}
 	_, held := r.held(prefix)
-	return r.q.Grant(s.now, promptTokens-held, r.inFlight)
+	return r.bl.Grant(s.now, promptTokens-held, r.inFlight, f.TokenTime())
 }
 
 // setNow advances the transition time to now (never back: the wrapper
@@ -104,7 +123,7 @@ func (p *Pool) unlockConfig() {
 
 // ObserveFirstByte reports that a request served by provider k ended, with
 // ttfb from its lease's grant to its first response byte (Q3 cost:
-// routing.Queue.Observe). usable says ttfb is a time to first token — a
+// routing.Backlog.Observe). usable says ttfb is a time to first token — a
 // streamed answer, completed, on the request's first attempt; otherwise the
 // report only pairs with the lease (a non-streamed answer's first byte
 // comes after its whole generation). Reports for providers that no
@@ -115,7 +134,7 @@ func (p *Pool) ObserveFirstByte(k Key, ttfb time.Duration, usable bool) {
 	}
 	p.lock()
 	if r := p.s.resources[k]; r != nil && r.costed {
-		r.q.Observe(p.s.now, ttfb, usable)
+		r.bl.Observe(p.s.now, ttfb, usable)
 	}
 	p.mu.Unlock()
 }
@@ -134,17 +153,19 @@ type PrefillEstimate struct {
 }
 
 // PrefillEstimates returns the estimate of every provider a
-// prefix_affinity group routes to, in no particular order (for /status
-// and tests).
+// prefix_affinity group routes to, by the fit of the first such group, in
+// no particular order (for tests and diagnostics).
 func (p *Pool) PrefillEstimates() []PrefillEstimate {
 	p.lock()
 	defer p.mu.Unlock()
 	var out []PrefillEstimate
 	for _, r := range p.s.resources {
 		if r.costed {
-			out = append(out, PrefillEstimate{Key: r.cfg.Key, Queued: r.q.Ahead(p.s.now),
-				Wait:            time.Duration(r.q.Wait(p.s.now, r.inFlight) * float64(time.Second)),
-				TokensPerSecond: 1 / r.q.TokenTime()})
+			f := r.fit
+			ahead := r.bl.Ahead(p.s.now, f.TokenTime())
+			out = append(out, PrefillEstimate{Key: r.cfg.Key, Queued: ahead,
+				Wait:            time.Duration(f.Wait(ahead, r.inFlight) * float64(time.Second)),
+				TokensPerSecond: 1 / f.TokenTime()})
 		}
 	}
 	return out

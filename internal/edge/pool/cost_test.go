@@ -82,10 +82,7 @@ func TestTurnCostInPool(t *testing.T) {
 	// Until answers show that queued prompts delay a provider, nothing
 	// yields; these show a CPU's turn-taking on both (each token queued
 	// ahead costs a token's time).
-	h.at(5000) // the first turns' releases are past pairing
-	for _, r := range h.s.resources {
-		teachTurnTaking(&r.q, h.s.now)
-	}
+	teachTurnTaking(h.s.groups["tiny"].fit)
 
 	// holder idle keeps its turn: nothing queued (every lease returned).
 	h.at(10000)
@@ -118,16 +115,19 @@ func TestTurnCostInPool(t *testing.T) {
 	for _, n := range []string{"b2", "c2", "d2", "a3"} {
 		h.release(n, true)
 	}
-	r := h.s.resources[home]
-	if got := r.q.Ahead(h.s.now); got != 0 {
+	r, f := h.s.resources[home], h.s.groups["tiny"].fit
+	if got := r.bl.Ahead(h.s.now, f.TokenTime()); got != 0 {
 		t.Fatalf("idle holder's queue = %g tokens, want 0", got)
 	}
 
-	// timed answers calibrate the speed: a3's own 2,800 tokens took 6 s.
-	before := r.q.TokenTime()
-	r.q.Observe(h.s.now, 6*time.Second, true)
-	if after := r.q.TokenTime(); !(after > before) || math.IsNaN(after) {
-		t.Fatalf("token time %g after a slow answer, want above %g", after, before)
+	// timed answers calibrate the group's fit: a3's own 2,800 tokens took
+	// 6 s (its pair is the last released lease on the holder).
+	before := f.TokenTime()
+	for range 4 {
+		r.bl.Observe(h.s.now, 6*time.Second, true)
+	}
+	if after := f.TokenTime(); !(after > before) || math.IsNaN(after) {
+		t.Fatalf("token time %g after slow answers, want above %g", after, before)
 	}
 	h.wantDecisions(4, 24, 0)
 }
@@ -153,20 +153,20 @@ func TestTurnCostUntaught(t *testing.T) {
 	h.wantYields(0)
 }
 
-// teachTurnTaking feeds q sixteen answers whose time to first token is the
+// teachTurnTaking feeds f sixteen answers whose time to first token is the
 // default time per token over their own tokens and those queued ahead
 // (busy slots cost nothing).
-func teachTurnTaking(q *routing.Queue, now time.Time) {
+func teachTurnTaking(f *routing.Fit) {
 	for i := range 16 {
 		sm := routing.Sample{Own: float64(300 + 50*(i%4)), Ahead: float64(1000 * (i % 3)), Busy: i % 5}
-		q.Released(now, sm, false)
-		q.Observe(now, time.Duration(routing.DefaultTokenTime*(sm.Own+sm.Ahead)*float64(time.Second)), true)
+		f.Observe(sm, time.Duration(routing.DefaultTokenTime*(sm.Own+sm.Ahead)*float64(time.Second)))
 	}
 }
 
 // TestCostOnlyForAffinity: Q3 — a pool without prefix_affinity groups keeps
 // no prefill queue and reads no clock; a reconfigure that adds one starts
-// the queues at the configured speed and keeps them across reloads.
+// the group's fit at the configured speed and keeps the queues across
+// reloads.
 func TestCostOnlyForAffinity(t *testing.T) {
 	clk := newFakeClock()
 	cfg := baseConfig()
@@ -194,13 +194,9 @@ func TestCostOnlyForAffinity(t *testing.T) {
 	if len(est) != 2 {
 		t.Fatalf("estimates for %d providers, want 2", len(est))
 	}
-	for _, e := range est {
-		want := 1 / routing.DefaultTokenTime
-		if e.Key == kOllama {
-			want = 20000
-		}
-		if math.Abs(e.TokensPerSecond-want) > 1e-6 {
-			t.Errorf("%v: %g tokens/s, want %g", e.Key, e.TokensPerSecond, want)
+	for _, e := range est { // the group's first candidate's speed seeds its fit
+		if math.Abs(e.TokensPerSecond-20000) > 1e-6 {
+			t.Errorf("%v: %g tokens/s, want 20000", e.Key, e.TokensPerSecond)
 		}
 	}
 	l, err := p.Acquire(t.Context(), sized(1, 1, 4000))

@@ -82,6 +82,11 @@ func (s *state) buildGroup(gc Group) *group {
 	if gc.Routing == routing.PrefixAffinity {
 		g.affinityWait = gc.AffinityWait
 		g.balance = max(gc.Balance, 0)
+		g.fit = s.fits[gc.Name]
+		if g.fit == nil {
+			g.fit = routing.NewFit(s.seedTokenTime(gc))
+			s.fits[gc.Name] = g.fit
+		}
 	}
 	g.stats = s.routeStats[gc.Name]
 	if g.stats == nil {

@@ -61,7 +61,8 @@ func (s *state) pickAffinity(c *class, prefix []uint64, promptTokens int) (*cand
 			holder = i
 		}
 		if r.costed {
-			cd.Backlog, cd.Base, cd.TokenTime = r.q.Wait(s.now, r.inFlight), r.q.Base(), r.q.TokenTime()
+			f := c.g.fit
+			cd.Backlog, cd.TokenTime = f.Wait(r.bl.Ahead(s.now, f.TokenTime()), r.inFlight), f.TokenTime()
 		}
 		cs = append(cs, cd)
 	}

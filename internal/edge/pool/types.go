@@ -219,7 +219,8 @@ type Lease struct {
 	prev, next *Lease // the resource's list of held leases
 	returned   bool
 	fenced     context.Context // the generation's fence context; immutable
-	sample     routing.Sample  // what it met on its resource when granted (routing.Queue.Grant)
+	sample     routing.Sample  // what it met on its resource when granted (routing.Backlog.Grant)
+	fit        *routing.Fit    // its group's calibration; nil unless prefix_affinity
 }
 
 // Fenced is closed when the node generation the lease was granted on is

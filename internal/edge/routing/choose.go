@@ -32,11 +32,10 @@ type Candidate struct {
 	// request up to that boundary (what its prefix cache should serve).
 	Match, Held int
 	// Backlog is how long a request granted now waits for the prompts
-	// queued on it and the requests in flight there, seconds
-	// (Queue.Wait); Base the time every first byte takes on it
-	// (Queue.Base); TokenTime its seconds per prefilled token
-	// (Queue.TokenTime, > 0). Read only when Policy.Balance > 0.
-	Backlog, Base, TokenTime float64
+	// queued on it and the requests in flight there, seconds (Fit.Wait);
+	// TokenTime its seconds per prefilled token (Fit.TokenTime, > 0).
+	// Read only when Policy.Balance > 0.
+	Backlog, TokenTime float64
 }
 
 // Choose picks the candidate for a request under prefix affinity and says

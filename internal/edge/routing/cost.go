@@ -14,7 +14,8 @@ import (
 // SGLang schedule prefill chunks the same way), so a turn that arrives
 // behind other prompts waits for them before its own prefill starts. Choose
 // therefore weighs, for every free candidate, the wait (for the prompts
-// already queued on it, Candidate.Backlog: Queue.Wait) against the turn's
+// already queued on it and the requests in flight there,
+// Candidate.Backlog: Fit.Wait) against the turn's
 // own prefill there (its prompt less what the candidate holds,
 // Candidate.Held, at the candidate's time per token), and a busy holder
 // yields the turn to another candidate when the wait there would be longer
@@ -27,7 +28,7 @@ import (
 const DefaultBalance = 1.0
 
 // DefaultTokenTime is the seconds per prefilled token a provider is
-// assumed to take until its answers have been timed (Queue.Observe), when
+// assumed to take until its answers have been timed (Fit.Observe), when
 // the config gives no prefill speed: 0.5 ms, 2,000 tokens/s, a CPU-class
 // figure (llama-server on a few threads with a small model; a GPU prefills
 // ten to a hundred times faster). Until then queued tokens are assumed to
@@ -67,7 +68,7 @@ type Policy struct {
 // tokens: the queued prefill (weighted) and the turn's own uncached prefill.
 func cost(c *Candidate, prompt int, balance float64) float64 {
 	own := max(prompt-c.Held, 1) // a backend always evaluates the last token again
-	return balance*c.Backlog + c.Base + float64(own)*c.TokenTime
+	return balance*c.Backlog + float64(own)*c.TokenTime
 }
 
 // yieldTo returns the free candidate a turn chosen for holder best should
@@ -93,46 +94,33 @@ func yieldTo(cands []Candidate, best int, t Turn, p Policy) int {
 	return alt
 }
 
-// Queue is one provider's prefill estimate, a pure machine (the pool calls
-// it under its lock and passes the time): the prompt tokens granted to it
-// and not yet processed, and three figures that the provider's own answers
-// calibrate — Base, the time every first byte takes on it; TokenTime, how
-// long a token of the request's own prompt takes; how long each token
-// queued ahead of it delays it; and how long each other request in flight
-// on the provider delays it (Wait).
+// A provider's prefill queue and a group's fit, two pure machines the pool
+// calls under its lock with the time.
 //
-// The queue is a first-come-first-served fluid: a grant of n uncached
-// tokens at time now ends at max(end, now) + n·TokenTime, and the tokens
-// still ahead at a later time are what remains of it at that speed; when
-// the provider holds no lease any more, nothing is queued. How much queued
-// tokens and busy slots delay a new request is the backend's: llama-server
-// on a CPU processes its slots' prompts in turn and decodes a token for
-// every generating slot in each step, so both cost time, while a backend
-// that prefills side by side and batches its decoding (a GPU with compute
-// to spare; the demo backend without slots) is hardly delayed. The queue
-// learns which: a released lease leaves its Sample (as Grant returned it)
-// to be paired with the time to first byte of the same request (Observe,
-// in release order, within PairWindow), and the four figures are the
-// least-squares fit of
-// ttfb ≈ Base + TokenTime·own + perAhead·ahead + perBusy·busy over the
-// decayed observations, none negative, with a weak prior of the seed
-// TokenTime and no base or delays: until a provider's answers show that
-// load delays it, its holders keep their turns. Base carries what does
-// not grow with the request or the load (the first-token step, network
-// and relay time), so that it is not taken for load.
+// Backlog is one provider's queue: the uncached prompt tokens granted to it
+// and not yet processed, a first-come-first-served fluid that drains at the
+// group's time per token and is empty while the provider holds no lease.
+// It also keeps, for a while, what each released lease met when it was
+// granted (its Sample), to be paired with the time to first byte of the
+// same request when the access record reports it (Pair, in release order,
+// within PairWindow).
 //
-// The zero value is not usable; use NewQueue.
-type Queue struct {
-	seed float64           // the configured seconds per token (the prior)
-	coef [nFigures]float64 // see the fig* indexes
-	end  time.Time         // when the prefill granted so far is expected done
-	// Decayed sums of the observations: Σ x·xᵀ and Σ y·x for x = (1, own,
-	// ahead, busy), y the seconds to first byte.
-	sxx     [nFigures][nFigures]float64
-	sxy     [nFigures]float64
-	pend    [pendLen]pending
-	head, n int
-}
+// Fit is one model group's calibration from those pairs: the least-squares
+// fit of ttfb ≈ Base + TokenTime·own + perAhead·ahead + perBusy·busy over
+// the decayed observations of all its providers, none negative, with a
+// weak prior of the seed TokenTime and no base or delays — until the
+// group's answers show that load delays them, its holders keep their
+// turns. How much queued tokens and busy slots delay a new request is the
+// backend's: llama-server on a CPU processes its slots' prompts in turn and
+// decodes a token for every generating slot in each step, so both cost
+// time, while a backend that prefills side by side and batches its decoding
+// (a GPU with compute to spare; the demo backend without slots) is hardly
+// delayed. Base carries what does not grow with the request or the load
+// (the first-token step, network and relay time). One fit serves every
+// candidate of the group, so that a provider is never preferred for the
+// noise in its own figures (a group's providers are taken to be alike):
+// candidates differ by their state — what they hold, what is queued on
+// them, what they have in flight.
 
 // Sample is what a request met when it was granted: its own uncached
 // prompt tokens, the tokens queued ahead of it and the other requests in
@@ -142,17 +130,105 @@ type Sample struct {
 	Busy       int
 }
 
+// Backlog is one provider's prefill queue (see above). The zero value is
+// an empty queue.
+type Backlog struct {
+	tokens  float64   // queued at at
+	at      time.Time // when tokens was last set
+	pend    [pendLen]pending
+	head, n int
+}
+
 type pending struct {
-	at time.Time // released
-	s  Sample
+	at  time.Time // released
+	s   Sample
+	fit *Fit // the group whose request it was; nil: only consumed
 }
 
 // pendLen bounds the released leases waiting for their observation.
 const pendLen = 16
 
-// PairWindow is how long after its release a lease's work waits for the
+// PairWindow is how long after its release a lease's Sample waits for the
 // observation of the same request; older ones are dropped.
 const PairWindow = 2 * time.Second
+
+// Ahead is the prompt tokens still queued at now, draining at tokenTime
+// seconds per token (≥ 0).
+func (b *Backlog) Ahead(now time.Time, tokenTime float64) float64 {
+	if b.tokens <= 0 {
+		return 0
+	}
+	left := b.tokens
+	if d := now.Sub(b.at).Seconds(); d > 0 && tokenTime > 0 {
+		left -= d / tokenTime
+	}
+	return max(left, 0)
+}
+
+// Grant queues the prefill of a request granted at now with tokens
+// uncached prompt tokens (< 1 counts as 1) and busy other requests in
+// flight on the provider, the queue draining at tokenTime, and returns its
+// Sample, to hand back to Released.
+func (b *Backlog) Grant(now time.Time, tokens, busy int, tokenTime float64) Sample {
+	sm := Sample{Own: float64(max(tokens, 1)), Ahead: b.Ahead(now, tokenTime), Busy: max(busy, 0)}
+	b.tokens, b.at = sm.Ahead+sm.Own, now
+	return sm
+}
+
+// Released records the return at now of a lease whose Grant returned sm,
+// for a request of fit's group (nil: not a prefix_affinity group's); idle
+// says the provider holds no lease any more, so its queue is empty.
+func (b *Backlog) Released(now time.Time, sm Sample, fit *Fit, idle bool) {
+	if idle {
+		b.tokens, b.at = 0, now
+	}
+	i := (b.head + b.n) % pendLen
+	if b.n == pendLen {
+		b.head = (b.head + 1) % pendLen // the oldest is dropped
+	} else {
+		b.n++
+	}
+	b.pend[i] = pending{at: now, s: sm, fit: fit}
+}
+
+// Observe pairs the time to first byte of a request that ended at now
+// (ttfb: from its grant to the first response byte) with the oldest lease
+// released within PairWindow and feeds it to that lease's group's Fit;
+// usable says the figure is a time to first token (a streamed answer,
+// first attempt), otherwise the pair is only consumed. It reports whether
+// a fit changed.
+func (b *Backlog) Observe(now time.Time, ttfb time.Duration, usable bool) bool {
+	for b.n > 0 && now.Sub(b.pend[b.head].at) > PairWindow {
+		b.pop()
+	}
+	if b.n == 0 {
+		return false
+	}
+	p := b.pop()
+	if !usable || p.fit == nil {
+		return false
+	}
+	return p.fit.Observe(p.s, ttfb)
+}
+
+func (b *Backlog) pop() pending {
+	p := b.pend[b.head]
+	b.pend[b.head] = pending{}
+	b.head = (b.head + 1) % pendLen
+	b.n--
+	return p
+}
+
+// Fit is one group's calibration (see above). The zero value is not
+// usable; use NewFit.
+type Fit struct {
+	seed float64           // the configured seconds per token (the prior)
+	coef [nFigures]float64 // see the fig* indexes
+	// Decayed sums of the observations: Σ x·xᵀ and Σ y·x for x = (1, own,
+	// ahead, busy), y the seconds to first byte.
+	sxx [nFigures][nFigures]float64
+	sxy [nFigures]float64
+}
 
 // ObserveWeight is the weight of a new observation in the calibration
 // (an exponential decay over about the last 1/ObserveWeight answers).
@@ -176,108 +252,62 @@ const (
 // number of busy slots).
 var prior = [nFigures]float64{0.01, 128 * 128, 128 * 128, 1}
 
-// NewQueue returns an empty queue assuming tokenTime seconds per prefilled
-// token (≤ 0: DefaultTokenTime; kept within the bounds) and no delay from
-// queued tokens or busy slots until answers are observed.
-func NewQueue(tokenTime float64) Queue {
+// NewFit returns a fit assuming tokenTime seconds per prefilled token
+// (≤ 0: DefaultTokenTime; kept within the bounds), no base and no delay
+// from queued tokens or busy slots until answers are observed.
+func NewFit(tokenTime float64) *Fit {
 	if !(tokenTime > 0) {
 		tokenTime = DefaultTokenTime
 	}
 	tokenTime = clampTokenTime(tokenTime)
-	q := Queue{seed: tokenTime}
-	q.coef[figOwn] = tokenTime
-	return q
+	f := &Fit{seed: tokenTime}
+	f.coef[figOwn] = tokenTime
+	return f
 }
 
 func clampTokenTime(v float64) float64 { return min(max(v, MinTokenTime), MaxTokenTime) }
 
 // TokenTime is the estimated seconds per token of a request's own prompt.
-func (q *Queue) TokenTime() float64 { return q.coef[figOwn] }
+func (f *Fit) TokenTime() float64 { return f.coef[figOwn] }
 
-// Base is the estimated seconds every first byte takes on the provider,
-// whatever the request and the load.
-func (q *Queue) Base() float64 { return q.coef[figBase] }
+// Base is the estimated seconds every first byte takes, whatever the
+// request and the load.
+func (f *Fit) Base() float64 { return f.coef[figBase] }
 
 // Delays are the estimated seconds of wait per token queued ahead and per
 // other request in flight.
-func (q *Queue) Delays() (perAhead, perBusy float64) { return q.coef[figAhead], q.coef[figBusy] }
+func (f *Fit) Delays() (perAhead, perBusy float64) { return f.coef[figAhead], f.coef[figBusy] }
 
-// Ahead is the prompt tokens still queued at now (≥ 0).
-func (q *Queue) Ahead(now time.Time) float64 {
-	if !q.end.After(now) {
-		return 0
-	}
-	return q.end.Sub(now).Seconds() / q.coef[figOwn]
+// Wait is the seconds a request is expected to wait on a provider with
+// ahead tokens queued and busy other requests in flight
+// (Candidate.Backlog).
+func (f *Fit) Wait(ahead float64, busy int) float64 {
+	return f.coef[figAhead]*max(ahead, 0) + f.coef[figBusy]*float64(max(busy, 0))
 }
 
-// Wait is the seconds a request granted at now, with busy other requests
-// in flight on the provider, is expected to wait for them and for the
-// tokens queued ahead of it (Candidate.Backlog).
-func (q *Queue) Wait(now time.Time, busy int) float64 {
-	return q.coef[figAhead]*q.Ahead(now) + q.coef[figBusy]*float64(max(busy, 0))
-}
-
-// Grant queues the prefill of a request granted at now with tokens
-// uncached prompt tokens (< 1 counts as 1) and busy other requests in
-// flight on the provider, and returns its Sample, to hand back to Released.
-func (q *Queue) Grant(now time.Time, tokens, busy int) Sample {
-	sm := Sample{Own: float64(max(tokens, 1)), Ahead: q.Ahead(now), Busy: max(busy, 0)}
-	start := now
-	if q.end.After(now) {
-		start = q.end
-	}
-	q.end = start.Add(time.Duration(sm.Own * q.coef[figOwn] * float64(time.Second)))
-	return sm
-}
-
-// Released records the return at now of a lease whose Grant returned sm;
-// idle says the provider holds no lease any more, so its queue is empty.
-func (q *Queue) Released(now time.Time, sm Sample, idle bool) {
-	if idle && q.end.After(now) {
-		q.end = now
-	}
-	i := (q.head + q.n) % pendLen
-	if q.n == pendLen {
-		q.head = (q.head + 1) % pendLen // the oldest is dropped
-	} else {
-		q.n++
-	}
-	q.pend[i] = pending{at: now, s: sm}
-}
-
-// Observe pairs the time to first byte of a request that ended at now
-// (ttfb: from its grant to the first response byte) with the oldest
-// released lease within PairWindow; usable says the figure is a time to
-// first token (a streamed answer, first attempt), otherwise the pair is
-// only consumed. It reports whether the estimate changed.
-func (q *Queue) Observe(now time.Time, ttfb time.Duration, usable bool) bool {
-	for q.n > 0 && now.Sub(q.pend[q.head].at) > PairWindow {
-		q.pop()
-	}
-	if q.n == 0 {
+// Observe adds one answer: a request that met sm took ttfb from its grant
+// to its first byte. It reports whether the estimate changed.
+func (f *Fit) Observe(sm Sample, ttfb time.Duration) bool {
+	if ttfb <= 0 || !(sm.Own > 0) || !(sm.Ahead >= 0) {
 		return false
 	}
-	p := q.pop()
-	if !usable || ttfb <= 0 || !(p.s.Own > 0) || !(p.s.Ahead >= 0) {
-		return false
-	}
-	x := [nFigures]float64{1, p.s.Own, p.s.Ahead, float64(p.s.Busy)}
+	x := [nFigures]float64{1, sm.Own, sm.Ahead, float64(sm.Busy)}
 	y := ttfb.Seconds()
 	k := 1 - ObserveWeight
 	for i := range nFigures {
 		for j := range nFigures {
-			q.sxx[i][j] = q.sxx[i][j]*k + x[i]*x[j]
+			f.sxx[i][j] = f.sxx[i][j]*k + x[i]*x[j]
 		}
-		q.sxy[i] = q.sxy[i]*k + y*x[i]
+		f.sxy[i] = f.sxy[i]*k + y*x[i]
 	}
-	q.fit()
+	f.fit()
 	return true
 }
 
 // fit solves the least squares with the prior over the figures in use,
 // dropping the most negative figure but the own-token time (each is ≥ 0)
 // and solving again, then keeps every figure within its bounds.
-func (q *Queue) fit() {
+func (q *Fit) fit() {
 	var x0 [nFigures]float64
 	x0[figOwn] = q.seed
 	use := [nFigures]bool{true, true, true, true}
@@ -315,7 +345,7 @@ const MaxBusyDelay = 60.0
 
 // solve is the ridge least-squares solution over the figures in use (the
 // others are 0), by Gaussian elimination with partial pivoting.
-func (q *Queue) solve(use [nFigures]bool, x0 [nFigures]float64) [nFigures]float64 {
+func (q *Fit) solve(use [nFigures]bool, x0 [nFigures]float64) [nFigures]float64 {
 	var idx [nFigures]int
 	n := 0
 	for i := range nFigures {
@@ -359,11 +389,4 @@ func (q *Queue) solve(use [nFigures]bool, x0 [nFigures]float64) [nFigures]float6
 		out[idx[r]] = m[r][n] / m[r][r]
 	}
 	return out
-}
-
-func (q *Queue) pop() pending {
-	p := q.pend[q.head]
-	q.head = (q.head + 1) % pendLen
-	q.n--
-	return p
 }

@@ -59,11 +59,6 @@ func TestTurnCost(t *testing.T) {
 		{name: "a faster provider is weighed at its own time per token",
 			// 1 + 0.1 s on the holder against 3000 · 25 µs = 75 ms
 			cands: []Candidate{costed(1, 4, 5, held, 1), fast(costed(2, 0, 0, 0, 0))}, want: 1, result: ResultYield},
-		{name: "a provider's fixed time per first byte counts against it",
-			// 2 + 0.1 s on the holder against 1 + 1.5 s on a peer that
-			// always takes a second longer
-			cands: []Candidate{costed(1, 7, 5, held, 2), func() Candidate { c := costed(2, 0, 0, 0, 0); c.Base = 1; return c }()},
-			want:  0, result: ResultPrefixHit},
 		{name: "a new conversation: the bounded hash decides, whatever is queued",
 			cands: []Candidate{costed(1, 0, 0, 0, 5), costed(2, 0, 0, 0, 0)}, want: -2, result: ResultHash},
 		{name: "holder at capacity: another free candidate as before, no cost weighed",
@@ -100,165 +95,185 @@ func TestTurnCost(t *testing.T) {
 	}
 }
 
-// feed pairs one released lease of own and ahead tokens and busy requests
-// with a time to first byte of y seconds, at now.
-func feed(q *Queue, now time.Time, own, ahead float64, busy int, y float64) {
-	q.Released(now, Sample{Own: own, Ahead: ahead, Busy: busy}, false)
-	q.Observe(now, time.Duration(y*float64(time.Second)), true)
+// feed gives f one answer: a request that met own and ahead tokens and
+// busy requests took y seconds to its first byte.
+func feed(f *Fit, own, ahead float64, busy int, y float64) {
+	f.Observe(Sample{Own: own, Ahead: ahead, Busy: busy}, time.Duration(y*float64(time.Second)))
 }
 
-// TestQueue: Q3 — a provider's prefill queue: grants queue first come first
-// served at the estimated time per token, the queue drains with time and
-// empties when the provider holds nothing, and the provider's timed
-// answers calibrate both the time per token and how much queued tokens
-// delay a request (none until answers show it).
-func TestQueue(t *testing.T) {
+// TestBacklog: Q3 — a provider's prefill queue: grants queue first come
+// first served, the queue drains at the time per token and empties when
+// the provider holds nothing, and a released lease's Sample pairs with
+// its request's time to first byte, oldest first, within PairWindow, for
+// its group's fit only.
+func TestBacklog(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	const tt = DefaultTokenTime
+	grant := func(t *testing.T, b *Backlog, ms, tokens int, wantAhead float64) {
+		t.Helper()
+		sm := b.Grant(at(ms), tokens, 2, tt)
+		if sm.Own != float64(tokens) || math.Abs(sm.Ahead-wantAhead) > 1e-6 || sm.Busy != 2 {
+			t.Fatalf("Grant(%d, busy 2) = %+v; want own %d, ahead %g, busy 2", tokens, sm, tokens, wantAhead)
+		}
+	}
+	rows := []struct {
+		name      string
+		run       func(t *testing.T, b *Backlog)
+		aheadAt   int     // ms
+		wantAhead float64 // tokens
+	}{
+		{name: "an idle provider's grant is queued for its own prefill",
+			run: func(t *testing.T, b *Backlog) { grant(t, b, 0, 1000, 0) }, aheadAt: 0, wantAhead: 1000},
+		{name: "a second grant waits behind the first",
+			run: func(t *testing.T, b *Backlog) { grant(t, b, 0, 1000, 0); grant(t, b, 0, 500, 1000) }, aheadAt: 0, wantAhead: 1500},
+		{name: "the queue drains with time",
+			run: func(t *testing.T, b *Backlog) { grant(t, b, 0, 1000, 0); grant(t, b, 200, 1000, 600) }, aheadAt: 700, wantAhead: 600},
+		{name: "a drained queue counts nothing ahead",
+			run: func(t *testing.T, b *Backlog) { grant(t, b, 0, 1000, 0); grant(t, b, 900, 10, 0) }, aheadAt: 900, wantAhead: 10},
+		{name: "the provider holding nothing any more has nothing queued",
+			run: func(t *testing.T, b *Backlog) { b.Released(at(100), b.Grant(at(0), 4000, 0, tt), nil, true) }, aheadAt: 100, wantAhead: 0},
+		{name: "a release while other leases are held leaves the queue",
+			run: func(t *testing.T, b *Backlog) { b.Released(at(100), b.Grant(at(0), 4000, 1, tt), nil, false) }, aheadAt: 100, wantAhead: 3800},
+	}
+	for _, r := range rows {
+		t.Run(r.name, func(t *testing.T) {
+			var b Backlog
+			r.run(t, &b)
+			if got := b.Ahead(at(r.aheadAt), tt); math.Abs(got-r.wantAhead) > 1e-6 {
+				t.Errorf("Ahead = %g tokens, want %g", got, r.wantAhead)
+			}
+		})
+	}
+
+	t.Run("pairs oldest first, at most pendLen wait, only within the window, only for a fit", func(t *testing.T) {
+		var b Backlog
+		f := NewFit(0)
+		for i := range pendLen + 4 {
+			b.Released(t0, Sample{Own: float64(1000 * (i + 1))}, f, false)
+		}
+		if b.n != pendLen {
+			t.Fatalf("%d releases wait, want %d", b.n, pendLen)
+		}
+		// The oldest left is the fifth release (5,000 tokens): 5 s, 1 ms
+		// per token, pulls the estimate to about 1 ms (paired with the
+		// first, 1,000 tokens, it would be 5 ms).
+		if !b.Observe(t0, 5*time.Second, true) {
+			t.Fatal("the observation changed nothing")
+		}
+		if got := f.TokenTime(); math.Abs(got-0.001) > 0.05*0.001 {
+			t.Errorf("TokenTime = %g, want 0.001 (paired with the oldest waiting release)", got)
+		}
+		if b.Observe(t0, 9*time.Second, false) {
+			t.Error("an unusable figure (not streamed, a retry) changed the fit; it only consumes its pair")
+		}
+		if b.Observe(t0.Add(PairWindow+time.Millisecond), 9*time.Second, true) || b.n != 0 {
+			t.Errorf("an observation after the window paired (%d left)", b.n)
+		}
+		b.Released(t0, Sample{Own: 1000}, nil, false)
+		if b.Observe(t0, 9*time.Second, true) {
+			t.Error("a lease of a group without a fit fed one")
+		}
+	})
+}
+
+// TestFit: Q3 — a group's calibration from its providers' timed answers:
+// the time per token, the delay per token queued ahead and per busy slot
+// (none until answers show them), a fixed time per answer kept apart from
+// the load, every figure within bounds.
+func TestFit(t *testing.T) {
 	const tt = DefaultTokenTime
 	rows := []struct {
 		name      string
 		seed      float64
-		run       func(q *Queue)
-		aheadAt   int     // ms
-		wantAhead float64 // tokens
+		run       func(f *Fit)
+		wantBase  float64 // seconds; within 10 % (or 50 ms: the prior's pull on the token time); < 0: not checked
 		wantToken float64 // seconds per token (0 = the seed); within 10 %
-		wantDelay float64 // seconds per token ahead; within 10 % of the token time
+		wantAhead float64 // seconds per token ahead; within 10 % of the token time
 		wantBusy  float64 // seconds per busy request; within 10 % (or 5 ms)
 	}{
-		{name: "an idle provider's grant is queued for its own prefill",
-			run: func(q *Queue) { wantGrant(t, q, at(0), 1000, 0) }, aheadAt: 0, wantAhead: 1000},
-		{name: "a second grant waits behind the first",
-			run: func(q *Queue) { wantGrant(t, q, at(0), 1000, 0); wantGrant(t, q, at(0), 500, 1000) }, aheadAt: 0, wantAhead: 1500},
-		{name: "the queue drains with time",
-			run: func(q *Queue) { wantGrant(t, q, at(0), 1000, 0); wantGrant(t, q, at(200), 1000, 600) }, aheadAt: 700, wantAhead: 600},
-		{name: "a drained queue counts nothing ahead",
-			run: func(q *Queue) { wantGrant(t, q, at(0), 1000, 0); wantGrant(t, q, at(900), 10, 0) }, aheadAt: 900, wantAhead: 10},
-		{name: "the provider holding nothing any more has nothing queued",
-			run: func(q *Queue) { q.Released(at(100), q.Grant(at(0), 4000, 0), true) }, aheadAt: 100, wantAhead: 0},
-		{name: "a release while other leases are held leaves the queue",
-			run: func(q *Queue) { q.Released(at(100), q.Grant(at(0), 4000, 1), false) }, aheadAt: 100, wantAhead: 3800},
+		{name: "no answers: the seed, no delays"},
+		{name: "a configured speed seeds the estimate", seed: 0.00005, wantToken: 0.00005},
 		{name: "a slower provider's answers raise the token time, no delay seen",
-			run: func(q *Queue) {
+			run: func(f *Fit) {
 				for i := range 16 {
-					feed(q, at(i), float64(500+100*i), 0, 0, 0.002*float64(500+100*i))
+					feed(f, float64(500+100*i), 0, 0, 0.002*float64(500+100*i))
 				}
 			}, wantToken: 0.002},
 		{name: "answers that grow with the prompts queued ahead teach the delay (a CPU's turn-taking)",
-			run: func(q *Queue) {
+			run: func(f *Fit) {
 				for i := range 16 {
 					own, ahead := float64(300+50*(i%4)), float64(1000*(i%3))
-					feed(q, at(i), own, ahead, i%5, tt*(own+ahead))
+					feed(f, own, ahead, i%5, tt*(own+ahead))
 				}
-			}, wantToken: tt, wantDelay: tt},
+			}, wantToken: tt, wantAhead: tt},
 		{name: "answers that grow with the requests in flight teach their delay (decoding shares each step)",
-			run: func(q *Queue) {
+			run: func(f *Fit) {
 				for i := range 16 {
 					own, busy := float64(300+50*(i%4)), i%7
-					feed(q, at(i), own, float64(200*(i%3)), busy, tt*own+0.02*float64(busy))
+					feed(f, own, float64(200*(i%3)), busy, tt*own+0.02*float64(busy))
 				}
 			}, wantToken: tt, wantBusy: 0.02},
-		{name: "a fixed time per answer is not taken for load, even at a steady load",
-			run: func(q *Queue) {
-				for i := range 16 {
-					own := float64(300 + 50*(i%4))
-					feed(q, at(i), own, 0, 3+i%2, 0.3+tt*own)
-				}
-				if b := q.Base(); math.Abs(b-0.3) > 0.03 {
-					t.Errorf("Base = %g s, want 0.3", b)
-				}
-			}, wantToken: tt},
 		{name: "a fixed time per answer is not taken for load",
-			run: func(q *Queue) {
+			run: func(f *Fit) {
 				for i := range 16 {
 					own := float64(300 + 50*(i%4))
-					feed(q, at(i), own, float64(1000*(i%3)), 1+i%5, 0.3+tt*own)
+					feed(f, own, float64(1000*(i%3)), 1+i%5, 0.3+tt*own)
 				}
-				if b := q.Base(); math.Abs(b-0.3) > 0.03 {
-					t.Errorf("Base = %g s, want 0.3", b)
+			}, wantBase: 0.3, wantToken: tt},
+		{name: "a fixed time per answer is not taken for load, even at a steady load",
+			run: func(f *Fit) {
+				for i := range 16 {
+					own := float64(300 + 50*(i%4))
+					feed(f, own, 0, 3+i%2, 0.3+tt*own)
 				}
-			}, wantToken: tt},
+			}, wantBase: 0.3, wantToken: tt},
 		{name: "answers that do not grow with load teach no delay (side-by-side prefill, batched decoding)",
-			run: func(q *Queue) {
+			run: func(f *Fit) {
 				for i := range 16 {
 					own, ahead := float64(300+50*(i%4)), float64(1000*(i%3))
-					feed(q, at(i), own, ahead, i%5, tt*own)
+					feed(f, own, ahead, i%5, tt*own)
 				}
-			}, wantToken: tt, wantDelay: 0},
-		{name: "an unusable figure (not streamed, a retry) only consumes its pair",
-			run: func(q *Queue) {
-				q.Released(at(10), Sample{Own: 2000}, true)
-				q.Observe(at(10), 9*time.Second, false)
-				q.Observe(at(10), 9*time.Second, true)
-			}},
-		{name: "an observation without a lease released within the window changes nothing",
-			run: func(q *Queue) {
-				q.Released(at(10), Sample{Own: 2000}, true)
-				q.Observe(at(10+int(PairWindow/time.Millisecond)+1), 9*time.Second, true)
-			}},
+			}, wantToken: tt},
 		{name: "the estimate stays within its bounds",
-			run: func(q *Queue) {
+			run: func(f *Fit) {
 				for i := range 16 {
-					feed(q, at(i), float64(100*(i+1)), 0, 0, 2*float64(100*(i+1)))
+					feed(f, float64(100*(i+1)), 0, 0, 2*float64(100*(i+1)))
 				}
-			}, wantToken: MaxTokenTime},
-		{name: "a configured speed seeds the estimate",
-			seed: 0.00005,
-			run:  func(q *Queue) { wantGrant(t, q, at(0), 1000, 0) }, aheadAt: 0, wantAhead: 1000, wantToken: 0.00005},
+			}, wantBase: -1, wantToken: MaxTokenTime},
+		{name: "a figure that is no time to first token changes nothing",
+			run: func(f *Fit) {
+				if f.Observe(Sample{Own: 0}, time.Second) || f.Observe(Sample{Own: 10}, 0) {
+					t.Error("Observe took a sample without own tokens or time")
+				}
+			}},
 	}
 	for _, r := range rows {
 		t.Run(r.name, func(t *testing.T) {
-			q := NewQueue(r.seed)
-			r.run(&q)
-			if got := q.Ahead(at(r.aheadAt)); math.Abs(got-r.wantAhead) > 1e-6 {
-				t.Errorf("Ahead = %g tokens, want %g", got, r.wantAhead)
+			f := NewFit(r.seed)
+			if r.run != nil {
+				r.run(f)
+			}
+			if got := f.Base(); r.wantBase >= 0 && math.Abs(got-r.wantBase) > max(0.1*r.wantBase, 0.05) {
+				t.Errorf("Base = %g s, want %g", got, r.wantBase)
 			}
 			want := r.wantToken
 			if want == 0 {
 				want = DefaultTokenTime
 			}
-			if got := q.TokenTime(); math.Abs(got-want) > 0.1*want {
+			if got := f.TokenTime(); math.Abs(got-want) > 0.1*want {
 				t.Errorf("TokenTime = %g, want %g", got, want)
 			}
-			perAhead, perBusy := q.Delays()
-			if math.Abs(perAhead-r.wantDelay) > 0.1*q.TokenTime() {
-				t.Errorf("delay per token ahead = %g, want %g", perAhead, r.wantDelay)
+			perAhead, perBusy := f.Delays()
+			if math.Abs(perAhead-r.wantAhead) > 0.1*f.TokenTime() {
+				t.Errorf("delay per token ahead = %g, want %g", perAhead, r.wantAhead)
 			}
 			if math.Abs(perBusy-r.wantBusy) > max(0.1*r.wantBusy, 0.005) {
 				t.Errorf("delay per busy request = %g, want %g", perBusy, r.wantBusy)
 			}
-			if got, want := q.Wait(at(r.aheadAt), 3), perAhead*q.Ahead(at(r.aheadAt))+3*perBusy; got != want {
+			if got, want := f.Wait(1000, 3), perAhead*1000+3*perBusy; got != want {
 				t.Errorf("Wait = %g s, want %g", got, want)
 			}
 		})
-	}
-}
-
-func wantGrant(t *testing.T, q *Queue, now time.Time, tokens int, wantAhead float64) {
-	t.Helper()
-	sm := q.Grant(now, tokens, 2)
-	if sm.Own != float64(tokens) || math.Abs(sm.Ahead-wantAhead) > 1e-6 || sm.Busy != 2 {
-		t.Fatalf("Grant(%d, busy 2) = %+v; want own %d, ahead %g, busy 2", tokens, sm, tokens, wantAhead)
-	}
-}
-
-// TestQueuePairsInReleaseOrder: Q3 — observations pair with released leases
-// oldest first, and at most pendLen releases wait (the oldest are dropped).
-func TestQueuePairsInReleaseOrder(t *testing.T) {
-	t0 := time.Unix(1000, 0)
-	q := NewQueue(0)
-	for i := range pendLen + 4 {
-		q.Released(t0, Sample{Own: float64(1000 * (i + 1))}, false)
-	}
-	if q.n != pendLen {
-		t.Fatalf("%d releases wait, want %d", q.n, pendLen)
-	}
-	// The oldest left is the fifth release (5,000 tokens): 5 s, 1 ms per
-	// token, pulls the estimate up from 0.5 ms to about 1 ms (paired with
-	// the first release, 1,000 tokens, it would be 5 ms).
-	q.Observe(t0, 5*time.Second, true)
-	want := 0.001
-	if got := q.TokenTime(); math.Abs(got-want) > 0.05*want {
-		t.Errorf("TokenTime = %g, want %g (paired with the oldest waiting release)", got, want)
 	}
 }

@@ -3,7 +3,7 @@
 // owns the routing modes (ordered, least_loaded, prefix_affinity), the
 // prefix hash of a conversation (Hasher), the per-provider affinity table
 // of recently routed prefixes (Table), each provider's prefill queue
-// estimate (Queue) and the choice by longest matching prefix, weighed by the
+// (Backlog) with its group's calibration (Fit) and the choice by longest matching prefix, weighed by the
 // cost of the turn, with bounded-load rendezvous hashing (Choose).
 //
 // It must never do I/O, start goroutines, read a clock, log, or own a
@@ -43,15 +43,15 @@
 // # The cost of a turn
 //
 // A holder's free slot is not free time: a backend works through the
-// prompts it was given in turn. Each provider therefore has a Queue, the
-// pool's estimate of the prefill granted to it and not yet done, with a
-// time per token and a delay per queued token that the provider's timed
-// first bytes calibrate; Choose sends a held turn to the free candidate
-// where its first token is expected soonest (Policy.Balance × the wait for
-// the queued prompts plus the turn's own uncached
-// prefill there), so the holder keeps its turns while little is queued on
-// it and yields (ResultYield) when the wait would exceed the prefill it
-// saves (cost.go).
+// prompts it was given in turn. Each provider therefore has a Backlog, the
+// pool's estimate of the prefill granted to it and not yet done, and each
+// group a Fit of the time per token and of the delay per queued token and
+// per busy slot that its providers' timed first bytes calibrate; Choose
+// sends a held turn to the free candidate where its first token is
+// expected soonest (Policy.Balance × the wait there plus the turn's own
+// uncached prefill there), so the holder keeps its turns while little is
+// queued on it and yields (ResultYield) when the wait would exceed the
+// prefill it saves (cost.go).
 //
 // # Memory
 //
