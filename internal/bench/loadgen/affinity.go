@@ -166,24 +166,11 @@ func (w *workload) turn(ctx context.Context, msgs []message) (turnResult, string
 		"model": w.model, "messages": msgs, "stream": true, "max_tokens": w.maxTokens,
 		"stream_options": map[string]bool{"include_usage": true},
 	})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.url, bytes.NewReader(body))
-	if err != nil {
-		return turnResult{err: err}, ""
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if w.key != "" {
-		req.Header.Set("Authorization", "Bearer "+w.key)
-	}
-	start := time.Now()
-	resp, err := w.cl.Do(req)
+	resp, start, err := postJSON(ctx, w.cl, w.url, w.key, body)
 	if err != nil {
 		return turnResult{start: start, err: err}, ""
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 300))
-		return turnResult{err: fmt.Errorf("HTTP %d: %s", resp.StatusCode, b)}, ""
-	}
 	tr := turnResult{start: start}
 	var answer strings.Builder
 	done := false
@@ -293,6 +280,31 @@ func (r *affinityResults) record(label string, took time.Duration) record {
 		rec.FirstAvg = us(sum / time.Duration(len(ttft)))
 	}
 	return rec
+}
+
+// postJSON posts body to url (with a Bearer key unless key is empty) and
+// returns the 200 response and when the request was sent; another status
+// is an error quoting the start of its body (the response is closed).
+func postJSON(ctx context.Context, cl *http.Client, url, key string, body []byte) (*http.Response, time.Time, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	start := time.Now()
+	resp, err := cl.Do(req)
+	if err != nil {
+		return nil, start, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 300))
+		resp.Body.Close()
+		return nil, start, fmt.Errorf("HTTP %d: %s", resp.StatusCode, b)
+	}
+	return resp, start, nil
 }
 
 // writeTrace writes one JSON line per request to path, in the order the

@@ -152,21 +152,11 @@ func (p *slotProbe) busy(ctx context.Context, c int) (float64, float64, error) {
 func (p *slotProbe) stream(ctx context.Context, prompt string, maxTokens int, first chan<- struct{}) (ttft, tpot time.Duration, err error) {
 	body, _ := json.Marshal(map[string]any{"model": p.model, "stream": true, "max_tokens": maxTokens,
 		"messages": []message{{"user", prompt}}})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.url, bytes.NewReader(body))
-	if err != nil {
-		return 0, 0, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	start := time.Now()
-	resp, err := p.cl.Do(req)
+	resp, start, err := postJSON(ctx, p.cl, p.url, "", body)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 300))
-		return 0, 0, fmt.Errorf("HTTP %d: %s", resp.StatusCode, b)
-	}
 	var firstAt, last time.Time
 	n := 0
 	br := bufio.NewReader(resp.Body)
