@@ -22,10 +22,12 @@ type FleetHooks struct {
 	// transport closes conn when it returns. Without Join, such a
 	// connection is closed after its handshake.
 	Join func(conn net.Conn)
-	// Renew answers a ready node's CertificateRenewRequest; leaf is the
-	// certificate the session connected with. It is called on a goroutine
-	// of its own, at most one at a time per session.
-	Renew func(node string, leaf *x509.Certificate, req *iop.CertificateRenewRequest) *iop.CertificateRenewResponse
+	// Renew answers a ready node's CertificateRenewRequest; cert is the
+	// certificate the node holds now: the one the session connected with,
+	// or the one the session's last successful renewal issued (SPEC J5: a
+	// session renews again and again without reconnecting). It is called
+	// on a goroutine of its own, at most one at a time per session.
+	Renew func(node string, cert *x509.Certificate, req *iop.CertificateRenewRequest) *iop.CertificateRenewResponse
 	// OnModels takes a ready node's NodeModelsReport from its read loop;
 	// it must not block.
 	OnModels func(node string, gen uint64, r *iop.NodeModelsReport)
@@ -55,6 +57,9 @@ func (s *Server) joinConn(tc *tls.Conn) bool {
 // (it rewrites the enrollment store and signs) and is answered with a
 // must-deliver CertificateRenewResponse; one arriving while another is
 // in progress, or on an edge without renewal, is answered with an error.
+// A granted renewal's certificate becomes the session's current one
+// (session.cert) before the answer is sent, so the next renewal is
+// decided on it.
 func (c *session) fleetFrame(env *iop.Envelope) {
 	s := c.s
 	node, gen, current := c.binding()
@@ -81,14 +86,28 @@ func (c *session) fleetFrame(env *iop.Envelope) {
 				Error: "a renewal of this session is already in progress"}}})
 			return
 		}
-		leaf := c.tc.ConnectionState().PeerCertificates[0]
 		s.wg.Add(1) // Serve waits for it like for a connection goroutine
 		go func() {
 			defer s.wg.Done()
-			defer c.renewing.Store(false)
-			answer(renew(node, leaf, k.RenewRequest))
+			resp := renew(node, c.currentCert(), k.RenewRequest)
+			if resp.GetOk() {
+				if renewed, err := identity.ParseCertificatePEM(resp.GetCertificatePem()); err == nil {
+					c.cert.Store(renewed)
+				}
+			}
+			c.renewing.Store(false)
+			answer(resp)
 		}()
 	}
+}
+
+// currentCert is the certificate the session's node holds now (see
+// fleetFrame): the TLS peer's until a renewal replaced it.
+func (c *session) currentCert() *x509.Certificate {
+	if cert := c.cert.Load(); cert != nil {
+		return cert
+	}
+	return c.tc.ConnectionState().PeerCertificates[0]
 }
 
 // binding is the session's node and generation, and whether it is still

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -140,4 +141,68 @@ func caOf(t *testing.T, _ *tls.Config) *x509.Certificate {
 		t.Fatal(err)
 	}
 	return ca.Cert
+}
+
+// J5: a session renews again and again without reconnecting, so each
+// renewal is decided on the certificate the node holds now: the one the
+// session's last successful renewal issued, not the one it connected with
+// (the edge keeps only the last two serials, so the third renewal of a
+// long-lived session would otherwise be refused as superseded and the
+// node locked out at its next handshake). A refused renewal keeps it.
+func TestRenewalChainOnOneSession(t *testing.T) {
+	leakcheck.Check(t)
+	calls := make(chan string, 8)
+	answers := make(chan *iop.CertificateRenewResponse, 8)
+	h := newHarness(t, harnessOpts{modify: func(o *Options) {
+		o.Fleet = FleetHooks{Renew: func(node string, cert *x509.Certificate, req *iop.CertificateRenewRequest) *iop.CertificateRenewResponse {
+			calls <- cert.SerialNumber.Text(16)
+			return <-answers
+		}}
+	}})
+	serialOf := func(name string) (string, []byte) {
+		pemBytes, err := os.ReadFile(h.file(name + ".crt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := identity.ParseCertificatePEM(pemBytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.SerialNumber.Text(16), pemBytes
+	}
+	connected, _ := serialOf("gpu-1")
+	// Stand-ins for the certificates the edge would sign: the transport
+	// only reads them back as the session's current certificate.
+	second, secondPEM := serialOf("gpu-2")
+	third, thirdPEM := serialOf("gpu-3")
+	n := h.dial("gpu-1")
+	n.connect("gpu-1")
+	h.wantHooks(hookCall{"ready", "gpu-1", 1})
+	for i, step := range []struct {
+		answer *iop.CertificateRenewResponse
+		want   string // the serial Renew must be handed
+	}{
+		{&iop.CertificateRenewResponse{Ok: true, CertificatePem: secondPEM}, connected},
+		{&iop.CertificateRenewResponse{Error: "certificate renewed too recently"}, second},
+		{&iop.CertificateRenewResponse{Ok: true, CertificatePem: thirdPEM}, second},
+		{&iop.CertificateRenewResponse{Ok: true, CertificatePem: secondPEM}, third},
+	} {
+		answers <- step.answer
+		n.send(&iop.Envelope{Kind: &iop.Envelope_RenewRequest{RenewRequest: &iop.CertificateRenewRequest{Csr: []byte{1}}}})
+		var resp *iop.CertificateRenewResponse
+		for resp == nil {
+			resp = n.recv().GetRenewResponse()
+		}
+		select {
+		case got := <-calls:
+			if got != step.want {
+				t.Fatalf("J5 renewal %d was decided on serial %s, want %s (the certificate the session holds now)", i+1, got, step.want)
+			}
+		case <-time.After(wait):
+			t.Fatalf("J5 renewal %d: Renew not called", i+1)
+		}
+		if resp.GetOk() != step.answer.GetOk() {
+			t.Fatalf("J5 renewal %d answered %v", i+1, resp)
+		}
+	}
 }

@@ -3,6 +3,7 @@ package transport
 import (
 	"bufio"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -46,6 +47,9 @@ type session struct {
 	lastSeen  atomic.Int64 // Server.mono() of the last inbound frame
 	activated atomic.Bool  // a ready was accepted; stops the register→ready timer
 	renewing  atomic.Bool  // a CertificateRenewRequest is being answered (fleet.go)
+	// cert is the certificate the last granted renewal of this session
+	// issued; nil until one did (then the TLS peer's is current; fleet.go).
+	cert atomic.Pointer[x509.Certificate]
 
 	// revision of the NodeConfigPayload last applied by the node, and the
 	// revision it last answered RESTART_REQUIRED to (SPEC N2: not applied;
