@@ -1,6 +1,7 @@
 package enroll
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -189,6 +190,7 @@ func TestJoinFailsCleanly(t *testing.T) {
 		wantText  string
 		noRequest bool
 		noDial    bool
+		dir       string // the directory's name; "" = gpu-3
 	}{
 		{name: "J1 the edge refuses", answer: func(*iop.NodeJoinRequest) *iop.NodeJoinResponse {
 			return &iop.NodeJoinResponse{Error: "join token expired (token x)"}
@@ -208,6 +210,12 @@ func TestJoinFailsCleanly(t *testing.T) {
 		}, want: ErrBadDir, noDial: true},
 		{name: "J1 a malformed token is refused before dialling", token: func() string { return "iop1.abc" },
 			want: identity.ErrBadJoinToken, noDial: true},
+		// The temporary directory beside Dir cannot be made (its name,
+		// "."+Dir's+".join-…", is over the 255 bytes a name may have): the
+		// failure comes before the request, so the token is not used and
+		// the edge records no node that has no files.
+		{name: "J3 a directory the node cannot write fails before the request", dir: strings.Repeat("g", 245),
+			want: ErrBadDir, noDial: true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			f.mu.Lock()
@@ -216,7 +224,7 @@ func TestJoinFailsCleanly(t *testing.T) {
 				f.answer = tt.answer
 			}
 			f.mu.Unlock()
-			dir := filepath.Join(t.TempDir(), "gpu-3")
+			dir := filepath.Join(t.TempDir(), cmp.Or(tt.dir, "gpu-3"))
 			if tt.prepare != nil {
 				tt.prepare(dir)
 			}

@@ -112,12 +112,15 @@ func HostName() string {
 
 // Join enrolls this host as a node (SPEC J1-J3). In order: the token is
 // parsed and Dir checked (absent or empty; its parent is created), the
-// node's keys are made, the edge is dialled offering identity.JoinALPN
-// and accepted only if its CA matches the token's pin, the request is sent
-// and the answer checked (the certificate is for this key and name, the
-// CA is the one the handshake showed), and the files are written into a
-// temporary directory beside Dir that is renamed to Dir. On any error
-// nothing is left at Dir (an empty Dir that existed stays empty).
+// temporary directory beside Dir that will become it is made, the edge is
+// dialled offering identity.JoinALPN and accepted only if its CA matches
+// the token's pin, the node's keys are made and written into the temporary
+// directory, the request is sent and the answer checked (the certificate
+// is for this key and name, the CA is the one the handshake showed), and
+// the other files are written there before it is renamed to Dir. A
+// directory the node cannot write therefore fails before the request
+// uses the token. On any error nothing is left at Dir (an empty Dir that
+// existed stays empty) and the temporary directory is removed.
 func Join(ctx context.Context, o JoinOptions) (Result, error) {
 	tok, err := identity.ParseJoinToken(o.Token)
 	if err != nil {
@@ -138,6 +141,11 @@ func Join(ctx context.Context, o JoinOptions) (Result, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	out, err := newDirWriter(o.Dir)
+	if err != nil {
+		return Result{}, err
+	}
+	defer out.abandon()
 	id := identity.ID{Role: identity.RoleNode, Name: o.Name}
 	conn, edge, ca, err := dialEdge(ctx, o, tok.Pin)
 	if err != nil {
@@ -155,6 +163,9 @@ func Join(ctx context.Context, o JoinOptions) (Result, error) {
 		return Result{}, err
 	}
 	defer clear(rk.KeyPEM)
+	if err := out.write(dirFile{KeyFile, key.KeyPEM, 0o600}, dirFile{RecipientKeyFile, rk.KeyPEM, 0o600}); err != nil {
+		return Result{}, err
+	}
 	resp, err := exchange(conn, &iop.NodeJoinRequest{TokenId: tok.ID, TokenSecret: tok.Secret, NodeName: o.Name,
 		Csr: key.CSR, LeaseRecipientPublicKey: rk.Public.Bytes(), Version: o.Version})
 	if err != nil {
@@ -166,9 +177,7 @@ func Join(ctx context.Context, o JoinOptions) (Result, error) {
 	}
 	files := []dirFile{
 		{CertFile, resp.GetCertificatePem(), 0o644},
-		{KeyFile, key.KeyPEM, 0o600},
 		{CAFile, identity.CertificatePEM(ca.Raw), 0o644},
-		{RecipientKeyFile, rk.KeyPEM, 0o600},
 	}
 	res := Result{Node: o.Name, Edge: edge.Name, TrustDomain: edge.TrustDomain, NotAfter: cert.NotAfter,
 		ConfigPath: filepath.Join(o.Dir, ConfigFile)}
@@ -185,7 +194,10 @@ func Join(ctx context.Context, o JoinOptions) (Result, error) {
 		return Result{}, err
 	}
 	files = append(files, dirFile{ConfigFile, nodeJSON, 0o644})
-	if err := writeDir(o.Dir, files); err != nil {
+	if err := out.write(files...); err != nil {
+		return Result{}, err
+	}
+	if err := out.commit(); err != nil {
 		return Result{}, err
 	}
 	return res, nil
@@ -336,32 +348,49 @@ type dirFile struct {
 	mode fs.FileMode
 }
 
-// writeDir writes files into a new temporary directory beside dir (mode
-// 0700), syncs them and renames it to dir (rename(2) replaces an empty
-// directory), so dir holds all of them or none (SPEC J3).
-func writeDir(dir string, files []dirFile) error {
+// dirWriter fills a new temporary directory beside dir (mode 0700) and
+// renames it to dir (rename(2) replaces an empty directory), so dir holds
+// every file or none (SPEC J3).
+type dirWriter struct {
+	dir, tmp string
+	done     bool
+}
+
+// newDirWriter makes the temporary directory beside dir.
+func newDirWriter(dir string) (*dirWriter, error) {
 	dir = filepath.Clean(dir)
 	tmp, err := os.MkdirTemp(filepath.Dir(dir), "."+filepath.Base(dir)+".join-*")
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrBadDir, err)
+		return nil, fmt.Errorf("%w: %w", ErrBadDir, err)
 	}
-	ok := false
-	defer func() {
-		if !ok {
-			os.RemoveAll(tmp)
-		}
-	}()
+	return &dirWriter{dir: dir, tmp: tmp}, nil
+}
+
+// write creates files in the temporary directory.
+func (w *dirWriter) write(files ...dirFile) error {
 	for _, f := range files {
-		if err := storefile.Create(filepath.Join(tmp, f.name), f.data, f.mode); err != nil {
+		if err := storefile.Create(filepath.Join(w.tmp, f.name), f.data, f.mode); err != nil {
 			return fmt.Errorf("%w: %w", ErrBadDir, err)
 		}
 	}
-	if err := storefile.SyncDir(tmp); err != nil {
+	return nil
+}
+
+// commit syncs the temporary directory and renames it to dir.
+func (w *dirWriter) commit() error {
+	if err := storefile.SyncDir(w.tmp); err != nil {
 		return fmt.Errorf("%w: %w", ErrBadDir, err)
 	}
-	if err := os.Rename(tmp, dir); err != nil {
-		return fmt.Errorf("%w: %w (is %s still empty?)", ErrBadDir, err, dir)
+	if err := os.Rename(w.tmp, w.dir); err != nil {
+		return fmt.Errorf("%w: %w (is %s still empty?)", ErrBadDir, err, w.dir)
 	}
-	ok = true
-	return storefile.SyncDir(filepath.Dir(dir))
+	w.done = true
+	return storefile.SyncDir(filepath.Dir(w.dir))
+}
+
+// abandon removes the temporary directory unless commit renamed it.
+func (w *dirWriter) abandon() {
+	if !w.done {
+		os.RemoveAll(w.tmp)
+	}
 }
