@@ -25,13 +25,17 @@ type discovery struct {
 }
 
 // Report takes a NodeModelsReport of generation gen of node (SPEC D1,
-// D2), from its session's read loop: the lists are cleaned (names that
-// are empty, longer than MaxModelName, not UTF-8 or with control
-// characters are dropped; the rest sorted, deduplicated and cut to the
-// bounds above), an adapter reporting an error keeps the list it had, and
-// Changed is called when anything differs. A report of an older
-// generation than the one held is ignored. It reports whether the models
-// changed.
+// D2), from its session's read loop: only the adapters the config asks
+// the node to discover are kept (config.Discovers: a model_discovery rule
+// or a target glob names them; whatever else a node reports is dropped,
+// so it costs neither memory nor /status bytes), the lists are cleaned
+// (names that are empty, longer than MaxModelName, not UTF-8 or with
+// control characters are dropped; the rest sorted, deduplicated and cut
+// to the bounds above), an adapter reporting an error keeps the list it
+// had, and Changed is called when anything differs. A report of an older
+// generation than the one held is ignored. The "node models" line a
+// change logs is rate limited (a node may report as often as it likes).
+// It reports whether the models changed.
 func (f *Fleet) Report(node string, gen uint64, r *iop.NodeModelsReport) bool {
 	f.mu.Lock()
 	old := f.disc[node]
@@ -51,7 +55,7 @@ func (f *Fleet) Report(node string, gen uint64, r *iop.NodeModelsReport) bool {
 			break
 		}
 		name := am.GetAdapter()
-		if !nameRE.MatchString(name) {
+		if !nameRE.MatchString(name) || f.cfg == nil || !f.cfg.Discovers(node, name) {
 			continue
 		}
 		if am.GetError() != "" {
@@ -66,7 +70,9 @@ func (f *Fleet) Report(node string, gen uint64, r *iop.NodeModelsReport) bool {
 	f.disc[node] = &discovery{gen: gen, adapters: next}
 	f.mu.Unlock()
 	if changed {
-		f.log.Info("node models", "node", node, "generation", gen, "models", countModels(next))
+		if ok, suppressed := f.modelsLog.Allow(f.o.Now()); ok {
+			f.log.Info("node models", "node", node, "generation", gen, "models", countModels(next), "suppressed", suppressed)
+		}
 		f.o.Changed()
 	}
 	return changed

@@ -74,8 +74,9 @@ type Fleet struct {
 	stamp storefile.Stamp       // of the store file when snap was read; guarded by mu
 	disc  map[string]*discovery // node → what it reports; guarded by mu
 
-	joins   limit.Keys
-	joinLog ratelog.Limiter
+	joins     limit.Keys
+	joinLog   ratelog.Limiter
+	modelsLog ratelog.Limiter // the "node models" lines (discovery.go)
 }
 
 // material is what one config makes of enrollment: the CA (nil when

@@ -19,10 +19,17 @@ func report(adapters ...*iop.AdapterModels) *iop.NodeModelsReport {
 }
 
 // D1 D2: what a node reports is cleaned and bounded before the edge keeps
-// it; a failed listing keeps the last list; an older generation is
-// ignored; a fenced node's models go; Changed fires only on a change.
+// it: only the adapters the config asks it to discover, so a hostile
+// node's made-up adapters cost nothing; a failed listing keeps the last
+// list; an older generation is ignored; a fenced node's models go;
+// Changed fires only on a change, and the line it logs is rate limited.
 func TestReport(t *testing.T) {
-	e := newEdgeEnv(t, nil)
+	e := newEdgeEnv(t, func(raw map[string]any) {
+		raw["node_templates"] = []any{map[string]any{"match": "gpu-*", "adapters": []any{
+			map[string]any{"type": "ollama", "base_url": "http://127.0.0.1:11434"},
+			map[string]any{"name": "quiet", "type": "ollama", "base_url": "http://127.0.0.1:11435"}}}}
+		raw["model_discovery"] = []any{map[string]any{"node": "gpu-*", "provider": "ollama"}}
+	})
 	drain := func() int {
 		n := 0
 		for {
@@ -62,24 +69,27 @@ func TestReport(t *testing.T) {
 	for i := range many {
 		many[i] = fmt.Sprintf("m%05d", i)
 	}
-	var ads []*iop.AdapterModels
+	ads := []*iop.AdapterModels{{Adapter: "ollama", Models: many}, {Adapter: "quiet", Models: many}}
 	for i := range 100 {
 		ads = append(ads, &iop.AdapterModels{Adapter: fmt.Sprintf("a%d", i), Models: many})
 	}
 	f.Report("gpu-4", 1, report(ads...))
 	_, _, disc = f.Inputs()
-	total, bytes := 0, 0
-	for a, ms := range disc["gpu-4"] {
-		if len(ms) > MaxAdapterModels {
-			t.Errorf("D2 adapter %s keeps %d models, over %d", a, len(ms), MaxAdapterModels)
+	if got := disc["gpu-4"]; len(got) != 1 || len(got["ollama"]) != MaxAdapterModels {
+		kept := map[string]int{}
+		for a, ms := range got {
+			kept[a] = len(ms)
 		}
-		total += len(ms)
-		for _, m := range ms {
-			bytes += len(m)
-		}
+		t.Errorf("D2 a hostile report kept %v, want only adapter ollama (the one discovery asks for) cut to %d models", kept, MaxAdapterModels)
 	}
-	if len(disc["gpu-4"]) > MaxReportAdapters || bytes > MaxReportBytes {
-		t.Errorf("D2 a hostile report kept %d adapters, %d bytes of names (bounds %d, %d)", len(disc["gpu-4"]), bytes, MaxReportAdapters, MaxReportBytes)
+	drain()
+	before := strings.Count(e.log.String(), "node models")
+	for i := range 100 { // a node that reports a new list as fast as it can
+		f.Report("gpu-5", 1, report(&iop.AdapterModels{Adapter: "ollama", Models: []string{fmt.Sprint(i)}}))
+		drain()
+	}
+	if n := strings.Count(e.log.String(), "node models") - before; n == 0 || n > 20 {
+		t.Errorf("D2 100 changed reports in a moment logged %d lines, want a few (rate limited)", n)
 	}
 	drain()
 	f.NodeFenced("gpu-3", 1)
