@@ -669,7 +669,7 @@ func (c *Config) validate() jsonconfig.Errors {
 	models := map[string]bool{}
 	for i, m := range c.Models {
 		p := fmt.Sprintf("models[%d]", i)
-		if m.Name == "" || strings.TrimSpace(m.Name) != m.Name {
+		if !validModelName(m.Name) {
 			add(p+".name", "required, without surrounding spaces")
 		} else if models[m.Name] {
 			add(p+".name", "duplicate model %q", m.Name)

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"slices"
 	"sort"
 	"strings"
 
@@ -38,8 +39,10 @@ type Discovered map[string]map[string][]string
 //     named by the rule's alias for it, else the model's name without an
 //     Ollama ":latest" tag. A name a configured model already has, or an
 //     earlier rule made, is not made again (the first wins; later rules
-//     add providers to their own groups only). Discovered groups follow
-//     the configured ones, by name.
+//     add providers to their own groups only); one models[].name could
+//     not have (empty, surrounding spaces) is not made at all. A (node,
+//     provider) pair counts once per group (the first model by name).
+//     Discovered groups follow the configured ones, by name.
 func (c *Config) Effective(enrolled []EnrolledNode, revoked map[string]bool, disc Discovered) *Config {
 	e := *c
 	e.file = c
@@ -132,7 +135,7 @@ func (e *Config) discoveredModels(configured map[string]bool, disc Discovered) [
 					continue
 				}
 				name := groupName(model, r.Aliases)
-				if configured[name] {
+				if configured[name] || !validModelName(name) {
 					continue
 				}
 				g := groups[name]
@@ -141,8 +144,10 @@ func (e *Config) discoveredModels(configured map[string]bool, disc Discovered) [
 					g = &Model{Name: name, Routing: r.Routing, AffinityEpsilon: &eps}
 					groups[name] = g
 					owner[name] = ri
-				} else if owner[name] != ri {
-					continue
+				} else if owner[name] != ri || slices.ContainsFunc(g.Providers, func(p ModelProvider) bool {
+					return p.Node == n.ID && p.Provider == r.Provider
+				}) {
+					continue // another rule's group, or a second name of this provider for it ("x", "x:latest")
 				}
 				g.Providers = append(g.Providers, ModelProvider{Node: n.ID, Provider: r.Provider, Target: model})
 			}
@@ -155,6 +160,10 @@ func (e *Config) discoveredModels(configured map[string]bool, disc Discovered) [
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
 }
+
+// validModelName reports whether name may name a model group (models[].name,
+// an alias, a discovered group): not empty, no surrounding white space.
+func validModelName(name string) bool { return name != "" && strings.TrimSpace(name) == name }
 
 // groupName is a discovered model's group name: its alias (by the model's
 // own name, then without ":latest"), else the name without ":latest"

@@ -130,6 +130,28 @@ func TestEffective(t *testing.T) {
 	}
 }
 
+// D2: a discovered name becomes a group only if models[].name would take
+// it (a node or its backend may report anything: ":latest" would be a
+// group named "", " x" one with a leading space), and a group counts each
+// (node, provider) once, as a configured one does: a backend listing "foo"
+// and "foo:latest" gives group foo one provider, the first by name.
+func TestEffectiveDiscoveredNames(t *testing.T) {
+	c := mustParse(t, fleetConfig)
+	e := c.Effective([]EnrolledNode{{ID: "gpu-1"}}, nil, Discovered{
+		"gpu-1": {"ollama": {" x", ":latest", "foo", "foo:latest", "x "}},
+	})
+	var names []string
+	for _, m := range e.Models {
+		names = append(names, m.Name)
+	}
+	if want := []string{"tiny", "foo"}; !reflect.DeepEqual(names, want) {
+		t.Errorf("D2 groups %q, want %q", names, want)
+	}
+	if m := e.ModelByName("foo"); m == nil || !reflect.DeepEqual(routes(m), []route{{"gpu-1", "ollama", "foo"}}) {
+		t.Errorf("D2 foo's providers: %+v", m)
+	}
+}
+
 // J7 D2 N6: the keys of templates, node and target globs and discovery,
 // one row per refusal, each naming its path.
 func TestValidateFleetKeys(t *testing.T) {

@@ -191,7 +191,7 @@ func (c *Config) validateEnrollment(add func(string, string, ...any)) {
 			add(p+".routing", "want least_loaded, ordered or prefix_affinity, got %q", d.Routing)
 		}
 		for from, to := range d.Aliases {
-			if from == "" || to == "" || strings.TrimSpace(to) != to {
+			if from == "" || !validModelName(to) {
 				add(p+".aliases", "%q → %q: want a backend model name and a group name without surrounding spaces", from, to)
 			}
 		}
