@@ -182,3 +182,46 @@ func testFailure(ev *iop.RunEvent) *surface.Error {
 	}
 	return surface.BadGateway("provider_error", "the provider failed to answer")
 }
+
+// T5: an assistant's thinking block goes back to the backend as that
+// message's thinking (its text, else the text of an iop signature); one
+// whose only reasoning is another provider's signature is reported like
+// redacted_thinking, and a thinking or signature that is not a string is a
+// 400 naming it, never dropped in silence.
+func TestThinkingHistory(t *testing.T) {
+	rows := []struct {
+		name, block      string
+		thinking, report string // the assistant message's thinking; the reported path
+		bad              string // a 400 naming this
+	}{
+		{name: "text and signature", block: `{"type":"thinking","thinking":"T","signature":"sig"}`, thinking: "T"},
+		{name: "an iop signature only", block: `{"type":"thinking","thinking":"","signature":"` + surface.EncodeReasoning("C") + `"}`, thinking: "C"},
+		{name: "text without a signature", block: `{"type":"thinking","thinking":"T"}`, thinking: "T"},
+		{name: "another provider's signature only", block: `{"type":"thinking","thinking":"","signature":"EqQBCkYIBxgC"}`, report: "messages[1].content[0]"},
+		{name: "redacted_thinking", block: `{"type":"redacted_thinking","data":"EqQB"}`, report: "messages[1].content[0]"},
+		{name: "thinking a number", block: `{"type":"thinking","thinking":5,"signature":"x"}`, bad: "messages[1].content[0].thinking"},
+		{name: "signature a number", block: `{"type":"thinking","thinking":"T","signature":7}`, bad: "messages[1].content[0].signature"},
+	}
+	for _, row := range rows {
+		t.Run(row.name, func(t *testing.T) {
+			body := `{"model":"tiny","max_tokens":5,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[` + row.block +
+				`,{"type":"text","text":"a"}]},{"role":"user","content":"again"}]}`
+			in, p, e := Input([]byte(body), false)
+			if row.bad != "" {
+				if e == nil || e.Status != http.StatusBadRequest || !strings.Contains(e.Message, row.bad) {
+					t.Fatalf("got %+v, want a 400 naming %s", e, row.bad)
+				}
+				return
+			}
+			if e != nil {
+				t.Fatal(e)
+			}
+			if got := in.Messages[1].GetThinking(); in.Messages[1].Role != "assistant" || got != row.thinking {
+				t.Errorf("assistant thinking %q, want %q", got, row.thinking)
+			}
+			if got := p.Ignored.Header(); got != row.report {
+				t.Errorf("reported %q, want %q", got, row.report)
+			}
+		})
+	}
+}

@@ -166,7 +166,7 @@ var (
 // every field request parses has a row.
 var Fields = []surface.Field{
 	surface.Row("model", surface.Routing, "selects the model group; the provider's target replaces it"),
-	surface.Row("messages", surface.Translated, "text blocks → content; image (base64) → images; tool_use → tool_calls; tool_result → tool messages (is_error → content prefixed \"Error: \"); an assistant's thinking blocks → that message's thinking (the text, else the text its iop signature carries; a signature is never trusted or checked); redacted_thinking (Anthropic-encrypted, no backend can read it) dropped and reported; role \"system\" (mid-conversation system turns, Claude Code 2.1) → a system message; cache_control and citations advisory").Of(messageShape),
+	surface.Row("messages", surface.Translated, "text blocks → content; image (base64) → images; tool_use → tool_calls; tool_result → tool messages (is_error → content prefixed \"Error: \"); an assistant's thinking blocks → that message's thinking (the text, else the text its iop signature carries; a signature is never trusted or checked; thinking and signature must be strings); redacted_thinking and a thinking block whose only reasoning is another provider's signature (no backend can read them) dropped and reported; role \"system\" (mid-conversation system turns, Claude Code 2.1) → a system message; cache_control and citations advisory").Of(messageShape),
 	surface.Row("max_tokens", surface.Translated, "options.num_predict (required, as Anthropic requires it)"),
 	surface.Row("system", surface.Translated, "a system message (text blocks joined with \"\\n\")").Of(blockShape),
 	surface.Row("stop_sequences", surface.Translated, "options.stop"),
@@ -613,10 +613,18 @@ func assistantMessage(i int, blocks []block, ig *surface.Ignored) (*iop.ChatMess
 			calls = surface.AppendString(calls, input)
 			calls = append(calls, "}}"...)
 		case "thinking":
-			text, _ := surface.StringValue(bl.Thinking)
-			if text == "" {
-				sig, _ := surface.StringValue(bl.Signature)
-				text, _ = surface.DecodeReasoning(sig)
+			text, ok := surface.StringValue(bl.Thinking)
+			if surface.Present(bl.Thinking) && !ok {
+				return nil, surface.BadRequest("messages", "%s.thinking must be a string", at)
+			}
+			sig, ok := surface.StringValue(bl.Signature)
+			if surface.Present(bl.Signature) && !ok {
+				return nil, surface.BadRequest("messages", "%s.signature must be a string", at)
+			}
+			if text == "" && sig != "" {
+				if text, ok = surface.DecodeReasoning(sig); !ok {
+					ig.Add(at, "messages") // another provider's signature alone: no backend can read it
+				}
 			}
 			if text != "" {
 				if am.Thinking != "" {

@@ -171,7 +171,7 @@ var (
 // every field request parses has a row.
 var Fields = []surface.Field{
 	surface.Row("model", surface.Routing, "selects the model group; the provider's target replaces it"),
-	surface.Row("input", surface.Translated, "a string or items: messages (input_text/output_text joined with \"\\n\", input_image data: URLs → images), function_call → assistant tool_calls (its namespace is the client's: the call goes by name), function_call_output → tool messages, reasoning → the next assistant message's thinking (its reasoning_text content, else summary_text, else the text an iop encrypted_content carries; another provider's encrypted_content cannot be read and is dropped)").Of(itemShape),
+	surface.Row("input", surface.Translated, "a string or items: messages (input_text/output_text joined with \"\\n\", input_image data: URLs → images), function_call → assistant tool_calls (its namespace is the client's: the call goes by name), function_call_output → tool messages, reasoning → the next assistant message's thinking (its reasoning_text content, else summary_text, else the text an iop encrypted_content carries; another provider's encrypted_content cannot be read and is dropped and reported; content other than reasoning_text parts, or a summary part other than summary_text, refused)").Of(itemShape),
 	surface.Row("instructions", surface.Translated, "a system message first"),
 	surface.Row("max_output_tokens", surface.Translated, "options.num_predict; the limit ends the response as incomplete"),
 	surface.Row("max_tool_calls", surface.Advisory, "limits calls to built-in tools (a count ≥ 0), and there are none"),
@@ -241,7 +241,7 @@ func InputPolicy(body []byte, policy surface.UnknownFields) (*iop.RunInput, Para
 	if req.Instructions != nil && *req.Instructions != "" {
 		in.Messages = append(in.Messages, &iop.ChatMessage{Role: "system", Content: *req.Instructions})
 	}
-	msgs, e := convertInput(req.Input)
+	msgs, e := convertInput(req.Input, &p.Ignored)
 	if e != nil {
 		return nil, p, e
 	}
@@ -366,8 +366,8 @@ func refuse(r *request) *surface.Error {
 }
 
 // convertInput reads "input": a string (one user message) or an array of
-// items.
-func convertInput(raw json.RawMessage) ([]*iop.ChatMessage, *surface.Error) {
+// items; a reasoning item the run path cannot read goes to ig.
+func convertInput(raw json.RawMessage, ig *surface.Ignored) ([]*iop.ChatMessage, *surface.Error) {
 	if !surface.Present(raw) {
 		return nil, surface.BadRequest("input", "missing required field \"input\"")
 	}
@@ -397,7 +397,10 @@ func convertInput(raw json.RawMessage) ([]*iop.ChatMessage, *surface.Error) {
 		}
 		switch it.Type {
 		case "reasoning":
-			text := reasoningText(it)
+			text, e := reasoningText(at, it, ig)
+			if e != nil {
+				return nil, e
+			}
 			if text != "" && thinking != "" {
 				thinking += "\n"
 			}
@@ -450,28 +453,30 @@ func convertInput(raw json.RawMessage) ([]*iop.ChatMessage, *surface.Error) {
 	return out, nil
 }
 
-// reasoningText is the text of a reasoning input item: its reasoning_text
-// content, else its summary_text parts, else the text of an iop
-// encrypted_content (surface.DecodeReasoning); "" when it has none the run
-// path can read.
-func reasoningText(it *item) string {
+// reasoningText is the text of a reasoning input item at: its
+// reasoning_text content, else its summary_text parts, else the text of an
+// iop encrypted_content (surface.DecodeReasoning). An item with none the
+// run path can read (another provider's encrypted_content) is reported in
+// ig; content that is not an array of reasoning_text parts, or a summary
+// part of another type, is a 400 naming it (OpenAI API reference,
+// "Reasoning" input item): the model would read it, so it is never dropped
+// in silence.
+func reasoningText(at string, it *item, ig *surface.Ignored) (string, *surface.Error) {
 	var b strings.Builder
-	if surface.Present(it.Content) && it.Content[0] == '[' {
+	if surface.Present(it.Content) {
 		var parts []reasoningPart
-		if json.Unmarshal(it.Content, &parts) == nil {
-			for _, p := range parts {
-				if p.Type == "reasoning_text" && p.Text != "" {
-					if b.Len() > 0 {
-						b.WriteByte('\n')
-					}
-					b.WriteString(p.Text)
-				}
-			}
+		if it.Content[0] != '[' {
+			return "", surface.BadRequest("input", "%s.content must be an array of reasoning_text parts", at)
 		}
-	}
-	if b.Len() == 0 {
-		for _, p := range it.Summary {
-			if p.Type == "summary_text" && p.Text != "" {
+		if e := surface.Decode(it.Content, &parts); e != nil {
+			e.Message = at + ".content: " + e.Message
+			return "", e
+		}
+		for j, p := range parts {
+			if p.Type != "reasoning_text" {
+				return "", surface.BadRequest("input", "%s.content[%d]: part type %q is not supported in a reasoning item (reasoning_text)", at, j, p.Type)
+			}
+			if p.Text != "" {
 				if b.Len() > 0 {
 					b.WriteByte('\n')
 				}
@@ -479,11 +484,29 @@ func reasoningText(it *item) string {
 			}
 		}
 	}
-	if b.Len() == 0 && it.EncryptedContent != nil {
-		text, _ := surface.DecodeReasoning(*it.EncryptedContent)
-		return text
+	for j, p := range it.Summary {
+		if p.Type != "summary_text" {
+			return "", surface.BadRequest("input", "%s.summary[%d]: part type %q is not supported in a reasoning item's summary (summary_text)", at, j, p.Type)
+		}
 	}
-	return b.String()
+	if b.Len() == 0 {
+		for _, p := range it.Summary {
+			if p.Text != "" {
+				if b.Len() > 0 {
+					b.WriteByte('\n')
+				}
+				b.WriteString(p.Text)
+			}
+		}
+	}
+	if b.Len() == 0 && it.EncryptedContent != nil && *it.EncryptedContent != "" {
+		text, ok := surface.DecodeReasoning(*it.EncryptedContent)
+		if !ok {
+			ig.Add(at, "input") // another provider's: no backend can read it
+		}
+		return text, nil
+	}
+	return b.String(), nil
 }
 
 // appendCall adds one OpenAI-shaped tool call to a tool_calls JSON array.

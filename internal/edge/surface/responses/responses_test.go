@@ -178,3 +178,47 @@ func testFailure(ev *iop.RunEvent) *surface.Error {
 	}
 	return surface.BadGateway("provider_error", "the provider failed to answer")
 }
+
+// T5: a reasoning input item goes back to the backend as the next
+// assistant message's thinking; one the run path cannot read (another
+// provider's encrypted_content) is reported, and a malformed one (content
+// not an array of reasoning_text parts, a summary part of another type) is
+// a 400 naming it, never dropped in silence.
+func TestReasoningHistory(t *testing.T) {
+	const u = `{"role":"user","content":"hi"},`
+	const a = `,{"role":"assistant","content":"a"},{"role":"user","content":"again"}`
+	rows := []struct {
+		name, item       string
+		thinking, report string // the assistant message's thinking; the reported path
+		bad              string // a 400 naming this
+	}{
+		{name: "reasoning_text content", item: `{"type":"reasoning","summary":[],"content":[{"type":"reasoning_text","text":"T"}]}`, thinking: "T"},
+		{name: "summary only", item: `{"type":"reasoning","summary":[{"type":"summary_text","text":"S"}]}`, thinking: "S"},
+		{name: "an iop carrier only", item: `{"type":"reasoning","summary":[],"encrypted_content":"` + surface.EncodeReasoning("C") + `"}`, thinking: "C"},
+		{name: "another provider's encrypted_content", item: `{"type":"reasoning","summary":[],"encrypted_content":"gAAAAABfoo"}`, report: "input[1]"},
+		{name: "content a string", item: `{"type":"reasoning","summary":[],"content":"T"}`, bad: "input[1].content"},
+		{name: "content part of another type", item: `{"type":"reasoning","summary":[],"content":[{"type":"secret_text","text":"T"}]}`, bad: `"secret_text"`},
+		{name: "content part text a number", item: `{"type":"reasoning","summary":[],"content":[{"type":"reasoning_text","text":5}]}`, bad: "text"},
+		{name: "summary part of another type", item: `{"type":"reasoning","summary":[{"type":"weird","text":"S"}]}`, bad: `"weird"`},
+	}
+	for _, row := range rows {
+		t.Run(row.name, func(t *testing.T) {
+			in, p, e := Input([]byte(`{"model":"tiny","input":[` + u + row.item + a + `]}`))
+			if row.bad != "" {
+				if e == nil || e.Status != http.StatusBadRequest || !strings.Contains(e.Message, row.bad) {
+					t.Fatalf("got %+v, want a 400 naming %s", e, row.bad)
+				}
+				return
+			}
+			if e != nil {
+				t.Fatal(e)
+			}
+			if got := in.Messages[1].GetThinking(); in.Messages[1].Role != "assistant" || got != row.thinking {
+				t.Errorf("assistant thinking %q, want %q", got, row.thinking)
+			}
+			if got := p.Ignored.Header(); got != row.report {
+				t.Errorf("reported %q, want %q", got, row.report)
+			}
+		})
+	}
+}
