@@ -73,6 +73,8 @@ func TestInputRefused(t *testing.T) {
 			"messages", "remote image URLs", false},
 		{"server tool", `{"model":"tiny","max_tokens":5,"tools":[{"type":"web_search_20250305","name":"web_search"}],` + msgs + `}`, "tools", "server tools", false},
 		{"an unknown role in messages", `{"model":"tiny","max_tokens":5,"messages":[{"role":"narrator","content":"x"}]}`, "messages", "role", false},
+		// T5: content the model reads is never dropped: an unknown block type is named.
+		{"an unknown system block type", `{"model":"tiny","max_tokens":5,"system":[{"type":"image","source":{}}],` + msgs + `}`, "system", `"image"`, false},
 		{"document block", `{"model":"tiny","max_tokens":5,"messages":[{"role":"user","content":[{"type":"document","source":{"type":"base64","media_type":"application/pdf","data":"AA=="}}]}]}`,
 			"messages", "document", false},
 		{"count_tokens with max_tokens", `{"model":"tiny","max_tokens":5,` + msgs + `}`, "max_tokens", "count_tokens", true},

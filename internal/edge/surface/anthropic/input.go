@@ -461,8 +461,11 @@ func systemText(raw json.RawMessage) (string, *surface.Error) {
 	}
 	var b strings.Builder
 	for j, bl := range blocks {
-		if bl.Type != "text" || bl.Text == nil {
-			return "", surface.BadRequest("system", "system[%d]: want a text block with \"text\"", j)
+		if bl.Type != "text" {
+			return "", surface.BadRequest("system", "system[%d]: block type %q is not supported in system (text)", j, bl.Type)
+		}
+		if bl.Text == nil {
+			return "", surface.BadRequest("system", "system[%d].text is required", j)
 		}
 		if j > 0 {
 			b.WriteByte('\n')
