@@ -203,7 +203,13 @@ func (ig *Ignored) Header() string {
 	return string(b)
 }
 
+// sanitizePath bounds p to MaxIgnoredPath bytes with every byte a header
+// list or a log line could be split on (control, space, non-ASCII, comma,
+// quote, backslash) as '?', and "" as "?".
 func sanitizePath(p string) string {
+	if p == "" {
+		return "?" // a member named "": no empty entry in the list
+	}
 	if len(p) > MaxIgnoredPath {
 		p = p[:MaxIgnoredPath]
 	}

@@ -66,6 +66,18 @@ func TestIgnoredBounded(t *testing.T) {
 	}
 }
 
+// T5: a member named "" is reported as "?" (an unprintable name), never as
+// an empty entry of the header's list.
+func TestIgnoredEmptyName(t *testing.T) {
+	var ig surface.Ignored
+	if e := surface.ScanMembers([]byte(`{"model":"m","":1}`), nested, surface.ReportUnknown, &ig); e != nil {
+		t.Fatal(e)
+	}
+	if h := ig.Header(); h != "?" {
+		t.Fatalf("header %q, want %q", h, "?")
+	}
+}
+
 // T5: the reasoning carrier round-trips the text; anything else — another
 // provider's signature, an edited or truncated carrier, bytes that are not
 // UTF-8 — yields nothing, so a client-sent signature is harmless.
