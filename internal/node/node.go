@@ -46,17 +46,21 @@ type Options struct {
 }
 
 // Run runs the Node until ctx is done or it stops for good. It first builds
-// the TLS client config from cfg.TLS; an unreadable or invalid certificate,
+// the TLS client config of every edge from cfg.TLS (each edge's with its
+// own expected certificate name); an unreadable or invalid certificate,
 // key or CA file is fatal at once, before any dial (SPEC S3). Then one
-// supervisor dials cfg.EdgeAddr and reconnects with cfg's reconnect policy
-// (SPEC S2). It returns
+// supervisor per edge of cfg.Edges dials it and reconnects with cfg's
+// reconnect policy (SPEC S1, S2; supervisor.RunEdges: attempts count only
+// while no edge has a ready session). Every edge's session runs the
+// payload that edge sent, on adapters whose capacity is the node's, shared
+// by all edges (adapter.Capacity, SPEC E4). It returns
 //   - nil after ctx is done (SIGINT/SIGTERM): promptly when not connected
-//     (even mid-backoff); a ready session drains first (session.Connect:
-//     the Edge stops dispatching to it, work in flight gets
+//     (even mid-backoff); every ready session drains first (session.Connect:
+//     each edge stops dispatching to it, work in flight gets
 //     shutdown.drain_timeout_ms);
 //   - an error wrapping supervisor.ErrFatal (and an *identity.FileError for a
 //     credential file) for a local error;
-//   - an error wrapping supervisor.ErrExhausted after
+//   - an error wrapping supervisor.ErrExhausted once every edge used up
 //     reconnect.max_attempts consecutive failed attempts.
 func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	log := o.Logger
@@ -67,51 +71,71 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	if err := enroll.Recover(cfg.TLS.CertFile, cfg.TLS.KeyFile); err != nil { // SPEC J5: an interrupted renewal
 		return supervisor.MarkFatal(fmt.Errorf("node %s: recovering a renewed key: %w", cfg.NodeID, err))
 	}
-	tc, err := tlsConfig(cfg)
-	if err != nil {
-		return supervisor.MarkFatal(err)
+	tcs := make([]*tls.Config, len(cfg.Edges))
+	for i, e := range cfg.Edges {
+		tc, err := tlsConfig(cfg, e.Name)
+		if err != nil {
+			return supervisor.MarkFatal(err)
+		}
+		tcs[i] = tc
 	}
 	opener, err := leaseOpener(cfg)
 	if err != nil {
 		return supervisor.MarkFatal(err)
 	}
-	newExec := o.NewExecutor
-	if newExec == nil {
-		newExec = adapterExecutor(o, log, cfg.NodeID, opener, cfg.APIKeyEnvAllowed)
-	}
-	so := session.Options{
-		NodeID:      cfg.NodeID,
-		Addr:        cfg.EdgeAddr,
-		TLS:         tc,
-		NewExecutor: newExec,
-		Version:     o.Version,
-		Logger:      log,
-		Timeouts:    o.Timeouts,
-		// SIGTERM on a ready session: NodeDrainingNotice, then the work in
-		// flight gets shutdown.drain_timeout_ms to finish (issue 15).
-		DrainTimeout: cfg.DrainTimeout(),
-		// What the drain timeout leaves is cancelled with this cause: the
-		// adapters end it with failure code node_shutdown.
-		DrainCause: adapter.ErrNodeShutdown,
-		// SPEC J5: used only when the edge's payload says certificate_renewal.
-		Renewer: enroll.NewRenewer(identity.ID{TrustDomain: cfg.TLS.TrustDomain, Role: identity.RoleNode, Name: cfg.NodeID},
-			cfg.TLS.CertFile, cfg.TLS.KeyFile),
-	}
-	if opener != nil {
-		// SPEC C3: the edge binds this process's leases to its boot (a
-		// restart invalidates them) and checks its issuer key against
-		// the ones trusted here before a reload.
-		so.BootID, so.TrustedIssuerKeyIDs = opener.BootID(), opener.IssuerKeyIDs()
-	}
+	capacity := adapter.NewCapacity() // SPEC E4: one capacity per adapter, whichever edge sends the work
+	// SPEC J5: one certificate for every edge; used only when an edge's
+	// payload says certificate_renewal (two sessions due at once: the
+	// second request replaces the first's key, whose answer then fails to
+	// install and is retried; by then the file is renewed).
+	renewer := enroll.NewRenewer(identity.ID{TrustDomain: cfg.TLS.TrustDomain, Role: identity.RoleNode, Name: cfg.NodeID},
+		cfg.TLS.CertFile, cfg.TLS.KeyFile)
 	p := supervisor.Policy{Interval: cfg.Interval(), MaxAttempts: cfg.MaxAttempts()}
-	log.Info("node starting", "edge_addr", cfg.EdgeAddr, "reconnect_interval_ms", p.Interval.Milliseconds(), "max_attempts", p.MaxAttempts)
-	return supervisor.Run(ctx, p, func(ctx context.Context) (bool, error) {
-		ready, err := session.Connect(ctx, so)
-		if errors.Is(err, session.ErrRegisterFatal) { // SPEC N6: retrying cannot help
-			return ready, supervisor.MarkFatal(err)
+	edges := make([]supervisor.Edge, 0, len(cfg.Edges))
+	for i, e := range cfg.Edges {
+		elog := log
+		if len(cfg.Edges) > 1 {
+			elog = log.With("edge", e.String())
 		}
-		return ready, err
-	}, log)
+		newExec := o.NewExecutor
+		if newExec == nil {
+			newExec = adapterExecutor(o, elog, cfg.NodeID, opener, cfg.APIKeyEnvAllowed, capacity, e)
+		}
+		so := session.Options{
+			NodeID:      cfg.NodeID,
+			Addr:        e.Addr,
+			TLS:         tcs[i],
+			NewExecutor: newExec,
+			Version:     o.Version,
+			Logger:      elog,
+			Timeouts:    o.Timeouts,
+			// SIGTERM on a ready session: NodeDrainingNotice, then the work in
+			// flight gets shutdown.drain_timeout_ms to finish.
+			DrainTimeout: cfg.DrainTimeout(),
+			// What the drain timeout leaves is cancelled with this cause: the
+			// adapters end it with failure code node_shutdown.
+			DrainCause: adapter.ErrNodeShutdown,
+			Renewer:    renewer,
+		}
+		if opener != nil {
+			// SPEC C3: the edge binds this process's leases to its boot (a
+			// restart invalidates them) and checks its issuer key against
+			// the ones trusted here before a reload.
+			so.BootID, so.TrustedIssuerKeyIDs = opener.BootID(), opener.IssuerKeyIDs()
+		}
+		edges = append(edges, supervisor.Edge{Name: e.String(), Log: elog,
+			Connect: func(ctx context.Context, ready func()) (bool, error) {
+				so := so
+				so.OnReady = ready
+				ready2, err := session.Connect(ctx, so)
+				if errors.Is(err, session.ErrRegisterFatal) { // SPEC N6: retrying this edge cannot help
+					return ready2, supervisor.MarkGiveUp(err)
+				}
+				return ready2, err
+			}})
+		log.Info("node starting", "edge", e.Name, "edge_addr", e.Addr, "reconnect_interval_ms", p.Interval.Milliseconds(), "max_attempts", p.MaxAttempts)
+	}
+	return supervisor.RunEdges(ctx, p, edges)
 }
 
 // adapterExecutor returns the factory that turns a NodeConfigPayload into the
@@ -119,7 +143,10 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 // allowEnv (the node config's api_key_env_allow) offers it. ReuseBodyBuffers is on: the session's emit
 // either writes a BODY frame before it returns or, when it has to queue the
 // frame for the writer, copies the body first.
-func adapterExecutor(o Options, log *slog.Logger, nodeID string, opener *lease.Opener, allowEnv func(string) bool) session.NewExecutorFunc {
+// Every Set shares capacity; edge's share bounds its requests and its
+// name keys the backends its payload names (adapter.ErrAdapterConflict).
+func adapterExecutor(o Options, log *slog.Logger, nodeID string, opener *lease.Opener, allowEnv func(string) bool,
+	capacity *adapter.Capacity, edge config.Edge) session.NewExecutorFunc {
 	return func(p *iop.NodeConfigPayload) (session.Executor, error) {
 		set, err := adapter.NewSet(p, adapter.Options{
 			HTTPClient:       o.HTTPClient,
@@ -130,6 +157,9 @@ func adapterExecutor(o Options, log *slog.Logger, nodeID string, opener *lease.O
 			NodeID:           nodeID,
 			Leases:           opener,
 			Now:              o.Now,
+			Capacity:         capacity,
+			Edge:             edge.String(),
+			CapacityShare:    edge.CapacityShare,
 		})
 		if restartRequired(err) {
 			return nil, fmt.Errorf("%w: %w", session.ErrRestartRequired, err)
@@ -157,8 +187,10 @@ func restartRequired(err error) bool {
 // keys. `node -check` uses it, so a config that passes the check does not
 // fail at start.
 func Check(cfg *config.Config) error {
-	if _, err := tlsConfig(cfg); err != nil {
-		return err
+	for _, e := range cfg.Edges {
+		if _, err := tlsConfig(cfg, e.Name); err != nil {
+			return err
+		}
 	}
 	_, err := leaseOpener(cfg)
 	return err
@@ -204,13 +236,15 @@ func leaseOpener(cfg *config.Config) (*lease.Opener, error) {
 	return o, nil
 }
 
-func tlsConfig(cfg *config.Config) (*tls.Config, error) {
+// tlsConfig is the client config for the edge whose certificate name is
+// edgeName (SPEC I2).
+func tlsConfig(cfg *config.Config, edgeName string) (*tls.Config, error) {
 	tc, err := identity.ClientConfig(identity.ClientOptions{
 		CertFile:         cfg.TLS.CertFile,
 		KeyFile:          cfg.TLS.KeyFile,
 		CAFile:           cfg.TLS.CAFile,
 		TrustDomain:      cfg.TLS.TrustDomain,
-		ExpectedEdgeName: cfg.TLS.ExpectedEdgeName,
+		ExpectedEdgeName: edgeName,
 		NodeName:         cfg.NodeID,
 	})
 	if err != nil {

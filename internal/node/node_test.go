@@ -16,6 +16,7 @@ import (
 
 	"iop/internal/identity"
 	"iop/internal/leakcheck"
+	"iop/internal/node/adapter"
 	"iop/internal/node/config"
 	"iop/internal/node/session"
 	"iop/internal/node/supervisor"
@@ -265,7 +266,7 @@ func TestExecutorRestartRequired(t *testing.T) {
 	env := map[string]string{"IOP_KEY_A": "sk"}
 	o := Options{LookupEnv: func(k string) (string, bool) { v, ok := env[k]; return v, ok }}
 	allow := func(k string) bool { return strings.HasPrefix(k, "IOP_KEY_") }
-	newExec := adapterExecutor(o, slog.New(slog.DiscardHandler), "gpu-1", nil, allow)
+	newExec := adapterExecutor(o, slog.New(slog.DiscardHandler), "gpu-1", nil, allow, adapter.NewCapacity(), config.Edge{Name: "edge-1", Addr: "127.0.0.1:7443"})
 	ollama := func(envName string) *iop.AdapterConfig {
 		return &iop.AdapterConfig{Name: "o", Type: "ollama", BaseUrl: "http://127.0.0.1:1", Capacity: 1, ApiKeyEnv: envName}
 	}

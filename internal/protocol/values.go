@@ -1,5 +1,7 @@
 package protocol
 
+import "math"
+
 // DefaultStallTimeoutMs is the response-stall timeout (ms) of a request
 // whose response_stall_timeout_ms is 0 and whose model provider and adapter
 // set none (SPEC E2, Q6). The Edge resolves a request's timeout once
@@ -83,3 +85,16 @@ const (
 	KeyAdapter    = "adapter"                // the adapter the command named (diagnostic)
 	KeyInstance   = "instance_key"           // type "/" instance name (diagnostic)
 )
+
+// ShareOf is the part of an adapter's capacity one edge may use under a
+// node's edges[].capacity_share (0 < share ≤ 1): ceil(capacity × share),
+// at least 1 and at most capacity, computed the same way by the node's
+// capacity gate and the edge's pool. A share ≤ 0 or above 1, or a capacity
+// ≤ 0, gives capacity unchanged.
+func ShareOf(capacity int64, share float64) int64 {
+	if capacity <= 0 || share <= 0 || share > 1 {
+		return capacity
+	}
+	n := int64(math.Ceil(float64(capacity)*share - 1e-9)) // 10 × 0.3 is 3, not 3.0000000000000004 → 4
+	return min(max(n, 1), capacity)
+}

@@ -105,6 +105,10 @@ var (
 	ErrBadIdleTimeout   = errors.New("bad upstream_idle_timeout_ms")
 	ErrMissingAPIKey    = errors.New("api_key_env names no set environment variable")
 	ErrBadAuthHeader    = errors.New("bad upstream auth header")
+	// ErrAdapterConflict: the payload names another backend (type or
+	// base URL) under an adapter name than another edge's payload this
+	// node runs (Options.Capacity).
+	ErrAdapterConflict = errors.New("another edge runs another backend under this adapter name")
 	errRunDeadline      = errors.New("request timeout_sec expired")
 	errUnknownOperation = errors.New("unknown operation")
 	errUnsafePath       = errors.New("unsafe path") // absolute, with a host, or escaping the base
@@ -163,6 +167,17 @@ type Options struct {
 	Leases *lease.Opener
 	// Now is the wall clock leases are checked against; nil = time.Now.
 	Now func() time.Time
+	// Capacity is the node's capacity gates, shared by every Set the
+	// process builds (SPEC E4: an adapter admits at most its capacity
+	// across every edge and refresh); nil = gates of this Set's own.
+	Capacity *Capacity
+	// Edge names the edge whose payload this Set runs ("edge-1 at
+	// 10.0.0.1:7443"): its requests count against CapacityShare, and its
+	// adapters' backends must agree with other edges' (ErrAdapterConflict).
+	Edge string
+	// CapacityShare, in (0, 1], bounds this edge's requests on each
+	// adapter to protocol.ShareOf(capacity, share); 0 = no bound of its own.
+	CapacityShare float64
 }
 
 // Set is the adapter instances of one NodeConfigPayload. Its methods are safe
@@ -186,6 +201,10 @@ type Set struct {
 	credGen  uint64
 	credRevs map[string]uint64
 	bufs     sync.Pool
+	// capacity holds the instances' gates; edge is the key this Set's
+	// claims are under (Options.Edge).
+	capacity *Capacity
+	edge     string
 }
 
 // instance is one adapter instance.
@@ -237,6 +256,11 @@ func NewSet(cfg *iop.NodeConfigPayload, o Options) (*Set, error) {
 		now:       o.Now,
 		credGen:   cfg.GetRuntime().GetCredentialProjectionGeneration(),
 		credRevs:  cfg.GetRuntime().GetCredentialSlotRevisions(),
+		capacity:  o.Capacity,
+		edge:      o.Edge,
+	}
+	if s.capacity == nil {
+		s.capacity = NewCapacity()
 	}
 	if s.shared != nil {
 		s.shared = noRedirects(s.shared) // a 3xx is the upstream's answer, whichever client sends it
@@ -279,6 +303,11 @@ func NewSet(cfg *iop.NodeConfigPayload, o Options) (*Set, error) {
 		s.instances[inst.name] = inst
 		s.names = append(s.names, inst.name)
 	}
+	if err := s.capacity.bind(s, s.edge, o.CapacityShare); err != nil {
+		s.names = nil // nothing was claimed
+		s.Close()
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -297,7 +326,7 @@ func (s *Set) build(ac *iop.AdapterConfig, allowEnv func(string) bool, lookupEnv
 	if ac.GetCapacity() < 0 {
 		return nil, fail(ErrBadCapacity, "%d is negative", ac.GetCapacity())
 	}
-	inst.gate.limit = int64(ac.GetCapacity())
+	inst.gate.limit = int64(ac.GetCapacity()) // its counters come from Capacity (bind)
 	stall, err := StallTimeout(ac.GetResponseStallTimeoutMs(), s.stallDef)
 	if err != nil {
 		return nil, fail(err, "")
@@ -426,6 +455,7 @@ func (s *Set) Names() []string { return append([]string(nil), s.names...) }
 // Close releases the upstream clients' idle connections. In-flight requests
 // are not affected; call Close after they returned.
 func (s *Set) Close() {
+	s.capacity.unbind(s, s.edge)
 	if s.shared != nil {
 		s.shared.CloseIdleConnections()
 	}

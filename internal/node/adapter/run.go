@@ -77,7 +77,7 @@ func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit f
 		return
 	}
 	if !inst.gate.tryAcquire() {
-		rs.fail(protocol.CodeOverCapacity, fmt.Sprintf("adapter %q is at its capacity of %d concurrent requests", inst.name, inst.gate.limit), nil)
+		rs.fail(protocol.CodeOverCapacity, fmt.Sprintf("adapter %q is at %s", inst.name, inst.gate.full()), nil)
 		return
 	}
 	release := sync.OnceFunc(inst.gate.release)

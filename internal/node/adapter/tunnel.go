@@ -87,7 +87,7 @@ func (s *Set) Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelR
 		return
 	}
 	if !inst.gate.tryAcquire() {
-		ts.fail(protocol.CodeOverCapacity, fmt.Sprintf("adapter %q is at its capacity of %d concurrent requests", inst.name, inst.gate.limit), nil)
+		ts.fail(protocol.CodeOverCapacity, fmt.Sprintf("adapter %q is at %s", inst.name, inst.gate.full()), nil)
 		return
 	}
 	release := sync.OnceFunc(inst.gate.release)

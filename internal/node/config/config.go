@@ -29,12 +29,20 @@ const (
 	DefaultDrainTimeoutMs = 30000
 	// MaxDrainTimeoutMs bounds shutdown.drain_timeout_ms (one hour).
 	MaxDrainTimeoutMs = 3600000
+	// MaxEdges bounds edges[]: each edge is one supervisor goroutine and
+	// one connection.
+	MaxEdges = 16
 )
 
 // Config is the Node config file.
 type Config struct {
-	NodeID      string      `json:"node_id"`
+	NodeID string `json:"node_id"`
+	// EdgeAddr and TLS.ExpectedEdgeName name the one edge of a node that
+	// serves one; Edges lists several. A file sets one form or the other;
+	// after Parse, Edges always lists every edge (the one-edge form becomes
+	// its single entry).
 	EdgeAddr    string      `json:"edge_addr"`
+	Edges       []Edge      `json:"edges"`
 	TLS         TLS         `json:"tls"`
 	Reconnect   Reconnect   `json:"reconnect"`
 	Credentials Credentials `json:"credentials"`
@@ -63,6 +71,26 @@ func (c *Config) APIKeyEnvAllowed(name string) bool {
 	}
 	return false
 }
+
+// Edge is one edge the node dials and serves (edges[]). Each gets its own
+// supervisor and session under the one reconnect policy (SPEC S1, S2).
+type Edge struct {
+	// Addr is host:port of the edge's node_listen.
+	Addr string `json:"addr"`
+	// Name is the name in the edge's certificate (SPEC I2); omitted =
+	// DefaultExpectedEdgeName. Edges may share a name (one certificate
+	// copied to every edge); Addr tells them apart.
+	Name string `json:"name"`
+	// CapacityShare, in (0, 1], is the part of every adapter's capacity
+	// this edge may use: its requests are admitted while fewer than
+	// ceil(capacity × share) of them run on the adapter (and the node-wide
+	// count is below capacity). 0 (omitted) = no share of its own: the
+	// edge takes whatever capacity the other edges leave.
+	CapacityShare float64 `json:"capacity_share"`
+}
+
+// String names the edge for logs and errors: "edge-1 at 10.0.0.1:7443".
+func (e Edge) String() string { return e.Name + " at " + e.Addr }
 
 // Shutdown tunes the graceful drain on SIGTERM.
 type Shutdown struct {
@@ -179,11 +207,27 @@ func Parse(data []byte) (*Config, error) {
 	if !usable {
 		return nil, decodeErrs
 	}
+	// Which form names the edges, before defaults fill the one-edge form.
+	var formErrs jsonconfig.Errors
+	switch {
+	case len(c.Edges) > 0 && (c.EdgeAddr != "" || c.TLS.ExpectedEdgeName != ""):
+		formErrs = append(formErrs, "edges: set either edges or edge_addr and tls.expected_edge_name, not both (edges[].addr and edges[].name say the same for each edge)")
+	case len(c.Edges) == 0 && c.EdgeAddr == "":
+		formErrs = append(formErrs, "edge_addr: required (or edges: one entry per edge)")
+	}
 	if c.TLS.TrustDomain == "" {
 		c.TLS.TrustDomain = DefaultTrustDomain
 	}
-	if c.TLS.ExpectedEdgeName == "" {
+	if c.TLS.ExpectedEdgeName == "" && len(c.Edges) == 0 {
 		c.TLS.ExpectedEdgeName = DefaultExpectedEdgeName
+	}
+	if len(c.Edges) == 0 && len(formErrs) == 0 {
+		c.Edges = []Edge{{Addr: c.EdgeAddr, Name: c.TLS.ExpectedEdgeName}}
+	}
+	for i := range c.Edges {
+		if c.Edges[i].Name == "" {
+			c.Edges[i].Name = DefaultExpectedEdgeName
+		}
 	}
 	if c.Reconnect.IntervalSec == nil {
 		n := DefaultIntervalSec
@@ -196,7 +240,7 @@ func Parse(data []byte) (*Config, error) {
 	if c.Shutdown.DrainTimeoutMs == 0 {
 		c.Shutdown.DrainTimeoutMs = DefaultDrainTimeoutMs
 	}
-	if errs := append(decodeErrs, c.validate()...); len(errs) > 0 {
+	if errs := append(append(decodeErrs, formErrs...), c.validate(len(formErrs) == 0)...); len(errs) > 0 {
 		return nil, errs
 	}
 	return &c, nil
@@ -211,7 +255,9 @@ var (
 	tdRE       = regexp.MustCompile(`^[a-z0-9][a-z0-9.-]{0,252}$`)
 )
 
-func (c *Config) validate() jsonconfig.Errors {
+// validate checks every key; edges says whether the edges are named in
+// one form (else Parse reported it and they are not checked).
+func (c *Config) validate(edges bool) jsonconfig.Errors {
 	var errs jsonconfig.Errors
 	add := func(path, format string, args ...any) {
 		errs = append(errs, path+": "+fmt.Sprintf(format, args...))
@@ -219,8 +265,8 @@ func (c *Config) validate() jsonconfig.Errors {
 	if !nameRE.MatchString(c.NodeID) {
 		add("node_id", "invalid node id %q (1-63 of letters, digits, '.', '_', '-')", c.NodeID)
 	}
-	if host, port, err := net.SplitHostPort(c.EdgeAddr); err != nil || host == "" || !validPort(port) {
-		add("edge_addr", "want host:port with a port from 1 to 65535, got %q", c.EdgeAddr)
+	if edges {
+		errs = append(errs, c.validateEdges()...)
 	}
 	for _, f := range []struct{ path, v string }{{"tls.cert_file", c.TLS.CertFile}, {"tls.key_file", c.TLS.KeyFile}, {"tls.ca_file", c.TLS.CAFile}} {
 		if f.v == "" {
@@ -238,9 +284,6 @@ func (c *Config) validate() jsonconfig.Errors {
 			add(fmt.Sprintf("credentials.issuer_public_keys[%d]", i), "empty")
 		}
 	}
-	if !nameRE.MatchString(c.TLS.ExpectedEdgeName) {
-		add("tls.expected_edge_name", "invalid edge name %q", c.TLS.ExpectedEdgeName)
-	}
 	iv, ma := *c.Reconnect.IntervalSec, *c.Reconnect.MaxAttempts
 	if ma < 0 {
 		add("reconnect.max_attempts", "must be ≥ 0 (0 = unlimited), got %d", ma)
@@ -256,6 +299,38 @@ func (c *Config) validate() jsonconfig.Errors {
 	for i, e := range c.APIKeyEnvAllow {
 		if !envAllowRE.MatchString(e) {
 			add(fmt.Sprintf("api_key_env_allow[%d]", i), "want an environment variable name or a prefix ending in '*' (not a bare '*'), got %q", e)
+		}
+	}
+	return errs
+}
+
+// validateEdges checks the edges, in whichever form the file named them:
+// a host:port each, a valid certificate name, no address twice, a share in
+// (0, 1].
+func (c *Config) validateEdges() jsonconfig.Errors {
+	var errs jsonconfig.Errors
+	one := c.EdgeAddr != "" // the one-edge form: its keys are edge_addr and tls.expected_edge_name
+	if len(c.Edges) > MaxEdges {
+		return append(errs, fmt.Sprintf("edges: at most %d edges, got %d", MaxEdges, len(c.Edges)))
+	}
+	seen := map[string]int{}
+	for i, e := range c.Edges {
+		addrKey, nameKey := fmt.Sprintf("edges[%d].addr", i), fmt.Sprintf("edges[%d].name", i)
+		if one {
+			addrKey, nameKey = "edge_addr", "tls.expected_edge_name"
+		}
+		if host, port, err := net.SplitHostPort(e.Addr); err != nil || host == "" || !validPort(port) {
+			errs = append(errs, fmt.Sprintf("%s: want host:port with a port from 1 to 65535, got %q", addrKey, e.Addr))
+		} else if j, dup := seen[e.Addr]; dup {
+			errs = append(errs, fmt.Sprintf("%s: %q is edges[%d].addr too", addrKey, e.Addr, j))
+		} else {
+			seen[e.Addr] = i
+		}
+		if !nameRE.MatchString(e.Name) {
+			errs = append(errs, fmt.Sprintf("%s: invalid edge name %q", nameKey, e.Name))
+		}
+		if s := e.CapacityShare; s < 0 || s > 1 || s != s {
+			errs = append(errs, fmt.Sprintf("edges[%d].capacity_share: want a share in (0, 1] (0 or omitted = none), got %v", i, s))
 		}
 	}
 	return errs

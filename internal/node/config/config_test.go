@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -204,5 +205,74 @@ func TestAPIKeyEnvAllow(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// S1: the edges a node serves — edges[] for several, edge_addr and
+// tls.expected_edge_name for one, never both — each a host:port once,
+// with a certificate name and an optional capacity share.
+func TestEdges(t *testing.T) {
+	const tlsKeys = `"cert_file":"n.crt","key_file":"n.key","ca_file":"ca.crt"`
+	rows := []struct {
+		name, json string
+		want       []Edge
+		wantErr    []string
+	}{
+		{"S1 one edge, the legacy keys", `"edge_addr":"10.0.0.1:7443","tls":{` + tlsKeys + `,"expected_edge_name":"e1"}`,
+			[]Edge{{Addr: "10.0.0.1:7443", Name: "e1"}}, nil},
+		{"S1 one edge, the default name", `"edge_addr":"10.0.0.1:7443","tls":{` + tlsKeys + `}`,
+			[]Edge{{Addr: "10.0.0.1:7443", Name: "edge-1"}}, nil},
+		{"S1 two edges", `"edges":[{"addr":"10.0.0.1:7443","name":"edge-1"},{"addr":"10.0.0.2:7443","name":"edge-2","capacity_share":0.5}],"tls":{` + tlsKeys + `}`,
+			[]Edge{{Addr: "10.0.0.1:7443", Name: "edge-1"}, {Addr: "10.0.0.2:7443", Name: "edge-2", CapacityShare: 0.5}}, nil},
+		{"S1 one certificate name on both edges", `"edges":[{"addr":"a:1"},{"addr":"b:1"}],"tls":{` + tlsKeys + `}`,
+			[]Edge{{Addr: "a:1", Name: "edge-1"}, {Addr: "b:1", Name: "edge-1"}}, nil},
+		{"S1 both forms name the keys", `"edge_addr":"a:1","edges":[{"addr":"b:1"}],"tls":{` + tlsKeys + `}`,
+			nil, []string{"edges: set either edges or edge_addr and tls.expected_edge_name, not both"}},
+		{"S1 edges with expected_edge_name", `"edges":[{"addr":"b:1"}],"tls":{` + tlsKeys + `,"expected_edge_name":"e1"}`,
+			nil, []string{"edges: set either edges or edge_addr and tls.expected_edge_name"}},
+		{"S1 neither form", `"tls":{` + tlsKeys + `}`, nil, []string{"edge_addr: required (or edges"}},
+		{"S1 every bad entry named", `"edges":[{"addr":"nohost"},{"addr":"b:1","name":"bad name"},{"addr":"b:1","capacity_share":1.5}],"tls":{` + tlsKeys + `}`,
+			nil, []string{"edges[0].addr: want host:port", "edges[1].name: invalid edge name", `edges[2].addr: "b:1" is edges[1].addr too`, "edges[2].capacity_share: want a share in (0, 1]"}},
+		{"S1 a negative share", `"edges":[{"addr":"a:1","capacity_share":-0.1}],"tls":{` + tlsKeys + `}`,
+			nil, []string{"edges[0].capacity_share"}},
+		{"S1 unknown key in an entry", `"edges":[{"addr":"a:1","adress":"x"}],"tls":{` + tlsKeys + `}`,
+			nil, []string{"edges[0].adress: unknown field"}},
+	}
+	for _, row := range rows {
+		t.Run(row.name, func(t *testing.T) {
+			c, err := Parse([]byte(`{"node_id":"gpu-1",` + row.json + `}`))
+			if len(row.wantErr) > 0 {
+				if err == nil {
+					t.Fatalf("got nil error, want %q", row.wantErr)
+				}
+				for _, w := range row.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q does not contain %q", err, w)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(c.Edges) != len(row.want) {
+				t.Fatalf("got edges %+v, want %+v", c.Edges, row.want)
+			}
+			for i := range row.want {
+				if c.Edges[i] != row.want[i] {
+					t.Errorf("edges[%d] = %+v, want %+v", i, c.Edges[i], row.want[i])
+				}
+			}
+		})
+	}
+	many := `"edges":[`
+	for i := range MaxEdges + 1 {
+		if i > 0 {
+			many += ","
+		}
+		many += fmt.Sprintf(`{"addr":"10.0.0.%d:7443"}`, i+1)
+	}
+	if _, err := Parse([]byte(`{"node_id":"gpu-1",` + many + `],"tls":{` + tlsKeys + `}}`)); err == nil || !strings.Contains(err.Error(), "edges: at most 16 edges") {
+		t.Errorf("got %v, want the bound on edges", err)
 	}
 }

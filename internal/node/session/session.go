@@ -223,6 +223,10 @@ type Options struct {
 	// Renewer renews the certificate over the live session when the
 	// payload asks for it (SPEC J5); nil = never.
 	Renewer CertRenewer
+	// OnReady, when set, is called once the Edge answered ready=true,
+	// before the live session runs (the supervisor of a Node with several
+	// edges counts attempts by it, supervisor.RunEdges).
+	OnReady func()
 	// Dial opens the connection to Addr ("tcp"), bounded by Timeouts.Dial
 	// through ctx; nil = a net.Dialer. Tests pass the client end of a
 	// net.Pipe to drive the heartbeat timers with testing/synctest.
@@ -336,6 +340,9 @@ func Connect(ctx context.Context, o Options) (reachedReady bool, err error) {
 		return false, context.Cause(ctx)
 	}
 	log.Info("session ready")
+	if o.OnReady != nil {
+		o.OnReady()
+	}
 	return true, s.live(ex, ctx.Done())
 }
 

@@ -27,6 +27,11 @@ var (
 	// fix (SPEC S3). Build one with MarkFatal; Run's error wraps it and the
 	// cause.
 	ErrFatal = errors.New("supervisor: fatal local error")
+	// ErrGiveUp: the edge said retrying cannot succeed until its operator
+	// changes its config (SPEC N6). Build one with MarkGiveUp; the
+	// supervisor gives that edge up at once, as if its attempts were used
+	// up (RunEdges: the node goes on serving its other edges).
+	ErrGiveUp = errors.New("supervisor: retrying this edge cannot succeed")
 )
 
 // ErrKind classifies a failed attempt (SPEC S3).
@@ -39,6 +44,9 @@ const (
 	// KindFatal: unreadable certificate or key, invalid local config. Never
 	// retried.
 	KindFatal
+	// KindGiveUp: the edge says retrying cannot help (SPEC N6): that edge
+	// is given up.
+	KindGiveUp
 )
 
 func (k ErrKind) String() string {
@@ -47,6 +55,8 @@ func (k ErrKind) String() string {
 		return "remote"
 	case KindFatal:
 		return "fatal"
+	case KindGiveUp:
+		return "give up"
 	default:
 		return fmt.Sprintf("ErrKind(%d)", int(k))
 	}
@@ -101,6 +111,7 @@ type Decision struct {
 // classifies how the attempt ended.
 //
 //   - KindFatal → Fatal, whatever the count.
+//   - KindGiveUp → GiveUp, whatever the count.
 //   - KindRemote with p.MaxAttempts > 0 and failed ≥ p.MaxAttempts → GiveUp.
 //   - KindRemote otherwise → Retry after p.Interval (negative counts as 0).
 //
@@ -110,6 +121,9 @@ type Decision struct {
 func Decide(failed int, kind ErrKind, p Policy) Decision {
 	if kind == KindFatal {
 		return Decision{Action: Fatal}
+	}
+	if kind == KindGiveUp {
+		return Decision{Action: GiveUp}
 	}
 	if p.MaxAttempts > 0 && failed >= p.MaxAttempts {
 		return Decision{Action: GiveUp}
@@ -135,12 +149,34 @@ func MarkFatal(err error) error {
 	return &FatalError{Err: err}
 }
 
-// KindOf classifies err: KindFatal when it wraps ErrFatal, KindRemote
-// otherwise (including nil, which a connect function returns for a session
-// that ended cleanly from the edge's side).
+// GiveUpError marks an edge's refusal that no retry can change (SPEC
+// N6). It wraps ErrGiveUp and the cause.
+type GiveUpError struct{ Err error }
+
+func (e *GiveUpError) Error() string { return "retrying cannot help: " + e.Err.Error() }
+
+// Unwrap returns ErrGiveUp and the cause.
+func (e *GiveUpError) Unwrap() []error { return []error{ErrGiveUp, e.Err} }
+
+// MarkGiveUp wraps err so that the supervisor gives its edge up at once.
+// A nil err stays nil.
+func MarkGiveUp(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &GiveUpError{Err: err}
+}
+
+// KindOf classifies err: KindFatal when it wraps ErrFatal, KindGiveUp
+// when it wraps ErrGiveUp, KindRemote otherwise (including nil, which a
+// connect function returns for a session that ended cleanly from the
+// edge's side).
 func KindOf(err error) ErrKind {
-	if errors.Is(err, ErrFatal) {
+	switch {
+	case errors.Is(err, ErrFatal):
 		return KindFatal
+	case errors.Is(err, ErrGiveUp):
+		return KindGiveUp
 	}
 	return KindRemote
 }
