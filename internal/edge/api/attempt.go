@@ -48,7 +48,12 @@ import (
 // the attempt bound (models[].max_attempts) is not used up, nothing reached
 // the client (the body is still there) and the client is there, and — but
 // after a stall — before the request's deadline (its arrival plus
-// queue.wait_timeout_ms). Passive health hears each attempt's verdict once,
+// queue.wait_timeout_ms). An over-capacity refusal (SPEC E4: a node whose
+// capacity other edges hold) is no attempt: the node ran nothing, so the
+// request goes back to the queue with its provider not excluded and the
+// attempt bound untouched, until its deadline or maxRefusals; the pool
+// returns that lease as refused (pool.ReleaseRefused), never cooling the
+// provider. Passive health hears each attempt's verdict once,
 // before anything else is decided, so a failed provider is cooling before
 // the pool picks again.
 
@@ -72,6 +77,12 @@ var retryNames = [nRetryReasons]string{"connect", "reset", "status", "rate_limit
 	"over_capacity", "node_lost"}
 
 func (r retryReason) String() string { return retryNames[r] }
+
+// maxRefusals bounds the over-capacity refusals one request may meet
+// (SPEC E4): a node refusing over capacity ran nothing, so the request
+// goes back to the queue, the same provider included, until its deadline
+// — or this many refusals, against a node that refuses everything.
+const maxRefusals = 32
 
 // maxHeldFailure bounds the body of a failing tunnel response held back
 // for a possible re-dispatch (bytes); a larger one is passed through.
@@ -117,6 +128,9 @@ type attempt struct {
 	// caused, until another provider answers the request (corroborated)
 	// or the request ends (dropped).
 	suspects []suspect
+	// refusals: the over-capacity refusals met (SPEC E4); they are no
+	// attempt: not in tried, not counted against bound.
+	refusals int
 }
 
 // suspect is one attempt's failure that the request's input may have
@@ -272,6 +286,19 @@ func (a *attempt) mayRetry(e *event, stall bool) bool {
 	return true
 }
 
+// mayRequeue reports whether an over-capacity refusal may go back to the
+// queue (SPEC E4): as mayRetry, but the attempt bound does not count (the
+// node ran nothing) and maxRefusals does.
+func (a *attempt) mayRequeue(e *event) bool {
+	switch {
+	case !a.redispatch, a.refusals >= maxRefusals, e.wrote, e.gone:
+		return false
+	case !a.deadline.IsZero() && !e.now.Before(a.deadline):
+		return false
+	}
+	return true
+}
+
 // step applies one event and returns what the caller must do (STYLE 6).
 func (a *attempt) step(e *event) effects {
 	var fx effects
@@ -321,6 +348,10 @@ func (a *attempt) step(e *event) effects {
 		fx.redispatch, fx.reason = true, a.reason
 		if a.reason != retryStall && !a.deadline.IsZero() {
 			fx.wait = waitDeadline
+		}
+		if a.reason == retryOverCapacity { // SPEC E4: not an attempt; its provider may take it again
+			a.tried = a.tried[:len(a.tried)-1]
+			a.refusals++
 		}
 	case evLeased:
 		if a.phase != phaseFailed {
@@ -395,6 +426,13 @@ func (a *attempt) relay(e *event, fx effects) effects {
 		return fx
 	}
 	switch {
+	case c.retryable && c.retry == retryOverCapacity:
+		if !a.mayRequeue(e) {
+			fx.env = envPass
+			return fx
+		}
+		a.phase, a.reason = phaseFailed, c.retry
+		fx.env, fx.stop, fx.reason = envFail, true, c.retry
 	case c.retryable && c.holdStart && a.mayRetry(e, false):
 		a.phase, a.reason, a.held = phaseHolding, c.retry, 0
 		fx.env = envHold

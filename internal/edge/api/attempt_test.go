@@ -140,6 +140,15 @@ func TestAttemptMachine(t *testing.T) {
 		{name: "E4 over_capacity is re-dispatched, no verdict",
 			events: []event{env(runErr(protocol.CodeOverCapacity, 0))},
 			phase:  phaseFailed, want: effects{env: envFail, stop: true, reason: retryOverCapacity}},
+		{name: "E4 over_capacity is no attempt: requeued with max_attempts used up", setup: func(a *attempt) { a.bound = 1 },
+			events: []event{env(runErr(protocol.CodeOverCapacity, 0)), ended(false)},
+			phase:  phaseFailed, want: effects{redispatch: true, reason: retryOverCapacity, wait: waitDeadline}},
+		{name: "E4 over_capacity past maxRefusals is answered", setup: func(a *attempt) { a.refusals = maxRefusals },
+			events: []event{env(runErr(protocol.CodeOverCapacity, 0))},
+			phase:  phaseRelaying, want: effects{env: envPass}},
+		{name: "E4 over_capacity past the deadline is answered",
+			events: []event{late(env(runErr(protocol.CodeOverCapacity, 0)))},
+			phase:  phaseRelaying, want: effects{env: envPass}},
 		{name: "H11 never after a byte reached the client",
 			events: []event{wrote(env(runErr(protocol.CodeUpstreamConnect, 0)))},
 			phase:  phaseRelaying, want: effects{verdict: verdict{kind: verdictFailure, reason: outlier.ReasonConnect}, env: envPass}},
@@ -267,5 +276,25 @@ func TestAttemptTried(t *testing.T) {
 	a.step(&event{kind: evLeased, lease: &pool.Lease{Key: pool.Key{Node: "n3", Provider: "p3"}}, now: t0})
 	if fx = a.step(&event{kind: evStartFailed, now: t0}); fx.stop {
 		t.Fatal("H11: a fourth provider with max_attempts 3")
+	}
+}
+
+// E4: a refusal over capacity leaves tried as it was before the refused
+// lease: the same provider may take the request again.
+func TestAttemptRefusalNotTried(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	p1 := pool.Key{Node: "n1", Provider: "p1"}
+	a := newAttempt(&pool.Lease{Key: p1}, 1, t0.Add(time.Second), true, false)
+	refusal := &iop.Envelope{Kind: &iop.Envelope_RunEvent{RunEvent: &iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_ERROR,
+		FailureCode: protocol.CodeOverCapacity.String()}}}
+	for i := range 3 {
+		a.step(&event{kind: evEnvelope, class: classify(refusal, nil, func() time.Time { return t0 }), now: t0})
+		if fx := a.step(&event{kind: evRelayEnded, now: t0}); !fx.redispatch || len(a.tried) != 0 || a.refusals != i+1 {
+			t.Fatalf("refusal %d: effects %+v, tried %v, refusals %d", i, fx, a.tried, a.refusals)
+		}
+		a.step(&event{kind: evLeased, lease: &pool.Lease{Key: p1}, now: t0})
+		if len(a.tried) != 1 || a.tried[0] != p1 {
+			t.Fatalf("refusal %d: tried %v after the next lease", i, a.tried)
+		}
 	}
 }

@@ -728,6 +728,10 @@ func (h *Handler) reacquire(x *exchange, fx effects) bool {
 	if fx.reason == retryStall {
 		x.stalled = first
 	}
+	if rr, ok := h.o.Pool.(refusedReleaser); ok && fx.reason == retryOverCapacity && !x.handoff && !x.released {
+		x.released = true
+		rr.ReleaseRefused(x.lease) // SPEC E4: the node is full with other edges' work: no cooling, the provider admits less for a while
+	}
 	h.releaseLease(x)
 	var ctx context.Context
 	var cancel context.CancelFunc

@@ -36,6 +36,13 @@ type Pool interface {
 	Release(l *pool.Lease) bool
 }
 
+// refusedReleaser is a Pool that learns from a node's over-capacity
+// refusal (SPEC E4; *pool.Pool): the lease goes back and the provider
+// admits less for a while. A Pool without it gets Release.
+type refusedReleaser interface {
+	ReleaseRefused(l *pool.Lease) bool
+}
+
 // DefaultResponseWaitGrace is added to a lease's stall timeout to make the
 // Edge's own response-wait timeout: the node's stall watchdog (stall timeout,
 // 2 s close grace, 2 s health probe) always ends a stalled request first, so

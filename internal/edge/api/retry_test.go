@@ -239,8 +239,12 @@ func TestRedispatchEveryFailureKind(t *testing.T) {
 						t.Errorf("dispatched %v, want %v (each provider once)", d, want)
 					}
 					r.p.checkReleased(t)
-					if reqs := r.p.reqs; len(reqs) != 2 || !reflect.DeepEqual(reqs[1].Exclude, []pool.Key{a.Key}) {
-						t.Errorf("pool requests %+v, want the second to exclude %v", reqs, a.Key)
+					wantExclude := []pool.Key{a.Key}
+					if f.reason == "over_capacity" {
+						wantExclude = nil // E4: a refusal is no attempt; the provider may take it again
+					}
+					if reqs := r.p.reqs; len(reqs) != 2 || (len(wantExclude) > 0 || len(reqs[1].Exclude) > 0) && !reflect.DeepEqual(reqs[1].Exclude, wantExclude) {
+						t.Errorf("pool requests %+v, want the second to exclude %v", reqs, wantExclude)
 					}
 					fails, oks := r.out.get()
 					var wantFails []failureRec
@@ -502,6 +506,61 @@ func TestClientLeavesDuringRedispatch(t *testing.T) {
 			}
 			if got := r.retries("status"); got != 0 {
 				t.Errorf("retries{status} = %v, want 0 (no second provider was reached)", got)
+			}
+		})
+	}
+}
+
+// E4: a node's over-capacity refusal (the other edges hold its capacity)
+// is no attempt: the request goes back to the pool with its only provider
+// not excluded and max_attempts untouched, the lease goes back as refused
+// (ReleaseRefused), passive health hears nothing, and the next lease on
+// the same provider answers. A node that refuses every time is answered
+// 503 over_capacity after maxRefusals.
+func TestOverCapacityRequeued(t *testing.T) {
+	refusal := []*iop.RunEvent{evStart(), evError(2, protocol.CodeOverCapacity.String(), "at capacity")}
+	answer := []*iop.RunEvent{evStart(), evDelta(2, "hello"), evComplete(3, "hello", "stop", nil, nil)}
+	for _, refusals := range []int{2, maxRefusals + 1} {
+		t.Run(fmt.Sprintf("E4 %d refusals", refusals), func(t *testing.T) {
+			leakcheck.Check(t)
+			var leases []*pool.Lease
+			for range refusals + 1 {
+				leases = append(leases, withType(leaseA, config.TypeOllama))
+			}
+			r := newRetryRig(t, retryConfig(1), Options{}, leases...)
+			for i := range refusals {
+				r.stream(t, fmt.Sprint("a", i), refusal, nil)
+			}
+			r.stream(t, "answer", answer, nil)
+			resp, got := r.post(t, "/v1/chat/completions", chatBody)
+			served := refusals <= maxRefusals
+			switch {
+			case served && (resp.StatusCode != 200 || !strings.Contains(got, "hello")):
+				t.Fatalf("got %d %s, want the answer after %d refusals", resp.StatusCode, got, refusals)
+			case !served && (resp.StatusCode != 503 || !strings.Contains(got, `"code":"over_capacity"`)):
+				t.Fatalf("got %d %s, want 503 over_capacity after %d refusals", resp.StatusCode, got, maxRefusals)
+			}
+			r.p.checkReleased(t)
+			for i, req := range r.p.reqs {
+				if len(req.Exclude) != 0 {
+					t.Fatalf("pool request %d excludes %v, want nothing excluded", i, req.Exclude)
+				}
+			}
+			wantReqs := refusals + 1
+			if !served {
+				wantReqs = maxRefusals + 1
+			}
+			if len(r.p.reqs) != wantReqs {
+				t.Errorf("%d pool requests, want %d", len(r.p.reqs), wantReqs)
+			}
+			if r.p.refused != wantReqs-1 {
+				t.Errorf("%d leases released as refused, want %d", r.p.refused, wantReqs-1)
+			}
+			if fails, _ := r.out.get(); len(fails) != 0 {
+				t.Errorf("passive health heard %+v, want nothing (no provider cools for a refusal)", fails)
+			}
+			if v := r.retries("over_capacity"); int(v) != wantReqs-1 {
+				t.Errorf("retries{over_capacity} = %v, want %d", v, wantReqs-1)
 			}
 		})
 	}

@@ -117,7 +117,6 @@ func TestRunFailures(t *testing.T) {
 			want:   400, contains: "context exceeded"},
 		{name: "T5 upstream 404 is a provider failure", body: chatBody,
 			events: []*iop.RunEvent{{Seq: 1, Type: iop.RunEventType_RUN_EVENT_ERROR, Error: "model not found", UpstreamStatus: 404}}, want: 502},
-		{name: "E4 node capacity gate is 503", body: chatBody, events: []*iop.RunEvent{evError(1, protocol.CodeOverCapacity.String(), "full")}, want: 503},
 		{name: "T5 run cancelled by the node is 502", body: chatBody,
 			events: []*iop.RunEvent{{Seq: 1, Type: iop.RunEventType_RUN_EVENT_CANCELLED}}, want: 502},
 		{name: "T5 ERROR mid-stream is an error event", body: `{"model":"tiny","stream":true,"messages":[{"role":"user","content":"x"}]}`,

@@ -32,6 +32,7 @@ type leasePool struct {
 	err      error
 	reqs     []pool.Request
 	releases map[*pool.Lease]int
+	refused  int // ReleaseRefused calls
 }
 
 func (p *leasePool) Acquire(ctx context.Context, r pool.Request) (*pool.Lease, error) {
@@ -54,6 +55,14 @@ func (p *leasePool) Acquire(ctx context.Context, r pool.Request) (*pool.Lease, e
 		return nil, ctx.Err()
 	}
 	return nil, err
+}
+
+// ReleaseRefused counts as a Release and in refused (SPEC E4).
+func (p *leasePool) ReleaseRefused(l *pool.Lease) bool {
+	p.mu.Lock()
+	p.refused++
+	p.mu.Unlock()
+	return p.Release(l)
 }
 
 func (p *leasePool) Release(l *pool.Lease) bool {

@@ -56,6 +56,7 @@ type effects struct {
 	fenced []*Lease             // leases the fence returned (for tests and counts)
 	closes []context.CancelFunc // fence contexts of generations that ended
 	pins   []*waiter            // queued waiters the pump pinned: arm their affinity wait (pin.go)
+	lifts  []lift               // refused providers' probe windows to arm (refused.go)
 }
 
 type grant struct {
@@ -77,7 +78,9 @@ func (fx *effects) reset() {
 	clear(fx.fenced)
 	clear(fx.closes)
 	clear(fx.pins)
+	clear(fx.lifts)
 	fx.grants, fx.failed, fx.fenced, fx.closes, fx.pins = fx.grants[:0], fx.failed[:0], fx.fenced[:0], fx.closes[:0], fx.pins[:0]
+	fx.lifts = fx.lifts[:0]
 }
 
 // nodeState tracks one node id's generation high-water mark. gen only
@@ -136,6 +139,15 @@ type resource struct {
 	ejected      bool
 	ejectedUntil time.Time
 	ejectReason  string
+
+	// Over-capacity refusals (refused.go): while limited, at most limit
+	// leases; limitSeq names the current window, backoff is its length
+	// and liftedAt when the last one ended.
+	limited  bool
+	limit    int
+	limitSeq uint64
+	backoff  time.Duration
+	liftedAt time.Time
 }
 
 func (r *resource) isOverlaid() bool {
@@ -150,7 +162,7 @@ func (r *resource) live() bool {
 }
 
 func (r *resource) free(long bool) bool {
-	return r.inFlight < r.cfg.Capacity && (!long || r.longInFlight < r.cfg.LongCapacity)
+	return r.inFlight < r.cfg.Capacity && (!r.limited || r.inFlight < r.limit) && (!long || r.longInFlight < r.cfg.LongCapacity)
 }
 
 func (r *resource) supports(op string) bool {
@@ -544,6 +556,9 @@ func (s *state) ready(id string, gen uint64, now time.Time) bool {
 	}
 	n.gen, n.ready, n.fenced, n.draining, n.readySince = gen, true, false, false, now
 	n.fence, n.fenceCancel = context.WithCancel(context.Background())
+	for _, r := range n.all {
+		r.unlimit() // a new connection: what the node refused before says nothing now
+	}
 	s.pump()
 	return true
 }

@@ -52,6 +52,7 @@ type harness struct {
 	errs    map[string]error
 	granted []string // waiter names in grant order
 	fenced  []*Lease
+	lifts   []lift // refused providers' windows, in order (refused.go)
 }
 
 func newHarness(t *testing.T, cfg Config) *harness {
@@ -162,6 +163,7 @@ func (h *harness) settle() {
 		h.errs[h.names[f.w]] = f.err
 	}
 	h.fenced = append(h.fenced, h.s.fx.fenced...)
+	h.lifts = append(h.lifts, h.s.fx.lifts...)
 	h.s.fx.reset()
 	h.checkInvariants()
 }

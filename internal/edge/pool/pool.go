@@ -60,6 +60,15 @@ func (p *Pool) apply() {
 	for _, cancel := range fx.closes {
 		cancel()
 	}
+	for _, lf := range fx.lifts {
+		lf := lf
+		p.clk.AfterFunc(lf.d, func() {
+			p.mu.Lock()
+			p.s.liftLimit(lf.r, lf.seq, p.clk.Now())
+			p.apply()
+			p.mu.Unlock()
+		})
+	}
 	for _, w := range fx.pins {
 		w.stopPin = p.clk.AfterFunc(w.cls.g.affinityWait, func() {
 			p.lock()

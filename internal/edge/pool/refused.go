@@ -1,0 +1,89 @@
+package pool
+
+import "time"
+
+// Over-capacity refusals (SPEC E4, Q2). A node's capacity is its own:
+// when several edges lease the same provider, each edge's pool counts only
+// its own leases, so a node's capacity gate may refuse a request this pool
+// admitted (failure code over_capacity: the other edges hold the rest).
+// Nothing ran; the request is queued again, not failed, and the provider
+// does not cool (passive health never hears it). The pool learns from the
+// refusal: the provider admits no more leases than this edge holds on it
+// at that moment — each of those, when it ends, frees a node slot this
+// edge may take again — until a probe window passes, after which it admits
+// up to its capacity again, finding out whether the other edges still hold
+// theirs. A refusal that comes within twice the window after the previous
+// one was lifted doubles the window (RefusedBackoff to RefusedBackoffMax);
+// one after a quiet spell starts it over.
+
+// Probe windows of a refused provider.
+const (
+	RefusedBackoff    = 100 * time.Millisecond
+	RefusedBackoffMax = 2 * time.Second
+)
+
+// lift is a refused provider's window: when it ends, lift it if seq is
+// still the resource's (a newer refusal or generation replaced it).
+type lift struct {
+	r   *resource
+	seq uint64
+	d   time.Duration
+}
+
+// ReleaseRefused returns l, whose node refused its request over capacity
+// before any upstream call, exactly once (as Release) and lowers what l's
+// provider admits to the leases this pool still holds on it, until its
+// probe window passes (see above). It reports what Release would.
+func (p *Pool) ReleaseRefused(l *Lease) bool {
+	now := p.clk.Now()
+	p.mu.Lock()
+	ok := p.s.refused(l, now)
+	p.apply()
+	p.mu.Unlock()
+	return ok
+}
+
+// refused returns l and limits its resource (ReleaseRefused). A held
+// lease only; a second call or one after a fence changes nothing.
+func (s *state) refused(l *Lease, now time.Time) bool {
+	if l == nil || l.res == nil || l.returned {
+		return false
+	}
+	r := l.res
+	s.unhold(l)
+	if l.Generation != r.node.gen {
+		s.pump()
+		return true
+	}
+	if r.limited {
+		r.limit = min(r.limit, r.inFlight) // another refusal of the same burst: the window stands
+		s.pump()
+		return true
+	}
+	switch {
+	case r.backoff == 0 || r.liftedAt.IsZero() || now.Sub(r.liftedAt) >= 2*r.backoff:
+		r.backoff = RefusedBackoff
+	default:
+		r.backoff = min(2*r.backoff, RefusedBackoffMax)
+	}
+	r.limited, r.limit = true, r.inFlight
+	r.limitSeq++
+	s.fx.lifts = append(s.fx.lifts, lift{r: r, seq: r.limitSeq, d: r.backoff})
+	s.pump() // other providers may serve what waits
+	return true
+}
+
+// liftLimit ends a refused provider's window (its timer fired) and pumps.
+func (s *state) liftLimit(r *resource, seq uint64, now time.Time) {
+	if !r.limited || r.limitSeq != seq {
+		return
+	}
+	r.limited, r.liftedAt = false, now
+	s.pump()
+}
+
+// unlimit forgets a resource's refusals (a new generation of its node).
+func (r *resource) unlimit() {
+	r.limited, r.limit, r.backoff, r.liftedAt = false, 0, 0, time.Time{}
+	r.limitSeq++
+}
