@@ -94,21 +94,21 @@ var ErrNodeShutdown = errors.New("the node is shutting down: its drain timeout p
 // Errors of NewSet (each wrapped with the adapter's name) and StallTimeout;
 // test with errors.Is.
 var (
-	ErrNoConfig         = errors.New("adapter: no node config")
-	ErrUnknownType      = errors.New("unknown adapter type")
-	ErrDuplicateName    = errors.New("duplicate adapter name")
-	ErrBadBaseURL       = errors.New("bad base_url")
-	ErrNoProfile        = errors.New("openai_compat adapter without protocol_profile")
-	ErrBadProfile       = errors.New("bad protocol_profile")
-	ErrBadCapacity      = errors.New("bad capacity")
-	ErrBadStallTimeout  = errors.New("bad response_stall_timeout_ms")
-	ErrBadIdleTimeout   = errors.New("bad upstream_idle_timeout_ms")
-	ErrMissingAPIKey    = errors.New("api_key_env names no set environment variable")
-	ErrBadAuthHeader    = errors.New("bad upstream auth header")
+	ErrNoConfig        = errors.New("adapter: no node config")
+	ErrUnknownType     = errors.New("unknown adapter type")
+	ErrDuplicateName   = errors.New("duplicate adapter name")
+	ErrBadBaseURL      = errors.New("bad base_url")
+	ErrNoProfile       = errors.New("openai_compat adapter without protocol_profile")
+	ErrBadProfile      = errors.New("bad protocol_profile")
+	ErrBadCapacity     = errors.New("bad capacity")
+	ErrBadStallTimeout = errors.New("bad response_stall_timeout_ms")
+	ErrBadIdleTimeout  = errors.New("bad upstream_idle_timeout_ms")
+	ErrMissingAPIKey   = errors.New("api_key_env names no set environment variable")
+	ErrBadAuthHeader   = errors.New("bad upstream auth header")
 	// ErrAdapterConflict: the payload names another backend (type or
 	// base URL) under an adapter name than another edge's payload this
 	// node runs (Options.Capacity).
-	ErrAdapterConflict = errors.New("another edge runs another backend under this adapter name")
+	ErrAdapterConflict  = errors.New("another edge runs another backend under this adapter name")
 	errRunDeadline      = errors.New("request timeout_sec expired")
 	errUnknownOperation = errors.New("unknown operation")
 	errUnsafePath       = errors.New("unsafe path") // absolute, with a host, or escaping the base
