@@ -6,6 +6,7 @@
 #   ./run.sh release V  reproducible dist/iop_V_linux_{amd64,arm64}.tar.gz + dist/SHA256SUMS
 #   ./run.sh proto      regenerate proto/gen/iop from proto/iop/runtime.proto
 #   ./run.sh e2e        built binaries + backend + official SDK clients
+#   ./run.sh ha         two edges and two nodes on loopback, to watch failover (scripts/ha.sh)
 #   ./run.sh bench      benchmarks (see BENCHMARKS.md)
 #   ./run.sh fuzz [s]   every fuzz target for s seconds each (default 10; scripts/fuzz.sh)
 set -euo pipefail
@@ -143,7 +144,8 @@ case "${1:-main}" in
   release) shift; cmd_release "$@" ;;
   proto) cmd_proto ;;
   e2e) shift; source "$ROOT/scripts/e2e.sh"; e2e_main "$@" ;;
+  ha) shift; source "$ROOT/scripts/demo.sh"; source "$ROOT/scripts/ha.sh"; ha_main "$@" ;;
   bench) shift; source "$ROOT/scripts/bench.sh"; bench_main "$@" ;;
   fuzz) shift; source "$ROOT/scripts/fuzz.sh"; fuzz_main "$@" ;;
-  *) echo "usage: ./run.sh [test|build|release VERSION|proto|e2e|bench|fuzz]" >&2; exit 2 ;;
+  *) echo "usage: ./run.sh [test|build|release VERSION|proto|e2e|ha|bench|fuzz]" >&2; exit 2 ;;
 esac

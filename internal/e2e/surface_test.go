@@ -177,6 +177,8 @@ type nodeStatus struct {
 	Draining   bool             `json:"draining"`
 	Generation uint64           `json:"generation"`
 	ReadySince string           `json:"ready_since"`
+	Config     string           `json:"config"`       // SPEC N2: current, outdated, restart_required
+	ConfigErr  string           `json:"config_error"` // why the node could not run this edge's config
 	Providers  []providerStatus `json:"providers"`
 }
 

@@ -177,10 +177,12 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	p := pool.New(PoolConfig(cfg), pool.SystemClock())
 	bus := &events.Bus{}
 	var ht *health.Tracker // set below, before any hook can run (Serve)
-	tr := transport.New(transport.Options{
+	var tr *transport.Server
+	tr = transport.New(transport.Options{
 		TLS: tlsCfg, Config: current, Logger: log.With("component", "transport"), Events: bus,
 		Hooks: transport.Hooks{
-			OnReady: func(node string, gen uint64) { p.NodeReady(node, gen) },
+			// SPEC E4: a node serving several edges may give this one a share of its capacity.
+			OnReady: func(node string, gen uint64) { p.NodeReadyShare(node, gen, tr.CapacityShare(node, gen)) },
 			OnFence: func(node string, gen uint64) {
 				p.NodeFenced(node, gen)
 				ht.NodeFenced(node, gen) // H9: no overlay outlives its generation
@@ -404,6 +406,9 @@ func sameTracing(a, b config.Tracing) bool {
 // payloadStates is the transport's view of which config payload each ready
 // node runs, for /status (SPEC N2).
 type payloadStates struct{ tr *transport.Server }
+
+// ConfigErrors is why a node could not run this edge's config (SPEC N2).
+func (p payloadStates) ConfigErrors() map[string]string { return p.tr.ConfigErrors() }
 
 func (p payloadStates) NodePayloads() map[string]string {
 	out := map[string]string{}

@@ -64,6 +64,7 @@ const (
 type PKIOptions struct {
 	TrustDomain string   // empty means DefaultTrustDomain
 	Edge        string   // edge name; required
+	Edges       []string // more edge names, each with a certificate of its own (several edges, one CA)
 	Nodes       []string // node ids; none for an edge whose nodes join (SPEC J1)
 	Force       bool     // overwrite existing files
 	Now         func() time.Time
@@ -114,10 +115,16 @@ func InitPKI(dir string, o PKIOptions) error {
 	if o.Edge == "" {
 		return fmt.Errorf("%w: edge name is empty", ErrInvalidOptions)
 	}
-	for _, n := range append([]string{o.Edge}, o.Nodes...) {
+	edges := append([]string{o.Edge}, o.Edges...)
+	seen := map[string]bool{}
+	for _, n := range append(append([]string(nil), edges...), o.Nodes...) {
 		if err := ValidateName(n); err != nil {
 			return fmt.Errorf("%w: %w", ErrInvalidOptions, err)
 		}
+		if seen[n] {
+			return fmt.Errorf("%w: %q named twice (edges and nodes each need a name of their own)", ErrInvalidOptions, n)
+		}
+		seen[n] = true
 	}
 	now := clock(o.Now)()
 	leafValidity := o.Validity
@@ -129,11 +136,13 @@ func InitPKI(dir string, o PKIOptions) error {
 		return err
 	}
 	files := caFiles
-	edge, err := newLeaf(ca, caKey, ID{TrustDomain: td, Role: RoleEdge, Name: o.Edge}, now, leafValidity)
-	if err != nil {
-		return err
+	for _, e := range edges {
+		edge, err := newLeaf(ca, caKey, ID{TrustDomain: td, Role: RoleEdge, Name: e}, now, leafValidity)
+		if err != nil {
+			return err
+		}
+		files = append(files, edge...)
 	}
-	files = append(files, edge...)
 	for _, n := range o.Nodes {
 		nf, err := newNodeFiles(ca, caKey, ID{TrustDomain: td, Role: RoleNode, Name: n}, now, leafValidity)
 		if err != nil {
@@ -180,6 +189,56 @@ func IssueNode(dir string, o IssueOptions) error {
 		return err
 	}
 	return writeFiles(dir, files, o.Force)
+}
+
+// IssueEdge adds one edge's certificate to an existing PKI directory:
+// <edge>.crt/.key signed by dir's ca.crt/ca.key, for another edge the
+// same nodes serve (node config edges[].name). With force it replaces the
+// edge's existing files. Errors as IssueNode; a name that holds a node's
+// certificate, the CA's or the issuer's files is ErrInvalidOptions.
+func IssueEdge(dir, edge string, force bool, now func() time.Time) error {
+	if err := ValidateName(edge); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidOptions, err)
+	}
+	ca, caKey, err := loadCA(dir)
+	if err != nil {
+		return err
+	}
+	if l := strings.ToLower(edge); l == "ca" || l == "issuer" || strings.HasSuffix(l, ".recipient") {
+		return fmt.Errorf("%w: edge name %q would overwrite the CA's, the issuer's or a node's keys", ErrInvalidOptions, edge)
+	}
+	if id, ok := certIdentity(dir, edge); ok && id.Role != RoleEdge {
+		return fmt.Errorf("%w: %s holds the %s certificate %s; an edge may not take its name", ErrInvalidOptions,
+			CertFileName(edge), id.Role, id)
+	}
+	td, err := issueTrustDomain(ca, "")
+	if err != nil {
+		return err
+	}
+	files, err := newLeaf(ca, caKey, ID{TrustDomain: td, Role: RoleEdge, Name: edge}, clock(now)(), DefaultLeafValidity)
+	if err != nil {
+		return err
+	}
+	return writeFiles(dir, files, force)
+}
+
+// certIdentity reads the identity of dir's certificate of name, if there
+// is one that parses.
+func certIdentity(dir, name string) (ID, bool) {
+	pemBytes, err := os.ReadFile(filepath.Join(dir, CertFileName(name)))
+	if err != nil {
+		return ID{}, false
+	}
+	block, _ := pem.Decode(pemBytes)
+	if block == nil {
+		return ID{}, false
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return ID{}, false
+	}
+	id, err := FromCertificate(cert)
+	return id, err == nil
 }
 
 // notOtherIdentity refuses, even with Force, a node name whose files would

@@ -1,6 +1,7 @@
 // Package node runs the Node daemon: it builds the mutual-TLS client config
-// from the node's own files, then lets one supervisor goroutine dial the Edge
-// and keep a session with it for as long as the process runs (SPEC S1–S5).
+// from the node's own files, then lets one supervisor goroutine per edge
+// (node config edges[], or edge_addr for one) dial that Edge and keep a
+// session with it for as long as the process runs (SPEC S1–S5).
 //
 // It never reads flags or the environment (main passes LookupEnv), never
 // exits the process (main maps Run's result to an exit code, SPEC S4) and
@@ -116,6 +117,8 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 			// adapters end it with failure code node_shutdown.
 			DrainCause: adapter.ErrNodeShutdown,
 			Renewer:    renewer,
+			// SPEC E4: the edge admits at most this share of each adapter.
+			CapacityShare: e.CapacityShare,
 		}
 		if opener != nil {
 			// SPEC C3: the edge binds this process's leases to its boot (a

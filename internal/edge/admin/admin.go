@@ -86,6 +86,14 @@ type PayloadSource interface {
 	NodePayloads() map[string]string
 }
 
+// ConfigErrorSource, when the PayloadSource is one too, says why a node
+// could not run the Edge's config (SPEC N2): "config_error" in /status,
+// connected or not (a node that refused the payload at registration is
+// not connected).
+type ConfigErrorSource interface {
+	ConfigErrors() map[string]string
+}
+
 // GroupSource gives the model groups' queues (the pool).
 type GroupSource interface {
 	Groups() []pool.GroupSnapshot
@@ -152,7 +160,8 @@ var providerJSON = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated
 // and so is "config" (with Payloads: whether the node runs the current
 // config payload, SPEC N2) and "discovered" (with Discovered: adapter →
 // the models its backend lists, SPEC D1); draining only while true.
-// "models" lists the model groups when a group or
+// "config_error" when the node could not run the Edge's config
+// (ConfigErrorSource), connected or not. "models" lists the model groups when a group or
 // routing source is set: {"name","waiters","long_waiters","candidates",
 // "live"} from Groups and {"routing","decisions":{"prefix_hit","hash",
 // "fallback","yield"},"hit_ratio"} from Routing (issue 16; hit_ratio is prefix_hit
@@ -160,13 +169,16 @@ var providerJSON = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated
 func serveStatus(w http.ResponseWriter, o Options) {
 	var buf bytes.Buffer
 	buf.WriteString(`{"nodes":[`)
-	var payloads map[string]string
+	var payloads, configErrs map[string]string
 	var discovered map[string]map[string][]string
 	if o.Discovered != nil {
 		discovered = o.Discovered()
 	}
 	if o.Payloads != nil {
 		payloads = o.Payloads.NodePayloads()
+		if ce, ok := o.Payloads.(ConfigErrorSource); ok {
+			configErrs = ce.ConfigErrors()
+		}
 	}
 	for i, n := range o.Status.Snapshot() {
 		if i > 0 {
@@ -187,6 +199,10 @@ func serveStatus(w http.ResponseWriter, o Options) {
 				buf.WriteString(`,"discovered":`)
 				buf.Write(b)
 			}
+		}
+		if e := configErrs[n.Node]; e != "" {
+			b, _ := json.Marshal(e)
+			fmt.Fprintf(&buf, `,"config_error":%s`, b)
 		}
 		buf.WriteString(`,"providers":[`)
 		for j, p := range n.Providers {

@@ -730,7 +730,7 @@ func (h *Handler) reacquire(x *exchange, fx effects) bool {
 	}
 	if rr, ok := h.o.Pool.(refusedReleaser); ok && fx.reason == retryOverCapacity && !x.handoff && !x.released {
 		x.released = true
-		rr.ReleaseRefused(x.lease) // SPEC E4: the node is full with other edges' work: no cooling, the provider admits less for a while
+		rr.ReleaseRefused(x.lease, fairShare(k.envs)) // SPEC E4: the node is full with other edges' work: no cooling, the provider admits less for a while
 	}
 	h.releaseLease(x)
 	var ctx context.Context
@@ -783,6 +783,17 @@ func (h *Handler) reacquire(x *exchange, fx effects) bool {
 // errOtherSlot is why a re-dispatch found no candidate when the pool
 // offered a lease of another credential slot (SPEC C6).
 var errOtherSlot = errors.New("no untried provider within the request's credential slot")
+
+// fairShare is the over_capacity terminal's fair_share (SPEC E4): what
+// the node admits from this edge while other edges want the provider; 0
+// when it said none.
+func fairShare(envs []*iop.Envelope) int {
+	if len(envs) == 0 {
+		return 0
+	}
+	env := envs[len(envs)-1]
+	return int(min(env.GetRunEvent().GetFairShare()+env.GetTunnelFrame().GetFairShare(), 1<<20))
+}
 
 // answerRetry answers x with the failure r of its last attempt (failed for
 // reason) on lease last, after no other candidate could take it (why).

@@ -40,7 +40,7 @@ type Pool interface {
 // refusal (SPEC E4; *pool.Pool): the lease goes back and the provider
 // admits less for a while. A Pool without it gets Release.
 type refusedReleaser interface {
-	ReleaseRefused(l *pool.Lease) bool
+	ReleaseRefused(l *pool.Lease, fairShare int) bool
 }
 
 // DefaultResponseWaitGrace is added to a lease's stall timeout to make the

@@ -58,7 +58,7 @@ func (p *leasePool) Acquire(ctx context.Context, r pool.Request) (*pool.Lease, e
 }
 
 // ReleaseRefused counts as a Release and in refused (SPEC E4).
-func (p *leasePool) ReleaseRefused(l *pool.Lease) bool {
+func (p *leasePool) ReleaseRefused(l *pool.Lease, _ int) bool {
 	p.mu.Lock()
 	p.refused++
 	p.mu.Unlock()

@@ -27,9 +27,10 @@ const (
 )
 
 const usage = `usage:
-  edge pki init   -dir DIR [-trust-domain iop.local] -edge NAME [-node NAME ...] [-force]
+  edge pki init   -dir DIR [-trust-domain iop.local] -edge NAME [-edge NAME ...] [-node NAME ...] [-force]
                   (no -node: the nodes join with tokens, see edge tokens)
   edge pki issue  -dir DIR -node NAME [-trust-domain TD] [-force]
+  edge pki issue  -dir DIR -edge NAME [-force]    (another edge's certificate, signed by the same CA)
   edge pki issuer -dir DIR -name NAME [-force]    (a new lease issuer pair NAME.key/NAME.pub, for rotation)
 `
 
@@ -91,7 +92,8 @@ func runInit(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("init", stderr)
 	dir := fs.String("dir", "", "output directory (created 0700 if missing)")
 	td := fs.String("trust-domain", identity.DefaultTrustDomain, "SPIFFE trust domain")
-	edge := fs.String("edge", "", "edge name")
+	var edgeNames names
+	fs.Var(&edgeNames, "edge", "edge name (repeatable: several edges, one CA)")
 	var nodes names
 	fs.Var(&nodes, "node", "node id (repeatable)")
 	force := fs.Bool("force", false, "overwrite existing files")
@@ -102,19 +104,21 @@ func runInit(args []string, stdout, stderr io.Writer) int {
 	if *dir == "" {
 		missing = append(missing, "-dir")
 	}
-	if *edge == "" {
+	if len(edgeNames) == 0 {
 		missing = append(missing, "-edge")
 	}
 	if len(missing) > 0 {
 		fmt.Fprintf(stderr, "edge pki init: missing %s\n%s", strings.Join(missing, ", "), usage)
 		return ExitUsage
 	}
-	err := identity.InitPKI(*dir, identity.PKIOptions{TrustDomain: *td, Edge: *edge, Nodes: nodes, Force: *force})
+	err := identity.InitPKI(*dir, identity.PKIOptions{TrustDomain: *td, Edge: edgeNames[0], Edges: edgeNames[1:], Nodes: nodes, Force: *force})
 	if err != nil {
 		return fail(stderr, "edge pki init", err)
 	}
-	files := []string{identity.CACertFile, identity.CAKeyFile,
-		identity.CertFileName(*edge), identity.KeyFileName(*edge)}
+	files := []string{identity.CACertFile, identity.CAKeyFile}
+	for _, e := range edgeNames {
+		files = append(files, identity.CertFileName(e), identity.KeyFileName(e))
+	}
 	for _, n := range nodes {
 		files = append(files, nodeFiles(n)...)
 	}
@@ -135,6 +139,7 @@ func runIssue(args []string, stdout, stderr io.Writer) int {
 	td := fs.String("trust-domain", "", "SPIFFE trust domain (default: the CA's)")
 	var nodes names
 	fs.Var(&nodes, "node", "node id")
+	edgeName := fs.String("edge", "", "an edge's name: issue that edge's certificate instead")
 	force := fs.Bool("force", false, "overwrite the node's existing files (rotation)")
 	if code, done := parse(fs, args, stderr); done {
 		return code
@@ -143,6 +148,15 @@ func runIssue(args []string, stdout, stderr io.Writer) int {
 	case *dir == "":
 		fmt.Fprint(stderr, "edge pki issue: missing -dir\n"+usage)
 		return ExitUsage
+	case *edgeName != "" && len(nodes) > 0:
+		fmt.Fprint(stderr, "edge pki issue: -edge or -node, not both\n"+usage)
+		return ExitUsage
+	case *edgeName != "":
+		if err := identity.IssueEdge(*dir, *edgeName, *force, nil); err != nil {
+			return fail(stderr, "edge pki issue", err)
+		}
+		printFiles(stdout, *dir, []string{identity.CertFileName(*edgeName), identity.KeyFileName(*edgeName)})
+		return ExitOK
 	case len(nodes) != 1:
 		fmt.Fprintf(stderr, "edge pki issue: want exactly one -node, got %d\n%s", len(nodes), usage)
 		return ExitUsage

@@ -101,6 +101,30 @@ func TestPKICommand(t *testing.T) {
 			wantCode: ExitUsage, wantErr: []string{"exactly one -node"}},
 		{name: "I1 issue missing -dir", args: func(string) []string { return []string{"issue", "-node", "n"} },
 			wantCode: ExitUsage, wantErr: []string{"missing -dir"}},
+		{name: "I1 init several edges, one CA", args: func(d string) []string {
+			return []string{"init", "-dir", d, "-edge", "edge-1", "-edge", "edge-2", "-node", "gpu-1"}
+		}, wantCode: ExitOK, wantOut: []string{"wrote $DIR/edge-1.crt", "wrote $DIR/edge-2.key"},
+			check: func(t *testing.T, dir, _ string) {
+				if id, err := identity.FromCertificate(readCert(t, filepath.Join(dir, "edge-2.crt"))); err != nil || id.String() != "spiffe://iop.local/edge/edge-2" {
+					t.Errorf("edge-2 SPIFFE ID %v, %v", id, err)
+				}
+			}},
+		{name: "I1 init one name for an edge and a node refused", args: func(d string) []string {
+			return []string{"init", "-dir", d, "-edge", "gpu-1", "-node", "gpu-1"}
+		}, wantCode: ExitUsage, wantErr: []string{`"gpu-1" named twice`}},
+		{name: "I1 issue another edge", setup: initPKI, args: func(d string) []string { return []string{"issue", "-dir", d, "-edge", "edge-2"} },
+			wantCode: ExitOK, wantOut: []string{"wrote $DIR/edge-2.crt", "wrote $DIR/edge-2.key"},
+			check: func(t *testing.T, dir, _ string) {
+				if id, err := identity.FromCertificate(readCert(t, filepath.Join(dir, "edge-2.crt"))); err != nil || id.String() != "spiffe://iop.local/edge/edge-2" {
+					t.Errorf("edge-2 SPIFFE ID %v, %v", id, err)
+				}
+			}},
+		{name: "I1 issue an edge under a node's name refused", setup: initPKI, args: func(d string) []string {
+			return []string{"issue", "-dir", d, "-edge", "gpu-1", "-force"}
+		}, wantCode: ExitUsage, wantErr: []string{"holds the node certificate"}},
+		{name: "I1 issue -edge and -node refused", setup: initPKI, args: func(d string) []string {
+			return []string{"issue", "-dir", d, "-edge", "e", "-node", "n"}
+		}, wantCode: ExitUsage, wantErr: []string{"-edge or -node, not both"}},
 		{name: "S3 issue without a CA", args: func(d string) []string { return []string{"issue", "-dir", d, "-node", "n"} },
 			wantCode: ExitError, wantErr: []string{filepath.Join("ca.crt")}},
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"iop/internal/edge/routing"
+	"iop/internal/protocol"
 )
 
 // state is the pool's state machine. Its methods are the transitions; none
@@ -92,6 +93,9 @@ type nodeState struct {
 	fenced     bool // gen was fenced; it cannot become ready again
 	draining   bool // gen said it is shutting down: no new leases, held ones go on
 	readySince time.Time
+	// share is the ready generation's part of its resources' capacities
+	// (NodeReadyShare; 0 = all of it).
+	share float64
 	// fence is shared by every lease of the ready generation and cancelled
 	// when that generation ends (one allocation per generation, not per
 	// lease); nil while no generation is ready.
@@ -147,6 +151,7 @@ type resource struct {
 	limit    int
 	limitSeq uint64
 	backoff  time.Duration
+	window   time.Duration // the current window's length
 	liftedAt time.Time
 }
 
@@ -162,7 +167,18 @@ func (r *resource) live() bool {
 }
 
 func (r *resource) free(long bool) bool {
-	return r.inFlight < r.cfg.Capacity && (!r.limited || r.inFlight < r.limit) && (!long || r.longInFlight < r.cfg.LongCapacity)
+	return r.inFlight < r.capacity() && (!r.limited || r.inFlight < r.limit) && (!long || r.longInFlight < r.longCapacity())
+}
+
+// capacity and longCapacity are what r admits from this edge: its
+// configured numbers, or its node generation's share of them (the node's
+// edges[].capacity_share, protocol.ShareOf; SPEC E4).
+func (r *resource) capacity() int {
+	return int(protocol.ShareOf(int64(r.cfg.Capacity), r.node.share))
+}
+
+func (r *resource) longCapacity() int {
+	return int(protocol.ShareOf(int64(r.cfg.LongCapacity), r.node.share))
 }
 
 func (r *resource) supports(op string) bool {
@@ -545,7 +561,7 @@ func (s *state) node(id string) *nodeState {
 // stale). A newer generation first fences every lease of older ones: they
 // belong to a superseded connection (L4, L8). It reports whether anything
 // changed.
-func (s *state) ready(id string, gen uint64, now time.Time) bool {
+func (s *state) ready(id string, gen uint64, now time.Time, share float64) bool {
 	n := s.node(id)
 	if gen < n.gen || (gen == n.gen && (n.ready || n.fenced)) {
 		return false
@@ -554,7 +570,7 @@ func (s *state) ready(id string, gen uint64, now time.Time) bool {
 		s.endGeneration(n)
 		s.fenceLeases(n, gen-1)
 	}
-	n.gen, n.ready, n.fenced, n.draining, n.readySince = gen, true, false, false, now
+	n.gen, n.ready, n.fenced, n.draining, n.readySince, n.share = gen, true, false, false, now, share
 	n.fence, n.fenceCancel = context.WithCancel(context.Background())
 	for _, r := range n.all {
 		r.unlimit() // a new connection: what the node refused before says nothing now

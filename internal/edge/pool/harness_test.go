@@ -95,7 +95,7 @@ func (h *harness) release(name string, want bool) {
 
 func (h *harness) ready(node string, gen uint64, want bool) {
 	h.t.Helper()
-	if got := h.s.ready(node, gen, h.now); got != want {
+	if got := h.s.ready(node, gen, h.now, 0); got != want {
 		h.t.Fatalf("ready(%s, %d) = %v, want %v", node, gen, got, want)
 	}
 	h.settle()

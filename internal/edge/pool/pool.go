@@ -63,8 +63,9 @@ func (p *Pool) apply() {
 	for _, lf := range fx.lifts {
 		lf := lf
 		p.clk.AfterFunc(lf.d, func() {
-			p.mu.Lock()
-			p.s.liftLimit(lf.r, lf.seq, p.clk.Now())
+			now := p.clk.Now()
+			p.lock()
+			p.s.liftLimit(lf.r, lf.seq, now)
 			p.apply()
 			p.mu.Unlock()
 		})
@@ -180,10 +181,16 @@ func (p *Pool) Release(l *Lease) bool {
 // or stale (lower) generation is a no-op (L5, L9); a newer generation first
 // fences every lease of older ones (their Fenced channels close). It
 // reports whether the call activated gen.
-func (p *Pool) NodeReady(node string, gen uint64) bool {
+func (p *Pool) NodeReady(node string, gen uint64) bool { return p.NodeReadyShare(node, gen, 0) }
+
+// NodeReadyShare is NodeReady for a node that gives this edge share of
+// its capacity (RegisterRequest.capacity_share, SPEC E4): while gen is
+// ready each of its providers admits protocol.ShareOf(capacity, share)
+// leases (and as much of its long capacity); share ≤ 0 = all of it.
+func (p *Pool) NodeReadyShare(node string, gen uint64, share float64) bool {
 	now := p.clk.Now()
 	p.lock()
-	ok := p.s.ready(node, gen, now)
+	ok := p.s.ready(node, gen, now, share)
 	p.apply()
 	p.mu.Unlock()
 	return ok

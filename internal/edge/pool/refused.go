@@ -14,12 +14,18 @@ import "time"
 // up to its capacity again, finding out whether the other edges still hold
 // theirs. A refusal that comes within twice the window after the previous
 // one was lifted doubles the window (RefusedBackoff to RefusedBackoffMax);
-// one after a quiet spell starts it over.
+// one after a quiet spell starts it over. The node says in the refusal
+// what this edge's fair share is: the provider admits no more than that
+// during the window, and an edge below it (the node holds the next free
+// slot for it) tries again after RefusedRetry.
 
-// Probe windows of a refused provider.
+// Probe windows of a refused provider. A refusal that says this edge is
+// below its fair share (the node keeps the next free slot for it, see the
+// node's capacity gate) is retried after RefusedRetry instead.
 const (
 	RefusedBackoff    = 100 * time.Millisecond
-	RefusedBackoffMax = 2 * time.Second
+	RefusedBackoffMax = time.Second
+	RefusedRetry      = 50 * time.Millisecond
 )
 
 // lift is a refused provider's window: when it ends, lift it if seq is
@@ -32,12 +38,13 @@ type lift struct {
 
 // ReleaseRefused returns l, whose node refused its request over capacity
 // before any upstream call, exactly once (as Release) and lowers what l's
-// provider admits to the leases this pool still holds on it, until its
-// probe window passes (see above). It reports what Release would.
-func (p *Pool) ReleaseRefused(l *Lease) bool {
+// provider admits to the leases this pool still holds on it (and at most
+// fairShare, the node's word for this edge's share; 0 = none said) until
+// its probe window passes (see above). It reports what Release would.
+func (p *Pool) ReleaseRefused(l *Lease, fairShare int) bool {
 	now := p.clk.Now()
-	p.mu.Lock()
-	ok := p.s.refused(l, now)
+	p.lock()
+	ok := p.s.refused(l, now, fairShare)
 	p.apply()
 	p.mu.Unlock()
 	return ok
@@ -45,7 +52,7 @@ func (p *Pool) ReleaseRefused(l *Lease) bool {
 
 // refused returns l and limits its resource (ReleaseRefused). A held
 // lease only; a second call or one after a fence changes nothing.
-func (s *state) refused(l *Lease, now time.Time) bool {
+func (s *state) refused(l *Lease, now time.Time, fair int) bool {
 	if l == nil || l.res == nil || l.returned {
 		return false
 	}
@@ -55,20 +62,30 @@ func (s *state) refused(l *Lease, now time.Time) bool {
 		s.pump()
 		return true
 	}
-	if r.limited {
-		r.limit = min(r.limit, r.inFlight) // another refusal of the same burst: the window stands
+	limit := r.inFlight
+	if fair > 0 {
+		limit = min(limit, fair)
+	}
+	below := fair > 0 && r.inFlight < fair // the node keeps the next slot for this edge: retry soon
+	if r.limited && (!below || r.window <= RefusedRetry) {
+		r.limit = min(r.limit, limit) // another refusal of the same burst: the window stands
 		s.pump()
 		return true
 	}
+	var d time.Duration
 	switch {
+	case below:
+		d = RefusedRetry
 	case r.backoff == 0 || r.liftedAt.IsZero() || now.Sub(r.liftedAt) >= 2*r.backoff:
 		r.backoff = RefusedBackoff
+		d = r.backoff
 	default:
 		r.backoff = min(2*r.backoff, RefusedBackoffMax)
+		d = r.backoff
 	}
-	r.limited, r.limit = true, r.inFlight
+	r.limited, r.limit, r.window = true, limit, d
 	r.limitSeq++
-	s.fx.lifts = append(s.fx.lifts, lift{r: r, seq: r.limitSeq, d: r.backoff})
+	s.fx.lifts = append(s.fx.lifts, lift{r: r, seq: r.limitSeq, d: d})
 	s.pump() // other providers may serve what waits
 	return true
 }
@@ -84,6 +101,6 @@ func (s *state) liftLimit(r *resource, seq uint64, now time.Time) {
 
 // unlimit forgets a resource's refusals (a new generation of its node).
 func (r *resource) unlimit() {
-	r.limited, r.limit, r.backoff, r.liftedAt = false, 0, 0, time.Time{}
+	r.limited, r.limit, r.backoff, r.window, r.liftedAt = false, 0, 0, 0, time.Time{}
 	r.limitSeq++
 }

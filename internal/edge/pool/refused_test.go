@@ -9,8 +9,17 @@ import (
 // refused returns name's lease as refused over capacity (ReleaseRefused).
 func (h *harness) refused(name string, want bool) {
 	h.t.Helper()
-	if got := h.s.refused(h.leases[name], h.now); got != want {
+	if got := h.s.refused(h.leases[name], h.now, 0); got != want {
 		h.t.Fatalf("refused(%s) = %v, want %v", name, got, want)
+	}
+	h.settle()
+}
+
+// refusedFair is refused with the node's fair share.
+func (h *harness) refusedFair(name string, fair int) {
+	h.t.Helper()
+	if !h.s.refused(h.leases[name], h.now, fair) {
+		h.t.Fatalf("refused(%s) = false", name)
 	}
 	h.settle()
 }
@@ -107,6 +116,30 @@ func TestRefusedOverCapacity(t *testing.T) {
 			h.acq("a2", chat("tiny", 0))
 			h.wantLease("a2", kLlama)
 		}},
+		{"E4 the node's fair share bounds the window's admissions", func(h *harness) {
+			h.ready("gpu-2", 1, true)
+			h.acq("a", chat("big", 0))
+			h.acq("b", chat("big", 0))
+			h.refusedFair("b", 1) // at its share: the usual window
+			h.wantWindows(RefusedBackoff)
+			h.release("a", true)
+			h.acq("c", chat("big", 0))
+			h.wantLease("c", kLlama) // one: its share
+			h.acq("d", chat("big", 0))
+			h.wantQueued("d")
+		}},
+		{"E4 below its fair share an edge tries again soon, also within a longer window", func(h *harness) {
+			h.ready("gpu-2", 1, true)
+			h.acq("a", chat("big", 0))
+			h.acq("b", chat("big", 0))
+			h.refusedFair("b", 1) // a holds its share: the usual window
+			h.refusedFair("a", 2) // none held of a share of 2: the node keeps a slot for it
+			h.wantWindows(RefusedBackoff, RefusedRetry)
+			h.acq("c", chat("big", 0))
+			h.wantQueued("c")
+			h.liftAfter(1, RefusedRetry)
+			h.wantLease("c", kLlama)
+		}},
 		{"E4 a new generation of the node forgets its refusals", func(h *harness) {
 			h.ready("gpu-2", 1, true)
 			h.acq("a", chat("big", 0))
@@ -137,7 +170,7 @@ func TestPoolReleaseRefused(t *testing.T) {
 		p := New(baseConfig(), clk)
 		p.NodeReady("gpu-2", 1)
 		l := mustAcquire(t, p, chat("big", 0))
-		if !p.ReleaseRefused(l) || p.ReleaseRefused(l) {
+		if !p.ReleaseRefused(l, 0) || p.ReleaseRefused(l, 0) {
 			t.Fatal("ReleaseRefused: want true once, then false")
 		}
 		out := make(chan outcome, 1)
@@ -152,4 +185,32 @@ func TestPoolReleaseRefused(t *testing.T) {
 		}
 		p.Release(o.l)
 	})
+}
+
+// E4: a node that gives this edge a share of its capacity
+// (RegisterRequest.capacity_share): its providers admit ceil(capacity ×
+// share) leases here, snapshots show that number, and a new generation
+// with no share has the whole capacity again.
+func TestNodeShare(t *testing.T) {
+	h := newHarness(t, baseConfig())
+	if !h.s.ready("gpu-2", 1, h.now, 0.5) {
+		t.Fatal("ready")
+	}
+	h.settle()
+	h.acq("a", chat("big", 0))
+	h.acq("b", chat("big", 0))
+	h.wantLease("a", kLlama)
+	h.wantQueued("b")
+	for _, ns := range h.s.snapshot() {
+		for _, p := range ns.Providers {
+			if p.ProviderId == "llama" && (p.Capacity != 1 || p.LongCapacity != 1) {
+				t.Fatalf("snapshot capacity %d long %d, want 1 and 1", p.Capacity, p.LongCapacity)
+			}
+		}
+	}
+	h.fence("gpu-2", 1, 1)
+	h.ready("gpu-2", 2, true)
+	h.wantLease("b", kLlama)
+	h.acq("c", chat("big", 0))
+	h.wantLease("c", kLlama)
 }

@@ -40,7 +40,7 @@ func (s *state) choose(c *class, prefix []uint64, promptTokens int) (*cand, rout
 		if !r.live() || !r.free(c.long) {
 			continue
 		}
-		if best == nil || r.inFlight*best.res.cfg.Capacity < best.res.inFlight*r.cfg.Capacity {
+		if best == nil || r.inFlight*best.res.capacity() < best.res.inFlight*r.capacity() {
 			best = cd
 		}
 	}
@@ -53,7 +53,7 @@ func (s *state) pickAffinity(c *class, prefix []uint64, promptTokens int) (*cand
 	for i := range c.cands {
 		r := c.cands[i].res
 		live := r.live()
-		cd := routing.Candidate{ID: r.id, Live: live, Free: live && r.free(c.long), Load: r.inFlight, Weight: r.cfg.Capacity}
+		cd := routing.Candidate{ID: r.id, Live: live, Free: live && r.free(c.long), Load: r.inFlight, Weight: r.capacity()}
 		if live && len(prefix) > 0 {
 			cd.Match, cd.Held = r.held(prefix)
 		}

@@ -114,8 +114,8 @@ func (s *state) snapshot() []NodeSnapshot {
 				if r.ejected {
 					ps.Status, ps.Health = StatusUnavailable, HealthCooling
 				}
-				ps.Capacity = int32(r.cfg.Capacity)
-				ps.LongCapacity = int32(r.cfg.LongCapacity)
+				ps.Capacity = int32(r.capacity())
+				ps.LongCapacity = int32(r.longCapacity())
 				ps.InFlight = int32(r.inFlight)
 				ps.LongInFlight = int32(r.longInFlight)
 				if pc := pressure[r]; pc != nil {

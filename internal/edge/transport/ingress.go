@@ -111,6 +111,10 @@ func boundIngress(env *iop.Envelope) (changed string) {
 		if r := k.RefreshResponse; r != nil {
 			note("error text", boundField(&r.Reason, maxErrorText))
 		}
+	case *iop.Envelope_ConfigRejected:
+		if r := k.ConfigRejected; r != nil {
+			note("error text", boundField(&r.Reason, maxErrorText))
+		}
 	case *iop.Envelope_RegisterRequest:
 		if r := k.RegisterRequest; r != nil {
 			note("identifiers", boundFields(maxShortText, &r.NodeId, &r.Version))

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -79,6 +80,10 @@ func TestReloadWhilePendingEndsOnCurrentPayload(t *testing.T) {
 			if s := h.node("gpu-1").Payload; s != r.wantState {
 				t.Errorf("after %v: payload %q, want %q", r.answer, s, r.wantState)
 			}
+			ce := h.srv.ConfigErrors()["gpu-1"]
+			if r.repushed != strings.HasSuffix(ce, "of revision "+p2+": test") {
+				t.Errorf("N2: config error after %v = %q", r.answer, ce)
+			}
 
 			res := make(chan []RefreshResult, 1)
 			go func() {
@@ -151,4 +156,44 @@ func TestRegistrationReportsBootAndIssuers(t *testing.T) {
 		t.Fatalf("C3: BootID after the restart = %q, want boot-b", got)
 	}
 	h.wantHooks(hookCall{"fence", "gpu-1", 1})
+}
+
+// N2, E4: a node that cannot run the payload its registration was
+// accepted with says why (NodeConfigRejected) before it closes; the
+// reason is the node's config error until it becomes ready. A
+// registration's capacity share in (0, 1] is kept for its generation,
+// anything else is the whole capacity.
+func TestConfigRejectedAndCapacityShare(t *testing.T) {
+	leakcheck.Check(t)
+	h := newHarness(t, harnessOpts{})
+	a := h.dial("gpu-1")
+	reg := a.register("gpu-1")
+	a.send(&iop.Envelope{Kind: &iop.Envelope_ConfigRejected{ConfigRejected: &iop.NodeConfigRejected{
+		Revision: reg.GetConfig().GetRevision(), Reason: `adapter "ollama": base_url differs from edge edge-2's`}}})
+	a.roundTrip(1) // the read loop has handled the rejection
+	want := "the node refused the config of revision " + reg.GetConfig().GetRevision() + ` at registration: adapter "ollama": base_url differs from edge edge-2's`
+	if got := h.srv.ConfigErrors()["gpu-1"]; got != want {
+		t.Fatalf("N2: config error %q, want %q", got, want)
+	}
+	a.conn.Close()
+	for _, row := range []struct {
+		share, want float64
+	}{{0.5, 0.5}, {1.5, 0}} {
+		b := h.dial("gpu-1")
+		b.send(&iop.Envelope{Kind: &iop.Envelope_RegisterRequest{RegisterRequest: &iop.RegisterRequest{NodeId: "gpu-1", CapacityShare: row.share}}})
+		if env := b.recv(); !env.GetRegisterResponse().GetAccepted() {
+			t.Fatalf("register: %v", env)
+		}
+		if !b.ready("gpu-1").GetReady() {
+			t.Fatal("not ready")
+		}
+		gen := h.node("gpu-1").Generation
+		if got := h.srv.CapacityShare("gpu-1", gen); got != row.want {
+			t.Errorf("E4: share %v registered: CapacityShare = %v, want %v", row.share, got, row.want)
+		}
+		if got := h.srv.ConfigErrors(); len(got) != 0 {
+			t.Errorf("N2: config errors %v after ready, want none", got)
+		}
+		b.conn.Close()
+	}
 }

@@ -62,6 +62,9 @@ type session struct {
 	// Server.mu.
 	bootID         string
 	trustedIssuers []string
+	// capacityShare is RegisterRequest.capacity_share, 0 unless in
+	// (0, 1]; guarded by Server.mu.
+	capacityShare float64
 
 	mu      sync.Mutex // guards the fields below; after Server.mu, before stream.mu
 	lost    bool       // streams and waiters have been failed; no new ones
@@ -368,6 +371,10 @@ func (c *session) readLoop(br *bufio.Reader) error {
 			if ph == phaseReady {
 				c.fleetFrame(env) // SPEC J5, D1
 			}
+		case *iop.Envelope_ConfigRejected:
+			if ph == phasePending {
+				c.configRejected(k.ConfigRejected)
+			}
 		case *iop.Envelope_DrainingNotice:
 			if ph == phaseReady && !drained {
 				drained = true
@@ -405,6 +412,9 @@ func (c *session) register(req *iop.RegisterRequest) bool {
 			c.revision = resp.Config.GetRevision()
 			c.bootID = req.GetBootId()
 			c.trustedIssuers = boundList(req.GetTrustedIssuerKeyIds(), maxMapEntries, maxShortText)
+			if sh := req.GetCapacityShare(); sh > 0 && sh <= 1 {
+				c.capacityShare = sh // SPEC E4: anything else is the whole capacity
+			}
 		}
 		c.sendMust(&iop.Envelope{Kind: &iop.Envelope_RegisterResponse{RegisterResponse: resp}})
 		return fx
@@ -446,6 +456,7 @@ func (c *session) ready(req *iop.NodeReadyRequest) bool {
 		c.sendMust(&iop.Envelope{Kind: &iop.Envelope_ReadyResponse{ReadyResponse: &iop.NodeReadyResponse{
 			Ready: res.OK, Reason: res.Reason()}}})
 		if res.OK && activates(fx) {
+			delete(s.configErrs, res.Node) // it runs a payload of this edge's now
 			push = c.pushIfOutdatedLocked(res.Node, res.Gen)
 		}
 		return fx
@@ -460,6 +471,25 @@ func (c *session) ready(req *iop.NodeReadyRequest) bool {
 		go c.awaitRefresh(push)
 	}
 	return res.OK
+}
+
+// configRejected records why the pending node could not run the payload
+// its registration was accepted with (NodeConfigRejected, SPEC N2): shown
+// in /status until the node becomes ready or answers a refresh. The node
+// closes the connection next.
+func (c *session) configRejected(r *iop.NodeConfigRejected) {
+	s := c.s
+	s.mu.Lock()
+	node, _, ok := s.reg.Binding(c.id)
+	if ok {
+		s.configErrs[node] = "the node refused the config of revision " + boundText(r.GetRevision(), maxShortText) +
+			" at registration: " + r.GetReason()
+	}
+	s.mu.Unlock()
+	if ok {
+		s.logLimited(&s.peerLog, "node refused its config", "node", node, "revision", boundText(r.GetRevision(), maxShortText),
+			"reason", r.GetReason())
+	}
 }
 
 // activates reports whether fx holds the first ready transition.
@@ -536,7 +566,7 @@ func (c *session) awaitRefresh(r *pendingRefresh) {
 		return
 	}
 	st, reason := resp.RefreshResponse.GetStatus(), resp.RefreshResponse.GetReason()
-	c.s.noteRefresh(r.node, r.gen, r.revision, st)
+	c.s.noteRefresh(r.node, r.gen, r.revision, st, reason)
 	c.s.log.Info("node config refreshed", "node", r.node, "generation", r.gen, "revision", r.revision,
 		"status", st.String(), "reason", reason)
 }

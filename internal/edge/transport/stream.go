@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -331,15 +333,16 @@ func (s *Server) Refresh(ctx context.Context, node string, gen uint64, payload *
 	if !ok {
 		return nil, fmt.Errorf("config refresh of node %s: %w %T", node, ErrUnexpectedResponse, env.Kind)
 	}
-	s.noteRefresh(node, gen, payload.GetRevision(), r.RefreshResponse.GetStatus())
+	s.noteRefresh(node, gen, payload.GetRevision(), r.RefreshResponse.GetStatus(), r.RefreshResponse.GetReason())
 	return r.RefreshResponse, nil
 }
 
 // noteRefresh records a node's answer to a refresh of revision (SPEC N2):
 // APPLIED makes revision the session's known one; RESTART_REQUIRED is not
 // APPLIED: the known revision stays, and the node is marked as needing a
-// restart for revision; FAILED changes nothing.
-func (s *Server) noteRefresh(node string, gen uint64, revision string, st iop.RefreshStatus) {
+// restart for revision; FAILED changes nothing but the reason /status
+// shows (ConfigErrors), which RESTART_REQUIRED sets too and APPLIED clears.
+func (s *Server) noteRefresh(node string, gen uint64, revision string, st iop.RefreshStatus, reason string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	id, ok := s.reg.Current(node, gen)
@@ -350,9 +353,38 @@ func (s *Server) noteRefresh(node string, gen uint64, revision string, st iop.Re
 	switch st {
 	case iop.RefreshStatus_REFRESH_APPLIED:
 		c.revision, c.restartRevision = revision, ""
+		delete(s.configErrs, node)
+		return
 	case iop.RefreshStatus_REFRESH_RESTART_REQUIRED:
 		c.restartRevision = revision
 	}
+	s.configErrs[node] = "the node answered " + strings.TrimPrefix(st.String(), "REFRESH_") + " to the config of revision " +
+		boundText(revision, maxShortText) + ": " + reason
+}
+
+// ConfigErrors maps each node that could not run this edge's config to
+// why, in its own words (SPEC N2): a NodeConfigRejected at registration
+// (say an adapter name another edge's config gives another backend, SPEC
+// E4), or the reason of a refresh answered FAILED or RESTART_REQUIRED.
+// An entry goes when the node becomes ready or applies a refresh. The
+// result is a copy.
+func (s *Server) ConfigErrors() map[string]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.configErrs)
+}
+
+// CapacityShare is the capacity share the current owner of (node, gen)
+// registered with (RegisterRequest.capacity_share, SPEC E4): in (0, 1],
+// or 0 for the whole capacity (also when gen is not the current owner).
+func (s *Server) CapacityShare(node string, gen uint64) float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id, ok := s.reg.Current(node, gen)
+	if c := s.sessions[id]; ok && c != nil {
+		return c.capacityShare
+	}
+	return 0
 }
 
 // RefreshResult is the outcome of one node's refresh in RefreshAll.

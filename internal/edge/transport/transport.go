@@ -216,15 +216,17 @@ type Server struct {
 	now   func() time.Time
 	epoch time.Time // base of session.lastSeen (monotonic)
 
-	mu       sync.Mutex // guards the fields below; never held across I/O or hooks
-	reg      *registry.Registry
-	cfg      *config.Config    // the config reg was last reconciled with
-	revs     map[string]string // NodePayload revisions of cfg by node, filled by Nodes
-	sessions map[registry.ConnID]*session
-	lastConn registry.ConnID
-	closing  bool
-	fxq      []queued // effects waiting to be executed, in transition order
-	draining bool     // a goroutine is executing fxq
+	mu   sync.Mutex // guards the fields below; never held across I/O or hooks
+	reg  *registry.Registry
+	cfg  *config.Config    // the config reg was last reconciled with
+	revs map[string]string // NodePayload revisions of cfg by node, filled by Nodes
+	// configErrs: why a node could not run this edge's config (ConfigErrors).
+	configErrs map[string]string
+	sessions   map[registry.ConnID]*session
+	lastConn   registry.ConnID
+	closing    bool
+	fxq        []queued // effects waiting to be executed, in transition order
+	draining   bool     // a goroutine is executing fxq
 
 	wg     sync.WaitGroup // connection goroutines
 	served atomic.Bool
@@ -284,7 +286,7 @@ func New(o Options) *Server {
 		o.MaxHandshakes = DefaultMaxHandshakes
 	}
 	s := &Server{o: o, log: o.Logger, now: o.Now, epoch: time.Now(),
-		sessions: make(map[registry.ConnID]*session)}
+		sessions: make(map[registry.ConnID]*session), configErrs: make(map[string]string)}
 	s.reg = registry.New(nil)
 	s.reg.LimitRegistrations(o.RegisterBurst, o.RegisterInterval) // a negative burst: no limit
 	if o.Config != nil {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"iop/internal/leakcheck"
 	"iop/internal/node/adapter"
@@ -173,4 +174,66 @@ func TestAdapterConflictAcrossEdges(t *testing.T) {
 		t.Fatalf("edge 1's refreshed Set claims %q: got %v, want a conflict", "one", err)
 	}
 	a2.Close()
+}
+
+// E4: fairness between edges: an edge at or above its fair share of an
+// adapter (its capacity over the edges that want it) is refused while
+// another edge, refused because the adapter was full, runs fewer than its
+// share: the slot it frees goes to that edge's retry. The terminal tells
+// the edge its fair share.
+func TestCapacityFairBetweenEdges(t *testing.T) {
+	leakcheck.Check(t)
+	// Each held request waits for one token of free: the test ends them
+	// one at a time.
+	held, free := make(chan struct{}, 8), make(chan struct{})
+	stream := sample(t, "llama_v1_chat_stream.sse")
+	up := newFake(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		if !strings.Contains(string(body), "hold") {
+			replay(200, "text/event-stream", stream)(w, r, body)
+			return
+		}
+		held <- struct{}{}
+		select {
+		case <-free:
+		case <-r.Context().Done():
+			return
+		}
+		replay(200, "text/event-stream", stream)(w, r, body)
+	})
+	c := adapter.NewCapacity()
+	a := edgeSet(t, c, "edge-1 at a:1", 0, compatAdapter("one", llamaProfile(up.URL), 2))
+	b := edgeSet(t, c, "edge-2 at b:1", 0, compatAdapter("one", llamaProfile(up.URL), 2))
+	run := func(s *adapter.Set) *iop.RunEvent {
+		t.Helper()
+		last, _ := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Stream: true, Adapter: "one", Target: "tiny", Input: userInput("Hi")}))
+		return last
+	}
+	a1 := startWork(context.Background(), a, false, "one", "hold-a1")
+	recv(t, held, "a1")
+	a2 := startWork(context.Background(), a, false, "one", "hold-a2")
+	recv(t, held, "a2")
+	if ev := run(b); ev.GetFailureCode() != protocol.CodeOverCapacity.String() || ev.GetFairShare() != 1 {
+		t.Fatalf("E4: edge 2 while edge 1 holds both slots: %q fair share %d, want over_capacity with 1", ev.GetFailureCode(), ev.GetFairShare())
+	}
+	free <- struct{}{} // one of edge 1's ends: it holds 1, its share
+	done := 0
+	for done == 0 {
+		select {
+		case <-a1.done:
+			done = 1
+		case <-a2.done:
+			done = 2
+		case <-time.After(5 * time.Second):
+			t.Fatal("neither of edge 1's requests ended")
+		}
+	}
+	if ev := run(a); ev.GetFailureCode() != protocol.CodeOverCapacity.String() || !strings.Contains(ev.GetError(), "fair share of 1") {
+		t.Fatalf("E4: edge 1 above its share while edge 2 waits: %q %q, want over_capacity naming its fair share", ev.GetFailureCode(), ev.GetError())
+	}
+	if ev := run(b); ev.GetType() != iop.RunEventType_RUN_EVENT_COMPLETE {
+		t.Fatalf("E4: edge 2's retry: %v %q, want the slot edge 1 left", ev.GetType(), ev.GetFailureCode())
+	}
+	free <- struct{}{}
+	a1.wait(t)
+	a2.wait(t)
 }

@@ -4,58 +4,129 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"iop/internal/protocol"
 )
 
 // gate is the capacity gate of one adapter instance (SPEC E4): it admits a
 // run or tunnel while fewer than limit requests run on the adapter, counted
-// node-wide (use is shared by every Set of the process, through
-// Capacity: every edge's, and the one a refresh replaces), and — for an
-// edge with a capacity share — while fewer than edgeLimit of that edge's
-// do. It never waits. It is defense-in-depth behind the Edge's provider
-// leases, not a second queue; over it the request ends with the typed
-// over_capacity terminal before any upstream call. A limit ≤ 0 means no
-// local limit.
+// node-wide (use is shared by every Set of the process, through Capacity:
+// every edge's, and the one a refresh replaces), and — for an edge with a
+// capacity share — while fewer than edgeLimit of that edge's do. It never
+// waits. It is defense-in-depth behind the Edge's provider leases, not a
+// second queue; over it the request ends with the typed over_capacity
+// terminal before any upstream call, carrying the edge's fair share.
+//
+// Fairness between edges: each edge's pool counts only its own leases, so
+// an edge whose requests keep the adapter full would take every slot it
+// frees again before another edge's request arrives. The gate therefore
+// refuses an edge at or above its fair share — ceil(limit / edges that
+// want the adapter: requests running, or refused within fairWindow) —
+// while another edge that was refused within fairWindow is below it, so
+// the next slot goes to that edge's retry. A limit ≤ 0 means no local
+// limit.
 type gate struct {
 	limit     int64
 	use       *atomic.Int64
 	edgeLimit int64
-	edgeUse   *atomic.Int64 // nil without a share
+	edge      *edgeCount // this gate's edge; nil only before bind
+	peers     *atomic.Pointer[[]*edgeCount]
 }
 
-// tryAcquire admits one request if a slot is free; it never blocks.
-func (g *gate) tryAcquire() bool {
+// edgeCount is one edge's requests on one adapter name: how many run, and
+// when it was last refused because the adapter was full (its demand).
+type edgeCount struct {
+	use    atomic.Int64
+	wanted atomic.Int64 // monotonic ns (since clockBase) of its last refusal; 0 = never
+}
+
+// fairWindow is how long a refusal marks an edge as wanting the adapter.
+const fairWindow = time.Second
+
+var clockBase = time.Now()
+
+func monoNow() int64 { return int64(time.Since(clockBase)) + 1 }
+
+// tryAcquire admits one request if a slot is free for its edge; it never
+// blocks. fair is the edge's fair share, for the over_capacity terminal.
+func (g *gate) tryAcquire() (ok bool, fair int64) {
+	if g.limit <= 0 {
+		return true, 0
+	}
+	now := monoNow()
+	fair = g.fairShare(now)
+	switch {
+	case g.edgeLimit <= 0:
+		g.edge.use.Add(1)
+	case !acquire(&g.edge.use, g.edgeLimit):
+		return false, min(fair, g.edgeLimit)
+	}
+	if g.edge.use.Load() > fair && g.starving(now, fair) {
+		g.edge.use.Add(-1)
+		return false, fair // yield the next slot to an edge below its share
+	}
 	if !acquire(g.use, g.limit) {
-		return false
+		g.edge.use.Add(-1)
+		g.edge.wanted.Store(now)
+		return false, fair
 	}
-	if g.edgeUse != nil && !acquire(g.edgeUse, g.edgeLimit) {
-		release(g.use, g.limit)
-		return false
+	return true, fair
+}
+
+// fairShare is ceil(limit / k), k the edges that want the adapter (this
+// one included).
+func (g *gate) fairShare(now int64) int64 {
+	k := int64(1)
+	if ps := g.peers.Load(); ps != nil {
+		for _, p := range *ps {
+			if p != g.edge && (p.use.Load() > 0 || wants(p, now)) {
+				k++
+			}
+		}
 	}
-	return true
+	return (g.limit + k - 1) / k
+}
+
+// starving reports whether another edge wants the adapter and runs fewer
+// than fair of its requests.
+func (g *gate) starving(now, fair int64) bool {
+	if ps := g.peers.Load(); ps != nil {
+		for _, p := range *ps {
+			if p != g.edge && wants(p, now) && p.use.Load() < fair {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func wants(e *edgeCount, now int64) bool {
+	w := e.wanted.Load()
+	return w != 0 && now-w < int64(fairWindow)
 }
 
 // release returns a slot taken by tryAcquire.
 func (g *gate) release() {
-	if g.edgeUse != nil {
-		release(g.edgeUse, g.edgeLimit)
+	if g.limit <= 0 {
+		return
 	}
-	release(g.use, g.limit)
+	g.edge.use.Add(-1)
+	g.use.Add(-1)
 }
 
 // full says why the gate refused, for the terminal's error text.
-func (g *gate) full() string {
-	if g.edgeUse != nil && g.edgeUse.Load() >= g.edgeLimit {
+func (g *gate) full(fair int64) string {
+	switch {
+	case g.edgeLimit > 0 && g.edge.use.Load() >= g.edgeLimit:
 		return fmt.Sprintf("its capacity share of %d concurrent requests from this edge", g.edgeLimit)
+	case g.use.Load() < g.limit:
+		return fmt.Sprintf("its fair share of %d concurrent requests from this edge while other edges wait (capacity %d)", fair, g.limit)
 	}
 	return fmt.Sprintf("its capacity of %d concurrent requests", g.limit)
 }
 
 func acquire(n *atomic.Int64, limit int64) bool {
-	if limit <= 0 {
-		return true
-	}
 	for {
 		v := n.Load()
 		if v >= limit {
@@ -64,12 +135,6 @@ func acquire(n *atomic.Int64, limit int64) bool {
 		if n.CompareAndSwap(v, v+1) {
 			return true
 		}
-	}
-}
-
-func release(n *atomic.Int64, limit int64) {
-	if limit > 0 {
-		n.Add(-1)
 	}
 }
 
@@ -95,7 +160,10 @@ type Capacity struct {
 // counts are one adapter name's requests running: in all and per edge.
 type counts struct {
 	all    atomic.Int64
-	byEdge map[string]*atomic.Int64 // guarded by Capacity.mu
+	byEdge map[string]*edgeCount // guarded by Capacity.mu
+	// edges is byEdge's values, replaced (never changed) under
+	// Capacity.mu, for the gates to read without it.
+	edges atomic.Pointer[[]*edgeCount]
 }
 
 // claim is the backend one edge's Set runs under an adapter name.
@@ -115,17 +183,22 @@ func NewCapacity() *Capacity {
 func (c *Capacity) gateLocked(name, edge string, capacity int64, share float64) gate {
 	n := c.counts[name]
 	if n == nil {
-		n = &counts{byEdge: map[string]*atomic.Int64{}}
+		n = &counts{byEdge: map[string]*edgeCount{}}
 		c.counts[name] = n
 	}
-	g := gate{limit: capacity, use: &n.all}
-	if el := protocol.ShareOf(capacity, share); share > 0 && el > 0 {
-		e := n.byEdge[edge]
-		if e == nil {
-			e = new(atomic.Int64)
-			n.byEdge[edge] = e
+	e := n.byEdge[edge]
+	if e == nil {
+		e = new(edgeCount)
+		n.byEdge[edge] = e
+		all := make([]*edgeCount, 0, len(n.byEdge))
+		for _, x := range n.byEdge {
+			all = append(all, x)
 		}
-		g.edgeLimit, g.edgeUse = el, e
+		n.edges.Store(&all)
+	}
+	g := gate{limit: capacity, use: &n.all, edge: e, peers: &n.edges}
+	if el := protocol.ShareOf(capacity, share); share > 0 && el > 0 {
+		g.edgeLimit = el
 	}
 	return g
 }

@@ -76,8 +76,8 @@ func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit f
 		rs.fail(code, err.Error(), err)
 		return
 	}
-	if !inst.gate.tryAcquire() {
-		rs.fail(protocol.CodeOverCapacity, fmt.Sprintf("adapter %q is at %s", inst.name, inst.gate.full()), nil)
+	if ok, fair := inst.gate.tryAcquire(); !ok {
+		rs.overCapacity(fmt.Sprintf("adapter %q is at %s", inst.name, inst.gate.full(fair)), fair)
 		return
 	}
 	release := sync.OnceFunc(inst.gate.release)
@@ -316,6 +316,13 @@ func (r *runStream) put(ev *iop.RunEvent) {
 // err (nil for none) gives the client's words (message).
 func (r *runStream) fail(code protocol.Code, msg string, err error) {
 	r.end(&iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_ERROR, Error: msg, FailureCode: code.String(), Message: message(code, err)}, true)
+}
+
+// overCapacity ends the run with the gate's ERROR over_capacity, telling
+// the Edge its fair share of the adapter (SPEC E4).
+func (r *runStream) overCapacity(msg string, fair int64) {
+	r.end(&iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_ERROR, Error: msg, FailureCode: protocol.CodeOverCapacity.String(),
+		FairShare: uint32(min(max(fair, 0), 1<<31))}, true)
 }
 
 // message is the failure in the words a client may see (RunEvent.message,

@@ -86,8 +86,8 @@ func (s *Set) Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelR
 		ts.fail(protocol.CodeInvalidRequest, err.Error(), err)
 		return
 	}
-	if !inst.gate.tryAcquire() {
-		ts.fail(protocol.CodeOverCapacity, fmt.Sprintf("adapter %q is at %s", inst.name, inst.gate.full()), nil)
+	if ok, fair := inst.gate.tryAcquire(); !ok {
+		ts.overCapacity(fmt.Sprintf("adapter %q is at %s", inst.name, inst.gate.full(fair)), fair)
 		return
 	}
 	release := sync.OnceFunc(inst.gate.release)
@@ -312,6 +312,14 @@ func (t *tunnelStream) sendBody(b []byte) {
 
 func (t *tunnelStream) fail(code protocol.Code, msg string, err error) {
 	t.end(errorFrame(code, msg, err), true)
+}
+
+// overCapacity ends the tunnel with the gate's ERROR over_capacity,
+// telling the Edge its fair share of the adapter (SPEC E4).
+func (t *tunnelStream) overCapacity(msg string, fair int64) {
+	f := errorFrame(protocol.CodeOverCapacity, msg, nil)
+	f.FairShare = uint32(min(max(fair, 0), 1<<31))
+	t.end(f, true)
 }
 
 // errorFrame is an ERROR frame of code: msg is the legacy error string, err

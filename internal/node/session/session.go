@@ -71,6 +71,7 @@ import (
 	"log/slog"
 	"net"
 	"time"
+	"unicode/utf8"
 
 	"iop/internal/wire"
 	iop "iop/proto/gen/iop"
@@ -223,6 +224,10 @@ type Options struct {
 	// Renewer renews the certificate over the live session when the
 	// payload asks for it (SPEC J5); nil = never.
 	Renewer CertRenewer
+	// CapacityShare is reported in RegisterRequest.capacity_share: the
+	// part of every adapter's capacity this edge may use (the node
+	// config's edges[].capacity_share; 0 = no share of its own, SPEC E4).
+	CapacityShare float64
 	// OnReady, when set, is called once the Edge answered ready=true,
 	// before the live session runs (the supervisor of a Node with several
 	// edges counts attempts by it, supervisor.RunEdges).
@@ -364,6 +369,7 @@ func (s *session) register() (*execRef, error) {
 	}
 	if err := send(&iop.Envelope{Kind: &iop.Envelope_RegisterRequest{RegisterRequest: &iop.RegisterRequest{
 		NodeId: s.o.NodeID, Version: s.o.Version, BootId: s.o.BootID, TrustedIssuerKeyIds: s.o.TrustedIssuerKeyIDs,
+		CapacityShare: s.o.CapacityShare,
 	}}}); err != nil {
 		return nil, err
 	}
@@ -410,6 +416,10 @@ func (s *session) register() (*execRef, error) {
 			}
 			e, err := s.o.NewExecutor(cfg)
 			if err != nil {
+				// The Edge shows why in its /status (SPEC N2); then the
+				// connection closes and the supervisor retries.
+				_ = send(&iop.Envelope{Kind: &iop.Envelope_ConfigRejected{ConfigRejected: &iop.NodeConfigRejected{
+					Revision: cfg.GetRevision(), Reason: boundReason(err.Error())}}})
 				return fail(fmt.Errorf("%w (revision %q): %w", ErrConfig, cfg.GetRevision(), err))
 			}
 			ex = &execRef{ex: e, cfg: cfg}
@@ -436,6 +446,22 @@ func (s *session) register() (*execRef, error) {
 			return fail(fmt.Errorf("%w: %T before ready", ErrProtocol, env.Kind))
 		}
 	}
+}
+
+// maxReason bounds NodeConfigRejected.reason (bytes), as the Edge bounds
+// it at ingress.
+const maxReason = 2 << 10
+
+// boundReason cuts r to maxReason bytes at a rune boundary.
+func boundReason(r string) string {
+	if len(r) <= maxReason {
+		return r
+	}
+	r = r[:maxReason]
+	for len(r) > 0 && !utf8.ValidString(r) {
+		r = r[:len(r)-1]
+	}
+	return r
 }
 
 // readErr maps an I/O or framing error to a session error: the session's

@@ -174,11 +174,15 @@ func TestBeforeReady(t *testing.T) {
 			wantErr: session.ErrRegisterFatal,
 		},
 		{
-			name:  "L5 config that cannot be applied sends no ready",
+			name:  "L5 N2 config that cannot be applied sends no ready but the reason, then closes",
 			setup: func(f *fakeFactory) { f.setFail(errors.New("adapters[0].base_url: invalid")) },
 			script: func(c *edgeConn) {
 				c.expectRegister()
 				c.send(&iop.Envelope{Kind: &iop.Envelope_RegisterResponse{RegisterResponse: &iop.RegisterResponse{Accepted: true, Config: payload("r1")}}})
+				env := c.recv()
+				if r := env.GetConfigRejected(); r.GetRevision() != "r1" || r.GetReason() != "adapters[0].base_url: invalid" {
+					c.t.Fatalf("got %v, want NodeConfigRejected{r1, the reason}", env)
+				}
 				c.expectClosed() // fails on a NodeReadyRequest
 			},
 			wantErr: session.ErrConfig,

@@ -1,6 +1,8 @@
-// Package supervisor owns the Node's connectivity policy (SPEC S1–S5): one
-// goroutine does the initial dial and every reconnect, serially, and decides
-// after each failure whether to wait and retry, give up, or stop at once.
+// Package supervisor owns the Node's connectivity policy (SPEC S1–S5): per
+// edge, one goroutine does the initial dial and every reconnect, serially,
+// and decides after each failure whether to wait and retry, give up, or
+// stop at once (Run for one edge; RunEdges for several, which shares only
+// which edge is ready and which gave up).
 //
 // The decision is the pure function Decide (no I/O, no clock); Run executes it
 // around a caller-supplied connect function. The package never dials, never

@@ -344,6 +344,7 @@ type Envelope struct {
 	//	*Envelope_RefreshRequest
 	//	*Envelope_RefreshResponse
 	//	*Envelope_DrainingNotice
+	//	*Envelope_ConfigRejected
 	//	*Envelope_JoinRequest
 	//	*Envelope_JoinResponse
 	//	*Envelope_RenewRequest
@@ -549,6 +550,15 @@ func (x *Envelope) GetDrainingNotice() *NodeDrainingNotice {
 	return nil
 }
 
+func (x *Envelope) GetConfigRejected() *NodeConfigRejected {
+	if x != nil {
+		if x, ok := x.Kind.(*Envelope_ConfigRejected); ok {
+			return x.ConfigRejected
+		}
+	}
+	return nil
+}
+
 func (x *Envelope) GetJoinRequest() *NodeJoinRequest {
 	if x != nil {
 		if x, ok := x.Kind.(*Envelope_JoinRequest); ok {
@@ -662,6 +672,10 @@ type Envelope_DrainingNotice struct {
 	DrainingNotice *NodeDrainingNotice `protobuf:"bytes,25,opt,name=draining_notice,json=drainingNotice,proto3,oneof"`
 }
 
+type Envelope_ConfigRejected struct {
+	ConfigRejected *NodeConfigRejected `protobuf:"bytes,26,opt,name=config_rejected,json=configRejected,proto3,oneof"`
+}
+
 type Envelope_JoinRequest struct {
 	// Joining, renewal and discovery (SPEC J1-J7, D1-D2).
 	JoinRequest *NodeJoinRequest `protobuf:"bytes,30,opt,name=join_request,json=joinRequest,proto3,oneof"`
@@ -715,6 +729,8 @@ func (*Envelope_RefreshResponse) isEnvelope_Kind() {}
 
 func (*Envelope_DrainingNotice) isEnvelope_Kind() {}
 
+func (*Envelope_ConfigRejected) isEnvelope_Kind() {}
+
 func (*Envelope_JoinRequest) isEnvelope_Kind() {}
 
 func (*Envelope_JoinResponse) isEnvelope_Kind() {}
@@ -743,8 +759,14 @@ type RegisterRequest struct {
 	// Edge refuses a config reload whose issuer key a ready Node that sent
 	// this list does not trust. Public values; empty = not reported.
 	TrustedIssuerKeyIds []string `protobuf:"bytes,4,rep,name=trusted_issuer_key_ids,json=trustedIssuerKeyIds,proto3" json:"trusted_issuer_key_ids,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// The part of every adapter's capacity this Node gives the Edge it
+	// registers with (the Node config's edges[].capacity_share), in (0, 1]:
+	// the Edge admits at most ceil(capacity × share) requests to each of the
+	// Node's adapters (SPEC E4). 0 = the whole capacity (the Node's capacity
+	// gate still refuses what other edges hold, over_capacity).
+	CapacityShare float64 `protobuf:"fixed64,8,opt,name=capacity_share,json=capacityShare,proto3" json:"capacity_share,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RegisterRequest) Reset() {
@@ -805,6 +827,73 @@ func (x *RegisterRequest) GetTrustedIssuerKeyIds() []string {
 	return nil
 }
 
+func (x *RegisterRequest) GetCapacityShare() float64 {
+	if x != nil {
+		return x.CapacityShare
+	}
+	return 0
+}
+
+// NodeConfigRejected is sent, instead of NodeReadyRequest, by a Node that
+// cannot run the NodeConfigPayload its registration was accepted with (an
+// adapter it cannot build, or one naming another backend than another
+// edge's payload under the same adapter name, SPEC E4); then the Node
+// closes the connection and retries under its reconnect policy. The Edge
+// shows the reason in /status (SPEC N2).
+type NodeConfigRejected struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The payload's revision.
+	Revision string `protobuf:"bytes,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	// Why, for the operator; never a secret. At most 2 KiB.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeConfigRejected) Reset() {
+	*x = NodeConfigRejected{}
+	mi := &file_iop_runtime_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeConfigRejected) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeConfigRejected) ProtoMessage() {}
+
+func (x *NodeConfigRejected) ProtoReflect() protoreflect.Message {
+	mi := &file_iop_runtime_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeConfigRejected.ProtoReflect.Descriptor instead.
+func (*NodeConfigRejected) Descriptor() ([]byte, []int) {
+	return file_iop_runtime_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *NodeConfigRejected) GetRevision() string {
+	if x != nil {
+		return x.Revision
+	}
+	return ""
+}
+
+func (x *NodeConfigRejected) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // RegisterResponse answers RegisterRequest. When accepted, the connection is
 // the node id's pending owner: not dispatchable until NodeReadyResponse{ready}
 // (SPEC L3). When rejected, reason says why and the Edge closes the connection.
@@ -826,7 +915,7 @@ type RegisterResponse struct {
 
 func (x *RegisterResponse) Reset() {
 	*x = RegisterResponse{}
-	mi := &file_iop_runtime_proto_msgTypes[2]
+	mi := &file_iop_runtime_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -838,7 +927,7 @@ func (x *RegisterResponse) String() string {
 func (*RegisterResponse) ProtoMessage() {}
 
 func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[2]
+	mi := &file_iop_runtime_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -851,7 +940,7 @@ func (x *RegisterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterResponse.ProtoReflect.Descriptor instead.
 func (*RegisterResponse) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{2}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RegisterResponse) GetAccepted() bool {
@@ -898,7 +987,7 @@ type NodeConfigPayload struct {
 
 func (x *NodeConfigPayload) Reset() {
 	*x = NodeConfigPayload{}
-	mi := &file_iop_runtime_proto_msgTypes[3]
+	mi := &file_iop_runtime_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -910,7 +999,7 @@ func (x *NodeConfigPayload) String() string {
 func (*NodeConfigPayload) ProtoMessage() {}
 
 func (x *NodeConfigPayload) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[3]
+	mi := &file_iop_runtime_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -923,7 +1012,7 @@ func (x *NodeConfigPayload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeConfigPayload.ProtoReflect.Descriptor instead.
 func (*NodeConfigPayload) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{3}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *NodeConfigPayload) GetAdapters() []*AdapterConfig {
@@ -988,7 +1077,7 @@ type AdapterConfig struct {
 
 func (x *AdapterConfig) Reset() {
 	*x = AdapterConfig{}
-	mi := &file_iop_runtime_proto_msgTypes[4]
+	mi := &file_iop_runtime_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1000,7 +1089,7 @@ func (x *AdapterConfig) String() string {
 func (*AdapterConfig) ProtoMessage() {}
 
 func (x *AdapterConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[4]
+	mi := &file_iop_runtime_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1013,7 +1102,7 @@ func (x *AdapterConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterConfig.ProtoReflect.Descriptor instead.
 func (*AdapterConfig) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{4}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *AdapterConfig) GetName() string {
@@ -1105,7 +1194,7 @@ type OpenAICompatAdapterConfig struct {
 
 func (x *OpenAICompatAdapterConfig) Reset() {
 	*x = OpenAICompatAdapterConfig{}
-	mi := &file_iop_runtime_proto_msgTypes[5]
+	mi := &file_iop_runtime_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1117,7 +1206,7 @@ func (x *OpenAICompatAdapterConfig) String() string {
 func (*OpenAICompatAdapterConfig) ProtoMessage() {}
 
 func (x *OpenAICompatAdapterConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[5]
+	mi := &file_iop_runtime_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1130,7 +1219,7 @@ func (x *OpenAICompatAdapterConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenAICompatAdapterConfig.ProtoReflect.Descriptor instead.
 func (*OpenAICompatAdapterConfig) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{5}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *OpenAICompatAdapterConfig) GetProtocolProfile() *ConcreteProtocolProfile {
@@ -1173,7 +1262,7 @@ type ConcreteProtocolProfile struct {
 
 func (x *ConcreteProtocolProfile) Reset() {
 	*x = ConcreteProtocolProfile{}
-	mi := &file_iop_runtime_proto_msgTypes[6]
+	mi := &file_iop_runtime_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1185,7 +1274,7 @@ func (x *ConcreteProtocolProfile) String() string {
 func (*ConcreteProtocolProfile) ProtoMessage() {}
 
 func (x *ConcreteProtocolProfile) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[6]
+	mi := &file_iop_runtime_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1198,7 +1287,7 @@ func (x *ConcreteProtocolProfile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConcreteProtocolProfile.ProtoReflect.Descriptor instead.
 func (*ConcreteProtocolProfile) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{6}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ConcreteProtocolProfile) GetName() string {
@@ -1332,7 +1421,7 @@ type NodeRuntimeConfig struct {
 
 func (x *NodeRuntimeConfig) Reset() {
 	*x = NodeRuntimeConfig{}
-	mi := &file_iop_runtime_proto_msgTypes[7]
+	mi := &file_iop_runtime_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1344,7 +1433,7 @@ func (x *NodeRuntimeConfig) String() string {
 func (*NodeRuntimeConfig) ProtoMessage() {}
 
 func (x *NodeRuntimeConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[7]
+	mi := &file_iop_runtime_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1357,7 +1446,7 @@ func (x *NodeRuntimeConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeRuntimeConfig.ProtoReflect.Descriptor instead.
 func (*NodeRuntimeConfig) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{7}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *NodeRuntimeConfig) GetConcurrency() int32 {
@@ -1435,7 +1524,7 @@ type NodeReadyRequest struct {
 
 func (x *NodeReadyRequest) Reset() {
 	*x = NodeReadyRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[8]
+	mi := &file_iop_runtime_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1447,7 +1536,7 @@ func (x *NodeReadyRequest) String() string {
 func (*NodeReadyRequest) ProtoMessage() {}
 
 func (x *NodeReadyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[8]
+	mi := &file_iop_runtime_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1460,7 +1549,7 @@ func (x *NodeReadyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeReadyRequest.ProtoReflect.Descriptor instead.
 func (*NodeReadyRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{8}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *NodeReadyRequest) GetNodeId() string {
@@ -1484,7 +1573,7 @@ type NodeReadyResponse struct {
 
 func (x *NodeReadyResponse) Reset() {
 	*x = NodeReadyResponse{}
-	mi := &file_iop_runtime_proto_msgTypes[9]
+	mi := &file_iop_runtime_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1496,7 +1585,7 @@ func (x *NodeReadyResponse) String() string {
 func (*NodeReadyResponse) ProtoMessage() {}
 
 func (x *NodeReadyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[9]
+	mi := &file_iop_runtime_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1509,7 +1598,7 @@ func (x *NodeReadyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeReadyResponse.ProtoReflect.Descriptor instead.
 func (*NodeReadyResponse) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{9}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *NodeReadyResponse) GetReady() bool {
@@ -1541,7 +1630,7 @@ type NodeDrainingNotice struct {
 
 func (x *NodeDrainingNotice) Reset() {
 	*x = NodeDrainingNotice{}
-	mi := &file_iop_runtime_proto_msgTypes[10]
+	mi := &file_iop_runtime_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1553,7 +1642,7 @@ func (x *NodeDrainingNotice) String() string {
 func (*NodeDrainingNotice) ProtoMessage() {}
 
 func (x *NodeDrainingNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[10]
+	mi := &file_iop_runtime_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1566,7 +1655,7 @@ func (x *NodeDrainingNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeDrainingNotice.ProtoReflect.Descriptor instead.
 func (*NodeDrainingNotice) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{10}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *NodeDrainingNotice) GetDrainTimeoutMs() int64 {
@@ -1589,7 +1678,7 @@ type HeartbeatPing struct {
 
 func (x *HeartbeatPing) Reset() {
 	*x = HeartbeatPing{}
-	mi := &file_iop_runtime_proto_msgTypes[11]
+	mi := &file_iop_runtime_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1601,7 +1690,7 @@ func (x *HeartbeatPing) String() string {
 func (*HeartbeatPing) ProtoMessage() {}
 
 func (x *HeartbeatPing) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[11]
+	mi := &file_iop_runtime_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1614,7 +1703,7 @@ func (x *HeartbeatPing) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatPing.ProtoReflect.Descriptor instead.
 func (*HeartbeatPing) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{11}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *HeartbeatPing) GetSentUnixMs() int64 {
@@ -1642,7 +1731,7 @@ type HeartbeatPong struct {
 
 func (x *HeartbeatPong) Reset() {
 	*x = HeartbeatPong{}
-	mi := &file_iop_runtime_proto_msgTypes[12]
+	mi := &file_iop_runtime_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1654,7 +1743,7 @@ func (x *HeartbeatPong) String() string {
 func (*HeartbeatPong) ProtoMessage() {}
 
 func (x *HeartbeatPong) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[12]
+	mi := &file_iop_runtime_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1667,7 +1756,7 @@ func (x *HeartbeatPong) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatPong.ProtoReflect.Descriptor instead.
 func (*HeartbeatPong) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{12}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *HeartbeatPong) GetSentUnixMs() int64 {
@@ -1730,7 +1819,7 @@ type RunRequest struct {
 
 func (x *RunRequest) Reset() {
 	*x = RunRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[13]
+	mi := &file_iop_runtime_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1742,7 +1831,7 @@ func (x *RunRequest) String() string {
 func (*RunRequest) ProtoMessage() {}
 
 func (x *RunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[13]
+	mi := &file_iop_runtime_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1755,7 +1844,7 @@ func (x *RunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunRequest.ProtoReflect.Descriptor instead.
 func (*RunRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{13}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RunRequest) GetAdapter() string {
@@ -1896,7 +1985,7 @@ type RunInput struct {
 
 func (x *RunInput) Reset() {
 	*x = RunInput{}
-	mi := &file_iop_runtime_proto_msgTypes[14]
+	mi := &file_iop_runtime_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1908,7 +1997,7 @@ func (x *RunInput) String() string {
 func (*RunInput) ProtoMessage() {}
 
 func (x *RunInput) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[14]
+	mi := &file_iop_runtime_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1921,7 +2010,7 @@ func (x *RunInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunInput.ProtoReflect.Descriptor instead.
 func (*RunInput) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{14}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RunInput) GetMessages() []*ChatMessage {
@@ -2074,7 +2163,7 @@ type ChatMessage struct {
 
 func (x *ChatMessage) Reset() {
 	*x = ChatMessage{}
-	mi := &file_iop_runtime_proto_msgTypes[15]
+	mi := &file_iop_runtime_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2086,7 +2175,7 @@ func (x *ChatMessage) String() string {
 func (*ChatMessage) ProtoMessage() {}
 
 func (x *ChatMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[15]
+	mi := &file_iop_runtime_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2099,7 +2188,7 @@ func (x *ChatMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatMessage.ProtoReflect.Descriptor instead.
 func (*ChatMessage) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{15}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ChatMessage) GetRole() string {
@@ -2163,7 +2252,7 @@ type ChatImage struct {
 
 func (x *ChatImage) Reset() {
 	*x = ChatImage{}
-	mi := &file_iop_runtime_proto_msgTypes[16]
+	mi := &file_iop_runtime_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2175,7 +2264,7 @@ func (x *ChatImage) String() string {
 func (*ChatImage) ProtoMessage() {}
 
 func (x *ChatImage) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[16]
+	mi := &file_iop_runtime_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2188,7 +2277,7 @@ func (x *ChatImage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatImage.ProtoReflect.Descriptor instead.
 func (*ChatImage) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{16}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ChatImage) GetMediaType() string {
@@ -2220,7 +2309,7 @@ type TokenLogprob struct {
 
 func (x *TokenLogprob) Reset() {
 	*x = TokenLogprob{}
-	mi := &file_iop_runtime_proto_msgTypes[17]
+	mi := &file_iop_runtime_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2232,7 +2321,7 @@ func (x *TokenLogprob) String() string {
 func (*TokenLogprob) ProtoMessage() {}
 
 func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[17]
+	mi := &file_iop_runtime_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2245,7 +2334,7 @@ func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenLogprob.ProtoReflect.Descriptor instead.
 func (*TokenLogprob) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{17}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TokenLogprob) GetToken() string {
@@ -2286,7 +2375,7 @@ type Embedding struct {
 
 func (x *Embedding) Reset() {
 	*x = Embedding{}
-	mi := &file_iop_runtime_proto_msgTypes[18]
+	mi := &file_iop_runtime_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2298,7 +2387,7 @@ func (x *Embedding) String() string {
 func (*Embedding) ProtoMessage() {}
 
 func (x *Embedding) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[18]
+	mi := &file_iop_runtime_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2311,7 +2400,7 @@ func (x *Embedding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Embedding.ProtoReflect.Descriptor instead.
 func (*Embedding) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{18}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Embedding) GetValues() []float32 {
@@ -2379,14 +2468,18 @@ type RunEvent struct {
 	Reasoning string `protobuf:"bytes,20,opt,name=reasoning,proto3" json:"reasoning,omitempty"`
 	// The terminal (COMPLETE, ERROR, CANCELLED) of a run whose trace was
 	// sampled: the spans the node recorded for it; empty otherwise.
-	TraceSpans    []*NodeSpan `protobuf:"bytes,21,rep,name=trace_spans,json=traceSpans,proto3" json:"trace_spans,omitempty"`
+	TraceSpans []*NodeSpan `protobuf:"bytes,21,rep,name=trace_spans,json=traceSpans,proto3" json:"trace_spans,omitempty"`
+	// ERROR over_capacity: how many of the adapter's requests the Node
+	// admits from this Edge while other edges want it too (its fair share of
+	// the capacity, SPEC E4); 0 = not said (an older Node).
+	FairShare     uint32 `protobuf:"varint,22,opt,name=fair_share,json=fairShare,proto3" json:"fair_share,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_iop_runtime_proto_msgTypes[19]
+	mi := &file_iop_runtime_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2398,7 +2491,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[19]
+	mi := &file_iop_runtime_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2411,7 +2504,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{19}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RunEvent) GetSeq() uint64 {
@@ -2561,6 +2654,13 @@ func (x *RunEvent) GetTraceSpans() []*NodeSpan {
 	return nil
 }
 
+func (x *RunEvent) GetFairShare() uint32 {
+	if x != nil {
+		return x.FairShare
+	}
+	return 0
+}
+
 // Usage is token accounting as the backend reported it, in tokens.
 type Usage struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
@@ -2573,7 +2673,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_iop_runtime_proto_msgTypes[20]
+	mi := &file_iop_runtime_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2585,7 +2685,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[20]
+	mi := &file_iop_runtime_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2598,7 +2698,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{20}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Usage) GetPromptTokens() int64 {
@@ -2654,7 +2754,7 @@ type ExecutionFailure struct {
 
 func (x *ExecutionFailure) Reset() {
 	*x = ExecutionFailure{}
-	mi := &file_iop_runtime_proto_msgTypes[21]
+	mi := &file_iop_runtime_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2666,7 +2766,7 @@ func (x *ExecutionFailure) String() string {
 func (*ExecutionFailure) ProtoMessage() {}
 
 func (x *ExecutionFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[21]
+	mi := &file_iop_runtime_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2679,7 +2779,7 @@ func (x *ExecutionFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecutionFailure.ProtoReflect.Descriptor instead.
 func (*ExecutionFailure) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{21}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ExecutionFailure) GetCode() string {
@@ -2778,7 +2878,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[22]
+	mi := &file_iop_runtime_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2790,7 +2890,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[22]
+	mi := &file_iop_runtime_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2803,7 +2903,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{22}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CancelRequest) GetReason() string {
@@ -2824,7 +2924,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_iop_runtime_proto_msgTypes[23]
+	mi := &file_iop_runtime_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2836,7 +2936,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[23]
+	mi := &file_iop_runtime_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2849,7 +2949,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{23}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Header) GetName() string {
@@ -2904,7 +3004,7 @@ type ProviderTunnelRequest struct {
 
 func (x *ProviderTunnelRequest) Reset() {
 	*x = ProviderTunnelRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[24]
+	mi := &file_iop_runtime_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2916,7 +3016,7 @@ func (x *ProviderTunnelRequest) String() string {
 func (*ProviderTunnelRequest) ProtoMessage() {}
 
 func (x *ProviderTunnelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[24]
+	mi := &file_iop_runtime_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2929,7 +3029,7 @@ func (x *ProviderTunnelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderTunnelRequest.ProtoReflect.Descriptor instead.
 func (*ProviderTunnelRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{24}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ProviderTunnelRequest) GetAdapter() string {
@@ -3071,14 +3171,16 @@ type ProviderTunnelFrame struct {
 	Message string `protobuf:"bytes,16,opt,name=message,proto3" json:"message,omitempty"`
 	// END or ERROR of a tunnel whose trace was sampled: the node's spans, as
 	// on RunEvent.trace_spans.
-	TraceSpans    []*NodeSpan `protobuf:"bytes,17,rep,name=trace_spans,json=traceSpans,proto3" json:"trace_spans,omitempty"`
+	TraceSpans []*NodeSpan `protobuf:"bytes,17,rep,name=trace_spans,json=traceSpans,proto3" json:"trace_spans,omitempty"`
+	// ERROR over_capacity: the Edge's fair share, as on RunEvent.
+	FairShare     uint32 `protobuf:"varint,18,opt,name=fair_share,json=fairShare,proto3" json:"fair_share,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ProviderTunnelFrame) Reset() {
 	*x = ProviderTunnelFrame{}
-	mi := &file_iop_runtime_proto_msgTypes[25]
+	mi := &file_iop_runtime_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3090,7 +3192,7 @@ func (x *ProviderTunnelFrame) String() string {
 func (*ProviderTunnelFrame) ProtoMessage() {}
 
 func (x *ProviderTunnelFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[25]
+	mi := &file_iop_runtime_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3103,7 +3205,7 @@ func (x *ProviderTunnelFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderTunnelFrame.ProtoReflect.Descriptor instead.
 func (*ProviderTunnelFrame) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{25}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ProviderTunnelFrame) GetSeq() uint64 {
@@ -3204,6 +3306,13 @@ func (x *ProviderTunnelFrame) GetTraceSpans() []*NodeSpan {
 	return nil
 }
 
+func (x *ProviderTunnelFrame) GetFairShare() uint32 {
+	if x != nil {
+		return x.FairShare
+	}
+	return 0
+}
+
 // TraceContext is the W3C trace context of the Edge's attempt span, the
 // parent of the spans a node records for one run or tunnel. The node sends
 // "traceparent: 00-{trace_id}-{its upstream span id}-{flags}" (and
@@ -3227,7 +3336,7 @@ type TraceContext struct {
 
 func (x *TraceContext) Reset() {
 	*x = TraceContext{}
-	mi := &file_iop_runtime_proto_msgTypes[26]
+	mi := &file_iop_runtime_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3239,7 +3348,7 @@ func (x *TraceContext) String() string {
 func (*TraceContext) ProtoMessage() {}
 
 func (x *TraceContext) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[26]
+	mi := &file_iop_runtime_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3252,7 +3361,7 @@ func (x *TraceContext) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TraceContext.ProtoReflect.Descriptor instead.
 func (*TraceContext) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{26}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *TraceContext) GetTraceId() []byte {
@@ -3318,7 +3427,7 @@ type NodeSpan struct {
 
 func (x *NodeSpan) Reset() {
 	*x = NodeSpan{}
-	mi := &file_iop_runtime_proto_msgTypes[27]
+	mi := &file_iop_runtime_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3330,7 +3439,7 @@ func (x *NodeSpan) String() string {
 func (*NodeSpan) ProtoMessage() {}
 
 func (x *NodeSpan) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[27]
+	mi := &file_iop_runtime_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3343,7 +3452,7 @@ func (x *NodeSpan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeSpan.ProtoReflect.Descriptor instead.
 func (*NodeSpan) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{27}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *NodeSpan) GetKind() NodeSpanKind {
@@ -3437,7 +3546,7 @@ type NodeCommandRequest struct {
 
 func (x *NodeCommandRequest) Reset() {
 	*x = NodeCommandRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[28]
+	mi := &file_iop_runtime_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3449,7 +3558,7 @@ func (x *NodeCommandRequest) String() string {
 func (*NodeCommandRequest) ProtoMessage() {}
 
 func (x *NodeCommandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[28]
+	mi := &file_iop_runtime_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3462,7 +3571,7 @@ func (x *NodeCommandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeCommandRequest.ProtoReflect.Descriptor instead.
 func (*NodeCommandRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{28}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *NodeCommandRequest) GetType() NodeCommandType {
@@ -3522,7 +3631,7 @@ type NodeCommandResponse struct {
 
 func (x *NodeCommandResponse) Reset() {
 	*x = NodeCommandResponse{}
-	mi := &file_iop_runtime_proto_msgTypes[29]
+	mi := &file_iop_runtime_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3534,7 +3643,7 @@ func (x *NodeCommandResponse) String() string {
 func (*NodeCommandResponse) ProtoMessage() {}
 
 func (x *NodeCommandResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[29]
+	mi := &file_iop_runtime_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3547,7 +3656,7 @@ func (x *NodeCommandResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeCommandResponse.ProtoReflect.Descriptor instead.
 func (*NodeCommandResponse) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{29}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *NodeCommandResponse) GetOk() bool {
@@ -3582,7 +3691,7 @@ type NodeConfigRefreshRequest struct {
 
 func (x *NodeConfigRefreshRequest) Reset() {
 	*x = NodeConfigRefreshRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[30]
+	mi := &file_iop_runtime_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3594,7 +3703,7 @@ func (x *NodeConfigRefreshRequest) String() string {
 func (*NodeConfigRefreshRequest) ProtoMessage() {}
 
 func (x *NodeConfigRefreshRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[30]
+	mi := &file_iop_runtime_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3607,7 +3716,7 @@ func (x *NodeConfigRefreshRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeConfigRefreshRequest.ProtoReflect.Descriptor instead.
 func (*NodeConfigRefreshRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{30}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *NodeConfigRefreshRequest) GetConfig() *NodeConfigPayload {
@@ -3627,7 +3736,7 @@ type NodeConfigRefreshResponse struct {
 
 func (x *NodeConfigRefreshResponse) Reset() {
 	*x = NodeConfigRefreshResponse{}
-	mi := &file_iop_runtime_proto_msgTypes[31]
+	mi := &file_iop_runtime_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3639,7 +3748,7 @@ func (x *NodeConfigRefreshResponse) String() string {
 func (*NodeConfigRefreshResponse) ProtoMessage() {}
 
 func (x *NodeConfigRefreshResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[31]
+	mi := &file_iop_runtime_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3652,7 +3761,7 @@ func (x *NodeConfigRefreshResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeConfigRefreshResponse.ProtoReflect.Descriptor instead.
 func (*NodeConfigRefreshResponse) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{31}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *NodeConfigRefreshResponse) GetStatus() RefreshStatus {
@@ -3699,7 +3808,7 @@ type CredentialLease struct {
 
 func (x *CredentialLease) Reset() {
 	*x = CredentialLease{}
-	mi := &file_iop_runtime_proto_msgTypes[32]
+	mi := &file_iop_runtime_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3711,7 +3820,7 @@ func (x *CredentialLease) String() string {
 func (*CredentialLease) ProtoMessage() {}
 
 func (x *CredentialLease) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[32]
+	mi := &file_iop_runtime_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3724,7 +3833,7 @@ func (x *CredentialLease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CredentialLease.ProtoReflect.Descriptor instead.
 func (*CredentialLease) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{32}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CredentialLease) GetLeaseId() string {
@@ -3826,7 +3935,7 @@ type CredentialLeaseBinding struct {
 
 func (x *CredentialLeaseBinding) Reset() {
 	*x = CredentialLeaseBinding{}
-	mi := &file_iop_runtime_proto_msgTypes[33]
+	mi := &file_iop_runtime_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3838,7 +3947,7 @@ func (x *CredentialLeaseBinding) String() string {
 func (*CredentialLeaseBinding) ProtoMessage() {}
 
 func (x *CredentialLeaseBinding) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[33]
+	mi := &file_iop_runtime_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3851,7 +3960,7 @@ func (x *CredentialLeaseBinding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CredentialLeaseBinding.ProtoReflect.Descriptor instead.
 func (*CredentialLeaseBinding) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{33}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CredentialLeaseBinding) GetPrincipal() string {
@@ -3986,7 +4095,7 @@ type ProviderSnapshot struct {
 
 func (x *ProviderSnapshot) Reset() {
 	*x = ProviderSnapshot{}
-	mi := &file_iop_runtime_proto_msgTypes[34]
+	mi := &file_iop_runtime_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3998,7 +4107,7 @@ func (x *ProviderSnapshot) String() string {
 func (*ProviderSnapshot) ProtoMessage() {}
 
 func (x *ProviderSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[34]
+	mi := &file_iop_runtime_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4011,7 +4120,7 @@ func (x *ProviderSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderSnapshot.ProtoReflect.Descriptor instead.
 func (*ProviderSnapshot) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{34}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ProviderSnapshot) GetProviderId() string {
@@ -4123,7 +4232,7 @@ type NodeJoinRequest struct {
 
 func (x *NodeJoinRequest) Reset() {
 	*x = NodeJoinRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[35]
+	mi := &file_iop_runtime_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4135,7 +4244,7 @@ func (x *NodeJoinRequest) String() string {
 func (*NodeJoinRequest) ProtoMessage() {}
 
 func (x *NodeJoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[35]
+	mi := &file_iop_runtime_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4148,7 +4257,7 @@ func (x *NodeJoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeJoinRequest.ProtoReflect.Descriptor instead.
 func (*NodeJoinRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{35}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *NodeJoinRequest) GetTokenId() string {
@@ -4219,7 +4328,7 @@ type NodeJoinResponse struct {
 
 func (x *NodeJoinResponse) Reset() {
 	*x = NodeJoinResponse{}
-	mi := &file_iop_runtime_proto_msgTypes[36]
+	mi := &file_iop_runtime_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4231,7 +4340,7 @@ func (x *NodeJoinResponse) String() string {
 func (*NodeJoinResponse) ProtoMessage() {}
 
 func (x *NodeJoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[36]
+	mi := &file_iop_runtime_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4244,7 +4353,7 @@ func (x *NodeJoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeJoinResponse.ProtoReflect.Descriptor instead.
 func (*NodeJoinResponse) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{36}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *NodeJoinResponse) GetOk() bool {
@@ -4324,7 +4433,7 @@ type CertificateRenewRequest struct {
 
 func (x *CertificateRenewRequest) Reset() {
 	*x = CertificateRenewRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[37]
+	mi := &file_iop_runtime_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4336,7 +4445,7 @@ func (x *CertificateRenewRequest) String() string {
 func (*CertificateRenewRequest) ProtoMessage() {}
 
 func (x *CertificateRenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[37]
+	mi := &file_iop_runtime_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4349,7 +4458,7 @@ func (x *CertificateRenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CertificateRenewRequest.ProtoReflect.Descriptor instead.
 func (*CertificateRenewRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{37}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *CertificateRenewRequest) GetCsr() []byte {
@@ -4374,7 +4483,7 @@ type CertificateRenewResponse struct {
 
 func (x *CertificateRenewResponse) Reset() {
 	*x = CertificateRenewResponse{}
-	mi := &file_iop_runtime_proto_msgTypes[38]
+	mi := &file_iop_runtime_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4386,7 +4495,7 @@ func (x *CertificateRenewResponse) String() string {
 func (*CertificateRenewResponse) ProtoMessage() {}
 
 func (x *CertificateRenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[38]
+	mi := &file_iop_runtime_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4399,7 +4508,7 @@ func (x *CertificateRenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CertificateRenewResponse.ProtoReflect.Descriptor instead.
 func (*CertificateRenewResponse) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{38}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CertificateRenewResponse) GetOk() bool {
@@ -4442,7 +4551,7 @@ type NodeModelsReport struct {
 
 func (x *NodeModelsReport) Reset() {
 	*x = NodeModelsReport{}
-	mi := &file_iop_runtime_proto_msgTypes[39]
+	mi := &file_iop_runtime_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4454,7 +4563,7 @@ func (x *NodeModelsReport) String() string {
 func (*NodeModelsReport) ProtoMessage() {}
 
 func (x *NodeModelsReport) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[39]
+	mi := &file_iop_runtime_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4467,7 +4576,7 @@ func (x *NodeModelsReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeModelsReport.ProtoReflect.Descriptor instead.
 func (*NodeModelsReport) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{39}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *NodeModelsReport) GetAdapters() []*AdapterModels {
@@ -4494,7 +4603,7 @@ type AdapterModels struct {
 
 func (x *AdapterModels) Reset() {
 	*x = AdapterModels{}
-	mi := &file_iop_runtime_proto_msgTypes[40]
+	mi := &file_iop_runtime_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4506,7 +4615,7 @@ func (x *AdapterModels) String() string {
 func (*AdapterModels) ProtoMessage() {}
 
 func (x *AdapterModels) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[40]
+	mi := &file_iop_runtime_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4519,7 +4628,7 @@ func (x *AdapterModels) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterModels.ProtoReflect.Descriptor instead.
 func (*AdapterModels) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{40}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *AdapterModels) GetAdapter() string {
@@ -4547,7 +4656,7 @@ var File_iop_runtime_proto protoreflect.FileDescriptor
 
 const file_iop_runtime_proto_rawDesc = "" +
 	"\n" +
-	"\x11iop/runtime.proto\x12\x0eiop.runtime.v1\"\xd8\f\n" +
+	"\x11iop/runtime.proto\x12\x0eiop.runtime.v1\"\xa7\r\n" +
 	"\bEnvelope\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1d\n" +
 	"\n" +
@@ -4569,18 +4678,23 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x10command_response\x18\x16 \x01(\v2#.iop.runtime.v1.NodeCommandResponseH\x00R\x0fcommandResponse\x12S\n" +
 	"\x0frefresh_request\x18\x17 \x01(\v2(.iop.runtime.v1.NodeConfigRefreshRequestH\x00R\x0erefreshRequest\x12V\n" +
 	"\x10refresh_response\x18\x18 \x01(\v2).iop.runtime.v1.NodeConfigRefreshResponseH\x00R\x0frefreshResponse\x12M\n" +
-	"\x0fdraining_notice\x18\x19 \x01(\v2\".iop.runtime.v1.NodeDrainingNoticeH\x00R\x0edrainingNotice\x12D\n" +
+	"\x0fdraining_notice\x18\x19 \x01(\v2\".iop.runtime.v1.NodeDrainingNoticeH\x00R\x0edrainingNotice\x12M\n" +
+	"\x0fconfig_rejected\x18\x1a \x01(\v2\".iop.runtime.v1.NodeConfigRejectedH\x00R\x0econfigRejected\x12D\n" +
 	"\fjoin_request\x18\x1e \x01(\v2\x1f.iop.runtime.v1.NodeJoinRequestH\x00R\vjoinRequest\x12G\n" +
 	"\rjoin_response\x18\x1f \x01(\v2 .iop.runtime.v1.NodeJoinResponseH\x00R\fjoinResponse\x12N\n" +
 	"\rrenew_request\x18  \x01(\v2'.iop.runtime.v1.CertificateRenewRequestH\x00R\frenewRequest\x12Q\n" +
 	"\x0erenew_response\x18! \x01(\v2(.iop.runtime.v1.CertificateRenewResponseH\x00R\rrenewResponse\x12G\n" +
 	"\rmodels_report\x18\" \x01(\v2 .iop.runtime.v1.NodeModelsReportH\x00R\fmodelsReportB\x06\n" +
-	"\x04kind\"\x92\x01\n" +
+	"\x04kind\"\xb9\x01\n" +
 	"\x0fRegisterRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x17\n" +
 	"\aboot_id\x18\x03 \x01(\tR\x06bootId\x123\n" +
-	"\x16trusted_issuer_key_ids\x18\x04 \x03(\tR\x13trustedIssuerKeyIds\"\x97\x01\n" +
+	"\x16trusted_issuer_key_ids\x18\x04 \x03(\tR\x13trustedIssuerKeyIds\x12%\n" +
+	"\x0ecapacity_share\x18\b \x01(\x01R\rcapacityShare\"H\n" +
+	"\x12NodeConfigRejected\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\tR\brevision\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x97\x01\n" +
 	"\x10RegisterResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x129\n" +
@@ -4726,7 +4840,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x05bytes\x18\x03 \x01(\fR\x05bytes\x12?\n" +
 	"\ftop_logprobs\x18\x04 \x03(\v2\x1c.iop.runtime.v1.TokenLogprobR\vtopLogprobs\"#\n" +
 	"\tEmbedding\x12\x16\n" +
-	"\x06values\x18\x01 \x03(\x02R\x06values\"\xee\x06\n" +
+	"\x06values\x18\x01 \x03(\x02R\x06values\"\x8d\a\n" +
 	"\bRunEvent\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x120\n" +
 	"\x04type\x18\x02 \x01(\x0e2\x1c.iop.runtime.v1.RunEventTypeR\x04type\x12\x14\n" +
@@ -4752,7 +4866,9 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x0freasoning_delta\x18\x13 \x01(\tR\x0ereasoningDelta\x12\x1c\n" +
 	"\treasoning\x18\x14 \x01(\tR\treasoning\x129\n" +
 	"\vtrace_spans\x18\x15 \x03(\v2\x18.iop.runtime.v1.NodeSpanR\n" +
-	"traceSpans\x1a;\n" +
+	"traceSpans\x12\x1d\n" +
+	"\n" +
+	"fair_share\x18\x16 \x01(\rR\tfairShare\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"|\n" +
@@ -4804,7 +4920,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x05trace\x18\x10 \x01(\v2\x1c.iop.runtime.v1.TraceContextR\x05trace\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xef\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8e\x05\n" +
 	"\x13ProviderTunnelFrame\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x123\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x1f.iop.runtime.v1.TunnelFrameKindR\x04kind\x12\x16\n" +
@@ -4821,7 +4937,9 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\afailure\x18\x0f \x01(\v2 .iop.runtime.v1.ExecutionFailureR\afailure\x12\x18\n" +
 	"\amessage\x18\x10 \x01(\tR\amessage\x129\n" +
 	"\vtrace_spans\x18\x11 \x03(\v2\x18.iop.runtime.v1.NodeSpanR\n" +
-	"traceSpans\x1a;\n" +
+	"traceSpans\x12\x1d\n" +
+	"\n" +
+	"fair_share\x18\x12 \x01(\rR\tfairShare\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x89\x01\n" +
@@ -4987,7 +5105,7 @@ func file_iop_runtime_proto_rawDescGZIP() []byte {
 }
 
 var file_iop_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_iop_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_iop_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_iop_runtime_proto_goTypes = []any{
 	(RunEventType)(0),                 // 0: iop.runtime.v1.RunEventType
 	(TunnelFrameKind)(0),              // 1: iop.runtime.v1.TunnelFrameKind
@@ -4996,121 +5114,123 @@ var file_iop_runtime_proto_goTypes = []any{
 	(RefreshStatus)(0),                // 4: iop.runtime.v1.RefreshStatus
 	(*Envelope)(nil),                  // 5: iop.runtime.v1.Envelope
 	(*RegisterRequest)(nil),           // 6: iop.runtime.v1.RegisterRequest
-	(*RegisterResponse)(nil),          // 7: iop.runtime.v1.RegisterResponse
-	(*NodeConfigPayload)(nil),         // 8: iop.runtime.v1.NodeConfigPayload
-	(*AdapterConfig)(nil),             // 9: iop.runtime.v1.AdapterConfig
-	(*OpenAICompatAdapterConfig)(nil), // 10: iop.runtime.v1.OpenAICompatAdapterConfig
-	(*ConcreteProtocolProfile)(nil),   // 11: iop.runtime.v1.ConcreteProtocolProfile
-	(*NodeRuntimeConfig)(nil),         // 12: iop.runtime.v1.NodeRuntimeConfig
-	(*NodeReadyRequest)(nil),          // 13: iop.runtime.v1.NodeReadyRequest
-	(*NodeReadyResponse)(nil),         // 14: iop.runtime.v1.NodeReadyResponse
-	(*NodeDrainingNotice)(nil),        // 15: iop.runtime.v1.NodeDrainingNotice
-	(*HeartbeatPing)(nil),             // 16: iop.runtime.v1.HeartbeatPing
-	(*HeartbeatPong)(nil),             // 17: iop.runtime.v1.HeartbeatPong
-	(*RunRequest)(nil),                // 18: iop.runtime.v1.RunRequest
-	(*RunInput)(nil),                  // 19: iop.runtime.v1.RunInput
-	(*ChatMessage)(nil),               // 20: iop.runtime.v1.ChatMessage
-	(*ChatImage)(nil),                 // 21: iop.runtime.v1.ChatImage
-	(*TokenLogprob)(nil),              // 22: iop.runtime.v1.TokenLogprob
-	(*Embedding)(nil),                 // 23: iop.runtime.v1.Embedding
-	(*RunEvent)(nil),                  // 24: iop.runtime.v1.RunEvent
-	(*Usage)(nil),                     // 25: iop.runtime.v1.Usage
-	(*ExecutionFailure)(nil),          // 26: iop.runtime.v1.ExecutionFailure
-	(*CancelRequest)(nil),             // 27: iop.runtime.v1.CancelRequest
-	(*Header)(nil),                    // 28: iop.runtime.v1.Header
-	(*ProviderTunnelRequest)(nil),     // 29: iop.runtime.v1.ProviderTunnelRequest
-	(*ProviderTunnelFrame)(nil),       // 30: iop.runtime.v1.ProviderTunnelFrame
-	(*TraceContext)(nil),              // 31: iop.runtime.v1.TraceContext
-	(*NodeSpan)(nil),                  // 32: iop.runtime.v1.NodeSpan
-	(*NodeCommandRequest)(nil),        // 33: iop.runtime.v1.NodeCommandRequest
-	(*NodeCommandResponse)(nil),       // 34: iop.runtime.v1.NodeCommandResponse
-	(*NodeConfigRefreshRequest)(nil),  // 35: iop.runtime.v1.NodeConfigRefreshRequest
-	(*NodeConfigRefreshResponse)(nil), // 36: iop.runtime.v1.NodeConfigRefreshResponse
-	(*CredentialLease)(nil),           // 37: iop.runtime.v1.CredentialLease
-	(*CredentialLeaseBinding)(nil),    // 38: iop.runtime.v1.CredentialLeaseBinding
-	(*ProviderSnapshot)(nil),          // 39: iop.runtime.v1.ProviderSnapshot
-	(*NodeJoinRequest)(nil),           // 40: iop.runtime.v1.NodeJoinRequest
-	(*NodeJoinResponse)(nil),          // 41: iop.runtime.v1.NodeJoinResponse
-	(*CertificateRenewRequest)(nil),   // 42: iop.runtime.v1.CertificateRenewRequest
-	(*CertificateRenewResponse)(nil),  // 43: iop.runtime.v1.CertificateRenewResponse
-	(*NodeModelsReport)(nil),          // 44: iop.runtime.v1.NodeModelsReport
-	(*AdapterModels)(nil),             // 45: iop.runtime.v1.AdapterModels
-	nil,                               // 46: iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntry
-	nil,                               // 47: iop.runtime.v1.RunRequest.MetadataEntry
-	nil,                               // 48: iop.runtime.v1.RunEvent.MetadataEntry
-	nil,                               // 49: iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
-	nil,                               // 50: iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
-	nil,                               // 51: iop.runtime.v1.NodeCommandRequest.ArgsEntry
-	nil,                               // 52: iop.runtime.v1.NodeCommandResponse.ResultEntry
+	(*NodeConfigRejected)(nil),        // 7: iop.runtime.v1.NodeConfigRejected
+	(*RegisterResponse)(nil),          // 8: iop.runtime.v1.RegisterResponse
+	(*NodeConfigPayload)(nil),         // 9: iop.runtime.v1.NodeConfigPayload
+	(*AdapterConfig)(nil),             // 10: iop.runtime.v1.AdapterConfig
+	(*OpenAICompatAdapterConfig)(nil), // 11: iop.runtime.v1.OpenAICompatAdapterConfig
+	(*ConcreteProtocolProfile)(nil),   // 12: iop.runtime.v1.ConcreteProtocolProfile
+	(*NodeRuntimeConfig)(nil),         // 13: iop.runtime.v1.NodeRuntimeConfig
+	(*NodeReadyRequest)(nil),          // 14: iop.runtime.v1.NodeReadyRequest
+	(*NodeReadyResponse)(nil),         // 15: iop.runtime.v1.NodeReadyResponse
+	(*NodeDrainingNotice)(nil),        // 16: iop.runtime.v1.NodeDrainingNotice
+	(*HeartbeatPing)(nil),             // 17: iop.runtime.v1.HeartbeatPing
+	(*HeartbeatPong)(nil),             // 18: iop.runtime.v1.HeartbeatPong
+	(*RunRequest)(nil),                // 19: iop.runtime.v1.RunRequest
+	(*RunInput)(nil),                  // 20: iop.runtime.v1.RunInput
+	(*ChatMessage)(nil),               // 21: iop.runtime.v1.ChatMessage
+	(*ChatImage)(nil),                 // 22: iop.runtime.v1.ChatImage
+	(*TokenLogprob)(nil),              // 23: iop.runtime.v1.TokenLogprob
+	(*Embedding)(nil),                 // 24: iop.runtime.v1.Embedding
+	(*RunEvent)(nil),                  // 25: iop.runtime.v1.RunEvent
+	(*Usage)(nil),                     // 26: iop.runtime.v1.Usage
+	(*ExecutionFailure)(nil),          // 27: iop.runtime.v1.ExecutionFailure
+	(*CancelRequest)(nil),             // 28: iop.runtime.v1.CancelRequest
+	(*Header)(nil),                    // 29: iop.runtime.v1.Header
+	(*ProviderTunnelRequest)(nil),     // 30: iop.runtime.v1.ProviderTunnelRequest
+	(*ProviderTunnelFrame)(nil),       // 31: iop.runtime.v1.ProviderTunnelFrame
+	(*TraceContext)(nil),              // 32: iop.runtime.v1.TraceContext
+	(*NodeSpan)(nil),                  // 33: iop.runtime.v1.NodeSpan
+	(*NodeCommandRequest)(nil),        // 34: iop.runtime.v1.NodeCommandRequest
+	(*NodeCommandResponse)(nil),       // 35: iop.runtime.v1.NodeCommandResponse
+	(*NodeConfigRefreshRequest)(nil),  // 36: iop.runtime.v1.NodeConfigRefreshRequest
+	(*NodeConfigRefreshResponse)(nil), // 37: iop.runtime.v1.NodeConfigRefreshResponse
+	(*CredentialLease)(nil),           // 38: iop.runtime.v1.CredentialLease
+	(*CredentialLeaseBinding)(nil),    // 39: iop.runtime.v1.CredentialLeaseBinding
+	(*ProviderSnapshot)(nil),          // 40: iop.runtime.v1.ProviderSnapshot
+	(*NodeJoinRequest)(nil),           // 41: iop.runtime.v1.NodeJoinRequest
+	(*NodeJoinResponse)(nil),          // 42: iop.runtime.v1.NodeJoinResponse
+	(*CertificateRenewRequest)(nil),   // 43: iop.runtime.v1.CertificateRenewRequest
+	(*CertificateRenewResponse)(nil),  // 44: iop.runtime.v1.CertificateRenewResponse
+	(*NodeModelsReport)(nil),          // 45: iop.runtime.v1.NodeModelsReport
+	(*AdapterModels)(nil),             // 46: iop.runtime.v1.AdapterModels
+	nil,                               // 47: iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntry
+	nil,                               // 48: iop.runtime.v1.RunRequest.MetadataEntry
+	nil,                               // 49: iop.runtime.v1.RunEvent.MetadataEntry
+	nil,                               // 50: iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
+	nil,                               // 51: iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
+	nil,                               // 52: iop.runtime.v1.NodeCommandRequest.ArgsEntry
+	nil,                               // 53: iop.runtime.v1.NodeCommandResponse.ResultEntry
 }
 var file_iop_runtime_proto_depIdxs = []int32{
 	6,  // 0: iop.runtime.v1.Envelope.register_request:type_name -> iop.runtime.v1.RegisterRequest
-	7,  // 1: iop.runtime.v1.Envelope.register_response:type_name -> iop.runtime.v1.RegisterResponse
-	13, // 2: iop.runtime.v1.Envelope.ready_request:type_name -> iop.runtime.v1.NodeReadyRequest
-	14, // 3: iop.runtime.v1.Envelope.ready_response:type_name -> iop.runtime.v1.NodeReadyResponse
-	16, // 4: iop.runtime.v1.Envelope.ping:type_name -> iop.runtime.v1.HeartbeatPing
-	17, // 5: iop.runtime.v1.Envelope.pong:type_name -> iop.runtime.v1.HeartbeatPong
-	18, // 6: iop.runtime.v1.Envelope.run_request:type_name -> iop.runtime.v1.RunRequest
-	24, // 7: iop.runtime.v1.Envelope.run_event:type_name -> iop.runtime.v1.RunEvent
-	29, // 8: iop.runtime.v1.Envelope.tunnel_request:type_name -> iop.runtime.v1.ProviderTunnelRequest
-	30, // 9: iop.runtime.v1.Envelope.tunnel_frame:type_name -> iop.runtime.v1.ProviderTunnelFrame
-	27, // 10: iop.runtime.v1.Envelope.cancel_request:type_name -> iop.runtime.v1.CancelRequest
-	33, // 11: iop.runtime.v1.Envelope.command_request:type_name -> iop.runtime.v1.NodeCommandRequest
-	34, // 12: iop.runtime.v1.Envelope.command_response:type_name -> iop.runtime.v1.NodeCommandResponse
-	35, // 13: iop.runtime.v1.Envelope.refresh_request:type_name -> iop.runtime.v1.NodeConfigRefreshRequest
-	36, // 14: iop.runtime.v1.Envelope.refresh_response:type_name -> iop.runtime.v1.NodeConfigRefreshResponse
-	15, // 15: iop.runtime.v1.Envelope.draining_notice:type_name -> iop.runtime.v1.NodeDrainingNotice
-	40, // 16: iop.runtime.v1.Envelope.join_request:type_name -> iop.runtime.v1.NodeJoinRequest
-	41, // 17: iop.runtime.v1.Envelope.join_response:type_name -> iop.runtime.v1.NodeJoinResponse
-	42, // 18: iop.runtime.v1.Envelope.renew_request:type_name -> iop.runtime.v1.CertificateRenewRequest
-	43, // 19: iop.runtime.v1.Envelope.renew_response:type_name -> iop.runtime.v1.CertificateRenewResponse
-	44, // 20: iop.runtime.v1.Envelope.models_report:type_name -> iop.runtime.v1.NodeModelsReport
-	8,  // 21: iop.runtime.v1.RegisterResponse.config:type_name -> iop.runtime.v1.NodeConfigPayload
-	9,  // 22: iop.runtime.v1.NodeConfigPayload.adapters:type_name -> iop.runtime.v1.AdapterConfig
-	12, // 23: iop.runtime.v1.NodeConfigPayload.runtime:type_name -> iop.runtime.v1.NodeRuntimeConfig
-	10, // 24: iop.runtime.v1.AdapterConfig.openai_compat:type_name -> iop.runtime.v1.OpenAICompatAdapterConfig
-	11, // 25: iop.runtime.v1.OpenAICompatAdapterConfig.protocol_profile:type_name -> iop.runtime.v1.ConcreteProtocolProfile
-	46, // 26: iop.runtime.v1.NodeRuntimeConfig.credential_slot_revisions:type_name -> iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntry
-	19, // 27: iop.runtime.v1.RunRequest.input:type_name -> iop.runtime.v1.RunInput
-	47, // 28: iop.runtime.v1.RunRequest.metadata:type_name -> iop.runtime.v1.RunRequest.MetadataEntry
-	37, // 29: iop.runtime.v1.RunRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
-	38, // 30: iop.runtime.v1.RunRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
-	31, // 31: iop.runtime.v1.RunRequest.trace:type_name -> iop.runtime.v1.TraceContext
-	20, // 32: iop.runtime.v1.RunInput.messages:type_name -> iop.runtime.v1.ChatMessage
-	21, // 33: iop.runtime.v1.ChatMessage.images:type_name -> iop.runtime.v1.ChatImage
-	22, // 34: iop.runtime.v1.TokenLogprob.top_logprobs:type_name -> iop.runtime.v1.TokenLogprob
-	0,  // 35: iop.runtime.v1.RunEvent.type:type_name -> iop.runtime.v1.RunEventType
-	25, // 36: iop.runtime.v1.RunEvent.usage:type_name -> iop.runtime.v1.Usage
-	48, // 37: iop.runtime.v1.RunEvent.metadata:type_name -> iop.runtime.v1.RunEvent.MetadataEntry
-	26, // 38: iop.runtime.v1.RunEvent.failure:type_name -> iop.runtime.v1.ExecutionFailure
-	22, // 39: iop.runtime.v1.RunEvent.logprobs:type_name -> iop.runtime.v1.TokenLogprob
-	23, // 40: iop.runtime.v1.RunEvent.embeddings:type_name -> iop.runtime.v1.Embedding
-	32, // 41: iop.runtime.v1.RunEvent.trace_spans:type_name -> iop.runtime.v1.NodeSpan
-	28, // 42: iop.runtime.v1.ProviderTunnelRequest.headers:type_name -> iop.runtime.v1.Header
-	49, // 43: iop.runtime.v1.ProviderTunnelRequest.metadata:type_name -> iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
-	37, // 44: iop.runtime.v1.ProviderTunnelRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
-	38, // 45: iop.runtime.v1.ProviderTunnelRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
-	31, // 46: iop.runtime.v1.ProviderTunnelRequest.trace:type_name -> iop.runtime.v1.TraceContext
-	1,  // 47: iop.runtime.v1.ProviderTunnelFrame.kind:type_name -> iop.runtime.v1.TunnelFrameKind
-	28, // 48: iop.runtime.v1.ProviderTunnelFrame.headers:type_name -> iop.runtime.v1.Header
-	25, // 49: iop.runtime.v1.ProviderTunnelFrame.usage:type_name -> iop.runtime.v1.Usage
-	50, // 50: iop.runtime.v1.ProviderTunnelFrame.metadata:type_name -> iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
-	26, // 51: iop.runtime.v1.ProviderTunnelFrame.failure:type_name -> iop.runtime.v1.ExecutionFailure
-	32, // 52: iop.runtime.v1.ProviderTunnelFrame.trace_spans:type_name -> iop.runtime.v1.NodeSpan
-	2,  // 53: iop.runtime.v1.NodeSpan.kind:type_name -> iop.runtime.v1.NodeSpanKind
-	3,  // 54: iop.runtime.v1.NodeCommandRequest.type:type_name -> iop.runtime.v1.NodeCommandType
-	51, // 55: iop.runtime.v1.NodeCommandRequest.args:type_name -> iop.runtime.v1.NodeCommandRequest.ArgsEntry
-	37, // 56: iop.runtime.v1.NodeCommandRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
-	38, // 57: iop.runtime.v1.NodeCommandRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
-	52, // 58: iop.runtime.v1.NodeCommandResponse.result:type_name -> iop.runtime.v1.NodeCommandResponse.ResultEntry
-	8,  // 59: iop.runtime.v1.NodeConfigRefreshRequest.config:type_name -> iop.runtime.v1.NodeConfigPayload
-	4,  // 60: iop.runtime.v1.NodeConfigRefreshResponse.status:type_name -> iop.runtime.v1.RefreshStatus
-	45, // 61: iop.runtime.v1.NodeModelsReport.adapters:type_name -> iop.runtime.v1.AdapterModels
-	62, // [62:62] is the sub-list for method output_type
-	62, // [62:62] is the sub-list for method input_type
-	62, // [62:62] is the sub-list for extension type_name
-	62, // [62:62] is the sub-list for extension extendee
-	0,  // [0:62] is the sub-list for field type_name
+	8,  // 1: iop.runtime.v1.Envelope.register_response:type_name -> iop.runtime.v1.RegisterResponse
+	14, // 2: iop.runtime.v1.Envelope.ready_request:type_name -> iop.runtime.v1.NodeReadyRequest
+	15, // 3: iop.runtime.v1.Envelope.ready_response:type_name -> iop.runtime.v1.NodeReadyResponse
+	17, // 4: iop.runtime.v1.Envelope.ping:type_name -> iop.runtime.v1.HeartbeatPing
+	18, // 5: iop.runtime.v1.Envelope.pong:type_name -> iop.runtime.v1.HeartbeatPong
+	19, // 6: iop.runtime.v1.Envelope.run_request:type_name -> iop.runtime.v1.RunRequest
+	25, // 7: iop.runtime.v1.Envelope.run_event:type_name -> iop.runtime.v1.RunEvent
+	30, // 8: iop.runtime.v1.Envelope.tunnel_request:type_name -> iop.runtime.v1.ProviderTunnelRequest
+	31, // 9: iop.runtime.v1.Envelope.tunnel_frame:type_name -> iop.runtime.v1.ProviderTunnelFrame
+	28, // 10: iop.runtime.v1.Envelope.cancel_request:type_name -> iop.runtime.v1.CancelRequest
+	34, // 11: iop.runtime.v1.Envelope.command_request:type_name -> iop.runtime.v1.NodeCommandRequest
+	35, // 12: iop.runtime.v1.Envelope.command_response:type_name -> iop.runtime.v1.NodeCommandResponse
+	36, // 13: iop.runtime.v1.Envelope.refresh_request:type_name -> iop.runtime.v1.NodeConfigRefreshRequest
+	37, // 14: iop.runtime.v1.Envelope.refresh_response:type_name -> iop.runtime.v1.NodeConfigRefreshResponse
+	16, // 15: iop.runtime.v1.Envelope.draining_notice:type_name -> iop.runtime.v1.NodeDrainingNotice
+	7,  // 16: iop.runtime.v1.Envelope.config_rejected:type_name -> iop.runtime.v1.NodeConfigRejected
+	41, // 17: iop.runtime.v1.Envelope.join_request:type_name -> iop.runtime.v1.NodeJoinRequest
+	42, // 18: iop.runtime.v1.Envelope.join_response:type_name -> iop.runtime.v1.NodeJoinResponse
+	43, // 19: iop.runtime.v1.Envelope.renew_request:type_name -> iop.runtime.v1.CertificateRenewRequest
+	44, // 20: iop.runtime.v1.Envelope.renew_response:type_name -> iop.runtime.v1.CertificateRenewResponse
+	45, // 21: iop.runtime.v1.Envelope.models_report:type_name -> iop.runtime.v1.NodeModelsReport
+	9,  // 22: iop.runtime.v1.RegisterResponse.config:type_name -> iop.runtime.v1.NodeConfigPayload
+	10, // 23: iop.runtime.v1.NodeConfigPayload.adapters:type_name -> iop.runtime.v1.AdapterConfig
+	13, // 24: iop.runtime.v1.NodeConfigPayload.runtime:type_name -> iop.runtime.v1.NodeRuntimeConfig
+	11, // 25: iop.runtime.v1.AdapterConfig.openai_compat:type_name -> iop.runtime.v1.OpenAICompatAdapterConfig
+	12, // 26: iop.runtime.v1.OpenAICompatAdapterConfig.protocol_profile:type_name -> iop.runtime.v1.ConcreteProtocolProfile
+	47, // 27: iop.runtime.v1.NodeRuntimeConfig.credential_slot_revisions:type_name -> iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntry
+	20, // 28: iop.runtime.v1.RunRequest.input:type_name -> iop.runtime.v1.RunInput
+	48, // 29: iop.runtime.v1.RunRequest.metadata:type_name -> iop.runtime.v1.RunRequest.MetadataEntry
+	38, // 30: iop.runtime.v1.RunRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
+	39, // 31: iop.runtime.v1.RunRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
+	32, // 32: iop.runtime.v1.RunRequest.trace:type_name -> iop.runtime.v1.TraceContext
+	21, // 33: iop.runtime.v1.RunInput.messages:type_name -> iop.runtime.v1.ChatMessage
+	22, // 34: iop.runtime.v1.ChatMessage.images:type_name -> iop.runtime.v1.ChatImage
+	23, // 35: iop.runtime.v1.TokenLogprob.top_logprobs:type_name -> iop.runtime.v1.TokenLogprob
+	0,  // 36: iop.runtime.v1.RunEvent.type:type_name -> iop.runtime.v1.RunEventType
+	26, // 37: iop.runtime.v1.RunEvent.usage:type_name -> iop.runtime.v1.Usage
+	49, // 38: iop.runtime.v1.RunEvent.metadata:type_name -> iop.runtime.v1.RunEvent.MetadataEntry
+	27, // 39: iop.runtime.v1.RunEvent.failure:type_name -> iop.runtime.v1.ExecutionFailure
+	23, // 40: iop.runtime.v1.RunEvent.logprobs:type_name -> iop.runtime.v1.TokenLogprob
+	24, // 41: iop.runtime.v1.RunEvent.embeddings:type_name -> iop.runtime.v1.Embedding
+	33, // 42: iop.runtime.v1.RunEvent.trace_spans:type_name -> iop.runtime.v1.NodeSpan
+	29, // 43: iop.runtime.v1.ProviderTunnelRequest.headers:type_name -> iop.runtime.v1.Header
+	50, // 44: iop.runtime.v1.ProviderTunnelRequest.metadata:type_name -> iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
+	38, // 45: iop.runtime.v1.ProviderTunnelRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
+	39, // 46: iop.runtime.v1.ProviderTunnelRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
+	32, // 47: iop.runtime.v1.ProviderTunnelRequest.trace:type_name -> iop.runtime.v1.TraceContext
+	1,  // 48: iop.runtime.v1.ProviderTunnelFrame.kind:type_name -> iop.runtime.v1.TunnelFrameKind
+	29, // 49: iop.runtime.v1.ProviderTunnelFrame.headers:type_name -> iop.runtime.v1.Header
+	26, // 50: iop.runtime.v1.ProviderTunnelFrame.usage:type_name -> iop.runtime.v1.Usage
+	51, // 51: iop.runtime.v1.ProviderTunnelFrame.metadata:type_name -> iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
+	27, // 52: iop.runtime.v1.ProviderTunnelFrame.failure:type_name -> iop.runtime.v1.ExecutionFailure
+	33, // 53: iop.runtime.v1.ProviderTunnelFrame.trace_spans:type_name -> iop.runtime.v1.NodeSpan
+	2,  // 54: iop.runtime.v1.NodeSpan.kind:type_name -> iop.runtime.v1.NodeSpanKind
+	3,  // 55: iop.runtime.v1.NodeCommandRequest.type:type_name -> iop.runtime.v1.NodeCommandType
+	52, // 56: iop.runtime.v1.NodeCommandRequest.args:type_name -> iop.runtime.v1.NodeCommandRequest.ArgsEntry
+	38, // 57: iop.runtime.v1.NodeCommandRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
+	39, // 58: iop.runtime.v1.NodeCommandRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
+	53, // 59: iop.runtime.v1.NodeCommandResponse.result:type_name -> iop.runtime.v1.NodeCommandResponse.ResultEntry
+	9,  // 60: iop.runtime.v1.NodeConfigRefreshRequest.config:type_name -> iop.runtime.v1.NodeConfigPayload
+	4,  // 61: iop.runtime.v1.NodeConfigRefreshResponse.status:type_name -> iop.runtime.v1.RefreshStatus
+	46, // 62: iop.runtime.v1.NodeModelsReport.adapters:type_name -> iop.runtime.v1.AdapterModels
+	63, // [63:63] is the sub-list for method output_type
+	63, // [63:63] is the sub-list for method input_type
+	63, // [63:63] is the sub-list for extension type_name
+	63, // [63:63] is the sub-list for extension extendee
+	0,  // [0:63] is the sub-list for field type_name
 }
 
 func init() { file_iop_runtime_proto_init() }
@@ -5135,20 +5255,21 @@ func file_iop_runtime_proto_init() {
 		(*Envelope_RefreshRequest)(nil),
 		(*Envelope_RefreshResponse)(nil),
 		(*Envelope_DrainingNotice)(nil),
+		(*Envelope_ConfigRejected)(nil),
 		(*Envelope_JoinRequest)(nil),
 		(*Envelope_JoinResponse)(nil),
 		(*Envelope_RenewRequest)(nil),
 		(*Envelope_RenewResponse)(nil),
 		(*Envelope_ModelsReport)(nil),
 	}
-	file_iop_runtime_proto_msgTypes[14].OneofWrappers = []any{}
+	file_iop_runtime_proto_msgTypes[15].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_iop_runtime_proto_rawDesc), len(file_iop_runtime_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   48,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
