@@ -34,7 +34,9 @@ type Edge struct {
 //     becomes ready its count starts over and it is retried; when every
 //     edge has used up its attempts RunEdges returns an error wrapping
 //     ErrExhausted (one per edge, each with its last attempt's error), and
-//     the process exits 1 (SPEC S4).
+//     the process exits 1 (SPEC S4). An edge whose attempt wraps ErrGiveUp
+//     (it said retrying cannot help, SPEC N6) has used them up for good:
+//     it is not tried again until the process restarts.
 //
 // A fatal attempt at any edge (a local error, SPEC S3) stops every edge
 // and RunEdges returns it. After ctx is done it returns nil once every
@@ -100,9 +102,10 @@ func (f *fleet) anyLive() bool {
 }
 
 // park waits, for edge i that used up its attempts, until another edge
-// becomes ready (true: start over), every edge used up its attempts
-// (false) or ctx is done (false).
-func (f *fleet) park(ctx context.Context, i int) bool {
+// becomes ready (true: start over; never when forGood, an edge that said
+// retrying cannot help), every edge used up its attempts (false) or ctx
+// is done (false).
+func (f *fleet) park(ctx context.Context, i int, forGood bool) bool {
 	f.set(f.parked, i, true)
 	for {
 		f.mu.Lock()
@@ -121,7 +124,7 @@ func (f *fleet) park(ctx context.Context, i int) bool {
 		switch {
 		case exhausted:
 			return false
-		case live:
+		case live && !forGood:
 			f.set(f.parked, i, false)
 			return true
 		}
@@ -162,8 +165,13 @@ func (f *fleet) supervise(ctx context.Context, i int, p Policy, e Edge) error {
 			log.Error("supervisor: fatal error, not retrying", "err", err)
 			return fmt.Errorf("edge %s: attempt %d: %w", e.Name, attempt, err)
 		case GiveUp:
-			log.Error("supervisor: attempts at this edge exhausted; waiting for another edge", "failed_attempts", failed, "err", err)
-			if !f.park(ctx, i) {
+			forGood := KindOf(err) == KindGiveUp
+			if forGood {
+				log.Error("supervisor: this edge says retrying cannot help; not trying it again", "err", err)
+			} else {
+				log.Error("supervisor: attempts at this edge exhausted; waiting for another edge", "failed_attempts", failed, "err", err)
+			}
+			if !f.park(ctx, i, forGood) {
 				if ctx.Err() != nil {
 					return nil
 				}

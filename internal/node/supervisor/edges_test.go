@@ -18,12 +18,13 @@ import (
 // downAt (fake time since the start; zero downAt = never down), refusing
 // every attempt otherwise. fatalAt > 0: the attempt at that time is fatal.
 // hangUntil > 0: an attempt started before it hangs until then and fails
-// (a dial timing out).
+// (a dial timing out). giveUp: every attempt says retrying cannot help.
 type edgeScript struct {
 	upAt, downAt time.Duration
 	up           bool
 	fatalAt      time.Duration
 	hangUntil    time.Duration
+	giveUp       bool
 }
 
 // S1, S2, S4 per edge: several edges, each with its own supervisor under
@@ -68,6 +69,17 @@ func TestRunEdges(t *testing.T) {
 			wantErr:     nil, wantDials: []int{3 + 4, 2}, wantElapsed: 10*time.Second + time.Millisecond,
 		},
 		{
+			name: "S2 N6 an edge that says retrying cannot help is given up; the other goes on",
+			p:    Policy{Interval: time.Second}, edges: []edgeScript{{up: true}, {giveUp: true}},
+			cancelAfter: 5 * time.Second,
+			wantErr:     nil, wantDials: []int{1, 1}, wantElapsed: 5 * time.Second,
+		},
+		{
+			name: "S2 N6 with one edge, that edge given up is the node's exit",
+			p:    Policy{Interval: time.Second}, edges: []edgeScript{{giveUp: true}},
+			wantErr: ErrExhausted, wantDials: []int{1}, wantElapsed: 0,
+		},
+		{
 			name: "S3 a fatal attempt at one edge stops every edge",
 			p:    Policy{Interval: time.Second}, edges: []edgeScript{{up: true}, {fatalAt: 5 * time.Second}},
 			wantErr: ErrFatal, wantDials: []int{1, 6}, wantElapsed: 5 * time.Second,
@@ -104,6 +116,9 @@ func TestRunEdges(t *testing.T) {
 							case <-ctx.Done():
 							}
 							return false, errDial
+						}
+						if sc.giveUp {
+							return false, MarkGiveUp(errDial)
 						}
 						if sc.fatalAt > 0 && now >= sc.fatalAt {
 							return false, fatal

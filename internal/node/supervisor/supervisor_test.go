@@ -36,6 +36,7 @@ func TestDecide(t *testing.T) {
 		{"S3 fatal at once on the first attempt", 1, KindFatal, ten, Decision{Action: Fatal}},
 		{"S3 fatal in unlimited mode", 5, KindFatal, unlimited, Decision{Action: Fatal}},
 		{"S3 fatal after ready", 0, KindFatal, unlimited, Decision{Action: Fatal}},
+		{"S2 an edge that says retrying cannot help is given up at once", 1, KindGiveUp, unlimited, Decision{Action: GiveUp}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -57,6 +58,7 @@ func TestKindOf(t *testing.T) {
 		{"S3 nil (clean close) is remote", nil, KindRemote},
 		{"S3 marked error is fatal", MarkFatal(errors.New("open key.pem: permission denied")), KindFatal},
 		{"S3 wrapped marked error is fatal", fmt.Errorf("tls: %w", MarkFatal(errDial)), KindFatal},
+		{"S2 an edge's refusal marked give-up", fmt.Errorf("edge: %w", MarkGiveUp(errDial)), KindGiveUp},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -65,8 +67,8 @@ func TestKindOf(t *testing.T) {
 			}
 		})
 	}
-	if MarkFatal(nil) != nil {
-		t.Error("MarkFatal(nil) != nil")
+	if MarkFatal(nil) != nil || MarkGiveUp(nil) != nil {
+		t.Error("MarkFatal(nil) or MarkGiveUp(nil) != nil")
 	}
 }
 
