@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -453,4 +454,96 @@ func TestPrefixAffinityTwoEdges(t *testing.T) {
 			r.hits/r.decisions, r.cached, r.prompt, r.exact, r.later)
 	}
 	t.Logf("FIGURES prefix affinity: one edge %s; two edges round robin %s; two edges sticky by conversation %s", f(one), f(rr), f(sticky))
+}
+
+// S4, L8 per edge: draining with two edges. The node stopped (SIGTERM)
+// with a stream on each edge sends every edge its draining notice: both
+// show it draining and both streams finish. An edge stopped with a stream
+// in flight answers /healthz 503 while it drains (a balancer moves away)
+// and the node's session with the other edge stays as it was, serving.
+func TestDrainWithTwoEdges(t *testing.T) {
+	leakcheck.Check(t)
+	p := newPKI(t, "gpu-1")
+	logs := newLogSink(t)
+	bp := startBackend(t, backend.Options{TokenDelay: 20 * time.Millisecond, LoopTokens: 100000})
+	url := bp.serve(t, nil)
+	cfg := func() *config.Config {
+		return edgeConfig(t, p, []config.Node{{ID: "gpu-1", Adapters: []config.Adapter{ollamaAdapter("ollama", url, 4)}}},
+			[]config.Model{modelGroup("loop", provider("gpu-1", "ollama", "tiny-loop")), modelGroup("tiny", provider("gpu-1", "ollama", "tiny"))}, nil)
+	}
+
+	t.Run("S4 the node's drain reaches every edge", func(t *testing.T) {
+		e1, e2 := startEdge(t, cfg(), nil, logs.logger("edge-a")), startEdge(t, cfg(), nil, logs.logger("edge-b"))
+		n := startMultiEdgeNode(t, p, "gpu-1", []string{e1.nodeAddr, e2.nodeAddr}, logs)
+		adms := []*adminClient{newAdminClient(t, e1), newAdminClient(t, e2)}
+		var streams []*stream
+		for i, e := range []*edgeProc{e1, e2} {
+			adms[i].waitConnected(t, 10*time.Second, "gpu-1")
+			s := startStream(newAPIClient(t, e), fmt.Sprint("drain-", i), chatRequest{model: "loop", maxTokens: 40})
+			s.waitFirst(t)
+			streams = append(streams, s)
+		}
+		stopped := make(chan error, 1)
+		go func() { stopped <- n.stop() }()
+		for i, a := range adms {
+			eventually(t, 5*time.Second, fmt.Sprintf("edge %d shows gpu-1 draining", i+1), func() (bool, string) {
+				st, err := a.status()
+				if err != nil {
+					return false, err.Error()
+				}
+				ns, _ := st.node("gpu-1")
+				return ns.Draining, fmt.Sprintf("%+v", ns)
+			})
+		}
+		for _, s := range streams {
+			s.wait(t)
+			if s.err != nil || s.res.status != 200 || !s.res.done || len(s.res.errs) != 0 {
+				t.Errorf("stream %s on the draining node: err %v status %d [DONE] %v errors %v; want it complete", s.id, s.err, s.res.status, s.res.done, s.res.errs)
+			}
+		}
+		if err := <-stopped; err != nil {
+			t.Errorf("node.Run: %v", err)
+		}
+	})
+
+	t.Run("L8 an edge's drain leaves the node's other session alone", func(t *testing.T) {
+		e1 := startEdge(t, cfg(), nil, logs.logger("edge-a"), func(o *edge.Options) { o.ShutdownGrace = 3 * time.Second })
+		e2 := startEdge(t, cfg(), nil, logs.logger("edge-b"))
+		startMultiEdgeNode(t, p, "gpu-1", []string{e1.nodeAddr, e2.nodeAddr}, logs)
+		adm1, adm2 := newAdminClient(t, e1), newAdminClient(t, e2)
+		adm1.waitConnected(t, 10*time.Second, "gpu-1")
+		before := adm2.waitConnected(t, 10*time.Second, "gpu-1")
+		gen := before.Nodes[0].Generation
+		s := startStream(newAPIClient(t, e1), "on-edge-1", chatRequest{model: "loop", maxTokens: 40})
+		s.waitFirst(t)
+		stopped := make(chan error, 1)
+		go func() { stopped <- e1.stop() }() // what SIGTERM does in main
+		hc := newHTTPClient(t)
+		eventually(t, 5*time.Second, "edge 1's /healthz turns 503", func() (bool, string) {
+			resp, err := hc.Get(e1.httpURL + "/healthz")
+			if err != nil {
+				return false, err.Error()
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			return resp.StatusCode == http.StatusServiceUnavailable, fmt.Sprintf("status %d", resp.StatusCode)
+		})
+		api2 := newAPIClient(t, e2)
+		if res, err := api2.chat(context.Background(), chatRequest{model: "tiny"}); err != nil || res.status != 200 {
+			t.Fatalf("edge 2 while edge 1 drains: %d %v %s", res.status, err, res.raw)
+		}
+		s.wait(t)
+		if s.err != nil || s.res.status != 200 || !s.res.done {
+			t.Errorf("the stream on the draining edge: err %v status %d [DONE] %v; want it complete", s.err, s.res.status, s.res.done)
+		}
+		if err := <-stopped; err != nil {
+			t.Errorf("edge.Run: %v", err)
+		}
+		if ns, _ := adm2.mustStatus(t).node("gpu-1"); !ns.Connected || ns.Generation != gen {
+			t.Errorf("edge 2 after edge 1 stopped: %+v, want gpu-1 connected in generation %d", ns, gen)
+		}
+		if res, err := api2.chat(context.Background(), chatRequest{model: "tiny"}); err != nil || res.status != 200 {
+			t.Fatalf("edge 2 after edge 1 stopped: %d %v %s", res.status, err, res.raw)
+		}
+	})
 }

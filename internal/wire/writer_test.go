@@ -97,6 +97,8 @@ func kindRows() map[string]*iop.Envelope {
 			Status: iop.RefreshStatus_REFRESH_RESTART_REQUIRED, Reason: "adapter type changed",
 		}}},
 		"draining_notice": {Kind: &iop.Envelope_DrainingNotice{DrainingNotice: &iop.NodeDrainingNotice{DrainTimeoutMs: 30000}}},
+		"config_rejected": {Kind: &iop.Envelope_ConfigRejected{ConfigRejected: &iop.NodeConfigRejected{Revision: "r1",
+			Reason: `adapter "ollama": another edge runs another backend under this adapter name`}}},
 		"join_request": {Kind: &iop.Envelope_JoinRequest{JoinRequest: &iop.NodeJoinRequest{
 			TokenId: "4abcc7fa34f62fd8", TokenSecret: "BrsPoMEw2j76hN_mBwRXgQ9myHjAAOxGItRmn80oqZQ", NodeName: "gpu-3",
 			Csr: bytes.Repeat([]byte{0x30}, 400), LeaseRecipientPublicKey: bytes.Repeat([]byte{7}, 32), Version: "0.4.0",
