@@ -4,7 +4,11 @@
 // scripts/demo.sh's, and drives them with the official OpenAI
 // (github.com/openai/openai-go/v3) and Anthropic
 // (github.com/anthropics/anthropic-sdk-go/v2) Go SDKs. It lives in its own
-// module so the product's go.mod stays protobuf-only.
+// module so the product's go.mod stays protobuf-only. ha_test.go runs two
+// bin/edge with nodes serving both (node config edges[]) behind a client
+// that behaves like an L4 balancer with health checks: an edge killed and
+// restarted under load, two edges sharing a provider's capacity, a rolling
+// reload; they print their figures (BENCHMARKS.md "Several edges").
 //
 // Everything is in _test.go files; the tests skip unless IOP_E2E=1. Other
 // settings: IOP_BIN (directory of the binaries, default ../../../bin),
