@@ -261,7 +261,8 @@ func (f *Fleet) Watch(stop <-chan struct{}) {
 }
 
 // reread loads the store if its file changed; it reports whether Inputs
-// changed and then calls Changed.
+// changed and then calls Changed. A file that does not load is logged
+// once per change of it; the last store read stays in effect.
 func (f *Fleet) reread() bool {
 	f.mu.Lock()
 	m, last := f.mat, f.stamp
@@ -272,9 +273,15 @@ func (f *Fleet) reread() bool {
 	}
 	st, err := LoadStore(m.storePath)
 	if err != nil {
-		if !errors.Is(err, fs.ErrNotExist) {
-			f.log.Error("enrollment store unreadable; keeping the last one read", "err", err)
+		if errors.Is(err, fs.ErrNotExist) {
+			return false
 		}
+		f.mu.Lock()
+		if f.mat == m { // this file is reported once, until it changes again
+			f.stamp = stamp
+		}
+		f.mu.Unlock()
+		f.log.Error("enrollment store unreadable; keeping the last one read", "err", err)
 		return false
 	}
 	return f.install(m, st, stamp)

@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -172,5 +173,36 @@ func TestRenew(t *testing.T) {
 	}
 	if r := e.f.Renew("gpu-3", renewed, &iop.CertificateRenewRequest{Csr: csr("gpu-3")}); r.GetOk() || !strings.Contains(r.GetError(), "too recently") {
 		t.Errorf("J5 an immediate second renewal: %v", r)
+	}
+}
+
+// J6: a store file that does not parse (a hand edit cut short) keeps the
+// last store read and is reported once per change of the file, not at
+// every look (four lines a second for as long as it stays broken); a good
+// file is taken again at once.
+func TestWatchBadStore(t *testing.T) {
+	e := newEdgeEnv(t, nil)
+	if err := os.WriteFile(e.store, []byte(`{"version": 1, "tokens": [`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		if e.f.reread() {
+			t.Fatal("J6 a broken store changed the inputs")
+		}
+	}
+	if n := strings.Count(e.log.String(), "enrollment store unreadable"); n != 1 {
+		t.Errorf("J6 five looks at one broken store logged %d lines, want 1", n)
+	}
+	if err := Update(e.store, func(st *Store) error { st.RevokeNode("gpu-3", time.Now()); return nil }); err == nil {
+		t.Fatal("an update of a broken store succeeded")
+	}
+	if err := os.WriteFile(e.store, []byte(`{"version": 1, "tokens": [], "nodes": [{"name": "gpu-3", "serials": [], "not_after": "2026-01-01T00:00:00Z", "enrolled_at": "2026-01-01T00:00:00Z", "revoked_at": "2026-01-01T00:00:00Z"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if !e.f.reread() {
+		t.Fatal("J6 the repaired store was not taken")
+	}
+	if _, revoked, _ := e.f.Inputs(); !revoked["gpu-3"] {
+		t.Error("J6 the repaired store's revocation is not in effect")
 	}
 }
