@@ -44,13 +44,14 @@ type ID struct {
 // '.', '-' and '_'; the role is "edge" or "node"; the name is one non-empty
 // segment of letters, digits, '.', '-' and '_' (not "." or ".."). Anything
 // else (another scheme, upper case, userinfo, a port, percent-encoding, a
-// query, a fragment, extra or empty segments) fails with ErrBadSPIFFEID.
+// query, a fragment, extra or empty segments) fails with ErrBadSPIFFEID,
+// whose text quotes uri (only its first 64 bytes when it is over 2048).
 func Parse(uri string) (ID, error) {
 	bad := func(why string) (ID, error) {
 		return ID{}, fmt.Errorf("%w: %q: %s", ErrBadSPIFFEID, uri, why)
 	}
-	if len(uri) > maxSPIFFEIDLen {
-		return bad("longer than 2048 bytes")
+	if len(uri) > maxSPIFFEIDLen { // a peer's: quote only its start
+		return ID{}, fmt.Errorf("%w: %q…: %d bytes, longer than %d", ErrBadSPIFFEID, strings.ToValidUTF8(uri[:64], ""), len(uri), maxSPIFFEIDLen)
 	}
 	rest, ok := strings.CutPrefix(uri, spiffeScheme)
 	if !ok {

@@ -76,6 +76,7 @@ type Fleet struct {
 
 	joins     limit.Keys
 	joinLog   ratelog.Limiter
+	renewLog  ratelog.Limiter // refused renewals (renew.go)
 	modelsLog ratelog.Limiter // the "node models" lines (discovery.go)
 }
 

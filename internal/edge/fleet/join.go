@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"regexp"
+	"strings"
 	"time"
 
 	"iop/internal/edge/config"
@@ -89,8 +90,21 @@ func (f *Fleet) ServeJoin(conn net.Conn) {
 
 func (f *Fleet) refused(remote, node string, err error) {
 	if ok, suppressed := f.joinLog.Allow(f.o.Now()); ok {
-		f.log.Warn("node join refused", "remote", remote, "node", node, "err", err, "suppressed", suppressed)
+		f.log.Warn("node join refused", "remote", remote, "node", peerText(node), "err", err, "suppressed", suppressed)
 	}
+}
+
+// maxPeerText is how many bytes of a name the peer sent a refusal quotes
+// (a valid node name has at most 63).
+const maxPeerText = 64
+
+// peerText is s as a refusal may quote it (SPEC J4: the peer chose it):
+// at most maxPeerText bytes, valid UTF-8, "…" when cut.
+func peerText(s string) string {
+	if len(s) <= maxPeerText {
+		return strings.ToValidUTF8(s, "")
+	}
+	return strings.ToValidUTF8(s[:maxPeerText], "") + "…"
 }
 
 // ErrEnrollmentOff: the edge serves no joins or renewals
@@ -107,7 +121,7 @@ func (f *Fleet) join(m *material, req *iop.NodeJoinRequest, now time.Time) (*iop
 	}
 	name := req.GetNodeName()
 	if !nameRE.MatchString(name) {
-		return nil, fmt.Errorf("invalid node name %q (1-63 of letters, digits, '.', '_', '-')", name)
+		return nil, fmt.Errorf("invalid node name %q (1-63 of letters, digits, '.', '_', '-')", peerText(name))
 	}
 	pub, err := ecdh.X25519().NewPublicKey(req.GetLeaseRecipientPublicKey())
 	if err != nil {

@@ -3,12 +3,16 @@ package fleet
 import (
 	"bytes"
 	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -334,5 +338,67 @@ func TestJoinBounds(t *testing.T) {
 	}
 	if st, _ := LoadStore(e.store); st.Token(tok.ID).Used != 0 {
 		t.Error("J4 a refused join spent a use")
+	}
+}
+
+// longCSR is a CSR for spiffe://iop.local/node/<n bytes of x>: a request
+// whose name no SPIFFE ID can have.
+func longCSR(t *testing.T, n int) []byte {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &url.URL{Scheme: "spiffe", Host: "iop.local", Path: "/node/" + strings.Repeat("x", n)}
+	csr, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{URIs: []*url.URL{u}}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return csr
+}
+
+// J4 J5: what a refusal quotes of the peer's input is bounded, in the
+// answer and in the log line: anyone who reaches node_listen may send a
+// 16 KiB name or a CSR for a name of kilobytes (a line each, ten a
+// second), and a ready node a renewal of megabytes, as often as it likes
+// (its refusals are rate limited too).
+func TestRefusalsQuoteBoundedInput(t *testing.T) {
+	leakcheck.Check(t)
+	e := newEdgeEnv(t, nil)
+	tok := e.token(t, nil)
+	const maxLine = 2048 + 512 // what a refusal may quote plus the line's own fields
+	longest := func(log string) int {
+		n := 0
+		for _, l := range strings.Split(log, "\n") {
+			n = max(n, len(l))
+		}
+		return n
+	}
+	longName := joinReq(t, tok, strings.Repeat("x", 15000), "gpu-3")
+	longURI := joinReq(t, tok, "gpu-3", "gpu-3")
+	longURI.Csr = longCSR(t, 7000)
+	for name, req := range map[string]*iop.NodeJoinRequest{"a 15,000-byte name": longName, "a CSR for a 7,000-byte name": longURI} {
+		resp, err := join(t, e.addr, tok.Pin, req)
+		if err != nil || resp.GetOk() {
+			t.Fatalf("J4 %s: %v %v", name, resp, err)
+		}
+		if n := len(resp.GetError()); n > 2048 {
+			t.Errorf("J4 %s: the answer quotes %d bytes", name, n)
+		}
+	}
+	if n := longest(e.log.String()); n > maxLine {
+		t.Errorf("J4 a refused join logged a line of %d bytes", n)
+	}
+	before := strings.Count(e.log.String(), "renewal refused")
+	for range 50 {
+		if r := e.f.Renew("gpu-3", nil, &iop.CertificateRenewRequest{Csr: longCSR(t, 1<<16)}); r.GetOk() || len(r.GetError()) > 2048 {
+			t.Fatalf("J5 a renewal for a 64 KiB name: ok %v, an answer of %d bytes", r.GetOk(), len(r.GetError()))
+		}
+	}
+	if n := strings.Count(e.log.String(), "renewal refused") - before; n == 0 || n > 20 {
+		t.Errorf("J5 50 refused renewals in a moment logged %d lines, want a few (rate limited)", n)
+	}
+	if n := longest(e.log.String()); n > maxLine {
+		t.Errorf("J5 a refused renewal logged a line of %d bytes", n)
 	}
 }

@@ -14,13 +14,16 @@ import (
 // holds for it, and not have renewed within MinRenewGap; the CSR must be
 // for its own identity. Then the new certificate's serial goes into the
 // store (first, before the one it replaces) and the certificate is
-// returned. It does I/O (a store rewrite) and takes about a millisecond:
-// call it off the session's read loop.
+// returned. A refusal's log line is rate limited. It does I/O (a store
+// rewrite) and takes about a millisecond: call it off the session's read
+// loop.
 func (f *Fleet) Renew(node string, leaf *x509.Certificate, req *iop.CertificateRenewRequest) *iop.CertificateRenewResponse {
 	m := f.material()
 	now := f.o.Now()
 	fail := func(err error) *iop.CertificateRenewResponse {
-		f.log.Warn("node certificate renewal refused", "node", node, "err", err)
+		if ok, suppressed := f.renewLog.Allow(now); ok { // a node may ask as often as it likes
+			f.log.Warn("node certificate renewal refused", "node", node, "err", err, "suppressed", suppressed)
+		}
 		return &iop.CertificateRenewResponse{Error: err.Error()}
 	}
 	if !m.enabled {
