@@ -10,8 +10,9 @@ import (
 	"iop/internal/jsonscan"
 )
 
-// Disposition says what the run path does with one request field (issue
-// 14: no request field is accepted and silently dropped).
+// Disposition says what the run path does with one request field (no
+// request field is accepted and silently dropped; docs/surfaces.md lists
+// every table's).
 type Disposition uint8
 
 const (

@@ -162,27 +162,29 @@ var (
 	contextMgmtShape  = &surface.Shape{Members: []surface.Member{surface.M("edits", contextEditShape)}}
 )
 
-// Fields is the run path's table of Messages request fields (issue 14):
-// every field request parses has a row.
+// Fields is the run path's table of Messages request fields (no field is
+// accepted and silently dropped): every field request parses has a row.
+// Its notes are written for the client's operator: docs/surfaces.md shows
+// them (TestSurfacesDocFieldTables).
 var Fields = []surface.Field{
 	surface.Row("model", surface.Routing, "selects the model group; the provider's target replaces it"),
-	surface.Row("messages", surface.Translated, "text blocks → content; image (base64) → images; tool_use → tool_calls; tool_result → tool messages (is_error → content prefixed \"Error: \"); an assistant's thinking blocks → that message's thinking (the text, else the text its iop signature carries; a signature is never trusted or checked; thinking and signature must be strings); redacted_thinking and a thinking block whose only reasoning is another provider's signature (no backend can read them) dropped and reported; role \"system\" (mid-conversation system turns, Claude Code 2.1) → a system message; cache_control and citations advisory").Of(messageShape),
-	surface.Row("max_tokens", surface.Translated, "options.num_predict (required, as Anthropic requires it)"),
+	surface.Row("messages", surface.Translated, "text blocks → content; image blocks with base64 data → images (a URL or file source is refused: the node never fetches what a client names); tool_use → tool_calls; tool_result → tool messages (text content only; is_error → content prefixed \"Error: \"); an assistant's thinking blocks → that message's thinking (the text, else the text its iop signature carries; a signature is never trusted or checked; thinking and signature must be strings); redacted_thinking and a thinking block whose only reasoning is another provider's signature (no backend can read them) dropped and reported; document blocks refused (Ollama takes no documents); role \"system\" (mid-conversation system turns, Claude Code 2.1) → a system message; cache_control (a prompt-cache hint: the backends cache prompt prefixes by themselves) and a text block's citations (what an earlier answer cited) accepted without effect").Of(messageShape),
+	surface.Row("max_tokens", surface.Translated, "options.num_predict; required, as Anthropic requires it"),
 	surface.Row("system", surface.Translated, "a system message (text blocks joined with \"\\n\")").Of(blockShape),
 	surface.Row("stop_sequences", surface.Translated, "options.stop"),
-	surface.Row("stream", surface.Routing, "RunRequest.stream"),
+	surface.Row("stream", surface.Routing, "true: the answer streams as server-sent events; false: one JSON body"),
 	surface.Row("temperature", surface.Translated, "options.temperature (0 to 1)"),
 	surface.Row("top_p", surface.Translated, "options.top_p (0 to 1)"),
 	surface.Row("top_k", surface.Translated, "options.top_k (≥ 0)"),
-	surface.Row("tools", surface.Translated, "tools (custom tools; server tools refused); defer_loading true: the tool is not offered to the model (Anthropic loads a deferred tool only when its server-side tool search finds it, and there is none) and reported").Of(toolShape),
-	surface.Row("tool_choice", surface.Translated, "auto → \"auto\", none → \"none\", any/tool → refused by the Ollama adapter; disable_parallel_tool_use: the Edge returns at most one tool_use").Of(toolChoiceShape),
+	surface.Row("tools", surface.Translated, "custom tools → Ollama's tools; server tools (web search, code execution, …) are refused: nothing here runs them; defer_loading true: the tool is not offered to the model (Anthropic loads a deferred tool only when its server-side tool search finds it, and there is none) and reported").Of(toolShape),
+	surface.Row("tool_choice", surface.Translated, "auto → \"auto\", none → \"none\"; any and tool are refused: Ollama cannot force a tool call; disable_parallel_tool_use: the edge returns at most one tool_use").Of(toolChoiceShape),
 	surface.Row("metadata", surface.Advisory, "metadata.user_id (a string up to 256 characters, no other member): an end-user id for Anthropic's abuse detection; no backend takes one").Of(metadataShape),
 	surface.Row("thinking", surface.Translated, "enabled or adaptive → think true (or output_config.effort's level), disabled → think false; a target that cannot think is answered without thinking (the node drops think); budget_tokens is checked (≥ 1024, < max_tokens) but Ollama has no budget; display summarized returns the thinking text, omitted returns thinking blocks with \"\" and the text in their signature").Of(thinkingShape),
 	surface.Row("output_config", surface.Translated, "effort (low, medium, high, max) → think \"low\"/\"medium\"/\"high\" when thinking is on; format json_schema → format <schema> (structured output)").Of(outputConfigShape),
 	surface.Row("service_tier", surface.Advisory, "a capacity tier (auto, standard_only): every request is served alike"),
-	surface.Row("container", surface.Refused, "no code-execution containers"),
-	surface.Row("mcp_servers", surface.Refused, "no MCP connector"),
-	surface.Row("context_management", surface.Translated, "edits: clear_thinking_20251015 applied by the Edge (keep \"all\", or {\"type\":\"thinking_turns\",\"value\":N}: the thinking of all but the last N assistant turns is not sent); any other edit (clear_tool_uses_20250919 triggers on the server's token count) refused").Of(contextMgmtShape),
+	surface.Row("container", surface.Refused, "Anthropic's code-execution containers: nothing here runs code"),
+	surface.Row("mcp_servers", surface.Refused, "Anthropic's MCP connector (the API calls MCP servers itself): the edge calls none; a client runs its own MCP tools as tools"),
+	surface.Row("context_management", surface.Translated, "edits: clear_thinking_20251015 applied by the edge (keep \"all\", or {\"type\":\"thinking_turns\",\"value\":N}: the thinking of all but the last N assistant turns is not sent); any other edit is refused (clear_tool_uses_20250919 triggers on a count of input tokens the edge does not have)").Of(contextMgmtShape),
 }
 
 // RequestFields lists the JSON names of every field the parser knows (for

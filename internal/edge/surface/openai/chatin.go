@@ -119,29 +119,31 @@ var (
 	chatStreamOptionsShape = &surface.Shape{Members: []surface.Member{surface.M("include_usage", nil), surface.M("include_obfuscation", nil)}}
 )
 
-// ChatFields is the run path's table of chat request fields (issue 14):
-// every field chatRequest parses has a row, each translated to Ollama's
-// native /api/chat form, refused with a 400 naming it, read by the Edge, or
-// advisory (no effect on the answer by OpenAI's own definition).
+// ChatFields is the run path's table of chat request fields (no field is
+// accepted and silently dropped): every field chatRequest parses has a
+// row, each translated to Ollama's native /api/chat form, refused with a
+// 400 naming it, read by the Edge, or advisory (no effect on the answer by
+// OpenAI's own definition). Its notes are written for the client's
+// operator: docs/surfaces.md shows them (TestSurfacesDocFieldTables).
 var ChatFields = []surface.Field{
 	surface.Row("model", surface.Routing, "selects the model group; the provider's target replaces it"),
-	surface.Row("messages", surface.Translated, "messages (developer → system); text parts joined with \"\\n\"; image_url data: URLs → images; an assistant's reasoning_content (or reasoning, Ollama's /v1 name) → that message's thinking").Of(chatMessageShape),
-	surface.Row("stream", surface.Routing, "RunRequest.stream"),
+	surface.Row("messages", surface.Translated, "messages (role developer → system); text parts joined with \"\\n\"; image_url parts with a data: URL → images (a remote URL is refused: the node never fetches a URL a client names); an assistant's reasoning_content (or reasoning, Ollama's /v1 name) → that message's thinking; audio, refusal, function_call, input_audio and file parts, and name on a role other than tool, are refused: Ollama has no place for them").Of(chatMessageShape),
+	surface.Row("stream", surface.Routing, "true: the answer streams as server-sent events; false: one JSON body"),
 	surface.Row("stream_options", surface.Translated, "include_usage: the usage chunk; include_obfuscation: advisory (no obfuscation is added)").Of(chatStreamOptionsShape),
-	surface.Row("audio", surface.Refused, "no audio output"),
-	surface.Row("frequency_penalty", surface.Translated, "options.frequency_penalty (-2 to 2)"),
-	surface.Row("function_call", surface.Refused, "deprecated; use tool_choice"),
-	surface.Row("functions", surface.Refused, "deprecated; use tools"),
+	surface.Row("audio", surface.Refused, "no audio output: Ollama answers in text"),
+	surface.Row("frequency_penalty", surface.Translated, "options.frequency_penalty (−2 to 2)"),
+	surface.Row("function_call", surface.Refused, "deprecated by OpenAI; use tool_choice"),
+	surface.Row("functions", surface.Refused, "deprecated by OpenAI; use tools"),
 	surface.Row("logit_bias", surface.Refused, "Ollama has no logit bias"),
-	surface.Row("logprobs", surface.Translated, "logprobs; returned as choices[].logprobs.content"),
+	surface.Row("logprobs", surface.Translated, "Ollama's logprobs, returned as choices[].logprobs.content"),
 	surface.Row("max_completion_tokens", surface.Translated, "options.num_predict"),
 	surface.Row("max_tokens", surface.Translated, "options.num_predict (max_completion_tokens wins)"),
 	surface.Row("metadata", surface.Advisory, "tags for stored completions: checked against the API's limits (16 string pairs), then unused: nothing is stored and no backend takes tags"),
-	surface.Row("modalities", surface.Refused, "any value but [\"text\"]"),
-	surface.Row("n", surface.Refused, "any value but 1"),
-	surface.Row("parallel_tool_calls", surface.Translated, "false: the Edge returns at most one tool call"),
-	surface.Row("prediction", surface.Refused, "no predicted outputs"),
-	surface.Row("presence_penalty", surface.Translated, "options.presence_penalty (-2 to 2)"),
+	surface.Row("modalities", surface.Refused, "any value but [\"text\"]: Ollama answers in text"),
+	surface.Row("n", surface.Refused, "any value but 1: Ollama generates one answer per request"),
+	surface.Row("parallel_tool_calls", surface.Translated, "false: the edge returns at most one tool call"),
+	surface.Row("prediction", surface.Refused, "Ollama has no predicted outputs"),
+	surface.Row("presence_penalty", surface.Translated, "options.presence_penalty (−2 to 2)"),
 	surface.Row("prompt_cache_key", surface.Advisory, "a prompt-cache routing hint (a string): the backends cache prompt prefixes by themselves, and prefix_affinity groups route by the conversation"),
 	surface.Row("prompt_cache_retention", surface.Advisory, "a prompt-cache retention hint (in-memory or 24h): the backends keep their caches as they do"),
 	surface.Row("reasoning_effort", surface.Translated, "think: none → false; minimal, low → \"low\"; medium → \"medium\"; high, xhigh → \"high\"; a target that cannot think is answered without thinking"),
@@ -150,15 +152,15 @@ var ChatFields = []surface.Field{
 	surface.Row("seed", surface.Translated, "options.seed"),
 	surface.Row("service_tier", surface.Advisory, "a processing tier (auto, default, flex, scale, priority): every request is served alike"),
 	surface.Row("stop", surface.Translated, "options.stop"),
-	surface.Row("store", surface.Refused, "true (nothing is stored); false is the behaviour"),
+	surface.Row("store", surface.Refused, "true: the edge stores no completions; false is what it does"),
 	surface.Row("temperature", surface.Translated, "options.temperature (0 to 2)"),
-	surface.Row("tool_choice", surface.Translated, "\"none\" drops the tools, \"auto\" is Ollama's behaviour; \"required\" and a named function are refused by the Ollama adapter").Of(chatToolChoiceShape),
-	surface.Row("tools", surface.Translated, "tools (function tools only, rebuilt from their known members; function.strict is passed on but not enforced: Ollama has no constrained decoding of tool arguments)").Of(chatToolShape),
-	surface.Row("top_logprobs", surface.Translated, "top_logprobs (0–20, needs logprobs)"),
+	surface.Row("tool_choice", surface.Translated, "\"none\" drops the tools, \"auto\" is Ollama's behaviour; \"required\" and a named function are refused: Ollama cannot force a tool call").Of(chatToolChoiceShape),
+	surface.Row("tools", surface.Translated, "function tools → Ollama's tools, rebuilt from their known members; other tool types are refused; function.strict is passed on but not enforced: Ollama has no constrained decoding of tool arguments").Of(chatToolShape),
+	surface.Row("top_logprobs", surface.Translated, "Ollama's top_logprobs (0–20, needs logprobs)"),
 	surface.Row("top_p", surface.Translated, "options.top_p (0 to 1)"),
 	surface.Row("user", surface.Advisory, "an end-user id (a string) for the API provider's abuse monitoring; no backend takes one"),
-	surface.Row("verbosity", surface.Refused, "no verbosity control"),
-	surface.Row("web_search_options", surface.Refused, "no web search"),
+	surface.Row("verbosity", surface.Refused, "Ollama has no verbosity control"),
+	surface.Row("web_search_options", surface.Refused, "no web search: neither the edge nor Ollama searches the web"),
 }
 
 // ChatRequestFields lists the JSON names of every field the chat parser

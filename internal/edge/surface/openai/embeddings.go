@@ -23,12 +23,13 @@ type embeddingsRequest struct {
 }
 
 // EmbeddingsFields is the run path's table of embeddings request fields
-// (issue 14): every field embeddingsRequest parses has a row.
+// (no field is accepted and silently dropped): every field
+// embeddingsRequest parses has a row; docs/surfaces.md shows them.
 var EmbeddingsFields = []surface.Field{
 	surface.Row("model", surface.Routing, "selects the model group; the provider's target replaces it"),
-	surface.Row("input", surface.Translated, "/api/embed input (a string or an array of strings; token arrays refused)"),
-	surface.Row("encoding_format", surface.Translated, "float, or base64 of little-endian float32s, encoded by the Edge"),
-	surface.Row("dimensions", surface.Translated, "/api/embed dimensions"),
+	surface.Row("input", surface.Translated, "Ollama's /api/embed input: a string or an array of strings (token arrays are refused: Ollama embeds text)"),
+	surface.Row("encoding_format", surface.Translated, "float, or base64 of little-endian float32s, encoded by the edge"),
+	surface.Row("dimensions", surface.Translated, "Ollama's /api/embed dimensions"),
 	surface.Row("user", surface.Advisory, "an end-user id (a string) for the API provider's abuse monitoring; no backend takes one"),
 }
 

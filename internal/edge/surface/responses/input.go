@@ -167,34 +167,36 @@ var (
 	streamOptionsShape = &surface.Shape{Members: []surface.Member{surface.M("include_obfuscation", nil)}}
 )
 
-// Fields is the run path's table of Responses request fields (issue 14):
-// every field request parses has a row.
+// Fields is the run path's table of Responses request fields (no field is
+// accepted and silently dropped): every field request parses has a row.
+// Its notes are written for the client's operator: docs/surfaces.md shows
+// them (TestSurfacesDocFieldTables).
 var Fields = []surface.Field{
 	surface.Row("model", surface.Routing, "selects the model group; the provider's target replaces it"),
-	surface.Row("input", surface.Translated, "a string or items: messages (input_text/output_text joined with \"\\n\", input_image data: URLs → images), function_call → assistant tool_calls (its namespace is the client's: the call goes by name), function_call_output → tool messages, reasoning → the next assistant message's thinking (its reasoning_text content, else summary_text, else the text an iop encrypted_content carries; another provider's encrypted_content cannot be read and is dropped and reported; content other than reasoning_text parts, or a summary part other than summary_text, refused)").Of(itemShape),
-	surface.Row("instructions", surface.Translated, "a system message first"),
-	surface.Row("max_output_tokens", surface.Translated, "options.num_predict; the limit ends the response as incomplete"),
-	surface.Row("max_tool_calls", surface.Advisory, "limits calls to built-in tools (a count ≥ 0), and there are none"),
-	surface.Row("background", surface.Refused, "true (stateless); false is the behaviour"),
+	surface.Row("input", surface.Translated, "a string (one user message) or items: messages (input_text/output_text joined with \"\\n\", input_image with a data: URL → images; a remote URL or file_id is refused: the node never fetches what a client names), function_call → assistant tool_calls (its namespace is the client's: the call goes by name), function_call_output → tool messages, reasoning → the next assistant message's thinking (its reasoning_text content, else summary_text, else the text an iop encrypted_content carries; another provider's encrypted_content cannot be read and is dropped and reported; content other than reasoning_text parts, or a summary part other than summary_text, refused); id and status are the client's bookkeeping and change nothing").Of(itemShape),
+	surface.Row("instructions", surface.Translated, "a system message before the input"),
+	surface.Row("max_output_tokens", surface.Translated, "options.num_predict; reaching it ends the response as incomplete (reason max_output_tokens)"),
+	surface.Row("max_tool_calls", surface.Advisory, "a count (≥ 0) of calls to built-in tools, and there are none"),
+	surface.Row("background", surface.Refused, "true: the run path is stateless and runs nothing in the background; false is what it does"),
 	surface.Row("client_metadata", surface.Advisory, "the client's own tags for its vendor's logs (Codex CLI sends its session and turn ids; an object): no effect on the answer, no backend takes them"),
-	surface.Row("conversation", surface.Refused, "stateless: no stored conversations"),
+	surface.Row("conversation", surface.Refused, "the run path is stateless: it stores no conversations; send the history as input"),
 	surface.Row("include", surface.Refused, "any value but reasoning.encrypted_content (reasoning items always carry it: the reasoning text, base64, for clients that send back only that)"),
 	surface.Row("metadata", surface.Advisory, "tags (16 string pairs, checked) echoed on the response object; no effect on the answer"),
-	surface.Row("parallel_tool_calls", surface.Translated, "false: the Edge returns at most one function call"),
-	surface.Row("previous_response_id", surface.Refused, "stateless: no stored responses"),
-	surface.Row("prompt", surface.Refused, "no stored prompt templates"),
+	surface.Row("parallel_tool_calls", surface.Translated, "false: the edge returns at most one function call"),
+	surface.Row("previous_response_id", surface.Refused, "the run path is stateless: it stores no responses; send the history as input"),
+	surface.Row("prompt", surface.Refused, "no stored prompt templates: the run path stores nothing"),
 	surface.Row("prompt_cache_key", surface.Advisory, "a prompt-cache routing hint (a string): the backends cache prompt prefixes by themselves, and prefix_affinity groups route by the conversation"),
 	surface.Row("prompt_cache_retention", surface.Advisory, "a prompt-cache retention hint (in-memory or 24h): the backends keep their caches as they do"),
 	surface.Row("reasoning", surface.Translated, "effort → think (none → false; minimal, low → \"low\"; medium; high, xhigh → \"high\"); a target that cannot think is answered without thinking; summary and generate_summary (auto, concise, detailed) advisory: no summarizer, the reasoning itself is returned as the reasoning item's reasoning_text content").Of(reasoningShape),
 	surface.Row("safety_identifier", surface.Advisory, "an end-user id (a string) for the API provider's abuse monitoring; no backend takes one"),
 	surface.Row("service_tier", surface.Advisory, "a processing tier (auto, default, flex, scale, priority): every request is served alike"),
-	surface.Row("store", surface.Refused, "true (stateless); false is the behaviour"),
-	surface.Row("stream", surface.Routing, "RunRequest.stream"),
+	surface.Row("store", surface.Refused, "true: the run path is stateless and stores nothing; false is what it does"),
+	surface.Row("stream", surface.Routing, "true: the answer streams as server-sent events; false: one JSON body"),
 	surface.Row("stream_options", surface.Advisory, "include_obfuscation (a boolean): no obfuscation is added").Of(streamOptionsShape),
 	surface.Row("temperature", surface.Translated, "options.temperature (0 to 2)"),
-	surface.Row("text", surface.Translated, "format: json_object → format \"json\", json_schema → format <schema>; verbosity refused").Of(textShape),
-	surface.Row("tool_choice", surface.Translated, "\"none\" drops the tools, \"auto\" is Ollama's behaviour; \"required\" and a named function are refused by the Ollama adapter; other kinds refused").Of(toolChoiceShape),
-	surface.Row("tools", surface.Translated, "function tools → tools; a namespace's function tools → tools under their own names; built-in and hosted tools (web_search, file_search, code_interpreter, mcp, local_shell, custom, …) are not offered to the model and are reported; strict (default true, echoed) is passed on but not enforced: Ollama has no constrained decoding of tool arguments").Of(toolShape),
+	surface.Row("text", surface.Translated, "format: json_object → format \"json\", json_schema → format <schema>; verbosity refused: Ollama has no verbosity control").Of(textShape),
+	surface.Row("tool_choice", surface.Translated, "\"none\" drops the tools, \"auto\" is Ollama's behaviour; \"required\", a named function and the other kinds are refused: Ollama cannot force or restrict a tool call").Of(toolChoiceShape),
+	surface.Row("tools", surface.Translated, "function tools → Ollama's tools; a namespace's function tools → tools under their own names; built-in and hosted tools (web_search, file_search, code_interpreter, mcp, local_shell, custom, …) are not offered to the model, since nothing here runs them, and are reported; strict (default true, echoed) is passed on but not enforced: Ollama has no constrained decoding of tool arguments").Of(toolShape),
 	surface.Row("top_logprobs", surface.Refused, "any value but 0: output_text logprobs are not offered on this surface"),
 	surface.Row("top_p", surface.Translated, "options.top_p (0 to 1)"),
 	surface.Row("truncation", surface.Translated, "\"auto\" → truncate true, \"disabled\" → truncate false; absent → Ollama's default, which truncates as auto does (what Ollama's own /v1/responses does; echoed \"auto\")"),
