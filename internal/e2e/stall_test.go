@@ -196,3 +196,54 @@ func TestStallHealthRecovery(t *testing.T) {
 		t.Errorf("H12 %d edge_liveness_recovery_observation events, want 3 (2 decisions, 1 result)", n)
 	}
 }
+
+// holdChats holds every chat request (Ollama's /api/chat and the
+// OpenAI-compatible /v1/chat/completions) without sending a byte until the
+// caller goes away, and passes everything else (the probes) to next.
+type holdChats struct{ next http.Handler }
+
+func (h holdChats) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/api/chat" || r.URL.Path == "/v1/chat/completions" {
+		io.Copy(io.Discard, r.Body) // net/http notices the client going away only once the body is read
+		<-r.Context().Done()
+		return
+	}
+	h.next.ServeHTTP(w, r)
+}
+
+// Q6, E2: the stall timeout is resolved once, at the edge, and travels with
+// every pool call. Here only the adapters set response_stall_timeout_ms
+// (300 ms; their routes set none), the node payload carries no stall
+// timeout, and the node applies the request's: both paths answer 504
+// response_stalled after about 300 ms plus the node's close grace. Were
+// the edge to send 0, the node would wait its default of 300000 ms and the
+// client's 10 s deadline would pass first.
+func TestQ6StallTimeoutResolvedAtTheEdge(t *testing.T) {
+	leakcheck.Check(t)
+	const stallMs = 300
+	logs := newLogSink(t)
+	p := newPKI(t, "gpu-1")
+	bp := startBackend(t, backend.Options{})
+	url := bp.serve(t, holdChats{next: bp.b})
+	run, tunnel := ollamaAdapter("run", url, 1), compatAdapter("tunnel", url, 1)
+	run.ResponseStallTimeoutMs, tunnel.ResponseStallTimeoutMs = stallMs, stallMs
+	cfg := edgeConfig(t, p, []config.Node{{ID: "gpu-1", Adapters: []config.Adapter{run, tunnel}}},
+		[]config.Model{modelGroup("on-run", provider("gpu-1", "run", "tiny")), modelGroup("on-tunnel", provider("gpu-1", "tunnel", "tiny"))}, nil)
+	_, adm, api := startReady(t, p, cfg, logs)
+	for _, model := range []string{"on-run", "on-tunnel"} {
+		t.Run("Q6 "+model, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			start := time.Now()
+			res, err := api.chat(ctx, chatRequest{model: model})
+			took := time.Since(start)
+			if err != nil || res.status != http.StatusGatewayTimeout || !strings.Contains(res.raw, `"code":"response_stalled"`) {
+				t.Fatalf("err %v, %d %s after %v; want 504 response_stalled", err, res.status, res.raw, took)
+			}
+			if took < stallMs*time.Millisecond || took > 8*time.Second {
+				t.Errorf("504 after %v, want the adapter's %d ms stall plus the node's close grace", took, stallMs)
+			}
+		})
+	}
+	adm.waitGauges(t, 10*time.Second, 0, 0) // Q2: every lease went back
+}

@@ -3,10 +3,11 @@ package protocol
 import "math"
 
 // DefaultStallTimeoutMs is the response-stall timeout (ms) of a request
-// whose response_stall_timeout_ms is 0 and whose model provider and adapter
-// set none (SPEC E2, Q6). The Edge resolves a request's timeout once
-// (model provider, then adapter, then this) and sends it; the Node applies
-// it to a request that carries 0 (a direct call).
+// whose model provider and adapter set none (SPEC Q6), and of one that
+// carries 0 (SPEC E2). The Edge resolves a request's timeout once —
+// model provider, then adapter, then this (config.EffectiveStallTimeoutMs)
+// — and sends it with every pool call; the Node takes a request's value as
+// it is and applies this only to a request that carries 0 (a direct call).
 const DefaultStallTimeoutMs = 300000
 
 // Health evidence: ExecutionFailure.provider_health, the CAPABILITIES

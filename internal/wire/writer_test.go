@@ -34,7 +34,7 @@ func kindRows() map[string]*iop.Envelope {
 		Adapters: []*iop.AdapterConfig{
 			{Name: "ollama", Type: "ollama", Category: "local_inference", Capacity: 2, LongCapacity: 1, BaseUrl: "http://127.0.0.1:11434"},
 			{Name: "vllm", Type: "openai_compat", Category: "local_inference", Capacity: 8, BaseUrl: "http://127.0.0.1:8000",
-				ResponseStallTimeoutMs: 120000, ApiKeyEnv: "VLLM_KEY",
+				UpstreamIdleTimeoutMs: 3000, ApiKeyEnv: "VLLM_KEY",
 				OpenaiCompat: &iop.OpenAICompatAdapterConfig{ProtocolProfile: &iop.ConcreteProtocolProfile{
 					Name: "vllm", BaseUrl: "http://127.0.0.1:8000", AuthHeader: "Authorization", AuthScheme: "Bearer",
 					ModelsPath: "/v1/models", ChatCompletionsPath: "/v1/chat/completions", NativeTools: true, HealthPath: "/health",

@@ -72,7 +72,7 @@ func (p *staticPool) Release(*pool.Lease) bool                                  
 func benchHandler(typ string, envs []*iop.Envelope) *Handler {
 	cfg := testConfig(map[string]string{"p": "sk-bench"})
 	return New(Options{Config: func() *config.Config { return cfg },
-		Pool:       &staticPool{l: pool.Lease{Key: pool.Key{Node: "n1", Provider: "p"}, Target: "tiny:latest", Type: typ}},
+		Pool:       &staticPool{l: pool.Lease{Key: pool.Key{Node: "n1", Provider: "p"}, Target: "tiny:latest", Type: typ, StallTimeoutMs: 60000}},
 		Dispatcher: &replayDispatcher{s: &replayStream{envs: envs}}, Now: fixedNow, NewID: func() string { return "x" }})
 }
 

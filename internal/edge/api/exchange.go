@@ -411,12 +411,11 @@ func (h *Handler) startFailed(x *exchange, err error) {
 }
 
 // responseWait is the Edge's response-wait timeout between two envelopes:
-// the lease's stall timeout (0 = the node default) plus the grace.
+// the lease's stall timeout — the one the request carries to the node,
+// resolved once by config.EffectiveStallTimeoutMs (SPEC Q6) — plus the
+// grace.
 func (h *Handler) responseWait(l *pool.Lease) time.Duration {
 	ms := l.StallTimeoutMs
-	if ms <= 0 {
-		ms = protocol.DefaultStallTimeoutMs // a lease always carries one (config.EffectiveStallTimeoutMs); fakes may not
-	}
 	grace := h.o.ResponseWaitGrace
 	if ms > (math.MaxInt64-int64(grace))/int64(time.Millisecond) {
 		return math.MaxInt64

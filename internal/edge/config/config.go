@@ -224,7 +224,11 @@ type Adapter struct {
 	APIKeyEnv string `json:"api_key_env"`
 	// CredentialSlot names the secret store slot whose secret a lease
 	// carries to this adapter when the credential plane is on (SPEC C2).
-	CredentialSlot         string            `json:"credential_slot"`
+	CredentialSlot string `json:"credential_slot"`
+	// ResponseStallTimeoutMs: the stall timeout of the requests routed to
+	// this adapter whose models[].providers entry sets none; 0 = 300000.
+	// The Edge resolves it into each request (EffectiveStallTimeoutMs,
+	// SPEC Q6); the node payload does not carry it.
 	ResponseStallTimeoutMs int64             `json:"response_stall_timeout_ms"`
 	ProfileOverrides       *ProfileOverrides `json:"profile_overrides"`
 	// UpstreamIdleTimeoutMs: how long the node reuses an idle upstream
@@ -292,7 +296,9 @@ type ModelProvider struct {
 	Node     string `json:"node"`
 	Provider string `json:"provider"`
 	Target   string `json:"target"`
-	// 0 = the adapter's value, else 300000 (SPEC E2, Q6).
+	// ResponseStallTimeoutMs: this route's stall timeout; 0 = the
+	// adapter's value, else protocol.DefaultStallTimeoutMs
+	// (EffectiveStallTimeoutMs, SPEC Q6).
 	ResponseStallTimeoutMs int64 `json:"response_stall_timeout_ms"`
 	// CredentialSlot overrides the adapter's credential_slot for this
 	// route (SPEC C2); "" = the adapter's.
@@ -912,9 +918,12 @@ func (m *Model) AttemptBound() int {
 	return len(m.Providers)
 }
 
-// EffectiveStallTimeoutMs is the stall timeout a request dispatched to mp
-// carries (SPEC Q6): the provider entry's value, else its adapter's, else
-// protocol.DefaultStallTimeoutMs.
+// EffectiveStallTimeoutMs is the stall timeout, in ms, a request
+// dispatched to mp carries (SPEC Q6): the provider entry's value, else its
+// adapter's, else protocol.DefaultStallTimeoutMs; always > 0. It is the one
+// place the stall timeout is resolved: the pool copies it into each lease,
+// the api into each RunRequest and ProviderTunnelRequest and its response
+// wait, and the node takes the request's value as it is (SPEC E2).
 func (c *Config) EffectiveStallTimeoutMs(mp ModelProvider) int64 {
 	if mp.ResponseStallTimeoutMs > 0 {
 		return mp.ResponseStallTimeoutMs
@@ -954,15 +963,14 @@ func (c *Config) nodePayload(n *Node) *iop.NodeConfigPayload {
 	for i := range n.Adapters {
 		a := &n.Adapters[i]
 		ac := &iop.AdapterConfig{
-			Name:                   a.Name,
-			Type:                   a.Type,
-			Category:               a.Category,
-			Capacity:               int32(a.Capacity),
-			LongCapacity:           int32(*a.LongCapacity),
-			BaseUrl:                a.BaseURL,
-			ResponseStallTimeoutMs: a.ResponseStallTimeoutMs,
-			ApiKeyEnv:              a.APIKeyEnv,
-			UpstreamIdleTimeoutMs:  EffectiveUpstreamIdleTimeoutMs(a),
+			Name:                  a.Name,
+			Type:                  a.Type,
+			Category:              a.Category,
+			Capacity:              int32(a.Capacity),
+			LongCapacity:          int32(*a.LongCapacity),
+			BaseUrl:               a.BaseURL,
+			ApiKeyEnv:             a.APIKeyEnv,
+			UpstreamIdleTimeoutMs: EffectiveUpstreamIdleTimeoutMs(a),
 		}
 		if c.Discovers(nodeID, a.Name) {
 			ac.DiscoveryIntervalMs = c.Discovery.PollIntervalMs

@@ -41,8 +41,9 @@ type Resource struct {
 
 // Candidate is one models[].providers entry (SPEC Q1): a resource and the
 // backend's own model name. StallTimeoutMs is the effective
-// response_stall_timeout_ms in milliseconds copied into the lease (SPEC Q6);
-// 0 means the Node default.
+// response_stall_timeout_ms in milliseconds (config.EffectiveStallTimeoutMs,
+// > 0) copied into the lease, and from it into every request sent on it
+// (SPEC Q6).
 type Candidate struct {
 	Key
 	Target         string

@@ -77,7 +77,7 @@ const (
 
 // Defaults.
 const (
-	DefaultStallTimeout = protocol.DefaultStallTimeoutMs * time.Millisecond // SPEC E2
+	DefaultStallTimeout = protocol.DefaultStallTimeoutMs * time.Millisecond // SPEC E2: a request carrying 0 gets it
 	DefaultProbeTimeout = 2 * time.Second                                   // DESIGN.md health probe timeout
 	DefaultCloseGrace   = 2 * time.Second                                   // DESIGN.md stall close grace (SPEC H1, H7)
 	DefaultOllamaURL    = "http://127.0.0.1:11434"                          // Ollama's own default
@@ -142,9 +142,6 @@ type Options struct {
 	// LookupEnv is called only for a name AllowEnv accepts; nil = none, so
 	// an adapter with api_key_env fails NewSet with ErrAPIKeyEnvNotAllowed.
 	AllowEnv func(name string) bool
-	// DefaultStallTimeout applies when neither the request nor the adapter
-	// sets response_stall_timeout_ms; 0 = 300000 ms (SPEC E2).
-	DefaultStallTimeout time.Duration
 	// ProbeTimeout bounds one Probe; 0 = 2 s.
 	ProbeTimeout time.Duration
 	// StallCloseGrace is how long a fenced attempt (stall, cancel or
@@ -188,7 +185,6 @@ type Set struct {
 	shared    *http.Client   // Options.HTTPClient
 	clients   []*http.Client // one per instance when shared is nil
 	log       *slog.Logger
-	stallDef  time.Duration
 	probeTO   time.Duration
 	grace     time.Duration
 	reuseBody bool
@@ -214,11 +210,7 @@ type instance struct {
 	ep      *upstream.Endpoint
 	profile *iop.ConcreteProtocolProfile // never nil; built in for ollama
 	gate    gate
-	// stall is a request's stall timeout when it carries 0 (a direct call,
-	// SPEC E2, Q6): AdapterConfig.response_stall_timeout_ms, else the Set's
-	// default.
-	stall  time.Duration
-	runner runner
+	runner  runner
 	// newRunner builds a runner calling another endpoint (a request
 	// carrying a lease's credential).
 	newRunner func(*upstream.Endpoint) runner
@@ -233,7 +225,7 @@ type runner interface {
 // NewSet builds the adapter instances of cfg (SPEC E1): an empty name is the
 // type name; names are unique. It fails, naming the adapter, on an unknown
 // type, a duplicate name, a negative capacity, a bad
-// response_stall_timeout_ms, a base URL that is not absolute http(s) (or has
+// upstream_idle_timeout_ms, a base URL that is not absolute http(s) (or has
 // user info, a query or a fragment), an openai_compat adapter without
 // protocol_profile or with an unsafe profile path, an api_key_env this
 // node does not offer (AllowEnv, ErrAPIKeyEnvNotAllowed) or one that
@@ -246,7 +238,6 @@ func NewSet(cfg *iop.NodeConfigPayload, o Options) (*Set, error) {
 		instances: map[string]*instance{},
 		shared:    o.HTTPClient,
 		log:       o.Logger,
-		stallDef:  o.DefaultStallTimeout,
 		probeTO:   o.ProbeTimeout,
 		grace:     o.StallCloseGrace,
 		reuseBody: o.ReuseBodyBuffers,
@@ -278,9 +269,6 @@ func NewSet(cfg *iop.NodeConfigPayload, o Options) (*Set, error) {
 	}
 	if s.log == nil {
 		s.log = slog.Default()
-	}
-	if s.stallDef <= 0 {
-		s.stallDef = DefaultStallTimeout
 	}
 	if s.probeTO <= 0 {
 		s.probeTO = DefaultProbeTimeout
@@ -327,11 +315,6 @@ func (s *Set) build(ac *iop.AdapterConfig, allowEnv func(string) bool, lookupEnv
 		return nil, fail(ErrBadCapacity, "%d is negative", ac.GetCapacity())
 	}
 	inst.gate.limit = int64(ac.GetCapacity()) // its counters come from Capacity (bind)
-	stall, err := StallTimeout(ac.GetResponseStallTimeoutMs(), s.stallDef)
-	if err != nil {
-		return nil, fail(err, "")
-	}
-	inst.stall = stall
 	idle, err := idleTimeout(ac.GetUpstreamIdleTimeoutMs())
 	if err != nil {
 		return nil, fail(err, "")
@@ -434,17 +417,20 @@ func parseBaseURL(raw string) (*url.URL, error) {
 	return u, nil
 }
 
-// StallTimeout returns the effective response-stall timeout of a request
-// (SPEC E2): ms > 0 as milliseconds, 0 → def. Negative values and values too
-// large for a time.Duration return ErrBadStallTimeout.
-func StallTimeout(ms int64, def time.Duration) (time.Duration, error) {
+// StallTimeout returns the response-stall timeout of a request whose
+// response_stall_timeout_ms is ms (SPEC E2): ms > 0 as milliseconds, as it
+// is (the Edge's pool dispatch sends the winning candidate's resolved
+// value, SPEC Q6, and the node does not resolve it again); 0, a direct
+// call's, → DefaultStallTimeout. Negative values and values too large for a
+// time.Duration return ErrBadStallTimeout.
+func StallTimeout(ms int64) (time.Duration, error) {
 	switch {
 	case ms < 0:
 		return 0, fmt.Errorf("%w: %d ms is negative", ErrBadStallTimeout, ms)
 	case ms > math.MaxInt64/int64(time.Millisecond):
 		return 0, fmt.Errorf("%w: %d ms is too large for a duration", ErrBadStallTimeout, ms)
 	case ms == 0:
-		return def, nil
+		return DefaultStallTimeout, nil
 	}
 	return time.Duration(ms) * time.Millisecond, nil
 }

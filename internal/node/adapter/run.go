@@ -27,9 +27,9 @@ import (
 // never happen after Run returns, and may block briefly.
 //
 // Stall watchdog (SPEC H1–H7): when the provider sends nothing — no
-// headers, no body bytes — for the effective response_stall_timeout_ms
-// (request, then adapter, then Options.DefaultStallTimeout; 300000 ms), the
-// attempt is cancelled and fenced (later deltas are dropped), then the close
+// headers, no body bytes — for the request's response_stall_timeout_ms
+// (StallTimeout: 0 = 300000 ms), the attempt is cancelled and fenced
+// (later deltas are dropped), then the close
 // grace (Options.StallCloseGrace, 2 s) and one exact-target Probe run side
 // by side, and the run ends with ERROR failure_code "response_stalled",
 // Failure (ExecutionFailure: provider_health, liveness_classification,
@@ -55,7 +55,8 @@ func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit f
 	rs := &runStream{emit: emit, adapter: req.GetAdapter(), target: req.GetTarget(),
 		trace: newSpanRecorder(req.GetTrace(), iop.NodeSpanKind_NODE_SPAN_RUN)}
 	rs.send(&iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_START})
-	if err := checkStall(req.GetResponseStallTimeoutMs()); err != nil { // SPEC E2: before the adapter lookup
+	stall, err := StallTimeout(req.GetResponseStallTimeoutMs()) // SPEC E2: before the adapter lookup
+	if err != nil {
 		rs.fail(protocol.CodeInvalidRequest, err.Error(), err)
 		return
 	}
@@ -65,7 +66,7 @@ func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit f
 		return
 	}
 	rs.adapter = inst.name
-	a, code, err := s.admit(inst, req.GetResponseStallTimeoutMs(), req.GetTimeoutSec(), req.GetCredentialLease(), req.GetCredentialBinding())
+	a, code, err := s.admit(stall, req.GetTimeoutSec(), req.GetCredentialLease(), req.GetCredentialBinding())
 	if err == nil && req.GetTarget() == "" {
 		code, err = protocol.CodeInvalidRequest, errors.New("run request without target")
 	}
@@ -228,24 +229,12 @@ func requestErrorCode(re *upstream.RequestError) protocol.Code {
 	return protocol.CodeUpstreamReset
 }
 
-// checkStall refuses a request's response_stall_timeout_ms that is
-// negative or too large for a duration (SPEC E2); Run and Tunnel call it
-// before anything else, the adapter lookup included.
-func checkStall(ms int64) error {
-	_, err := StallTimeout(ms, 0)
-	return err
-}
-
 // admit applies the boundary checks shared by runs and tunnels after the
-// adapter lookup: the stall timeout (the request's, checked by checkStall;
-// 0 = the instance's default, SPEC E2), timeout_sec, and the credential
-// lease's presence (SPEC C4; it is opened only after capacity admission,
-// SPEC C3).
-func (s *Set) admit(inst *instance, stallMs, timeoutSec int64, l *iop.CredentialLease, b *iop.CredentialLeaseBinding) (*attempt, protocol.Code, error) {
-	stall := inst.stall
-	if stallMs > 0 {
-		stall = time.Duration(stallMs) * time.Millisecond
-	}
+// adapter lookup — timeout_sec and the credential lease's presence (SPEC
+// C4; it is opened only after capacity admission, SPEC C3) — and returns
+// the attempt with stall, the request's stall timeout (StallTimeout, which
+// Run and Tunnel call before anything else, SPEC E2).
+func (s *Set) admit(stall time.Duration, timeoutSec int64, l *iop.CredentialLease, b *iop.CredentialLeaseBinding) (*attempt, protocol.Code, error) {
 	if timeoutSec < 0 || timeoutSec > math.MaxInt64/int64(time.Second) {
 		return nil, protocol.CodeInvalidRequest, fmt.Errorf("timeout_sec %d is negative or too large", timeoutSec)
 	}

@@ -57,7 +57,8 @@ func (s *Set) Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelR
 	ctx = upstream.WithRequestID(ctx, req.GetRequestId()) // logs and the upstream's X-Request-Id
 	ts := &tunnelStream{emit: emit, adapter: req.GetAdapter(), target: req.GetTarget(),
 		trace: newSpanRecorder(req.GetTrace(), iop.NodeSpanKind_NODE_SPAN_TUNNEL)}
-	if err := checkStall(req.GetResponseStallTimeoutMs()); err != nil { // SPEC E2: before the adapter lookup
+	stall, err := StallTimeout(req.GetResponseStallTimeoutMs()) // SPEC E2: before the adapter lookup
+	if err != nil {
 		ts.fail(protocol.CodeInvalidRequest, err.Error(), err)
 		return
 	}
@@ -67,7 +68,7 @@ func (s *Set) Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelR
 		return
 	}
 	ts.adapter = inst.name
-	a, code, err := s.admit(inst, req.GetResponseStallTimeoutMs(), req.GetTimeoutSec(), req.GetCredentialLease(), req.GetCredentialBinding())
+	a, code, err := s.admit(stall, req.GetTimeoutSec(), req.GetCredentialLease(), req.GetCredentialBinding())
 	if err != nil {
 		ts.fail(code, err.Error(), err)
 		return

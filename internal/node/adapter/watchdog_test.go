@@ -255,19 +255,17 @@ func (f *flight) end(t *testing.T) (code string, fail *iop.ExecutionFailure, met
 func TestStallWatchdog(t *testing.T) {
 	const stall = 10 * time.Second
 	type row struct {
-		name      string
-		ollama    bool
-		k         knobs
-		p         plan
-		adapterMs int64         // AdapterConfig.response_stall_timeout_ms
-		defStall  time.Duration // Options.DefaultStallTimeout
-		probeTO   time.Duration // Options.ProbeTimeout
-		cancelAt  time.Duration // > 0: the caller cancels then
-		code      string        // terminal failure code, or COMPLETE / END
-		at        time.Duration // when the terminal goes out
-		health    string        // "" = no Failure (H4)
-		fence     string
-		content   string
+		name     string
+		ollama   bool
+		k        knobs
+		p        plan
+		probeTO  time.Duration // Options.ProbeTimeout
+		cancelAt time.Duration // > 0: the caller cancels then
+		code     string        // terminal failure code, or COMPLETE / END
+		at       time.Duration // when the terminal goes out
+		health   string        // "" = no Failure (H4)
+		fence    string
+		content  string
 	}
 	tok3 := strings.Repeat("tok", 3)
 	rows := []row{
@@ -318,13 +316,17 @@ func TestStallWatchdog(t *testing.T) {
 			code: protocol.CodeCancelled.String(), at: 5 * time.Second},
 		{name: "H4 a non-stall failure has no Failure", k: knobs{stallMs: 10000}, p: plan{status: 500},
 			code: protocol.CodeUpstreamStatus.String(), at: 0},
-		{name: "E2 request 0 takes the adapter's timeout", k: knobs{}, adapterMs: 2000, p: plan{},
-			code: protocol.CodeResponseStalled.String(), at: 2 * time.Second, health: "available", fence: "confirmed"},
-		{name: "E2 the request's timeout wins over the adapter's", k: knobs{stallMs: 1500}, adapterMs: 2000, p: plan{},
+		// Q6: a pool call carries the Edge's resolved value, which the node
+		// takes as it is; it has no adapter value of its own to resolve.
+		{name: "Q6 E2 run: the request's timeout is the one applied", k: knobs{stallMs: 1500}, p: plan{},
 			code: protocol.CodeResponseStalled.String(), at: 1500 * time.Millisecond, health: "available", fence: "confirmed"},
-		{name: "E2 request and adapter 0 take Options.DefaultStallTimeout", k: knobs{}, defStall: 3 * time.Second, p: plan{},
-			code: protocol.CodeResponseStalled.String(), at: 3 * time.Second, health: "available", fence: "confirmed"},
-		{name: "E2 all 0: 300000 ms", k: knobs{tunnel: true}, p: plan{},
+		{name: "Q6 E2 tunnel: the request's timeout is the one applied", k: knobs{tunnel: true, stallMs: 1500}, p: plan{},
+			code: protocol.CodeResponseStalled.String(), at: 1500 * time.Millisecond, health: "available", fence: "confirmed"},
+		{name: "Q6 E2 run: a value above the default is applied as it is, not capped", k: knobs{stallMs: 600000}, p: plan{},
+			code: protocol.CodeResponseStalled.String(), at: 600 * time.Second, health: "available", fence: "confirmed"},
+		{name: "Q6 E2 run: 0 (a direct call) is the node default 300000 ms", k: knobs{}, p: plan{},
+			code: protocol.CodeResponseStalled.String(), at: 300 * time.Second, health: "available", fence: "confirmed"},
+		{name: "Q6 E2 tunnel: 0 (a direct call) is the node default 300000 ms", k: knobs{tunnel: true}, p: plan{},
 			code: protocol.CodeResponseStalled.String(), at: 300 * time.Second, health: "available", fence: "confirmed"},
 	}
 	for _, tc := range rows {
@@ -337,8 +339,7 @@ func TestStallWatchdog(t *testing.T) {
 				if tc.ollama {
 					cfg = ollamaAdapter("llama", "http://upstream", 1)
 				}
-				cfg.ResponseStallTimeoutMs = tc.adapterMs
-				s := newSet(t, adapter.Options{HTTPClient: client, DefaultStallTimeout: tc.defStall, ProbeTimeout: tc.probeTO}, cfg)
+				s := newSet(t, adapter.Options{HTTPClient: client, ProbeTimeout: tc.probeTO}, cfg)
 				ctx, cancel := context.WithCancelCause(context.Background())
 				defer cancel(nil)
 				if tc.cancelAt > 0 {
@@ -367,7 +368,7 @@ func TestStallWatchdog(t *testing.T) {
 					return
 				}
 				checkStallTerminal(t, fail, meta, "run-1", tc.health, tc.fence)
-				if got, want := fail.GetIdleMs(), stallOf(tc.k.stallMs, tc.adapterMs, tc.defStall).Milliseconds(); got != want {
+				if got, want := fail.GetIdleMs(), stallOf(tc.k.stallMs).Milliseconds(); got != want {
 					t.Errorf("H1: idle_ms %d, want %d", got, want)
 				}
 			})
@@ -375,17 +376,13 @@ func TestStallWatchdog(t *testing.T) {
 	}
 }
 
-// stallOf is the effective stall timeout of a row (SPEC E2).
-func stallOf(reqMs, adapterMs int64, def time.Duration) time.Duration {
-	switch {
-	case reqMs > 0:
+// stallOf is the stall timeout a row's request gets (SPEC E2): its own,
+// else 300000 ms.
+func stallOf(reqMs int64) time.Duration {
+	if reqMs > 0 {
 		return time.Duration(reqMs) * time.Millisecond
-	case adapterMs > 0:
-		return time.Duration(adapterMs) * time.Millisecond
-	case def > 0:
-		return def
 	}
-	return adapter.DefaultStallTimeout
+	return protocol.DefaultStallTimeoutMs * time.Millisecond
 }
 
 // checkStallTerminal checks H1–H3 on a stall terminal's Failure and

@@ -1055,8 +1055,6 @@ type AdapterConfig struct {
 	BaseUrl string `protobuf:"bytes,6,opt,name=base_url,json=baseUrl,proto3" json:"base_url,omitempty"`
 	// Set when type = "openai_compat".
 	OpenaiCompat *OpenAICompatAdapterConfig `protobuf:"bytes,7,opt,name=openai_compat,json=openaiCompat,proto3" json:"openai_compat,omitempty"`
-	// Stall timeout for this instance in ms; 0 = Node default 300000 (SPEC E2).
-	ResponseStallTimeoutMs int64 `protobuf:"varint,8,opt,name=response_stall_timeout_ms,json=responseStallTimeoutMs,proto3" json:"response_stall_timeout_ms,omitempty"`
 	// Name of a Node-local environment variable holding the upstream API key
 	// when the credential plane is off. The key itself never travels (SPEC C5).
 	ApiKeyEnv string `protobuf:"bytes,9,opt,name=api_key_env,json=apiKeyEnv,proto3" json:"api_key_env,omitempty"`
@@ -1152,13 +1150,6 @@ func (x *AdapterConfig) GetOpenaiCompat() *OpenAICompatAdapterConfig {
 		return x.OpenaiCompat
 	}
 	return nil
-}
-
-func (x *AdapterConfig) GetResponseStallTimeoutMs() int64 {
-	if x != nil {
-		return x.ResponseStallTimeoutMs
-	}
-	return 0
 }
 
 func (x *AdapterConfig) GetApiKeyEnv() string {
@@ -1792,8 +1783,10 @@ type RunRequest struct {
 	// Managed credential pair; both or neither (SPEC C2–C4).
 	CredentialLease   *CredentialLease        `protobuf:"bytes,7,opt,name=credential_lease,json=credentialLease,proto3" json:"credential_lease,omitempty"`
 	CredentialBinding *CredentialLeaseBinding `protobuf:"bytes,8,opt,name=credential_binding,json=credentialBinding,proto3" json:"credential_binding,omitempty"`
-	// Idle time after which the attempt counts as stalled, ms. 0 = Node default
-	// 300000; negative or too large for a duration = rejected (SPEC E2, Q6).
+	// Idle time after which the attempt counts as stalled, ms. The Edge's
+	// pool dispatch sends the winning candidate's effective value (SPEC Q6);
+	// 0 (a direct call) = the Node default 300000; negative or too large for
+	// a duration = rejected before the adapter lookup (SPEC E2).
 	ResponseStallTimeoutMs int64 `protobuf:"varint,10,opt,name=response_stall_timeout_ms,json=responseStallTimeoutMs,proto3" json:"response_stall_timeout_ms,omitempty"`
 	// Whether the caller streams. When false the Node sends no DELTA events,
 	// only START and the terminal carrying the whole content (SPEC E3 allows
@@ -4704,7 +4697,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x11NodeConfigPayload\x129\n" +
 	"\badapters\x18\x01 \x03(\v2\x1d.iop.runtime.v1.AdapterConfigR\badapters\x12;\n" +
 	"\aruntime\x18\x02 \x01(\v2!.iop.runtime.v1.NodeRuntimeConfigR\aruntime\x12\x1a\n" +
-	"\brevision\x18\x03 \x01(\tR\brevision\"\xc7\x03\n" +
+	"\brevision\x18\x03 \x01(\tR\brevision\"\xad\x03\n" +
 	"\rAdapterConfig\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x1a\n" +
@@ -4712,12 +4705,11 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\bcapacity\x18\x04 \x01(\x05R\bcapacity\x12#\n" +
 	"\rlong_capacity\x18\x05 \x01(\x05R\flongCapacity\x12\x19\n" +
 	"\bbase_url\x18\x06 \x01(\tR\abaseUrl\x12N\n" +
-	"\ropenai_compat\x18\a \x01(\v2).iop.runtime.v1.OpenAICompatAdapterConfigR\fopenaiCompat\x129\n" +
-	"\x19response_stall_timeout_ms\x18\b \x01(\x03R\x16responseStallTimeoutMs\x12\x1e\n" +
+	"\ropenai_compat\x18\a \x01(\v2).iop.runtime.v1.OpenAICompatAdapterConfigR\fopenaiCompat\x12\x1e\n" +
 	"\vapi_key_env\x18\t \x01(\tR\tapiKeyEnv\x127\n" +
 	"\x18upstream_idle_timeout_ms\x18\n" +
 	" \x01(\x03R\x15upstreamIdleTimeoutMs\x122\n" +
-	"\x15discovery_interval_ms\x18\x14 \x01(\x03R\x13discoveryIntervalMs\"o\n" +
+	"\x15discovery_interval_ms\x18\x14 \x01(\x03R\x13discoveryIntervalMsJ\x04\b\b\x10\tR\x19response_stall_timeout_ms\"o\n" +
 	"\x19OpenAICompatAdapterConfig\x12R\n" +
 	"\x10protocol_profile\x18\x01 \x01(\v2'.iop.runtime.v1.ConcreteProtocolProfileR\x0fprotocolProfile\"\xef\x03\n" +
 	"\x17ConcreteProtocolProfile\x12\x12\n" +
