@@ -54,6 +54,12 @@ type Options struct {
 	// health.DefaultProbeInterval, bounded by health.MinProbeInterval and
 	// health.MaxProbeInterval.
 	HealthProbeInterval time.Duration
+	// RegisterBurst and RegisterInterval bound how often one node identity
+	// may register (transport.Options; SPEC L4): 0 = the transport's
+	// defaults, a negative RegisterBurst removes the bound (tests of a
+	// takeover storm).
+	RegisterBurst    int
+	RegisterInterval time.Duration
 }
 
 // Addrs are the bound listener addresses.
@@ -192,6 +198,7 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 		},
 		Fleet: transport.FleetHooks{Join: fl.ServeJoin, Renew: fl.Renew,
 			OnModels: func(node string, gen uint64, r *iop.NodeModelsReport) { fl.Report(node, gen, r) }},
+		RegisterBurst: o.RegisterBurst, RegisterInterval: o.RegisterInterval,
 	})
 	plane.BindBoots(tr.BootID) // SPEC C3: a node's restart invalidates its earlier leases
 	ht = health.New(health.Options{Overlay: overlayEvents{p, bus}, Commander: tr, Logger: log.With("component", "health"),
