@@ -50,14 +50,20 @@ type Driver struct {
 // says the target cannot think, think is left out; when Caps does not know
 // and Ollama refuses think ("does not support thinking"), the run is sent
 // once more without it and the target is remembered as one that cannot.
-// think false goes out only to a target that can think (elsewhere it
-// changes nothing).
+// A level goes only to a target that takes levels: to any other thinking
+// model it is sent as true (Caps knows, from /api/show, or Ollama refuses
+// the level and the run is sent once more with true, remembered). think
+// false goes out only to a target that can think (elsewhere it changes
+// nothing).
 func (d *Driver) Run(ctx context.Context, target string, in *iop.RunInput, h upstream.Hooks) (upstream.Result, error) {
 	think, known := in.GetThink(), false
 	if think != "" && d.Caps != nil {
-		can, ok := d.Caps.CanThink(ctx, d.EP, target)
-		if known = ok; ok && !can {
+		can, levels, ok := d.Caps.CanThink(ctx, d.EP, target)
+		switch known = ok; {
+		case ok && !can:
 			think = ""
+		case ok && !levels && isLevel(think):
+			think = "true"
 		}
 	}
 	body, err := buildChatRequest(target, in, think)
@@ -65,14 +71,26 @@ func (d *Driver) Run(ctx context.Context, target string, in *iop.RunInput, h ups
 		return upstream.Result{}, err
 	}
 	resp, err := d.EP.PostJSON(ctx, ChatPath, body, "application/x-ndjson")
-	if err != nil && !known && think != "" && noThinking(err) {
-		if d.Caps != nil {
-			d.Caps.set(target, false)
+	if err != nil && think != "" {
+		retry := think
+		switch {
+		case !known && noThinking(err):
+			retry = ""
+			if d.Caps != nil {
+				d.Caps.set(target, false, false)
+			}
+		case isLevel(think) && noLevels(err):
+			retry = "true"
+			if d.Caps != nil {
+				d.Caps.learnNoLevels(target)
+			}
 		}
-		if body, err = buildChatRequest(target, in, ""); err != nil {
-			return upstream.Result{}, err
+		if retry != think {
+			if body, err = buildChatRequest(target, in, retry); err != nil {
+				return upstream.Result{}, err
+			}
+			resp, err = d.EP.PostJSON(ctx, ChatPath, body, "application/x-ndjson")
 		}
-		resp, err = d.EP.PostJSON(ctx, ChatPath, body, "application/x-ndjson")
 	}
 	if err != nil {
 		return upstream.Result{}, err

@@ -42,8 +42,9 @@ type Capabilities struct {
 }
 
 type thinkEntry struct {
-	can bool
-	at  time.Time
+	can    bool // the model thinks ("thinking" in its capabilities)
+	levels bool // it takes "low", "medium", "high" besides true and false
+	at     time.Time
 }
 
 func (c *Capabilities) clock() time.Time {
@@ -55,18 +56,19 @@ func (c *Capabilities) clock() time.Time {
 
 // known returns the cached capability of target; ok is false when there
 // is none or it is older than thinkTTL.
-func (c *Capabilities) known(target string) (can, ok bool) {
+func (c *Capabilities) known(target string) (e thinkEntry, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	e, ok := c.entries[target]
+	e, ok = c.entries[target]
 	if !ok || c.clock().Sub(e.at) > thinkTTL {
-		return false, false
+		return thinkEntry{}, false
 	}
-	return e.can, true
+	return e, true
 }
 
-// set records target's capability.
-func (c *Capabilities) set(target string, can bool) {
+// set records target's capability: whether it thinks, and whether it
+// takes levels.
+func (c *Capabilities) set(target string, can, levels bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.entries == nil {
@@ -78,35 +80,49 @@ func (c *Capabilities) set(target string, can bool) {
 			break
 		}
 	}
-	c.entries[target] = thinkEntry{can: can, at: c.clock()}
+	c.entries[target] = thinkEntry{can: can, levels: levels, at: c.clock()}
 }
 
-// CanThink reports whether target can think: the cached answer, else
-// /api/show's capabilities (cached). ok is false when neither is known
-// (Ollama unreachable, an older Ollama without "capabilities"): the
-// caller then sends think and falls back on the 400.
-func (c *Capabilities) CanThink(ctx context.Context, ep *upstream.Endpoint, target string) (can, ok bool) {
-	if can, ok := c.known(target); ok {
-		return can, true
+// CanThink reports whether target can think and whether it takes a
+// level ("low", "medium", "high") for think: the cached answer, else
+// /api/show's capabilities and details.family (cached). Ollama 0.17.4
+// takes a level only on a model its harmony parser reads — the gpt-oss
+// family (server/routes.go ChatHandler, shouldUseHarmony) — and answers a
+// level on any other model with a 400 (noLevels). ok is false when
+// neither is known (Ollama unreachable, an older Ollama without
+// "capabilities"): the caller then sends think and falls back on the 400s.
+func (c *Capabilities) CanThink(ctx context.Context, ep *upstream.Endpoint, target string) (can, levels, ok bool) {
+	if e, ok := c.known(target); ok {
+		return e.can, e.levels, true
 	}
 	body, _ := json.Marshal(struct {
 		Model string `json:"model"`
 	}{target})
 	resp, err := ep.PostJSON(ctx, ShowPath, body, "application/json")
 	if err != nil {
-		return false, false
+		return false, false, false
 	}
 	defer resp.Body.Close()
 	var show struct {
 		Capabilities *[]string `json:"capabilities"`
+		Details      struct {
+			Family string `json:"family"`
+		} `json:"details"`
 	}
 	// /api/show carries the model's template and license: bound the read.
 	if json.NewDecoder(io.LimitReader(resp.Body, 8<<20)).Decode(&show) != nil || show.Capabilities == nil {
-		return false, false
+		return false, false, false
 	}
 	can = slices.Contains(*show.Capabilities, "thinking")
-	c.set(target, can)
-	return can, true
+	levels = can && (show.Details.Family == "gptoss" || show.Details.Family == "gpt-oss")
+	c.set(target, can, levels)
+	return can, levels, true
+}
+
+// learnNoLevels records that target thinks but takes no level (Ollama
+// refused one: noLevels).
+func (c *Capabilities) learnNoLevels(target string) {
+	c.set(target, true, false)
 }
 
 // noThinking reports whether err is Ollama's refusal of think on a model
@@ -114,6 +130,20 @@ func (c *Capabilities) CanThink(ctx context.Context, ep *upstream.Endpoint, targ
 func noThinking(err error) bool {
 	se, ok := err.(*upstream.StatusError)
 	return ok && se.Status == http.StatusBadRequest && strings.Contains(se.Message, "does not support thinking")
+}
+
+// noLevels reports whether err is Ollama's refusal of a think level on a
+// model that takes only true and false (a 400 `think value "high" is not
+// supported for this model`, Ollama 0.17.4 server/routes.go ChatHandler).
+func noLevels(err error) bool {
+	se, ok := err.(*upstream.StatusError)
+	return ok && se.Status == http.StatusBadRequest && strings.HasPrefix(se.Message, "think value ") &&
+		strings.HasSuffix(se.Message, "is not supported for this model")
+}
+
+// isLevel reports whether think is a level rather than true or false.
+func isLevel(think string) bool {
+	return think == "low" || think == "medium" || think == "high"
 }
 
 // thinkJSON is RunInput.think as Ollama's "think" value (api.ThinkValue:

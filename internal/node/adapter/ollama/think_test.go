@@ -16,14 +16,19 @@ import (
 	iop "iop/proto/gen/iop"
 )
 
-// fakeOllama answers /api/show with caps (nil: 404, as an older Ollama)
-// and /api/chat like Ollama 0.17.4: a 400 "does not support thinking" for
-// think on a model without the capability, else a thinking stream.
+// fakeOllama answers /api/show with caps and family (caps nil: 404, as an
+// older Ollama) and /api/chat like Ollama 0.17.4 (server/routes.go
+// ChatHandler): a 400 "does not support thinking" for think on a model
+// without the capability, a 400 `think value "high" is not supported for
+// this model` for a level on a model that is not gpt-oss (levels are the
+// harmony parser's only), else a thinking stream.
 type fakeOllama struct {
-	mu    sync.Mutex
-	caps  []string
-	shows int
-	chats []string // the /api/chat bodies
+	mu     sync.Mutex
+	caps   []string
+	family string // details.family; "gptoss" takes levels
+	noShow bool   // /api/show is a 404 whatever caps says
+	shows  int
+	chats  []string // the /api/chat bodies
 }
 
 func (f *fakeOllama) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -33,11 +38,11 @@ func (f *fakeOllama) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case ShowPath:
 		f.shows++
-		if f.caps == nil {
+		if f.caps == nil || f.noShow {
 			http.Error(w, `{"error":"not found"}`, http.StatusNotFound)
 			return
 		}
-		b, _ := json.Marshal(map[string]any{"capabilities": f.caps})
+		b, _ := json.Marshal(map[string]any{"capabilities": f.caps, "details": map[string]any{"family": f.family}})
 		w.Write(b)
 	case ChatPath:
 		f.chats = append(f.chats, string(body))
@@ -52,6 +57,11 @@ func (f *fakeOllama) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if len(q.Think) > 0 && string(q.Think) != "false" && !canThink {
 			w.WriteHeader(http.StatusBadRequest)
 			io.WriteString(w, `{"error":"\"m\" does not support thinking"}`)
+			return
+		}
+		if len(q.Think) > 0 && q.Think[0] == '"' && f.family != "gptoss" {
+			w.WriteHeader(http.StatusBadRequest)
+			io.WriteString(w, `{"error":"think value `+strings.ReplaceAll(string(q.Think), `"`, `\"`)+` is not supported for this model"}`)
 			return
 		}
 		// Ollama 0.17.4's lines: thinking first, content "" beside it.
@@ -74,7 +84,7 @@ func (f *fakeOllama) driver(t *testing.T) *Driver {
 // and the Result's Reasoning; an assistant message's thinking is sent as
 // message.thinking.
 func TestThinkingStream(t *testing.T) {
-	f := &fakeOllama{caps: []string{"completion", "thinking"}}
+	f := &fakeOllama{caps: []string{"completion", "thinking"}, family: "gptoss"}
 	d := f.driver(t)
 	var order []string
 	h := upstream.Hooks{
@@ -136,6 +146,42 @@ func TestThinkOnModelThatCannotThink(t *testing.T) {
 		}
 		if strings.Contains(f.chats[0], `"think"`) {
 			t.Fatalf("chat %q: want no think", f.chats[0])
+		}
+	})
+}
+
+// E8: a level ("low", "medium", "high": Messages' effort, chat's and
+// Responses' reasoning effort) reaches only a model that takes levels
+// (gpt-oss in Ollama 0.17.4); any other thinking model gets think true,
+// never Ollama's 400 `think value "high" is not supported for this model`:
+// from /api/show's family (asked once), or — when /api/show does not tell,
+// or tells wrong — after that 400, once, and remembered.
+func TestThinkLevelOnModelWithoutLevels(t *testing.T) {
+	in := &iop.RunInput{Think: "high", Messages: []*iop.ChatMessage{{Role: "user", Content: "hi"}}}
+	run := func(t *testing.T, f *fakeOllama, d *Driver) {
+		for range 2 {
+			res, err := d.Run(context.Background(), "m", in, upstream.Hooks{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Reasoning != "Let me think." {
+				t.Fatalf("reasoning %q: want the model's thinking", res.Reasoning)
+			}
+		}
+	}
+	t.Run("E8 the family says no levels", func(t *testing.T) {
+		f := &fakeOllama{caps: []string{"completion", "thinking"}, family: "qwen3"}
+		run(t, f, f.driver(t))
+		if f.shows != 1 || len(f.chats) != 2 || !strings.Contains(f.chats[0], `"think":true`) || !strings.Contains(f.chats[1], `"think":true`) {
+			t.Fatalf("shows %d, chats %q: want one /api/show and think true", f.shows, f.chats)
+		}
+	})
+	t.Run("E8 no capabilities: the 400 teaches", func(t *testing.T) {
+		f := &fakeOllama{caps: []string{"completion", "thinking"}, family: "qwen3", noShow: true}
+		run(t, f, f.driver(t))
+		if len(f.chats) != 3 || !strings.Contains(f.chats[0], `"think":"high"`) || !strings.Contains(f.chats[1], `"think":true`) ||
+			!strings.Contains(f.chats[2], `"think":true`) {
+			t.Fatalf("chats %q: want the level once, refused, then think true (and think true next time)", f.chats)
 		}
 	})
 }
