@@ -17,7 +17,11 @@ import (
 // both in one message. "think" is a boolean or "low"/"medium"/"high";
 // think false turns the reasoning off; think on a model without the
 // "thinking" capability is a 400 {"error":"\"<model>\" does not support
-// thinking"}, and /api/show lists the capabilities.
+// thinking"}, and /api/show lists the capabilities. A level is taken only
+// by a model the harmony parser reads (the gpt-oss family); on any other
+// thinking model, as tiny-think is (family "llama", like qwen3 or
+// deepseek-r1), it is a 400 {"error":"think value \"high\" is not
+// supported for this model"}.
 //
 // llama-server e95dae18 (tools/server/server-chat.cpp
 // server_chat_msg_diff_to_json_oaicompat, common/chat.cpp): the
@@ -30,27 +34,32 @@ func thinkTokens() []string {
 	return []string{"The", " user", " wants", " a", " greeting.", " I", " will", " say", " hello."}
 }
 
-// thinkValue reports whether the request sets "think" and whether it asks
-// for reasoning (true or a level; false turns it off).
-func thinkValue(raw json.RawMessage) (set, enabled bool) {
+// thinkValue reports whether the request sets "think", whether it asks
+// for reasoning (true or a level; false turns it off) and whether it is a
+// level (a JSON string).
+func thinkValue(raw json.RawMessage) (set, enabled, level bool) {
 	t := bytes.TrimSpace(raw)
 	if len(t) == 0 || string(t) == "null" {
-		return false, false
+		return false, false, false
 	}
-	return true, string(t) != "false"
+	return true, string(t) != "false", t[0] == '"'
 }
 
 // thinkPlan applies "think" on /api/chat: a 400 when the model cannot
-// think and think asks for it (Ollama's answer), no reasoning with think
-// false. It answers the error itself and returns false then.
+// think and think asks for it, or when think is a level (Ollama's answers,
+// in its order), no reasoning with think false. It answers the error
+// itself and returns false then.
 func (c *call) thinkPlan(sh shape) bool {
 	if sh != shapeOllama {
 		return true
 	}
-	set, enabled := thinkValue(c.req.Think)
+	set, enabled, level := thinkValue(c.req.Think)
 	switch {
 	case enabled && !c.m.think:
 		c.writeError(sh, http.StatusBadRequest, strconv.Quote(c.req.Model)+" does not support thinking", ErrBadRequest)
+		return false
+	case level:
+		c.writeError(sh, http.StatusBadRequest, "think value "+string(bytes.TrimSpace(c.req.Think))+" is not supported for this model", ErrBadRequest)
 		return false
 	case set && !enabled && c.plan.think > 0:
 		c.plan.n -= c.plan.think
