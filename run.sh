@@ -110,11 +110,18 @@ cmd_build() {
 # byte-identical for the same commit. The archive mtimes are
 # SOURCE_DATE_EPOCH, by default the commit's time.
 cmd_release() {
-  local ver=${1:-} out=${IOP_DIST_DIR:-dist} commit epoch
+  local ver=${1:-} out=${IOP_DIST_DIR:-dist} commit epoch untracked
   if [ -z "$ver" ]; then echo "usage: ./run.sh release VERSION   (e.g. 0.4.0)" >&2; exit 2; fi
   commit=$(git_commit)
   epoch=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct HEAD 2>/dev/null || true)}
   if [ -z "$epoch" ]; then log "FAIL: no git commit to take the time from; set SOURCE_DATE_EPOCH"; return 1; fi
+  # An untracked file is not in the commit either: a Go file among the
+  # packages goes into the binaries (docs/ and deploy/ ship tracked files only).
+  untracked=$(git ls-files --others --exclude-standard 2>/dev/null | head -5)
+  if [ -n "$untracked" ]; then
+    case $commit in *-dirty) ;; unknown) ;; *) commit="$commit-dirty" ;; esac
+    log "untracked files (git add or remove them): $(echo $untracked)"
+  fi
   case $commit in *-dirty)
     log "warning: uncommitted changes: the archives say commit $commit and cannot be rebuilt from the commit alone" ;;
   esac

@@ -48,8 +48,16 @@ func run(ctx context.Context, args []string, epochEnv string, stderr io.Writer) 
 		fmt.Fprintln(stderr, "release: -version and -commit are required")
 		return 2
 	}
+	tracked, err := GitFiles(ctx, *src)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	if tracked == nil {
+		fmt.Fprintf(stderr, "[release] %s is not a git checkout: every file of README.md, BENCHMARKS.md, docs/ and deploy/ is packed\n", *src)
+	}
 	_, err = Build(ctx, Options{Src: *src, Out: *out, Version: *version, Commit: *commit,
-		Epoch: time.Unix(secs, 0), Arches: strings.Split(*arch, ","), Log: stderr})
+		Epoch: time.Unix(secs, 0), Arches: strings.Split(*arch, ","), Tracked: tracked, Log: stderr})
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1

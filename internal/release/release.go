@@ -1,8 +1,8 @@
 // Command release makes iop's release archives (`./run.sh release
 // VERSION`, which runs `go run ./internal/release`; flags in main.go): for each target platform one dist/iop_VERSION_linux_ARCH.tar.gz
 // holding both binaries, the example configs, the systemd units and
-// sysusers file (deploy/), the README and docs/, and dist/SHA256SUMS over
-// the archives (sha256sum's format, so `sha256sum -c SHA256SUMS` checks
+// sysusers file (deploy/), README.md, BENCHMARKS.md and docs/ (the files
+// git tracks), and dist/SHA256SUMS over the archives (sha256sum's format, so `sha256sum -c SHA256SUMS` checks
 // them on a host without network).
 //
 // Builds are reproducible: the same source, version, commit, epoch and Go
@@ -44,7 +44,9 @@ var programs = []string{"edge", "node"}
 // paths are what the archive carries from the source tree besides the
 // binaries: files, or directories taken whole but for names starting with
 // "." and Go files (docs/ holds its own checks). A missing one is an error.
-var paths = []string{"README.md", "docs", "deploy"}
+// BENCHMARKS.md is there because README.md and docs/ cite its figures
+// (memory per model group, per key) and link it.
+var paths = []string{"README.md", "BENCHMARKS.md", "docs", "deploy"}
 
 // Options for Build.
 type Options struct {
@@ -69,6 +71,13 @@ type Options struct {
 	// BuildBinary, when set, replaces `go build` (tests): it writes the
 	// program ("edge" or "node") for linux/arch to out.
 	BuildBinary func(ctx context.Context, program, arch, out string) error
+	// Tracked, when non-nil, is the set of files (slash-separated, relative
+	// to Src) the archive may carry from paths (README.md, docs/, …): the
+	// files git tracks (GitFiles). Any other file there, an untracked
+	// draft or a key dropped into deploy/, is left out and logged, so the
+	// archive holds what the commit holds. nil packs every file (a source
+	// tree that is not a git checkout).
+	Tracked map[string]bool
 	// Log, when set, gets one line per step.
 	Log io.Writer
 }
@@ -117,7 +126,7 @@ func Build(ctx context.Context, o Options) ([]Artifact, error) {
 			return goBuild(ctx, o, program, arch, out)
 		}
 	}
-	common, err := collect(o.Src, paths)
+	common, err := collect(o.Src, paths, o.Tracked, o.Log)
 	if err != nil {
 		return nil, err
 	}
@@ -224,11 +233,16 @@ func BuildEnv(env []string, arch string) []string {
 
 // collect reads paths (relative to src, slash-separated) into Files:
 // a file as is, a directory's regular files recursively. Names starting
-// with "." and Go files are skipped inside directories; symlinks and other special
-// files are an error (an archive carries regular files only).
-func collect(src string, paths []string) ([]File, error) {
+// with "." and Go files are skipped inside directories, and so is a file
+// not in tracked when tracked is non-nil (logged to log); symlinks and
+// other special files are an error (an archive carries regular files only).
+func collect(src string, paths []string, tracked map[string]bool, log io.Writer) ([]File, error) {
 	var files []File
 	add := func(name string, fi fs.FileInfo) error {
+		if tracked != nil && !tracked[name] {
+			logf(log, "left out %s: git does not track it", name)
+			return nil
+		}
 		if !fi.Mode().IsRegular() {
 			return fmt.Errorf("release: %s is not a regular file", name)
 		}
@@ -286,6 +300,37 @@ func collect(src string, paths []string) ([]File, error) {
 		}
 	}
 	return files, nil
+}
+
+// GitFiles is the set of files git tracks under src's paths (README.md,
+// BENCHMARKS.md, docs/, deploy/): `git ls-files`, the index, so a file
+// added but not yet committed counts (and makes the tree dirty). For
+// Options.Tracked. It returns nil
+// and no error when src is not inside a git work tree; an error when git
+// cannot be run there or fails.
+func GitFiles(ctx context.Context, src string) (map[string]bool, error) {
+	inside := exec.CommandContext(ctx, "git", "-C", src, "rev-parse", "--is-inside-work-tree")
+	if out, err := inside.Output(); err != nil || strings.TrimSpace(string(out)) != "true" {
+		var exit *exec.ExitError
+		if err == nil || errors.As(err, &exit) {
+			return nil, nil // not a checkout (git says so)
+		}
+		return nil, fmt.Errorf("release: git: %w", err)
+	}
+	cmd := exec.CommandContext(ctx, "git", append([]string{"-C", src, "ls-files", "-z", "--"}, paths...)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("release: git ls-files: %w\n%s", err, stderr.Bytes())
+	}
+	set := map[string]bool{}
+	for _, name := range strings.Split(string(out), "\x00") {
+		if name != "" {
+			set[name] = true
+		}
+	}
+	return set, nil
 }
 
 func writeFileAtomic(name string, data []byte) error {

@@ -8,9 +8,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -45,7 +48,8 @@ func fakeTree(t *testing.T, mtime time.Time, mode fs.FileMode) string {
 		"docs/layout_test.go":             "package docs",
 		"deploy/systemd/iop-edge.service": "[Unit]\n",
 		"deploy/sysusers.d/iop.conf":      "u iop-edge -\n",
-		"BENCHMARKS.md":                   "not packed",
+		"BENCHMARKS.md":                   "# Benchmarks\n",
+		"scripts/bench.sh":                "not packed",
 		"internal/x.go":                   "package x",
 	}
 	for name, data := range files {
@@ -78,7 +82,7 @@ func fakeBuild(_ context.Context, program, arch, out string) error {
 // Reproducible release: two trees with the same content but other paths,
 // mtimes and file modes (a checkout under another umask) give the same
 // archives and SHA256SUMS; each archive holds both binaries, README.md,
-// docs/ and deploy/ and nothing else (no dot files, no source); the sums
+// BENCHMARKS.md, docs/ and deploy/ and nothing else (no dot files, no source); the sums
 // are sha256sum's format over the archive bytes.
 func TestBuildReproducible(t *testing.T) {
 	o := Options{Version: "1.2.3", Commit: "abc", Epoch: epoch, BuildBinary: fakeBuild}
@@ -117,7 +121,7 @@ func TestBuildReproducible(t *testing.T) {
 		}
 		top := strings.TrimSuffix(n, ".tar.gz") + "/"
 		arch := strings.TrimSuffix(strings.TrimPrefix(n, "iop_1.2.3_linux_"), ".tar.gz")
-		want := []string{top, top + "README.md", top + "bin/", top + "bin/edge", top + "bin/node", top + "deploy/",
+		want := []string{top, top + "BENCHMARKS.md", top + "README.md", top + "bin/", top + "bin/edge", top + "bin/node", top + "deploy/",
 			top + "deploy/systemd/", top + "deploy/systemd/iop-edge.service", top + "deploy/sysusers.d/",
 			top + "deploy/sysusers.d/iop.conf", top + "docs/", top + "docs/install.md"}
 		slices.Sort(want)
@@ -317,4 +321,142 @@ func TestReleaseReproducible(t *testing.T) {
 			t.Errorf("%s embeds the build path %s (-trimpath)", prog, root)
 		}
 	}
+}
+
+// An archive holds what the commit holds: with Options.Tracked (the files
+// git tracks) a file git does not know under a packed directory — a draft
+// left in docs/, a key dropped into deploy/ — is left out and logged, so
+// neither a secret nor a stray file reaches a host, and a second builder
+// from the commit gets the same bytes (P4: no secret anywhere observable).
+func TestBuildTrackedOnly(t *testing.T) {
+	src := fakeTree(t, epoch, 0o644)
+	for name, data := range map[string]string{"deploy/examples/ca.key": "PRIVATE KEY", "docs/draft.md": "# draft"} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(src, name)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(src, filepath.FromSlash(name)), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tracked := map[string]bool{"README.md": true, "BENCHMARKS.md": true, "docs/install.md": true, "deploy/systemd/iop-edge.service": true,
+		"deploy/sysusers.d/iop.conf": true}
+	var log bytes.Buffer
+	o := Options{Version: "1.2.3", Commit: "abc", Epoch: epoch, BuildBinary: fakeBuild, Arches: []string{"amd64"},
+		Src: src, Out: t.TempDir(), Tracked: tracked, Log: &log}
+	if _, err := Build(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(o.Out, ArchiveName("1.2.3", "amd64")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, members := readArchive(t, b)
+	var got []string
+	for _, m := range members {
+		if m.typ == '0' {
+			got = append(got, strings.TrimPrefix(m.name, "iop_1.2.3_linux_amd64/"))
+		}
+	}
+	want := []string{"BENCHMARKS.md", "README.md", "bin/edge", "bin/node", "deploy/systemd/iop-edge.service", "deploy/sysusers.d/iop.conf", "docs/install.md"}
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("files %q, want %q (the tracked ones and the binaries)", got, want)
+	}
+	for _, name := range []string{"deploy/examples/ca.key", "docs/draft.md"} {
+		if !strings.Contains(log.String(), "left out "+name+": git does not track it") {
+			t.Errorf("log does not name %s:\n%s", name, log.String())
+		}
+	}
+}
+
+// GitFiles is what git tracks under the packed paths: not an untracked or
+// an ignored file, not a file outside them; a directory that is not a
+// git checkout gives nil (every file packed).
+func TestGitFiles(t *testing.T) {
+	gitBin, err := exec.LookPath("git")
+	if err != nil {
+		t.Skip("git is not installed")
+	}
+	dir := t.TempDir()
+	git := func(args ...string) {
+		t.Helper()
+		cmd := exec.Command(gitBin, append([]string{"-C", dir, "-c", "user.name=t", "-c", "user.email=t@t"}, args...)...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+	}
+	git("init", "-q")
+	for name, data := range map[string]string{"README.md": "#", "docs/install.md": "#", "deploy/systemd/iop-edge.service": "[Unit]",
+		".gitignore": "*.key\n", "main.go": "package main"} {
+		p := filepath.Join(dir, filepath.FromSlash(name))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	git("add", ".")
+	git("commit", "-q", "-m", "x")
+	for _, name := range []string{"docs/draft.md", "deploy/examples/ca.key"} { // untracked; ignored
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, filepath.FromSlash(name)), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := GitFiles(context.Background(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{"README.md": true, "docs/install.md": true, "deploy/systemd/iop-edge.service": true}
+	if !maps.Equal(got, want) {
+		t.Errorf("GitFiles = %v, want %v", got, want)
+	}
+	if got, err := GitFiles(context.Background(), t.TempDir()); got != nil || err != nil {
+		t.Errorf("outside a checkout: %v, %v; want nil, nil", got, err)
+	}
+}
+
+// The documentation in the archive is whole: every relative link of its
+// Markdown files (README.md's to BENCHMARKS.md and docs/, the docs' to
+// each other) names a file the archive carries, so a host without network
+// follows them all.
+func TestArchiveLinks(t *testing.T) {
+	files, err := collect(repoRoot(t), paths, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, f := range files {
+		have[f.Name] = true
+	}
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	for _, f := range files {
+		if !strings.HasSuffix(f.Name, ".md") {
+			continue
+		}
+		for _, m := range link.FindAllStringSubmatch(string(f.Data), -1) {
+			target, _, _ := strings.Cut(m[1], "#")
+			if target == "" || strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			name := path.Clean(path.Join(path.Dir(f.Name), target))
+			if !have[name] && !have[name+"/"] && !hasPrefixIn(have, name+"/") {
+				t.Errorf("%s links %s: not in the archive", f.Name, m[1])
+			}
+		}
+	}
+}
+
+// hasPrefixIn reports whether some name in set starts with prefix (a
+// link to a directory the archive carries).
+func hasPrefixIn(set map[string]bool, prefix string) bool {
+	for name := range set {
+		if strings.HasPrefix(name, prefix) {
+			return true
+		}
+	}
+	return false
 }
