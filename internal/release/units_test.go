@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -180,13 +181,33 @@ func TestUnitFilesVerify(t *testing.T) {
 	}
 }
 
-// The example configs in the archive load as they are (only the files
-// they name are missing until the operator copies them).
+// The example configs in the archive load once the operator has put in
+// what only they can (only the files they name are missing until the
+// operator copies them): the edge's client key is a placeholder the edge
+// refuses, naming it, so an edge started from the example as shipped
+// never accepts a key anyone could read in the archive (P4: no secret
+// anywhere observable; K9: bad input is named).
 func TestExampleConfigs(t *testing.T) {
 	dir := filepath.Join(deployDir(t), "examples")
-	ec, err := edgeconfig.Load(filepath.Join(dir, "edge.json"))
+	shipped, err := os.ReadFile(filepath.Join(dir, "edge.json"))
 	if err != nil {
-		t.Fatalf("examples/edge.json: %v", err)
+		t.Fatal(err)
+	}
+	if _, err := edgeconfig.Parse(shipped); err == nil || !strings.Contains(err.Error(), "api_keys[0].key_sha256: want 64 lowercase hex") {
+		t.Errorf("examples/edge.json as shipped: %v, want its placeholder key refused by name", err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(shipped, &doc); err != nil {
+		t.Fatal(err)
+	}
+	doc["api_keys"].([]any)[0].(map[string]any)["key_sha256"] = strings.Repeat("ab", 32) // the operator's hash
+	filled, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ec, err := edgeconfig.Parse(filled)
+	if err != nil {
+		t.Fatalf("examples/edge.json with a key hash: %v", err)
 	}
 	if ec.Shutdown.DrainTimeoutMs != edgeconfig.DefaultDrainTimeoutMs {
 		t.Errorf("edge drain %d ms, want %d (the unit's TimeoutStopSec assumes it)", ec.Shutdown.DrainTimeoutMs, edgeconfig.DefaultDrainTimeoutMs)
