@@ -23,7 +23,7 @@ const drainConfig = `{
   "models": [{"name": "tiny", "providers": [{"node": "gpu-1", "provider": "ollama", "target": "tiny"}]}]
 }`
 
-// Issue 15 (every request one terminal and one access line, exit after the
+// A3, A1 (every request one terminal and one access line, exit after the
 // drain): a request whose client holds its handler — here one that
 // declared a body and never sends it, so Handler.Stop cannot end it — is
 // ended by closing its connection, and drainHTTP returns only once its

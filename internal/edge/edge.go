@@ -135,7 +135,7 @@ func observeFirstByte(p *pool.Pool, r *access.Record) {
 }
 
 // OutlierPolicy projects outlier_detection onto the passive-health policy
-// (issue 11).
+// (docs/config.md, "What cools a provider").
 func OutlierPolicy(c *config.Config) outlier.Policy {
 	od := c.OutlierDetection
 	return outlier.Policy{

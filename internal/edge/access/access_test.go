@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// Issue 15: every way a request ends maps to exactly one outcome.
+// A1: every way a request ends maps to exactly one outcome.
 func TestClassify(t *testing.T) {
 	rows := []struct {
 		name   string
@@ -56,7 +56,7 @@ func TestClassify(t *testing.T) {
 	}
 }
 
-// Issue 15: X-Request-Id is the client's when it is safe, sanitized and
+// A1: X-Request-Id is the client's when it is safe, sanitized and
 // bounded otherwise, minted when absent or nothing is left.
 func TestRequestID(t *testing.T) {
 	mint := func() string { return "minted" }
@@ -79,7 +79,7 @@ func TestRequestID(t *testing.T) {
 	}
 }
 
-// Issue 15 (P4): the access line has every field, durations in ms, and
+// A1, P4: the access line has every field, durations in ms, and
 // nothing else.
 func TestRecordLog(t *testing.T) {
 	var buf bytes.Buffer
@@ -123,7 +123,7 @@ func TestRecent(t *testing.T) {
 	}
 }
 
-// Issue 15: label values are bounded (unconfigured models fold into
+// A1: label values are bounded (unconfigured models fold into
 // OtherModel) and escaped; histograms are cumulative with +Inf, _sum and
 // _count. (The e2e suite parses the whole /metrics with Prometheus' own
 // parser.)
@@ -169,7 +169,7 @@ func TestMetricsText(t *testing.T) {
 	}
 }
 
-// BenchmarkObserve: one finished request into the metrics (issue 15).
+// BenchmarkObserve: one finished request into the metrics (A1).
 func BenchmarkObserve(b *testing.B) {
 	m := NewMetrics()
 	r := &Record{Model: "tiny", Known: true, Surface: "chat_completions", Path: PathTunnel, Status: 200, Outcome: OK,
@@ -181,7 +181,7 @@ func BenchmarkObserve(b *testing.B) {
 }
 
 // BenchmarkLog: one access line through slog's JSON handler into a
-// discarding writer (issue 15).
+// discarding writer (A1).
 func BenchmarkLog(b *testing.B) {
 	l := slog.New(slog.NewJSONHandler(io.Discard, nil))
 	r := &Record{RequestID: "Q2XJ7V4M3KZ5N6P8R9S0T1U2VW", Principal: "team-a", Surface: "chat_completions", Model: "tiny",

@@ -16,7 +16,7 @@ import (
 	"time"
 )
 
-// Issue 15 (the access line's cost): one access line through slog's JSON
+// A1 (the access line's cost): one access line through slog's JSON
 // handler allocates once (slog's record overflow past its 5 inline
 // attributes); the attributes themselves stay on Log's stack. Before, they
 // were a heap slice too: 2 allocations, 1,184 bytes a line.

@@ -5,7 +5,7 @@
 //	              /events
 //	GET /status   JSON: configured nodes and their ProviderSnapshots (SPEC
 //	              N3), model groups with their waiters and routing mode and
-//	              hit ratio (issue 16), the last errors
+//	              hit ratio (R1), the last errors
 //	GET /status/keys  JSON: every API key's usage (docs/keys.md K7)
 //	GET /metrics  Prometheus text exposition format 0.0.4
 //	GET /events   SSE of node and provider events (SPEC N4)
@@ -18,7 +18,7 @@
 // Every request but /healthz passes guard first: a Host header that is not
 // an IP literal, localhost or an allowed name is refused (DNS rebinding),
 // and with an admin token configured the token is required.
-// A node's generation is shown (issue 15): it is the Edge's own fencing
+// A node's generation is shown (A2): it is the Edge's own fencing
 // counter for the node id (SPEC L8), not something of the transport — no
 // address, connection, session or stream id — and it is how an operator
 // sees a node reconnecting (every new session is a new generation).
@@ -55,7 +55,7 @@ type EventSource interface {
 }
 
 // RoutingSource gives each model group's routing mode and its
-// prefix_affinity decisions (the pool, issue 16).
+// prefix_affinity decisions (the pool, R1).
 type RoutingSource interface {
 	Routing() []pool.GroupRouting
 }
@@ -164,7 +164,7 @@ var providerJSON = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated
 // (ConfigErrorSource), connected or not. "models" lists the model groups when a group or
 // routing source is set: {"name","waiters","long_waiters","candidates",
 // "live"} from Groups and {"routing","decisions":{"prefix_hit","hash",
-// "fallback","yield"},"hit_ratio"} from Routing (issue 16; hit_ratio is prefix_hit
+// "fallback","yield"},"hit_ratio"} from Routing (R1; hit_ratio is prefix_hit
 // over all decisions, 0 without any). recent_errors only with Recent.
 func serveStatus(w http.ResponseWriter, o Options) {
 	var buf bytes.Buffer

@@ -149,7 +149,7 @@ var routes = fakeRouting{
 	{Model: "plain", Mode: "least_loaded"},
 }
 
-// issue 16: /status shows per model group the routing mode and its hit
+// A2, R1: /status shows per model group the routing mode and its hit
 // ratio; /metrics counts prefix_affinity decisions by result.
 func TestRoutingStatusAndMetrics(t *testing.T) {
 	srv := httptest.NewServer(New(Options{Status: status(), Routing: routes}))

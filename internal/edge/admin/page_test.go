@@ -34,7 +34,7 @@ func get(t *testing.T, url string) (*http.Response, string) {
 	return resp, string(b)
 }
 
-// Issue 15: the operator page is one self-contained HTML document: no
+// A2: the operator page is one self-contained HTML document: no
 // external script, style or image, inline code allowed only by this
 // response's CSP nonce, the version escaped by html/template, and the
 // tables the script fills.
@@ -120,7 +120,7 @@ type fakePayloads map[string]string
 
 func (f fakePayloads) NodePayloads() map[string]string { return f }
 
-// Issue 15: collectors' families follow the built-in ones on /metrics.
+// A2: collectors' families follow the built-in ones on /metrics.
 func TestMetricsCollectors(t *testing.T) {
 	m := access.NewMetrics()
 	m.Observe(&access.Record{Model: "tiny", Known: true, Surface: "chat_completions", Path: access.PathRun, Status: 200,
@@ -155,7 +155,7 @@ func TestProviderEvent(t *testing.T) {
 	}
 }
 
-// Issue 15, 16: "models" joins each group's queue and its routing, in the
+// A2: "models" joins each group's queue and its routing, in the
 // groups' config order; a routed model the group source lacks still shows.
 func TestStatusModelsMerged(t *testing.T) {
 	srv := httptest.NewServer(New(Options{Status: status(),

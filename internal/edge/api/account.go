@@ -15,7 +15,7 @@ import (
 // request's response through. It notes the status line and the time of the
 // first byte in the request's access Record, which the rest of the layer
 // fills as the request goes (principal, model, lease, queue wait, tokens,
-// the client leaving, the error written) and end writes once (issue 15:
+// the client leaving, the error written) and end writes once (A1:
 // one access-log line, one iop_edge_requests_total sample per request).
 // Owned by the request's goroutine.
 type recorder struct {

@@ -299,7 +299,7 @@ func (a *attempt) mayRequeue(e *event) bool {
 	return true
 }
 
-// step applies one event and returns what the caller must do (STYLE 6).
+// step applies one event and returns what the caller must do: a pure transition, no I/O, time arrives as an event.
 func (a *attempt) step(e *event) effects {
 	var fx effects
 	switch e.kind {

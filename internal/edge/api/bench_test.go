@@ -99,7 +99,7 @@ func runHandlerPath(b *testing.B, h *Handler, path string, body []byte) {
 
 // BenchmarkTunnelRoundTrip: one non-stream tunnel request through the
 // surface (auth, body read, head parse, model splice, frames to the
-// client), node transport excluded (issue 7).
+// client), node transport excluded.
 func BenchmarkTunnelRoundTrip(b *testing.B) {
 	up := []byte(`{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hello"},"finish_reason":"stop"}]}`)
 	envs := []*iop.Envelope{
@@ -111,7 +111,7 @@ func BenchmarkTunnelRoundTrip(b *testing.B) {
 }
 
 // BenchmarkRunStream100: a streamed run of 100 deltas converted to
-// chat.completion.chunk events (issue 7's 100-chunk stream).
+// chat.completion.chunk events (the 100-chunk stream of the overhead benchmark, BENCHMARKS.md).
 func BenchmarkRunStream100(b *testing.B) {
 	envs := []*iop.Envelope{{Kind: &iop.Envelope_RunEvent{RunEvent: evStart()}}}
 	for i := range 100 {
@@ -123,7 +123,7 @@ func BenchmarkRunStream100(b *testing.B) {
 }
 
 // BenchmarkRunStreamSurface100: the 100-delta streamed run of
-// BenchmarkRunStream100 through each run-path surface (issue 14): chat
+// BenchmarkRunStream100 through each run-path surface: chat
 // completions, Anthropic Messages, Responses; surface only (request
 // conversion, event encoding, writes), node transport excluded.
 func BenchmarkRunStreamSurface100(b *testing.B) {
@@ -144,7 +144,7 @@ func BenchmarkRunStreamSurface100(b *testing.B) {
 }
 
 // BenchmarkTunnelRoundTripAccounted: BenchmarkTunnelRoundTrip with the
-// Edge's accounting on, as edge.Run wires it (issue 15): the JSON access
+// Edge's accounting on, as edge.Run wires it: the JSON access
 // line (into io.Discard), the request metrics and the recent errors.
 func BenchmarkTunnelRoundTripAccounted(b *testing.B) {
 	up := []byte(`{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hello"},"finish_reason":"stop"}]}`)

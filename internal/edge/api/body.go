@@ -13,7 +13,7 @@ import (
 	"iop/internal/edge/limit"
 )
 
-// Request-body buffer policy in bytes (issue 12). A body is read into a
+// Request-body buffer policy in bytes (B1). A body is read into a
 // buffer of at most bodyFirstBuffer bytes that doubles as bytes arrive, up
 // to the declared Content-Length (or http.max_body_bytes without one): the
 // Edge's memory follows what a client sent, never what it declared. A client
@@ -134,7 +134,7 @@ func readError(err error, max int64) *apiError {
 	// The connection ended before the body did: net/http reports a body
 	// cut short of its Content-Length (or a chunked body cut) as
 	// io.ErrUnexpectedEOF; a reset is ECONNRESET. Either way the client
-	// left (issue 15: client_cancelled, not a rejected request).
+	// left (A1: client_cancelled, not a rejected request).
 	e.clientGone = errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
 	return e
 }

@@ -9,7 +9,7 @@ import (
 	"testing/iotest"
 )
 
-// Issue 12: readBody returns exactly the bytes sent, grows its buffer with
+// B1: readBody returns exactly the bytes sent, grows its buffer with
 // them (never past the declared length) and refuses what the cap or the
 // declaration rules out.
 func TestReadBody(t *testing.T) {

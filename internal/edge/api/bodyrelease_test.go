@@ -34,7 +34,7 @@ func (d *watchedDispatcher) StartTunnel(_ dispatch.Target, req *iop.ProviderTunn
 	return d.st, nil
 }
 
-// H11, issue 7: the client's body is needed only for a re-dispatch, which
+// H11: the client's body is needed only for a re-dispatch, which
 // happens only before any byte reached the client. Once the first event
 // went out the Edge drops it, so a long stream does not keep a long prompt
 // (here the tunnel's body is the client's own bytes: the model needs no

@@ -1,7 +1,7 @@
 // Package api is the Edge's client HTTP layer: the OpenAI-compatible and
 // Anthropic-compatible endpoints, client authentication, errors and the
-// relay of node streams to the client (SPEC T5, Q3, T3, T4; DESIGN.md "HTTP
-// surface"). The conversions between a surface's requests/responses and the
+// relay of node streams to the client (SPEC T5, Q3, T3, T4; docs/surfaces.md).
+// The conversions between a surface's requests/responses and the
 // normalized run path are pure functions in internal/edge/surface/*; api
 // calls them and writes what they produce.
 //

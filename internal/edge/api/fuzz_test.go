@@ -15,7 +15,7 @@ import (
 // FuzzParseHead: a client body of any endpoint never panics parseHead, and
 // whatever it accepts encoding/json reads the same way: a JSON object whose
 // "model" is that non-empty string, "stream" that boolean, and the
-// endpoint's required field an array (issue 12: every request body of each
+// endpoint's required field an array (B1: every request body of each
 // surface is fuzzed). The routing prefix scan of an accepted body never
 // panics and stays within maxPrefixBoundaries.
 func FuzzParseHead(f *testing.F) {
@@ -65,7 +65,7 @@ func FuzzParseHead(f *testing.F) {
 			}
 		}
 		// The conversation prefix of prefix-affinity routing scans the same
-		// body (issue 16): it must stay within its bound.
+		// body: it must stay within its bound.
 		if keys := prefixOf(hasher, body, ep, hd.model, nil); len(keys) > maxPrefixBoundaries {
 			t.Fatalf("%d prefix boundaries, over %d", len(keys), maxPrefixBoundaries)
 		}
@@ -76,7 +76,7 @@ func FuzzParseHead(f *testing.F) {
 // any cap: readBody returns exactly the bytes sent when they fit, refuses
 // with 413/400 when they do not, never holds a buffer past what the
 // declaration and twice the bytes received allow, and gives every reserved
-// byte back on failure (issue 12).
+// byte back on failure (B1).
 func FuzzReadBody(f *testing.F) {
 	f.Add([]byte(chatBody), int16(-1), uint16(100), uint8(3))
 	f.Add(bytes.Repeat([]byte("x"), 9000), int16(9000), uint16(9000), uint8(0))

@@ -56,7 +56,7 @@ func heapLive() int64 {
 	return int64(ms.HeapAlloc)
 }
 
-// Issue 12: memory follows the bytes a client sent, never what it
+// B1: memory follows the bytes a client sent, never what it
 // declared. Each row opens conns connections that send a request head and
 // the start of a body, then hold; once every handler waits for the rest,
 // the live heap may have grown by at most maxGrowth.

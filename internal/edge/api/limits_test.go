@@ -117,7 +117,7 @@ func holdConn(t *testing.T, addr string, wl *waitingListener, head, part string)
 // progressWait bounds the wait for the next answer of a burst.
 const progressWait = 30 * time.Second
 
-// Issue 12: api_keys[].max_concurrent and requests_per_minute are exact
+// B2: api_keys[].max_concurrent and requests_per_minute are exact
 // under 1,000 concurrent requests of one key: exactly the bound reaches the
 // pool, every other request gets 429 with Retry-After in the surface's
 // shape, and the log names the principal, never the key.
@@ -225,7 +225,7 @@ func TestKeyLimitsExactUnderLoad(t *testing.T) {
 	}
 }
 
-// Issue 12: http.max_inflight_body_bytes and http.max_connections answer
+// B2: http.max_inflight_body_bytes and http.max_connections answer
 // at once with 503 and Retry-After in the surface's shape, and every
 // counted byte and connection is given back.
 func TestGlobalLimits(t *testing.T) {

@@ -13,7 +13,7 @@ import (
 const maxPrefixBoundaries = 512
 
 // prefixOf appends to dst the conversation prefix of a request body for
-// prefix-affinity routing (issue 16, routing.Chain): the chain starts with
+// prefix-affinity routing (R1, routing.Chain): the chain starts with
 // the model name and the preamble — Anthropic "system", Responses
 // "instructions", "tools", and on chat completions and Responses the
 // leading "system"/"developer" messages — then adds one boundary per

@@ -25,7 +25,7 @@ func conversation(system string, conv, turns int, extra string) string {
 	return b.String()
 }
 
-// TestPrefixOf: issue 16 — the conversation prefix the HTTP layer hands
+// TestPrefixOf: R1 — the conversation prefix the HTTP layer hands
 // the pool: later turns extend earlier ones, the conversation key is
 // stable, the preamble seeds the chain without being a boundary, and only
 // endpoints that carry a conversation have one.

@@ -11,7 +11,7 @@ import (
 	iop "iop/proto/gen/iop"
 )
 
-// Q3, T5, issue 14: an ollama lease serves every run-path surface: the
+// Q3, T5, F1: an ollama lease serves every run-path surface: the
 // RunRequest carries the surface's converted input (stream, operation,
 // max_tokens), and the answer has the surface's shape and content type.
 func TestRunPathSurfaces(t *testing.T) {
@@ -42,7 +42,7 @@ func TestRunPathSurfaces(t *testing.T) {
 					t.Errorf("stop_reason %q, request stream %v", m.StopReason, req.Stream)
 				}
 			}},
-		{name: "issue 14 count_tokens from the backend's prompt count", path: "/v1/messages/count_tokens",
+		{name: "count_tokens from the backend's prompt count", path: "/v1/messages/count_tokens",
 			body:   `{"model":"tiny","messages":[{"role":"user","content":"hi"}]}`,
 			events: []*iop.RunEvent{evStart(), evComplete(2, "H", "length", usage(21, 1), nil)}, ctype: "application/json",
 			check: func(t *testing.T, body string, req *iop.RunRequest) {
@@ -59,7 +59,7 @@ func TestRunPathSurfaces(t *testing.T) {
 					t.Errorf("response %+v, request stream %v", r, req.Stream)
 				}
 			}},
-		{name: "issue 14 embeddings on the run path", path: "/v1/embeddings",
+		{name: "embeddings on the run path", path: "/v1/embeddings",
 			body:   `{"model":"tiny","input":["a"],"dimensions":2}`,
 			events: []*iop.RunEvent{evStart(), embedding}, ctype: "application/json",
 			check: func(t *testing.T, body string, req *iop.RunRequest) {
@@ -88,7 +88,7 @@ func TestRunPathSurfaces(t *testing.T) {
 	}
 }
 
-// issue 14: bad input on a run-path surface is a 400 in that surface's
+// F2: bad input on a run-path surface is a 400 in that surface's
 // shape, naming the field, before any dispatch.
 func TestRunPathSurfaceRefusals(t *testing.T) {
 	rows := []struct {
@@ -100,7 +100,7 @@ func TestRunPathSurfaceRefusals(t *testing.T) {
 		{"chat logit_bias", "/v1/chat/completions", `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"logit_bias":{"1":1}}`, "logit_bias", false},
 	}
 	for _, row := range rows {
-		t.Run("issue 14 "+row.name, func(t *testing.T) {
+		t.Run(row.name, func(t *testing.T) {
 			leakcheck.Check(t)
 			r := newRig(t, config.TypeOllama, nil)
 			resp, got := r.do(t, "POST", row.path, row.body)

@@ -30,7 +30,7 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// Defaults (DESIGN.md "Defaults").
+// Defaults (docs/config.md lists each key with its default).
 const (
 	DefaultHTTPListen           = "127.0.0.1:8080"
 	DefaultNodeListen           = "127.0.0.1:7443"

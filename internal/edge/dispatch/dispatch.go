@@ -22,14 +22,14 @@ var (
 	// (SPEC E6, L8). The surface ends the request with one error outcome.
 	ErrSessionLost = errors.New("dispatch: node session lost")
 	// ErrNodeDrained: the session ended after the node announced its
-	// drain (NodeDrainingNotice, issue 15), typically a request dispatched
+	// drain (NodeDrainingNotice, A3), typically a request dispatched
 	// just before the Edge read the notice that reached a node already
 	// closing. It is an ErrSessionLost too (errors.Is matches both); the
 	// node never started the request.
 	ErrNodeDrained = fmt.Errorf("%w after the node announced its drain", ErrSessionLost)
 	// ErrSlowConsumer: the stream's receive buffer overflowed because its
 	// reader fell behind; the stream was cancelled rather than stall the
-	// session's read loop (STYLE 3).
+	// session's read loop.
 	ErrSlowConsumer = errors.New("dispatch: stream reader too slow")
 	// ErrSendQueueFull: the request could not be queued to the node.
 	ErrSendQueueFull = errors.New("dispatch: node send queue full")

@@ -35,7 +35,7 @@ const (
 	// H10).
 	TypeProviderAvailable = "provider.available"
 	// TypeProviderCooling: passive health ejected a provider for a cooling
-	// window (issue 11); Reason names why and until when.
+	// window; Reason names why and until when.
 	TypeProviderCooling = "provider.cooling"
 	// TypeProviderReadmitted: the cooling window ended; a candidate again.
 	TypeProviderReadmitted = "provider.readmitted"

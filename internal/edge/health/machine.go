@@ -56,7 +56,7 @@ type record struct {
 	target     string // target of that stall: what the recovery probe asks about
 }
 
-// machine is the pure provider-health state machine (STYLE 6): no I/O, no
+// machine is the pure provider-health state machine: no I/O, no
 // clock, no locks. Its transitions return verdicts; the Tracker carries
 // out their effects on the pool and reports the pool's answer back.
 type machine struct {

@@ -1,5 +1,5 @@
 // Package limit holds the Edge's admission bounds against a hostile or
-// runaway client (issue 12): per API key, the requests in flight
+// runaway client (B2): per API key, the requests in flight
 // (api_keys[].max_concurrent) and the request rate
 // (api_keys[].requests_per_minute) and the token budgets per minute and
 // per day (Tokens, docs/keys.md K5); across all clients, the request-body

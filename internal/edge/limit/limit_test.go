@@ -9,7 +9,7 @@ import (
 
 var t0 = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// Issue 12: the GCRA bucket admits exactly n at one instant, then one per
+// B2: the GCRA bucket admits exactly n at one instant, then one per
 // minute/n, and names the wait exactly.
 func TestBucket(t *testing.T) {
 	type step struct {
@@ -42,7 +42,7 @@ func TestBucket(t *testing.T) {
 	}
 }
 
-// Issue 12: max_concurrent and requests_per_minute are exact under
+// B2: max_concurrent and requests_per_minute are exact under
 // concurrency: of 1,000 simultaneous requests exactly the bound is
 // admitted, and a refused request spends no rate token.
 func TestKeysExactUnderConcurrency(t *testing.T) {
@@ -118,7 +118,7 @@ func TestKeysExactUnderConcurrency(t *testing.T) {
 	}
 }
 
-// Issue 12: principals are counted apart, and a reload that removes one
+// B2: principals are counted apart, and a reload that removes one
 // forgets it without breaking its requests in flight.
 func TestKeysPerPrincipalAndRetain(t *testing.T) {
 	var k Keys
@@ -145,7 +145,7 @@ func TestKeysPerPrincipalAndRetain(t *testing.T) {
 	nilSlot.Release()
 }
 
-// Issue 12: the body budget is exact under concurrency and follows a
+// B2: the body budget is exact under concurrency and follows a
 // lowered bound without losing count.
 func TestBudget(t *testing.T) {
 	var b Budget

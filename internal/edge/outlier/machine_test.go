@@ -25,7 +25,7 @@ type step struct {
 	level      int           // of the effect (OpEject)
 }
 
-// TestMachine is the passive-health transition table (issue 11): each row
+// TestMachine is the passive-health transition table: each row
 // is a script of events with the effect each one must produce.
 func TestMachine(t *testing.T) {
 	pol := Policy{Base: time.Second, Max: 8 * time.Second}

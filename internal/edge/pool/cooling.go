@@ -2,7 +2,7 @@ package pool
 
 import "time"
 
-// Passive health (outlier ejection, issue 11) as the pool sees it: the
+// Passive health (outlier ejection) as the pool sees it: the
 // decision of when to eject and when to re-admit is internal/edge/outlier's;
 // the pool only keeps the projection — an ejected resource is no candidate
 // (live) and shows status=unavailable, health=cooling and its window in

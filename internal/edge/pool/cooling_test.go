@@ -47,7 +47,7 @@ func slotConfig(shared bool) Config {
 	return cfg
 }
 
-// Issue 11: passive-health ejection and re-dispatch exclusion as pool
+// Passive-health ejection and re-dispatch exclusion as pool
 // transitions. The harness checks after every step that no queued waiter
 // is servable (Q5) — narrowed classes included.
 func TestCoolingAndExclusion(t *testing.T) {
@@ -221,7 +221,7 @@ func TestCoolingAndExclusion(t *testing.T) {
 	}
 }
 
-// Issue 11, Q5: Pool.Eject/Readmit through the wrapper; Readmit pumps a
+// Q5: Pool.Eject/Readmit through the wrapper; Readmit pumps a
 // blocked Acquire at once.
 func TestPoolReadmitPumps(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -252,7 +252,7 @@ func TestPoolReadmitPumps(t *testing.T) {
 	})
 }
 
-// H11 with issue 16's affinity wait: a re-dispatched request (Exclude) of
+// H11 with R1's affinity wait: a re-dispatched request (Exclude) of
 // a prefix_affinity group, pinned to the busy provider holding its
 // conversation, moves to its narrowed class when the wait expires and is
 // served there by the untried free provider — never by the one it tried.

@@ -124,7 +124,7 @@ type resource struct {
 	seqGen     uint64 // generation lastSeq belongs to
 	lastSeq    uint64 // highest health_observation_seq accepted for seqGen
 
-	// Prefix affinity (issue 16): the rendezvous identity and the table of
+	// Prefix affinity (R1): the rendezvous identity and the table of
 	// prefixes routed here, created on first use and valid only for the
 	// node generation it names (a reconnected backend may have lost its
 	// cache).

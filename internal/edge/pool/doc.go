@@ -34,7 +34,7 @@
 //
 // The choice among servable candidates — live, with free capacity (and
 // free long capacity for a long request) — is the group's routing mode
-// (route.go, issue 16): least_loaded (the default) takes the lowest
+// (route.go, R1): least_loaded (the default) takes the lowest
 // in_flight/capacity, then config order; ordered the first in config
 // order; prefix_affinity asks internal/edge/routing for the candidate
 // holding the longest prefix of the request's conversation unless the
@@ -50,7 +50,7 @@
 // A provider ejected by passive health (cooling.go, decided by
 // internal/edge/outlier) is no candidate until it is re-admitted, which
 // pumps. A re-dispatched request that must not get the providers it already
-// tried (Request.Exclude, issue 11) waits in a narrowed class of its own
+// tried (Request.Exclude) waits in a narrowed class of its own
 // (exclude.go), so the rule above still holds for every class.
 //
 // # Concurrency

@@ -2,7 +2,7 @@ package pool
 
 import "fmt"
 
-// Narrowed classes (issue 11, SPEC H11). A re-dispatched request must not
+// Narrowed classes (SPEC H11). A re-dispatched request must not
 // get a provider it already tried (Request.Exclude), so it cannot wait in
 // its class's FIFO: the head of a class must be servable by every free
 // candidate of the class, or the scheduling rule of doc.go breaks. It

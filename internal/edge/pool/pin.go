@@ -1,6 +1,6 @@
 package pool
 
-// Affinity wait (models[].affinity_wait_ms, issue 16). Prefix affinity
+// Affinity wait (models[].affinity_wait_ms, R1). Prefix affinity
 // never makes a request wait while another candidate is free, unless its
 // group says so: then a request whose conversation is held by a provider
 // that is at capacity, while another candidate is free, waits up to the

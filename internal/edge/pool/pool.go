@@ -117,7 +117,7 @@ func (p *Pool) Acquire(ctx context.Context, r Request) (*Lease, error) {
 		sameSlot: r.SameSlot, slot: r.Slot, ch: make(chan result, 1)}
 	timeout := p.s.waitTimeout
 	if p.s.enqueue(c, w, timeout) {
-		// Pinned to the provider holding the conversation (issue 16):
+		// Pinned to the provider holding the conversation (R1):
 		// after the group's affinity wait it competes for any candidate.
 		stopPin := p.clk.AfterFunc(c.g.affinityWait, func() {
 			p.lock()
@@ -230,7 +230,7 @@ func (p *Pool) NodeDraining(node string, gen uint64) bool {
 func (p *Pool) SetOverlay(k Key, gen, seq uint64) bool {
 	p.lock()
 	ok := p.s.setOverlay(k, gen, seq)
-	p.apply() // waiters pinned to k may move (issue 16)
+	p.apply() // waiters pinned to k may move (R1)
 	p.mu.Unlock()
 	return ok
 }
@@ -257,7 +257,7 @@ func (p *Pool) Snapshot() []NodeSnapshot {
 }
 
 // Routing returns every configured model group's routing mode and its
-// prefix_affinity decision counts, in config order (issue 16). The result
+// prefix_affinity decision counts, in config order (R1). The result
 // is a copy the caller owns.
 func (p *Pool) Routing() []GroupRouting {
 	p.mu.Lock()

@@ -114,7 +114,7 @@ func (s *state) recordAffinity(g *group, r *resource, prefix []uint64, promptTok
 type routeCounts [routing.NumResults]uint64
 
 // GroupRouting is one model group's routing mode and the prefix_affinity
-// decisions taken for it since the pool started (issue 16). The counts
+// decisions taken for it since the pool started (R1). The counts
 // survive config reloads and never fall; a group that was never in
 // prefix_affinity mode has all zero.
 type GroupRouting struct {

@@ -51,7 +51,7 @@ func (h *harness) wantDecisions(hit, hash, fallback uint64) {
 	h.t.Fatal("model tiny missing from routing()")
 }
 
-// TestRouting is the routing-mode table of the pool (issue 16): each row a
+// TestRouting is the routing-mode table of the pool (R1): each row a
 // script of transitions; the harness checks the Q2/Q5 invariants (and
 // that no pinned waiter is servable) after every step.
 func TestRouting(t *testing.T) {

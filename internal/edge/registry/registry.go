@@ -2,7 +2,7 @@
 // Edge, the generation of that ownership and whether it is pending or ready
 // (SPEC L1–L10, I3, P3).
 //
-// It is a pure state machine (STYLE 6, 7): every exported method is one
+// It is a pure state machine: every exported method is one
 // transition that returns a Result and a list of Effects for the caller to
 // carry out, in order. It never does I/O, starts goroutines, reads the
 // clock (time arrives as an argument), logs or locks; the caller serializes

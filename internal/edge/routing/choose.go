@@ -9,7 +9,7 @@ import "math"
 // longest prefix is bounded by its capacity alone (see Choose), so the
 // balance of a group rests on where new conversations land, and a tight
 // bound costs nothing there (nobody holds a new conversation). Measured
-// (BENCHMARKS.md, issue 16, demo replicas, 16 conversations × 5 turns at
+// (BENCHMARKS.md, prefix-affinity figures, demo replicas, 16 conversations × 5 turns at
 // concurrency 8, four runs each): requests per replica max/mean 1.00–1.12
 // at 0.1, 1.00–1.38 at 0.5, with every later turn a prefix hit in both.
 const DefaultEpsilon = 0.1

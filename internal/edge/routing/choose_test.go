@@ -10,7 +10,7 @@ func free(id uint64, load, weight, match int) Candidate {
 	return Candidate{ID: id, Live: true, Free: true, Load: load, Weight: weight, Match: match}
 }
 
-// TestChoose: issue 16 — the decision table of prefix affinity.
+// TestChoose: R1 — the decision table of prefix affinity.
 func TestChoose(t *testing.T) {
 	busy := func(c Candidate) Candidate { c.Free = false; return c }
 	down := func(c Candidate) Candidate { c.Free, c.Live = false, false; return c }
@@ -64,7 +64,7 @@ func TestChoose(t *testing.T) {
 	}
 }
 
-// TestConversationStaysOnItsProvider: issue 16 — the later turns of a
+// TestConversationStaysOnItsProvider: R1 — the later turns of a
 // conversation go to the provider that served its first turn, through the
 // tables, while it has a free slot: every turn of the 60 conversations is
 // in flight at once (each request stays until the turn ends), so the
@@ -119,7 +119,7 @@ func TestConversationStaysOnItsProvider(t *testing.T) {
 	}
 }
 
-// TestLoadNeverExceedsBound: issue 16 — under any mix of arrivals and
+// TestLoadNeverExceedsBound: R2 — under any mix of arrivals and
 // departures, with equal capacities, every hash decision (a conversation
 // no free candidate holds) stays within ⌈(1+ε)·m/n⌉, and a conversation
 // whose holder is overloaded stays on it while it has a free slot: its
@@ -191,7 +191,7 @@ func ceilDiv(a float64, n int) float64 {
 	return q
 }
 
-// TestLeavingProviderMovesOnlyItsConversations: issue 16 — when a provider
+// TestLeavingProviderMovesOnlyItsConversations: R1 — when a provider
 // leaves or cools, only the conversations it held move; every other
 // conversation keeps its provider (by its table and by the hash alike).
 func TestLeavingProviderMovesOnlyItsConversations(t *testing.T) {

@@ -1,5 +1,5 @@
 // Package routing is the choice policy of a model group: which of the
-// candidates that can serve a request right now gets it (issue 16). It
+// candidates that can serve a request right now gets it (R1). It
 // owns the routing modes (ordered, least_loaded, prefix_affinity), the
 // prefix hash of a conversation (Hasher), the per-provider affinity table
 // of recently routed prefixes (Table), each provider's prefill queue

@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-// TestTable: issue 16 — the affinity table remembers the prefixes routed
+// TestTable: R1 — the affinity table remembers the prefixes routed
 // to a provider, answers the longest held prefix, evicts least recently
 // used hashes beyond its limit and forgets everything on Reset (a new node
 // generation).
@@ -56,7 +56,7 @@ func TestTable(t *testing.T) {
 	}
 }
 
-// TestTableBounded: issue 16 — memory is bounded: any number of records
+// TestTableBounded: R2 — memory is bounded: any number of records
 // keeps at most limit entries, and the links stay a consistent list.
 func TestTableBounded(t *testing.T) {
 	tb := NewTable(1, 64)

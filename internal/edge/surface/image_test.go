@@ -8,7 +8,7 @@ import (
 	"iop/internal/edge/surface"
 )
 
-// Issue 14: an image is taken as a data: URL of one of the API's image
+// F2: an image is taken as a data: URL of one of the API's image
 // types whose bytes are an image of that type; anything else is a 400
 // naming the field, never sent to Ollama (which drops an image it cannot
 // decode and answers as if none was sent) and never fetched.
@@ -34,7 +34,7 @@ func TestDataURLImage(t *testing.T) {
 		{"empty data", "data:image/png;base64,", "not valid base64"},
 	}
 	for _, row := range rows {
-		t.Run("issue 14 "+row.name, func(t *testing.T) {
+		t.Run(row.name, func(t *testing.T) {
 			img, e := surface.DataURLImage("image_url.url", row.url)
 			switch {
 			case row.want == "" && e != nil:

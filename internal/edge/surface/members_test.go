@@ -9,7 +9,7 @@ import (
 
 var table = []surface.Field{surface.Row("model", surface.Routing, "r"), surface.Row("messages", surface.Translated, "t")}
 
-// Issue 14: an unknown top-level member is a 400 naming it, whatever the
+// F2: an unknown top-level member is a 400 naming it, whatever the
 // values around it hold; known members pass.
 func TestCheckMembers(t *testing.T) {
 	rows := []struct{ name, body, unknown string }{
@@ -21,7 +21,7 @@ func TestCheckMembers(t *testing.T) {
 		{"empty object", ` { } `, ""},
 	}
 	for _, row := range rows {
-		t.Run("issue 14 "+row.name, func(t *testing.T) {
+		t.Run(row.name, func(t *testing.T) {
 			if !json.Valid([]byte(row.body)) {
 				t.Fatal("test body is not JSON")
 			}
@@ -71,7 +71,7 @@ var (
 		surface.Row("schema", surface.Translated, "the client's own object")}
 )
 
-// Issue 14: a member the run path does not know is a 400 naming its path
+// F2: a member the run path does not know is a 400 naming its path
 // at any depth (objects, arrays of objects, a "type"'s own members); a
 // type without a variant and a value without a Shape are not checked.
 func TestCheckMembersNested(t *testing.T) {
@@ -87,7 +87,7 @@ func TestCheckMembersNested(t *testing.T) {
 		{"a field without a shape is free", `{"schema":{"anything":{"goes":[1]}}}`, ""},
 	}
 	for _, row := range rows {
-		t.Run("issue 14 "+row.name, func(t *testing.T) {
+		t.Run(row.name, func(t *testing.T) {
 			if !json.Valid([]byte(row.body)) {
 				t.Fatal("test body is not JSON")
 			}

@@ -8,7 +8,7 @@ import (
 	iop "iop/proto/gen/iop"
 )
 
-// Issue 14: a tool result without its call, or a call without its result,
+// F2: a tool result without its call, or a call without its result,
 // is a 400 naming the call id (OpenAI and Anthropic refuse both); a proper
 // round trip passes.
 func TestCheckToolPairing(t *testing.T) {
@@ -40,7 +40,7 @@ func TestCheckToolPairing(t *testing.T) {
 		{"call without id", []*iop.ChatMessage{user, calls(""), result("")}, "needs an id"},
 	}
 	for _, row := range rows {
-		t.Run("issue 14 "+row.name, func(t *testing.T) {
+		t.Run(row.name, func(t *testing.T) {
 			e := surface.CheckToolPairing("messages", surface.Terms{Call: "tool call", Result: "tool message"}, row.msgs)
 			switch {
 			case row.want == "" && e != nil:

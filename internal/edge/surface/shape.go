@@ -8,7 +8,7 @@ import (
 )
 
 // Shape is the set of members an object nested in a request may carry and
-// the shapes of the objects nested in those (issue 14: a member the run
+// the shapes of the objects nested in those (F2: a member the run
 // path does not know is a 400 naming it at any depth, as OpenAI's and
 // Anthropic's APIs answer; never accepted and ignored). A Shape applies to
 // an object value, and to every object in an array value (at any depth of

@@ -7,7 +7,7 @@ import (
 )
 
 // order checks the envelopes of one stream against the order the node must
-// keep (issue 12):
+// keep (B1):
 //
 //	run     (SPEC E3): START DELTA* (COMPLETE | ERROR | CANCELLED)
 //	tunnel  (SPEC T2): RESPONSE_START? (BODY | USAGE)* (END | ERROR)

@@ -94,7 +94,7 @@ func TestOrder(t *testing.T) {
 	}
 }
 
-// E3 (issue 12): an event out of order fails its stream with
+// E3 (B1): an event out of order fails its stream with
 // dispatch.ErrProtocol after the events before it, is never delivered, is
 // logged with the node and generation, and cancels the run on the node;
 // the session and its other streams carry on.

@@ -263,7 +263,7 @@ func TestTakeoverFencesOldGenerationOnce(t *testing.T) {
 	h.noHooks()
 }
 
-// Issue 15: a ready node's NodeDrainingNotice reaches OnDraining once with
+// A3: a ready node's NodeDrainingNotice reaches OnDraining once with
 // its generation and publishes node.draining; the session stays up (its
 // streams go on) until the node closes it. A notice before ready, or a
 // second one, changes nothing.
@@ -454,7 +454,7 @@ func TestHalfOpenNodeFencedRealTLS(t *testing.T) {
 	n.expectClosed()
 }
 
-// Issue 12: anyone who reaches the node port can make a handshake fail, so
+// B1: anyone who reaches the node port can make a handshake fail, so
 // the refusals are logged at a bounded rate: a flood writes
 // ratelog.DefaultBurst lines per second, and the next line counts the
 // suppressed ones.

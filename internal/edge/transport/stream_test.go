@@ -221,8 +221,8 @@ func TestDispatchOnlyToCurrentReadyGeneration(t *testing.T) {
 	}
 }
 
-// STYLE 3: a stream whose reader falls behind is cancelled with
-// ErrSlowConsumer instead of blocking the read loop; the node gets a
+// The send-queue policy (docs/wire.md, "Send queues and flushing"): a
+// stream whose reader falls behind is cancelled with ErrSlowConsumer instead of blocking the read loop; the node gets a
 // CancelRequest and the session and other streams carry on.
 func TestSlowConsumerCancelled(t *testing.T) {
 	leakcheck.Check(t)

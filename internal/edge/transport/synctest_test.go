@@ -195,7 +195,7 @@ func TestReadyDeadline(t *testing.T) {
 	})
 }
 
-// STYLE 3, dispatch.ErrSendQueueFull: with a direct write blocked on a
+// The send-queue policy (docs/wire.md), dispatch.ErrSendQueueFull: with a direct write blocked on a
 // peer that stopped reading, the next request queues behind it; a
 // refusable request that finds the queue full is refused after its bounded
 // wait and the session lives on; a must-deliver CancelRequest that finds it

@@ -10,7 +10,7 @@
 // response (SPEC P2, T5), import a node package, log or expose an address in
 // status, or let a slow peer or consumer block the read loop or a caller.
 //
-// # Peer input (issue 12)
+// # Peer input (B1)
 //
 // What a node (or anyone reaching node_listen) sends is bounded before it
 // costs memory: at most Options.MaxHandshakes connections may be in their
@@ -43,7 +43,7 @@
 // waiters with dispatch.ErrSessionLost, and reports ConnClosed to the
 // registry. Serve returns only after every connection goroutine has exited.
 //
-// # Messages to the node and a full send queue (STYLE 3)
+// # Messages to the node and a full send queue (docs/wire.md)
 //
 // Each session's write side is a direct.Writer: an HTTP handler starting a
 // run or tunnel, or cancelling one, writes its frame itself when the
@@ -91,7 +91,7 @@ import (
 	"iop/internal/ratelog"
 )
 
-// Defaults (DESIGN.md "Defaults").
+// Defaults (docs/wire.md, "Timeouts and bounds").
 const (
 	DefaultHandshakeTimeout = 5 * time.Second
 	DefaultReadyTimeout     = 30 * time.Second // register→ready

@@ -8,7 +8,7 @@ import (
 	iop "iop/proto/gen/iop"
 )
 
-// writeLoop owns the writer side's timers and queue (STYLE 1): it drains
+// writeLoop owns the writer side's timers and queue (the one owner of the write side): it drains
 // the send queue in batches (HTTP handlers write directly when the
 // connection is free, see session.sendDirect), writes heartbeat pings every
 // interval, and runs the liveness timer (SPEC L7) and the register→ready

@@ -15,7 +15,7 @@ var update = flag.Bool("update", false, "rewrite the golden files under testdata
 
 const weatherTool = `{"name":"get_weather","description":"Weather of a city","input_schema":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}`
 
-// Issue 14, Q3: Messages requests → RunInput, golden (testdata/in_*.json).
+// F1, Q3: Messages requests → RunInput, golden (testdata/in_*.json).
 func TestInputGolden(t *testing.T) {
 	rows := []struct {
 		name, golden, body string
@@ -54,7 +54,7 @@ func TestInputGolden(t *testing.T) {
 	}
 }
 
-// Issue 14: bad or unsupported Messages input is a 400 naming the field.
+// F2: bad or unsupported Messages input is a 400 naming the field.
 func TestInputRefused(t *testing.T) {
 	msgs := `"messages":[{"role":"user","content":"hi"}]`
 	rows := []struct {
@@ -81,7 +81,7 @@ func TestInputRefused(t *testing.T) {
 		{"bad tool_choice", `{"model":"tiny","max_tokens":5,"tool_choice":{"type":"maybe"},` + msgs + `}`, "tool_choice", "tool_choice", false},
 	}
 	for _, row := range rows {
-		t.Run("issue 14 "+row.name, func(t *testing.T) {
+		t.Run(row.name, func(t *testing.T) {
 			_, _, e := Input([]byte(row.body), row.count)
 			if e == nil || e.Status != http.StatusBadRequest || e.Param != row.param || !strings.Contains(e.Message, row.contains) {
 				t.Fatalf("got %+v, want a 400 with param %q naming %q", e, row.param, row.contains)
@@ -164,7 +164,7 @@ func TestOutputGolden(t *testing.T) {
 	}
 }
 
-// Issue 14: count_tokens answers the backend's own prompt count, and a 400
+// F1: count_tokens answers the backend's own prompt count, and a 400
 // when the backend reported none.
 func TestCount(t *testing.T) {
 	status, body := st.Drive(t, Count{}, []*iop.RunEvent{st.Start(), st.Complete(2, "x", "length", st.Usage(17, 1), nil)}, testFailure, surface.AppendAnthropicError)

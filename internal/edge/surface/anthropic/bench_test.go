@@ -27,7 +27,7 @@ func agentBody() []byte {
 }
 
 // BenchmarkInput: the run path's conversion of an agent's Messages request
-// (allocations per request; issue 14).
+// (allocations per request).
 func BenchmarkInput(b *testing.B) {
 	body := agentBody()
 	b.SetBytes(int64(len(body)))

@@ -8,13 +8,13 @@ import (
 	st "iop/internal/edge/surface/surfacetest"
 )
 
-// Issue 14: every field the Messages parser knows has exactly one row in
+// F2: every field the Messages parser knows has exactly one row in
 // Fields; a field added to request without a row fails here.
 func TestFieldTableComplete(t *testing.T) {
 	st.CheckFieldTable(t, RequestFields(), Fields)
 }
 
-// Issue 14: the shapes of the Messages request's objects allow exactly
+// F2: the shapes of the Messages request's objects allow exactly
 // what the parser reads: nothing nested is accepted and ignored.
 func TestShapesMatchParser(t *testing.T) {
 	st.CheckShape(t, "messages[]", messageShape, surface.JSONNames(message{}))
@@ -24,7 +24,7 @@ func TestShapesMatchParser(t *testing.T) {
 	st.CheckShape(t, "tool_choice", toolChoiceShape, surface.JSONNames(toolChoice{}))
 }
 
-// Issue 14: an unknown member nested anywhere in a Messages request, or a
+// F2: an unknown member nested anywhere in a Messages request, or a
 // member of another block type, is a 400 naming its path.
 func TestNestedUnknown(t *testing.T) {
 	const user = `{"role":"user","content":"hi"}`
@@ -41,7 +41,7 @@ func TestNestedUnknown(t *testing.T) {
 		{"thinking", `{"max_tokens":5,"thinking":{"type":"disabled","x":1},"messages":[` + user + `]}`, "thinking.x"},
 	}
 	for _, row := range rows {
-		t.Run("issue 14 "+row.name, func(t *testing.T) {
+		t.Run(row.name, func(t *testing.T) {
 			_, _, e := InputPolicy([]byte(row.body), false, surface.RejectUnknown)
 			if e == nil || e.Param != row.param || !strings.Contains(e.Message, "unknown field") {
 				t.Fatalf("got %v, want a 400 naming %q", e, row.param)
@@ -52,7 +52,7 @@ func TestNestedUnknown(t *testing.T) {
 	}
 }
 
-// Issue 14: metadata (user_id only) and service_tier are advisory, but a
+// F2: metadata (user_id only) and service_tier are advisory, but a
 // value Anthropic would refuse is a 400 naming the field.
 func TestAdvisoryChecked(t *testing.T) {
 	const msgs = `"max_tokens":5,"messages":[{"role":"user","content":"hi"}]`
@@ -67,7 +67,7 @@ func TestAdvisoryChecked(t *testing.T) {
 		{"service_tier unknown", `"service_tier":"gold"`, "service_tier"},
 	}
 	for _, row := range rows {
-		t.Run("issue 14 "+row.name, func(t *testing.T) {
+		t.Run(row.name, func(t *testing.T) {
 			_, _, e := InputPolicy([]byte(`{`+msgs+`,`+row.extra+`}`), false, surface.RejectUnknown)
 			switch {
 			case row.want == "" && e != nil:
@@ -79,7 +79,7 @@ func TestAdvisoryChecked(t *testing.T) {
 	}
 }
 
-// Issue 14: a tool_result without its tool_use in the assistant message
+// F2: a tool_result without its tool_use in the assistant message
 // before it, or a tool_use left without its tool_result, is a 400 as
 // Anthropic answers.
 func TestToolPairing(t *testing.T) {
@@ -91,7 +91,7 @@ func TestToolPairing(t *testing.T) {
 		{"tool_use without tool_result", `{"role":"user","content":"hi"},` + use + `,{"role":"user","content":"go on"}`, `"t1"`},
 	}
 	for _, row := range rows {
-		t.Run("issue 14 "+row.name, func(t *testing.T) {
+		t.Run(row.name, func(t *testing.T) {
 			_, _, e := InputPolicy([]byte(`{"max_tokens":5,"messages":[`+row.msgs+`]}`), false, surface.RejectUnknown)
 			switch {
 			case row.want == "" && e != nil:
@@ -103,7 +103,7 @@ func TestToolPairing(t *testing.T) {
 	}
 }
 
-// Issue 14: temperature 0–1, top_p 0–1, top_k ≥ 0 as Anthropic's reference
+// F2: temperature 0–1, top_p 0–1, top_k ≥ 0 as Anthropic's reference
 // gives them; outside is a 400 naming the field.
 func TestSamplingRanges(t *testing.T) {
 	rows := []struct{ extra, want string }{
@@ -111,7 +111,7 @@ func TestSamplingRanges(t *testing.T) {
 		{`"top_k":0`, ""}, {`"top_k":-1`, "top_k"},
 	}
 	for _, row := range rows {
-		t.Run("issue 14 "+row.extra, func(t *testing.T) {
+		t.Run(row.extra, func(t *testing.T) {
 			_, _, e := InputPolicy([]byte(`{"max_tokens":5,"messages":[{"role":"user","content":"hi"}],`+row.extra+`}`), false, surface.RejectUnknown)
 			switch {
 			case row.want == "" && e != nil:
@@ -123,7 +123,7 @@ func TestSamplingRanges(t *testing.T) {
 	}
 }
 
-// Issue 14: a tool's input_schema must be a schema object (Ollama answered
+// F2: a tool's input_schema must be a schema object (Ollama answered
 // a string with a truncated decode error after the queue).
 func TestToolSchemaObject(t *testing.T) {
 	_, _, e := InputPolicy([]byte(`{"max_tokens":5,"tools":[{"name":"f","input_schema":"x"}],"messages":[{"role":"user","content":"hi"}]}`), false, surface.RejectUnknown)
@@ -132,7 +132,7 @@ func TestToolSchemaObject(t *testing.T) {
 	}
 }
 
-// Issue 14: empty content ("" or []) is a 400 as Anthropic answers, except
+// F2: empty content ("" or []) is a 400 as Anthropic answers, except
 // on a final assistant message.
 func TestEmptyContent(t *testing.T) {
 	rows := []struct{ name, msgs, want string }{
@@ -142,7 +142,7 @@ func TestEmptyContent(t *testing.T) {
 		{"empty final assistant", `{"role":"user","content":"a"},{"role":"assistant","content":""}`, ""},
 	}
 	for _, row := range rows {
-		t.Run("issue 14 "+row.name, func(t *testing.T) {
+		t.Run(row.name, func(t *testing.T) {
 			_, _, e := InputPolicy([]byte(`{"max_tokens":5,"messages":[`+row.msgs+`]}`), false, surface.RejectUnknown)
 			switch {
 			case row.want == "" && e != nil:

@@ -7,7 +7,7 @@ import (
 )
 
 // BenchmarkChunkEncode: one content delta encoded into a reused buffer; the
-// target is 0 allocs per chunk (issue 7).
+// target is 0 allocs per chunk.
 func BenchmarkChunkEncode(b *testing.B) {
 	var c Chat
 	c.Init(ChatOptions{Model: "tiny", ID: "chatcmpl-x", Created: 1700000000, Stream: true, IncludeUsage: true,

@@ -8,13 +8,13 @@ import (
 	st "iop/internal/edge/surface/surfacetest"
 )
 
-// Issue 14: every field the chat parser knows has exactly one row in
+// F2: every field the chat parser knows has exactly one row in
 // ChatFields; a field added to chatRequest without a row fails here.
 func TestChatFieldTableComplete(t *testing.T) {
 	st.CheckFieldTable(t, ChatRequestFields(), ChatFields)
 }
 
-// Issue 14: the shapes of the chat request's objects allow exactly what
+// F2: the shapes of the chat request's objects allow exactly what
 // the parser reads: nothing nested is accepted and ignored.
 func TestChatShapesMatchParser(t *testing.T) {
 	st.CheckShape(t, "messages[]", chatMessageShape, surface.JSONNames(chatMessage{}))
@@ -23,7 +23,7 @@ func TestChatShapesMatchParser(t *testing.T) {
 	st.CheckShape(t, "stream_options", chatStreamOptionsShape, surface.JSONNames(streamOptions{}))
 }
 
-// Issue 14: an unknown member nested anywhere in a chat request is a 400
+// F2: an unknown member nested anywhere in a chat request is a 400
 // naming its path, never accepted and ignored.
 func TestChatNestedUnknown(t *testing.T) {
 	rows := []struct{ name, body, param string }{
@@ -38,7 +38,7 @@ func TestChatNestedUnknown(t *testing.T) {
 		{"response_format", `{"messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{},"y":1}}}`, "response_format.json_schema.y"},
 	}
 	for _, row := range rows {
-		t.Run("issue 14 "+row.name, func(t *testing.T) {
+		t.Run(row.name, func(t *testing.T) {
 			_, _, e := ChatInputPolicy([]byte(row.body), surface.RejectUnknown)
 			if e == nil || e.Param != row.param || !strings.Contains(e.Message, "unknown field") {
 				t.Fatalf("got %v, want a 400 naming %q", e, row.param)
@@ -49,7 +49,7 @@ func TestChatNestedUnknown(t *testing.T) {
 	}
 }
 
-// Issue 14: the advisory fields change nothing on the run path, but a
+// F2: the advisory fields change nothing on the run path, but a
 // value the API would refuse is a 400 naming the field, never accepted and
 // ignored; a valid one passes.
 func TestChatAdvisoryChecked(t *testing.T) {
@@ -73,7 +73,7 @@ func TestChatAdvisoryChecked(t *testing.T) {
 		{"null is absent", `"user":null,"metadata":null,"service_tier":null`, ""},
 	}
 	for _, row := range rows {
-		t.Run("issue 14 "+row.name, func(t *testing.T) {
+		t.Run(row.name, func(t *testing.T) {
 			_, _, e := ChatInputPolicy([]byte(`{`+msgs+`,`+row.extra+`}`), surface.RejectUnknown)
 			switch {
 			case row.param == "" && e != nil:
@@ -85,7 +85,7 @@ func TestChatAdvisoryChecked(t *testing.T) {
 	}
 }
 
-// Issue 14: a tool message without its assistant tool call, or a tool call
+// F2: a tool message without its assistant tool call, or a tool call
 // without its tool message, is a 400 as OpenAI answers, not a conversation
 // the backend gets and the client a 200 for.
 func TestChatToolPairing(t *testing.T) {
@@ -96,7 +96,7 @@ func TestChatToolPairing(t *testing.T) {
 		{"call unanswered", `{"role":"user","content":"hi"},` + call + `,{"role":"user","content":"go on"}`, `"c1"`},
 	}
 	for _, row := range rows {
-		t.Run("issue 14 "+row.name, func(t *testing.T) {
+		t.Run(row.name, func(t *testing.T) {
 			_, _, e := ChatInputPolicy([]byte(`{"messages":[`+row.msgs+`]}`), surface.RejectUnknown)
 			switch {
 			case row.want == "" && e != nil:
@@ -108,7 +108,7 @@ func TestChatToolPairing(t *testing.T) {
 	}
 }
 
-// Issue 14: sampling parameters outside the ranges the API reference gives
+// F2: sampling parameters outside the ranges the API reference gives
 // are a 400 naming the field (Ollama would take any number).
 func TestSamplingRanges(t *testing.T) {
 	rows := []struct {
@@ -123,7 +123,7 @@ func TestSamplingRanges(t *testing.T) {
 		{"chat presence_penalty 10", `{"messages":[{"role":"user","content":"hi"}],"presence_penalty":10}`, "presence_penalty", chat},
 	}
 	for _, row := range rows {
-		t.Run("issue 14 "+row.name, func(t *testing.T) {
+		t.Run(row.name, func(t *testing.T) {
 			e := row.input([]byte(row.body))
 			switch {
 			case row.param == "" && e != nil:
@@ -137,7 +137,7 @@ func TestSamplingRanges(t *testing.T) {
 
 func chat(b []byte) *surface.Error { _, _, e := ChatInput(b); return e }
 
-// Issue 14: what the backend cannot take is a 400 naming it at the Edge,
+// F2: what the backend cannot take is a 400 naming it at the Edge,
 // not a truncated upstream error after the queue: a tool's parameters that
 // are not a schema object, an assistant tool call without id, name or
 // object arguments, an empty embeddings input (Ollama answers it with a
@@ -163,7 +163,7 @@ func TestChatToolShapesAndEmbeddings(t *testing.T) {
 		{"embeddings strings", `{"input":["a","b"]}`, "", embed},
 	}
 	for _, row := range rows {
-		t.Run("issue 14 "+row.name, func(t *testing.T) {
+		t.Run(row.name, func(t *testing.T) {
 			e := row.input([]byte(row.body))
 			switch {
 			case row.want == "" && e != nil:

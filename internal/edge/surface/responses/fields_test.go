@@ -9,7 +9,7 @@ import (
 	st "iop/internal/edge/surface/surfacetest"
 )
 
-// Issue 14: the shapes of the Responses request's objects allow exactly
+// F2: the shapes of the Responses request's objects allow exactly
 // what the parser reads: nothing nested is accepted and ignored.
 func TestShapesMatchParser(t *testing.T) {
 	st.CheckShape(t, "input[]", itemShape, surface.JSONNames(item{}))
@@ -19,7 +19,7 @@ func TestShapesMatchParser(t *testing.T) {
 	st.CheckShape(t, "reasoning", reasoningShape, surface.JSONNames(reasoning{}))
 }
 
-// Issue 14: an unknown member nested anywhere in a Responses request, or
+// F2: an unknown member nested anywhere in a Responses request, or
 // a member of another item or part type, is a 400 naming its path.
 func TestNestedUnknown(t *testing.T) {
 	rows := []struct{ name, body, param string }{
@@ -36,7 +36,7 @@ func TestNestedUnknown(t *testing.T) {
 		{"stream_options", `{"input":"hi","stream_options":{"foo":1}}`, "stream_options.foo"},
 	}
 	for _, row := range rows {
-		t.Run("issue 14 "+row.name, func(t *testing.T) {
+		t.Run(row.name, func(t *testing.T) {
 			_, _, e := InputPolicy([]byte(row.body), surface.RejectUnknown)
 			if e == nil || e.Param != row.param || !strings.Contains(e.Message, "unknown field") {
 				t.Fatalf("got %v, want a 400 naming %q", e, row.param)
@@ -47,7 +47,7 @@ func TestNestedUnknown(t *testing.T) {
 	}
 }
 
-// Issue 14: the advisory fields change nothing, but a value the API would
+// F2: the advisory fields change nothing, but a value the API would
 // refuse is a 400 naming the field; user and metadata are echoed on the
 // response object only as valid JSON of their types.
 func TestAdvisoryChecked(t *testing.T) {
@@ -65,7 +65,7 @@ func TestAdvisoryChecked(t *testing.T) {
 		{"stream_options a string", `"stream_options":"x"`, "stream_options"},
 	}
 	for _, row := range rows {
-		t.Run("issue 14 "+row.name, func(t *testing.T) {
+		t.Run(row.name, func(t *testing.T) {
 			_, p, e := InputPolicy([]byte(`{"input":"hi",`+row.extra+`}`), surface.RejectUnknown)
 			switch {
 			case row.param == "" && e != nil:
@@ -79,7 +79,7 @@ func TestAdvisoryChecked(t *testing.T) {
 	}
 }
 
-// Issue 14: a function_call_output for an unknown call, or a function_call
+// F2: a function_call_output for an unknown call, or a function_call
 // without its output, is a 400 as OpenAI answers.
 func TestToolPairing(t *testing.T) {
 	const fc = `{"type":"function_call","call_id":"c1","name":"f","arguments":"{}"}`
@@ -89,7 +89,7 @@ func TestToolPairing(t *testing.T) {
 		{"call without output", `{"role":"user","content":"hi"},` + fc + `,{"role":"user","content":"go"}`, `"c1"`},
 	}
 	for _, row := range rows {
-		t.Run("issue 14 "+row.name, func(t *testing.T) {
+		t.Run(row.name, func(t *testing.T) {
 			_, _, e := InputPolicy([]byte(`{"input":[`+row.items+`]}`), surface.RejectUnknown)
 			switch {
 			case row.want == "" && e != nil:
@@ -101,11 +101,11 @@ func TestToolPairing(t *testing.T) {
 	}
 }
 
-// Issue 14: temperature 0–2 and top_p 0–1 as OpenAI's reference gives them.
+// F2: temperature 0–2 and top_p 0–1 as OpenAI's reference gives them.
 func TestSamplingRanges(t *testing.T) {
 	rows := []struct{ extra, param string }{{`"temperature":0`, ""}, {`"temperature":9`, "temperature"}, {`"top_p":2`, "top_p"}}
 	for _, row := range rows {
-		t.Run("issue 14 "+row.extra, func(t *testing.T) {
+		t.Run(row.extra, func(t *testing.T) {
 			_, _, e := InputPolicy([]byte(`{"input":"hi",`+row.extra+`}`), surface.RejectUnknown)
 			switch {
 			case row.param == "" && e != nil:
@@ -117,7 +117,7 @@ func TestSamplingRanges(t *testing.T) {
 	}
 }
 
-// Issue 14: a tool's parameters must be a schema object and a
+// F2: a tool's parameters must be a schema object and a
 // function_call's arguments a JSON object, checked at the Edge.
 func TestToolShapes(t *testing.T) {
 	rows := []struct{ name, body, want string }{
@@ -125,7 +125,7 @@ func TestToolShapes(t *testing.T) {
 		{"arguments not JSON", `{"input":[{"role":"user","content":"hi"},{"type":"function_call","call_id":"c","name":"f","arguments":"{x"},{"type":"function_call_output","call_id":"c","output":"o"}]}`, "input[1].arguments"},
 	}
 	for _, row := range rows {
-		t.Run("issue 14 "+row.name, func(t *testing.T) {
+		t.Run(row.name, func(t *testing.T) {
 			_, _, e := InputPolicy([]byte(row.body), surface.RejectUnknown)
 			if e == nil || !strings.Contains(e.Message, row.want) {
 				t.Fatalf("got %v, want a 400 with %q", e, row.want)

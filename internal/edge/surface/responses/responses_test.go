@@ -15,7 +15,7 @@ var update = flag.Bool("update", false, "rewrite the golden files under testdata
 
 const weatherTool = `{"type":"function","name":"get_weather","description":"Weather of a city","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]},"strict":false}`
 
-// Issue 14, Q3: Responses requests → RunInput, golden (testdata/in_*.json).
+// F1, Q3: Responses requests → RunInput, golden (testdata/in_*.json).
 func TestInputGolden(t *testing.T) {
 	rows := []struct {
 		name, golden, body string
@@ -49,7 +49,7 @@ func TestInputGolden(t *testing.T) {
 	}
 }
 
-// Issue 14: stateful or unsupported Responses input is a 400 naming the
+// F2: stateful or unsupported Responses input is a 400 naming the
 // field.
 func TestInputRefused(t *testing.T) {
 	rows := []struct{ name, body, param, contains string }{
@@ -66,7 +66,7 @@ func TestInputRefused(t *testing.T) {
 		{"include logprobs", `{"model":"tiny","input":"hi","include":["message.output_text.logprobs"]}`, "include", "include"},
 	}
 	for _, row := range rows {
-		t.Run("issue 14 "+row.name, func(t *testing.T) {
+		t.Run(row.name, func(t *testing.T) {
 			_, _, e := Input([]byte(row.body))
 			if e == nil || e.Status != http.StatusBadRequest || e.Param != row.param || !strings.Contains(e.Message, row.contains) {
 				t.Fatalf("got %+v, want a 400 with param %q naming %q", e, row.param, row.contains)
@@ -154,7 +154,7 @@ func TestOutputGolden(t *testing.T) {
 	}
 }
 
-// Issue 14: the echo is valid JSON members for every request shape.
+// F1: the echo is valid JSON members for every request shape.
 func TestEcho(t *testing.T) {
 	_, p, e := Input([]byte(`{"model":"tiny","input":"x","instructions":"i","max_output_tokens":5,"temperature":0.2,"tools":[` + weatherTool +
 		`],"tool_choice":{"type":"function","name":"get_weather"},"text":{"format":{"type":"json_object"}},"metadata":{"a":"b"},"user":"u"}`))
@@ -165,7 +165,7 @@ func TestEcho(t *testing.T) {
 		`"usage":{"input_tokens":1,"output_tokens":1,"total_tokens":2},`), p.Echo...), '}'))
 }
 
-// Issue 14: every field the Responses parser knows has exactly one row in
+// F2: every field the Responses parser knows has exactly one row in
 // Fields; a field added to request without a row fails here.
 func TestFieldTableComplete(t *testing.T) {
 	st.CheckFieldTable(t, RequestFields(), Fields)

@@ -10,7 +10,7 @@ import (
 )
 
 // CheckFieldTable checks a surface's request field table against the
-// fields its parser knows (issue 14): every parsed field has exactly one
+// fields its parser knows (F2): every parsed field has exactly one
 // row with a disposition and a note, and every row is a parsed field. A
 // field added to a parser without a row fails here.
 func CheckFieldTable(t testing.TB, parsed []string, rows []surface.Field) {
@@ -36,7 +36,7 @@ func CheckFieldTable(t testing.TB, parsed []string, rows []surface.Field) {
 }
 
 // CheckShape checks that a Shape allows exactly the members a parser's
-// struct decodes (issue 14): a member the parser reads but the shape
+// struct decodes (F2): a member the parser reads but the shape
 // refuses, or one the shape lets through but the parser drops, fails here.
 // parsed is surface.JSONNames of the struct.
 func CheckShape(t testing.TB, what string, sh *surface.Shape, parsed []string) {

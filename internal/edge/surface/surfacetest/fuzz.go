@@ -13,7 +13,7 @@ import (
 )
 
 // Script turns fuzz bytes into the run events a node might send for one
-// stream (issue 12: peer input), for the encoders' fuzz targets. Opcodes:
+// stream (B1: peer input), for the encoders' fuzz targets. Opcodes:
 // 0x01 START; 0x02 DELTA with the text up to the next 0x00; 0x04 the same
 // with a log probability per byte of it (see logprob); 0x03 COMPLETE with that text as
 // content, usage, meta as metadata["openai_tool_calls"] when set and the
