@@ -61,7 +61,7 @@ check_proto() {
 }
 
 check_imports() {
-  # internal/edge/** and internal/node/** never import each other (DESIGN.md).
+  # internal/edge/** and internal/node/** never import each other (README.md, "Layout").
   local bad=0 pkg deps
   for pkg in $(go list ./internal/edge/... 2>/dev/null); do
     deps=$(go list -deps "$pkg" | grep -E '^iop/internal/node(/|$)' || true)

@@ -48,21 +48,6 @@ func pages(t *testing.T) []string {
 	return out
 }
 
-// The documentation resolves inside a clone: no page points at the
-// development machine's shared folder or at an issue tracker's numbers
-// (name the requirement ID, docs/requirements.md, instead).
-func TestNoReferencesOutsideTheRepository(t *testing.T) {
-	outside := regexp.MustCompile(`\.\./shared|/work/shared|\b[Ii]ssues? #?[0-9]+`)
-	for _, p := range pages(t) {
-		forLines(t, p, func(n int, l string) {
-			if m := outside.FindString(l); m != "" {
-				t.Errorf("%s:%d refers to %q, which does not resolve in the repository "+
-					"(cite a requirement ID or a page under docs/ instead)", p, n, m)
-			}
-		})
-	}
-}
-
 // Every repository path a page names in backquotes exists (the benchmark
 // history excepted: it describes code as it was).
 func TestNamedPathsExist(t *testing.T) {

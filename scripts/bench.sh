@@ -1,9 +1,9 @@
 # shellcheck shell=bash
 # ./run.sh bench [quick|hold|creds|affinity|hostile]: the end-to-end
-# performance benchmark of issue 7 (full: ~14 min; quick: ~3.5 min, for
+# performance benchmark of edge + node against a direct call (full: ~14 min; quick: ~3.5 min, for
 # iteration; hold: the slow-stream runs only; creds: the credential plane's
-# added latency, ~3 min; affinity: issue 16's cache-aware routing figures,
-# scripts/bench_affinity.sh; hostile: held declared-large bodies, issue 12,
+# added latency, ~3 min; affinity: the cache-aware routing figures (R1),
+# scripts/bench_affinity.sh; hostile: held declared-large bodies (B1),
 # ~10 s).
 # Sourced by run.sh (which sets ROOT and log). Not part of CI.
 #
@@ -21,7 +21,7 @@
 #   b   POST floor /v1/chat/completions                 (one stdlib hop, compared with a)
 #   c   POST edge, model bench-oa: openai_compat tunnel (compared with a)
 #   d   POST edge, model bench: ollama run path          (compared with a2, and with a)
-# and the passive-health pairs (issue 11; every mode but hold): BENCH_PAIR_N
+# and the passive-health pairs (every mode but hold): BENCH_PAIR_N
 # requests at concurrency BENCH_PAIR_C to a group of two providers on the
 # fast backend, both healthy (e: tunnel, f: run path) or the first answering
 # 503 to everything (e5, f5: target "tiny+status=503").
@@ -36,7 +36,7 @@
 # BENCH_PRODUCT_ENV (extra environment for the edge and node only, e.g.
 # "GOMAXPROCS=1").
 #
-# Mode creds (issue 13) starts a second edge and node beside the first, the
+# Mode creds (SPEC C1–C6) starts a second edge and node beside the first, the
 # same config with the credential plane on (a secret store with one slot
 # used by every adapter; a sealed, signed lease per request):
 #   edge (plane on)      127.0.0.1:28180  (admin 127.0.0.1:29190, nodes 127.0.0.1:27543)
@@ -344,7 +344,7 @@ bench_main() {
   case $mode in
     full|quick|hold|creds) ;;
     affinity) source "$ROOT/scripts/bench_affinity.sh"; bench_affinity_main; return ;;
-    hostile) # issue 12: held declared-large bodies against a whole Edge (BENCHMARKS.md "Hostile clients")
+    hostile) # B1: held declared-large bodies against a whole Edge (BENCHMARKS.md "Hostile clients")
       log "bench hostile: load average $(cut -d' ' -f1-3 /proc/loadavg)"
       go test -run '^$' -bench BenchmarkHeldBodies -benchtime 1x -count "${BENCH_ROUNDS:-3}" ./internal/e2e/
       return ;;
@@ -384,7 +384,7 @@ bench_main() {
     done
     for p in $order; do bench_run wrk "$p" ns "$round" -duration "$([ "$mode" = quick ] && echo 3s || echo 5s)"; done
     for p in $order; do bench_run stream "$p" stream "$round" -rate "$stream_rate" -duration "$([ "$mode" = quick ] && echo 3s || echo 4s)"; done
-    # Passive health (issue 11): healthy pair, then the pair with a 503er.
+    # Passive health: healthy pair, then the pair with a 503er.
     if [ $((round % 2)) = 1 ]; then order="e e5 f f5"; else order="f5 f e5 e"; fi
     for p in $order; do bench_run conc "$p" ns "$round" -n "$pair_n" -c "$pair_c"; done
   done

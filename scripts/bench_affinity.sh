@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# ./run.sh bench affinity: the cache-aware routing figures of issue 16.
+# ./run.sh bench affinity: the cache-aware routing figures (R1).
 # Sourced by scripts/bench.sh (ROOT, log, BENCH_* set there). Not part of CI.
 #
 # Workload (iopbench affinity): BENCH_AFF_CONVS (50) conversations ×

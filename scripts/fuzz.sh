@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # ./run.sh fuzz [seconds] [pattern]: run every fuzz target of the product
-# (issue 12: every parser of peer input has one) for `seconds` each
+# (B1: every parser of peer input has one) for `seconds` each
 # (default 10), or only the targets whose "package.FuzzName" matches the
 # extended regular expression `pattern`.
 # Sourced by run.sh (which sets ROOT and log). Not part of CI: `./run.sh test`

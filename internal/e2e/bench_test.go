@@ -78,7 +78,7 @@ func fleetSize(b *testing.B, want int) int {
 	return n
 }
 
-// BenchmarkThousandNodesReady (issue 3): 1,000 nodes dial one Edge over
+// BenchmarkThousandNodesReady (L5): 1,000 nodes dial one Edge over
 // loopback mutual TLS at once. Two variants:
 //
 //   - nodes=in-process: the nodes run as goroutines of this process, next

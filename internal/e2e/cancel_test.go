@@ -15,8 +15,8 @@ import (
 )
 
 // cancelBound is how long the test allows between a client leaving and the
-// upstream request ending. The product's bound is 100 ms from noticing
-// (issue 5); this one is loose for a loaded 2-core machine under -race.
+// upstream request ending. The product's bound is 100 ms from noticing;
+// this one is loose for a loaded 2-core machine under -race.
 const cancelBound = 3 * time.Second
 
 // readChunks reads SSE data lines from resp until n chunks with non-empty

@@ -263,7 +263,7 @@ var embeddingsCases = []fieldCase{
 	{field: "user", body: `{"model":"tiny","input":"hi","user":"u"}`},
 }
 
-// Issue 14: every field of every run-path surface is either translated to
+// F2: every field of every run-path surface is either translated to
 // Ollama's native request (asserted on the bytes the upstream receives) or
 // refused with a 400 naming it, never accepted and dropped; routing and
 // advisory fields succeed. Every table row has a case here and every case a
@@ -276,7 +276,7 @@ func TestRunPathFieldTables(t *testing.T) {
 	bp := startBackend(t, backend.Options{})
 	capt := &captor{next: bp.b}
 	if real := os.Getenv("IOP_TEST_OLLAMA_URL"); real != "" {
-		// The same table against a real Ollama (backends.md): the captor
+		// The same table against a real Ollama (IOP_TEST_OLLAMA_URL): the captor
 		// sits in front of it.
 		u, err := neturl.Parse(real)
 		if err != nil {

@@ -94,7 +94,7 @@ func fr(seq uint64, kind iop.TunnelFrameKind, body string) *iop.Envelope {
 	return &iop.Envelope{Kind: &iop.Envelope_TunnelFrame{TunnelFrame: f}}
 }
 
-// Issue 12, SPEC E3, T2: a node that breaks a stream's order fails that
+// B1, SPEC E3, T2: a node that breaks a stream's order fails that
 // run with a protocol error logged with the node and generation; the node
 // gets CancelRequest{protocol_error}; the client gets an error (502 before
 // any byte, an error event after) and never the misordered content. Content

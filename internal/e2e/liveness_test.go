@@ -17,7 +17,7 @@ import (
 
 // Short heartbeats for the liveness tests (ms): the node gives up on a
 // silent Edge after nodeTimeout, the Edge fences a silent node after
-// edgeTimeout (DESIGN.md's 5 s / 15 s / 20 s, scaled down). Short, but not
+// edgeTimeout (the defaults 5 s / 15 s / 20 s of docs/wire.md, scaled down). Short, but not
 // shorter than this process can be kept off the CPU on a loaded 2-core
 // machine under the race detector (stalls of 2 s were seen at load 30): a
 // timeout below that ends healthy sessions before the test freezes

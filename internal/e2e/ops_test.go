@@ -81,7 +81,7 @@ func opsStack(t *testing.T, tokenDelay time.Duration, tune ...func(*edge.Options
 	return logs, bp, e, adm, api
 }
 
-// Issue 15: the client's X-Request-Id comes back on the response, is on the
+// A1: the client's X-Request-Id comes back on the response, is on the
 // Edge's access line and the node's "run done" line, and reaches the
 // backend as X-Request-Id — on both paths; an error response carries a
 // minted id with its own access line.
@@ -205,7 +205,7 @@ func (s *stream) wait(t *testing.T) {
 	}
 }
 
-// Issue 15 (DESIGN "SIGTERM drains and exits 0"): the Edge is stopped with
+// A3 (SIGTERM drains and exits 0): the Edge is stopped with
 // four streams in flight. New requests get 503 with Retry-After at once;
 // the three streams shorter than the drain timeout complete normally; the
 // long one ends with exactly one error event (edge_shutdown) after the
@@ -287,7 +287,7 @@ func TestEdgeDrain(t *testing.T) {
 	}
 }
 
-// Issue 15: a node stopped with a stream in flight tells the Edge it is
+// A3: a node stopped with a stream in flight tells the Edge it is
 // draining: the Edge dispatches nothing new to it at once (new requests go
 // to the other node), the stream finishes normally, and node.Run returns
 // nil once it is done.
@@ -362,7 +362,7 @@ func TestNodeDrain(t *testing.T) {
 	})
 }
 
-// Issue 15: what a node's drain timeout cuts says so. gpu-1 is stopped with
+// A3: what a node's drain timeout cuts says so. gpu-1 is stopped with
 // two requests in flight that outlive its shutdown.drain_timeout_ms: a
 // stream of a group only gpu-1 serves ends with one error event of code
 // node_shutdown (outcome timeout, not upstream_error "the provider failed

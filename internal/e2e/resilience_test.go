@@ -172,7 +172,7 @@ func closedURL(t testing.TB) string {
 	return "http://" + addr
 }
 
-// TestResilienceTable (issue 11, SPEC H11, Q2) runs the issue's table
+// TestResilienceTable (SPEC H11, Q2) runs the resilience table
 // through the real Edge and Node: failure kind (connect refused, reset
 // before the first byte, idle-close race, 500, 502, 503, 429 with and
 // without Retry-After, stall) × path (run: ollama adapters, tunnel:
@@ -311,7 +311,8 @@ func TestResilienceTable(t *testing.T) {
 	}
 }
 
-// TestOutlierEjection (issue 11): group [A answering 503, B]; the first
+// TestOutlierEjection (passive health, docs/config.md "What cools a
+// provider"): group [A answering 503, B]; the first
 // request fails on A and is answered by B; A is ejected (cooling in
 // /status with its end, one "provider ejected" log line, the ejection
 // counter) and the next requests go straight to B; when the window ends A

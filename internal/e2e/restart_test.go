@@ -105,7 +105,7 @@ func restartFleet(tb testing.TB, fleet int, interval time.Duration) (took, outag
 	return ready.Sub(serving), ready.Sub(stopped)
 }
 
-// TestEdgeRestartFiftyNodes (issue 3, S1, S2, L5): 50 in-process nodes with
+// TestEdgeRestartFiftyNodes (S1, S2, L5): 50 in-process nodes with
 // a 1 s reconnect interval ride out an Edge restart on the same node port:
 // every one is ready again on the new Edge, which then serves a request.
 // How fast is BenchmarkEdgeRestartFiftyNodes' figure (a timed assertion
@@ -117,7 +117,7 @@ func TestEdgeRestartFiftyNodes(t *testing.T) {
 		took.Round(time.Millisecond), outage.Round(time.Millisecond))
 }
 
-// BenchmarkEdgeRestartFiftyNodes (issue 3, S2): the figure of an Edge
+// BenchmarkEdgeRestartFiftyNodes (S2): the figure of an Edge
 // restart under 50 nodes with a 1 s reconnect interval. ready-ms is from the
 // new Edge serving until every node is ready on it (target ≤ 3000: one
 // reconnect interval + 2 s on the 2-core machine); outage-ms is from the

@@ -28,7 +28,7 @@ type routingRun struct {
 	metrics        map[string]float64
 }
 
-// TestRoutingModesThroughEdgeAndNode: issue 16 — through the real edge and
+// TestRoutingModesThroughEdgeAndNode: R1 — through the real edge and
 // node, three demo instances (each its own prefix cache, 2 ms of prefill
 // per uncached token) serve the same multi-turn workload under
 // least_loaded and prefix_affinity. Each turn of the six conversations
@@ -65,7 +65,7 @@ func TestRoutingModesThroughEdgeAndNode(t *testing.T) {
 	if pa.promptMs >= ll.promptMs {
 		t.Errorf("prefill time: prefix_affinity %.0f ms, least_loaded %.0f ms; want less", pa.promptMs, ll.promptMs)
 	}
-	t.Logf("issue 16 e2e: later turns cached tokens least_loaded %d/%d (%.0f ms prefill), prefix_affinity %d/%d (%.0f ms prefill)",
+	t.Logf("R1 e2e: later turns cached tokens least_loaded %d/%d (%.0f ms prefill), prefix_affinity %d/%d (%.0f ms prefill)",
 		ll.cached, ll.prompt, ll.promptMs, pa.cached, pa.prompt, pa.promptMs)
 	var st struct {
 		Models []struct {

@@ -47,7 +47,7 @@ type peerSpec struct {
 	Streams int    `json:"streams"` // concurrent streams to open
 }
 
-// BenchmarkSlowStreamMemory (issue 7: ≤ 32 KiB of Edge RSS per in-flight
+// BenchmarkSlowStreamMemory (target: ≤ 32 KiB of Edge RSS per in-flight
 // stream beyond idle) holds slowStreams streaming chat completions open
 // through one Edge, one node and the demo backend (tiny-loop, one token a
 // second, never ending on its own) and measures what the Edge holds per
@@ -62,8 +62,8 @@ type peerSpec struct {
 //   - stack-B/stream: StackInuse growth;
 //   - goroutines/stream: runtime.NumGoroutine growth;
 //   - rss-B/stream: VmRSS growth from an idle Edge whose free memory went
-//     back to the OS (GC headroom included; the figure issue 7 sets the
-//     target for);
+//     back to the OS (GC headroom included; the figure the
+//     target is for);
 //   - open-ms: from the first request until every client had its first event.
 //
 // Sub-benchmarks: path=tunnel (openai_compat provider, SPEC T1/T2) and

@@ -166,7 +166,7 @@ func newAdminClient(t testing.TB, e *edgeProc) *adminClient {
 	return &adminClient{url: e.adminURL, hc: newHTTPClient(t)}
 }
 
-// statusDoc is GET /status (DESIGN.md "Admin surface", SPEC N3).
+// statusDoc is GET /status (SPEC N3; docs/operating.md, "Operator page").
 type statusDoc struct {
 	Nodes []nodeStatus `json:"nodes"`
 }

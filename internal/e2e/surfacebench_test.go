@@ -13,8 +13,8 @@ import (
 
 // BenchmarkRunStreamSurface: one streamed request at a time on the run path
 // (an ollama provider in front of the demo backend, no token delay) through
-// each client surface: chat completions, Anthropic Messages and Responses
-// (issue 14). Metrics besides ns/op:
+// each client surface: chat completions, Anthropic Messages and Responses (F1).
+// Metrics besides ns/op:
 //
 //   - first-event-µs: median time from sending the request to the first
 //     body bytes (the first SSE event) at the client;

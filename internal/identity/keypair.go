@@ -11,7 +11,7 @@ import (
 )
 
 // keyPairFile serves a certificate/key pair from two files and picks up a
-// replaced pair on the next handshake, without restart (DESIGN: rotation).
+// replaced pair on the next handshake, without restart (J5).
 //
 // Each handshake re-reads both files (a few hundred bytes each) and compares
 // their contents with the pair in use; only a change is parsed. Contents are

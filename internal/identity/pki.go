@@ -94,7 +94,7 @@ type outFile struct {
 }
 
 // InitPKI writes a development PKI into dir (created with mode 0700 if
-// missing), without openssl (DESIGN: edge pki init):
+// missing), without openssl (`edge pki init`):
 //   - ca.crt, ca.key: an ECDSA P-256 CA with URI SAN spiffe://<td> and a
 //     name constraint limiting URI SANs to the trust domain;
 //   - <edge>.crt/.key: URI SAN spiffe://<td>/edge/<edge>, DNS SAN localhost,

@@ -526,7 +526,7 @@ func TestConfigOwnIdentityAndOptions(t *testing.T) {
 }
 
 // I2: the configs pin TLS 1.3, no session tickets and mutual
-// authentication (DESIGN defaults).
+// authentication (docs/wire.md, "The connection").
 func TestConfigSettings(t *testing.T) {
 	p := newPKI(t, td, "edge-1", "gpu-1")
 	s, c := mustServer(t, serverOpts(p, "gpu-1")), mustClient(t, clientOpts(p, "gpu-1"))

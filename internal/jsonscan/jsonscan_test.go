@@ -136,7 +136,7 @@ func TestNoAllocs(t *testing.T) {
 
 // FuzzAnyBytes: on any bytes, valid JSON or not, walking every object and
 // array jsonscan finds never panics, every iteration ends, and every Span
-// is non-empty and lies within the body (issue 12: surface.DecodeRequest's
+// is non-empty and lies within the body (B1: surface.DecodeRequest's
 // member check, called without the HTTP layer's json.Valid, sliced b[2:1]
 // on `{"` and looped forever on `[1,,2]`).
 func FuzzAnyBytes(f *testing.F) {

@@ -1,6 +1,6 @@
 // Package leakcheck fails a test that leaves goroutines running after it
-// ends (STYLE 16; DESIGN "every goroutine has a named owner and an exit;
-// tests check for leaks").
+// ends (M2: every goroutine has a named owner and an exit; tests check for
+// leaks).
 //
 // It owns one check: the process's goroutine count before a test against
 // the count after every other cleanup of that test has run. It is for
@@ -51,7 +51,7 @@ func Check(t testing.TB) {
 		if n <= base {
 			return
 		}
-		t.Errorf("goroutine leak: %d goroutines at the start of the test, %d still running %v after it ended (STYLE 16); stacks:\n%s",
+		t.Errorf("goroutine leak: %d goroutines at the start of the test, %d still running %v after it ended (M2); stacks:\n%s",
 			base, n, waited, stacks())
 	})
 }

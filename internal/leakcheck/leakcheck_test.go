@@ -45,7 +45,7 @@ func parked(release <-chan struct{}, exitAfter time.Duration) {
 // parked goroutines keep such a stray exit from hiding them.
 const parkedCount = 4
 
-// STYLE 16: Check passes once the goroutines a test started are gone, waits
+// M2: Check passes once the goroutines a test started are gone, waits
 // up to 10 s for them, and fails with their stacks after that. The checked
 // "test" is a fakeTB inside a synctest bubble, so the 10 s deadline runs on
 // the bubble's fake clock and this test takes no real time.
@@ -58,10 +58,10 @@ func TestCheck(t *testing.T) {
 		minWait   time.Duration // the cleanup waited at least this long
 		maxWait   time.Duration // and at most this long
 	}{
-		{"STYLE 16 no goroutine started passes at once", false, 0, false, 0, 0},
-		{"STYLE 16 goroutine exiting 3 s after the test is waited for", true, 3 * time.Second, false, 3 * time.Second, 3*time.Second + 10*time.Millisecond},
-		{"STYLE 16 goroutine still running fails after 10 s", true, 0, true, leakcheck.Timeout, leakcheck.Timeout + 10*time.Millisecond},
-		{"STYLE 16 goroutine exiting at 11 s fails after 10 s", true, 11 * time.Second, true, leakcheck.Timeout, leakcheck.Timeout + 10*time.Millisecond},
+		{"M2 no goroutine started passes at once", false, 0, false, 0, 0},
+		{"M2 goroutine exiting 3 s after the test is waited for", true, 3 * time.Second, false, 3 * time.Second, 3*time.Second + 10*time.Millisecond},
+		{"M2 goroutine still running fails after 10 s", true, 0, true, leakcheck.Timeout, leakcheck.Timeout + 10*time.Millisecond},
+		{"M2 goroutine exiting at 11 s fails after 10 s", true, 11 * time.Second, true, leakcheck.Timeout, leakcheck.Timeout + 10*time.Millisecond},
 	}
 	for _, row := range rows {
 		t.Run(row.name, func(t *testing.T) {

@@ -42,7 +42,7 @@ import (
 	iop "iop/proto/gen/iop"
 )
 
-// Defaults (DESIGN.md "Defaults").
+// Defaults (docs/operating.md, "The credential plane").
 const (
 	// DefaultTTL is a lease's lifetime from issue to expiry.
 	DefaultTTL = 60 * time.Second

@@ -40,7 +40,7 @@ type Options struct {
 	// NewExecutor overrides how a NodeConfigPayload becomes an Executor
 	// (tests); nil = the adapter set.
 	NewExecutor session.NewExecutorFunc
-	// Timeouts override the session's DESIGN.md defaults (tests).
+	// Timeouts override the session's defaults (tests).
 	Timeouts session.Timeouts
 	// Now is the wall clock leases are checked against; nil = time.Now.
 	Now func() time.Time

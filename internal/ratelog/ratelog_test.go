@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// Issue 12: a flood of refused handshakes writes at most Burst lines per
+// B1: a flood of refused handshakes writes at most Burst lines per
 // window, and the first line of the next window carries the count of the
 // lines suppressed.
 func TestLimiter(t *testing.T) {
@@ -47,7 +47,7 @@ func TestLimiter(t *testing.T) {
 	}
 }
 
-// Issue 12: under concurrent callers no line is lost from the count: the
+// B1: under concurrent callers no line is lost from the count: the
 // lines written plus the suppressed counts they carry add up to the calls.
 func TestLimiterCountsEveryCall(t *testing.T) {
 	t0 := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)

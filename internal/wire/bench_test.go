@@ -9,7 +9,7 @@ import (
 
 // benchSizes are the upstream body sizes carried by a ProviderTunnelFrame
 // BODY envelope: a small SSE chunk and the 32 KiB maximum of one upstream
-// read (DESIGN.md defaults). The frame is about 30 bytes longer.
+// read (docs/wire.md, "Timeouts and bounds"). The frame is about 30 bytes longer.
 var benchSizes = []struct {
 	name string
 	body int

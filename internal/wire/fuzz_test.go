@@ -188,7 +188,7 @@ func corpusFile(s fuzzSeed) []byte {
 
 // TestFuzzSeeds keeps testdata/fuzz/FuzzReader equal to fuzzSeeds; run with
 // -update to rewrite it. It also checks the split seeds really cover every
-// byte boundary of the stream (SPEC W1; STYLE 10).
+// byte boundary of the stream (SPEC W1).
 func TestFuzzSeeds(t *testing.T) {
 	dir := filepath.Join("testdata", "fuzz", "FuzzReader")
 	seeds := fuzzSeeds(t)

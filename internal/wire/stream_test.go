@@ -54,7 +54,7 @@ func sameEnvelopes(got, want []*iop.Envelope) error {
 }
 
 // TestSplitAtEveryByte: the same envelopes come out however the stream is cut
-// into reads (SPEC W1; STYLE 10).
+// into reads (SPEC W1).
 func TestSplitAtEveryByte(t *testing.T) {
 	stream, want := smallStream(t)
 	for at := 0; at <= len(stream); at++ {
@@ -121,7 +121,7 @@ func TestTruncatedAtEveryByte(t *testing.T) {
 }
 
 // TestLoopbackTCP runs frames over a real loopback TCP connection, where
-// reads return whatever the kernel has (SPEC W1; STYLE 14).
+// reads return whatever the kernel has (SPEC W1).
 func TestLoopbackTCP(t *testing.T) {
 	t.Run("W1 echo of mixed sizes", func(t *testing.T) {
 		leakcheck.Check(t)

@@ -9,8 +9,8 @@
 //
 // A length of 0, or one above the reader's cap, is a protocol error reported
 // before any body byte is read and before anything of that size is allocated.
-// The cap is 64 KiB until the session is ready and 16 MiB after (DESIGN.md
-// defaults); SetMaxFrame moves it. Within the cap, a body longer than 64 KiB
+// The cap is 64 KiB until the session is ready and 16 MiB after (docs/wire.md,
+// "Timeouts and bounds"); SetMaxFrame moves it. Within the cap, a body longer than 64 KiB
 // is buffered as its bytes arrive, so a peer that declares 16 MiB and sends
 // ten bytes costs about 64 KiB, not 16 MiB.
 //

@@ -234,7 +234,7 @@ func allocatedBytes(runs int, f func()) uint64 {
 }
 
 // TestReadFrameSteadyStateAllocs: reading frames no larger than an earlier
-// one reuses the body buffer (issue 2 target: ≤ 1 allocation per frame).
+// one reuses the body buffer (the framer's target: ≤ 1 allocation per frame, BENCHMARKS.md "Framer").
 func TestReadFrameSteadyStateAllocs(t *testing.T) {
 	for _, size := range []int{256, 32 << 10, 256 << 10} {
 		t.Run(strconv.Itoa(size), func(t *testing.T) {
@@ -279,7 +279,7 @@ func TestReadFrameLargeBody(t *testing.T) {
 }
 
 // TestReaderCaps: 64 KiB until ready, 16 MiB after, moved by SetMaxFrame
-// (SPEC W1, DESIGN.md defaults).
+// (SPEC W1; docs/wire.md, "Timeouts and bounds").
 func TestReaderCaps(t *testing.T) {
 	over := frameOf(bytes.Repeat([]byte{'b'}, DefaultPreReadyCap+1))
 	tests := []struct {

@@ -18,7 +18,7 @@ import (
 	"time"
 )
 
-// cmdAffinity runs issue 16's multi-turn workload against one model group
+// cmdAffinity runs the prefix-affinity (R1) multi-turn workload against one model group
 // and prints one record (kind "affinity"): conversations × turns chat
 // requests, each conversation's turns in order, -concurrency requests at a
 // time round-robin over the open conversations (see run), every request
@@ -346,7 +346,7 @@ func reportAffinity(w io.Writer, recs []record) {
 			base = &recs[i]
 		}
 	}
-	fmt.Fprintln(w, "\n### Cache-aware routing (issue 16)")
+	fmt.Fprintln(w, "\n### Cache-aware routing")
 	fmt.Fprintln(w, "\n| routing | requests ok | cached prompt tokens | cached share | vs least_loaded | prefilled (uncached) tokens | vs least_loaded | TTFT p50 ms | p90 | p99 | mean | TTFT p50 / mean vs least_loaded | requests per replica | max / mean |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range recs {

@@ -14,7 +14,7 @@ import (
 	"time"
 )
 
-// Issue 16: the workload sends every conversation's turns in order, each
+// R1: the workload sends every conversation's turns in order, each
 // with the whole history (the previous answers exactly as streamed), and
 // sums the backend-reported tokens per replica.
 func TestAffinityWorkload(t *testing.T) {
@@ -72,7 +72,7 @@ func TestAffinityWorkload(t *testing.T) {
 	}
 }
 
-// Issue 16: cached tokens come from usage details, else llama-server's
+// R1: cached tokens come from usage details, else llama-server's
 // timings.cache_n; the first content (not the role chunk) stamps TTFT.
 func TestAffinityChunk(t *testing.T) {
 	var tr turnResult

@@ -12,7 +12,7 @@ import (
 )
 
 // cmdConc is the closed loop with a fixed request count and concurrency
-// (issue 11: "1,000 requests at concurrency 10"): c workers each send the
+// (the resilience run: 1,000 requests at concurrency 10): c workers each send the
 // next request as soon as their previous one ended, until n were sent.
 // Latency is from sending to the last body byte; a request is OK when it
 // got 200 and a body containing -expect. Percentiles are exact (nearest

@@ -15,7 +15,7 @@ import (
 	"time"
 )
 
-// cmdFloor runs the one-hop floor of issue 7: a stdlib
+// cmdFloor runs the one-hop floor of the overhead benchmark: a stdlib
 // httputil.ReverseProxy that forwards every request to -upstream without
 // parsing it. Its Transport is http.DefaultTransport's with more idle
 // connections per host (256, like the node's adapters keep 64), so the floor

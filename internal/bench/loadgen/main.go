@@ -1,4 +1,4 @@
-// Command iopbench is the measuring side of `./run.sh bench` (issue 7): the
+// Command iopbench is the measuring side of `./run.sh bench` (BENCHMARKS.md): the
 // load generators, the stdlib one-hop reverse-proxy floor, and the report
 // that turns the recorded figures into Markdown tables. It lives in its own
 // module (iopbench) so that the product's go.mod stays protobuf-only; it
@@ -14,7 +14,7 @@
 //	conc    -url U -body JSON -n N -c C             closed loop: N requests, C at a time
 //	mem     -pids edge=P,node=Q -label L           VmRSS / VmHWM of the product processes
 //	report  -in results.jsonl                      medians of the rounds as Markdown
-//	affinity -url U -model M -label MODE            issue 16's multi-turn workload: cached tokens, TTFT, requests per replica
+//	affinity -url U -model M -label MODE            the prefix-affinity multi-turn workload: cached tokens, TTFT, requests per replica
 //	slots   -url U -model M [-levels 1,2,4,8]      one backend under c concurrent streams: TTFT, time per token
 //
 // Common flags: -path (the path's label: a, a2, b, c, d; ck, dk with the credential plane on;
@@ -108,7 +108,7 @@ type record struct {
 	RSS       map[string]uint64  `json:"rss_kib,omitempty"` // at the sample point (mem) or at peak in flight (hold)
 	HWM       map[string]uint64  `json:"hwm_kib,omitempty"`
 
-	// Affinity (issue 16): the backend-reported prompt and cached prompt
+	// Affinity (R1): the backend-reported prompt and cached prompt
 	// tokens summed over the run, and requests per replica (response
 	// "model").
 	PromptTokens int64          `json:"prompt_tokens,omitempty"`

@@ -7,9 +7,9 @@ import (
 	"time"
 )
 
-// The measuring client's checks decide what counts as "no lost bytes"
-// (issue 7): a stream is complete only with every expected content byte and
-// its terminal event.
+// The measuring client's checks decide what counts as "no lost bytes": a
+// stream is complete only with every expected content byte and its
+// terminal event.
 func TestCheckStream(t *testing.T) {
 	sse := func(evs ...string) [][]byte {
 		var out [][]byte

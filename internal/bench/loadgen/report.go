@@ -28,7 +28,7 @@ var paths = []pathInfo{
 	{"dk", "(d·k) run path, credential plane on", "d"},
 }
 
-// pairPaths are the passive-health runs (issue 11): a model group of two
+// pairPaths are the passive-health runs: a model group of two
 // providers on the same backend, both healthy (base) or the first one
 // answering 503 to everything.
 var pairPaths = []pathInfo{
@@ -485,7 +485,7 @@ func rounds(byKey map[key]map[int]record, kind string) int {
 	return n
 }
 
-// reportPairs tabulates the passive-health runs (issue 11): N requests at
+// reportPairs tabulates the passive-health runs: N requests at
 // concurrency C to a model group of two providers, with the first provider
 // answering 503 or healthy; added = this row's p50 − the healthy pair's in
 // the same round, median over rounds.

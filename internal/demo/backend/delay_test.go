@@ -58,7 +58,7 @@ func serveInBubble(b *Backend, path, body string) (*timedWriter, context.CancelF
 }
 
 // TestTokenDelay: each content token waits TokenDelay; the prologue and the
-// terminal chunks do not (a stand-in for generation speed, issue 6).
+// terminal chunks do not (a stand-in for generation speed).
 func TestTokenDelay(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var end RequestEnd

@@ -1,10 +1,9 @@
 // Package backend is the project's demo backend: a small DETERMINISTIC
 // STAND-IN for a real model server, not a model. It answers with fixed text
 // in the byte formats that real Ollama 0.17 and llama.cpp llama-server write
-// (the captures in ../shared/samples/, copied to testdata/), so that
+// (the captures in testdata/, listed in testdata/README.md), so that
 // ./run.sh, the e2e suite and the benchmark have an upstream on machines where
-// no inference server can be installed (issue 6, DESIGN.md "Real parts, not
-// mocks").
+// no inference server can be installed: real formats, not mocks.
 //
 // The package owns the HTTP handler (Backend) and its Serve loop. It must
 // never be imported by the edge or node binaries' logic, never load model
@@ -86,7 +85,7 @@
 // Anthropic "system") of 4 + ceil(content bytes / 4), + ceil(tools bytes / 4).
 // The response's "model" echoes the requested name without the fault suffix.
 //
-// # Prefix cache (issue 16)
+// # Prefix cache (R1)
 //
 // With Options.PrefixCache > 0 each Backend models a real server's prompt
 // cache (see prefixCache): a chat request whose prompt starts with a

@@ -30,7 +30,7 @@ func FuzzParseModelName(f *testing.F) {
 	})
 }
 
-// TestParseModelName: table of names and faults (issue 6 fault suffixes).
+// TestParseModelName: table of names and faults (the demo backend's fault suffixes).
 func TestParseModelName(t *testing.T) {
 	tests := []struct {
 		in, echo, name string

@@ -54,7 +54,7 @@ type cacheReport struct {
 	} `json:"timings"`
 }
 
-// TestPrefixCache: issue 16 — each demo instance models a prompt cache
+// TestPrefixCache: R1 — each demo instance models a prompt cache
 // and reports it where llama-server does: a later turn of a conversation
 // on the same instance is cached up to the answer it generated; another
 // instance, or another conversation, caches only what it saw.
@@ -126,7 +126,7 @@ func TestPrefixCache(t *testing.T) {
 	}
 }
 
-// TestPrefillPerToken: issue 16 — each uncached prompt token costs
+// TestPrefillPerToken: R1 — each uncached prompt token costs
 // PrefillPerToken before the first byte, so a cached turn answers sooner.
 func TestPrefillPerToken(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {

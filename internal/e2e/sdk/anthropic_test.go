@@ -55,7 +55,7 @@ func checkMessage(t *testing.T, s *stack, m *anthropic.Message) {
 	}
 }
 
-// testMessages: T1/T2, issue 14 — messages.create on both paths (the run
+// testMessages: T1/T2, F1 — messages.create on both paths (the run
 // path converts to and from Ollama's /api/chat; the tunnel relays the
 // server's own /v1/messages), with the key in x-api-key and, as
 // anthropic-sdk-go's WithAPIKey sends it, as a Bearer token.
@@ -129,7 +129,7 @@ func streamMessage(t *testing.T, s *stack, params anthropic.MessageNewParams) (*
 	return &m, types
 }
 
-// testMessagesTools: issue 14 — a tool round trip on both paths, streamed:
+// testMessagesTools: F1 — a tool round trip on both paths, streamed:
 // the model answers get_weather as a tool_use block, the client sends the
 // tool_result back (without tools, so the answer is text) and gets a final
 // text answer.
@@ -175,7 +175,7 @@ func testMessagesTools(t *testing.T, s *stack) {
 	}
 }
 
-// testCountTokens: issue 14 — count_tokens on the run path answers the
+// testCountTokens: F1 — count_tokens on the run path answers the
 // backend's own prompt count (a one-token Ollama generation); on the tunnel
 // it is the server's (llama-server has it, Ollama 0.17.4 does not).
 func testCountTokens(t *testing.T, s *stack) {

@@ -1,4 +1,4 @@
-// Package sdk is iop's end-to-end suite (issue 6, `./run.sh e2e`): it starts
+// Package sdk is iop's end-to-end suite (`./run.sh e2e`): it starts
 // the built bin/edge, bin/node and bin/demo-backend as real processes on free
 // loopback ports, with PKI minted by `edge pki init` and configs shaped like
 // scripts/demo.sh's, and drives them with the official OpenAI

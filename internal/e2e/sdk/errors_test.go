@@ -11,7 +11,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 )
 
-// testErrors: DESIGN "HTTP surface" — errors reach the SDKs as their typed
+// testErrors: T5 — errors reach the SDKs as their typed
 // errors with the right status: 401 missing/wrong key, 404 unknown model,
 // 400 bad JSON, on the OpenAI and the Anthropic surface.
 func testErrors(t *testing.T, s *stack) {

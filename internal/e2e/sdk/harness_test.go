@@ -34,7 +34,7 @@ const (
 	readyTimeout     = 30 * time.Second
 )
 
-// demoGroups are the six model groups of the demo surface (issue 6).
+// demoGroups are the six model groups of the demo surface (docs/config.md, "The demo's environment").
 var demoGroups = []string{"tiny", "tiny-tool", "tiny-loop", "tiny-oa", "tiny-tool-oa", "tiny-loop-oa"}
 
 // suiteEnv is the suite's configuration, read from the environment by the
@@ -230,8 +230,8 @@ func (s *stack) startNode() {
 }
 
 // shutdown stops node, edge and backend with SIGTERM (each must exit 0,
-// README: "The node exits 0 on SIGINT/SIGTERM"; DESIGN: the edge "SIGTERM
-// drains and exits 0"), checks no process of their groups is left, and on
+// S4: the node exits 0 on SIGINT/SIGTERM; A3: the edge drains on SIGTERM
+// and exits 0), checks no process of their groups is left, and on
 // failure prints each process's last log lines.
 func (s *stack) shutdown() {
 	t := s.t
@@ -288,7 +288,7 @@ func (s *stack) anthropic(opts ...aoption.RequestOption) *anthropic.Client {
 	return &c
 }
 
-// statusDoc is the admin /status document (DESIGN.md "Admin surface").
+// statusDoc is the admin /status document (SPEC N3, A2).
 type statusDoc struct {
 	Nodes []struct {
 		ID         string `json:"id"`

@@ -6,7 +6,7 @@ import (
 	"github.com/openai/openai-go/v3"
 )
 
-// testEmbeddings: issue 14 — embeddings.create on both paths (the run path
+// testEmbeddings: F1 — embeddings.create on both paths (the run path
 // through Ollama's /api/embed; the tunnel to the server's /v1/embeddings).
 func testEmbeddings(t *testing.T, s *stack) {
 	for _, p := range pathRows {
@@ -31,7 +31,7 @@ func testEmbeddings(t *testing.T, s *stack) {
 	}
 }
 
-// testCompletions: issue 14 — the legacy completions.create on both paths
+// testCompletions: F1 — the legacy completions.create on both paths
 // (tunnelled: Ollama's own /v1/completions behind the run path's node, the
 // server's behind an openai_compat provider).
 func testCompletions(t *testing.T, s *stack) {

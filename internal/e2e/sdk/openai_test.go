@@ -19,7 +19,7 @@ const requestTimeout = 90 * time.Second
 const demoAnswer = "Hello from tiny-gguf! This reply is deterministic."
 
 // pathRows are the two dispatch paths of each demo model: the native Ollama
-// run path and the OpenAI-compatible tunnel (issue 6 "Demo surface").
+// run path and the OpenAI-compatible tunnel (the demo surface).
 var pathRows = []struct{ name, suffix string }{
 	{"native", ""},
 	{"tunnel", "-oa"},

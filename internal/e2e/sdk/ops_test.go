@@ -77,7 +77,7 @@ func labels(m *dto.Metric) map[string]string {
 	return out
 }
 
-// Issue 15: /metrics parses with Prometheus' own parser; every request is
+// A1, A2: /metrics parses with Prometheus' own parser; every request is
 // counted once in iop_edge_requests_total under bounded labels (configured
 // models or _other, fixed surfaces, paths and outcomes); the histograms,
 // tokens and in-flight families are there with the right types.
@@ -203,7 +203,7 @@ func runDir(t *testing.T) string {
 	return d
 }
 
-// Issue 15: the operator page works in a real headless browser: it shows
+// A2: the operator page works in a real headless browser: it shows
 // the node row connected with its providers, has no script error (the CSP
 // allows only its own inline code), follows a node's SIGTERM to
 // "disconnected" by itself, draws the last 15 minutes of a burst of
@@ -432,7 +432,7 @@ func waitChan[T any](t *testing.T, ch <-chan T, d time.Duration, what string) T 
 	return zero
 }
 
-// Issue 15 (DESIGN "SIGTERM drains and exits 0"): bin/edge gets SIGTERM
+// A3 (SIGTERM drains and exits 0): bin/edge gets SIGTERM
 // with a short and a long stream in flight: a new request gets 503 with
 // Retry-After, the short stream completes, the long one ends with an
 // edge_shutdown error event after shutdown.drain_timeout_ms, and the edge
@@ -510,7 +510,7 @@ func TestEdgeSIGTERMDrain(t *testing.T) {
 	}
 }
 
-// Issue 15: bin/node gets SIGTERM with a stream in flight: the edge marks
+// A3: bin/node gets SIGTERM with a stream in flight: the edge marks
 // it draining at once, the stream completes, the node exits 0.
 func TestNodeSIGTERMDrain(t *testing.T) {
 	if loadEnv(t).realServer() {

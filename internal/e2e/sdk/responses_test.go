@@ -44,7 +44,7 @@ func checkResponseText(t *testing.T, s *stack, r *responses.Response) {
 	}
 }
 
-// testResponses: issue 14 — responses.create on both paths (the run path
+// testResponses: F1 — responses.create on both paths (the run path
 // converts to and from Ollama's /api/chat; the tunnel relays the server's
 // own /v1/responses).
 func testResponses(t *testing.T, s *stack) {
@@ -96,7 +96,7 @@ func testResponsesStream(t *testing.T, s *stack) {
 	}
 }
 
-// testResponsesTools: issue 14 — one function tool round trip on both
+// testResponsesTools: F1 — one function tool round trip on both
 // paths: the model calls get_weather, the client sends the call and its
 // output back (without tools, so the answer is text) and gets a final text
 // answer.

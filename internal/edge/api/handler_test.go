@@ -47,7 +47,7 @@ func checkShape(t *testing.T, body string, anthropic bool) errorShape {
 
 const chatBody = `{"model":"tiny","messages":[{"role":"user","content":"hi"}]}`
 
-// T4 and DESIGN "401": keys are checked by SHA-256 in constant time; the
+// T4 and the 401 answer: keys are checked by SHA-256 in constant time; the
 // principal rides with the request; Anthropic routes also take x-api-key.
 func TestAuth(t *testing.T) {
 	leakcheck.Check(t)
@@ -187,7 +187,7 @@ func TestModelsHealthAndRouting(t *testing.T) {
 	}
 }
 
-// Q4, Q3 and DESIGN "errors": each failure has its status and the surface's
+// Q4, Q3 and the error answers (docs/surfaces.md): each failure has its status and the surface's
 // shape; malformed requests are refused before they queue.
 func TestRequestErrors(t *testing.T) {
 	leakcheck.Check(t)

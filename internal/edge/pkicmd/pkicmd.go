@@ -1,6 +1,5 @@
 // Package pkicmd implements the "edge pki" subcommands, which write a
-// development PKI for deployments without openssl (DESIGN: edge pki init;
-// SPEC I1): a CA, edge and node certificates with SPIFFE URI SANs, the
+// development PKI for deployments without openssl (SPEC I1): a CA, edge and node certificates with SPIFFE URI SANs, the
 // lease issuer key pair and each node's lease recipient key pair.
 //
 // It owns flag parsing and reporting only; generation lives in

@@ -78,8 +78,8 @@ const (
 // Defaults.
 const (
 	DefaultStallTimeout = protocol.DefaultStallTimeoutMs * time.Millisecond // SPEC E2: a request carrying 0 gets it
-	DefaultProbeTimeout = 2 * time.Second                                   // DESIGN.md health probe timeout
-	DefaultCloseGrace   = 2 * time.Second                                   // DESIGN.md stall close grace (SPEC H1, H7)
+	DefaultProbeTimeout = 2 * time.Second                                   // health probe timeout (SPEC H1)
+	DefaultCloseGrace   = 2 * time.Second                                   // stall close grace (SPEC H1, H7)
 	DefaultOllamaURL    = "http://127.0.0.1:11434"                          // Ollama's own default
 	MaxBodyFrame        = 32 << 10                                          // bytes per BODY frame (SPEC T2)
 )

@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// Upstream connections (issue 11).
+// Upstream connections.
 //
 // Idle lifetime. A pooled keep-alive connection is reused only while it has
 // been idle for less than the adapter's AdapterConfig.upstream_idle_timeout_ms
@@ -129,8 +129,9 @@ const (
 //
 // Why not a hand-written client: the node had one (h1.Transport: the
 // calling goroutine wrote the request and read the answer, no per-
-// connection goroutines) until issue 11 measured it against this one in
-// the same benchmark runs (BENCHMARKS.md, "Resilience (issue 11)"): 16
+// connection goroutines) until it was measured against this one in the
+// same benchmark runs (BENCHMARKS.md, "Resilience: one of two providers
+// answers 503"): 16
 // allocations and ~1.5 KiB less per request and some 10 % less node CPU
 // on a loopback demo backend, no latency difference above the noise —
 // nothing a user of a model server would notice.

@@ -56,7 +56,7 @@ func (f *fakeBase) RoundTrip(req *http.Request) (*http.Response, error) {
 
 func (f *fakeBase) CloseIdleConnections() {}
 
-// Issue 11, client.go "Resending": a request that failed without one byte
+// H11, client.go "Resending": a request that failed without one byte
 // of it written on its connection is sent again with its body rewound, at
 // most maxUnwrittenResends times; one that wrote any byte, got no
 // connection, ran on a connection the node does not track, or whose
@@ -113,7 +113,7 @@ func TestCloseAwareResend(t *testing.T) {
 	}
 }
 
-// Issue 11: closesAfter names exactly llama-server's chunked keep-alive
+// H11: closesAfter names exactly llama-server's chunked keep-alive
 // answers (client.go, "Connections a backend closes without saying so").
 func TestClosesAfter(t *testing.T) {
 	rows := []struct {

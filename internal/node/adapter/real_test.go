@@ -16,7 +16,7 @@ import (
 	iop "iop/proto/gen/iop"
 )
 
-// Real-server runs of the adapter tests (backends.md): set
+// Real-server runs of the adapter tests against real backends: set
 // IOP_TEST_OLLAMA_URL (e.g. http://127.0.0.1:11434) and/or
 // IOP_TEST_OPENAI_URL (e.g. http://127.0.0.1:8081 for llama-server).
 // Targets default to the tiny test models: IOP_TEST_OLLAMA_TARGET /

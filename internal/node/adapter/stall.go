@@ -106,7 +106,8 @@ func newWatch(stall time.Duration) (watchState, watchEffects) {
 	return watchState{stall: stall}, watchEffects{arm: stall}
 }
 
-// step applies one event (STYLE 6).
+// step applies one event: a pure transition, no I/O, time arrives as an
+// event.
 func (w watchState) step(e watchEvent) (watchState, watchEffects) {
 	var fx watchEffects
 	switch w.phase {

@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// Table tests of the pure stall watchdog (STYLE 6): every row is a sequence
+// Table tests of the pure stall watchdog (SPEC H1): every row is a sequence
 // of events, each with the exact effects it must produce.
 
 const testStall = 10 * time.Second

@@ -17,7 +17,7 @@ import (
 	"iop/internal/jsonconfig"
 )
 
-// Defaults (SPEC S2, DESIGN.md).
+// Defaults (SPEC S2; docs/config.md lists each key with its default).
 const (
 	DefaultTrustDomain      = "iop.local"
 	DefaultExpectedEdgeName = "edge-1"

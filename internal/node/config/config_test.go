@@ -137,7 +137,7 @@ func TestCredentialKeys(t *testing.T) {
 	}
 }
 
-// Issue 15: shutdown.drain_timeout_ms defaults to 30000, bounded.
+// A3: shutdown.drain_timeout_ms defaults to 30000, bounded.
 func TestDrainTimeout(t *testing.T) {
 	rows := []struct {
 		name, extra, wantErr string

@@ -7,7 +7,7 @@
 // the environment, never talks to a backend itself (the Executor does) and
 // never logs a payload or a secret.
 //
-// # Peer input (issue 12)
+// # Peer input (B1)
 //
 // The Edge's frames are read with internal/wire: 64 KiB a frame until ready,
 // 16 MiB after, each body buffered as its bytes arrive (a declared length
@@ -29,7 +29,7 @@
 // and Connect returns only after the writer and every work goroutine have
 // returned and the Executors are closed.
 //
-// # Drain (issue 15)
+// # Drain (A3)
 //
 // A local shutdown (Connect's ctx) of a live session is graceful: drain
 // sends NodeDrainingNotice (the Edge dispatches nothing new to this
@@ -40,7 +40,7 @@
 // sendLoop write and flush everything queued, and only then ends the
 // session (ErrDrained).
 //
-// # Send queue policy (STYLE 3)
+// # Send queue policy (docs/wire.md, "Send queues and flushing")
 //
 //   - Pongs are droppable: when the queue is full they are dropped and
 //     counted (the Node's own pings keep the Edge's view of it alive).
@@ -164,7 +164,8 @@ type NewExecutorFunc func(*iop.NodeConfigPayload) (Executor, error)
 // not FAILED (SPEC N2); either way the previous config stays.
 var ErrRestartRequired = errors.New("a restart of the node is required")
 
-// Timeouts bound each step; a zero field means the DESIGN.md default.
+// Timeouts bound each step; a zero field means the default below
+// (docs/wire.md, "Timeouts and bounds").
 type Timeouts struct {
 	Dial      time.Duration // TCP dial; default 10 s
 	Handshake time.Duration // TLS handshake; default 5 s
@@ -173,7 +174,7 @@ type Timeouts struct {
 	Probe     time.Duration // CAPABILITIES health probe; default 2 s
 }
 
-// Defaults (DESIGN.md).
+// Defaults (docs/wire.md, "Timeouts and bounds").
 const (
 	DefaultDialTimeout       = 10 * time.Second
 	DefaultHandshakeTimeout  = 5 * time.Second

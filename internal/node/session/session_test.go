@@ -120,7 +120,7 @@ func TestRegisterApplyReady(t *testing.T) {
 	if evs := c.runEvents("run-1"); len(evs) != 4 {
 		t.Fatalf("got %d events, want 4", len(evs))
 	}
-	cancel() // local shutdown of a ready session: it drains (issue 15)
+	cancel() // local shutdown of a ready session: it drains (A3)
 	if env := c.recv(); env.GetDrainingNotice() == nil {
 		t.Fatalf("after the local shutdown got %v, want NodeDrainingNotice", env)
 	}
@@ -711,7 +711,8 @@ func TestUnknownAndMalformedFrames(t *testing.T) {
 	}
 }
 
-// STYLE 3: a must-deliver frame that cannot be queued or written within the
+// The send-queue policy (docs/wire.md, "Send queues and flushing"): a
+// must-deliver frame that cannot be queued or written within the
 // write timeout ends the session instead of blocking or being dropped.
 func TestMustDeliverOverflow(t *testing.T) {
 	leakcheck.Check(t)
@@ -726,7 +727,7 @@ func TestMustDeliverOverflow(t *testing.T) {
 	}
 }
 
-// Issue 15 (S4, E3): a local shutdown of a ready session drains it: the
+// A3, S4, E3: a local shutdown of a ready session drains it: the
 // Edge gets NodeDrainingNotice at once, the session keeps serving (pongs,
 // terminals) while the work in flight finishes, or — past the drain timeout
 // — the work is cancelled and still ends with its terminal; then Connect

@@ -54,7 +54,7 @@ type Options struct {
 	// that never empties still reaches the peer steadily.
 	MaxBurst int
 	// WriteTimeout is the deadline of every write that reaches the socket
-	// (DESIGN.md: every network write has a deadline); required.
+	// (every network write has a deadline); required.
 	WriteTimeout time.Duration
 	// MaxFrame refuses frames over this many bytes (≤ 0: wire.DefaultMaxFrame).
 	MaxFrame int

@@ -55,7 +55,7 @@ type options struct {
 
 // BuildChatRequest returns the JSON body of a streaming /api/chat request for
 // target. It converts OpenAI-shaped input to Ollama's native fields, each
-// input field either translated or refused (issue 14): assistant tool_calls
+// input field either translated or refused (F2): assistant tool_calls
 // get their arguments as a JSON object (OpenAI sends a JSON string), tool
 // messages get tool_name (from their name, or the call they answer) and
 // tool_call_id, images go as base64 "images"; tools pass through (same

@@ -47,13 +47,13 @@ func TestBuildChatRequest(t *testing.T) {
 		}, `{"model":"tiny","stream":true,"messages":[{"role":"user","content":"Hi"}]}`},
 		{"E8 empty tools array is no tools", &iop.RunInput{Messages: []*iop.ChatMessage{{Role: "user", Content: "Hi"}}, ToolsJson: []byte(`[]`)},
 			`{"model":"tiny","stream":true,"messages":[{"role":"user","content":"Hi"}]}`},
-		{"issue 14 images, json_object, logprobs, penalties, top_k, truncate", &iop.RunInput{
+		{"F2 images, json_object, logprobs, penalties, top_k, truncate", &iop.RunInput{
 			Messages:           []*iop.ChatMessage{{Role: "user", Content: "What is it?", Images: []*iop.ChatImage{{MediaType: "image/png", Data: []byte("\x89PNG")}}}},
 			ResponseFormatJson: []byte(`{"type":"json_object"}`), Logprobs: true, TopLogprobs: 2,
 			FrequencyPenalty: f64(0.5), PresencePenalty: f64(-0.5), TopK: i64(40), Truncate: new(bool), ToolChoiceJson: []byte(`"auto"`),
 		}, `{"model":"tiny","stream":true,"messages":[{"role":"user","content":"What is it?","images":["iVBORw=="]}],"format":"json",
 			"logprobs":true,"top_logprobs":2,"truncate":false,"options":{"top_k":40,"frequency_penalty":0.5,"presence_penalty":-0.5}}`},
-		{"issue 14 json_schema becomes format <schema>", &iop.RunInput{
+		{"F2 json_schema becomes format <schema>", &iop.RunInput{
 			Messages:           []*iop.ChatMessage{{Role: "user", Content: "Hi"}},
 			ResponseFormatJson: []byte(`{"type":"json_schema","json_schema":{"name":"w","schema":{"type":"object","properties":{"a":{"type":"string"}}},"strict":true}}`),
 		}, `{"model":"tiny","stream":true,"messages":[{"role":"user","content":"Hi"}],"format":{"type":"object","properties":{"a":{"type":"string"}}}}`},
@@ -82,11 +82,11 @@ func TestBuildChatRequestErrors(t *testing.T) {
 		{"E8 arguments not a JSON object", &iop.RunInput{Messages: []*iop.ChatMessage{{Role: "assistant", ToolCallsJson: []byte(`[{"function":{"name":"f","arguments":"[1]"}}]`)}}}},
 		{"E8 tool_calls not an array", &iop.RunInput{Messages: []*iop.ChatMessage{{Role: "assistant", ToolCallsJson: []byte(`{"x":1}`)}}}},
 		{"E8 tools not an array", &iop.RunInput{Messages: []*iop.ChatMessage{{Role: "user"}}, ToolsJson: []byte(`{"type":"function"}`)}},
-		{"issue 14 tool_choice required cannot be enforced", &iop.RunInput{Messages: []*iop.ChatMessage{{Role: "user"}},
+		{"F2 tool_choice required cannot be enforced", &iop.RunInput{Messages: []*iop.ChatMessage{{Role: "user"}},
 			ToolsJson: []byte(`[{"type":"function","function":{"name":"f"}}]`), ToolChoiceJson: []byte(`"required"`)}},
-		{"issue 14 a named tool_choice cannot be enforced", &iop.RunInput{Messages: []*iop.ChatMessage{{Role: "user"}},
+		{"F2 a named tool_choice cannot be enforced", &iop.RunInput{Messages: []*iop.ChatMessage{{Role: "user"}},
 			ToolsJson: []byte(`[{"type":"function","function":{"name":"f"}}]`), ToolChoiceJson: []byte(`{"type":"function","function":{"name":"f"}}`)}},
-		{"issue 14 unknown response_format", &iop.RunInput{Messages: []*iop.ChatMessage{{Role: "user"}}, ResponseFormatJson: []byte(`{"type":"xml"}`)}},
+		{"F2 unknown response_format", &iop.RunInput{Messages: []*iop.ChatMessage{{Role: "user"}}, ResponseFormatJson: []byte(`{"type":"xml"}`)}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -223,7 +223,7 @@ func (e *endless) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// Issue 12: a backend that streams without end fails the run with
+// B1: a backend that streams without end fails the run with
 // ErrResultTooLarge once the answer passes upstream.MaxResultBytes or
 // upstream.MaxToolCalls; the text read before still went out as deltas.
 func TestReadChatStreamBounded(t *testing.T) {

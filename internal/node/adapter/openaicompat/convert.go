@@ -59,7 +59,7 @@ type chatMessage struct {
 // earlier assistant tool calls become content in TextToolCallFormat and tool
 // results become user messages (SPEC E9). response_format, the penalties
 // and top_k pass through; images, logprobs and truncate true (which this
-// driver cannot send or read back) are refused, never dropped (issue 14).
+// driver cannot send or read back) are refused, never dropped (F2).
 // Errors wrap upstream.ErrInvalidInput and name the bad field or message.
 func BuildChatRequest(profile, target string, in *iop.RunInput, textTools bool) ([]byte, error) {
 	if err := refuseUnsent(in); err != nil {

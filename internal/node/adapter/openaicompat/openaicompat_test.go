@@ -236,7 +236,7 @@ func (e *endless) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// Issue 12: a backend that streams without end fails the run with
+// B1: a backend that streams without end fails the run with
 // ErrResultTooLarge once the answer passes upstream.MaxResultBytes or
 // upstream.MaxToolCalls, instead of growing the node's memory.
 func TestReadChatStreamBounded(t *testing.T) {

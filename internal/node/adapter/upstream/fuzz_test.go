@@ -60,7 +60,7 @@ func FuzzToolsInput(f *testing.F) {
 	})
 }
 
-// Issue 12 (found by FuzzBuildChatRequest): sampling numbers JSON cannot
+// F2 (found by FuzzBuildChatRequest): sampling numbers JSON cannot
 // carry are refused with ErrInvalidInput naming the field.
 func TestCheckNumbers(t *testing.T) {
 	nan, inf, ok := math.NaN(), math.Inf(-1), 0.5

@@ -117,7 +117,7 @@ func TestHooksActivity(t *testing.T) {
 	}
 }
 
-// Issue 15: the Edge's request id rides every upstream request made under
+// A1: the Edge's request id rides every upstream request made under
 // the run's context as X-Request-Id; an id that could break the header is
 // left out.
 func TestRequestIDHeader(t *testing.T) {
