@@ -1,10 +1,12 @@
 package api
 
 import (
+	"bytes"
 	"net/http"
 	"strconv"
 	"strings"
 
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -44,6 +46,7 @@ type tunnelSink struct {
 	failed    *apiError
 	sse       bool
 	tail      [2]byte // last two body bytes written
+	end       sseEnd  // whether the event stream written so far carried its own last event
 	buf       []byte
 	held      []byte // a plain body kept until END
 }
@@ -102,6 +105,9 @@ func (s *tunnelSink) handle(env *iop.Envelope) (bool, error) {
 			return true, err
 		}
 		s.noteTail(f.Body)
+		if s.sse {
+			s.end.scan(f.Body, s.x.ep)
+		}
 		if stream { // T2: a stream is never buffered
 			if err := s.x.out.flush(); err != nil {
 				return true, err
@@ -231,6 +237,17 @@ func (s *tunnelSink) fail(e *apiError) error {
 		return nil
 	}
 	s.buf = s.buf[:0]
+	if ended, open := s.end.ended(); ended {
+		// The upstream's stream already carried its last event ([DONE],
+		// message_stop, response.completed…): the client has its one
+		// terminal, and an error event after it would be a second (SPEC
+		// T2, T5). The failure stays the request's outcome (the access
+		// record); a last event cut before its blank line is ended.
+		if !open {
+			return nil
+		}
+		return s.x.out.send(append(s.buf, '\n'))
+	}
 	if s.tail != [2]byte{'\n', '\n'} {
 		// The last BODY frame may have ended inside an event: close it so
 		// the error is an event of its own.
@@ -245,3 +262,104 @@ func (s *tunnelSink) failure() *apiError { return s.failed }
 func (s *tunnelSink) wrote() bool { return s.committed }
 
 var _ http.Handler = (*Handler)(nil)
+
+// sseEnd follows the lines of a relayed event stream (text/event-stream,
+// WHATWG HTML §9.2) far enough to tell whether its last event is the
+// surface's own last one: OpenAI's "data: [DONE]" (Chat Completions,
+// Completions), Anthropic's message_stop or error event (Messages
+// streaming), the Responses API's response.completed, response.failed,
+// response.incomplete or error event. A failure after it (the node's
+// connection lost before the tunnel's END) then adds no error event: the
+// client already has exactly one terminal (SPEC T2, T5). Only a line's
+// first maxMarkerLine bytes are kept across BODY frames; a longer line is
+// no marker.
+type sseEnd struct {
+	line [maxMarkerLine]byte // the current line's first bytes
+	n    int                 // bytes of the current line seen; maxMarkerLine+1: too long to be a marker
+	last bool                // the current event (not dispatched yet) has a last-event line
+	done bool                // a last event was dispatched and no line followed it
+}
+
+// maxMarkerLine bounds the marker lines sseEnd recognises, in bytes.
+const maxMarkerLine = 32
+
+// ended reports whether the stream written so far ends with the surface's
+// last event and nothing after it; open: that event still needs its
+// blank line (a line feed ends it).
+func (e *sseEnd) ended() (ended, open bool) {
+	blank := e.n == 0 || e.n == 1 && e.line[0] == '\r' // nothing of a next line but a CR
+	switch {
+	case e.done && blank && e.n == 0:
+		return true, false
+	case e.done && blank:
+		return true, true // "\r" of a blank line after the dispatched event: end it
+	case e.last && blank:
+		return true, true
+	}
+	return false, false
+}
+
+// scan takes the next body bytes of the stream of ep's surface.
+func (e *sseEnd) scan(b []byte, ep *endpoint) {
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		part := b
+		if i >= 0 {
+			part = b[:i]
+		}
+		switch {
+		case e.n > maxMarkerLine:
+		case e.n+len(part) > maxMarkerLine:
+			e.n = maxMarkerLine + 1
+		default:
+			e.n += copy(e.line[e.n:], part)
+		}
+		if i < 0 {
+			return
+		}
+		e.endLine(ep)
+		b = b[i+1:]
+	}
+}
+
+// endLine handles the current line at its line feed.
+func (e *sseEnd) endLine(ep *endpoint) {
+	n := e.n
+	e.n = 0
+	if n > maxMarkerLine {
+		e.done = false // a long line: content, no marker
+		return
+	}
+	line := bytes.TrimSuffix(e.line[:n], []byte{'\r'})
+	switch {
+	case len(line) == 0: // a blank line dispatches the event
+		if e.last {
+			e.done, e.last = true, false
+		}
+	case lastEventLine(line, ep):
+		e.done, e.last = false, true
+	default:
+		e.done = false
+	}
+}
+
+// lastEventLine reports whether line (no line break) marks the last event
+// of ep's surface's stream.
+func lastEventLine(line []byte, ep *endpoint) bool {
+	field, value, _ := bytes.Cut(line, []byte{':'})
+	value = bytes.TrimPrefix(value, []byte{' '})
+	switch {
+	case ep.surface == surfaceAnthropic:
+		return string(field) == "event" && (string(value) == "message_stop" || string(value) == "error")
+	case ep.operation == protocol.OpResponses:
+		if string(field) != "event" {
+			return false
+		}
+		switch string(value) {
+		case "response.completed", "response.failed", "response.incomplete", "error":
+			return true
+		}
+		return false
+	}
+	return string(field) == "data" && string(value) == "[DONE]"
+}

@@ -151,6 +151,7 @@ func TestTunnelFailures(t *testing.T) {
 		anthropic bool
 		wantCode  string // error code (OpenAI) for error responses
 		wantTail  string // the body must end with this (error events)
+		exact     bool   // the body must be wantTail
 		wantAbort bool   // the client sees a truncated body
 		cancels   int32
 	}{
@@ -178,6 +179,29 @@ func TestTunnelFailures(t *testing.T) {
 				`"error":{"message":"the provider failed to answer","type":"server_error","param":null,"code":"provider_error"}}` + "\n\n"},
 		{name: "T5 session lost mid-stream ends with an error event", path: "/v1/chat/completions",
 			frames: []*iop.ProviderTunnelFrame{sseStart, fBody(chunk)}, recvErr: dispatch.ErrSessionLost, want: 200,
+			wantTail: `"code":"provider_lost"}}` + "\n\n"},
+		// T2, T5: a failure after the upstream's own last event (the node's
+		// connection lost between the stream's end and the tunnel's END)
+		// adds no second terminal: the body is the upstream's, its last
+		// event ended.
+		{name: "T5 session lost after data: [DONE] adds no error event", path: "/v1/chat/completions",
+			frames: []*iop.ProviderTunnelFrame{sseStart, fBody(append(chunk, "data: [DONE]\n\n"...))}, recvErr: dispatch.ErrSessionLost, want: 200,
+			wantTail: string(chunk) + "data: [DONE]\n\n", exact: true},
+		{name: "T5 session lost after a [DONE] split across frames, before its blank line, ends the event", path: "/v1/chat/completions",
+			frames:  []*iop.ProviderTunnelFrame{sseStart, fBody(append(chunk, "data: [DO"...)), fBody([]byte("NE]\r\n"))},
+			recvErr: dispatch.ErrSessionLost, want: 200, wantTail: string(chunk) + "data: [DONE]\r\n\n", exact: true},
+		{name: "T5 Anthropic ERROR after message_stop adds no error event", path: "/v1/messages",
+			frames: []*iop.ProviderTunnelFrame{sseStart, fBody([]byte("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")), fError("upstream_error", "reset")},
+			want:   200, wantTail: "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n", exact: true},
+		{name: "T5 Responses session lost after response.completed adds no error event", path: "/v1/responses",
+			frames:  []*iop.ProviderTunnelFrame{sseStart, fBody([]byte("event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{}}\n\n"))},
+			recvErr: dispatch.ErrSessionLost, want: 200,
+			wantTail: "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{}}\n\n", exact: true},
+		{name: "T5 an event after data: [DONE] is content: the failure still ends with an error event", path: "/v1/chat/completions",
+			frames: []*iop.ProviderTunnelFrame{sseStart, fBody(append([]byte("data: [DONE]\n\n"), chunk...))}, recvErr: dispatch.ErrSessionLost, want: 200,
+			wantTail: `"code":"provider_lost"}}` + "\n\n"},
+		{name: "T5 a data line that only starts with [DONE] is no last event", path: "/v1/chat/completions",
+			frames: []*iop.ProviderTunnelFrame{sseStart, fBody([]byte("data: [DONE] and more\n\n"))}, recvErr: dispatch.ErrSessionLost, want: 200,
 			wantTail: `"code":"provider_lost"}}` + "\n\n"},
 		{name: "T5 ERROR after held JSON bytes is still a clean 502", path: "/v1/chat/completions",
 			frames: []*iop.ProviderTunnelFrame{fStart(200, "Content-Type", "application/json"), fBody([]byte(`{"id":`)), fError("upstream_error", "reset")},
@@ -211,6 +235,10 @@ func TestTunnelFailures(t *testing.T) {
 				e := checkShape(t, string(b), row.anthropic)
 				if row.wantCode != "" && (e.Error.Code == nil || *e.Error.Code != row.wantCode) {
 					t.Errorf("code: got %v, want %s", e.Error.Code, row.wantCode)
+				}
+			case row.exact:
+				if string(b) != row.wantTail {
+					t.Errorf("body:\n%q\nwant\n%q", b, row.wantTail)
 				}
 			default:
 				if !strings.HasSuffix(string(b), row.wantTail) {
