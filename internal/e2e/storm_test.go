@@ -62,10 +62,17 @@ func takeoverStorm(t *testing.T, silent bool) {
 	p := newPKI(t, "gpu-1")
 	bp := startBackend(t, backend.Options{TokenDelay: time.Millisecond})
 	url := bp.serve(t, nil)
+	// The defaults an operator runs with: capacity 4 per adapter (four
+	// clients and the cancelled work of a fenced generation meet the
+	// node's capacity gate, SPEC E4) and queue.wait_timeout_ms 30 s, so a
+	// waiter the pool never pumps (Q5) or a re-dispatch waiting for its
+	// deadline shows as a request past its client's 10 s timeout, not as
+	// a 503 after a short wait this test would take for an answer.
 	cfg := edgeConfig(t, p,
-		[]config.Node{{ID: "gpu-1", Adapters: []config.Adapter{ollamaAdapter("ollama", url, 8), compatAdapter("oa", url, 8)}}},
+		[]config.Node{{ID: "gpu-1", Adapters: []config.Adapter{ollamaAdapter("ollama", url, config.DefaultCapacity),
+			compatAdapter("oa", url, config.DefaultCapacity)}}},
 		[]config.Model{modelGroup("tiny", provider("gpu-1", "ollama", "tiny")), modelGroup("tiny-oa", provider("gpu-1", "oa", "tiny"))},
-		func(c *config.Config) { c.Queue.WaitTimeoutMs = 2000 })
+		nil)
 	e := startEdge(t, cfg, nil, logs.logger("edge"), func(o *edge.Options) { o.RegisterBurst = -1 })
 	adm, api := newAdminClient(t, e), newAPIClient(t, e)
 	zero := 0
