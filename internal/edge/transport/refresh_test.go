@@ -197,3 +197,49 @@ func TestConfigRejectedAndCapacityShare(t *testing.T) {
 		b.conn.Close()
 	}
 }
+
+// N2, E4: a config error is about a config the edge no longer has once a
+// reload puts back the payload the node runs: the operator who reverts a
+// change the node refused (say an adapter base_url another edge's payload
+// gives another backend) sees the node's config current and no error,
+// although the reload pushes nothing (the node already runs that revision).
+func TestN2ConfigErrorClearsWhenReloadRevertsToApplied(t *testing.T) {
+	leakcheck.Check(t)
+	h := newHarness(t, harnessOpts{})
+	n := h.dial("gpu-1")
+	n.register("gpu-1")
+	if !n.ready("gpu-1").GetReady() {
+		t.Fatal("not ready")
+	}
+	h.wantHooks(hookCall{"ready", "gpu-1", 1})
+	p1 := h.cfg.Load()
+	h.cfg.Store(testConfig(t, 0, 0, 0, 8)) // a change the node refuses
+	res := make(chan []RefreshResult, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		res <- h.srv.RefreshAll(ctx)
+	}()
+	req := n.recv()
+	if req.GetRefreshRequest() == nil {
+		t.Fatalf("got %v, want a refresh", req)
+	}
+	n.send(&iop.Envelope{RequestId: req.GetRequestId(), Kind: &iop.Envelope_RefreshResponse{
+		RefreshResponse: &iop.NodeConfigRefreshResponse{Status: iop.RefreshStatus_REFRESH_FAILED, Reason: "conflict"}}})
+	<-res
+	if ce := h.srv.ConfigErrors()["gpu-1"]; !strings.HasSuffix(ce, ": conflict") {
+		t.Fatalf("N2: config error after FAILED = %q", ce)
+	}
+	h.cfg.Store(p1) // the operator reverts the change
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	if got := h.srv.RefreshAll(ctx); len(got) != 0 {
+		t.Fatalf("RefreshAll pushed %+v, want nothing: the node runs that revision", got)
+	}
+	if s := h.node("gpu-1").Payload; s != PayloadCurrent {
+		t.Errorf("payload %q, want %q", s, PayloadCurrent)
+	}
+	if got := h.srv.ConfigErrors(); len(got) != 0 {
+		t.Errorf("N2: config errors %v after the revert, want none", got)
+	}
+}

@@ -366,8 +366,9 @@ func (s *Server) noteRefresh(node string, gen uint64, revision string, st iop.Re
 // why, in its own words (SPEC N2): a NodeConfigRejected at registration
 // (say an adapter name another edge's config gives another backend, SPEC
 // E4), or the reason of a refresh answered FAILED or RESTART_REQUIRED.
-// An entry goes when the node becomes ready or applies a refresh. The
-// result is a copy.
+// An entry goes when the node becomes ready, applies a refresh, or a
+// reload makes the revision it runs the current one again. The result is
+// a copy.
 func (s *Server) ConfigErrors() map[string]string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -403,7 +404,8 @@ type RefreshResult struct {
 // with the current config (a node removed from it is fenced and closed),
 // then pushes NodePayload, concurrently, to every ready node whose payload
 // revision differs from the one it last accepted, and waits for all
-// answers (or ctx). Pending nodes are never refreshed (SPEC L3, P3): one
+// answers (or ctx); a ready node that runs the current revision already
+// loses its config error. Pending nodes are never refreshed (SPEC L3, P3): one
 // whose registration came before the reload is pushed the current payload
 // at its ready transition instead (session.ready). Results are in config
 // order.
@@ -417,7 +419,14 @@ func (s *Server) RefreshAll(ctx context.Context) []RefreshResult {
 				continue
 			}
 			p := s.cfg.NodePayload(n.ID)
-			if p == nil || p.GetRevision() == s.sessions[id].revision {
+			if p == nil {
+				continue
+			}
+			if p.GetRevision() == s.sessions[id].revision {
+				// The node runs this config already: an error about another
+				// revision (a refresh it refused, which the reload undid) is
+				// no longer its state (SPEC N2).
+				delete(s.configErrs, n.ID)
 				continue
 			}
 			todo = append(todo, RefreshResult{Node: n.ID, Generation: n.Gen, Revision: p.GetRevision()})
