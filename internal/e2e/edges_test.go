@@ -547,3 +547,42 @@ func TestDrainWithTwoEdges(t *testing.T) {
 		}
 	})
 }
+
+// S1, L4: two entries of a node's edges[] that reach one edge (a name and
+// an address of the same host) are one edge: the second connection to that
+// edge address is not made while the first is up, so the node's two
+// sessions never take the node's identity from each other (each takeover
+// fenced the other and failed its requests, every reconnect interval).
+func TestS1OneEdgeListedTwice(t *testing.T) {
+	leakcheck.Check(t)
+	p := newPKI(t, "gpu-1")
+	logs := newLogSink(t)
+	bp := startBackend(t, backend.Options{})
+	url := bp.serve(t, nil)
+	cfg := edgeConfig(t, p, []config.Node{{ID: "gpu-1", Adapters: []config.Adapter{ollamaAdapter("ollama", url, 4)}}},
+		[]config.Model{modelGroup("tiny", provider("gpu-1", "ollama", "tiny"))}, nil)
+	e := startEdge(t, cfg, nil, logs.logger("edge"))
+	_, port, err := net.SplitHostPort(e.nodeAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	startMultiEdgeNode(t, p, "gpu-1", []string{e.nodeAddr, net.JoinHostPort("localhost", port)}, logs)
+	adm := newAdminClient(t, e)
+	adm.waitConnected(t, 10*time.Second, "gpu-1")
+	// The other entry's attempts after the first session is up: each one
+	// says why it does not connect (the supervisor retries it every second).
+	logs.waitLine(t, "the other entry's attempt", "connect attempt failed", "reaches the edge address")
+	eventually(t, 10*time.Second, "a second attempt of the other entry", func() (bool, string) {
+		n := logs.countLines("connect attempt failed", "reaches the edge address")
+		return n >= 2, fmt.Sprint(n, " lines")
+	})
+	if ns, _ := adm.mustStatus(t).node("gpu-1"); !ns.Connected || ns.Generation != 1 {
+		t.Fatalf("S1: gpu-1 %+v, want connected in generation 1 (no takeover by its own other session)", ns)
+	}
+	if n := logs.countLines("node fenced"); n != 0 {
+		t.Errorf("L4: the edge fenced gpu-1 %d times", n)
+	}
+	if res, err := newAPIClient(t, e).chat(context.Background(), chatRequest{model: "tiny"}); err != nil || res.status != 200 {
+		t.Fatalf("chat: %d %v %s", res.status, err, res.raw)
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"iop/internal/identity"
@@ -93,6 +94,7 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 		cfg.TLS.CertFile, cfg.TLS.KeyFile)
 	p := supervisor.Policy{Interval: cfg.Interval(), MaxAttempts: cfg.MaxAttempts()}
 	edges := make([]supervisor.Edge, 0, len(cfg.Edges))
+	peers := &edgePeers{held: map[string]int{}}
 	for i, e := range cfg.Edges {
 		elog := log
 		if len(cfg.Edges) > 1 {
@@ -120,6 +122,10 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 			// SPEC E4: the edge admits at most this share of each adapter.
 			CapacityShare: e.CapacityShare,
 		}
+		if len(cfg.Edges) > 1 {
+			// SPEC S1: two entries that reach one edge are one edge.
+			so.ClaimPeer = func(remote string) (func(), error) { return peers.claim(cfg.Edges, i, remote) }
+		}
 		if opener != nil {
 			// SPEC C3: the edge binds this process's leases to its boot (a
 			// restart invalidates them) and checks its issuer key against
@@ -139,6 +145,39 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 		log.Info("node starting", "edge", e.Name, "edge_addr", e.Addr, "reconnect_interval_ms", p.Interval.Milliseconds(), "max_attempts", p.MaxAttempts)
 	}
 	return supervisor.RunEdges(ctx, p, edges)
+}
+
+// edgePeers are the edge addresses the sessions of a Node with several
+// edges are connected to (SPEC S1): edges[] entries are distinct as
+// written, but two of them can still reach one edge (a host name and its
+// address, two names of one host), and that edge would see the node's
+// two sessions take its identity from each other at every reconnect (L4).
+// The session that dials an address another entry's session holds goes
+// no further and is retried every reconnect interval like a down edge
+// (its attempts do not count while the other session is ready, S2).
+type edgePeers struct {
+	mu   sync.Mutex
+	held map[string]int // remote "ip:port" → the edges[] index connected to it
+}
+
+// claim records that entry i's session is connected to remote, or refuses
+// it, naming both entries, when another entry's session is. release
+// forgets the claim.
+func (p *edgePeers) claim(edges []config.Edge, i int, remote string) (release func(), err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if j, ok := p.held[remote]; ok && j != i {
+		return nil, fmt.Errorf("edges[%d] %s reaches the edge address %s that edges[%d] %s is connected to: one edge listed twice (remove one entry)",
+			i, edges[i].Addr, remote, j, edges[j].Addr)
+	}
+	p.held[remote] = i
+	return func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.held[remote] == i {
+			delete(p.held, remote)
+		}
+	}, nil
 }
 
 // adapterExecutor returns the factory that turns a NodeConfigPayload into the

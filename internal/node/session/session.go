@@ -82,6 +82,10 @@ import (
 var (
 	// ErrDial: the TCP dial failed or timed out (Timeouts.Dial).
 	ErrDial = errors.New("session: dial edge")
+	// ErrSameEdge: Options.ClaimPeer refused the connection: another of
+	// the node's edges[] entries is connected to the same edge address
+	// (SPEC S1: one session per edge).
+	ErrSameEdge = errors.New("session: another edges[] entry is connected to this edge")
 	// ErrHandshake: the TLS handshake failed (wrong CA, role or name, SPEC
 	// I2) or exceeded Timeouts.Handshake.
 	ErrHandshake = errors.New("session: TLS handshake")
@@ -233,6 +237,14 @@ type Options struct {
 	// before the live session runs (the supervisor of a Node with several
 	// edges counts attempts by it, supervisor.RunEdges).
 	OnReady func()
+	// ClaimPeer, when set, is asked right after the dial, with the
+	// connection's remote address ("ip:port"), whether this session may
+	// go on (SPEC S1): a Node with several edges refuses a second
+	// connection to an address another edge's session holds, since two
+	// sessions to one edge take the node's identity from each other (L4).
+	// An error ends the attempt before the TLS handshake (ErrSameEdge);
+	// release is called once when the session ends.
+	ClaimPeer func(remote string) (release func(), err error)
 	// Dial opens the connection to Addr ("tcp"), bounded by Timeouts.Dial
 	// through ctx; nil = a net.Dialer. Tests pass the client end of a
 	// net.Pipe to drive the heartbeat timers with testing/synctest.
@@ -299,6 +311,14 @@ func Connect(ctx context.Context, o Options) (reachedReady bool, err error) {
 			return false, context.Cause(ctx)
 		}
 		return false, fmt.Errorf("%w %s: %w", ErrDial, o.Addr, err)
+	}
+	if o.ClaimPeer != nil {
+		release, err := o.ClaimPeer(raw.RemoteAddr().String())
+		if err != nil {
+			raw.Close()
+			return false, fmt.Errorf("%w: %w", ErrSameEdge, err)
+		}
+		defer release()
 	}
 	cfg := o.TLS
 	if cfg.ServerName == "" {
