@@ -317,6 +317,9 @@ func TestOperatorPage(t *testing.T) {
 	if !strings.Contains(nodeRow, "connected") || strings.Contains(nodeRow, "disconnected") {
 		t.Errorf("node row %q, want it connected", nodeRow)
 	}
+	if !strings.Contains(nodeRow, "current") { // N2: the config column
+		t.Errorf("node row %q, want its config current", nodeRow)
+	}
 	if !strings.Contains(errorsTable, "page-404") {
 		t.Errorf("last errors %q lack the 404's request id", errorsTable)
 	}

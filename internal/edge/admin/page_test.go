@@ -62,6 +62,14 @@ func TestPage(t *testing.T) {
 			t.Errorf("page lacks %s", id)
 		}
 	}
+	// N2, E4: a node's config state and why it cannot run this edge's
+	// config (say an adapter another edge runs under that name) are on the
+	// page, not only in /status.
+	for _, f := range []string{"<th>config</th>", "n.config ===", "n.config_error"} {
+		if !strings.Contains(body, f) {
+			t.Errorf("page lacks the nodes' config column: %s", f)
+		}
+	}
 	if strings.Contains(body, "<script>alert") || !strings.Contains(body, "v1&lt;script&gt;") {
 		t.Error("the version is not HTML-escaped")
 	}
