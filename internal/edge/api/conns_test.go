@@ -189,6 +189,26 @@ func TestConnectionShedding(t *testing.T) {
 					t.Error("the longest-idle connection without a key was not shed, yet keyed clients got slots beyond the bound")
 				}
 			}},
+		// A /healthz request (no key needed) that declares a body and never
+		// sends it: net/http reads an unread body of up to 256 KiB before it
+		// writes the answer, so unless the edge closes such a connection
+		// after the answer it stays serving that request, which is never
+		// shed.
+		{name: "max+1 /healthz requests holding a declared body: every keyed request on a new connection is served", max: 50,
+			run: func(t *testing.T, r *connRig) {
+				for _, line := range []string{"GET /healthz", "POST /healthz", "HEAD /healthz"} {
+					for range 17 {
+						rc := r.dial(t)
+						if _, err := io.WriteString(rc.c, line+" HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{"); err != nil {
+							t.Fatal(err)
+						}
+						r.wait(t, http.StateActive, 1) // one at a time: none is still fresh, and shed, at the next accept
+					}
+				}
+				if got := r.served(t, 20); !all(got, 200) {
+					t.Fatalf("keyed requests got %v, want 200 each", got)
+				}
+			}},
 		{name: "connections that never send a byte crowd out nobody", max: 10,
 			run: func(t *testing.T, r *connRig) {
 				for range 30 {

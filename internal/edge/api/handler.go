@@ -331,8 +331,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // healthz answers GET /healthz: 200 {"status":"ok"}, or 503
-// {"status":"draining"} after Drain.
+// {"status":"draining"} after Drain. A request that declares a body (it
+// needs none, and no key) gets its answer with the connection closed
+// after it (closeUnread): net/http would otherwise wait for an unread
+// body of up to 256 KiB before writing the answer, and a connection
+// serving a request is never shed, so such requests held open could take
+// every slot of http.max_connections from clients with a key (conns.go).
 func healthz(w http.ResponseWriter, r *http.Request, ok bool) {
+	closeUnread(w, r)
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		methodNotAllowed(w, surfaceOpenAI, "GET")
 		return
