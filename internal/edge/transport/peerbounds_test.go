@@ -248,49 +248,33 @@ func TestRateLimitedRegistrationKeepsOwner(t *testing.T) {
 }
 
 // Node listener before the handshake: at most MaxHandshakes connections
-// may sit in their TLS handshake; one more is closed at accept (not held
-// until HandshakeTimeout), and a real node still gets in once they end.
-// The handshake deadline ends the idle ones.
+// may sit in their TLS handshake; at the bound a new one takes the slot of
+// the one in its handshake longest, which is closed — so a real node gets
+// in while an attacker holds the bound's worth of idle connections (were
+// the new one refused instead, anyone renewing MaxHandshakes idle
+// connections before HandshakeTimeout would keep every node out), and
+// however many connections arrive, at most MaxHandshakes stay open.
 func TestHandshakesBounded(t *testing.T) {
 	leakcheck.Check(t)
 	const max = 4
 	h := newHarness(t, harnessOpts{modify: func(o *Options) {
-		o.MaxHandshakes, o.HandshakeTimeout = max, 2*time.Second
+		o.MaxHandshakes, o.HandshakeTimeout = max, time.Minute // no deadline frees a slot in this test
 	}})
+	rawDial := func() net.Conn {
+		t.Helper()
+		c, err := h.dialer()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
 	idle := make([]net.Conn, 0, max)
 	for range max {
-		c, err := h.dialer()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		idle = append(idle, c)
+		idle = append(idle, rawDial())
 	}
-	// Each idle connection is counted once its goroutine is running; a
-	// probe closed at once proves the bound is reached.
-	deadline := time.Now().Add(wait)
-	for {
-		c, err := h.dialer()
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
-		_, err = c.Read(make([]byte, 1))
-		c.Close()
-		if closedNotTimedOut(err) {
-			break // closed at accept
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("a connection over MaxHandshakes=%d was not closed at accept (read: %v)", max, err)
-		}
-	}
-	// The handshake deadline closes the idle ones.
-	for i, c := range idle {
-		c.SetReadDeadline(time.Now().Add(wait))
-		if _, err := c.Read(make([]byte, 1)); !closedNotTimedOut(err) {
-			t.Fatalf("idle connection %d: read %v, want it closed at the handshake deadline", i, err)
-		}
-	}
+	// Accepted in the order they connected: the node's connection comes
+	// after the four idle ones and takes the oldest one's slot.
 	n := h.dial("gpu-1")
 	n.connect("gpu-1")
 	h.wantHooks(hookCall{"ready", "gpu-1", 1})
@@ -299,9 +283,38 @@ func TestHandshakesBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	st.Close()
-	if strings.Count(h.logs.String(), "too many TLS handshakes in progress") == 0 {
-		t.Error("the refusal at accept was not logged")
+	if !closed(idle[0], wait) {
+		t.Fatal("the connection in its handshake longest was not closed when a new one came at the bound")
 	}
+	// A flood: each new connection sheds the oldest; the newest max stay.
+	var flood []net.Conn
+	for range 20 {
+		flood = append(flood, rawDial())
+	}
+	for i, c := range append(idle[1:], flood[:len(flood)-max]...) {
+		if !closed(c, wait) {
+			t.Fatalf("connection %d of the flood's oldest was not closed: more than MaxHandshakes=%d held", i, max)
+		}
+	}
+	for i, c := range flood[len(flood)-max:] {
+		if closed(c, 200*time.Millisecond) {
+			t.Errorf("one of the %d newest connections (%d) was closed: the bound sheds the oldest", max, i)
+		}
+	}
+	if got := h.srv.handshakes.len(); got > max {
+		t.Errorf("%d connections in their handshake, want at most %d", got, max)
+	}
+	if strings.Count(h.logs.String(), "too many in progress") == 0 {
+		t.Error("shedding a connection in its handshake was not logged")
+	}
+}
+
+// closed reports whether the server closes c within d (a read ends with
+// EOF or a reset rather than its deadline).
+func closed(c net.Conn, d time.Duration) bool {
+	c.SetReadDeadline(time.Now().Add(d))
+	_, err := c.Read(make([]byte, 1))
+	return closedNotTimedOut(err)
 }
 
 // closedNotTimedOut reports whether a read error says the peer closed the

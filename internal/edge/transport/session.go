@@ -2,6 +2,7 @@ package transport
 
 import (
 	"bufio"
+	"container/list"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -28,7 +29,8 @@ type session struct {
 	s   *Server
 	id  registry.ConnID
 	raw net.Conn
-	tc  *tls.Conn // set before the writer starts
+	hs  *list.Element // raw's entry in Server.handshakes, until its handshake ends
+	tc  *tls.Conn     // set before the writer starts
 	// peer is the certificate's node name (SPEC I3); set before the read
 	// loop starts.
 	peer string
@@ -90,13 +92,14 @@ func (s *Server) newSession(raw net.Conn) *session {
 
 // serveConn is the connection goroutine: handshake, then the read loop,
 // then teardown.
-func (s *Server) serveConn(raw net.Conn) {
+func (s *Server) serveConn(raw net.Conn, hs *list.Element) {
 	defer s.wg.Done()
 	c := s.newSession(raw)
+	c.hs = hs
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
-		s.handshaking.Add(-1)
+		s.handshakes.done(hs)
 		raw.Close()
 		return
 	}
@@ -177,7 +180,7 @@ func (c *session) run(hb heartbeat) error {
 	c.raw.SetDeadline(time.Now().Add(o.HandshakeTimeout))
 	tc := tls.Server(c.raw, o.TLS)
 	err := tc.Handshake()
-	c.s.handshaking.Add(-1) // counted at accept (Serve)
+	c.s.handshakes.done(c.hs) // admitted at accept (Serve)
 	if err != nil {
 		// SPEC I2: no certificate, wrong CA, role or name end here. Anyone
 		// who can reach the port can cause this line: it is rate limited.

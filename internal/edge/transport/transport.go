@@ -14,7 +14,8 @@
 //
 // What a node (or anyone reaching node_listen) sends is bounded before it
 // costs memory: at most Options.MaxHandshakes connections may be in their
-// TLS handshake (one more is closed at accept), the handshake has
+// TLS handshake (one more takes the slot of the one in its handshake
+// longest, which is closed: handshakes.go), the handshake has
 // Options.HandshakeTimeout and its refusals are logged at most
 // ratelog.DefaultBurst lines a second with a count of suppressed ones; one
 // node identity registers at most Options.RegisterBurst times at once and
@@ -106,8 +107,8 @@ const (
 	DefaultRegisterInterval = 2 * time.Second
 	// DefaultMaxHandshakes bounds the connections accepted on node_listen
 	// that have not finished their TLS handshake (each costs a goroutine
-	// and ~12 KiB until HandshakeTimeout); beyond it a new connection is
-	// closed at accept.
+	// and ~12 KiB until HandshakeTimeout); beyond it a new connection
+	// takes the slot of the one in its handshake longest, which is closed.
 	DefaultMaxHandshakes = 256
 )
 
@@ -232,13 +233,13 @@ type Server struct {
 	served atomic.Bool
 
 	// handshakeLog, protoLog and peerLog bound the lines a peer can cause
-	// at will: refused TLS handshakes and connections over MaxHandshakes
+	// at will: refused TLS handshakes and connections shed at MaxHandshakes
 	// (anyone who reaches the port), stream protocol errors and bounded
 	// fields (a node), refused registrations and readies (a node
 	// certificate), ratelog.DefaultBurst a second each.
 	handshakeLog, protoLog, peerLog ratelog.Limiter
 
-	handshaking atomic.Int64 // connections accepted whose handshake has not ended
+	handshakes handshakes // connections accepted whose handshake has not ended
 
 	// beforeConnClosed and afterConnClosed, when set (tests only), run in
 	// a session's teardown around its ConnClosed transition.
@@ -322,16 +323,16 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			// Bound what anyone who reaches the port can hold before
 			// proving an identity, as http.max_connections bounds the
 			// client listener: past MaxHandshakes connections in their
-			// handshake a new one is closed at once, costing nothing.
-			if s.handshaking.Add(1) > int64(s.o.MaxHandshakes) {
-				s.handshaking.Add(-1)
-				raw.Close()
-				s.logLimited(&s.handshakeLog, "node connection closed at accept: too many TLS handshakes in progress",
+			// handshake a new one takes the slot of the one in its
+			// handshake longest, which is closed (handshakes.go).
+			e, shed := s.handshakes.admit(raw, s.o.MaxHandshakes)
+			if shed != nil {
+				shed.Close()
+				s.logLimited(&s.handshakeLog, "node connection closed before its TLS handshake ended: too many in progress; the longest in progress goes",
 					"max_handshakes", s.o.MaxHandshakes)
-				continue
 			}
 			s.wg.Add(1)
-			go s.serveConn(raw)
+			go s.serveConn(raw, e)
 			continue
 		}
 		if ctx.Err() != nil || errors.Is(aerr, net.ErrClosed) {
