@@ -49,6 +49,20 @@ func TestIngressBounds(t *testing.T) {
 					t.Errorf("usage %v kept", env.GetRunEvent().GetUsage())
 				}
 			}},
+		{"usage of exactly MaxUsageTokens is kept", &iop.Envelope{Kind: &iop.Envelope_TunnelFrame{TunnelFrame: &iop.ProviderTunnelFrame{
+			Kind: iop.TunnelFrameKind_TUNNEL_FRAME_USAGE, Usage: &iop.Usage{PromptTokens: MaxUsageTokens, CompletionTokens: MaxUsageTokens, TotalTokens: MaxUsageTokens}}}}, "",
+			func(t *testing.T, env *iop.Envelope) {
+				if env.GetTunnelFrame().GetUsage().GetPromptTokens() != MaxUsageTokens {
+					t.Errorf("usage at the bound: %v, want it kept", env.GetTunnelFrame().GetUsage())
+				}
+			}},
+		{"usage of MaxUsageTokens+1 in one count is dropped", &iop.Envelope{Kind: &iop.Envelope_RunEvent{RunEvent: &iop.RunEvent{
+			Type: iop.RunEventType_RUN_EVENT_COMPLETE, Usage: &iop.Usage{PromptTokens: 3, CompletionTokens: MaxUsageTokens + 1, TotalTokens: 4}}}}, "usage",
+			func(t *testing.T, env *iop.Envelope) {
+				if env.GetRunEvent().GetUsage() != nil {
+					t.Errorf("usage %v kept", env.GetRunEvent().GetUsage())
+				}
+			}},
 		{"negative usage is dropped", &iop.Envelope{Kind: &iop.Envelope_TunnelFrame{TunnelFrame: &iop.ProviderTunnelFrame{
 			Kind: iop.TunnelFrameKind_TUNNEL_FRAME_USAGE, Usage: &iop.Usage{CompletionTokens: -5}}}}, "usage",
 			func(t *testing.T, env *iop.Envelope) {
