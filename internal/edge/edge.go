@@ -66,8 +66,15 @@ type Options struct {
 type Addrs struct{ HTTP, Node, Admin net.Addr }
 
 // PoolConfig projects the Edge config onto the provider pool's config
-// (SPEC Q1: dispatch targets are exactly models[].providers).
-func PoolConfig(c *config.Config) pool.Config {
+// (SPEC Q1: dispatch targets are exactly models[].providers). mat (nil =
+// none) is the credential material: a route whose slot the secret store
+// removed (mat.RouteRevoked, `edge secrets rm`) is no candidate while its
+// model group has a route that is not revoked — it could issue no lease,
+// and a request bound to it could fall back to no other slot (SPEC C6), so
+// choosing it failed a request another route could serve. A group whose
+// every route is revoked keeps them all: its requests get 502
+// credential_unavailable, which says why.
+func PoolConfig(c *config.Config, mat *creds.Material) pool.Config {
 	pc := pool.Config{MaxWaiters: *c.Queue.MaxWaiters, WaitTimeout: time.Duration(c.Queue.WaitTimeoutMs) * time.Millisecond}
 	for _, n := range c.Nodes {
 		pc.Nodes = append(pc.Nodes, n.ID)
@@ -93,7 +100,16 @@ func PoolConfig(c *config.Config) pool.Config {
 		if m.AffinityBalance != nil {
 			g.Balance = *m.AffinityBalance
 		}
+		live := 0 // routes not revoked
 		for _, mp := range m.Providers {
+			if !mat.RouteRevoked(m.Name, mp.Node, mp.Provider) {
+				live++
+			}
+		}
+		for _, mp := range m.Providers {
+			if live > 0 && mat.RouteRevoked(m.Name, mp.Node, mp.Provider) {
+				continue
+			}
 			cd := pool.Candidate{
 				Key:            pool.Key{Node: mp.Node, Provider: mp.Provider},
 				Target:         mp.Target,
@@ -180,7 +196,7 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 		return err
 	}
 
-	p := pool.New(PoolConfig(cfg), pool.SystemClock())
+	p := pool.New(PoolConfig(cfg, mat), pool.SystemClock())
 	bus := &events.Bus{}
 	var ht *health.Tracker // set below, before any hook can run (Serve)
 	var tr *transport.Server
@@ -590,7 +606,7 @@ func install(ctx context.Context, log *slog.Logger, nc *config.Config, mat *cred
 	nc.CredentialProjection = mat.Projection()
 	plane.Swap(mat) // a removed slot is never issued again from here on (SPEC C6)
 	cur.Store(nc)
-	p.Reconfigure(PoolConfig(nc))
+	p.Reconfigure(PoolConfig(nc, mat))
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	for _, r := range tr.RefreshAll(rctx) {

@@ -241,6 +241,17 @@ func (m *Material) Revoked() []string {
 	return out
 }
 
+// RouteRevoked reports whether the route of model to node/provider is one
+// of Revoked's: its slot was removed from the store, so it issues no lease
+// (Lease: ErrRevoked). False for a nil Material and with the plane off.
+func (m *Material) RouteRevoked(model, node, provider string) bool {
+	if m == nil {
+		return false
+	}
+	_, revoked := m.revoked[routeKey{model, node, provider}]
+	return revoked
+}
+
 // Enabled reports whether the plane is on.
 func (m *Material) Enabled() bool { return m.enabled }
 
