@@ -189,7 +189,7 @@ func TestConnectionShedding(t *testing.T) {
 					t.Error("the longest-idle connection without a key was not shed, yet keyed clients got slots beyond the bound")
 				}
 			}},
-		// A /healthz request (no key needed) that declares a body and never
+		// B2: a /healthz request (no key needed) that declares a body and never
 		// sends it: net/http reads an unread body of up to 256 KiB before it
 		// writes the answer, so unless the edge closes such a connection
 		// after the answer it stays serving that request, which is never

@@ -261,13 +261,14 @@ func TestRateLimitedRegistrationKeepsOwner(t *testing.T) {
 	h.noHooks()
 }
 
-// Node listener before the handshake: at most MaxHandshakes connections
-// may sit in their TLS handshake; at the bound a new one takes the slot of
-// the one in its handshake longest, which is closed — so a real node gets
-// in while an attacker holds the bound's worth of idle connections (were
-// the new one refused instead, anyone renewing MaxHandshakes idle
-// connections before HandshakeTimeout would keep every node out), and
-// however many connections arrive, at most MaxHandshakes stay open.
+// B1 (node listener before the handshake): at most MaxHandshakes
+// connections may sit in their TLS handshake; at the bound a new one takes
+// the slot of the one in its handshake longest, which is closed — so a
+// real node gets in while an attacker holds the bound's worth of idle
+// connections (were the new one refused instead, anyone renewing
+// MaxHandshakes idle connections before HandshakeTimeout would keep every
+// node out), and however many connections arrive, at most MaxHandshakes
+// stay open.
 func TestHandshakesBounded(t *testing.T) {
 	leakcheck.Check(t)
 	const max = 4
