@@ -9,8 +9,9 @@
 // Generations: a node's projection generation rises (to the wall clock in
 // Unix ms, or the previous value + 1 if that is not higher) whenever a
 // reload changes what its leases would say — a route to it, a slot's
-// revision, its recipient key or the issuer key — and stays otherwise, so
-// an unrelated reload refreshes no node. The node rejects leases of an
+// revision, its recipient key or the lease lifetime — and stays otherwise
+// (a new issuer key included: leases signed with the old one stay valid
+// while the node trusts it), so an unrelated reload refreshes no node. The node rejects leases of an
 // older generation or an older slot revision than its payload names (SPEC
 // C6: none for another revision or generation).
 //
@@ -199,7 +200,13 @@ func (m *Material) project(cfg *config.Config, prev *Material, now time.Time) {
 		l := lines[n.ID]
 		sort.Strings(l)
 		h := sha256.New()
-		fmt.Fprintf(h, "issuer %s ttl %d recipient %s\n", m.issuer.KeyID(), m.issuer.TTL(), m.recipients[n.ID].KeyID())
+		// Not the issuer key: a lease signed with the old one still opens
+		// on a node that trusts both (the rotation's overlap, SPEC C3), and
+		// raising the generation with the key made one issued just before
+		// the switch fail on a node that applied the refreshed payload
+		// before it arrived. The node stops trusting the old key when its
+		// own config drops it.
+		fmt.Fprintf(h, "ttl %d recipient %s\n", m.issuer.TTL(), m.recipients[n.ID].KeyID())
 		for _, s := range l {
 			fmt.Fprintln(h, s)
 		}

@@ -277,6 +277,36 @@ func TestProjectionGenerations(t *testing.T) {
 	}
 }
 
+// C3 (issuer key rotation with overlap): a reload that only switches the
+// issuer key raises no node's projection generation, so a lease signed
+// with the old key just before the switch still opens on a node that has
+// applied the refreshed payload (and trusts both keys); the payload names
+// the new key's id.
+func TestC3IssuerSwitchKeepsGeneration(t *testing.T) {
+	f := newFixture(t)
+	m1, err := Load(f.config(t, true), nil, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := identity.NewIssuer(f.dir, "issuer-2", false); err != nil {
+		t.Fatal(err)
+	}
+	old := filepath.Join(f.dir, identity.IssuerKeyFile)
+	m2, err := Load(f.config(t, true, [2]string{old, filepath.Join(f.dir, "issuer-2.key")}), m1, t0.Add(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, node := range []string{"gpu-1", "gpu-2"} {
+		p1, p2 := m1.Projection().Nodes[node], m2.Projection().Nodes[node]
+		if p2.Generation != p1.Generation {
+			t.Errorf("C3: %s's generation %d → %d on an issuer switch, want it kept (leases in flight would be refused)", node, p1.Generation, p2.Generation)
+		}
+		if p2.IssuerKeyID == p1.IssuerKeyID {
+			t.Errorf("%s: the payload's issuer key id did not change", node)
+		}
+	}
+}
+
 // C1: Load fails, naming what is wrong, when a file is missing or a slot
 // is absent or does not open with the key.
 func TestLoadErrors(t *testing.T) {
