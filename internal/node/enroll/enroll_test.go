@@ -173,6 +173,31 @@ func TestJoinWritesANodeDirectory(t *testing.T) {
 	}
 }
 
+// J3: an empty directory that exists (made beforehand, as install.md's
+// state directory is) is replaced by the joined one in the one rename; a
+// join must not be granted, using the token, and then fail to write it.
+func TestJoinIntoAnEmptyDirectory(t *testing.T) {
+	leakcheck.Check(t)
+	f := newFakeEdge(t)
+	dir := filepath.Join(t.TempDir(), "gpu-3")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Join(context.Background(), JoinOptions{Edge: f.addr, Token: f.token(t), Dir: dir, Name: "gpu-3"}); err != nil {
+		t.Fatalf("J3 Join into an existing empty directory: %v", err)
+	}
+	if _, err := nodeconfig.Load(filepath.Join(dir, ConfigFile)); err != nil {
+		t.Errorf("J3 node.json: %v", err)
+	}
+	if got := mode(t, dir); got != 0o700 {
+		t.Errorf("J3 the directory's mode is %v, want 0700 (it holds private keys)", got)
+	}
+	leftovers, _ := filepath.Glob(filepath.Join(filepath.Dir(dir), ".*"))
+	if len(leftovers) > 0 {
+		t.Errorf("J3 temporary files left: %v", leftovers)
+	}
+}
+
 // J1 J3: every failed join leaves nothing at the directory (an empty one
 // that existed stays empty): the edge refusing, an edge whose CA is not
 // the pinned one (nothing is even sent), an answer for another key, a

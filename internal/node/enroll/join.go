@@ -26,6 +26,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"time"
 
 	"iop/internal/identity"
@@ -381,8 +382,11 @@ func (w *dirWriter) commit() error {
 	if err := storefile.SyncDir(w.tmp); err != nil {
 		return fmt.Errorf("%w: %w", ErrBadDir, err)
 	}
-	if err := os.Rename(w.tmp, w.dir); err != nil {
-		return fmt.Errorf("%w: %w (is %s still empty?)", ErrBadDir, err, w.dir)
+	// syscall.Rename, not os.Rename: os.Rename refuses any existing
+	// directory as the target, rename(2) replaces an empty one atomically
+	// (and fails on one that is not empty).
+	if err := syscall.Rename(w.tmp, w.dir); err != nil {
+		return fmt.Errorf("%w: rename %s to %s: %w (is %s still empty?)", ErrBadDir, w.tmp, w.dir, err, w.dir)
 	}
 	w.done = true
 	return storefile.SyncDir(filepath.Dir(w.dir))
