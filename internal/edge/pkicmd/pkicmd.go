@@ -209,6 +209,9 @@ func printFiles(w io.Writer, dir string, files []string) {
 // printRecipients prints, per node, the edge config line to paste into
 // nodes[] for that node.
 func printRecipients(stdout, stderr io.Writer, cmd, dir string, nodes []string) int {
+	if len(nodes) == 0 {
+		return ExitOK // nodes that join with a token (SPEC J1) need no nodes[] entry
+	}
 	fmt.Fprintln(stdout, "\nedge config nodes[].lease_recipient_public_key:")
 	for _, n := range nodes {
 		pub, err := identity.LoadRecipientPublicKey(filepath.Join(dir, identity.RecipientPubFileName(n)))

@@ -29,7 +29,12 @@ func TestPKICommand(t *testing.T) {
 			wantCode: ExitUsage, wantErr: []string{"missing -dir"}},
 		// J1: an edge whose nodes join with tokens needs no node certificate.
 		{name: "I1 J1 init without -node writes the CA, the edge and the issuer", args: func(d string) []string { return []string{"init", "-dir", d, "-edge", "e"} },
-			wantCode: ExitOK, wantOut: []string{"wrote $DIR/ca.crt", "wrote $DIR/e.crt", "wrote $DIR/issuer.pub"}},
+			wantCode: ExitOK, wantOut: []string{"wrote $DIR/ca.crt", "wrote $DIR/e.crt", "wrote $DIR/issuer.pub"},
+			check: func(t *testing.T, _, stdout string) {
+				if strings.Contains(stdout, "lease_recipient_public_key") {
+					t.Errorf("J1 without -node there is no nodes[] line to paste, but stdout names one:\n%s", stdout)
+				}
+			}},
 		{name: "I1 init unknown flag", args: func(d string) []string { return []string{"init", "-dir", d, "-bogus"} },
 			wantCode: ExitUsage, wantErr: []string{"-bogus"}},
 		{name: "I1 init stray argument", args: func(d string) []string { return []string{"init", "-dir", d, "-edge", "e", "-node", "n", "extra"} },
