@@ -176,6 +176,50 @@ func TestRenew(t *testing.T) {
 	}
 }
 
+// J1: a store file that group or others may write is refused by name and
+// mode (its writer could add a token whose secret they know), by the
+// running edge too, which keeps the last store read; one they may only
+// read is taken (it holds secrets only hashed).
+func TestStoreFileMode(t *testing.T) {
+	e := newEdgeEnv(t, nil)
+	if err := Update(e.store, func(st *Store) error { st.RevokeNode("gpu-3", time.Now()); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if !e.f.reread() {
+		t.Fatal("the revocation was not read")
+	}
+	for _, tt := range []struct {
+		mode    os.FileMode
+		refused bool
+	}{{0o600, false}, {0o644, false}, {0o640, false}, {0o620, true}, {0o602, true}, {0o666, true}} {
+		if err := os.Chmod(e.store, tt.mode); err != nil {
+			t.Fatal(err)
+		}
+		_, err := LoadStore(e.store)
+		if got := err != nil; got != tt.refused {
+			t.Errorf("J1 mode %v: LoadStore error %v, want refused=%v", tt.mode, err, tt.refused)
+		}
+		if tt.refused && (!errors.Is(err, ErrBadStore) || !strings.Contains(err.Error(), "chmod 600") || !strings.Contains(err.Error(), e.store)) {
+			t.Errorf("J1 mode %v: %v does not name the file and the fix", tt.mode, err)
+		}
+	}
+	// A writer changes the file's time (a chmod alone does not, and is
+	// seen at the next write).
+	later := time.Now().Add(time.Minute)
+	if err := os.Chtimes(e.store, later, later); err != nil {
+		t.Fatal(err)
+	}
+	if e.f.reread() {
+		t.Error("J1 the edge took a store others may write")
+	}
+	if _, revoked, _ := e.f.Inputs(); !revoked["gpu-3"] {
+		t.Error("J1 a refused store dropped the revocation the edge had read")
+	}
+	if !strings.Contains(e.log.String(), "lets group or others write it") {
+		t.Errorf("J1 the edge did not log why it refused the store: %s", e.log.String())
+	}
+}
+
 // J6: a store file that does not parse (a hand edit cut short) keeps the
 // last store read and is reported once per change of the file, not at
 // every look (four lines a second for as long as it stays broken); a good

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"sort"
@@ -75,14 +76,20 @@ var ErrBadStore = errors.New("fleet: invalid enrollment store")
 const keptSerials = 2
 
 // LoadStore reads the store at path; a missing file is an empty store.
-// A malformed file is ErrBadStore; the error never quotes the file.
+// A malformed file is ErrBadStore; the error never quotes the file. So
+// is a file that group or others may write (SPEC J1): whoever writes it
+// can add a token whose secret they know and have the CA sign a node
+// certificate. Reading it is harmless (secrets are kept only hashed).
 func LoadStore(path string) (*Store, error) {
-	b, err := os.ReadFile(path)
+	b, mode, err := readStoreFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return &Store{Version: 1}, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("enrollment store: %w", err)
+	}
+	if mode&0o022 != 0 {
+		return nil, fmt.Errorf("enrollment store %s: %w: mode %v lets group or others write it, and so mint join tokens (chmod 600 it)", path, ErrBadStore, mode)
 	}
 	var s Store
 	dec := json.NewDecoder(bytes.NewReader(b))
@@ -111,6 +118,21 @@ func LoadStore(path string) (*Store, error) {
 		names[n.Name] = true
 	}
 	return &s, nil
+}
+
+// readStoreFile reads path and the permission bits of the file it read.
+func readStoreFile(path string) ([]byte, fs.FileMode, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, 0, err
+	}
+	b, err := io.ReadAll(f)
+	return b, fi.Mode().Perm(), err
 }
 
 // Save writes s to path atomically, mode 0600, tokens by creation and
