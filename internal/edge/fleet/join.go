@@ -33,6 +33,10 @@ const (
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 
+// ValidNodeName reports whether name may join (SPEC J1): 1-63 of letters,
+// digits, '.', '_', '-', starting with a letter or digit.
+func ValidNodeName(name string) bool { return nameRE.MatchString(name) }
+
 // ServeJoin answers one join connection (SPEC J1, J2, J4): its TLS
 // handshake is done and negotiated identity.JoinALPN. It reads one
 // NodeJoinRequest (at most MaxJoinRequest bytes, within JoinTimeout),

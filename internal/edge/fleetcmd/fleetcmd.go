@@ -203,10 +203,10 @@ func tokensCreate(args []string, stdout, stderr io.Writer, now func() time.Time)
 	switch {
 	case *node != "" && *prefix != "":
 		bad = append(bad, "-node and -prefix exclude each other")
-	case *node != "" && identity.ValidateName(*node) != nil:
-		bad = append(bad, fmt.Sprintf("-node %q: %v", *node, identity.ValidateName(*node)))
-	case *prefix != "" && identity.ValidateName(*prefix+"x") != nil:
-		bad = append(bad, fmt.Sprintf("-prefix %q: allowed are letters, digits, '.', '_', '-'", *prefix))
+	case *node != "" && !fleet.ValidNodeName(*node):
+		bad = append(bad, fmt.Sprintf("-node %q: a node name is 1-63 of letters, digits, '.', '_', '-', starting with a letter or digit", *node))
+	case *prefix != "" && !fleet.ValidNodeName(*prefix):
+		bad = append(bad, fmt.Sprintf("-prefix %q: a node name's start, 1-63 of letters, digits, '.', '_', '-', starting with a letter or digit (no name could join with it)", *prefix))
 	}
 	if *ttl < MinTokenTTL || *ttl > MaxTokenTTL {
 		bad = append(bad, fmt.Sprintf("-ttl %v: want between %v and %v", *ttl, MinTokenTTL, MaxTokenTTL))

@@ -89,6 +89,11 @@ func TestTokens(t *testing.T) {
 		{"J1 -node and -prefix", []string{"create", "-config", cfg, "-node", "gpu-1", "-prefix", "gpu-"}, ExitUsage, "exclude each other"},
 		{"J1 a ttl over 30 days", []string{"create", "-config", cfg, "-node", "gpu-1", "-ttl", "800h"}, ExitUsage, "-ttl"},
 		{"J1 no uses", []string{"create", "-config", cfg, "-node", "gpu-1", "-uses", "0"}, ExitUsage, "-uses"},
+		// J1: a token no node could join with is refused when it is made.
+		{"J1 a -node longer than a node name", []string{"create", "-config", cfg, "-node", "gpu-" + strings.Repeat("a", 60)}, ExitUsage, "1-63"},
+		{"J1 a -prefix longer than a node name", []string{"create", "-config", cfg, "-prefix", "gpu-" + strings.Repeat("a", 60)}, ExitUsage, "no name could join"},
+		{"J1 a -prefix no name starts with", []string{"create", "-config", cfg, "-prefix", ".gpu"}, ExitUsage, "no name could join"},
+		{"J1 a -node with a slash", []string{"create", "-config", cfg, "-node", "gpu/1"}, ExitUsage, "1-63"},
 		{"J7 a name no template matches", []string{"create", "-config", cfg, "-node", "cpu-1"}, ExitError, "no node_templates entry"},
 		{"J1 no -config", []string{"create", "-node", "gpu-1"}, ExitUsage, "missing -config"},
 		{"J1 enrollment off", []string{"create", "-config", edgeDir(t, true), "-node", "gpu-1"}, ExitError, "enrollment is off"},
