@@ -253,7 +253,10 @@ func (c *Capacity) bind(s *Set, edge string, share float64) error {
 }
 
 // unbind drops the claims s still holds (a later Set of the same edge
-// replaced the others).
+// replaced the others), and the count of each of its names that no Set
+// claims any more and no request runs on: the names a node was ever sent
+// do not pile up (a Set is closed after its requests returned, and only
+// the newest Set of an edge takes new ones).
 func (c *Capacity) unbind(s *Set, edge string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -263,6 +266,9 @@ func (c *Capacity) unbind(s *Set, edge string) {
 			if len(c.claims[name]) == 0 {
 				delete(c.claims, name)
 			}
+		}
+		if n := c.counts[name]; n != nil && c.claims[name] == nil && n.all.Load() == 0 {
+			delete(c.counts, name)
 		}
 	}
 }
