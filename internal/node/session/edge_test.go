@@ -10,12 +10,15 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"iop/internal/identity"
+	"iop/internal/leakcheck"
 	"iop/internal/node/session"
 	"iop/internal/wire"
 	iop "iop/proto/gen/iop"
@@ -350,4 +353,55 @@ func recvOn[T any](t *testing.T, ch <-chan T, what string) T {
 		var zero T
 		return zero
 	}
+}
+
+// J5: a node whose certificate expired while it was away (it could not
+// renew) is refused by the edge at the handshake, and its error says so
+// and what to do, not only the edge's TLS alert.
+func TestExpiredCertificateSaysSo(t *testing.T) {
+	leakcheck.Check(t)
+	dir := newPKI(t)
+	ca, err := identity.LoadCA(filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := identity.ID{TrustDomain: "iop.local", Role: identity.RoleNode, Name: nodeID}
+	key, err := identity.NewNodeKey(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := ca.SignNode(key.CSR, id, time.Now().Add(-2*time.Hour), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, identity.CertFileName(nodeID)), identity.CertificatePEM(der), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, identity.KeyFileName(nodeID)), key.KeyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e := startEdge(t, dir)
+	f := newFactory()
+	res, _ := startConnect(t, nodeOptions(t, dir, e.addr(), f), f)
+	select {
+	case c := <-e.conns: // the edge's side of the handshake, which refuses the certificate
+		c.SetDeadline(time.Now().Add(waitFor))
+		if err := tls.Server(c, e.cfg).Handshake(); err == nil {
+			t.Fatal("the edge accepted an expired certificate")
+		}
+		c.Close()
+	case <-time.After(waitFor):
+		t.Fatal("no connection from the node")
+	}
+	r := waitResult(t, res)
+	if r.ready || !strings.Contains(errText(r.err), "this node's certificate expired at") || !strings.Contains(errText(r.err), "node join") {
+		t.Fatalf("J5 an expired certificate: ready=%v err=%v, want an error saying it expired and how to join again", r.ready, r.err)
+	}
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }

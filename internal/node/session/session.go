@@ -350,7 +350,7 @@ func Connect(ctx context.Context, o Options) (reachedReady bool, err error) {
 		if ctx.Err() != nil {
 			return false, context.Cause(ctx)
 		}
-		return false, fmt.Errorf("%w: %w", ErrHandshake, err)
+		return false, fmt.Errorf("%w: %w%s", ErrHandshake, err, ownCertificateExpired(cfg, time.Now()))
 	}
 
 	s := newSession(sctx, cancel, conn, o, log)
@@ -358,6 +358,11 @@ func Connect(ctx context.Context, o Options) (reachedReady bool, err error) {
 	if err != nil {
 		if ctx.Err() != nil {
 			return false, context.Cause(ctx)
+		}
+		if hint := ownCertificateExpired(cfg, time.Now()); hint != "" {
+			// TLS 1.3: the edge's refusal of the certificate arrives as an
+			// alert at the first read, after the client's handshake.
+			return false, fmt.Errorf("%w%s", err, hint)
 		}
 		return false, err
 	}
@@ -508,4 +513,22 @@ func (s *session) readErr(err error, ioKind error) error {
 	default:
 		return fmt.Errorf("%w: %w", ioKind, err)
 	}
+}
+
+// ownCertificateExpired says, for a handshake that failed, when the
+// certificate this node presents expired (SPEC J5: a node away longer than
+// its certificate cannot renew it and joins again), so that the log says
+// what to do rather than only the edge's TLS alert; "" when it has not
+// expired or cannot be read.
+func ownCertificateExpired(cfg *tls.Config, now time.Time) string {
+	if cfg.GetClientCertificate == nil {
+		return ""
+	}
+	c, err := cfg.GetClientCertificate(&tls.CertificateRequestInfo{})
+	if err != nil || c == nil || c.Leaf == nil || now.Before(c.Leaf.NotAfter) {
+		return ""
+	}
+	return fmt.Sprintf(" (this node's certificate expired at %s: a node that joined with a token joins again with a new one,"+
+		" edge tokens create then node join into a new directory; one from edge pki needs edge pki issue -force)",
+		c.Leaf.NotAfter.UTC().Format(time.RFC3339))
 }
