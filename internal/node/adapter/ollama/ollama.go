@@ -20,6 +20,7 @@ import (
 
 	"iop/internal/ndjson"
 	"iop/internal/node/adapter/upstream"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 
 	"google.golang.org/protobuf/proto"
@@ -290,18 +291,18 @@ func toOpenAIToolCall(tc chatToolCall) (upstream.ToolCall, error) {
 func (d *Driver) Probe(ctx context.Context, target string) string {
 	req, err := d.EP.NewRequest(ctx, http.MethodGet, TagsPath, nil)
 	if err != nil {
-		return "unknown"
+		return protocol.HealthUnknown
 	}
 	resp, err := d.EP.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
-			return "unknown"
+			return protocol.HealthUnknown
 		}
-		return "unavailable"
+		return protocol.HealthUnavailable
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return "unavailable"
+		return protocol.HealthUnavailable
 	}
 	var tags struct {
 		Models []struct {
@@ -310,14 +311,14 @@ func (d *Driver) Probe(ctx context.Context, target string) string {
 		} `json:"models"`
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 4<<20)).Decode(&tags); err != nil {
-		return "unknown"
+		return protocol.HealthUnknown
 	}
 	for _, m := range tags.Models {
 		if upstream.SameModel(m.Name, target) || upstream.SameModel(m.Model, target) {
-			return "available"
+			return protocol.HealthAvailable
 		}
 	}
-	return "unavailable"
+	return protocol.HealthUnavailable
 }
 
 // NormalizeTag returns an Ollama model name with its tag; see

@@ -22,6 +22,7 @@ import (
 	"strings"
 
 	"iop/internal/node/adapter/upstream"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -113,7 +114,7 @@ func (d *Driver) attempt(ctx context.Context, target string, in *iop.RunInput, t
 func (d *Driver) Probe(ctx context.Context, target string) string {
 	health, models := d.Profile.GetHealthPath(), d.Profile.GetModelsPath()
 	if health == "" && models == "" {
-		return "unknown"
+		return protocol.HealthUnknown
 	}
 	if health != "" && health != models {
 		status, _, verdict := d.get(ctx, health, 0)
@@ -121,10 +122,10 @@ func (d *Driver) Probe(ctx context.Context, target string) string {
 			return verdict
 		}
 		if status < 200 || status > 299 {
-			return "unavailable"
+			return protocol.HealthUnavailable
 		}
 		if models == "" {
-			return "available"
+			return protocol.HealthAvailable
 		}
 	}
 	status, body, verdict := d.get(ctx, models, 4<<20)
@@ -132,7 +133,7 @@ func (d *Driver) Probe(ctx context.Context, target string) string {
 		return verdict
 	}
 	if status < 200 || status > 299 {
-		return "unavailable"
+		return protocol.HealthUnavailable
 	}
 	var list struct {
 		Data []struct {
@@ -145,24 +146,24 @@ func (d *Driver) Probe(ctx context.Context, target string) string {
 		} `json:"models"`
 	}
 	if err := json.Unmarshal(body, &list); err != nil {
-		return "unknown"
+		return protocol.HealthUnknown
 	}
 	for _, m := range list.Data {
 		if upstream.SameModel(m.ID, target) {
-			return "available"
+			return protocol.HealthAvailable
 		}
 		for _, a := range m.Aliases {
 			if upstream.SameModel(a, target) {
-				return "available"
+				return protocol.HealthAvailable
 			}
 		}
 	}
 	for _, m := range list.Models {
 		if upstream.SameModel(m.Name, target) || upstream.SameModel(m.Model, target) {
-			return "available"
+			return protocol.HealthAvailable
 		}
 	}
-	return "unavailable"
+	return protocol.HealthUnavailable
 }
 
 // get fetches rel and returns its status and up to limit body bytes; verdict
@@ -171,22 +172,22 @@ func (d *Driver) Probe(ctx context.Context, target string) string {
 func (d *Driver) get(ctx context.Context, rel string, limit int64) (int, []byte, string) {
 	req, err := d.EP.NewRequest(ctx, http.MethodGet, rel, nil)
 	if err != nil {
-		return 0, nil, "unknown"
+		return 0, nil, protocol.HealthUnknown
 	}
 	resp, err := d.EP.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
-			return 0, nil, "unknown"
+			return 0, nil, protocol.HealthUnknown
 		}
-		return 0, nil, "unavailable"
+		return 0, nil, protocol.HealthUnavailable
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, limit))
 	if err != nil {
 		if ctx.Err() != nil {
-			return 0, nil, "unknown"
+			return 0, nil, protocol.HealthUnknown
 		}
-		return 0, nil, "unavailable"
+		return 0, nil, protocol.HealthUnavailable
 	}
 	return resp.StatusCode, body, ""
 }
