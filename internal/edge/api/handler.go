@@ -69,7 +69,8 @@ type Options struct {
 	// Now is the clock of "created" fields and of every decision a request
 	// makes over its attempts (its re-dispatch deadline, a Retry-After date,
 	// the queue wait it records); nil means time.Now. Connection read
-	// deadlines and the access record's own timings use the wall clock.
+	// deadlines, the access record's own timings and the trace spans'
+	// times (trace.go) are measurements and use the wall clock.
 	Now func() time.Time
 	// NewID returns a fresh random token for "chatcmpl-<token>" and
 	// "call_<token>" ids; nil means crypto/rand text.
