@@ -150,6 +150,14 @@ func TestAdapterConflictAcrossEdges(t *testing.T) {
 			if !errors.Is(err, adapter.ErrAdapterConflict) || !strings.Contains(err.Error(), row.want) {
 				t.Fatalf("got %v, want ErrAdapterConflict containing %q", err, row.want)
 			}
+			// E4: the advice is one that works: the other edge's payload
+			// runs the old backend until that edge changes too, and then
+			// its own refresh meets this edge's (still the old one), so a
+			// backend changed edge by edge reaches the node only when it
+			// starts.
+			if msg := err.Error(); strings.Contains(msg, "change it on every edge") || !strings.Contains(msg, "another name") || !strings.Contains(msg, "restart") {
+				t.Errorf("E4: the refusal %q does not say to give the other backend another name or restart the node", msg)
+			}
 		})
 	}
 	// The same edge may change its own backend (a refresh); another edge

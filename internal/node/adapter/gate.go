@@ -236,7 +236,7 @@ func (c *Capacity) bind(s *Set, edge string, share float64) error {
 				if edge != "" {
 					this = "edge " + edge
 				}
-				return fmt.Errorf("adapter %q: %w: %s sent %s %q, edge %s runs %q under that name (one adapter name is one backend on a node: change it on every edge, or name the other backend differently)",
+				return fmt.Errorf("adapter %q: %w: %s sent %s %q, edge %s runs %q under that name (one adapter name is one backend on a node: give the other backend another name; a node takes a new backend under the same name only when it starts, so restart it once every edge sends the new one)",
 					name, ErrAdapterConflict, this, field, mine, other, theirs)
 			}
 		}
