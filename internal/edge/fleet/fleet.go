@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
 	"sync"
@@ -302,6 +303,11 @@ func (f *Fleet) install(m *material, st *Store, stamp storefile.Stamp) bool {
 	f.mu.Unlock()
 	if slices.Equal(oldE, newE) && mapsEqual(oldR, newR) {
 		return false
+	}
+	for _, name := range slices.Sorted(maps.Keys(newR)) {
+		if !oldR[name] { // the fence that follows names only the config change
+			f.log.Warn("node revoked: disconnecting it and refusing its certificate", "node", name)
+		}
 	}
 	f.o.Changed()
 	return true

@@ -137,6 +137,9 @@ func TestWatchRevocation(t *testing.T) {
 	if len(enrolled) != 0 || !revoked["gpu-3"] {
 		t.Errorf("J6 after the revocation: enrolled %v, revoked %v", enrolled, revoked)
 	}
+	if !strings.Contains(e.log.String(), "node revoked: disconnecting it") || !strings.Contains(e.log.String(), "node=gpu-3") {
+		t.Errorf("J6 the edge's log does not say the node was revoked:\n%s", e.log.String())
+	}
 	if err := e.f.Admit(id, cert); !errors.Is(err, ErrNodeRevoked) {
 		t.Errorf("J6 handshake check: got %v, want ErrNodeRevoked", err)
 	}

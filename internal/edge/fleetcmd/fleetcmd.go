@@ -106,6 +106,11 @@ func Nodes(args []string, stdout, stderr io.Writer, now func() time.Time) int {
 				if err := identity.ValidateName(rest[0]); err != nil {
 					return "", err
 				}
+				// SPEC J6: a name this edge would never admit (a typo) is not
+				// "revoked", which would leave the node meant still connected.
+				if st.Node(rest[0]) == nil && cfg.NodeByID(rest[0]) == nil {
+					return "", fmt.Errorf("no node %q has joined this edge or is listed in its config's nodes[] (edge nodes list shows the joined ones); nothing revoked", rest[0])
+				}
 				if !st.RevokeNode(rest[0], now()) {
 					return "node " + rest[0] + " was already revoked", nil
 				}

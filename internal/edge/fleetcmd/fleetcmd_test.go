@@ -148,6 +148,18 @@ func TestConcurrentCreates(t *testing.T) {
 // joined too) and list shows it.
 func TestNodes(t *testing.T) {
 	cfg := edgeDir(t, false)
+	store := filepath.Join(filepath.Dir(cfg), "enrollment.json")
+	// J6: a name that never joined (a typo of the one meant) is refused,
+	// not reported revoked while the node meant stays connected.
+	if out, e, code := run(nodes, "revoke", "-config", cfg, "gpu-9"); code != ExitError || !strings.Contains(e, "nothing revoked") || out != "" {
+		t.Fatalf("J6 revoke of a name that never joined: %d %q %q", code, out, e)
+	}
+	if err := fleet.Update(store, func(st *fleet.Store) error {
+		st.Nodes = append(st.Nodes, &fleet.NodeRecord{Name: "gpu-9", Serials: []string{"0a"}, NotAfter: time.Now().Add(time.Hour), EnrolledAt: time.Now()})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	if out, e, code := run(nodes, "revoke", "-config", cfg, "gpu-9"); code != ExitOK || !strings.Contains(out, "revoked") {
 		t.Fatalf("J6 revoke: %d %s%s", code, out, e)
 	}
