@@ -19,6 +19,7 @@ import (
 	"iop/internal/edge/config"
 	"iop/internal/identity"
 	"iop/internal/leakcheck"
+	"iop/internal/node"
 	nodeconfig "iop/internal/node/config"
 )
 
@@ -584,5 +585,90 @@ func TestS1OneEdgeListedTwice(t *testing.T) {
 	}
 	if res, err := newAPIClient(t, e).chat(context.Background(), chatRequest{model: "tiny"}); err != nil || res.status != 200 {
 		t.Fatalf("chat: %d %v %s", res.status, err, res.raw)
+	}
+}
+
+// N2 (RESTART_REQUIRED is not APPLIED), by the real reload path: a reload
+// that adds an adapter whose api_key_env the node does not offer
+// (api_key_env_allow) is answered RESTART_REQUIRED, and the node keeps
+// running the payload its registration got. The new adapter's group is
+// then not routed to that node — its request waits and gets the group's
+// no-provider answer (503 after queue.wait_timeout_ms), never the 502 of
+// a node answering unknown_adapter — while the unchanged group serves and
+// /status shows the node restart_required with the new provider
+// unavailable. Restarted with the variable offered, the node registers
+// with the current payload and the new group serves.
+func TestN2RestartRequiredNotRouted(t *testing.T) {
+	leakcheck.Check(t)
+	p := newPKI(t, "gpu-1")
+	logs := newLogSink(t)
+	bp := startBackend(t, backend.Options{})
+	url := bp.serve(t, nil)
+	const env = "IOP_E2E_N2_KEY"
+	cfg := func(adapters []config.Adapter, models ...config.Model) *config.Config {
+		return edgeConfig(t, p, []config.Node{{ID: "gpu-1", Adapters: adapters}}, models,
+			func(c *config.Config) { c.Queue.WaitTimeoutMs = 300 })
+	}
+	keyed := compatAdapter("keyed", url, 2)
+	keyed.APIKeyEnv = env
+	reload := make(chan *config.Config)
+	e := startEdge(t, cfg([]config.Adapter{ollamaAdapter("ollama", url, 2)}, modelGroup("tiny", provider("gpu-1", "ollama", "tiny"))),
+		nil, logs.logger("edge"), func(o *edge.Options) { o.Reload = reload })
+	adm, api := newAdminClient(t, e), newAPIClient(t, e)
+	n := startNodeNoCleanup(t, p, "gpu-1", e.nodeAddr, nodeOpts{log: logs.logger("node")})
+	adm.waitConnected(t, 10*time.Second, "gpu-1")
+
+	reload <- cfg([]config.Adapter{ollamaAdapter("ollama", url, 2), keyed},
+		modelGroup("tiny", provider("gpu-1", "ollama", "tiny")), modelGroup("keyed", provider("gpu-1", "keyed", "tiny")))
+	eventually(t, 10*time.Second, "the node answered the refresh RESTART_REQUIRED", func() (bool, string) {
+		d, err := adm.status()
+		st, _ := d.node("gpu-1")
+		return err == nil && st.Config == "restart_required", fmt.Sprintf("%+v %v", st, err)
+	})
+	res, err := api.chat(context.Background(), chatRequest{model: "keyed"})
+	if err != nil || res.status != http.StatusServiceUnavailable || strings.Contains(res.raw, "unknown_adapter") {
+		t.Errorf("N2: the new group on a node that runs the older payload: %d %v %s, want 503 (no provider), never unknown_adapter", res.status, err, res.raw)
+	}
+	if res, err := api.chat(context.Background(), chatRequest{model: "tiny"}); err != nil || res.status != 200 || res.text != answer {
+		t.Errorf("N2: the unchanged group: %d %v %s", res.status, err, res.raw)
+	}
+	st, _ := adm.mustStatus(t).node("gpu-1")
+	for _, ps := range st.Providers {
+		if want := map[string]string{"ollama": "available", "keyed": "unavailable"}[ps.ProviderID]; ps.Status != want {
+			t.Errorf("N3: /status provider %s: %s, want %s", ps.ProviderID, ps.Status, want)
+		}
+	}
+	if !strings.Contains(st.ConfigErr, "RESTART_REQUIRED") {
+		t.Errorf("N2: config_error %q, want the RESTART_REQUIRED answer", st.ConfigErr)
+	}
+
+	// The operator offers the variable and restarts the node.
+	if err := n.stop(); err != nil {
+		t.Fatal(err)
+	}
+	ncfg, err := nodeConfigFor(p, "gpu-1", e.nodeAddr, 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ncfg.APIKeyEnvAllow = []string{env}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- node.Run(ctx, ncfg, node.Options{Logger: logs.logger("node"), Version: "e2e",
+			LookupEnv: func(k string) (string, bool) { return "sk-n2", k == env }})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("node after restart: %v", err)
+		}
+	})
+	eventually(t, 10*time.Second, "the restarted node on the current payload", func() (bool, string) {
+		d, err := adm.status()
+		st, _ := d.node("gpu-1")
+		return err == nil && st.Connected && st.Generation == 2 && st.Config == "current", fmt.Sprintf("%+v %v", st, err)
+	})
+	if res, err := api.chat(context.Background(), chatRequest{model: "keyed"}); err != nil || res.status != 200 || res.text != answer {
+		t.Errorf("N2: the new group after the restart: %d %v %s", res.status, err, res.raw)
 	}
 }

@@ -66,7 +66,10 @@ type Options struct {
 type Addrs struct{ HTTP, Node, Admin net.Addr }
 
 // PoolConfig projects the Edge config onto the provider pool's config
-// (SPEC Q1: dispatch targets are exactly models[].providers). mat (nil =
+// (SPEC Q1: dispatch targets are exactly models[].providers). Each
+// resource's Revision is its adapter's config.AdapterRevision in the
+// node's current payload, which the pool compares with what the node's
+// generation runs (pool.NodeRuns, SPEC N2). mat (nil =
 // none) is the credential material: a route whose slot the secret store
 // removed (mat.RouteRevoked, `edge secrets rm`) is no candidate while its
 // model group has a route that is not revoked — it could issue no lease,
@@ -78,6 +81,10 @@ func PoolConfig(c *config.Config, mat *creds.Material) pool.Config {
 	pc := pool.Config{MaxWaiters: *c.Queue.MaxWaiters, WaitTimeout: time.Duration(c.Queue.WaitTimeoutMs) * time.Millisecond}
 	for _, n := range c.Nodes {
 		pc.Nodes = append(pc.Nodes, n.ID)
+		revs := map[string]string{}
+		for _, ac := range c.NodePayload(n.ID).GetAdapters() {
+			revs[ac.GetName()] = config.AdapterRevision(ac)
+		}
 		for i := range n.Adapters {
 			a := &n.Adapters[i]
 			pc.Resources = append(pc.Resources, pool.Resource{
@@ -86,6 +93,7 @@ func PoolConfig(c *config.Config, mat *creds.Material) pool.Config {
 				Capacity: a.Capacity, LongCapacity: *a.LongCapacity,
 				Operations:             config.Operations(a),
 				PrefillTokensPerSecond: a.PrefillTokensPerS,
+				Revision:               revs[a.Name],
 			})
 		}
 	}
@@ -123,6 +131,17 @@ func PoolConfig(c *config.Config, mat *creds.Material) pool.Config {
 		pc.Groups = append(pc.Groups, g)
 	}
 	return pc
+}
+
+// RunsOf is what a node generation running payload p runs, for
+// pool.NodeRuns (SPEC N2): each adapter's config.AdapterRevision and the
+// capacities p gives it. nil p runs nothing.
+func RunsOf(p *iop.NodeConfigPayload) map[string]pool.Run {
+	out := make(map[string]pool.Run, len(p.GetAdapters()))
+	for _, a := range p.GetAdapters() {
+		out[a.GetName()] = pool.Run{Revision: config.AdapterRevision(a), Capacity: int(a.GetCapacity()), LongCapacity: int(a.GetLongCapacity())}
+	}
+	return out
 }
 
 // streamedGap is how long after its first byte a response must still have
@@ -200,11 +219,26 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	bus := &events.Bus{}
 	var ht *health.Tracker // set below, before any hook can run (Serve)
 	var tr *transport.Server
+	// runs tells the pool which adapters generation gen of node runs: the
+	// payload its registration got or it last APPLIED (SPEC N2), never
+	// one it answered RESTART_REQUIRED or FAILED to. Serialized, and
+	// read under the lock, so the pool ends with the latest answer.
+	var runsMu sync.Mutex
+	runs := func(node string, gen uint64) {
+		runsMu.Lock()
+		defer runsMu.Unlock()
+		pl, _ := tr.Running(node, gen) // not current: nil, so nothing of gen is served
+		p.NodeRuns(node, gen, RunsOf(pl))
+	}
 	tr = transport.New(transport.Options{
 		TLS: tlsCfg, Config: current, Logger: log.With("component", "transport"), Events: bus,
 		Hooks: transport.Hooks{
-			// SPEC E4: a node serving several edges may give this one a share of its capacity.
-			OnReady: func(node string, gen uint64) { p.NodeReadyShare(node, gen, tr.CapacityShare(node, gen)) },
+			OnReady: func(node string, gen uint64) {
+				runs(node, gen)
+				// SPEC E4: a node serving several edges may give this one a share of its capacity.
+				p.NodeReadyShare(node, gen, tr.CapacityShare(node, gen))
+			},
+			OnApplied: runs,
 			OnFence: func(node string, gen uint64) {
 				p.NodeFenced(node, gen)
 				ht.NodeFenced(node, gen) // H9: no overlay outlives its generation

@@ -1003,3 +1003,21 @@ func (c *Config) addCredentials(rt *iop.NodeRuntimeConfig, node string) {
 		}
 	}
 }
+
+// AdapterRevision names what adapter a is as a node runs it (SPEC N2): the
+// hex SHA-256 of the AdapterConfig's deterministic encoding without the
+// numbers it is tuned by — capacity and long_capacity (the Edge's pool
+// takes them from the payload the node runs), upstream_idle_timeout_ms
+// and discovery_interval_ms (no request's outcome depends on them). Two
+// payloads that give an adapter the same revision send its requests to the
+// same backend the same way (type, category, base_url, api_key_env,
+// protocol profile); the Edge's pool serves a node's generation only the
+// adapters whose revision in the payload that generation runs is the one
+// in the current config (pool.NodeRuns).
+func AdapterRevision(a *iop.AdapterConfig) string {
+	c := proto.CloneOf(a)
+	c.Capacity, c.LongCapacity, c.UpstreamIdleTimeoutMs, c.DiscoveryIntervalMs = 0, 0, 0, 0
+	b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(c)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}

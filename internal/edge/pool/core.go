@@ -96,6 +96,12 @@ type nodeState struct {
 	// share is the ready generation's part of its resources' capacities
 	// (NodeReadyShare; 0 = all of it).
 	share float64
+	// runs is what generation runsGen runs (NodeRuns), by provider name.
+	// nil: never told, every configured resource is run as configured;
+	// otherwise a resource is run only when runsGen is gen and runs has
+	// its revision, with runs' capacities (SPEC N2).
+	runs    map[string]Run
+	runsGen uint64
 	// fence is shared by every lease of the ready generation and cancelled
 	// when that generation ends (one allocation per generation, not per
 	// lease); nil while no generation is ready.
@@ -159,26 +165,58 @@ func (r *resource) isOverlaid() bool {
 	return r.overlaid && r.overlayGen == r.node.gen
 }
 
-// live reports whether r may be a candidate (SPEC Q3, P3): configured, its
-// node ready at the current generation and not draining, no overlay, not
-// ejected by passive health (cooling.go), some capacity.
+// live reports whether r may be a candidate (SPEC Q3, P3, N2): configured,
+// its node ready at the current generation, not draining and running r as
+// configured, no overlay, not ejected by passive health (cooling.go), some
+// capacity.
 func (r *resource) live() bool {
-	return r.configured && r.node.ready && !r.node.draining && !r.isOverlaid() && !r.ejected && r.cfg.Capacity > 0
+	if !r.configured || !r.node.ready || r.node.draining || !r.run() || r.isOverlaid() || r.ejected {
+		return false
+	}
+	c, _ := r.caps()
+	return c > 0
+}
+
+// run reports whether r's node's current generation runs r as the config
+// defines it (SPEC N2: a payload the node answered RESTART_REQUIRED or
+// FAILED to is not what it runs, so a provider that payload adds or
+// changes is not served by it). True when NodeRuns never said otherwise.
+func (r *resource) run() bool {
+	n := r.node
+	if n.runs == nil {
+		return true
+	}
+	ru, ok := n.runs[r.cfg.Provider]
+	return n.runsGen == n.gen && ok && ru.Revision == r.cfg.Revision
+}
+
+// caps are r's capacity and long capacity before any share: the ones its
+// node's generation runs it with (NodeRuns), else the configured ones.
+func (r *resource) caps() (capacity, long int) {
+	if n := r.node; n.runs != nil && n.runsGen == n.gen {
+		if ru, ok := n.runs[r.cfg.Provider]; ok {
+			return ru.Capacity, ru.LongCapacity
+		}
+	}
+	return r.cfg.Capacity, r.cfg.LongCapacity
 }
 
 func (r *resource) free(long bool) bool {
 	return r.inFlight < r.capacity() && (!r.limited || r.inFlight < r.limit) && (!long || r.longInFlight < r.longCapacity())
 }
 
-// capacity and longCapacity are what r admits from this edge: its
-// configured numbers, or its node generation's share of them (the node's
-// edges[].capacity_share, protocol.ShareOf; SPEC E4).
+// capacity and longCapacity are what r admits from this edge: the
+// numbers its node's generation runs it with (caps), or that
+// generation's share of them (the node's edges[].capacity_share,
+// protocol.ShareOf; SPEC E4).
 func (r *resource) capacity() int {
-	return int(protocol.ShareOf(int64(r.cfg.Capacity), r.node.share))
+	c, _ := r.caps()
+	return int(protocol.ShareOf(int64(c), r.node.share))
 }
 
 func (r *resource) longCapacity() int {
-	return int(protocol.ShareOf(int64(r.cfg.LongCapacity), r.node.share))
+	_, l := r.caps()
+	return int(protocol.ShareOf(int64(l), r.node.share))
 }
 
 func (r *resource) supports(op string) bool {
@@ -610,6 +648,26 @@ func (s *state) drain(id string, gen uint64) bool {
 	}
 	n.draining = true
 	s.repin() // waiters pinned to its providers may go elsewhere now
+	return true
+}
+
+// setRuns records what generation gen of node runs (SPEC N2; see
+// Pool.NodeRuns). A generation below the high-water mark is stale: a
+// no-op. For the ready generation, waiters are pumped (a provider may have
+// become live) and pinned ones re-pinned (one may have stopped being
+// live). It reports whether it applied.
+func (s *state) setRuns(id string, gen uint64, runs map[string]Run) bool {
+	n := s.node(id)
+	if gen < n.gen {
+		return false
+	}
+	n.runs, n.runsGen = make(map[string]Run, len(runs)), gen
+	for k, v := range runs {
+		n.runs[k] = v
+	}
+	if gen == n.gen && n.ready {
+		s.pump()
+	}
 	return true
 }
 

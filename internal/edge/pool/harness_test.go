@@ -185,8 +185,8 @@ func (h *harness) checkInvariants() {
 		if n != r.inFlight || long != r.longInFlight {
 			h.t.Fatalf("%v: counters in_flight=%d long=%d, held leases %d long %d", k, r.inFlight, r.longInFlight, n, long)
 		}
-		if r.configured && (r.inFlight > r.cfg.Capacity || r.longInFlight > r.cfg.LongCapacity) {
-			h.t.Fatalf("Q2 %v: in_flight %d/%d long %d/%d over capacity", k, r.inFlight, r.cfg.Capacity, r.longInFlight, r.cfg.LongCapacity)
+		if c, l := r.caps(); r.configured && (r.inFlight > c || r.longInFlight > l) {
+			h.t.Fatalf("Q2 %v: in_flight %d/%d long %d/%d over capacity", k, r.inFlight, c, r.longInFlight, l)
 		}
 		total += n
 	}

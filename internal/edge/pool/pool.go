@@ -196,6 +196,28 @@ func (p *Pool) NodeReadyShare(node string, gen uint64, share float64) bool {
 	return ok
 }
 
+// NodeRuns tells the pool which providers generation gen of node runs
+// (SPEC N2): runs maps each provider name of the config payload that
+// generation accepted (at registration, or last answered APPLIED to) to
+// how it runs it. From then on a configured resource of the node is a
+// candidate only while gen is its ready generation and runs gives it the
+// resource's Revision, and it admits the capacities runs gives (what the
+// node admits; its share of them, SPEC E4): a provider a later config adds or changes is not
+// served by a node that answered RESTART_REQUIRED or FAILED to that
+// config (its requests wait for another candidate, as for an offline
+// one), and becomes one when a generation running it says so. A provider
+// the config no longer has is never a candidate, whatever runs says. Call
+// it for a generation before NodeReady (runs is copied); a stale (lower)
+// generation is a no-op. For the ready generation the queue is pumped. It
+// reports whether it applied.
+func (p *Pool) NodeRuns(node string, gen uint64, runs map[string]Run) bool {
+	p.lock()
+	ok := p.s.setRuns(node, gen, runs)
+	p.apply()
+	p.mu.Unlock()
+	return ok
+}
+
 // NodeFenced fences generation gen of node in one step (SPEC L8): every
 // lease of that generation still held is returned exactly once, the
 // generation's Fenced channel is closed, the node's resources go offline, and waiters stay queued against

@@ -184,6 +184,9 @@ func (c *class) why() string {
 			live++
 		case !r.node.ready:
 			down = append(down, "node "+r.node.id+" not ready")
+		case !r.run():
+			down = append(down, "provider "+r.cfg.Key.String()+" not in the config node "+r.node.id+
+				" runs (it answered a refresh RESTART_REQUIRED or FAILED)")
 		case r.isOverlaid():
 			down = append(down, "provider "+r.cfg.Key.String()+" unavailable")
 		case r.ejected:

@@ -40,8 +40,9 @@ type NodeSnapshot struct {
 // snapshot projects the state (SPEC N3, Q8, H9):
 //   - node not ready (disconnected, pending or fenced): connected=false and
 //     every provider status=unavailable, health=offline, all numbers 0;
-//   - overlaid provider: status=unavailable, health=unavailable, all numbers
-//     0 (identity and category kept);
+//   - overlaid provider, or one its node's generation does not run as
+//     configured (NodeRuns, SPEC N2): status=unavailable,
+//     health=unavailable, all numbers 0 (identity and category kept);
 //   - ejected by passive health (cooling.go): as below but status=unavailable,
 //     health=cooling; cooling_until and cooling_reason are set whenever it is
 //     ejected, whatever its node's state;
@@ -104,7 +105,7 @@ func (s *state) snapshot() []NodeSnapshot {
 			switch {
 			case !n.ready:
 				ps.Status, ps.Health = StatusUnavailable, HealthOffline
-			case r.isOverlaid():
+			case r.isOverlaid() || !r.run():
 				ps.Status, ps.Health = StatusUnavailable, HealthUnavailable
 			default:
 				ps.Status, ps.Health = StatusAvailable, HealthHealthy

@@ -37,6 +37,22 @@ type Resource struct {
 	// for the resource until its answers have been timed
 	// (ObserveFirstByte); <= 0 means routing.DefaultTokenTime.
 	PrefillTokensPerSecond float64
+	// Revision names what the config makes of the provider on its node
+	// (an opaque string, config.AdapterRevision for the Edge). Once
+	// NodeRuns has told the pool what the node's generation runs, the
+	// resource is a candidate only while that generation runs this
+	// revision of it, with the capacities it runs it with (SPEC N2).
+	Revision string
+}
+
+// Run is one provider as a node generation runs it (NodeRuns, SPEC N2):
+// the Resource.Revision of its definition there and the capacities it
+// admits with, which bound the resource instead of Resource.Capacity and
+// LongCapacity while that generation is ready.
+type Run struct {
+	Revision     string
+	Capacity     int
+	LongCapacity int
 }
 
 // Candidate is one models[].providers entry (SPEC Q1): a resource and the

@@ -17,7 +17,9 @@ import (
 // before any run of the new generation — and ends on P2 when it applies
 // it. RESTART_REQUIRED and FAILED are not APPLIED: the node stays marked
 // as running an older payload (Nodes().Payload, /status) and the next
-// RefreshAll pushes P2 again.
+// RefreshAll pushes P2 again. Running (what the pool serves the node
+// from) is P2 only after APPLIED, which alone calls OnApplied; a new
+// registration runs the current payload.
 func TestReloadWhilePendingEndsOnCurrentPayload(t *testing.T) {
 	rows := []struct {
 		name      string
@@ -33,7 +35,19 @@ func TestReloadWhilePendingEndsOnCurrentPayload(t *testing.T) {
 		t.Run(r.name, func(t *testing.T) {
 			leakcheck.Check(t)
 			pushed := make(chan string, 4)
-			h := newHarness(t, harnessOpts{setup: func(s *Server) { s.afterPush = func(n string) { pushed <- n } }})
+			applied := make(chan hookCall, 4)
+			h := newHarness(t, harnessOpts{setup: func(s *Server) { s.afterPush = func(n string) { pushed <- n } },
+				modify: func(o *Options) {
+					o.Hooks.OnApplied = func(n string, g uint64) { applied <- hookCall{"applied", n, g} }
+				}})
+			running := func(gen uint64) string {
+				t.Helper()
+				p, ok := h.srv.Running("gpu-1", gen)
+				if !ok {
+					t.Fatalf("Running(gpu-1, %d): not the ready generation", gen)
+				}
+				return p.GetRevision()
+			}
 			n := h.dial("gpu-1")
 			reg := n.register("gpu-1")
 			p1 := reg.GetConfig().GetRevision()
@@ -80,6 +94,21 @@ func TestReloadWhilePendingEndsOnCurrentPayload(t *testing.T) {
 			if s := h.node("gpu-1").Payload; s != r.wantState {
 				t.Errorf("after %v: payload %q, want %q", r.answer, s, r.wantState)
 			}
+			wantRunning := p1
+			if !r.repushed {
+				wantRunning = p2
+				select {
+				case got := <-applied:
+					if got != (hookCall{"applied", "gpu-1", 1}) {
+						t.Errorf("OnApplied: %v", got)
+					}
+				case <-time.After(wait):
+					t.Error("APPLIED did not call OnApplied")
+				}
+			}
+			if got := running(1); got != wantRunning {
+				t.Errorf("N2: after %v the node runs %s, want %s", r.answer, got, wantRunning)
+			}
 			ce := h.srv.ConfigErrors()["gpu-1"]
 			if r.repushed != strings.HasSuffix(ce, "of revision "+p2+": test") {
 				t.Errorf("N2: config error after %v = %q", r.answer, ce)
@@ -109,6 +138,27 @@ func TestReloadWhilePendingEndsOnCurrentPayload(t *testing.T) {
 			}
 			if s := h.node("gpu-1").Payload; s != r.wantState {
 				t.Errorf("after RefreshAll: payload %q, want %q", s, r.wantState)
+			}
+			if got := running(1); got != wantRunning {
+				t.Errorf("N2: after RefreshAll the node runs %s, want %s", got, wantRunning)
+			}
+			select {
+			case got := <-applied:
+				t.Errorf("OnApplied %v without an APPLIED answer", got)
+			default:
+			}
+
+			b := h.dial("gpu-1") // the node restarts
+			b.register("gpu-1")
+			if !b.ready("gpu-1").GetReady() {
+				t.Fatal("not ready after the restart")
+			}
+			h.wantHooks(hookCall{"fence", "gpu-1", 1}, hookCall{"ready", "gpu-1", 2})
+			if _, ok := h.srv.Running("gpu-1", 1); ok {
+				t.Error("Running of the fenced generation")
+			}
+			if got := running(2); got != p2 {
+				t.Errorf("N2: the new registration runs %s, want the current %s", got, p2)
 			}
 		})
 	}

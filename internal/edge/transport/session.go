@@ -53,10 +53,13 @@ type session struct {
 	// issued; nil until one did (then the TLS peer's is current; fleet.go).
 	cert atomic.Pointer[x509.Certificate]
 
-	// revision of the NodeConfigPayload last applied by the node, and the
-	// revision it last answered RESTART_REQUIRED to (SPEC N2: not applied;
-	// the node stays on revision); guarded by Server.mu (RefreshAll and
-	// Nodes compare them with the current payload).
+	// payload is the NodeConfigPayload the node runs: the one its
+	// registration was accepted with or the one it last answered APPLIED
+	// to; revision is its revision, and restartRevision the revision it
+	// last answered RESTART_REQUIRED to (SPEC N2: not applied; the node
+	// stays on payload). Guarded by Server.mu (RefreshAll and Nodes compare
+	// them with the current payload; Running gives payload to the pool).
+	payload         *iop.NodeConfigPayload
 	revision        string
 	restartRevision string
 	// bootID and trustedIssuers are what the registration reported
@@ -412,7 +415,7 @@ func (c *session) register(req *iop.RegisterRequest) bool {
 		resp := &iop.RegisterResponse{Accepted: res.OK, Reason: res.Reason()}
 		if res.OK {
 			resp.Config = s.cfg.NodePayload(res.Node) // SPEC L3, N5
-			c.revision = resp.Config.GetRevision()
+			c.payload, c.revision = resp.Config, resp.Config.GetRevision()
 			c.bootID = req.GetBootId()
 			c.trustedIssuers = boundList(req.GetTrustedIssuerKeyIds(), maxMapEntries, maxShortText)
 			if sh := req.GetCapacityShare(); sh > 0 && sh <= 1 {
@@ -509,6 +512,7 @@ func activates(fx []registry.Effect) bool {
 // before a reload.
 type pendingRefresh struct {
 	node, revision string
+	payload        *iop.NodeConfigPayload
 	gen            uint64
 	id             string
 	ch             chan reply
@@ -525,7 +529,7 @@ func (c *session) pushIfOutdatedLocked(node string, gen uint64) *pendingRefresh 
 	if p == nil || p.GetRevision() == c.revision {
 		return nil
 	}
-	r := &pendingRefresh{node: node, gen: gen, revision: p.GetRevision(), ch: make(chan reply, 1)}
+	r := &pendingRefresh{node: node, gen: gen, revision: p.GetRevision(), payload: p, ch: make(chan reply, 1)}
 	c.mu.Lock()
 	if c.lost {
 		c.mu.Unlock()
@@ -569,7 +573,7 @@ func (c *session) awaitRefresh(r *pendingRefresh) {
 		return
 	}
 	st, reason := resp.RefreshResponse.GetStatus(), resp.RefreshResponse.GetReason()
-	c.s.noteRefresh(r.node, r.gen, r.revision, st, reason)
+	c.s.noteRefresh(r.node, r.gen, r.payload, st, reason)
 	c.s.log.Info("node config refreshed", "node", r.node, "generation", r.gen, "revision", r.revision,
 		"status", st.String(), "reason", reason)
 }

@@ -333,33 +333,56 @@ func (s *Server) Refresh(ctx context.Context, node string, gen uint64, payload *
 	if !ok {
 		return nil, fmt.Errorf("config refresh of node %s: %w %T", node, ErrUnexpectedResponse, env.Kind)
 	}
-	s.noteRefresh(node, gen, payload.GetRevision(), r.RefreshResponse.GetStatus(), r.RefreshResponse.GetReason())
+	s.noteRefresh(node, gen, payload, r.RefreshResponse.GetStatus(), r.RefreshResponse.GetReason())
 	return r.RefreshResponse, nil
 }
 
-// noteRefresh records a node's answer to a refresh of revision (SPEC N2):
-// APPLIED makes revision the session's known one; RESTART_REQUIRED is not
-// APPLIED: the known revision stays, and the node is marked as needing a
-// restart for revision; FAILED changes nothing but the reason /status
-// shows (ConfigErrors), which RESTART_REQUIRED sets too and APPLIED clears.
-func (s *Server) noteRefresh(node string, gen uint64, revision string, st iop.RefreshStatus, reason string) {
+// noteRefresh records a node's answer to a refresh with payload p (SPEC
+// N2): APPLIED makes p the payload the session runs (Running) and calls
+// Hooks.OnApplied; RESTART_REQUIRED is not APPLIED: the session's payload
+// stays, and the node is marked as needing a restart for p's revision;
+// FAILED changes nothing but the reason /status shows (ConfigErrors),
+// which RESTART_REQUIRED sets too and APPLIED clears.
+func (s *Server) noteRefresh(node string, gen uint64, p *iop.NodeConfigPayload, st iop.RefreshStatus, reason string) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	id, ok := s.reg.Current(node, gen)
-	if !ok || s.sessions[id] == nil {
+	c := s.sessions[id]
+	if !ok || c == nil {
+		s.mu.Unlock()
 		return
 	}
-	c := s.sessions[id]
+	revision := p.GetRevision()
 	switch st {
 	case iop.RefreshStatus_REFRESH_APPLIED:
-		c.revision, c.restartRevision = revision, ""
+		c.payload, c.revision, c.restartRevision = p, revision, ""
 		delete(s.configErrs, node)
+		s.mu.Unlock()
+		if f := s.o.Hooks.OnApplied; f != nil {
+			f(node, gen)
+		}
 		return
 	case iop.RefreshStatus_REFRESH_RESTART_REQUIRED:
 		c.restartRevision = revision
 	}
 	s.configErrs[node] = "the node answered " + strings.TrimPrefix(st.String(), "REFRESH_") + " to the config of revision " +
 		boundText(revision, maxShortText) + ": " + reason
+	s.mu.Unlock()
+}
+
+// Running returns the NodeConfigPayload generation gen of node runs (SPEC
+// N2): the one its registration was accepted with, or the one it last
+// answered APPLIED to — never one it answered RESTART_REQUIRED or FAILED
+// to. ok is false when gen is not the node's current owner. The result is
+// shared: read it, never change it.
+func (s *Server) Running(node string, gen uint64) (p *iop.NodeConfigPayload, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id, ok := s.reg.Current(node, gen)
+	c := s.sessions[id]
+	if !ok || c == nil {
+		return nil, false
+	}
+	return c.payload, true
 }
 
 // ConfigErrors maps each node that could not run this edge's config to

@@ -165,6 +165,13 @@ type Hooks struct {
 	// other hooks: the callee must treat a generation that is no longer
 	// the ready one as stale (pool.NodeDraining does).
 	OnDraining func(node string, gen uint64)
+	// OnApplied: ready generation gen of node answered APPLIED to a config
+	// refresh, so Running(node, gen) is a new payload (SPEC N2). Called
+	// from the goroutine that recorded the answer, after recording it,
+	// and not ordered with the other hooks: the callee reads Running
+	// itself and must treat a generation that is no longer current as
+	// stale (pool.NodeRuns does).
+	OnApplied func(node string, gen uint64)
 }
 
 // Options configure a Server. TLS and Config are required.
