@@ -19,7 +19,7 @@ const (
 // table renders Failures as docs/wire.md's failure-code table.
 func table() string {
 	var b strings.Builder
-	b.WriteString("| code | emitted by | terminal | re-dispatch (SPEC H11) | passive health | client status | client code |\n")
+	b.WriteString("| code | emitted by | terminal | re-dispatch ([H11](requirements.md#H11)) | passive health | client status | client code |\n")
 	b.WriteString("|---|---|---|---|---|---|---|\n")
 	for _, f := range Failures {
 		term := "ERROR"
