@@ -201,6 +201,9 @@ type Set struct {
 	// claims are under (Options.Edge).
 	capacity *Capacity
 	edge     string
+	// observing holds one token per stall log line a logger still has
+	// (observeStall, SPEC O2).
+	observing chan struct{}
 }
 
 // instance is one adapter instance.
@@ -249,6 +252,7 @@ func NewSet(cfg *iop.NodeConfigPayload, o Options) (*Set, error) {
 		credRevs:  cfg.GetRuntime().GetCredentialSlotRevisions(),
 		capacity:  o.Capacity,
 		edge:      o.Edge,
+		observing: make(chan struct{}, maxStuckObservations),
 	}
 	if s.capacity == nil {
 		s.capacity = NewCapacity()

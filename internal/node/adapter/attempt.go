@@ -3,6 +3,7 @@ package adapter
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync/atomic"
 	"time"
 
@@ -132,10 +133,8 @@ func (s *Set) supervise(ctx context.Context, a *attempt, runID, adapter, target 
 			own()
 		case emitStall:
 			st := w.report(runID, adapter, target)
-			f := st.failure
-			s.log.Warn("response stalled", "adapter", adapter, "run_id", runID, "request_id", upstream.RequestID(ctx), "idle_ms", f.GetIdleMs(),
-				"provider_health", f.GetProviderHealth(), "fence", f.GetFence())
-			io.fenced(&st, fx.returnSlot)
+			s.observeStall(ctx, runID, adapter, st.failure) // O2: the final evidence is observed first …
+			io.fenced(&st, fx.returnSlot)                   // … and the terminal goes out whatever the observer did
 		case emitCtx:
 			io.fenced(nil, fx.returnSlot)
 		}
@@ -181,4 +180,54 @@ func stallEvent(st *stallTerminal) *iop.RunEvent {
 func stallFrame(st *stallTerminal) *iop.ProviderTunnelFrame {
 	return &iop.ProviderTunnelFrame{Kind: iop.TunnelFrameKind_TUNNEL_FRAME_ERROR, Error: st.msg, FailureCode: protocol.CodeResponseStalled.String(),
 		Failure: st.failure, Metadata: st.meta}
+}
+
+// Bounds of the stall observation (SPEC O2).
+const (
+	// ObserveBudget is the longest a stall terminal waits for the node's
+	// logger to take the stall's log line: a logger that has not returned
+	// by then (a blocked writer) is left to finish on its own and the
+	// terminal goes out.
+	ObserveBudget = 100 * time.Millisecond
+	// maxStuckObservations bounds the stall log lines a Set leaves to
+	// loggers that have not returned; while that many are stuck, a stall's
+	// line is dropped without waiting.
+	maxStuckObservations = 4
+)
+
+// observeStall writes the "response stalled" log line of f, the final
+// evidence of a stall on run runID of adapter (SPEC O2), before the
+// terminal is built and sent. The line is a local observation (SPEC O1):
+// it changes nothing on the wire. A failing logger never holds the
+// terminal back: a panic in its handler is recovered (the line is lost),
+// an error is ignored (as slog does), and one that blocks is waited for at
+// most ObserveBudget and then left running on its own goroutine (at most
+// maxStuckObservations per Set; past that, lines are dropped unwritten).
+func (s *Set) observeStall(ctx context.Context, runID, adapter string, f *iop.ExecutionFailure) {
+	r := slog.NewRecord(time.Now(), slog.LevelWarn, "response stalled", 0)
+	r.AddAttrs(slog.String("adapter", adapter), slog.String("run_id", runID), slog.String("request_id", upstream.RequestID(ctx)),
+		slog.Int64("idle_ms", f.GetIdleMs()), slog.String("provider_health", f.GetProviderHealth()), slog.String("fence", f.GetFence()))
+	select {
+	case s.observing <- struct{}{}:
+	default:
+		return // earlier lines are still stuck in the logger
+	}
+	h := s.log.Handler()
+	done := make(chan struct{})
+	go func() {
+		defer func() {
+			_ = recover() // the logger's failure is not the run's: the line is lost, the terminal is not
+			<-s.observing
+			close(done)
+		}()
+		if lctx := context.Background(); h.Enabled(lctx, r.Level) {
+			_ = h.Handle(lctx, r)
+		}
+	}()
+	budget := time.NewTimer(ObserveBudget)
+	defer budget.Stop()
+	select {
+	case <-done:
+	case <-budget.C:
+	}
 }
