@@ -339,8 +339,12 @@ func (h *Handler) admit(ctx context.Context, w *recorder, r *http.Request, v *vi
 		if e.status >= 429 {
 			level = slog.LevelInfo // load or liveness: operators want to see it
 		}
-		h.log.Log(ctx, level, "request not admitted", "model", hd.model, "operation", ep.operation, "status", e.status,
-			"request_id", w.rec.RequestID, "err", err)
+		model, logErr := hd.model, err
+		if errors.Is(err, pool.ErrUnknownModel) { // O3: a name no group has is the caller's word, not a label (the access line keeps it, cut)
+			model, logErr = access.OtherModel, pool.ErrUnknownModel
+		}
+		h.log.Log(ctx, level, "request not admitted", "model", model, "operation", ep.operation, "status", e.status,
+			"request_id", w.rec.RequestID, "err", logErr)
 		writeError(w, ep.surface, e)
 		return nil
 	}
