@@ -14,6 +14,7 @@ import (
 	"iop/internal/edge"
 	"iop/internal/edge/config"
 	"iop/internal/leakcheck"
+	"iop/internal/protocol"
 )
 
 // keyedVLLM fronts the demo backend (itself started with the key) like
@@ -70,7 +71,7 @@ func TestCredentialPlaneHealthProbes(t *testing.T) {
 	sick := &keyedVLLM{key: secret, next: bp.b}
 	sickURL, wellURL := bp.serve(t, sick), bp.serve(t, nil)
 	vllm := compatAdapter("sick", sickURL, 2)
-	vllm.Profile = config.ProfileVLLM
+	vllm.Profile = protocol.ProfileVLLM
 	sickProv := provider("gpu-1", "sick", "tiny")
 	sickProv.ResponseStallTimeoutMs = stallMs
 	cfg := edgeConfig(t, p, []config.Node{{ID: "gpu-1", Adapters: []config.Adapter{vllm, compatAdapter("well", wellURL, 2)}}},

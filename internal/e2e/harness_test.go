@@ -20,6 +20,7 @@ import (
 	"iop/internal/identity"
 	"iop/internal/node"
 	nodeconfig "iop/internal/node/config"
+	"iop/internal/protocol"
 )
 
 // edgeName is the Edge's certificate name; nodes expect it (SPEC I2).
@@ -189,11 +190,11 @@ func newPKI(t testing.TB, nodes ...string) pkiDir {
 func (p pkiDir) file(name string) string { return string(p) + "/" + name }
 
 func ollamaAdapter(name, baseURL string, capacity int) config.Adapter {
-	return config.Adapter{Name: name, Type: config.TypeOllama, Capacity: capacity, BaseURL: baseURL}
+	return config.Adapter{Name: name, Type: protocol.TypeOllama, Capacity: capacity, BaseURL: baseURL}
 }
 
 func compatAdapter(name, baseURL string, capacity int) config.Adapter {
-	return config.Adapter{Name: name, Type: config.TypeOpenAICompat, Profile: config.ProfileLlamaCpp, Capacity: capacity, BaseURL: baseURL}
+	return config.Adapter{Name: name, Type: protocol.TypeOpenAICompat, Profile: protocol.ProfileLlamaCpp, Capacity: capacity, BaseURL: baseURL}
 }
 
 func modelGroup(name string, providers ...config.ModelProvider) config.Model {

@@ -29,8 +29,8 @@ func TestPoolConfigSlots(t *testing.T) {
 		return &config.Config{
 			Credentials: config.Credentials{Enabled: enabled},
 			Nodes: []config.Node{{ID: "n1", Adapters: []config.Adapter{
-				{Name: "a", Type: config.TypeOpenAICompat, CredentialSlot: "slot-a", LongCapacity: new(int)},
-				{Name: "b", Type: config.TypeOpenAICompat, CredentialSlot: "slot-b", LongCapacity: new(int)},
+				{Name: "a", Type: protocol.TypeOpenAICompat, CredentialSlot: "slot-a", LongCapacity: new(int)},
+				{Name: "b", Type: protocol.TypeOpenAICompat, CredentialSlot: "slot-b", LongCapacity: new(int)},
 			}}},
 			Queue: config.Queue{MaxWaiters: new(int)},
 			Models: []config.Model{{Name: "m", Providers: []config.ModelProvider{
@@ -60,8 +60,8 @@ func TestPoolConfigSlots(t *testing.T) {
 func TestQ6PoolConfigStallTimeouts(t *testing.T) {
 	c := &config.Config{
 		Nodes: []config.Node{{ID: "n1", Adapters: []config.Adapter{
-			{Name: "a", Type: config.TypeOllama, ResponseStallTimeoutMs: 7000, LongCapacity: new(int)},
-			{Name: "b", Type: config.TypeOllama, LongCapacity: new(int)},
+			{Name: "a", Type: protocol.TypeOllama, ResponseStallTimeoutMs: 7000, LongCapacity: new(int)},
+			{Name: "b", Type: protocol.TypeOllama, LongCapacity: new(int)},
 		}}},
 		Queue: config.Queue{MaxWaiters: new(int)},
 		Models: []config.Model{{Name: "m", Providers: []config.ModelProvider{

@@ -142,7 +142,7 @@ func TestAccessOutcomes(t *testing.T) {
 		status  int
 		leave   bool // the client reads the first event and goes away
 	}
-	tun, run := config.TypeOpenAICompat, config.TypeOllama
+	tun, run := protocol.TypeOpenAICompat, protocol.TypeOllama
 	rows := []row{
 		{outcome: access.OK, typ: tun, status: 200, prime: func(r *rig) {
 			r.st.frames(fStart(200, "Content-Type", "application/json"), fBody([]byte(`{}`)),
@@ -296,7 +296,7 @@ func TestAccessBeforeDispatch(t *testing.T) {
 		t.Run(row.name, func(t *testing.T) {
 			leakcheck.Check(t)
 			sink := newAccessSink() // minted ids repeat across rigs
-			r := newAccessRig(t, config.TypeOllama, sink, m, longWait)
+			r := newAccessRig(t, protocol.TypeOllama, sink, m, longWait)
 			r.fp.err, r.fp.block = row.poolErr, row.block
 			var id string
 			if row.block {
@@ -342,7 +342,7 @@ func TestAccessBeforeDispatch(t *testing.T) {
 func TestDrainAndStop(t *testing.T) {
 	leakcheck.Check(t)
 	sink, m := newAccessSink(), access.NewMetrics()
-	r := newAccessRig(t, config.TypeOllama, sink, m, longWait)
+	r := newAccessRig(t, protocol.TypeOllama, sink, m, longWait)
 	r.st.run(evStart(), evDelta(2, "partial"))
 	resp := r.send(t, context.Background(), "POST", "/v1/chat/completions",
 		`{"model":"tiny","stream":true,"messages":[{"role":"user","content":"x"}]}`, "X-Request-Id", "long-1")
@@ -393,7 +393,7 @@ func TestDrainAndStop(t *testing.T) {
 // when the node's session is lost (what closing the sessions at exit does).
 func TestWaitDetached(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		fp := newFakePool(config.TypeOllama)
+		fp := newFakePool(protocol.TypeOllama)
 		st := newFakeStream("run-w")
 		st.noTerminalOnCancel = true
 		cfg := testConfig(nil)
@@ -438,7 +438,7 @@ func TestAccessClientHalfClosedGetsNoFakeSuccess(t *testing.T) {
 		t.Run(row.name, func(t *testing.T) {
 			leakcheck.Check(t)
 			sink, m := newAccessSink(), access.NewMetrics()
-			r := newAccessRig(t, config.TypeOllama, sink, m, longWait)
+			r := newAccessRig(t, protocol.TypeOllama, sink, m, longWait)
 			id := fmt.Sprintf("half-closed-%d", i)
 			c, err := net.Dial("tcp", strings.TrimPrefix(r.srv.URL, "http://"))
 			if err != nil {
@@ -486,7 +486,7 @@ func TestAccessErrorMessageBounded(t *testing.T) {
 	for i, row := range rows {
 		t.Run(row.name, func(t *testing.T) {
 			sink, m := newAccessSink(), access.NewMetrics()
-			r := newAccessRig(t, config.TypeOllama, sink, m, longWait)
+			r := newAccessRig(t, protocol.TypeOllama, sink, m, longWait)
 			r.fp.err = row.poolErr
 			id := fmt.Sprintf("long-error-%d", i)
 			resp := r.send(t, context.Background(), "POST", "/v1/chat/completions", row.body, "X-Request-Id", id)
@@ -523,7 +523,7 @@ func TestAccessClientLeftDuringBody(t *testing.T) {
 		t.Run(row.name, func(t *testing.T) {
 			leakcheck.Check(t)
 			sink, m := newAccessSink(), access.NewMetrics()
-			r := newAccessRig(t, config.TypeOllama, sink, m, longWait)
+			r := newAccessRig(t, protocol.TypeOllama, sink, m, longWait)
 			id := fmt.Sprintf("left-body-%d", i)
 			c, err := net.Dial("tcp", strings.TrimPrefix(r.srv.URL, "http://"))
 			if err != nil {

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"iop/internal/edge/access"
-	"iop/internal/edge/config"
 	"iop/internal/edge/pool"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -103,7 +103,7 @@ func setLease(rw *recorder, l *pool.Lease, waited time.Duration, err error) {
 	}
 	rw.rec.Node, rw.rec.Provider = l.Node, l.Provider
 	rw.rec.Path = access.PathRun
-	if l.Type == config.TypeOpenAICompat {
+	if l.Type == protocol.TypeOpenAICompat {
 		rw.rec.Path = access.PathTunnel
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"iop/internal/edge/keystore"
 	"iop/internal/edge/pool"
 	"iop/internal/edge/tracing"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -107,7 +108,7 @@ func BenchmarkTunnelRoundTrip(b *testing.B) {
 		{Kind: &iop.Envelope_TunnelFrame{TunnelFrame: fBody(up)}},
 		{Kind: &iop.Envelope_TunnelFrame{TunnelFrame: fEnd()}},
 	}
-	runHandler(b, benchHandler(config.TypeOpenAICompat, envs), []byte(chatBody))
+	runHandler(b, benchHandler(protocol.TypeOpenAICompat, envs), []byte(chatBody))
 }
 
 // BenchmarkRunStream100: a streamed run of 100 deltas converted to
@@ -119,7 +120,7 @@ func BenchmarkRunStream100(b *testing.B) {
 	}
 	envs = append(envs, &iop.Envelope{Kind: &iop.Envelope_RunEvent{RunEvent: evComplete(102, "", "stop", usage(5, 100), nil)}})
 	body := []byte(`{"model":"tiny","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`)
-	runHandler(b, benchHandler(config.TypeOllama, envs), body)
+	runHandler(b, benchHandler(protocol.TypeOllama, envs), body)
 }
 
 // BenchmarkRunStreamSurface100: the 100-delta streamed run of
@@ -138,7 +139,7 @@ func BenchmarkRunStreamSurface100(b *testing.B) {
 		{"responses", "/v1/responses", `{"model":"tiny","stream":true,"input":"hi"}`},
 	} {
 		b.Run(s.name, func(b *testing.B) {
-			runHandlerPath(b, benchHandler(config.TypeOllama, envs), s.path, []byte(s.body))
+			runHandlerPath(b, benchHandler(protocol.TypeOllama, envs), s.path, []byte(s.body))
 		})
 	}
 }
@@ -153,7 +154,7 @@ func BenchmarkTunnelRoundTripAccounted(b *testing.B) {
 		{Kind: &iop.Envelope_TunnelFrame{TunnelFrame: fBody(up)}},
 		{Kind: &iop.Envelope_TunnelFrame{TunnelFrame: fEnd()}},
 	}
-	h := benchHandler(config.TypeOpenAICompat, envs)
+	h := benchHandler(protocol.TypeOpenAICompat, envs)
 	h.o.AccessLog = slog.New(slog.NewJSONHandler(io.Discard, nil))
 	h.o.Metrics, h.o.Recent = access.NewMetrics(), access.NewRecent(0)
 	runHandler(b, h, []byte(chatBody))
@@ -177,7 +178,7 @@ func BenchmarkTunnelRoundTripKeys(b *testing.B) {
 			name = "api_keys"
 		}
 		b.Run(name, func(b *testing.B) {
-			h := benchHandler(config.TypeOpenAICompat, envs)
+			h := benchHandler(protocol.TypeOpenAICompat, envs)
 			key := "sk-bench"
 			if n > 0 {
 				st := keystore.New()
@@ -233,7 +234,7 @@ func BenchmarkTunnelRoundTripTracing(b *testing.B) {
 		{"ratio=1/collector_down", 1, "http://127.0.0.1:1"},
 	} {
 		b.Run(c.name, func(b *testing.B) {
-			h := benchHandler(config.TypeOpenAICompat, envs)
+			h := benchHandler(protocol.TypeOpenAICompat, envs)
 			var exp *tracing.Exporter
 			if c.url != "" {
 				exp = tracing.New(tracing.Options{Endpoint: tracing.Endpoint(c.url), Timeout: time.Second})

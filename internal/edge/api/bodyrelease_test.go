@@ -12,6 +12,7 @@ import (
 	"iop/internal/edge/config"
 	"iop/internal/edge/dispatch"
 	"iop/internal/leakcheck"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -44,7 +45,7 @@ func TestBodyDroppedAfterFirstByte(t *testing.T) {
 	st := newFakeStream("run-1")
 	t.Cleanup(st.kill)
 	d := &watchedDispatcher{st: st, started: make(chan struct{}), freed: make(chan struct{})}
-	fp := newFakePool(config.TypeOpenAICompat) // target "tiny:latest"
+	fp := newFakePool(protocol.TypeOpenAICompat) // target "tiny:latest"
 	cfg := testConfig(nil)
 	r := &rig{fp: fp, p: fp, st: st, cfg: cfg}
 	r.h = New(Options{Config: func() *config.Config { return cfg }, Pool: fp, Dispatcher: d, Now: fixedNow, NewID: seqIDs()})

@@ -17,6 +17,7 @@ import (
 	"iop/internal/edge/config"
 	"iop/internal/leakcheck"
 	"iop/internal/proctest"
+	"iop/internal/protocol"
 )
 
 // connRig is a Handler on a real HTTP server wired as the Edge wires it
@@ -41,7 +42,7 @@ func newConnRig(t *testing.T, max int, open bool) *connRig {
 	cfg := testConfig(keys)
 	cfg.HTTP.MaxConnections = max
 	r := &connRig{events: make(chan http.ConnState, 1<<14)}
-	r.h = New(Options{Config: func() *config.Config { return cfg }, Pool: newFakePool(config.TypeOllama),
+	r.h = New(Options{Config: func() *config.Config { return cfg }, Pool: newFakePool(protocol.TypeOllama),
 		Dispatcher: newFakeDispatcher(newFakeStream("run-1")), Now: fixedNow, NewID: seqIDs(),
 		Logger: slog.New(slog.NewTextHandler(&proctest.Log{}, nil))})
 	r.srv = httptest.NewUnstartedServer(r.h)

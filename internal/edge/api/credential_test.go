@@ -52,12 +52,12 @@ func newCredRig(t *testing.T, typ string, c Credentials) *rig {
 // exactly the selected node, provider and target, the client's model and
 // principal.
 func TestCredentialAttached(t *testing.T) {
-	for _, typ := range []string{config.TypeOpenAICompat, config.TypeOllama} {
+	for _, typ := range []string{protocol.TypeOpenAICompat, protocol.TypeOllama} {
 		t.Run("C2 "+typ, func(t *testing.T) {
 			leakcheck.Check(t)
 			fc := &fakeCredentials{}
 			r := newCredRig(t, typ, fc)
-			if typ == config.TypeOllama {
+			if typ == protocol.TypeOllama {
 				r.st.run(evStart(), evComplete(2, "hi", "stop", nil, nil))
 			} else {
 				r.st.frames(fStart(200, "Content-Type", "application/json"), fBody([]byte(`{}`)), fEnd())
@@ -68,7 +68,7 @@ func TestCredentialAttached(t *testing.T) {
 			}
 			var l *iop.CredentialLease
 			var b *iop.CredentialLeaseBinding
-			if typ == config.TypeOllama {
+			if typ == protocol.TypeOllama {
 				l, b = r.d.lastRun().GetCredentialLease(), r.d.lastRun().GetCredentialBinding()
 			} else {
 				l, b = r.d.lastTunnel().GetCredentialLease(), r.d.lastTunnel().GetCredentialBinding()
@@ -90,7 +90,7 @@ func TestCredentialAttached(t *testing.T) {
 // and the provider lease goes back once.
 func TestCredentialNotIssued(t *testing.T) {
 	leakcheck.Check(t)
-	r := newCredRig(t, config.TypeOpenAICompat, &fakeCredentials{err: errors.New("sealing failed")})
+	r := newCredRig(t, protocol.TypeOpenAICompat, &fakeCredentials{err: errors.New("sealing failed")})
 	resp, body := r.do(t, "POST", "/v1/chat/completions", chatBody, "Authorization", "Bearer k-a")
 	e := checkShape(t, body, false)
 	if resp.StatusCode != 502 || e.Error.Code == nil || *e.Error.Code != "credential_unavailable" {
@@ -122,7 +122,7 @@ func TestCredentialRejectedByNode(t *testing.T) {
 		t.Run(row.name, func(t *testing.T) {
 			leakcheck.Check(t)
 			fc := &fakeCredentials{}
-			r := newCredRig(t, config.TypeOpenAICompat, fc)
+			r := newCredRig(t, protocol.TypeOpenAICompat, fc)
 			r.st.frames(fError(row.code, `credential lease rejected: credential lease expired: expired 9000 ms ago`))
 			resp, body := r.do(t, "POST", row.path, chatBody, "Authorization", "Bearer k-a")
 			if resp.StatusCode != 502 || !strings.Contains(body, "refused the request's credential lease: credential lease rejected: credential lease expired") {

@@ -41,7 +41,7 @@ func newEvidenceRig(t *testing.T, slots ...string) *evidenceRig {
 	for i, slot := range slots {
 		k := pool.Key{Node: cfg.Models[0].Providers[i].Node, Provider: "ollama"}
 		pc.Nodes = append(pc.Nodes, k.Node)
-		pc.Resources = append(pc.Resources, pool.Resource{Key: k, Type: config.TypeOllama, Category: "local_inference",
+		pc.Resources = append(pc.Resources, pool.Resource{Key: k, Type: protocol.TypeOllama, Category: "local_inference",
 			Capacity: 4, LongCapacity: 4, Operations: []string{protocol.OpChatCompletions}})
 		g.Candidates = append(g.Candidates, pool.Candidate{Key: k, Target: "tiny:latest", StallTimeoutMs: 60000, Slot: slot})
 	}

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"iop/internal/edge/access"
-	"iop/internal/edge/config"
 	"iop/internal/edge/dispatch"
 	"iop/internal/edge/pool"
 	"iop/internal/jsonscan"
@@ -360,11 +359,11 @@ func (h *Handler) admit(ctx context.Context, w *recorder, r *http.Request, v *vi
 func (h *Handler) start(x *exchange) (dispatch.Stream, sink) {
 	l := x.lease
 	switch {
-	case l.Type == config.TypeOpenAICompat:
+	case l.Type == protocol.TypeOpenAICompat:
 		return h.tunnel(x)
-	case l.Type == config.TypeOllama && x.ep.run != runNone:
+	case l.Type == protocol.TypeOllama && x.ep.run != runNone:
 		return h.run(x)
-	case l.Type == config.TypeOllama:
+	case l.Type == protocol.TypeOllama:
 		return h.tunnel(x) // the node's built-in Ollama profile (/v1/completions)
 	}
 	writeError(x.out.w, x.ep.surface, badGateway("operation_not_supported", "provider "+l.Provider+" of type "+

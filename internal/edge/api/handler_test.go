@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"iop/internal/edge/config"
 	"iop/internal/edge/pool"
 	"iop/internal/leakcheck"
 	"iop/internal/protocol"
@@ -51,7 +50,7 @@ const chatBody = `{"model":"tiny","messages":[{"role":"user","content":"hi"}]}`
 // principal rides with the request; Anthropic routes also take x-api-key.
 func TestAuth(t *testing.T) {
 	leakcheck.Check(t)
-	r := newRig(t, config.TypeOpenAICompat, map[string]string{"team-a": "sk-a", "team-b": "sk-b"})
+	r := newRig(t, protocol.TypeOpenAICompat, map[string]string{"team-a": "sk-a", "team-b": "sk-b"})
 	r.fp.err = pool.ErrUnknownModel // an admitted request ends at the pool with 404
 	rows := []struct {
 		name       string
@@ -125,7 +124,7 @@ func TestAuth(t *testing.T) {
 // T4: with no api_keys the surface is open and says so.
 func TestOpenMode(t *testing.T) {
 	leakcheck.Check(t)
-	r := newRig(t, config.TypeOpenAICompat, nil)
+	r := newRig(t, protocol.TypeOpenAICompat, nil)
 	if !r.h.OpenMode() {
 		t.Fatal("OpenMode: got false with no keys")
 	}
@@ -139,7 +138,7 @@ func TestOpenMode(t *testing.T) {
 // /healthz needs no key; unknown paths are 404 and wrong methods 405.
 func TestModelsHealthAndRouting(t *testing.T) {
 	leakcheck.Check(t)
-	r := newRig(t, config.TypeOpenAICompat, map[string]string{"a": "k"})
+	r := newRig(t, protocol.TypeOpenAICompat, map[string]string{"a": "k"})
 	auth := []string{"Authorization", "Bearer k"}
 	resp, body := r.do(t, "GET", "/v1/models", "", auth...)
 	var list struct {
@@ -232,7 +231,7 @@ func TestRequestErrors(t *testing.T) {
 	}
 	for _, row := range rows {
 		t.Run(row.name, func(t *testing.T) {
-			r := newRig(t, config.TypeOpenAICompat, nil)
+			r := newRig(t, protocol.TypeOpenAICompat, nil)
 			r.fp.err = row.poolErr
 			var rd io.Reader = strings.NewReader(row.body)
 			if row.chunked {
@@ -290,7 +289,7 @@ func TestAcquireRequest(t *testing.T) {
 			// conversation prefix, and count_tokens never does.
 			wantPrefix := routing == "prefix_affinity" && row.op != protocol.OpCountTokens
 			t.Run(fmt.Sprintf("Q3 issue16 %s %s", row.op, routing), func(t *testing.T) {
-				r := newRig(t, config.TypeOpenAICompat, nil)
+				r := newRig(t, protocol.TypeOpenAICompat, nil)
 				r.cfg.Models[0].Routing = routing
 				r.fp.err = pool.ErrUnknownModel
 				r.do(t, "POST", row.path, row.body)

@@ -12,6 +12,7 @@ import (
 
 	"iop/internal/edge/config"
 	"iop/internal/leakcheck"
+	"iop/internal/protocol"
 )
 
 // waitingListener hands out connections that report, on waiting, when the
@@ -81,7 +82,7 @@ func TestHostileBodiesHoldLittleMemory(t *testing.T) {
 			leakcheck.Check(t)
 			cfg := testConfig(map[string]string{"p": "k"})
 			cfg.HTTP.MaxBodyBytes = declared
-			fp := newFakePool(config.TypeOllama)
+			fp := newFakePool(protocol.TypeOllama)
 			st := newFakeStream("run-1")
 			t.Cleanup(st.kill)
 			h := New(Options{Config: func() *config.Config { return cfg }, Pool: fp, Dispatcher: newFakeDispatcher(st),

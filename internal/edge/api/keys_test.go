@@ -12,6 +12,7 @@ import (
 	"iop/internal/edge/keystore"
 	"iop/internal/edge/pool"
 	"iop/internal/leakcheck"
+	"iop/internal/protocol"
 )
 
 // newKeysRig is newRig with Options.Keys: a Registry over a key store of
@@ -35,7 +36,7 @@ func newKeysRig(t *testing.T, specs ...keystore.Spec) (*rig, *keys.Registry, map
 		t.Fatal(err)
 	}
 	reg := keys.New(set)
-	r := &rig{fp: newFakePool(config.TypeOpenAICompat), st: newFakeStream("run-1"), cfg: testConfig(nil)}
+	r := &rig{fp: newFakePool(protocol.TypeOpenAICompat), st: newFakeStream("run-1"), cfg: testConfig(nil)}
 	r.p, r.d = r.fp, newFakeDispatcher(r.st)
 	cfg := r.cfg
 	r.h = New(Options{Config: func() *config.Config { return cfg }, Pool: r.p, Dispatcher: r.d, Now: fixedNow, NewID: seqIDs(), Keys: reg})

@@ -199,10 +199,10 @@ func (r *retryRig) retries(reason string) float64 {
 func TestRedispatchEveryFailureKind(t *testing.T) {
 	const chatStream = `{"model":"tiny","stream":true,"messages":[{"role":"user","content":"hi"}]}`
 	for _, f := range failures() {
-		for _, path := range []string{config.TypeOllama, config.TypeOpenAICompat} {
+		for _, path := range []string{protocol.TypeOllama, protocol.TypeOpenAICompat} {
 			for _, stream := range []bool{false, true} {
 				name := "H11 " + f.name + " run"
-				if path == config.TypeOpenAICompat {
+				if path == protocol.TypeOpenAICompat {
 					name = "H11 " + f.name + " tunnel"
 				}
 				body := chatBody
@@ -214,7 +214,7 @@ func TestRedispatchEveryFailureKind(t *testing.T) {
 					leakcheck.Check(t)
 					a, b := withType(leaseA, path), withType(leaseB, path)
 					r := newRetryRig(t, retryConfig(2), Options{}, a, b)
-					if path == config.TypeOllama {
+					if path == protocol.TypeOllama {
 						r.stream(t, "a", f.events, nil)
 						r.stream(t, "b", []*iop.RunEvent{evStart(), evDelta(2, "hello"), evComplete(3, "hello", "stop", nil, nil)}, nil)
 					} else {
@@ -255,7 +255,7 @@ func TestRedispatchEveryFailureKind(t *testing.T) {
 						t.Errorf("passive health failures %+v, want %+v", fails, wantFails)
 					}
 					wantOK := []pool.Key{b.Key}
-					if path == config.TypeOpenAICompat && f.frames[0].Kind == iop.TunnelFrameKind_TUNNEL_FRAME_RESPONSE_START &&
+					if path == protocol.TypeOpenAICompat && f.frames[0].Kind == iop.TunnelFrameKind_TUNNEL_FRAME_RESPONSE_START &&
 						f.frames[0].Status < 400 {
 						wantOK = []pool.Key{a.Key, b.Key} // a 200 head is an answer: the stall or break is not passive health's
 					}
@@ -288,42 +288,42 @@ func TestNoCandidateLeftErrorClass(t *testing.T) {
 		contains   []string
 		absent     []string
 	}{
-		{name: "run 429 with Retry-After: 429 with it", typ: config.TypeOllama,
+		{name: "run 429 with Retry-After: 429 with it", typ: protocol.TypeOllama,
 			events: func(int) []*iop.RunEvent {
 				return []*iop.RunEvent{evStart(), runStatus(429, 5000, "429: quota exceeded")}
 			},
 			dispatches: 2, want: 429, retryAfter: "5", contains: []string{"quota exceeded", `"type":"rate_limit_error"`},
 			absent: []string{`adapter`, "ollama", "upstream status"}},
-		{name: "run 429 without Retry-After: 429 with 1 s", typ: config.TypeOllama,
+		{name: "run 429 without Retry-After: 429 with 1 s", typ: protocol.TypeOllama,
 			events:     func(int) []*iop.RunEvent { return []*iop.RunEvent{evStart(), runStatus(429, 0, "429: quota exceeded")} },
 			dispatches: 2, want: 429, retryAfter: "1", contains: []string{"quota exceeded"}},
-		{name: "run 503: 503 with the upstream's message", typ: config.TypeOllama,
+		{name: "run 503: 503 with the upstream's message", typ: protocol.TypeOllama,
 			events:     func(int) []*iop.RunEvent { return []*iop.RunEvent{evStart(), runStatus(503, 0, "503: Loading model")} },
 			dispatches: 2, want: 503, contains: []string{"Loading model"}, absent: []string{"adapter", "upstream status"}},
-		{name: "run 400: the client's fault, not re-dispatched, with the upstream's message", typ: config.TypeOllama,
+		{name: "run 400: the client's fault, not re-dispatched, with the upstream's message", typ: protocol.TypeOllama,
 			events: func(int) []*iop.RunEvent {
 				return []*iop.RunEvent{evStart(), runStatus(400, 0, "400: context too long")}
 			},
 			dispatches: 1, want: 400, contains: []string{"context too long"}, absent: []string{"adapter", "upstream status"}},
-		{name: "run 413: passes through", typ: config.TypeOllama,
+		{name: "run 413: passes through", typ: protocol.TypeOllama,
 			events:     func(int) []*iop.RunEvent { return []*iop.RunEvent{evStart(), runStatus(413, 0, "413: too large")} },
 			dispatches: 1, want: 413, contains: []string{"too large"}},
-		{name: "run connect refused everywhere: 502 without the address", typ: config.TypeOllama,
+		{name: "run connect refused everywhere: 502 without the address", typ: protocol.TypeOllama,
 			events: func(int) []*iop.RunEvent {
 				return []*iop.RunEvent{evStart(), evError(2, protocol.CodeUpstreamConnect.String(), `adapter "ollama": Post "http://10.0.0.7:11434/api/chat": connection refused`)}
 			},
 			dispatches: 2, want: 502, contains: []string{"could not be reached"}, absent: []string{"10.0.0.7", "ollama"}},
-		{name: "tunnel 429 everywhere: the upstream's 429 and Retry-After", typ: config.TypeOpenAICompat,
+		{name: "tunnel 429 everywhere: the upstream's 429 and Retry-After", typ: protocol.TypeOpenAICompat,
 			frames: func(int) []*iop.ProviderTunnelFrame {
 				return tunnelStatus(429, `{"error":{"message":"slow down"}}`, "Retry-After", "7")
 			},
 			dispatches: 2, want: 429, retryAfter: "7", contains: []string{"slow down"}},
-		{name: "tunnel 503 everywhere: the upstream's 503", typ: config.TypeOpenAICompat,
+		{name: "tunnel 503 everywhere: the upstream's 503", typ: protocol.TypeOpenAICompat,
 			frames: func(int) []*iop.ProviderTunnelFrame {
 				return tunnelStatus(503, `{"error":{"code":503,"message":"Loading model"}}`)
 			},
 			dispatches: 2, want: 503, contains: []string{"Loading model"}},
-		{name: "tunnel 400: not re-dispatched, passed through", typ: config.TypeOpenAICompat,
+		{name: "tunnel 400: not re-dispatched, passed through", typ: protocol.TypeOpenAICompat,
 			frames: func(int) []*iop.ProviderTunnelFrame {
 				return tunnelStatus(400, `{"error":{"message":"bad tools"}}`)
 			},
@@ -405,7 +405,7 @@ func TestRedispatchBounds(t *testing.T) {
 			leakcheck.Check(t)
 			var leases []*pool.Lease
 			for i := range row.leases {
-				l := withType(leaseA, config.TypeOllama)
+				l := withType(leaseA, protocol.TypeOllama)
 				l.Node = string(rune('a' + i))
 				leases = append(leases, l)
 			}
@@ -460,14 +460,14 @@ func TestParseRetryAfter(t *testing.T) {
 // every other one is busy) ends the request quietly: the failed lease went
 // back once, before the wait, and nothing else was granted or sent.
 func TestClientLeavesDuringRedispatch(t *testing.T) {
-	for _, typ := range []string{config.TypeOllama, config.TypeOpenAICompat} {
+	for _, typ := range []string{protocol.TypeOllama, protocol.TypeOpenAICompat} {
 		t.Run(typ, func(t *testing.T) {
 			leakcheck.Check(t)
 			r := newRetryRig(t, retryConfig(2), Options{}, withType(leaseA, typ))
 			r.p.block = true
 			waiting := make(chan struct{})
 			r.p.waiting = waiting
-			if typ == config.TypeOllama {
+			if typ == protocol.TypeOllama {
 				r.stream(t, "s", []*iop.RunEvent{evStart(), runStatus(503, 0, "503: busy")}, nil)
 			} else {
 				r.stream(t, "s", nil, tunnelStatus(503, `{"error":{"message":"busy"}}`))
@@ -525,7 +525,7 @@ func TestOverCapacityRequeued(t *testing.T) {
 			leakcheck.Check(t)
 			var leases []*pool.Lease
 			for range refusals + 1 {
-				leases = append(leases, withType(leaseA, config.TypeOllama))
+				leases = append(leases, withType(leaseA, protocol.TypeOllama))
 			}
 			r := newRetryRig(t, retryConfig(1), Options{}, leases...)
 			for i := range refusals {

@@ -6,7 +6,6 @@ import (
 	"iop/internal/edge/access"
 	"strconv"
 
-	"iop/internal/edge/config"
 	"iop/internal/edge/dispatch"
 	apisurface "iop/internal/edge/surface"
 	"iop/internal/edge/surface/anthropic"
@@ -58,7 +57,7 @@ func (h *Handler) run(x *exchange) (dispatch.Stream, sink) {
 // RunRequest's input and returns the sink that encodes the answer.
 func (h *Handler) runSurface(x *exchange) (sink, *iop.RunRequest, *apisurface.Error) {
 	hd := &x.head
-	hold := x.lease.Type != config.TypeOllama // text tool calls (E9) only on openai_compat adapters
+	hold := x.lease.Type != protocol.TypeOllama // text tool calls (E9) only on openai_compat adapters
 	switch x.ep.run {
 	case runChat:
 		in, p, e := openai.ChatInputPolicy(x.body, x.unknown)

@@ -27,7 +27,7 @@ import (
 // chat.completion naming its own model.
 func TestRunDispatchNonStream(t *testing.T) {
 	leakcheck.Check(t)
-	r := newRig(t, config.TypeOllama, nil)
+	r := newRig(t, protocol.TypeOllama, nil)
 	r.st.run(evStart(), evDelta(2, "Hello"), evComplete(3, "Hello", "stop", usage(3, 1), nil))
 	body := `{"model":"tiny","messages":[{"role":"developer","content":"be brief"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],` +
 		`"max_tokens":9,"max_completion_tokens":7,"temperature":0.2,"stop":"END","seed":4}`
@@ -69,7 +69,7 @@ func readEvents(t *testing.T, rd *sse.Reader, n int) []string {
 // first delta before the run produces more.
 func TestRunStreamFlushedPerChunk(t *testing.T) {
 	leakcheck.Check(t)
-	r := newRig(t, config.TypeOllama, nil)
+	r := newRig(t, protocol.TypeOllama, nil)
 	r.st.run(evStart(), evDelta(2, "Hel"))
 	resp := r.send(t, context.Background(), "POST", "/v1/chat/completions",
 		`{"model":"tiny","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`)
@@ -146,7 +146,7 @@ func TestRunFailures(t *testing.T) {
 	for _, row := range rows {
 		t.Run(row.name, func(t *testing.T) {
 			leakcheck.Check(t)
-			r := newRig(t, config.TypeOllama, nil)
+			r := newRig(t, protocol.TypeOllama, nil)
 			r.d.err = row.startErr
 			r.st.run(row.events...)
 			if row.recvErr != nil {
@@ -191,17 +191,17 @@ func TestClientDisconnect(t *testing.T) {
 		prime  func(s *fakeStream) // what the node sends before the client leaves
 		wait   func(t *testing.T, resp *http.Response)
 	}{
-		{name: "Q4 T3 while queued", typ: config.TypeOllama, queued: true},
-		{name: "T3 run before the first byte (long prefill)", typ: config.TypeOllama,
+		{name: "Q4 T3 while queued", typ: protocol.TypeOllama, queued: true},
+		{name: "T3 run before the first byte (long prefill)", typ: protocol.TypeOllama,
 			prime: func(s *fakeStream) { s.run(evStart()) }},
-		{name: "T3 run mid-stream", typ: config.TypeOllama,
+		{name: "T3 run mid-stream", typ: protocol.TypeOllama,
 			prime: func(s *fakeStream) { s.run(evStart(), evDelta(2, "partial")) },
 			wait: func(t *testing.T, resp *http.Response) {
 				readEvents(t, sse.NewReader(resp.Body, sse.DefaultMaxLine), 2)
 			}},
-		{name: "T3 tunnel before the first byte", typ: config.TypeOpenAICompat,
+		{name: "T3 tunnel before the first byte", typ: protocol.TypeOpenAICompat,
 			prime: func(s *fakeStream) { s.frames(fStart(200, "Content-Type", "text/event-stream")) }},
-		{name: "T3 tunnel mid-stream", typ: config.TypeOpenAICompat,
+		{name: "T3 tunnel mid-stream", typ: protocol.TypeOpenAICompat,
 			prime: func(s *fakeStream) {
 				s.frames(fStart(200, "Content-Type", "text/event-stream"), fBody([]byte("data: 1\n\n")))
 			},
@@ -284,7 +284,7 @@ func TestFencedLease(t *testing.T) {
 			k := pool.Key{Node: "n1", Provider: "ollama"}
 			p := pool.New(pool.Config{
 				Nodes:     []string{"n1"},
-				Resources: []pool.Resource{{Key: k, Type: config.TypeOllama, Capacity: 1, LongCapacity: 1, Operations: []string{protocol.OpChatCompletions}}},
+				Resources: []pool.Resource{{Key: k, Type: protocol.TypeOllama, Capacity: 1, LongCapacity: 1, Operations: []string{protocol.OpChatCompletions}}},
 				Groups:    []pool.Group{{Name: "tiny", Candidates: []pool.Candidate{{Key: k, Target: "tiny:latest"}}}},
 			}, nil)
 			if !p.NodeReady("n1", 1) {
@@ -354,7 +354,7 @@ func TestFencedLease(t *testing.T) {
 func TestResponseWaitTimeout(t *testing.T) {
 	for _, midStream := range []bool{false, true} {
 		synctest.Test(t, func(t *testing.T) {
-			fp := newFakePool(config.TypeOllama)
+			fp := newFakePool(protocol.TypeOllama)
 			fp.lease.StallTimeoutMs = 1000
 			st := newFakeStream("run-w")
 			cfg := testConfig(nil)
@@ -408,7 +408,7 @@ func TestLeaseTypeCannotServeEndpoint(t *testing.T) {
 // T5: the usage observed on a run's COMPLETE reaches OnUsage.
 func TestRunUsageObserved(t *testing.T) {
 	leakcheck.Check(t)
-	r := newRig(t, config.TypeOllama, map[string]string{"p": "k"})
+	r := newRig(t, protocol.TypeOllama, map[string]string{"p": "k"})
 	got := make(chan string, 1)
 	r.h.o.OnUsage = func(p, m string, u *iop.Usage) {
 		b, _ := json.Marshal(map[string]any{"p": p, "m": m, "t": u.TotalTokens})
@@ -439,7 +439,7 @@ func (w *failingWriter) Write(p []byte) (int, error) {
 // T3, Q2: a failed write to the client cancels the node's work at once and
 // returns the lease once; nothing more is written.
 func TestWriteFailureCancels(t *testing.T) {
-	for _, typ := range []string{config.TypeOllama, config.TypeOpenAICompat} {
+	for _, typ := range []string{protocol.TypeOllama, protocol.TypeOpenAICompat} {
 		t.Run("T3 "+typ, func(t *testing.T) {
 			leakcheck.Check(t)
 			fp := newFakePool(typ)
@@ -485,7 +485,7 @@ func waitReleased(t *testing.T, fp *fakePool, st *fakeStream) {
 // releases it after CancelDrainTimeout when no terminal comes.
 func TestCancelledLeaseWaitsForTerminal(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		fp := newFakePool(config.TypeOllama)
+		fp := newFakePool(protocol.TypeOllama)
 		st := newFakeStream("run-d")
 		st.noTerminalOnCancel = true
 		cfg := testConfig(nil)
@@ -506,7 +506,7 @@ func TestCancelledLeaseWaitsForTerminal(t *testing.T) {
 			t.Fatalf("Q2: released %d times after the terminal, want 1", n)
 		}
 
-		fp2 := newFakePool(config.TypeOllama)
+		fp2 := newFakePool(protocol.TypeOllama)
 		st2 := newFakeStream("run-e")
 		st2.noTerminalOnCancel = true
 		h2 := New(Options{Config: func() *config.Config { return cfg }, Pool: fp2, Dispatcher: newFakeDispatcher(st2),

@@ -12,12 +12,13 @@ import (
 
 	"iop/internal/edge/config"
 	"iop/internal/leakcheck"
+	"iop/internal/protocol"
 )
 
 // slowRig serves the Handler with a short body-read timeout.
 func slowRig(t *testing.T, keys map[string]string, bodyTimeout time.Duration) (*rig, string) {
 	t.Helper()
-	r := &rig{fp: newFakePool(config.TypeOllama), st: newFakeStream("run-1"), cfg: testConfig(keys)}
+	r := &rig{fp: newFakePool(protocol.TypeOllama), st: newFakeStream("run-1"), cfg: testConfig(keys)}
 	r.p = r.fp
 	r.d = newFakeDispatcher(r.st)
 	cfg := r.cfg

@@ -214,76 +214,76 @@ func TestStallRedispatch(t *testing.T) {
 		{name: "H11 run stall before any byte re-dispatches once, second lease answers", body: chatBody,
 			failure: stalledFailure("ollama", "tiny:latest", protocol.HealthAvailable, 1),
 			attempts: []attempt{
-				{lease: withType(leaseA, config.TypeOllama), events: []*iop.RunEvent{evStart()}},
-				{lease: withType(leaseB, config.TypeOllama), events: []*iop.RunEvent{evStart(), evDelta(2, "hello"), evComplete(3, "", "stop", nil, nil)}},
+				{lease: withType(leaseA, protocol.TypeOllama), events: []*iop.RunEvent{evStart()}},
+				{lease: withType(leaseB, protocol.TypeOllama), events: []*iop.RunEvent{evStart(), evDelta(2, "hello"), evComplete(3, "", "stop", nil, nil)}},
 			},
 			want: 200, contains: `"content":"hello"`, dispatch: 2, elig: "eligible", result: "recovered", decorated: true},
 		{name: "H11 streamed run stall before the first byte re-dispatches", body: streamChat,
 			failure: stalledFailure("ollama", "tiny:latest", protocol.HealthUnknown, 2),
 			attempts: []attempt{
-				{lease: withType(leaseA, config.TypeOllama), events: []*iop.RunEvent{evStart()}},
-				{lease: withType(leaseB, config.TypeOllama), events: []*iop.RunEvent{evStart(), evDelta(2, "hey"), evComplete(3, "", "stop", nil, nil)}},
+				{lease: withType(leaseA, protocol.TypeOllama), events: []*iop.RunEvent{evStart()}},
+				{lease: withType(leaseB, protocol.TypeOllama), events: []*iop.RunEvent{evStart(), evDelta(2, "hey"), evComplete(3, "", "stop", nil, nil)}},
 			},
 			want: 200, contains: "data: [DONE]", dispatch: 2, elig: "eligible", result: "recovered", decorated: true},
 		{name: "H8 H11 tunnel stall after RESPONSE_START, before any body byte, re-dispatches; fresh unavailable overlays", body: streamChat,
 			failure: stalledFailure("ollama", "tiny:latest", protocol.HealthUnavailable, 3),
 			attempts: []attempt{
-				{lease: withType(leaseA, config.TypeOpenAICompat), frames: []*iop.ProviderTunnelFrame{sse}},
-				{lease: withType(leaseB, config.TypeOpenAICompat), frames: []*iop.ProviderTunnelFrame{sse, fBody([]byte("data: {\"x\":1}\n\n")), fEnd()}},
+				{lease: withType(leaseA, protocol.TypeOpenAICompat), frames: []*iop.ProviderTunnelFrame{sse}},
+				{lease: withType(leaseB, protocol.TypeOpenAICompat), frames: []*iop.ProviderTunnelFrame{sse, fBody([]byte("data: {\"x\":1}\n\n")), fEnd()}},
 			},
 			want: 200, contains: `data: {"x":1}`, dispatch: 2, elig: "eligible", result: "recovered", decorated: true, overlaid: true},
 		{name: "H11 stall after bytes is an error event, no re-dispatch", body: streamChat,
 			failure: stalledFailure("ollama", "tiny:latest", protocol.HealthAvailable, 1),
 			attempts: []attempt{
-				{lease: withType(leaseA, config.TypeOllama), events: []*iop.RunEvent{evStart(), evDelta(2, "par")}},
-				{lease: withType(leaseB, config.TypeOllama)},
+				{lease: withType(leaseA, protocol.TypeOllama), events: []*iop.RunEvent{evStart(), evDelta(2, "par")}},
+				{lease: withType(leaseB, protocol.TypeOllama)},
 			},
 			want: 200, contains: `data: {"error":{"message":"the provider stopped responding: no output for 1500 ms (response stalled)","type":"server_error","param":null,"code":"response_stalled"}}`,
 			dispatch: 1, elig: "response_started", decorated: true},
 		{name: "H11 tunnel stall after body bytes is an error event", body: streamChat,
 			failure: stalledFailure("ollama", "tiny:latest", protocol.HealthAvailable, 1),
 			attempts: []attempt{
-				{lease: withType(leaseA, config.TypeOpenAICompat), frames: []*iop.ProviderTunnelFrame{sse, fBody([]byte("data: {}\n\n"))}},
-				{lease: withType(leaseB, config.TypeOpenAICompat)},
+				{lease: withType(leaseA, protocol.TypeOpenAICompat), frames: []*iop.ProviderTunnelFrame{sse, fBody([]byte("data: {}\n\n"))}},
+				{lease: withType(leaseB, protocol.TypeOpenAICompat)},
 			},
 			want: 200, contains: `"code":"response_stalled"`, dispatch: 1, elig: "response_started", decorated: true},
 		{name: "H11 no second lease in time is the stall's 504", body: chatBody, block: true, wait: 20 * time.Millisecond,
 			failure:  stalledFailure("ollama", "tiny:latest", protocol.HealthAvailable, 1),
-			attempts: []attempt{{lease: withType(leaseA, config.TypeOllama), events: []*iop.RunEvent{evStart()}}},
+			attempts: []attempt{{lease: withType(leaseA, protocol.TypeOllama), events: []*iop.RunEvent{evStart()}}},
 			want:     504, contains: `"code":"response_stalled"`, dispatch: 1, elig: "eligible", result: "no_lease", decorated: true},
 		{name: "H11 second attempt stalls too: 504, never a third", body: chatBody,
 			failure: stalledFailure("ollama", "tiny:latest", protocol.HealthAvailable, 1),
 			attempts: []attempt{
-				{lease: withType(leaseA, config.TypeOllama), events: []*iop.RunEvent{evStart()}},
-				{lease: withType(leaseB, config.TypeOllama), events: []*iop.RunEvent{evStall(2, stalledFailure("ollama", "tiny:latest", protocol.HealthAvailable, 1))}},
-				{lease: withType(leaseA, config.TypeOllama)},
+				{lease: withType(leaseA, protocol.TypeOllama), events: []*iop.RunEvent{evStart()}},
+				{lease: withType(leaseB, protocol.TypeOllama), events: []*iop.RunEvent{evStall(2, stalledFailure("ollama", "tiny:latest", protocol.HealthAvailable, 1))}},
+				{lease: withType(leaseA, protocol.TypeOllama)},
 			},
 			want: 504, contains: `"code":"response_stalled"`, dispatch: 2, elig: "eligible", result: "failed", decorated: true},
 		{name: "H8 mismatched target: evidence rejected, 504, no re-dispatch, lease back once", body: chatBody,
 			failure: stalledFailure("ollama", "other-model", protocol.HealthUnavailable, 9),
 			attempts: []attempt{
-				{lease: withType(leaseA, config.TypeOllama), events: []*iop.RunEvent{evStart()}},
-				{lease: withType(leaseB, config.TypeOllama)},
+				{lease: withType(leaseA, protocol.TypeOllama), events: []*iop.RunEvent{evStart()}},
+				{lease: withType(leaseB, protocol.TypeOllama)},
 			},
 			want: 504, contains: `"code":"response_stalled"`, dispatch: 1, elig: "evidence_rejected"},
 		{name: "H8 stall without evidence: rejected, 504", body: chatBody,
 			attempts: []attempt{
-				{lease: withType(leaseA, config.TypeOllama), events: []*iop.RunEvent{evStart()}},
-				{lease: withType(leaseB, config.TypeOllama)},
+				{lease: withType(leaseA, protocol.TypeOllama), events: []*iop.RunEvent{evStart()}},
+				{lease: withType(leaseB, protocol.TypeOllama)},
 			},
 			want: 504, contains: `"code":"response_stalled"`, dispatch: 1, elig: "evidence_rejected"},
 		{name: "H11 re-dispatch turned off: 504", body: chatBody, wait: -1,
 			failure: stalledFailure("ollama", "tiny:latest", protocol.HealthAvailable, 1),
 			attempts: []attempt{
-				{lease: withType(leaseA, config.TypeOllama), events: []*iop.RunEvent{evStart()}},
-				{lease: withType(leaseB, config.TypeOllama)},
+				{lease: withType(leaseA, protocol.TypeOllama), events: []*iop.RunEvent{evStart()}},
+				{lease: withType(leaseB, protocol.TypeOllama)},
 			},
 			want: 504, contains: `"code":"response_stalled"`, dispatch: 1, elig: "disabled", decorated: true},
 		{name: "H11 without a health owner a stall is a 504", body: chatBody, noHealth: true,
 			failure: stalledFailure("ollama", "tiny:latest", protocol.HealthAvailable, 1),
 			attempts: []attempt{
-				{lease: withType(leaseA, config.TypeOllama), events: []*iop.RunEvent{evStart()}},
-				{lease: withType(leaseB, config.TypeOllama)},
+				{lease: withType(leaseA, protocol.TypeOllama), events: []*iop.RunEvent{evStart()}},
+				{lease: withType(leaseB, protocol.TypeOllama)},
 			},
 			want: 504, contains: `"code":"response_stalled"`, dispatch: 1},
 	}
@@ -298,7 +298,7 @@ func TestStallRedispatch(t *testing.T) {
 				t.Cleanup(st.kill)
 				if i == 0 {
 					// The first attempt ends with the stall under test.
-					if a.lease.Type == config.TypeOpenAICompat {
+					if a.lease.Type == protocol.TypeOpenAICompat {
 						st.frames(append(a.frames, fStall(r.failure))...)
 					} else {
 						st.run(append(a.events, evStall(9, r.failure))...)
@@ -387,7 +387,7 @@ func TestStallRedispatch(t *testing.T) {
 // admission (model, operation, estimated prompt tokens).
 func TestRedispatchSameRequest(t *testing.T) {
 	leakcheck.Check(t)
-	p := &leasePool{leases: []*pool.Lease{withType(leaseA, config.TypeOllama), withType(leaseB, config.TypeOllama)}}
+	p := &leasePool{leases: []*pool.Lease{withType(leaseA, protocol.TypeOllama), withType(leaseB, protocol.TypeOllama)}}
 	st1, st2 := newFakeStream("r1"), newFakeStream("r2")
 	t.Cleanup(st1.kill)
 	t.Cleanup(st2.kill)

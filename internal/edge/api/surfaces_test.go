@@ -5,9 +5,9 @@ import (
 	"strings"
 	"testing"
 
-	"iop/internal/edge/config"
 	st "iop/internal/edge/surface/surfacetest"
 	"iop/internal/leakcheck"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -72,7 +72,7 @@ func TestRunPathSurfaces(t *testing.T) {
 	for _, row := range rows {
 		t.Run(row.name, func(t *testing.T) {
 			leakcheck.Check(t)
-			r := newRig(t, config.TypeOllama, nil)
+			r := newRig(t, protocol.TypeOllama, nil)
 			r.st.run(row.events...)
 			resp, got := r.do(t, "POST", row.path, row.body)
 			if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), row.ctype) {
@@ -102,7 +102,7 @@ func TestRunPathSurfaceRefusals(t *testing.T) {
 	for _, row := range rows {
 		t.Run(row.name, func(t *testing.T) {
 			leakcheck.Check(t)
-			r := newRig(t, config.TypeOllama, nil)
+			r := newRig(t, protocol.TypeOllama, nil)
 			resp, got := r.do(t, "POST", row.path, row.body)
 			if resp.StatusCode != http.StatusBadRequest || !strings.Contains(got, row.contains) {
 				t.Fatalf("status %d: %s", resp.StatusCode, got)

@@ -9,6 +9,7 @@ import (
 	"iop/internal/edge/config"
 	"iop/internal/edge/pool"
 	"iop/internal/edge/tracing"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -76,7 +77,7 @@ const tracedChat = `{"model":"tiny","messages":[{"role":"user","content":"hi"}]}
 // request, queue and attempt spans; a node's span that breaks a bound is
 // dropped and counted, the valid one kept under the attempt.
 func TestTraceRunRequest(t *testing.T) {
-	r, ft := tracedRig(t, config.TypeOllama, 1)
+	r, ft := tracedRig(t, protocol.TypeOllama, 1)
 	r.st.run(evStart(), evComplete(2, "hello", "stop", nil, nil))
 	resp, body := r.do(t, "POST", "/v1/chat/completions", tracedChat,
 		"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate", "congo=t61")
@@ -101,7 +102,7 @@ func TestTraceRunRequest(t *testing.T) {
 	}
 
 	// A node relaying one good span and one with a foreign parent.
-	r2, ft2 := tracedRig(t, config.TypeOllama, 1)
+	r2, ft2 := tracedRig(t, protocol.TypeOllama, 1)
 	go func() {
 		<-r2.d.started
 		tc := r2.d.lastRun().GetTrace()
@@ -132,7 +133,7 @@ func TestTraceRunRequest(t *testing.T) {
 // its context (flag clear) and exports nothing; with no Tracer the
 // request carries no context at all.
 func TestTraceUnsampledAndOff(t *testing.T) {
-	r, ft := tracedRig(t, config.TypeOpenAICompat, 0)
+	r, ft := tracedRig(t, protocol.TypeOpenAICompat, 0)
 	r.st.frames(fStart(200, "Content-Type", "application/json"), fBody([]byte(`{}`)), fEnd())
 	if resp, body := r.do(t, "POST", "/v1/chat/completions", tracedChat); resp.StatusCode != http.StatusOK {
 		t.Fatalf("%d %s", resp.StatusCode, body)
@@ -144,7 +145,7 @@ func TestTraceUnsampledAndOff(t *testing.T) {
 	if len(ft.batches) != 0 {
 		t.Errorf("%d batches exported for an unsampled request", len(ft.batches))
 	}
-	off := newRig(t, config.TypeOpenAICompat, nil)
+	off := newRig(t, protocol.TypeOpenAICompat, nil)
 	off.st.frames(fStart(200, "Content-Type", "application/json"), fBody([]byte(`{}`)), fEnd())
 	off.do(t, "POST", "/v1/chat/completions", tracedChat, "traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 	if tc := off.d.lastTunnel().GetTrace(); tc != nil {
@@ -155,7 +156,7 @@ func TestTraceUnsampledAndOff(t *testing.T) {
 // The request span's status follows OpenTelemetry's HTTP server rule: a
 // 4xx leaves it unset, a 5xx is an error.
 func TestTraceRequestStatus(t *testing.T) {
-	r, ft := tracedRig(t, config.TypeOllama, 1)
+	r, ft := tracedRig(t, protocol.TypeOllama, 1)
 	if resp, _ := r.do(t, "POST", "/v1/chat/completions", `{"model":"tiny"}`); resp.StatusCode != http.StatusBadRequest {
 		t.Fatalf("status %d", resp.StatusCode)
 	}

@@ -4,16 +4,15 @@ import (
 	"bufio"
 	"context"
 	"io"
-	"iop/internal/protocol"
-	"iop/internal/samples"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
-	"iop/internal/edge/config"
 	"iop/internal/edge/dispatch"
 	"iop/internal/leakcheck"
+	"iop/internal/protocol"
+	"iop/internal/samples"
 	iop "iop/proto/gen/iop"
 )
 
@@ -45,7 +44,7 @@ func fError(code, msg string) *iop.ProviderTunnelFrame {
 // reaches the client byte for byte with only allowed response headers.
 func TestTunnelDispatchAndPassthrough(t *testing.T) {
 	leakcheck.Check(t)
-	r := newRig(t, config.TypeOpenAICompat, map[string]string{"team-a": "sk-a"})
+	r := newRig(t, protocol.TypeOpenAICompat, map[string]string{"team-a": "sk-a"})
 	body := "{ \"messages\":[{\"role\":\"user\",\"content\":\"hi \\u00e9\"}],\n  \"model\" : \"tiny\", \"temperature\":0.50," +
 		"\"stream\":true,\"x_extra\":{\"model\":\"keep\"}}"
 	wantBody := strings.Replace(body, `"tiny"`, `"tiny:latest"`, 1)
@@ -123,7 +122,7 @@ func TestTunnelUpstreamStatusPassthrough(t *testing.T) {
 		t.Run("T5 "+name, func(t *testing.T) {
 			leakcheck.Check(t)
 			status, up := httpSample(t, name)
-			r := newRig(t, config.TypeOpenAICompat, nil)
+			r := newRig(t, protocol.TypeOpenAICompat, nil)
 			r.st.frames(fStart(status, "content-type", "application/json; charset=utf-8"), fBody(up), fEnd())
 			resp, got := r.do(t, "POST", "/v1/chat/completions", chatBody)
 			if int32(resp.StatusCode) != status || got != string(up) {
@@ -219,7 +218,7 @@ func TestTunnelFailures(t *testing.T) {
 	for _, row := range rows {
 		t.Run(row.name, func(t *testing.T) {
 			leakcheck.Check(t)
-			r := newRig(t, config.TypeOpenAICompat, nil)
+			r := newRig(t, protocol.TypeOpenAICompat, nil)
 			r.st.frames(row.frames...)
 			if row.recvErr != nil {
 				r.st.ch <- recvItem{err: row.recvErr}
@@ -259,7 +258,7 @@ func TestTunnelFailures(t *testing.T) {
 // T5: a tunnel's BODY reaches the client as it arrives, not at the end.
 func TestTunnelBodyFlushedAsItArrives(t *testing.T) {
 	leakcheck.Check(t)
-	r := newRig(t, config.TypeOpenAICompat, nil)
+	r := newRig(t, protocol.TypeOpenAICompat, nil)
 	r.st.frames(fStart(200, "Content-Type", "text/event-stream"), fBody([]byte("data: one\n\n")))
 	resp := r.send(t, context.Background(), "POST", "/v1/chat/completions", chatBody)
 	br := bufio.NewReader(resp.Body)
@@ -280,7 +279,7 @@ func TestTunnelBodyFlushedAsItArrives(t *testing.T) {
 // the client whole, bytes unchanged, with a Content-Length.
 func TestTunnelPlainBodyWhole(t *testing.T) {
 	leakcheck.Check(t)
-	r := newRig(t, config.TypeOpenAICompat, nil)
+	r := newRig(t, protocol.TypeOpenAICompat, nil)
 	r.st.frames(fStart(200, "Content-Type", "application/json"), fBody([]byte(`{"id":"x",`)), fBody([]byte(`"object":"chat.completion"}`)), fEnd())
 	resp, body := r.do(t, "POST", "/v1/chat/completions", chatBody)
 	if resp.StatusCode != 200 || body != `{"id":"x","object":"chat.completion"}` {
@@ -320,7 +319,7 @@ func (f *flushCounter) Flush() {
 // a later one.
 func TestStreamBurstOneFlush(t *testing.T) {
 	leakcheck.Check(t)
-	r := newRig(t, config.TypeOpenAICompat, nil)
+	r := newRig(t, protocol.TypeOpenAICompat, nil)
 	r.st.frames(fStart(200, "Content-Type", "text/event-stream"), fBody([]byte("data: one\n\n")),
 		fBody([]byte("data: two\n\n")), fBody([]byte("data: three\n\n")))
 	done := make(chan struct{})
@@ -350,7 +349,7 @@ func TestStreamBurstOneFlush(t *testing.T) {
 // later frame.
 func TestBurstEndingInUsageFlushes(t *testing.T) {
 	leakcheck.Check(t)
-	r := newRig(t, config.TypeOpenAICompat, nil)
+	r := newRig(t, protocol.TypeOpenAICompat, nil)
 	r.st.frames(fStart(200, "Content-Type", "text/event-stream"), fBody([]byte("data: one\n\n")),
 		&iop.ProviderTunnelFrame{Kind: iop.TunnelFrameKind_TUNNEL_FRAME_USAGE, Usage: usage(1, 1)})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -71,12 +71,6 @@ const (
 	MaxStallTimeoutMs = math.MaxInt64 / int64(time.Millisecond)
 )
 
-// Adapter types (protocol.TypeOllama, protocol.TypeOpenAICompat).
-const (
-	TypeOllama       = protocol.TypeOllama
-	TypeOpenAICompat = protocol.TypeOpenAICompat
-)
-
 // Provider categories (SPEC N3).
 const (
 	CategoryAPI            = "api"
@@ -531,12 +525,12 @@ func applyAdapterDefaults(a *Adapter) {
 	if a.Name == "" {
 		a.Name = a.Type
 	}
-	if a.Type == TypeOpenAICompat && a.Profile == "" {
-		a.Profile = ProfileOpenAI
+	if a.Type == protocol.TypeOpenAICompat && a.Profile == "" {
+		a.Profile = protocol.ProfileOpenAI
 	}
 	if a.Category == "" {
 		a.Category = CategoryLocalInference
-		if a.Type == TypeOpenAICompat && a.Profile == ProfileOpenAI {
+		if a.Type == protocol.TypeOpenAICompat && a.Profile == protocol.ProfileOpenAI {
 			a.Category = CategoryAPI
 		}
 	}
@@ -547,7 +541,7 @@ func applyAdapterDefaults(a *Adapter) {
 		n := a.Capacity
 		a.LongCapacity = &n
 	}
-	if a.BaseURL == "" && a.Type == TypeOpenAICompat {
+	if a.BaseURL == "" && a.Type == protocol.TypeOpenAICompat {
 		if d, ok := protocol.NamedProfile(a.Profile); ok {
 			a.BaseURL = d.DefaultBaseURL
 		}
@@ -768,14 +762,14 @@ func (c *Config) validateAdapter(ap string, a *Adapter, add func(string, string,
 		add(ap+".name", "invalid adapter name %q", a.Name)
 	}
 	switch a.Type {
-	case TypeOllama:
+	case protocol.TypeOllama:
 		if a.Profile != "" {
 			add(ap+".profile", "only openai_compat adapters have a profile")
 		}
 		if a.ProfileOverrides != nil {
 			add(ap+".profile_overrides", "only openai_compat adapters have a profile")
 		}
-	case TypeOpenAICompat:
+	case protocol.TypeOpenAICompat:
 		if _, ok := protocol.NamedProfile(a.Profile); !ok {
 			add(ap+".profile", "unknown profile %q (want openai, vllm, llamacpp or ollama)", a.Profile)
 		}
@@ -975,7 +969,7 @@ func (c *Config) nodePayload(n *Node) *iop.NodeConfigPayload {
 		if c.Discovers(nodeID, a.Name) {
 			ac.DiscoveryIntervalMs = c.Discovery.PollIntervalMs
 		}
-		if a.Type == TypeOpenAICompat {
+		if a.Type == protocol.TypeOpenAICompat {
 			ac.OpenaiCompat = &iop.OpenAICompatAdapterConfig{ProtocolProfile: ResolveProfile(a)}
 		}
 		p.Adapters = append(p.Adapters, ac)

@@ -3,11 +3,12 @@ package config
 import (
 	"encoding/json"
 	"fmt"
-	"iop/internal/protocol"
 	"strings"
 	"testing"
 
 	"google.golang.org/protobuf/encoding/protojson"
+
+	"iop/internal/protocol"
 )
 
 const valid = `{
@@ -214,7 +215,7 @@ func TestNodePayload(t *testing.T) {
 }
 
 func TestProfileOverridesAndOperations(t *testing.T) {
-	a := &Adapter{Type: TypeOpenAICompat, Profile: ProfileVLLM, BaseURL: "http://v"}
+	a := &Adapter{Type: protocol.TypeOpenAICompat, Profile: protocol.ProfileVLLM, BaseURL: "http://v"}
 	empty, hdr, no := "", "x-api-key", false
 	a.ProfileOverrides = &ProfileOverrides{ResponsesPath: &empty, AuthHeader: &hdr, NativeTools: &no}
 	p := ResolveProfile(a)
@@ -224,11 +225,11 @@ func TestProfileOverridesAndOperations(t *testing.T) {
 	if got := strings.Join(Operations(a), ","); got != "models,chat_completions,completions,embeddings" {
 		t.Errorf("vllm ops with responses disabled: got %s", got)
 	}
-	if got := strings.Join(Operations(&Adapter{Type: TypeOllama}), ","); got != "chat_completions,models,messages,count_tokens,responses,completions,embeddings" {
+	if got := strings.Join(Operations(&Adapter{Type: protocol.TypeOllama}), ","); got != "chat_completions,models,messages,count_tokens,responses,completions,embeddings" {
 		t.Errorf("ollama ops: got %s", got)
 	}
-	for _, name := range []string{ProfileOpenAI, ProfileVLLM, ProfileLlamaCpp, ProfileOllama} {
-		p := ResolveProfile(&Adapter{Type: TypeOpenAICompat, Profile: name})
+	for _, name := range []string{protocol.ProfileOpenAI, protocol.ProfileVLLM, protocol.ProfileLlamaCpp, protocol.ProfileOllama} {
+		p := ResolveProfile(&Adapter{Type: protocol.TypeOpenAICompat, Profile: name})
 		if p == nil || p.ChatCompletionsPath == "" || p.HealthPath == "" || p.AuthHeader == "" {
 			t.Errorf("profile %s incomplete: %v", name, p)
 		}
@@ -292,13 +293,13 @@ func TestUpstreamIdleTimeout(t *testing.T) {
 		a    Adapter
 		want int64
 	}{
-		{"llamacpp profile default", Adapter{Type: TypeOpenAICompat, Profile: ProfileLlamaCpp}, DefaultKeepAliveIdleMs},
-		{"vllm profile default", Adapter{Type: TypeOpenAICompat, Profile: ProfileVLLM}, DefaultKeepAliveIdleMs},
-		{"ollama profile keeps", Adapter{Type: TypeOpenAICompat, Profile: ProfileOllama}, 0},
-		{"openai profile keeps", Adapter{Type: TypeOpenAICompat, Profile: ProfileOpenAI}, 0},
-		{"ollama type keeps", Adapter{Type: TypeOllama}, 0},
-		{"override wins", Adapter{Type: TypeOpenAICompat, Profile: ProfileLlamaCpp, UpstreamIdleTimeoutMs: 1500}, 1500},
-		{"override on ollama", Adapter{Type: TypeOllama, UpstreamIdleTimeoutMs: 60000}, 60000},
+		{"llamacpp profile default", Adapter{Type: protocol.TypeOpenAICompat, Profile: protocol.ProfileLlamaCpp}, protocol.DefaultKeepAliveIdleMs},
+		{"vllm profile default", Adapter{Type: protocol.TypeOpenAICompat, Profile: protocol.ProfileVLLM}, protocol.DefaultKeepAliveIdleMs},
+		{"ollama profile keeps", Adapter{Type: protocol.TypeOpenAICompat, Profile: protocol.ProfileOllama}, 0},
+		{"openai profile keeps", Adapter{Type: protocol.TypeOpenAICompat, Profile: protocol.ProfileOpenAI}, 0},
+		{"ollama type keeps", Adapter{Type: protocol.TypeOllama}, 0},
+		{"override wins", Adapter{Type: protocol.TypeOpenAICompat, Profile: protocol.ProfileLlamaCpp, UpstreamIdleTimeoutMs: 1500}, 1500},
+		{"override on ollama", Adapter{Type: protocol.TypeOllama, UpstreamIdleTimeoutMs: 60000}, 60000},
 	}
 	for _, r := range rows {
 		t.Run(r.name, func(t *testing.T) {
@@ -312,8 +313,8 @@ func TestUpstreamIdleTimeout(t *testing.T) {
 	if got := p.Adapters[0].UpstreamIdleTimeoutMs; got != 0 {
 		t.Errorf("payload: ollama adapter gets %d, want 0", got)
 	}
-	if got := p.Adapters[1].UpstreamIdleTimeoutMs; got != DefaultKeepAliveIdleMs {
-		t.Errorf("payload: llamacpp adapter gets %d, want %d", got, DefaultKeepAliveIdleMs)
+	if got := p.Adapters[1].UpstreamIdleTimeoutMs; got != protocol.DefaultKeepAliveIdleMs {
+		t.Errorf("payload: llamacpp adapter gets %d, want %d", got, protocol.DefaultKeepAliveIdleMs)
 	}
 }
 

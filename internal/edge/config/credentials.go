@@ -1,5 +1,7 @@
 package config
 
+import "iop/internal/protocol"
+
 // validateCredentials checks the credentials block (SPEC C1, C2): with the
 // plane on, the store, its key and the issuer key are required and the
 // lease TTL is bounded.
@@ -61,7 +63,7 @@ func RouteSlot(mp ModelProvider, a *Adapter) string {
 // openai_compat, "Authorization: Bearer" for ollama (a server behind an
 // auth proxy). The node injects a lease's credential the same way.
 func AuthHeader(a *Adapter) (header, scheme string) {
-	if a.Type == TypeOllama {
+	if a.Type == protocol.TypeOllama {
 		return "Authorization", "Bearer"
 	}
 	p := ResolveProfile(a)
@@ -75,8 +77,8 @@ func AuthHeader(a *Adapter) (header, scheme string) {
 // openai_compat profile, or "ollama" for an ollama adapter (the name the
 // node's built-in Ollama profile carries).
 func ProfileName(a *Adapter) string {
-	if a.Type == TypeOllama {
-		return ProfileOllama
+	if a.Type == protocol.TypeOllama {
+		return protocol.ProfileOllama
 	}
 	return a.Profile
 }

@@ -5,24 +5,11 @@ import (
 	iop "iop/proto/gen/iop"
 )
 
-// Named protocol profiles of openai_compat adapters (SPEC T1); the values
-// and their paths are internal/protocol's.
-const (
-	ProfileOpenAI   = protocol.ProfileOpenAI
-	ProfileVLLM     = protocol.ProfileVLLM
-	ProfileLlamaCpp = protocol.ProfileLlamaCpp
-	ProfileOllama   = protocol.ProfileOllama
-)
-
-// DefaultKeepAliveIdleMs is protocol.DefaultKeepAliveIdleMs, the
-// llamacpp and vllm profiles' default upstream_idle_timeout_ms.
-const DefaultKeepAliveIdleMs = protocol.DefaultKeepAliveIdleMs
-
 // ResolveProfile turns an openai_compat adapter's named profile plus its
 // overrides into the ConcreteProtocolProfile the node receives. It returns
 // nil for other adapter types or an unknown profile (validate rejects both).
 func ResolveProfile(a *Adapter) *iop.ConcreteProtocolProfile {
-	if a.Type != TypeOpenAICompat {
+	if a.Type != protocol.TypeOpenAICompat {
 		return nil
 	}
 	d, ok := protocol.NamedProfile(a.Profile)
@@ -55,14 +42,14 @@ func ResolveProfile(a *Adapter) *iop.ConcreteProtocolProfile {
 
 // EffectiveUpstreamIdleTimeoutMs is how long (ms) the node may reuse an
 // idle upstream connection of adapter a: its upstream_idle_timeout_ms, else
-// its profile's default (llamacpp, vllm: DefaultKeepAliveIdleMs), else 0
+// its profile's default (llamacpp, vllm: protocol.DefaultKeepAliveIdleMs), else 0
 // (the node's default, 90000: Ollama's server and hosted APIs keep idle
 // connections).
 func EffectiveUpstreamIdleTimeoutMs(a *Adapter) int64 {
 	if a.UpstreamIdleTimeoutMs > 0 {
 		return a.UpstreamIdleTimeoutMs
 	}
-	if a.Type == TypeOpenAICompat {
+	if a.Type == protocol.TypeOpenAICompat {
 		if d, ok := protocol.NamedProfile(a.Profile); ok {
 			return d.IdleMs
 		}
@@ -77,7 +64,7 @@ func EffectiveUpstreamIdleTimeoutMs(a *Adapter) int64 {
 // openai_compat adapter serves each operation its resolved profile has a
 // path for.
 func Operations(a *Adapter) []string {
-	if a.Type == TypeOllama {
+	if a.Type == protocol.TypeOllama {
 		return []string{protocol.OpChatCompletions, protocol.OpModels, protocol.OpMessages, protocol.OpCountTokens, protocol.OpResponses, protocol.OpCompletions, protocol.OpEmbeddings}
 	}
 	p := ResolveProfile(a)

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"iop/internal/protocol"
 )
 
 // FuzzCompleteToolCalls: the tool-call metadata and the content of a
@@ -22,10 +24,10 @@ func FuzzCompleteToolCalls(f *testing.F) {
 	f.Fuzz(func(t *testing.T, meta, content string, fallback bool, tools string) {
 		m := map[string]string{}
 		if meta != "" {
-			m[MetaToolCalls] = meta
+			m[protocol.MetaToolCalls] = meta
 		}
 		if fallback {
-			m[MetaTextToolFallback] = "true"
+			m[protocol.MetaTextToolFallback] = "true"
 		}
 		var declared []string
 		if tools != "" {

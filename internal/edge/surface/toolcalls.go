@@ -5,15 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"iop/internal/protocol"
 	"slices"
 	"strings"
-)
 
-// RunEvent metadata keys the surface reads (SPEC E8, E9).
-const (
-	MetaToolCalls        = protocol.MetaToolCalls
-	MetaTextToolFallback = protocol.MetaTextToolFallback
+	"iop/internal/protocol"
 )
 
 // ErrBadToolCalls: metadata["openai_tool_calls"] is not a JSON array of
@@ -186,11 +181,11 @@ func cutFenced(content string, start, end int) string {
 // call found in content among the declared tools (SPEC E9), else none.
 // err wraps ErrBadToolCalls.
 func CompleteToolCalls(meta map[string]string, content string, tools []string, newID func() string) (calls []ToolCall, rest string, err error) {
-	if m := meta[MetaToolCalls]; m != "" {
+	if m := meta[protocol.MetaToolCalls]; m != "" {
 		calls, err = NativeToolCalls(m, newID)
 		return calls, content, err
 	}
-	if meta[MetaTextToolFallback] == "true" {
+	if meta[protocol.MetaTextToolFallback] == "true" {
 		if tc, r, ok := TextToolCalls(content, tools, newID); ok {
 			return tc, r, nil
 		}

@@ -15,6 +15,7 @@ import (
 	"iop/internal/edge/config"
 	"iop/internal/identity"
 	"iop/internal/leakcheck"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -37,7 +38,7 @@ func TestRegisterPayloadOverPreReadyCap(t *testing.T) {
 	var adapters []config.Adapter
 	for i := range 120 {
 		lc := 4
-		adapters = append(adapters, config.Adapter{Name: fmt.Sprintf("a%03d", i), Type: config.TypeOpenAICompat, Profile: "vllm",
+		adapters = append(adapters, config.Adapter{Name: fmt.Sprintf("a%03d", i), Type: protocol.TypeOpenAICompat, Profile: "vllm",
 			Capacity: 4, LongCapacity: &lc, BaseURL: "http://127.0.0.1:8000/" + strings.Repeat("p", 500)})
 	}
 	big.Nodes[0].Adapters = adapters

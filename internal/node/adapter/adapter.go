@@ -69,12 +69,6 @@ import (
 	iop "iop/proto/gen/iop"
 )
 
-// Adapter types of AdapterConfig.type.
-const (
-	TypeOllama       = protocol.TypeOllama
-	TypeOpenAICompat = protocol.TypeOpenAICompat
-)
-
 // Defaults.
 const (
 	DefaultStallTimeout = protocol.DefaultStallTimeoutMs * time.Millisecond // SPEC E2: a request carrying 0 gets it
@@ -325,13 +319,13 @@ func (s *Set) build(ac *iop.AdapterConfig, allowEnv func(string) bool, lookupEnv
 	}
 	var base string
 	switch ac.GetType() {
-	case TypeOllama:
+	case protocol.TypeOllama:
 		base = ac.GetBaseUrl()
 		if base == "" {
 			base = DefaultOllamaURL
 		}
 		inst.profile = protocol.OllamaProfile(base)
-	case TypeOpenAICompat:
+	case protocol.TypeOpenAICompat:
 		p := ac.GetOpenaiCompat().GetProtocolProfile()
 		if p == nil {
 			return nil, fail(ErrNoProfile, "")
@@ -345,7 +339,7 @@ func (s *Set) build(ac *iop.AdapterConfig, allowEnv func(string) bool, lookupEnv
 			base = ac.GetBaseUrl()
 		}
 	default:
-		return nil, fail(ErrUnknownType, "%q (want %q or %q)", ac.GetType(), TypeOllama, TypeOpenAICompat)
+		return nil, fail(ErrUnknownType, "%q (want %q or %q)", ac.GetType(), protocol.TypeOllama, protocol.TypeOpenAICompat)
 	}
 	u, err := parseBaseURL(base)
 	if err != nil {
@@ -366,7 +360,7 @@ func (s *Set) build(ac *iop.AdapterConfig, allowEnv func(string) bool, lookupEnv
 		}
 	}
 	switch inst.typ {
-	case TypeOllama:
+	case protocol.TypeOllama:
 		caps := &ollama.Capabilities{} // shared by the instance's runners (one per credential lease)
 		inst.newRunner = func(ep *upstream.Endpoint) runner { return &ollama.Driver{EP: ep, Caps: caps} }
 	default:
@@ -388,7 +382,7 @@ func setAuth(inst *instance, env string, lookupEnv func(string) (string, bool)) 
 		return fmt.Errorf("%w: %s", ErrMissingAPIKey, env)
 	}
 	header, scheme := "Authorization", "Bearer"
-	if inst.typ == TypeOpenAICompat {
+	if inst.typ == protocol.TypeOpenAICompat {
 		header, scheme = inst.profile.GetAuthHeader(), inst.profile.GetAuthScheme()
 	}
 	if !validToken(header) {

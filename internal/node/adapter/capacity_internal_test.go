@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -20,7 +21,7 @@ func TestE4CapacityCountsGoWithTheirLastSet(t *testing.T) {
 	payload := func(names ...string) *iop.NodeConfigPayload {
 		p := &iop.NodeConfigPayload{}
 		for _, n := range names {
-			p.Adapters = append(p.Adapters, &iop.AdapterConfig{Name: n, Type: TypeOpenAICompat, Capacity: 2,
+			p.Adapters = append(p.Adapters, &iop.AdapterConfig{Name: n, Type: protocol.TypeOpenAICompat, Capacity: 2,
 				OpenaiCompat: &iop.OpenAICompatAdapterConfig{ProtocolProfile: profile}})
 		}
 		return p

@@ -56,7 +56,7 @@ func credentialCode(err error) protocol.Code {
 // auth_header and auth_scheme for openai_compat, "Authorization: Bearer"
 // for ollama (the Edge's config.AuthHeader says the same).
 func (inst *instance) authHeader() (header, scheme string) {
-	if inst.typ == TypeOllama {
+	if inst.typ == protocol.TypeOllama {
 		return "Authorization", "Bearer"
 	}
 	return inst.profile.GetAuthHeader(), inst.profile.GetAuthScheme()

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"iop/internal/samples"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -12,6 +11,8 @@ import (
 	"testing"
 
 	"iop/internal/node/adapter"
+	"iop/internal/protocol"
+	"iop/internal/samples"
 	iop "iop/proto/gen/iop"
 )
 
@@ -106,7 +107,7 @@ func resetAfter(contentType string, parts ...[]byte) func(http.ResponseWriter, *
 // Config builders.
 
 func ollamaAdapter(name, base string, capacity int32) *iop.AdapterConfig {
-	return &iop.AdapterConfig{Name: name, Type: adapter.TypeOllama, BaseUrl: base, Capacity: capacity}
+	return &iop.AdapterConfig{Name: name, Type: protocol.TypeOllama, BaseUrl: base, Capacity: capacity}
 }
 
 func llamaProfile(base string) *iop.ConcreteProtocolProfile {
@@ -120,7 +121,7 @@ func llamaProfile(base string) *iop.ConcreteProtocolProfile {
 }
 
 func compatAdapter(name string, p *iop.ConcreteProtocolProfile, capacity int32) *iop.AdapterConfig {
-	return &iop.AdapterConfig{Name: name, Type: adapter.TypeOpenAICompat, Capacity: capacity,
+	return &iop.AdapterConfig{Name: name, Type: protocol.TypeOpenAICompat, Capacity: capacity,
 		OpenaiCompat: &iop.OpenAICompatAdapterConfig{ProtocolProfile: p}}
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"iop/internal/protocol"
 )
 
 // ListTimeout bounds one ListModels (at least: Options.ProbeTimeout if
@@ -17,7 +19,7 @@ const ListTimeout = 5 * time.Second
 // request carries the adapter's own credential (api_key_env), never a
 // lease. Errors: an unknown adapter, or the listing's.
 func (s *Set) ListModels(ctx context.Context, adapter string) ([]string, error) {
-	inst, err := s.lookup(adapter, TypeOllama)
+	inst, err := s.lookup(adapter, protocol.TypeOllama)
 	if err != nil {
 		return nil, err
 	}

@@ -28,7 +28,7 @@ import (
 // upstream; no lease probes without a credential (a public health path).
 // The stall probe of a request uses that request's credential.
 func (s *Set) Probe(ctx context.Context, adapter, target string, l *iop.CredentialLease, b *iop.CredentialLeaseBinding) (status string) {
-	inst, err := s.lookup(adapter, TypeOllama)
+	inst, err := s.lookup(adapter, protocol.TypeOllama)
 	if err != nil || target == "" {
 		return protocol.HealthUnknown
 	}

@@ -60,7 +60,7 @@ func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit f
 		rs.fail(protocol.CodeInvalidRequest, err.Error(), err)
 		return
 	}
-	inst, err := s.lookup(req.GetAdapter(), TypeOllama)
+	inst, err := s.lookup(req.GetAdapter(), protocol.TypeOllama)
 	if err != nil {
 		rs.fail(protocol.CodeUnknownAdapter, err.Error(), nil)
 		return

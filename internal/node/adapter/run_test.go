@@ -221,7 +221,7 @@ func TestNewSetErrors(t *testing.T) {
 		{"E1 empty names of one type collide", []*iop.AdapterConfig{ollamaAdapter("", "http://h:1", 1), ollamaAdapter("", "http://h:2", 1)}, nil, adapter.ErrDuplicateName},
 		{"E1 bad base_url scheme", []*iop.AdapterConfig{ollamaAdapter("a", "ftp://h", 1)}, nil, adapter.ErrBadBaseURL},
 		{"E1 base_url with user info", []*iop.AdapterConfig{ollamaAdapter("a", "http://u:p@h:1", 1)}, nil, adapter.ErrBadBaseURL},
-		{"E1 openai_compat without profile", []*iop.AdapterConfig{{Name: "a", Type: adapter.TypeOpenAICompat}}, nil, adapter.ErrNoProfile},
+		{"E1 openai_compat without profile", []*iop.AdapterConfig{{Name: "a", Type: protocol.TypeOpenAICompat}}, nil, adapter.ErrNoProfile},
 		{"T1 profile path escaping the base", []*iop.AdapterConfig{compatAdapter("a", &iop.ConcreteProtocolProfile{BaseUrl: "http://h:1", ModelsPath: "/v1/../../admin"}, 1)}, nil, adapter.ErrBadProfile},
 		{"T1 profile path with a host", []*iop.AdapterConfig{compatAdapter("a", &iop.ConcreteProtocolProfile{BaseUrl: "http://h:1", ChatCompletionsPath: "http://evil/v1"}, 1)}, nil, adapter.ErrBadProfile},
 		{"E4 negative capacity", []*iop.AdapterConfig{ollamaAdapter("a", "http://h:1", -1)}, nil, adapter.ErrBadCapacity},
@@ -230,7 +230,7 @@ func TestNewSetErrors(t *testing.T) {
 		// whether it offers it; one it does not offer is never read.
 		{"T4 api_key_env the node does not offer", []*iop.AdapterConfig{{Name: "a", Type: "ollama", ApiKeyEnv: "NODE_UNRELATED_SECRET"}},
 			map[string]string{"NODE_UNRELATED_SECRET": "secret"}, adapter.ErrAPIKeyEnvNotAllowed},
-		{"T4 api_key_env without auth header", []*iop.AdapterConfig{{Name: "a", Type: adapter.TypeOpenAICompat, ApiKeyEnv: "K",
+		{"T4 api_key_env without auth header", []*iop.AdapterConfig{{Name: "a", Type: protocol.TypeOpenAICompat, ApiKeyEnv: "K",
 			OpenaiCompat: &iop.OpenAICompatAdapterConfig{ProtocolProfile: &iop.ConcreteProtocolProfile{BaseUrl: "http://h:1"}}}}, map[string]string{"K": "secret"}, adapter.ErrBadAuthHeader},
 	}
 	for _, tc := range cases {

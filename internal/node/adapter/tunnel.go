@@ -62,7 +62,7 @@ func (s *Set) Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelR
 		ts.fail(protocol.CodeInvalidRequest, err.Error(), err)
 		return
 	}
-	inst, err := s.lookup(req.GetAdapter(), TypeOpenAICompat)
+	inst, err := s.lookup(req.GetAdapter(), protocol.TypeOpenAICompat)
 	if err != nil {
 		ts.fail(protocol.CodeUnknownAdapter, err.Error(), nil)
 		return

@@ -8,6 +8,7 @@ import (
 
 	"iop/internal/edge/surface"
 	st "iop/internal/edge/surface/surfacetest"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -113,13 +114,13 @@ var outCases = []outCase{
 	{name: "T5 stream text then a tool call", golden: "stream_tool_use.sse", stream: true, tools: []string{"get_weather"}, status: 200,
 		wantStop: "tool_use",
 		events: []*iop.RunEvent{st.Start(), st.Delta(2, "Checking."), st.Complete(3, "Checking.", "tool_calls", st.Usage(40, 9),
-			map[string]string{surface.MetaToolCalls: st.OneCall})}},
+			map[string]string{protocol.MetaToolCalls: st.OneCall})}},
 	{name: "T5 non-stream two tool calls", golden: "nonstream_two_tool_uses.json", tools: []string{"get_weather", "get_time"}, status: 200,
 		wantStop: "tool_use",
-		events:   []*iop.RunEvent{st.Start(), st.Complete(2, "", "tool_calls", st.Usage(40, 8), map[string]string{surface.MetaToolCalls: st.TwoCalls})}},
+		events:   []*iop.RunEvent{st.Start(), st.Complete(2, "", "tool_calls", st.Usage(40, 8), map[string]string{protocol.MetaToolCalls: st.TwoCalls})}},
 	{name: "T5 disable_parallel_tool_use keeps the first call", golden: "stream_one_of_two_tool_uses.sse", stream: true,
 		tools: []string{"get_weather", "get_time"}, maxCalls: 1, status: 200, wantStop: "tool_use",
-		events: []*iop.RunEvent{st.Start(), st.Complete(2, "", "tool_calls", st.Usage(40, 8), map[string]string{surface.MetaToolCalls: st.TwoCalls})}},
+		events: []*iop.RunEvent{st.Start(), st.Complete(2, "", "tool_calls", st.Usage(40, 8), map[string]string{protocol.MetaToolCalls: st.TwoCalls})}},
 	{name: "T5 tool round trip, final answer after the tool result", golden: "stream_after_tool_result.sse", stream: true,
 		tools: []string{"get_weather"}, status: 200, wantStop: "end_turn",
 		events: []*iop.RunEvent{st.Start(), st.Delta(2, "It is sunny in Paris."), st.Complete(3, "", "stop", st.Usage(60, 7), nil)}},
@@ -129,7 +130,7 @@ var outCases = []outCase{
 		events: []*iop.RunEvent{st.Start(), st.Error(2, "response_stalled", "stalled")}},
 	{name: "T5 malformed tool arguments are a 502", golden: "error_bad_tool_input.json", tools: []string{"f"}, status: 502,
 		events: []*iop.RunEvent{st.Start(), st.Complete(2, "", "tool_calls", nil,
-			map[string]string{surface.MetaToolCalls: `[{"id":"c","type":"function","function":{"name":"f","arguments":"[1,2]"}}]`})}},
+			map[string]string{protocol.MetaToolCalls: `[{"id":"c","type":"function","function":{"name":"f","arguments":"[1,2]"}}]`})}},
 }
 
 // TestOutputGolden checks run-event → Messages conversions byte for byte

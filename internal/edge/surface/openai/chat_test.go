@@ -7,6 +7,7 @@ import (
 
 	"iop/internal/edge/surface"
 	st "iop/internal/edge/surface/surfacetest"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -34,16 +35,16 @@ var convCases = []convCase{
 		events: []*iop.RunEvent{st.Start(), st.Delta(2, "Hello"), st.Delta(3, " from tiny"), st.Complete(4, "Hello from tiny", "stop", st.Usage(9, 3), nil)}},
 	{name: "T5 stream one tool call", golden: "stream_tool_call.sse", stream: true, tools: []string{"get_weather"}, status: 200,
 		wantCalls: 1, wantFinish: "tool_calls",
-		events: []*iop.RunEvent{st.Start(), st.Complete(2, "", "stop", st.Usage(40, 4), map[string]string{surface.MetaToolCalls: st.OneCall})}},
+		events: []*iop.RunEvent{st.Start(), st.Complete(2, "", "stop", st.Usage(40, 4), map[string]string{protocol.MetaToolCalls: st.OneCall})}},
 	{name: "T5 stream two parallel tool calls with usage", golden: "stream_two_tool_calls.sse", stream: true, includeUsage: true,
 		tools: []string{"get_weather", "get_time"}, status: 200, wantCalls: 2, wantFinish: "tool_calls",
-		events: []*iop.RunEvent{st.Start(), st.Complete(2, "", "tool_calls", st.Usage(40, 8), map[string]string{surface.MetaToolCalls: st.TwoCalls})}},
+		events: []*iop.RunEvent{st.Start(), st.Complete(2, "", "tool_calls", st.Usage(40, 8), map[string]string{protocol.MetaToolCalls: st.TwoCalls})}},
 	{name: "T5 non-stream one tool call", golden: "nonstream_tool_call.json", tools: []string{"get_weather"}, status: 200,
 		wantCalls: 1, wantFinish: "tool_calls",
-		events: []*iop.RunEvent{st.Start(), st.Complete(2, "", "stop", st.Usage(40, 4), map[string]string{surface.MetaToolCalls: st.OneCall})}},
+		events: []*iop.RunEvent{st.Start(), st.Complete(2, "", "stop", st.Usage(40, 4), map[string]string{protocol.MetaToolCalls: st.OneCall})}},
 	{name: "T5 non-stream two parallel tool calls", golden: "nonstream_two_tool_calls.json", tools: []string{"get_weather", "get_time"},
 		status: 200, wantCalls: 2, wantFinish: "tool_calls",
-		events: []*iop.RunEvent{st.Start(), st.Complete(2, "", "tool_calls", st.Usage(40, 8), map[string]string{surface.MetaToolCalls: st.TwoCalls})}},
+		events: []*iop.RunEvent{st.Start(), st.Complete(2, "", "tool_calls", st.Usage(40, 8), map[string]string{protocol.MetaToolCalls: st.TwoCalls})}},
 	{name: "T5 stream length stop", golden: "stream_length.sse", stream: true, includeUsage: true, status: 200, wantFinish: "length",
 		events: []*iop.RunEvent{st.Start(), st.Delta(2, "word"), st.Delta(3, " word"), st.Complete(4, "word word", "length", st.Usage(5, 2), nil)}},
 	{name: "T5 non-stream length stop", golden: "nonstream_length.json", status: 200, wantFinish: "length",
@@ -52,11 +53,11 @@ var convCases = []convCase{
 		status: 200, wantCalls: 1, wantFinish: "tool_calls",
 		events: []*iop.RunEvent{st.Start(), st.Delta(2, "Checking. "), st.Delta(3, "```json\n{\"tool_calls\":[{\"name\":"),
 			st.Delta(4, "\"get_weather\",\"arguments\":{\"city\": \"Paris\"}}]}\n```"),
-			st.Complete(5, "", "stop", st.Usage(50, 20), map[string]string{surface.MetaTextToolFallback: "true"})}},
+			st.Complete(5, "", "stop", st.Usage(50, 20), map[string]string{protocol.MetaTextToolFallback: "true"})}},
 	{name: "E9 non-stream text tool fallback", golden: "nonstream_text_tool_fallback.json", tools: []string{"get_weather"},
 		status: 200, wantCalls: 1, wantFinish: "tool_calls",
 		events: []*iop.RunEvent{st.Start(), st.Complete(2, "{\"tool_calls\":[{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}]}", "stop",
-			st.Usage(50, 20), map[string]string{surface.MetaTextToolFallback: "true"})}},
+			st.Usage(50, 20), map[string]string{protocol.MetaTextToolFallback: "true"})}},
 	{name: "E9 JSON text without the fallback flag stays content", golden: "stream_json_text_no_fallback.sse", stream: true,
 		tools: []string{"get_weather"}, status: 200, wantFinish: "stop",
 		events: []*iop.RunEvent{st.Start(), st.Delta(2, "Here: "), st.Delta(3, "{\"tool_calls\":[{\"name\":\"get_weather\",\"arguments\":{}}]}"),

@@ -8,6 +8,7 @@ import (
 
 	"iop/internal/edge/surface"
 	st "iop/internal/edge/surface/surfacetest"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -97,10 +98,10 @@ var outCases = []outCase{
 		events: []*iop.RunEvent{st.Start(), st.Complete(2, "word word", "length", st.Usage(5, 2), nil)}},
 	{name: "T5 stream function call", golden: "stream_function_call.sse", stream: true, tools: []string{"get_weather"}, status: 200,
 		wantStatus: "completed", wantCalls: 1,
-		events: []*iop.RunEvent{st.Start(), st.Complete(2, "", "tool_calls", st.Usage(40, 9), map[string]string{surface.MetaToolCalls: st.OneCall})}},
+		events: []*iop.RunEvent{st.Start(), st.Complete(2, "", "tool_calls", st.Usage(40, 9), map[string]string{protocol.MetaToolCalls: st.OneCall})}},
 	{name: "T5 non-stream text and two function calls", golden: "nonstream_function_calls.json", tools: []string{"get_weather", "get_time"},
 		status: 200, wantStatus: "completed", wantCalls: 2,
-		events: []*iop.RunEvent{st.Start(), st.Complete(2, "Checking.", "tool_calls", st.Usage(40, 8), map[string]string{surface.MetaToolCalls: st.TwoCalls})}},
+		events: []*iop.RunEvent{st.Start(), st.Complete(2, "Checking.", "tool_calls", st.Usage(40, 8), map[string]string{protocol.MetaToolCalls: st.TwoCalls})}},
 	{name: "T5 tool round trip, final answer after the function output", golden: "stream_after_function_output.sse", stream: true,
 		tools: []string{"get_weather"}, status: 200, wantStatus: "completed",
 		events: []*iop.RunEvent{st.Start(), st.Delta(2, "It is sunny in Paris."), st.Complete(3, "", "stop", st.Usage(60, 7), nil)}},

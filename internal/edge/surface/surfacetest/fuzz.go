@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"iop/internal/edge/surface"
+	"iop/internal/protocol"
 
 	iop "iop/proto/gen/iop"
 )
@@ -51,10 +52,10 @@ func Script(script []byte, meta string, fallback bool) []*iop.RunEvent {
 			ev := &iop.RunEvent{Seq: seq, Type: iop.RunEventType_RUN_EVENT_COMPLETE, Content: text(), FinishReason: "stop",
 				Usage: Usage(1, 2), Metadata: map[string]string{}}
 			if meta != "" {
-				ev.Metadata[surface.MetaToolCalls] = meta
+				ev.Metadata[protocol.MetaToolCalls] = meta
 			}
 			if fallback {
-				ev.Metadata[surface.MetaTextToolFallback] = "true"
+				ev.Metadata[protocol.MetaTextToolFallback] = "true"
 				ev.FinishReason = "length"
 			}
 			evs = append(evs, ev)

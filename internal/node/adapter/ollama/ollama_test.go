@@ -5,13 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"iop/internal/samples"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"iop/internal/node/adapter/upstream"
+	"iop/internal/protocol"
+	"iop/internal/samples"
 	iop "iop/proto/gen/iop"
 )
 
@@ -124,7 +125,7 @@ func TestReadChatStreamSplits(t *testing.T) {
 				if err != nil {
 					t.Fatalf("split %d: %v", k, err)
 				}
-				if res.Content != tc.content || deltas.String() != tc.content || res.FinishReason != tc.finish || res.Metadata[upstream.MetaToolCalls] != tc.calls {
+				if res.Content != tc.content || deltas.String() != tc.content || res.FinishReason != tc.finish || res.Metadata[protocol.MetaToolCalls] != tc.calls {
 					t.Fatalf("split %d: got %+v", k, res)
 				}
 			}
@@ -141,7 +142,7 @@ func TestToolCallConversion(t *testing.T) {
 		t.Fatal(err)
 	}
 	var calls []upstream.ToolCall
-	if err := json.Unmarshal([]byte(res.Metadata[upstream.MetaToolCalls]), &calls); err != nil {
+	if err := json.Unmarshal([]byte(res.Metadata[protocol.MetaToolCalls]), &calls); err != nil {
 		t.Fatal(err)
 	}
 	if len(calls) != 2 || !strings.HasPrefix(calls[0].ID, "call_") || calls[0].ID == calls[1].ID ||

@@ -11,6 +11,7 @@ import (
 	"testing/iotest"
 
 	"iop/internal/node/adapter/upstream"
+	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 
 	"google.golang.org/protobuf/proto"
@@ -53,7 +54,7 @@ func FuzzReadChatStream(f *testing.F) {
 		if _, err := proto.Marshal(ev); err != nil {
 			t.Fatalf("the COMPLETE event does not encode: %v", err)
 		}
-		if calls := res.Metadata[upstream.MetaToolCalls]; calls != "" && !json.Valid([]byte(calls)) {
+		if calls := res.Metadata[protocol.MetaToolCalls]; calls != "" && !json.Valid([]byte(calls)) {
 			t.Fatalf("tool calls metadata is not JSON: %q", calls)
 		}
 	})

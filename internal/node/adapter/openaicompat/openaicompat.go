@@ -69,7 +69,7 @@ func (d *Driver) Run(ctx context.Context, target string, in *iop.RunInput, h ups
 	if res.Metadata == nil {
 		res.Metadata = map[string]string{}
 	}
-	res.Metadata[upstream.MetaTextToolFallback] = "true"
+	res.Metadata[protocol.MetaTextToolFallback] = "true"
 	return res, nil
 }
 

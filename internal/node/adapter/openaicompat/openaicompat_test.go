@@ -6,13 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"iop/internal/samples"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"iop/internal/node/adapter/upstream"
+	"iop/internal/protocol"
+	"iop/internal/samples"
 	iop "iop/proto/gen/iop"
 )
 
@@ -159,7 +160,7 @@ func TestReadChatStreamSplits(t *testing.T) {
 			for k := 1; k <= len(b); k++ {
 				got, err := ReadChatStream(io.MultiReader(bytes.NewReader(b[:k]), bytes.NewReader(b[k:])), upstream.Hooks{})
 				if err != nil || got.Content != want.Content || got.FinishReason != want.FinishReason ||
-					got.Usage.String() != want.Usage.String() || got.Metadata[upstream.MetaToolCalls] != want.Metadata[upstream.MetaToolCalls] {
+					got.Usage.String() != want.Usage.String() || got.Metadata[protocol.MetaToolCalls] != want.Metadata[protocol.MetaToolCalls] {
 					t.Fatalf("split %d: got %+v, %v; want %+v", k, got, err, want)
 				}
 			}
@@ -199,7 +200,7 @@ func TestToolCallAssembly(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := res.Metadata[upstream.MetaToolCalls]; got != tc.want {
+			if got := res.Metadata[protocol.MetaToolCalls]; got != tc.want {
 				t.Fatalf("got  %s\nwant %s", got, tc.want)
 			}
 		})

@@ -109,15 +109,6 @@ func (e *Endpoint) Do(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-// Metadata keys of a COMPLETE run event (SPEC E8, E9).
-const (
-	// MetaToolCalls holds a JSON array of ToolCall.
-	MetaToolCalls = protocol.MetaToolCalls
-	// MetaTextToolFallback is "true" when the run used the text tool-call
-	// fallback of SPEC E9.
-	MetaTextToolFallback = protocol.MetaTextToolFallback
-)
-
 // Endpoint is where and how to reach one backend.
 type Endpoint struct {
 	Client *http.Client
@@ -376,7 +367,7 @@ type Result struct {
 	FinishReason string
 	// Usage in tokens; nil when the backend reported none.
 	Usage *iop.Usage
-	// Metadata holds MetaToolCalls and MetaTextToolFallback when set.
+	// Metadata holds protocol.MetaToolCalls and protocol.MetaTextToolFallback when set.
 	Metadata map[string]string
 	// Logprobs holds every output token's log probability when the input
 	// asked for them (RunInput.logprobs).
@@ -403,7 +394,7 @@ type ToolFunction struct {
 	Arguments string `json:"arguments"`
 }
 
-// SetToolCalls stores calls in r.Metadata[MetaToolCalls] and makes the
+// SetToolCalls stores calls in r.Metadata[protocol.MetaToolCalls] and makes the
 // finish reason "tool_calls"; no-op for none.
 func (r *Result) SetToolCalls(calls []ToolCall) {
 	if len(calls) == 0 {
@@ -413,7 +404,7 @@ func (r *Result) SetToolCalls(calls []ToolCall) {
 	if r.Metadata == nil {
 		r.Metadata = map[string]string{}
 	}
-	r.Metadata[MetaToolCalls] = string(b)
+	r.Metadata[protocol.MetaToolCalls] = string(b)
 	r.FinishReason = "tool_calls"
 }
 

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"testing/iotest"
+
+	"iop/internal/protocol"
 )
 
 // E8, E9: the provider's own message is extracted from its error body.
@@ -69,7 +71,7 @@ func TestToolsAndToolCalls(t *testing.T) {
 	}
 	r.FinishReason = "stop"
 	r.SetToolCalls([]ToolCall{{ID: "x", Type: "function", Function: ToolFunction{Name: "f", Arguments: `{"a":"<b>"}`}}})
-	if r.FinishReason != "tool_calls" || r.Metadata[MetaToolCalls] != `[{"id":"x","type":"function","function":{"name":"f","arguments":"{\"a\":\"\u003cb\u003e\"}"}}]` {
+	if r.FinishReason != "tool_calls" || r.Metadata[protocol.MetaToolCalls] != `[{"id":"x","type":"function","function":{"name":"f","arguments":"{\"a\":\"\u003cb\u003e\"}"}}]` {
 		t.Errorf("E8: SetToolCalls = %+v", r)
 	}
 	if a, b := NewToolCallID(), NewToolCallID(); a == b || !strings.HasPrefix(a, "call_") || len(a) != 29 {
