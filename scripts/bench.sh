@@ -319,7 +319,8 @@ bench_profile() {
 
 # bench_hold PATH N: N slow streams on PATH; for the edge paths on a fresh
 # edge and node, with the edge's heap profile and goroutine count taken once
-# every stream is open (N ÷ 1,000/s ramp + 3 s).
+# every stream is open (N ÷ 1,000/s ramp + 3 s), and its runtime.MemStats
+# (heap?debug=1: StackInuse and HeapInuse, the two parts of the RSS growth).
 bench_hold() {
   local p=$1 n=$2 prof="$BENCH_DIR/profiles" snap=""
   if [ "$p" = c ] || [ "$p" = d ]; then
@@ -327,6 +328,7 @@ bench_hold() {
     ( sleep $((n / 1000 + 3))
       curl -fsS -m 20 -o "$prof/edge-heap-$p-$n.pprof" "http://$BENCH_ADMIN/debug/pprof/heap" || true
       curl -fsS -m 20 -o "$prof/edge-goroutines-$p-$n.txt" "http://$BENCH_ADMIN/debug/pprof/goroutine?debug=1" || true
+      curl -fsS -m 20 -o "$prof/edge-heapstats-$p-$n.txt" "http://$BENCH_ADMIN/debug/pprof/heap?debug=1" || true
     ) &
     snap=$!
   fi

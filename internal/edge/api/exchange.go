@@ -269,11 +269,21 @@ func (h *Handler) serveModel(ctx context.Context, w *recorder, r *http.Request, 
 		if st, s := h.start(x); st != nil {
 			h.relay(x, st, s)
 		}
-		fx := h.step(x, &event{kind: evRelayEnded, ok: x.ok})
-		if !fx.redispatch || !h.reacquire(x, fx) {
+		if !h.relayEnded(x) {
 			return
 		}
 	}
+}
+
+// relayEnded steps x's attempt machine with the relay's end and, when it
+// says so, takes the next lease (reacquire); false: the request is over.
+// Never inlined, like decide: its effects stay off serveModel's frame,
+// which lies under every held stream's relay.
+//
+//go:noinline
+func (h *Handler) relayEnded(x *exchange) bool {
+	fx := h.step(x, &event{kind: evRelayEnded, ok: x.ok})
+	return fx.redispatch && h.reacquire(x, fx)
 }
 
 // admit reads and validates the body and acquires a lease, waiting in the
@@ -490,17 +500,8 @@ func (h *Handler) unwatch(x *exchange, st dispatch.Stream) {
 // evidence goes to Options.Health when the machine asks (SPEC H8). Once s
 // wrote, the body can never be resent and is dropped.
 func (h *Handler) deliver(x *exchange, st dispatch.Stream, s sink, env *iop.Envelope) bool {
-	x.timer.Reset(h.responseWait(x.lease))
-	e := event{kind: evEnvelope, class: classify(env, x.statuses, h.o.Now), wrote: s.wrote() || x.body == nil}
-	if e.class.retryable || e.class.stall { // only a failure that may be kept reads the clock and the client's context
-		e.gone, e.now = x.ctx.Err() != nil, h.o.Now()
-	}
-	fx := h.step(x, &e)
-	if fx.checkStall {
-		e.kind, e.valid = evStallChecked, h.o.Health.ObserveStall(x.lease, e.class.failure)
-		fx = h.step(x, &e)
-	}
-	switch fx.env {
+	act, stop := h.decide(x, s, env)
+	switch act {
 	case envHold:
 		x.kept.sink, x.kept.envs = s, append(x.kept.envs, env)
 	case envFail:
@@ -517,7 +518,33 @@ func (h *Handler) deliver(x *exchange, st dispatch.Stream, s sink, env *iop.Enve
 	case envPass:
 		return h.pass(x, st, s, env)
 	}
-	return fx.stop
+	return stop
+}
+
+// decide steps x's attempt machine with env (and, when it asks, with the
+// stall verdict of Options.Health) and returns what becomes of env and
+// whether relay stops. It is a frame of its own, never inlined, so that
+// its event and effects (~650 bytes) are off the stack when deliver calls
+// pass: the deepest point of a held stream's handler goroutine is its
+// first write (pass → the surface encoder → the response's first flush,
+// which writes the header and drains the request body), and every held
+// stream keeps the stack that point grew until a collection finds it
+// mostly unused (BENCHMARKS.md "Concurrent slow streams": ≤ 32 KiB of
+// Edge RSS per stream).
+//
+//go:noinline
+func (h *Handler) decide(x *exchange, s sink, env *iop.Envelope) (envAction, bool) {
+	x.timer.Reset(h.responseWait(x.lease))
+	e := event{kind: evEnvelope, class: classify(env, x.statuses, h.o.Now), wrote: s.wrote() || x.body == nil}
+	if e.class.retryable || e.class.stall { // only a failure that may be kept reads the clock and the client's context
+		e.gone, e.now = x.ctx.Err() != nil, h.o.Now()
+	}
+	fx := h.step(x, &e)
+	if fx.checkStall {
+		e.kind, e.valid = evStallChecked, h.o.Health.ObserveStall(x.lease, e.class.failure)
+		fx = h.step(x, &e)
+	}
+	return fx.env, fx.stop
 }
 
 // event is an event of kind at the injected clock's reading, with what the
