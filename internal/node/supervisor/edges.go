@@ -27,9 +27,12 @@ type Edge struct {
 //
 //   - Attempts count toward p.MaxAttempts only while no edge has a ready
 //     session: an edge's count is the consecutive failed attempts at it
-//     since the Node last had a ready session on any edge. So one edge
-//     that is down while another serves is retried every p.Interval for as
-//     long as it takes.
+//     made wholly since the Node last had a ready session on any edge (an
+//     attempt during which some edge was ready, or became or stopped being
+//     ready, does not count and starts the count over). So one edge that
+//     is down while another serves is retried every p.Interval for as long
+//     as it takes, and once the last ready session is lost every edge gets
+//     exactly p.MaxAttempts attempts.
 //   - An edge that used up its attempts waits: when another edge's session
 //     becomes ready its count starts over and it is retried; when every
 //     edge has used up its attempts RunEdges returns an error wrapping
@@ -73,6 +76,8 @@ type fleet struct {
 	live    []bool
 	parked  []bool
 	changed chan struct{}
+	// liveSeq changes whenever some edge's session becomes ready or ends.
+	liveSeq uint64
 	// exhausted: every edge was parked at once; sticky, so that each
 	// parked edge gives up even after the first one left.
 	exhausted bool
@@ -81,24 +86,39 @@ type fleet struct {
 func (f *fleet) set(flags []bool, i int, v bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.setLocked(flags, i, v)
+}
+
+// setLive records whether edge i has a ready session.
+func (f *fleet) setLive(i int, v bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.setLocked(f.live, i, v) {
+		f.liveSeq++
+	}
+}
+
+// setLocked sets flags[i] to v and reports whether that changed it; f.mu
+// is held.
+func (f *fleet) setLocked(flags []bool, i int, v bool) bool {
 	if flags[i] == v {
-		return
+		return false
 	}
 	flags[i] = v
 	close(f.changed)
 	f.changed = make(chan struct{})
+	return true
 }
 
-// anyLive reports whether some edge has a ready session.
-func (f *fleet) anyLive() bool {
+// liveState reports a number that changes whenever some edge's session
+// becomes ready or ends, and whether some edge has a ready session now.
+func (f *fleet) liveState() (seq uint64, anyLive bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, l := range f.live {
-		if l {
-			return true
-		}
+		anyLive = anyLive || l
 	}
-	return false
+	return f.liveSeq, anyLive
 }
 
 // park waits, for edge i that used up its attempts, until another edge
@@ -147,17 +167,22 @@ func (f *fleet) supervise(ctx context.Context, i int, p Policy, e Edge) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		ready, err := e.Connect(ctx, func() { f.set(f.live, i, true) })
-		f.set(f.live, i, false)
+		seq0, live0 := f.liveState()
+		ready, err := e.Connect(ctx, func() { f.setLive(i, true) })
+		f.setLive(i, false)
 		if ctx.Err() != nil {
 			log.Info("supervisor stopped by local shutdown")
 			return nil
 		}
-		if ready || f.anyLive() {
-			failed = 0 // this edge, or another, had a ready session since
-		}
-		if !ready {
+		seq1, live1 := f.liveState()
+		// S2: a failed attempt counts only when no edge was ready at
+		// any time during it; otherwise the Node had a ready session
+		// since, and the count starts over.
+		counted := !ready && !live0 && !live1 && seq0 == seq1
+		if counted {
 			failed++
+		} else {
+			failed = 0
 		}
 		d := Decide(failed, KindOf(err), p)
 		switch d.Action {
@@ -182,9 +207,12 @@ func (f *fleet) supervise(ctx context.Context, i int, p Policy, e Edge) error {
 			failed = 0
 			d.Wait = p.Interval
 		case Retry:
-			if ready {
+			switch {
+			case ready:
 				log.Warn("session ended, reconnecting", "err", err, "wait", d.Wait)
-			} else {
+			case !counted:
+				log.Warn("connect attempt failed while another edge was ready (not counted), retrying", "err", err, "wait", d.Wait)
+			default:
 				log.Warn("connect attempt failed, retrying", "attempt", failed, "max_attempts", p.MaxAttempts, "err", err, "wait", d.Wait)
 			}
 		}

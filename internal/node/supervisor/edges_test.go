@@ -41,6 +41,10 @@ func TestRunEdges(t *testing.T) {
 		wantErr     error
 		wantDials   []int
 		wantElapsed time.Duration
+		// wantAfter: dials per edge that started at or after
+		// afterTime (zero wantAfter = not checked).
+		afterTime time.Duration
+		wantAfter []int
 	}{
 		{
 			name: "S2 one edge down for good: given up after its attempts, like Run",
@@ -67,6 +71,26 @@ func TestRunEdges(t *testing.T) {
 			edges:       []edgeScript{{}, {hangUntil: 5 * time.Second, upAt: 6 * time.Second, up: true}},
 			cancelAfter: 10*time.Second + time.Millisecond,
 			wantErr:     nil, wantDials: []int{3 + 4, 2}, wantElapsed: 10*time.Second + time.Millisecond,
+		},
+		{
+			name: "S2 exactly max_attempts per edge after the last ready session is lost: (3, 3), not (3, 2)",
+			p:    p,
+			// edge 1 serves until t=10.5 while edge 2 fails at t=0..10,
+			// none of which count; after the loss each edge has its
+			// three: edge 1 at t=11.5,12.5,13.5, edge 2 at t=11,12,13.
+			edges:   []edgeScript{{up: true, downAt: 10*time.Second + 500*time.Millisecond}, {}},
+			wantErr: ErrExhausted, wantDials: []int{1 + 3, 11 + 3}, wantElapsed: 13*time.Second + 500*time.Millisecond,
+			afterTime: 10*time.Second + 500*time.Millisecond, wantAfter: []int{3, 3},
+		},
+		{
+			name: "S2 an attempt that overlapped another edge's ready session does not count",
+			p:    p,
+			// edge 2's first attempt hangs from t=0 to t=4 across edge
+			// 1's session (t=0 to t=2.5): it is not one of edge 2's
+			// three, which are t=5,6,7; edge 1's are t=3.5,4.5,5.5.
+			edges:   []edgeScript{{up: true, downAt: 2*time.Second + 500*time.Millisecond}, {hangUntil: 4 * time.Second}},
+			wantErr: ErrExhausted, wantDials: []int{1 + 3, 1 + 3}, wantElapsed: 7 * time.Second,
+			afterTime: 2*time.Second + 500*time.Millisecond, wantAfter: []int{3, 3},
 		},
 		{
 			name: "S2 N6 an edge that says retrying cannot help is given up; the other goes on",
@@ -103,13 +127,17 @@ func TestRunEdges(t *testing.T) {
 				start := time.Now()
 				var mu sync.Mutex
 				dials := make([]int, len(row.edges))
+				after := make([]int, len(row.edges))
 				edges := make([]Edge, len(row.edges))
 				for i, sc := range row.edges {
 					edges[i] = Edge{Name: fmt.Sprintf("edge-%d", i+1), Connect: func(ctx context.Context, ready func()) (bool, error) {
 						mu.Lock()
 						dials[i]++
-						mu.Unlock()
 						now := time.Since(start)
+						if now >= row.afterTime {
+							after[i]++
+						}
+						mu.Unlock()
 						if now < sc.hangUntil {
 							select { // synctest's clock: a dial that times out
 							case <-time.After(sc.hangUntil - now):
@@ -127,7 +155,14 @@ func TestRunEdges(t *testing.T) {
 							return false, errDial
 						}
 						ready()
-						<-ctx.Done()
+						var down <-chan time.Time
+						if sc.downAt > 0 {
+							down = time.After(sc.downAt - now)
+						}
+						select {
+						case <-ctx.Done():
+						case <-down:
+						}
 						return true, ErrSessionLost
 					}}
 				}
@@ -146,6 +181,9 @@ func TestRunEdges(t *testing.T) {
 				defer mu.Unlock()
 				if fmt.Sprint(dials) != fmt.Sprint(row.wantDials) {
 					t.Errorf("dials = %v, want %v", dials, row.wantDials)
+				}
+				if row.wantAfter != nil && fmt.Sprint(after) != fmt.Sprint(row.wantAfter) {
+					t.Errorf("dials from %v on = %v, want %v", row.afterTime, after, row.wantAfter)
 				}
 				if elapsed != row.wantElapsed {
 					t.Errorf("returned after %v, want %v", elapsed, row.wantElapsed)
