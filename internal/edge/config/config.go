@@ -135,7 +135,7 @@ func (c *Config) resolvePaths(dir string) {
 	for _, p := range []*string{&c.TLS.CertFile, &c.TLS.KeyFile, &c.TLS.CAFile,
 		&c.Credentials.StoreFile, &c.Credentials.StoreKeyFile, &c.Credentials.IssuerKeyFile,
 		&c.Keys.StoreFile, &c.Keys.UsageFile,
-		&c.Enrollment.CAKeyFile, &c.Enrollment.StoreFile} {
+		&c.Enrollment.CAKeyFile, &c.Enrollment.StoreFile, &c.Batches.Dir} {
 		if *p != "" && !strings.HasPrefix(*p, "/") {
 			*p = dir + *p
 		}
@@ -200,6 +200,7 @@ func (c *Config) applyDefaults() {
 	}
 	c.keysDefaults()
 	c.tracingDefaults()
+	c.batchesDefaults()
 	od := &c.OutlierDetection
 	if od.Enabled == nil {
 		on := true

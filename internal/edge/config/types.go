@@ -30,6 +30,8 @@ type Config struct {
 	Discovery      Discovery        `json:"discovery"`
 	// Tracing exports OpenTelemetry traces (tracing.go).
 	Tracing Tracing `json:"tracing"`
+	// Batches serves the OpenAI Batch and Files API (batches.go).
+	Batches Batches `json:"batches"`
 
 	// CredentialProjection is not read from the file: the Edge sets it
 	// after loading the secret store (internal/edge/creds), and NodePayload

@@ -40,6 +40,7 @@ func (c *Config) validate() jsonconfig.Errors {
 	c.validateKeys(add)
 	c.validateEnrollment(add)
 	c.validateTracing(add)
+	c.validateBatches(add)
 	c.validateOutlierDetection(add)
 	c.validateHTTP(add)
 	return errs

@@ -1,0 +1,27 @@
+// Package batch is the OpenAI Batch and Files API the edge runs itself
+// (SPEC X1-X4; OpenAI API reference, "Files" and "Batch"): a key uploads a
+// JSONL file of requests (POST /v1/files, purpose "batch"), makes a batch
+// of it (POST /v1/batches), and downloads the answers as JSONL (GET
+// /v1/files/{id}/content of the batch's output_file_id and
+// error_file_id). Each line runs through the edge's normal request path as
+// its key, at the lowest priority, at most batches.max_in_flight lines of
+// a batch at once.
+//
+// # Files
+//
+//   - machine.go: the batch's state machine, pure: Machine.Step(event) →
+//     (machine, effects); statuses validating, in_progress, finalizing,
+//     completed, failed, cancelling, cancelled, expired (TestX2BatchMachine).
+//   - store.go: the files and batch records in batches.dir, written as the
+//     key store is (storefile: temporary file, fsync, rename), one edge per
+//     dir (flock); journal.go: a batch's answered lines, its done-set.
+//
+// # What it never does
+//
+// It never shows a file or batch to another key than the one that made it
+// (another key's id is a 404, as an unknown one), never answers a line
+// twice in a batch's output (the journal refuses a line already there),
+// and never writes a file a crash can leave half-written: a file is there
+// when its metadata is, and its metadata is renamed into place after its
+// content.
+package batch
