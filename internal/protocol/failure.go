@@ -131,8 +131,10 @@ var Failures = [...]Failure{
 		ClientCode: "provider_error", Message: "the provider closed the connection without answering"},
 	// After the response head: reset mid-body, a malformed stream, an
 	// answer over the node's bounds.
+	// An answer in a content coding the node cannot decode says which
+	// (RunEvent/ProviderTunnelFrame.message, SPEC B3).
 	{Code: CodeUpstreamError, Emitter: "adapter", Retry: RetryProviderError, Status: http.StatusBadGateway, ClientCode: "provider_error",
-		Message: "the provider failed to answer"},
+		Message: "the provider failed to answer: "},
 	// The request's timeout_sec expired.
 	{Code: CodeTimeout, Emitter: "adapter", Status: http.StatusBadGateway, ClientCode: "provider_error", Message: "the provider failed to answer"},
 	// The run's context was cancelled: the Edge's CancelRequest or the

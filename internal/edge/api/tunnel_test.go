@@ -168,14 +168,14 @@ func TestTunnelFailures(t *testing.T) {
 			frames: []*iop.ProviderTunnelFrame{fEnd()}, want: 502, wantCode: "provider_error"},
 		{name: "T5 ERROR after SSE bytes ends with a data error event", path: "/v1/chat/completions",
 			frames: []*iop.ProviderTunnelFrame{sseStart, fBody(chunk), fError("upstream_error", "reset")}, want: 200,
-			wantTail: string(chunk) + `data: {"error":{"message":"the provider failed to answer","type":"server_error","param":null,"code":"provider_error"}}` + "\n\n"},
+			wantTail: string(chunk) + `data: {"error":{"message":"the provider failed to answer: reset","type":"server_error","param":null,"code":"provider_error"}}` + "\n\n"},
 		{name: "T5 Anthropic ERROR mid-event ends with event: error", path: "/v1/messages",
 			frames: []*iop.ProviderTunnelFrame{sseStart, fBody([]byte("event: ping\ndata: {\"type\"")), fError("upstream_error", "reset")}, want: 200,
-			wantTail: "data: {\"type\"\n\nevent: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"the provider failed to answer\"}}\n\n"},
+			wantTail: "data: {\"type\"\n\nevent: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"the provider failed to answer: reset\"}}\n\n"},
 		{name: "T5 Responses ERROR after SSE bytes ends with the Responses error event", path: "/v1/responses",
 			frames: []*iop.ProviderTunnelFrame{sseStart, fBody([]byte("event: response.created\ndata: {}\n\n")), fError("upstream_error", "reset")}, want: 200,
-			wantTail: "data: {}\n\nevent: error\ndata: {\"type\":\"error\",\"code\":\"provider_error\",\"message\":\"the provider failed to answer\",\"param\":null," +
-				`"error":{"message":"the provider failed to answer","type":"server_error","param":null,"code":"provider_error"}}` + "\n\n"},
+			wantTail: "data: {}\n\nevent: error\ndata: {\"type\":\"error\",\"code\":\"provider_error\",\"message\":\"the provider failed to answer: reset\",\"param\":null," +
+				`"error":{"message":"the provider failed to answer: reset","type":"server_error","param":null,"code":"provider_error"}}` + "\n\n"},
 		{name: "T5 session lost mid-stream ends with an error event", path: "/v1/chat/completions",
 			frames: []*iop.ProviderTunnelFrame{sseStart, fBody(chunk)}, recvErr: dispatch.ErrSessionLost, want: 200,
 			wantTail: `"code":"provider_lost"}}` + "\n\n"},

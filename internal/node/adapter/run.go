@@ -318,15 +318,19 @@ func (r *runStream) overCapacity(msg string, fair int64) {
 // ProviderTunnelFrame.message): the upstream's own message for a status it
 // answered; for invalid_request the refusal without the "invalid run
 // input" prefix and without encoding/json's Go type names (internal); why a
-// credential lease was refused; "" for every other code (the Edge has the
-// code's own words) and for a nil err.
+// credential lease was refused; which content coding the node could not
+// decode (SPEC B3); "" for every other code (the Edge has the code's own
+// words) and for a nil err.
 func message(code protocol.Code, err error) string {
 	var se *upstream.StatusError
+	var ee *upstream.EncodingError
 	switch {
 	case err == nil:
 		return ""
 	case errors.As(err, &se):
 		return se.Message
+	case errors.As(err, &ee):
+		return ee.Error()
 	case code == protocol.CodeCredentialRequired, code == protocol.CodeCredentialInvalid:
 		return err.Error()
 	case code != protocol.CodeInvalidRequest:

@@ -52,7 +52,9 @@ import (
 // Upstream auth comes from the request's credential lease when the plane is
 // on (opened after the capacity gate, SPEC C3), else from the adapter's
 // api_key_env, either way in the profile's auth_header and auth_scheme. Response headers: all but hop-by-hop ones and
-// Set-Cookie. The other boundary checks are those of Run.
+// Set-Cookie; a body in gzip or deflate is relayed decoded, without its
+// Content-Encoding and Content-Length (SPEC B3). The other boundary checks
+// are those of Run.
 func (s *Set) Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelRequest, emit func(*iop.ProviderTunnelFrame)) {
 	ctx = upstream.WithRequestID(ctx, req.GetRequestId()) // logs and the upstream's X-Request-Id
 	ts := &tunnelStream{emit: emit, adapter: req.GetAdapter(), target: req.GetTarget(),
@@ -346,5 +348,5 @@ func failFrame(ctx, runCtx context.Context, adapter, what string, err error) *io
 	case errors.As(err, &re):
 		return errorFrame(requestErrorCode(re), fmt.Sprintf("adapter %q: %s: %v", adapter, what, err), nil)
 	}
-	return errorFrame(protocol.CodeUpstreamError, fmt.Sprintf("adapter %q: %s: %v", adapter, what, err), nil)
+	return errorFrame(protocol.CodeUpstreamError, fmt.Sprintf("adapter %q: %s: %v", adapter, what, err), err)
 }

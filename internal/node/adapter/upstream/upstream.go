@@ -90,7 +90,9 @@ func (e *RequestError) Error() string { return e.Err.Error() }
 func (e *RequestError) Unwrap() error { return e.Err }
 
 // Do sends req with e.Client and wraps a transport failure (no response
-// head) as *RequestError. With a Trace on req's context (WithTrace) it
+// head) as *RequestError. A body in gzip or deflate, sent although the
+// request asked for identity, reads decoded; another coding's first read
+// fails with *EncodingError (SPEC B3, see decodeBody). With a Trace on req's context (WithTrace) it
 // notes when the first request went out and when the first response head
 // came, and the last status.
 func (e *Endpoint) Do(req *http.Request) (*http.Response, error) {
@@ -106,6 +108,7 @@ func (e *Endpoint) Do(req *http.Request) (*http.Response, error) {
 		var op *net.OpError
 		return nil, &RequestError{Err: err, Connect: errors.As(err, &op) && op.Op == "dial"}
 	}
+	decodeBody(resp)
 	return resp, nil
 }
 
