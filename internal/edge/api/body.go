@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iop/internal/edge/reply"
+	apisurface "iop/internal/edge/surface"
 	"net"
 	"net/http"
 	"strconv"
@@ -27,13 +29,13 @@ const bodyFirstBuffer = 4 << 10
 // (http.max_inflight_body_bytes: a body that would pass it is a 503 with
 // Retry-After). The returned body's cap(body) bytes stay counted until
 // dropBody.
-func (h *Handler) readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, *apiError) {
+func (h *Handler) readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, *reply.Error) {
 	body, err := readBody(w, r, max, &h.lim.bodies)
 	if errors.Is(err, errBodyBudget) {
 		return nil, h.bodyBusy()
 	}
 	if err != nil {
-		return nil, err.(*apiError)
+		return nil, err.(*reply.Error)
 	}
 	return body, nil
 }
@@ -47,15 +49,15 @@ var errBodyBudget = errors.New("api: request bodies in flight over http.max_infl
 // and each growth is reserved in budget first (nil: not counted): on
 // success cap(body) bytes stay reserved, on failure none. A body that stops
 // arriving ends with the connection's read deadline (408). The error is an
-// *apiError or errBodyBudget. A body with a Content-Encoding other than
+// *reply.Error or errBodyBudget. A body with a Content-Encoding other than
 // identity is a 415 before any byte is read.
 func readBody(w http.ResponseWriter, r *http.Request, max int64, budget *limit.Budget) (body []byte, err error) {
 	if ce := strings.TrimSpace(r.Header.Get("Content-Encoding")); ce != "" && !strings.EqualFold(ce, "identity") {
 		// The Edge reads the JSON body to route it (model, stream) and
 		// does not decompress: 415 as RFC 9110 §15.5.16 says for an
 		// unsupported content coding, naming it.
-		return nil, &apiError{status: http.StatusUnsupportedMediaType, typ: "invalid_request_error", param: "Content-Encoding",
-			msg: fmt.Sprintf("Content-Encoding %.32q is not supported: send the request body uncompressed", ce)}
+		return nil, &reply.Error{Status: http.StatusUnsupportedMediaType, Type: "invalid_request_error", Param: "Content-Encoding",
+			Message: fmt.Sprintf("Content-Encoding %.32q is not supported: send the request body uncompressed", ce)}
 	}
 	if r.ContentLength > max {
 		return nil, tooLarge(max)
@@ -115,26 +117,26 @@ func readBody(w http.ResponseWriter, r *http.Request, max int64, budget *limit.B
 	}
 }
 
-func tooLarge(max int64) *apiError {
-	return &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "request_too_large",
-		msg: "request body exceeds " + strconv.FormatInt(max, 10) + " bytes"}
+func tooLarge(max int64) *reply.Error {
+	return &reply.Error{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "request_too_large",
+		Message: "request body exceeds " + strconv.FormatInt(max, 10) + " bytes"}
 }
 
-func readError(err error, max int64) *apiError {
+func readError(err error, max int64) *reply.Error {
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
 		return tooLarge(max)
 	}
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
-		return &apiError{status: http.StatusRequestTimeout, typ: "invalid_request_error", code: "request_timeout",
-			msg: "the request body did not arrive in time"}
+		return &reply.Error{Status: http.StatusRequestTimeout, Type: "invalid_request_error", Code: "request_timeout",
+			Message: "the request body did not arrive in time"}
 	}
-	e := badRequest("", "could not read the request body: %v", err)
+	e := apisurface.BadRequest("", "could not read the request body: %v", err)
 	// The connection ended before the body did: net/http reports a body
 	// cut short of its Content-Length (or a chunked body cut) as
 	// io.ErrUnexpectedEOF; a reset is ECONNRESET. Either way the client
 	// left (A1: client_cancelled, not a rejected request).
-	e.clientGone = errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
+	e.ClientGone = errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
 	return e
 }

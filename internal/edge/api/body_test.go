@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"io"
+	"iop/internal/edge/reply"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -48,9 +49,9 @@ func TestReadBody(t *testing.T) {
 				r.Header.Set("Content-Encoding", row.encoding)
 			}
 			got, err := readBody(httptest.NewRecorder(), r, limit, nil)
-			e, _ := err.(*apiError)
+			e, _ := err.(*reply.Error)
 			if row.wantStatus != 0 {
-				if e == nil || e.status != row.wantStatus {
+				if e == nil || e.Status != row.wantStatus {
 					t.Fatalf("got %v, want status %d", e, row.wantStatus)
 				}
 				return

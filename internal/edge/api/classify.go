@@ -2,6 +2,7 @@ package api
 
 import (
 	"fmt"
+	"iop/internal/edge/reply"
 	"net/http"
 	"slices"
 	"strconv"
@@ -160,15 +161,15 @@ func statusVerdict(status int, statuses []int) verdict {
 // sinks (run.go, tunnel.go).
 
 // runFailure is the client-visible error of a run's ERROR event.
-func runFailure(ev *iop.RunEvent) *apiError {
+func runFailure(ev *iop.RunEvent) *reply.Error {
 	e := nodeFailure(ev.FailureCode, ev.Message, ev.Error, ev.UpstreamStatus, ev.Failure)
 	if ra := time.Duration(ev.RetryAfterMs) * time.Millisecond; ra > 0 && ev.UpstreamStatus > 0 {
-		e.retryAfter = ra
+		e.RetryAfter = ra
 	}
 	// An invalid request the node refused may name its field
 	// (RunEvent.param): the client's 400 says it in "param".
 	if p := ev.GetParam(); ev.FailureCode == protocol.CodeInvalidRequest.String() && p != "" && len(p) <= 64 {
-		e.param = p
+		e.Param = p
 	}
 	return e
 }
@@ -184,7 +185,7 @@ func runFailure(ev *iop.RunEvent) *apiError {
 // time (SPEC H1). message is the terminal's message field, never its
 // legacy error string: that one names the adapter instance and goes to the
 // operator's log only (detail).
-func nodeFailure(code, message, legacy string, upstreamStatus int32, failure *iop.ExecutionFailure) *apiError {
+func nodeFailure(code, message, legacy string, upstreamStatus int32, failure *iop.ExecutionFailure) *reply.Error {
 	f, _ := protocol.Lookup(code)
 	st := int(upstreamStatus)
 	if legacy == "" {
@@ -198,25 +199,25 @@ func nodeFailure(code, message, legacy string, upstreamStatus int32, failure *io
 	}
 	switch {
 	case !f.Fixed && st == http.StatusTooManyRequests:
-		return &apiError{status: st, typ: "rate_limit_error", code: "rate_limited", retryAfter: time.Second,
-			msg: with("the provider is rate limited: "), detail: legacy}
+		return &reply.Error{Status: st, Type: "rate_limit_error", Code: "rate_limited", RetryAfter: time.Second,
+			Message: with("the provider is rate limited: "), Detail: legacy}
 	case !f.Fixed && passThroughStatus(st):
-		return &apiError{status: st, typ: "invalid_request_error", code: code, msg: with("provider rejected the request: "),
-			detail: legacy}
+		return &reply.Error{Status: st, Type: "invalid_request_error", Code: code, Message: with("provider rejected the request: "),
+			Detail: legacy}
 	case !f.Fixed && (st == http.StatusServiceUnavailable || st == http.StatusGatewayTimeout):
-		return &apiError{status: st, typ: "server_error", code: "provider_unavailable",
-			msg: with("the provider is unavailable: "), detail: legacy}
+		return &reply.Error{Status: st, Type: "server_error", Code: "provider_unavailable",
+			Message: with("the provider is unavailable: "), Detail: legacy}
 	case !f.Fixed && st >= 500 && st <= 599:
-		return &apiError{status: http.StatusBadGateway, typ: "server_error", code: "provider_error",
-			msg: with("the provider failed: "), detail: legacy}
+		return &reply.Error{Status: http.StatusBadGateway, Type: "server_error", Code: "provider_error",
+			Message: with("the provider failed: "), Detail: legacy}
 	}
-	e := &apiError{status: f.Status, typ: errorType(f.Status), code: f.ClientCode, msg: f.Message,
-		retryAfter: time.Duration(f.RetryAfter) * time.Second, detail: legacy}
+	e := &reply.Error{Status: f.Status, Type: errorType(f.Status), Code: f.ClientCode, Message: f.Message,
+		RetryAfter: time.Duration(f.RetryAfter) * time.Second, Detail: legacy}
 	switch {
 	case f.Code == protocol.CodeResponseStalled && failure != nil && failure.IdleMs > 0:
-		e.msg = fmt.Sprintf("the provider stopped responding: no output for %d ms (response stalled)", failure.IdleMs)
+		e.Message = fmt.Sprintf("the provider stopped responding: no output for %d ms (response stalled)", failure.IdleMs)
 	case strings.HasSuffix(f.Message, ": "):
-		e.msg = with(f.Message)
+		e.Message = with(f.Message)
 	}
 	return e
 }

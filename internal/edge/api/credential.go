@@ -2,6 +2,7 @@ package api
 
 import (
 	"iop/internal/edge/creds"
+	"iop/internal/edge/reply"
 	iop "iop/proto/gen/iop"
 )
 
@@ -27,7 +28,7 @@ func (h *Handler) credential(x *exchange) (l *iop.CredentialLease, b *iop.Creden
 		Node: pl.Node, Provider: pl.Provider, Target: pl.Target})
 	if err != nil {
 		h.log.Warn("credential lease not issued", "model", x.model, "node", pl.Node, "provider", pl.Provider, "err", err)
-		writeError(x.out.w, x.ep.surface, badGateway("credential_unavailable",
+		reply.WriteError(x.out.W, x.ep.surface, reply.BadGateway("credential_unavailable",
 			"the edge could not issue a credential for the selected provider"))
 		return nil, nil, false
 	}

@@ -35,7 +35,9 @@
 //     terminal's client error (runFailure, nodeFailure), both through the
 //     failure code's row of internal/protocol.
 //   - run.go, tunnel.go: the sinks of the two paths (SPEC Q3, T2, T5).
-//   - errors.go: client error shapes; account.go: the access record;
+//   - errors.go: the pool's refusals as client errors; the error type, its
+//     shapes, the access record, burst flushing and the request's spans are
+//     internal/edge/reply's (Recorder, Error, Output, Trace);
 //     body.go, limits.go, conns.go: hostile-client bounds; drain.go: SIGTERM;
 //     credential.go: the credential lease (SPEC C2); prefix.go,
 //     jsonscan.go: what routing reads from a body.
@@ -60,10 +62,10 @@
 // Every response carries X-Request-Id (access.RequestID: the client's,
 // sanitized and bounded, or a new one), which also rides the RunRequest or
 // ProviderTunnelRequest to the node. ServeHTTP wraps the ResponseWriter in a
-// recorder (account.go) that notes the status line and the time of the
+// reply.Recorder that notes the status line and the time of the
 // first byte; the rest of the layer fills the same access.Record (principal,
 // model, lease, queue wait, tokens, the client leaving, the error written)
-// and end writes it exactly once when the handler returns: one access-log
+// and reply.Books.End writes it exactly once when the handler returns: one access-log
 // line (Options.AccessLog) and one Metrics sample, whatever the outcome,
 // even when the handler aborts the connection. /healthz is not recorded.
 //

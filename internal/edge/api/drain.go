@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"errors"
+	"iop/internal/edge/reply"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -137,12 +138,12 @@ func shuttingDown(ctx context.Context) bool {
 	return ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrShutdown)
 }
 
-func drainingError() *apiError {
-	return &apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: access.CodeDraining,
-		retryAfter: DrainRetryAfter, msg: "the edge is shutting down; retry on another instance or later"}
+func drainingError() *reply.Error {
+	return &reply.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: access.CodeDraining,
+		RetryAfter: DrainRetryAfter, Message: "the edge is shutting down; retry on another instance or later"}
 }
 
-func shutdownError() *apiError {
-	return &apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: access.CodeShutdown,
-		retryAfter: DrainRetryAfter, msg: "the edge shut down before the response was complete"}
+func shutdownError() *reply.Error {
+	return &reply.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: access.CodeShutdown,
+		RetryAfter: DrainRetryAfter, Message: "the edge shut down before the response was complete"}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"iop/internal/edge/reply"
 	apisurface "iop/internal/edge/surface"
 	"log/slog"
 	"math"
@@ -44,7 +45,7 @@ type head struct {
 // "model" (required, a non-empty string), "stream" (boolean), for chat
 // "stream_options.include_usage" (boolean), and the endpoint's required
 // array field. Errors are 400s naming the field.
-func parseHead(body []byte, ep *endpoint, hd *head) *apiError {
+func parseHead(body []byte, ep *endpoint, hd *head) *reply.Error {
 	if !json.Valid(body) {
 		var v struct{}
 		return jsonFieldError(json.Unmarshal(body, &v))
@@ -52,7 +53,7 @@ func parseHead(body []byte, ep *endpoint, hd *head) *apiError {
 	all := jsonscan.All(body)
 	it, ok := jsonscan.NewMembers(body, all)
 	if !ok {
-		return badRequest("", "request body must be a JSON object")
+		return apisurface.BadRequest("", "request body must be a JSON object")
 	}
 	hd.modelSpans = hd.spanBuf[:0]
 	var modelOK, haveField bool
@@ -65,7 +66,7 @@ func parseHead(body []byte, ep *endpoint, hd *head) *apiError {
 		case jsonscan.KeyIs(key, "model"):
 			s, ok := jsonString(body, val)
 			if !ok {
-				return badRequest("model", "field \"model\" must be a string")
+				return apisurface.BadRequest("model", "field \"model\" must be a string")
 			}
 			hd.model, modelOK = s, true
 			hd.modelSpans = append(hd.modelSpans, val)
@@ -76,7 +77,7 @@ func parseHead(body []byte, ep *endpoint, hd *head) *apiError {
 			case 'f', 'n':
 				hd.stream = false
 			default:
-				return badRequest("stream", "field \"stream\" must be a boolean")
+				return apisurface.BadRequest("stream", "field \"stream\" must be a boolean")
 			}
 		case ep.run == runChat && jsonscan.KeyIs(key, "stream_options"):
 			switch jsonscan.Kind(body, val) {
@@ -95,34 +96,34 @@ func parseHead(body []byte, ep *endpoint, hd *head) *apiError {
 						case 'f', 'n':
 							hd.includeUsage = false
 						default:
-							return badRequest("stream_options.include_usage", "field \"stream_options.include_usage\" must be a boolean")
+							return apisurface.BadRequest("stream_options.include_usage", "field \"stream_options.include_usage\" must be a boolean")
 						}
 					}
 				}
 			default:
-				return badRequest("stream_options", "field \"stream_options\" must be an object")
+				return apisurface.BadRequest("stream_options", "field \"stream_options\" must be an object")
 			}
 		case jsonscan.KeyIs(key, "max_tokens") || jsonscan.KeyIs(key, "max_completion_tokens") || jsonscan.KeyIs(key, "max_output_tokens"):
 			hd.maxTokens = max(hd.maxTokens, jsonInt(body, val))
 		case ep.field != "" && jsonscan.KeyIs(key, ep.field):
 			if jsonscan.Kind(body, val) != '[' {
-				return badRequest(ep.field, "field %q must be an array of message objects", ep.field)
+				return apisurface.BadRequest(ep.field, "field %q must be an array of message objects", ep.field)
 			}
 			haveField = true
 		default:
 			if name := foldedHeadKey(key, ep); name != "" {
 				k := jsonscan.Key(key)
-				return badRequest(k, "field %q: keys are case-sensitive; this API's field is %q", k, name)
+				return apisurface.BadRequest(k, "field %q: keys are case-sensitive; this API's field is %q", k, name)
 			}
 		}
 	}
 	switch {
 	case !modelOK:
-		return badRequest("model", "missing required field \"model\"")
+		return apisurface.BadRequest("model", "missing required field \"model\"")
 	case hd.model == "":
-		return badRequest("model", "field \"model\" must not be empty")
+		return apisurface.BadRequest("model", "field \"model\" must not be empty")
 	case ep.field != "" && !haveField:
-		return badRequest(ep.field, "missing required field %q", ep.field)
+		return apisurface.BadRequest(ep.field, "missing required field %q", ep.field)
 	}
 	return nil
 }
@@ -159,8 +160,8 @@ func foldedHeadKey(raw []byte, ep *endpoint) string {
 type exchange struct {
 	ctx   context.Context // the request's context, carrying the principal
 	r     *http.Request
-	acc   *recorder // the response writer and the access record
-	out   output
+	acc   *reply.Recorder // the response writer and the access record
+	out   reply.Output
 	ep    *endpoint
 	lease *pool.Lease
 	model string
@@ -210,7 +211,7 @@ type exchange struct {
 type kept struct {
 	sink sink
 	envs []*iop.Envelope
-	err  *apiError
+	err  *reply.Error
 }
 
 // poolRequest is x's admission request (SPEC Q4, Q7); a re-dispatch asks
@@ -234,8 +235,8 @@ func (x *exchange) principal() string {
 // outcome written, if any.
 type sink interface {
 	handle(env *iop.Envelope) (done bool, err error)
-	fail(e *apiError) error
-	failure() *apiError
+	fail(e *reply.Error) error
+	failure() *reply.Error
 	// wrote reports whether anything (the status line) reached the
 	// client; a stalled request is re-dispatched only before (SPEC H11).
 	wrote() bool
@@ -252,7 +253,7 @@ type sink interface {
 // frames below relay are kept small: admission and the stream's start run
 // in functions that have returned before relay waits (a parked stack of
 // under 3 KiB lets the runtime shrink the goroutine's stack to 8 KiB).
-func (h *Handler) serveModel(ctx context.Context, w *recorder, r *http.Request, v *view, ep *endpoint) {
+func (h *Handler) serveModel(ctx context.Context, w *reply.Recorder, r *http.Request, v *view, ep *endpoint) {
 	x := h.admit(ctx, w, r, v, ep)
 	if x == nil {
 		return
@@ -260,7 +261,7 @@ func (h *Handler) serveModel(ctx context.Context, w *recorder, r *http.Request, 
 	defer h.dropBody(x)
 	defer func() {
 		if x.abort {
-			x.acc.failed = true
+			x.acc.Cut()
 			panic(http.ErrAbortHandler) // after the lease went back
 		}
 	}()
@@ -289,22 +290,22 @@ func (h *Handler) relayEnded(x *exchange) bool {
 // admit reads and validates the body and acquires a lease, waiting in the
 // queue (SPEC Q4). It returns nil when it answered the request itself (a
 // bad body, no admission) or the client left while queued.
-func (h *Handler) admit(ctx context.Context, w *recorder, r *http.Request, v *view, ep *endpoint) *exchange {
+func (h *Handler) admit(ctx context.Context, w *reply.Recorder, r *http.Request, v *view, ep *endpoint) *exchange {
 	body, e := h.readBody(w, r, v.maxBody)
 	if e != nil {
 		closeUnread(w, r)
-		if e.clientGone {
-			w.leave() // nothing is written: 499, client_cancelled
-			h.log.Debug("client left before its request body arrived", "request_id", w.rec.RequestID, "err", e.msg)
+		if e.ClientGone {
+			w.Leave() // nothing is written: 499, client_cancelled
+			h.log.Debug("client left before its request body arrived", "request_id", w.Rec.RequestID, "err", e.Message)
 			return nil
 		}
-		writeError(w, ep.surface, e)
+		reply.WriteError(w, ep.surface, e)
 		return nil
 	}
 	// The body is in: lift the read deadline so that nothing later on this
 	// connection (its disconnect detector's read) ever runs into it.
 	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
-	x := &exchange{ctx: ctx, r: r, acc: w, out: output{w: w}, ep: ep, body: body, held: int64(cap(body)),
+	x := &exchange{ctx: ctx, r: r, acc: w, out: reply.Output{W: w}, ep: ep, body: body, held: int64(cap(body)),
 		statuses: v.statuses, unknown: v.unknown}
 	var deadline time.Time
 	if ms := v.cfg.Queue.WaitTimeoutMs; ms > 0 {
@@ -313,16 +314,16 @@ func (h *Handler) admit(ctx context.Context, w *recorder, r *http.Request, v *vi
 	hd := &x.head
 	if e := parseHead(body, ep, hd); e != nil {
 		h.dropBody(x)
-		writeError(w, ep.surface, e)
+		reply.WriteError(w, ep.surface, e)
 		return nil
 	}
 	if v.affinity[hd.model] {
 		hd.prefix = prefixOf(h.hasher, body, ep, hd.model, hd.prefixBuf[:0])
 	}
-	h.setModel(w, v, hd.model)
+	w.SetModel(hd.model, v.cfg != nil && v.cfg.ModelByName(hd.model) != nil, h.o.Metrics)
 	if t := ticketOf(ctx); t != nil && !t.Principal().Allows(hd.model) {
 		h.dropBody(x)
-		writeError(w, ep.surface, poolError(hd.model, pool.ErrUnknownModel)) // K4: the same 404 as a model that does not exist
+		reply.WriteError(w, ep.surface, poolError(hd.model, pool.ErrUnknownModel)) // K4: the same 404 as a model that does not exist
 		return nil
 	}
 	if !h.reserveKey(x, w) {
@@ -331,30 +332,30 @@ func (h *Handler) admit(ctx context.Context, w *recorder, r *http.Request, v *vi
 	}
 	queued := h.o.Now()
 	lease, err := h.o.Pool.Acquire(ctx, x.poolRequest())
-	setLease(w, lease, h.o.Now().Sub(queued), err)
+	w.SetLease(lease, h.o.Now().Sub(queued), err)
 	if err != nil {
 		h.dropBody(x)
 		if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
 			if shuttingDown(ctx) {
-				writeError(w, ep.surface, shutdownError())
+				reply.WriteError(w, ep.surface, shutdownError())
 				return nil
 			}
-			w.leave()
-			h.log.Debug("client left while queued", "model", hd.model, "request_id", w.rec.RequestID) // SPEC Q4, T3: the pool removed the waiter
+			w.Leave()
+			h.log.Debug("client left while queued", "model", hd.model, "request_id", w.Rec.RequestID) // SPEC Q4, T3: the pool removed the waiter
 			return nil
 		}
 		e := poolError(hd.model, err)
 		level := slog.LevelDebug // the client's mistake
-		if e.status >= 429 {
+		if e.Status >= 429 {
 			level = slog.LevelInfo // load or liveness: operators want to see it
 		}
 		model, logErr := hd.model, err
 		if errors.Is(err, pool.ErrUnknownModel) { // O3: a name no group has is the caller's word, not a label (the access line keeps it, cut)
 			model, logErr = access.OtherModel, pool.ErrUnknownModel
 		}
-		h.log.Log(ctx, level, "request not admitted", "model", model, "operation", ep.operation, "status", e.status,
-			"request_id", w.rec.RequestID, "err", logErr)
-		writeError(w, ep.surface, e)
+		h.log.Log(ctx, level, "request not admitted", "model", model, "operation", ep.operation, "status", e.Status,
+			"request_id", w.Rec.RequestID, "err", logErr)
+		reply.WriteError(w, ep.surface, e)
 		return nil
 	}
 	x.lease, x.model = lease, hd.model
@@ -376,7 +377,7 @@ func (h *Handler) start(x *exchange) (dispatch.Stream, sink) {
 	case l.Type == protocol.TypeOllama:
 		return h.tunnel(x) // the node's built-in Ollama profile (/v1/completions)
 	}
-	writeError(x.out.w, x.ep.surface, badGateway("operation_not_supported", "provider "+l.Provider+" of type "+
+	reply.WriteError(x.out.W, x.ep.surface, reply.BadGateway("operation_not_supported", "provider "+l.Provider+" of type "+
 		l.Type+" cannot serve "+x.ep.path))
 	return nil, nil
 }
@@ -393,8 +394,8 @@ func (h *Handler) tunnel(x *exchange) (dispatch.Stream, sink) {
 	req := &iop.ProviderTunnelRequest{
 		Adapter: l.Provider, Target: l.Target, Method: http.MethodPost, Path: x.ep.path,
 		Headers: forwardHeaders(x.r.Header), Body: out, Stream: hd.stream,
-		Operation: x.ep.operation, ResponseStallTimeoutMs: l.StallTimeoutMs, RequestId: x.acc.rec.RequestID,
-		Trace: x.acc.tr.beginAttempt(l, access.PathTunnel),
+		Operation: x.ep.operation, ResponseStallTimeoutMs: l.StallTimeoutMs, RequestId: x.acc.Rec.RequestID,
+		Trace: x.acc.Trace.BeginAttempt(l, access.PathTunnel),
 	}
 	var ok bool
 	if req.CredentialLease, req.CredentialBinding, ok = h.credential(x); !ok {
@@ -414,13 +415,13 @@ func (h *Handler) startFailed(x *exchange, err error) {
 		msg = "the provider's node is no longer connected"
 	}
 	h.log.Warn("dispatch failed", "model", x.model, "node", x.lease.Node, "provider", x.lease.Provider,
-		"request_id", x.acc.rec.RequestID, "err", err)
-	e := badGateway("provider_unavailable", msg)
+		"request_id", x.acc.Rec.RequestID, "err", err)
+	e := reply.BadGateway("provider_unavailable", msg)
 	if ev := h.event(x, evStartFailed, x.body == nil); h.step(x, &ev).stop {
 		x.kept = kept{err: e} // nothing was sent: another candidate may take it
 		return
 	}
-	writeError(x.out.w, x.ep.surface, e)
+	reply.WriteError(x.out.W, x.ep.surface, e)
 }
 
 // responseWait is the Edge's response-wait timeout between two envelopes:
@@ -452,7 +453,7 @@ func (h *Handler) relay(x *exchange, st dispatch.Stream, s sink) {
 	for {
 		env, err := st.Recv(ctx)
 		if err != nil {
-			x.out.batch = false
+			x.out.Batch = false
 			if h.recvFailed(x, st, s, ctx, err) {
 				h.handOff(x, st)
 			}
@@ -564,10 +565,10 @@ func (h *Handler) event(x *exchange, kind eventKind, wrote bool) event {
 // terminal, its end). The effects that steer the request are returned.
 func (h *Handler) step(x *exchange, e *event) effects {
 	fx := x.att.step(e)
-	if x.acc.tr.spans != nil {
+	if x.acc.Trace.Sampled() {
 		switch e.kind {
 		case evEnvelope:
-			x.acc.tr.envelope(&e.class, x.lease, h.o.Tracer)
+			x.acc.Trace.Envelope(e.class.terminal, e.class.spans, x.lease, h.o.Tracer)
 		case evRelayEnded:
 			x.attemptEnded(&fx)
 		}
@@ -601,7 +602,7 @@ func (h *Handler) step(x *exchange, e *event) effects {
 // lost keeps a lost node connection (fence, session loss, a drained node)
 // before any byte as the attempt's failure e, when the machine says another
 // candidate may take the request; it reports whether it did.
-func (h *Handler) lost(x *exchange, s sink, e *apiError) bool {
+func (h *Handler) lost(x *exchange, s sink, e *reply.Error) bool {
 	if ev := h.event(x, evLost, s.wrote() || x.body == nil); h.step(x, &ev).stop {
 		x.kept = kept{sink: s, err: e}
 		return true
@@ -611,18 +612,18 @@ func (h *Handler) lost(x *exchange, s sink, e *apiError) bool {
 
 // pass is deliver's plain path: s writes env.
 func (h *Handler) pass(x *exchange, st dispatch.Stream, s sink, env *iop.Envelope) bool {
-	x.out.batch = st.Pending() // flush once per burst of frames (SPEC T2)
+	x.out.Batch = st.Pending() // flush once per burst of frames (SPEC T2)
 	done, err := s.handle(env)
 	if err == nil && !done {
-		err = x.out.endBurst()
+		err = x.out.EndBurst()
 	}
 	if x.body != nil && s.wrote() {
 		h.dropBody(x)
 	}
 	if err != nil {
 		st.Cancel("write_failed")
-		x.acc.leave()
-		h.log.Debug("client write failed", "model", x.model, "run_id", st.RunID(), "request_id", x.acc.rec.RequestID, "err", err)
+		x.acc.Leave()
+		h.log.Debug("client write failed", "model", x.model, "run_id", st.RunID(), "request_id", x.acc.Rec.RequestID, "err", err)
 		if !terminal(env) {
 			h.handOff(x, st)
 		}
@@ -630,7 +631,7 @@ func (h *Handler) pass(x *exchange, st dispatch.Stream, s sink, env *iop.Envelop
 	}
 	if done {
 		if e := s.failure(); e != nil {
-			x.acc.fail(e)
+			x.acc.Fail(e)
 			h.logFailure(x, st, e)
 		} else {
 			x.ok = true
@@ -643,30 +644,30 @@ func (h *Handler) pass(x *exchange, st dispatch.Stream, s sink, env *iop.Envelop
 // cancelled a stream whose terminal has not arrived yet: the node still
 // holds the provider's capacity slot until its upstream call returns.
 func (h *Handler) recvFailed(x *exchange, st dispatch.Stream, s sink, ctx context.Context, err error) (cancelled bool) {
-	var e *apiError
+	var e *reply.Error
 	switch {
 	case ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
 		cause := context.Cause(ctx)
 		switch {
 		case errors.Is(cause, ErrFenced):
 			st.Cancel("fenced")
-			e = badGateway("provider_lost", "the provider's node connection was lost")
+			e = reply.BadGateway("provider_lost", "the provider's node connection was lost")
 			if h.lost(x, s, e) {
 				return false
 			}
 		case errors.Is(cause, ErrResponseWait):
 			st.Cancel("response_wait_timeout")
 			cancelled = true
-			e = &apiError{status: http.StatusGatewayTimeout, typ: "server_error", code: access.CodeResponseTimeout,
-				msg: "no response from the provider in time"}
+			e = &reply.Error{Status: http.StatusGatewayTimeout, Type: "server_error", Code: access.CodeResponseTimeout,
+				Message: "no response from the provider in time"}
 		case errors.Is(cause, ErrShutdown):
 			st.Cancel("edge_shutdown")
 			cancelled = true
 			e = shutdownError()
 		default:
 			st.Cancel("client_disconnected")
-			x.acc.leave()
-			h.log.Debug("client left", "model", x.model, "run_id", st.RunID(), "request_id", x.acc.rec.RequestID)
+			x.acc.Leave()
+			h.log.Debug("client left", "model", x.model, "run_id", st.RunID(), "request_id", x.acc.Rec.RequestID)
 			return true
 		}
 	case errors.Is(err, dispatch.ErrNodeDrained):
@@ -677,23 +678,23 @@ func (h *Handler) recvFailed(x *exchange, st dispatch.Stream, s sink, ctx contex
 			return false
 		}
 	case errors.Is(err, dispatch.ErrSessionLost):
-		e = badGateway("provider_lost", "the provider's node connection was lost")
+		e = reply.BadGateway("provider_lost", "the provider's node connection was lost")
 		if h.lost(x, s, e) {
 			return false
 		}
 	case errors.Is(err, io.EOF):
-		e = badGateway("provider_error", "the provider's stream ended without a result")
+		e = reply.BadGateway("provider_error", "the provider's stream ended without a result")
 	case errors.Is(err, dispatch.ErrProtocol):
 		// The transport dropped the misordered envelope, cancelled the
 		// stream on the node and logged it with node and generation.
-		e = badGateway("provider_protocol_error", "the provider's node broke the stream protocol")
+		e = reply.BadGateway("provider_protocol_error", "the provider's node broke the stream protocol")
 	default:
 		st.Cancel("stream_error")
 		cancelled = true
-		e = badGateway("provider_error", "the provider's stream failed")
+		e = reply.BadGateway("provider_error", "the provider's stream failed")
 	}
 	h.logFailure(x, st, e)
-	x.acc.fail(e)
+	x.acc.Fail(e)
 	_ = s.fail(e)
 	return cancelled
 }
@@ -771,18 +772,18 @@ func (h *Handler) reacquire(x *exchange, fx effects) bool {
 	}
 	queued := h.o.Now()
 	l, err := h.o.Pool.Acquire(ctx, x.poolRequest())
-	setLease(x.acc, l, h.o.Now().Sub(queued), err)
+	x.acc.SetLease(l, h.o.Now().Sub(queued), err)
 	cancel()
 	if err != nil {
 		e := h.event(x, evNoLease, false)
 		h.step(x, &e)
 		if x.ctx.Err() != nil {
 			if shuttingDown(x.ctx) {
-				writeError(x.out.w, x.ep.surface, shutdownError())
+				reply.WriteError(x.out.W, x.ep.surface, shutdownError())
 				return false
 			}
-			x.acc.leave()
-			h.log.Debug("client left during re-dispatch", "model", x.model, "request_id", x.acc.rec.RequestID)
+			x.acc.Leave()
+			h.log.Debug("client left during re-dispatch", "model", x.model, "request_id", x.acc.Rec.RequestID)
 			return false
 		}
 		h.answerRetry(x, k, fx.reason, first, err)
@@ -792,7 +793,7 @@ func (h *Handler) reacquire(x *exchange, fx effects) bool {
 	e.lease = l
 	if h.step(x, &e).refuse { // SPEC C6: a lease of another credential slot is never used
 		h.o.Pool.Release(l)
-		h.log.Warn("re-dispatch lease refused: another credential slot", "model", x.model, "request_id", x.acc.rec.RequestID,
+		h.log.Warn("re-dispatch lease refused: another credential slot", "model", x.model, "request_id", x.acc.Rec.RequestID,
 			"node", l.Node, "provider", l.Provider)
 		if x.ctx.Err() == nil {
 			h.answerRetry(x, k, fx.reason, first, errOtherSlot)
@@ -800,8 +801,8 @@ func (h *Handler) reacquire(x *exchange, fx effects) bool {
 		return false
 	}
 	h.retries[fx.reason].Add(1)
-	x.acc.rec.Retries++
-	h.log.LogAttrs(x.ctx, slog.LevelInfo, "request re-dispatched", slog.String("request_id", x.acc.rec.RequestID),
+	x.acc.Rec.Retries++
+	h.log.LogAttrs(x.ctx, slog.LevelInfo, "request re-dispatched", slog.String("request_id", x.acc.Rec.RequestID),
 		slog.String("model", x.model), slog.String("reason", fx.reason.String()),
 		slog.String("from_node", first.Node), slog.String("from_provider", first.Provider),
 		slog.String("node", l.Node), slog.String("provider", l.Provider), slog.Int("attempt", len(x.att.tried)+1))
@@ -835,7 +836,7 @@ func (h *Handler) answerRetry(x *exchange, r kept, reason retryReason, last *poo
 		if r.sink != nil {
 			_ = r.sink.fail(r.err)
 		} else {
-			writeError(x.out.w, x.ep.surface, r.err)
+			reply.WriteError(x.out.W, x.ep.surface, r.err)
 		}
 	}
 	for _, env := range r.envs {
@@ -845,12 +846,12 @@ func (h *Handler) answerRetry(x *exchange, r kept, reason retryReason, last *poo
 	}
 	status := 0
 	if e := r.err; e != nil {
-		status = e.status
+		status = e.Status
 	}
 	if r.sink != nil {
 		if e := r.sink.failure(); e != nil {
-			status = e.status
-			x.acc.fail(e)
+			status = e.Status
+			x.acc.Fail(e)
 		}
 	}
 	if f := r.envs; len(f) > 0 {
@@ -858,7 +859,7 @@ func (h *Handler) answerRetry(x *exchange, r kept, reason retryReason, last *poo
 			status = int(fr.GetStatus())
 		}
 	}
-	h.log.LogAttrs(x.ctx, slog.LevelWarn, "request failed", slog.String("request_id", x.acc.rec.RequestID),
+	h.log.LogAttrs(x.ctx, slog.LevelWarn, "request failed", slog.String("request_id", x.acc.Rec.RequestID),
 		slog.String("model", x.model), slog.String("node", last.Node), slog.String("provider", last.Provider),
 		slog.String("reason", reason.String()), slog.Int("status", status), slog.Int("attempts", len(x.att.tried)),
 		slog.String("detail", detail))
@@ -888,11 +889,11 @@ func (h *Handler) Metrics() []Metric {
 		}}}
 }
 
-func (h *Handler) logFailure(x *exchange, st dispatch.Stream, e *apiError) {
-	h.log.LogAttrs(x.ctx, slog.LevelWarn, "request failed", slog.String("request_id", x.acc.rec.RequestID),
+func (h *Handler) logFailure(x *exchange, st dispatch.Stream, e *reply.Error) {
+	h.log.LogAttrs(x.ctx, slog.LevelWarn, "request failed", slog.String("request_id", x.acc.Rec.RequestID),
 		slog.String("model", x.model), slog.String("node", x.lease.Node), slog.String("provider", x.lease.Provider),
-		slog.String("run_id", st.RunID()), slog.Int("status", e.status), slog.String("code", e.code), slog.String("error", e.msg),
-		slog.String("detail", e.detail))
+		slog.String("run_id", st.RunID()), slog.Int("status", e.Status), slog.String("code", e.Code), slog.String("error", e.Message),
+		slog.String("detail", e.Detail))
 }
 
 // Client request headers a tunnel forwards (SPEC T4). Everything else —

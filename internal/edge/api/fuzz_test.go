@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"iop/internal/edge/reply"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -33,8 +34,8 @@ func FuzzParseHead(f *testing.F) {
 		ep := eps[int(which)%len(eps)]
 		var hd head
 		if e := parseHead(body, ep, &hd); e != nil {
-			if e.status != http.StatusBadRequest {
-				t.Fatalf("status %d, want 400", e.status)
+			if e.Status != http.StatusBadRequest {
+				t.Fatalf("status %d, want 400", e.Status)
 			}
 			return
 		}
@@ -99,11 +100,11 @@ func FuzzReadBody(f *testing.F) {
 		cl := r.ContentLength
 		switch {
 		case cl > capBytes, cl < 0 && sent > capBytes:
-			if e, ok := err.(*apiError); !ok || e.status != http.StatusRequestEntityTooLarge {
+			if e, ok := err.(*reply.Error); !ok || e.Status != http.StatusRequestEntityTooLarge {
 				t.Fatalf("got %v, want 413", err)
 			}
 		case cl > sent:
-			if e, ok := err.(*apiError); !ok || e.status != http.StatusBadRequest {
+			if e, ok := err.(*reply.Error); !ok || e.Status != http.StatusBadRequest {
 				t.Fatalf("got %v, want 400", err)
 			}
 		case err != nil:

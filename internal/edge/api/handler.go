@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"io"
+	"iop/internal/edge/reply"
 	apisurface "iop/internal/edge/surface"
 	"log/slog"
 	"net/http"
@@ -14,7 +15,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"iop/internal/edge/access"
 	"iop/internal/edge/config"
@@ -136,6 +136,7 @@ type Handler struct {
 	view    atomic.Pointer[view]
 	bufs    sync.Pool // *[]byte: encoding buffers of run-path responses (runSink)
 	drain   *drainer
+	books   reply.Books     // each request's id, trace, access line and metrics sample
 	keys    *keys.Registry  // Options.Keys, or its own (ownKeys)
 	ownKeys bool            // keys follows the config's api_keys (no Options.Keys)
 	lim     limits          // connections and body bytes
@@ -166,7 +167,9 @@ func New(o Options) *Handler {
 	if o.ResponseWaitGrace <= 0 {
 		o.ResponseWaitGrace = DefaultResponseWaitGrace
 	}
-	h := &Handler{o: o, log: o.Logger, drain: newDrainer(), hasher: routing.NewHasher(), keys: o.Keys}
+	h := &Handler{o: o, log: o.Logger, drain: newDrainer(), hasher: routing.NewHasher(), keys: o.Keys,
+		books: reply.Books{NewID: o.NewID, Tracer: o.Tracer, TraceRatio: o.TraceRatio, AccessLog: o.AccessLog,
+			Metrics: o.Metrics, Recent: o.Recent}}
 	if h.keys == nil {
 		empty, _ := keys.Build(nil, nil, false, 1)
 		h.keys, h.ownKeys = keys.New(empty), true
@@ -273,7 +276,7 @@ func PrincipalFromContext(ctx context.Context) (principal string, ok bool) {
 
 // endpoint describes one model-serving route.
 type endpoint struct {
-	surface   surface
+	surface   reply.Surface
 	operation string  // pool/profile operation (SPEC T1)
 	path      string  // the tunnel's fallback path
 	run       runKind // the run-path surface (run.go); runNone = tunnel only
@@ -281,12 +284,12 @@ type endpoint struct {
 }
 
 var (
-	epChat        = endpoint{surfaceOpenAI, protocol.OpChatCompletions, "/v1/chat/completions", runChat, "messages"}
-	epResponses   = endpoint{surfaceOpenAI, protocol.OpResponses, "/v1/responses", runResponses, ""}
-	epMessages    = endpoint{surfaceAnthropic, protocol.OpMessages, "/v1/messages", runMessages, "messages"}
-	epCountTokens = endpoint{surfaceAnthropic, protocol.OpCountTokens, "/v1/messages/count_tokens", runCountTokens, "messages"}
-	epCompletions = endpoint{surfaceOpenAI, protocol.OpCompletions, "/v1/completions", runNone, ""}
-	epEmbeddings  = endpoint{surfaceOpenAI, protocol.OpEmbeddings, "/v1/embeddings", runEmbeddings, ""}
+	epChat        = endpoint{reply.OpenAI, protocol.OpChatCompletions, "/v1/chat/completions", runChat, "messages"}
+	epResponses   = endpoint{reply.OpenAI, protocol.OpResponses, "/v1/responses", runResponses, ""}
+	epMessages    = endpoint{reply.Anthropic, protocol.OpMessages, "/v1/messages", runMessages, "messages"}
+	epCountTokens = endpoint{reply.Anthropic, protocol.OpCountTokens, "/v1/messages/count_tokens", runCountTokens, "messages"}
+	epCompletions = endpoint{reply.OpenAI, protocol.OpCompletions, "/v1/completions", runNone, ""}
+	epEmbeddings  = endpoint{reply.OpenAI, protocol.OpEmbeddings, "/v1/embeddings", runEmbeddings, ""}
 )
 
 // ServeHTTP routes one request. Unknown paths get 404 and known paths with
@@ -303,13 +306,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		healthz(w, r, ok)
 		return
 	}
-	rw := h.begin(w, r, start)
-	defer h.end(r.Context(), rw)
+	rw := h.books.Begin(w, r, start, traceRoute(r.URL.Path))
+	defer h.books.End(r.Context(), rw)
 	if !ok {
-		rw.rec.Surface = surfaceOf(r.URL.Path)
+		rw.Rec.Surface = surfaceOf(r.URL.Path)
 		w.Header().Set("Connection", "close")
 		closeUnread(rw, r)
-		writeError(rw, surfaceFor(r.URL.Path), drainingError())
+		reply.WriteError(rw, surfaceFor(r.URL.Path), drainingError())
 		return
 	}
 	// A model request's goroutine stays in serveModel for the stream's
@@ -320,7 +323,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		defer release()
 		h.serveModel(ctx, rw, r, v, ep)
 	}
-	if rw.gone && !rw.wrote {
+	if rw.Gone() && !rw.Wrote() {
 		// The client left (its connection ended, or half-closed, which
 		// net/http takes for leaving) before anything was written. Return
 		// without writing and net/http would send "200 OK" with an empty
@@ -341,7 +344,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func healthz(w http.ResponseWriter, r *http.Request, ok bool) {
 	closeUnread(w, r)
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		methodNotAllowed(w, surfaceOpenAI, "GET")
+		methodNotAllowed(w, reply.OpenAI, "GET")
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -355,14 +358,24 @@ func healthz(w http.ResponseWriter, r *http.Request, ok bool) {
 }
 
 // surfaceFor is the error shape of requests to path.
-func surfaceFor(path string) surface {
+func surfaceFor(path string) reply.Surface {
 	if path == "/v1/messages" || strings.HasPrefix(path, "/v1/messages/") {
-		return surfaceAnthropic
+		return reply.Anthropic
 	}
-	return surfaceOpenAI
+	return reply.OpenAI
 }
 
-// surfaceOf is the access record's surface of a request to path.
+// traceRoute is a request's http.route: the endpoint's path, "" for an
+// unknown one.
+func traceRoute(p string) string {
+	switch p {
+	case "/v1/models", epChat.path, epResponses.path, epMessages.path, epCountTokens.path, epCompletions.path, epEmbeddings.path:
+		return p
+	}
+	return ""
+}
+
+// surfaceOf is the access record's reply.Surface of a request to path.
 func surfaceOf(path string) string {
 	if strings.HasPrefix(path, "/v1/models/") {
 		return protocol.OpModels
@@ -383,13 +396,13 @@ func surfaceOf(path string) string {
 	case epEmbeddings.path:
 		return epEmbeddings.operation
 	}
-	return surfaceOther
+	return reply.SurfaceOther
 }
 
 // route answers every request except an authenticated model request, for
 // which it returns the request's context (carrying the principal), the
 // config view and the endpoint; the endpoint is nil when route answered.
-func (h *Handler) route(w *recorder, r *http.Request) (context.Context, *view, *endpoint) {
+func (h *Handler) route(w *reply.Recorder, r *http.Request) (context.Context, *view, *endpoint) {
 	if r.Body != nil && r.Body != http.NoBody {
 		// Bound the body read; serveModel lifts it once the body is in.
 		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(h.o.BodyReadTimeout))
@@ -399,7 +412,7 @@ func (h *Handler) route(w *recorder, r *http.Request) (context.Context, *view, *
 	}
 	var ep *endpoint
 	method := http.MethodPost
-	w.rec.Surface = surfaceOf(r.URL.Path)
+	w.Rec.Surface = surfaceOf(r.URL.Path)
 	// The models endpoints answer in Anthropic's shapes when asked as the
 	// Anthropic API is (its SDKs send anthropic-version on every request).
 	anthropicModels := r.Header.Get("Anthropic-Version") != ""
@@ -424,19 +437,19 @@ func (h *Handler) route(w *recorder, r *http.Request) (context.Context, *view, *
 			method = http.MethodGet
 			break
 		}
-		s := surfaceOpenAI
+		s := reply.OpenAI
 		if strings.HasPrefix(r.URL.Path, "/v1/messages/") {
-			s = surfaceAnthropic
+			s = reply.Anthropic
 		}
-		reject(w, r, s, &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "unknown_url",
-			msg: "unknown endpoint: " + r.Method + " " + truncate(r.URL.Path, 256)})
+		reject(w, r, s, &reply.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "unknown_url",
+			Message: "unknown endpoint: " + r.Method + " " + reply.Truncate(r.URL.Path, 256)})
 		return nil, nil, nil
 	}
-	s := surfaceOpenAI
+	s := reply.OpenAI
 	if ep != nil {
 		s = ep.surface
 	} else if anthropicModels {
-		s = surfaceAnthropic
+		s = reply.Anthropic
 	}
 	if r.Method != method {
 		closeUnread(w, r)
@@ -445,7 +458,7 @@ func (h *Handler) route(w *recorder, r *http.Request) (context.Context, *view, *
 	}
 	v := h.current()
 	if v.cfg == nil {
-		writeError(w, s, &apiError{status: http.StatusServiceUnavailable, typ: "server_error", msg: "the edge has no configuration loaded"})
+		reply.WriteError(w, s, &reply.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Message: "the edge has no configuration loaded"})
 		return nil, nil, nil
 	}
 	p, ok := h.authenticate(w, r, s)
@@ -455,7 +468,7 @@ func (h *Handler) route(w *recorder, r *http.Request) (context.Context, *view, *
 	ctx := r.Context()
 	if p != nil {
 		h.lim.conns.keyed(connOf(r)) // its connection is shed after those without a key (conns.go)
-		w.rec.Principal = p.Name
+		w.Rec.Principal = p.Name
 		ctx = context.WithValue(ctx, principalKey{}, p.Name)
 	}
 	if ep == nil {
@@ -482,9 +495,9 @@ func (h *Handler) route(w *recorder, r *http.Request) (context.Context, *view, *
 // body would make the server drain it before answering, so a client that
 // declared a body and never sends it could hold the connection: the
 // connection is closed after the answer instead.
-func reject(w http.ResponseWriter, r *http.Request, s surface, e *apiError) {
+func reject(w http.ResponseWriter, r *http.Request, s reply.Surface, e *reply.Error) {
 	closeUnread(w, r)
-	writeError(w, s, e)
+	reply.WriteError(w, s, e)
 }
 
 func closeUnread(w http.ResponseWriter, r *http.Request) {
@@ -495,22 +508,10 @@ func closeUnread(w http.ResponseWriter, r *http.Request) {
 	_ = http.NewResponseController(w).SetReadDeadline(time.Now())
 }
 
-// truncate shortens s to at most n bytes, cut at a UTF-8 boundary, for
-// echoing in an error message.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "…"
-}
-
-func methodNotAllowed(w http.ResponseWriter, s surface, allow string) {
+func methodNotAllowed(w http.ResponseWriter, s reply.Surface, allow string) {
 	w.Header().Set("Allow", allow)
-	writeError(w, s, &apiError{status: http.StatusMethodNotAllowed, typ: "invalid_request_error", code: "method_not_allowed",
-		msg: "method not allowed; use " + allow})
+	reply.WriteError(w, s, &reply.Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_allowed",
+		Message: "method not allowed; use " + allow})
 }
 
 // requestKey is the API key request r presents (docs/keys.md): "Authorization:
@@ -520,10 +521,10 @@ func methodNotAllowed(w http.ResponseWriter, s surface, allow string) {
 // routes) x-api-key headers, an Authorization that is not a bearer key
 // counting as one — which is a 401 however valid either one is: the edge
 // never picks one credential of several.
-func requestKey(r *http.Request, s surface) (key string, ok bool) {
+func requestKey(r *http.Request, s reply.Surface) (key string, ok bool) {
 	auth := r.Header["Authorization"]
 	var api []string
-	if s == surfaceAnthropic {
+	if s == reply.Anthropic {
 		api = r.Header["X-Api-Key"]
 	}
 	if len(auth)+len(api) == 1 { // the common case: one credential
@@ -567,15 +568,15 @@ func bearer(v string) string {
 // returns nil and true; a request without an accepted key, or with
 // credentials that disagree, is answered 401 and ok is false. The key is
 // never logged or echoed.
-func (h *Handler) authenticate(w *recorder, r *http.Request, s surface) (p *keys.Principal, ok bool) {
+func (h *Handler) authenticate(w *reply.Recorder, r *http.Request, s reply.Surface) (p *keys.Principal, ok bool) {
 	if h.keys.OpenMode() {
 		return nil, true
 	}
 	key, agree := requestKey(r, s)
 	if !agree {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="iop"`)
-		reject(w, r, s, &apiError{status: http.StatusUnauthorized, typ: "authentication_error", code: "invalid_api_key",
-			msg: "the request carries credentials that disagree (Authorization and x-api-key, or one of them twice); send one API key"})
+		reject(w, r, s, &reply.Error{Status: http.StatusUnauthorized, Type: "authentication_error", Code: "invalid_api_key",
+			Message: "the request carries credentials that disagree (Authorization and x-api-key, or one of them twice); send one API key"})
 		return nil, false
 	}
 	p, err := h.keys.Authenticate(key, h.o.Now())
@@ -584,7 +585,7 @@ func (h *Handler) authenticate(w *recorder, r *http.Request, s surface) (p *keys
 	}
 	w.Header().Set("WWW-Authenticate", `Bearer realm="iop"`)
 	msg := "missing or invalid API key (send Authorization: Bearer <key>"
-	if s == surfaceAnthropic {
+	if s == reply.Anthropic {
 		msg += " or x-api-key: <key>"
 	}
 	msg += ")"
@@ -592,7 +593,7 @@ func (h *Handler) authenticate(w *recorder, r *http.Request, s surface) (p *keys
 	case errors.Is(err, keys.ErrRevoked), errors.Is(err, keys.ErrExpired), errors.Is(err, keys.ErrRotated):
 		msg = err.Error() // the client holds the key: it may know why it stopped working
 	}
-	reject(w, r, s, &apiError{status: http.StatusUnauthorized, typ: "authentication_error", code: "invalid_api_key", msg: msg})
+	reject(w, r, s, &reply.Error{Status: http.StatusUnauthorized, Type: "authentication_error", Code: "invalid_api_key", Message: msg})
 	return nil, false
 }
 
@@ -602,24 +603,24 @@ func (h *Handler) authenticate(w *recorder, r *http.Request, s surface) (p *keys
 // reference, "Models": list and retrieve) or, with surface s Anthropic's,
 // in Anthropic's ("Models": list {data, has_more, first_id, last_id}, get
 // {type, id, display_name, created_at}).
-func serveModels(w http.ResponseWriter, v *view, s surface, names []string, one bool, id string) {
+func serveModels(w http.ResponseWriter, v *view, s reply.Surface, names []string, one bool, id string) {
 	var body []byte
 	switch {
 	case one:
 		if !slices.Contains(names, id) {
-			e := &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "model_not_found",
-				msg: "The model '" + truncate(id, 256) + "' does not exist"}
-			writeError(w, s, e)
+			e := &reply.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found",
+				Message: "The model '" + reply.Truncate(id, 256) + "' does not exist"}
+			reply.WriteError(w, s, e)
 			return
 		}
-		if s == surfaceAnthropic {
+		if s == reply.Anthropic {
 			body = appendAnthropicModel(nil, id, v.created)
 		} else {
 			body = appendOpenAIModel(nil, id, v.created)
 		}
-	case s == surfaceAnthropic && len(names) == len(v.names):
+	case s == reply.Anthropic && len(names) == len(v.names):
 		body = v.anthropicModels
-	case s == surfaceAnthropic:
+	case s == reply.Anthropic:
 		body = anthropicModelList(names, v.created)
 	case len(names) == len(v.names):
 		body = v.models

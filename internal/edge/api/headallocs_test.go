@@ -15,7 +15,7 @@ func TestParseHeadAllocs(t *testing.T) {
 		`"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`)
 	var hd head
 	if e := parseHead(body, &epChat, &hd); e != nil {
-		t.Fatal(e.msg)
+		t.Fatal(e.Message)
 	}
 	if n := testing.AllocsPerRun(100, func() { hd = head{}; _ = parseHead(body, &epChat, &hd) }); n > 1 {
 		t.Errorf("parseHead allocates %v times per request, want at most 1 (the model name)", n)

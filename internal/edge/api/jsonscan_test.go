@@ -127,7 +127,7 @@ func TestParseHeadRefusesCaseFoldedKeys(t *testing.T) {
 			e := parseHead([]byte(row.body), row.ep, &hd)
 			if row.param == "" {
 				if e != nil {
-					t.Fatalf("refused: %v", e.msg)
+					t.Fatalf("refused: %v", e.Message)
 				}
 				return
 			}
@@ -138,8 +138,8 @@ func TestParseHeadRefusesCaseFoldedKeys(t *testing.T) {
 			if err := json.Unmarshal([]byte(`"`+row.param+`"`), &want); err != nil {
 				t.Fatal(err)
 			}
-			if e.status != 400 || e.param != want || !strings.Contains(e.msg, "case-sensitive") {
-				t.Fatalf("got %d param %q %q; want 400 naming %q", e.status, e.param, e.msg, want)
+			if e.Status != 400 || e.Param != want || !strings.Contains(e.Message, "case-sensitive") {
+				t.Fatalf("got %d param %q %q; want 400 naming %q", e.Status, e.Param, e.Message, want)
 			}
 		})
 	}

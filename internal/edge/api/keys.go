@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"iop/internal/edge/reply"
 	"log/slog"
 	"net/http"
 	"time"
@@ -29,11 +30,11 @@ func ticketOf(ctx context.Context) *keys.Ticket {
 // admitKey admits p's request under its requests in flight and request
 // rate (K5) and returns ctx carrying its ticket, or answers 429 with
 // Retry-After and the rate-limit headers and returns nil.
-func (h *Handler) admitKey(ctx context.Context, w *recorder, r *http.Request, s surface, p *keys.Principal) context.Context {
+func (h *Handler) admitKey(ctx context.Context, w *reply.Recorder, r *http.Request, s reply.Surface, p *keys.Principal) context.Context {
 	now := h.o.Now()
 	t, ref := h.keys.Admit(p, now)
 	if ref != nil {
-		h.refuseKey(w, s, ref, now, func(e *apiError) { reject(w, r, s, e) })
+		h.refuseKey(w, s, ref, now, func(e *reply.Error) { reject(w, r, s, e) })
 		return nil
 	}
 	writeRateLimit(w.Header(), s, &t.RateLimit, now)
@@ -44,14 +45,14 @@ func (h *Handler) admitKey(ctx context.Context, w *recorder, r *http.Request, s 
 // budgets (K5) once the body is read: the estimate is the body's bytes ÷
 // 4 and its maximum completion (keys.Estimate). It reports false when it
 // answered 429. Open mode: nothing to do.
-func (h *Handler) reserveKey(x *exchange, w *recorder) bool {
+func (h *Handler) reserveKey(x *exchange, w *reply.Recorder) bool {
 	t := ticketOf(x.ctx)
 	if t == nil {
 		return true
 	}
 	now := h.o.Now()
 	if ref := t.Reserve(keys.Estimate(len(x.body), x.head.maxTokens), now); ref != nil {
-		h.refuseKey(w, x.ep.surface, ref, now, func(e *apiError) { writeError(w, x.ep.surface, e) })
+		h.refuseKey(w, x.ep.surface, ref, now, func(e *reply.Error) { reply.WriteError(w, x.ep.surface, e) })
 		return false
 	}
 	writeRateLimit(w.Header(), x.ep.surface, &t.RateLimit, now)
@@ -61,18 +62,18 @@ func (h *Handler) reserveKey(x *exchange, w *recorder) bool {
 // refuseKey answers a refusal of the key's own bounds: 429 with
 // Retry-After (rounded up to a second) and the rate-limit headers, in the
 // surface's shape, through write.
-func (h *Handler) refuseKey(w *recorder, s surface, ref *keys.Refusal, now time.Time, write func(*apiError)) {
+func (h *Handler) refuseKey(w *reply.Recorder, s reply.Surface, ref *keys.Refusal, now time.Time, write func(*reply.Error)) {
 	h.logRefusal(&h.lim.keyLog, "request refused: API key limit", slog.String("principal", ref.Principal),
 		slog.String("limit", ref.Bound()))
 	writeRateLimit(w.Header(), s, &ref.RateLimit, now)
-	write(&apiError{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "rate_limit_exceeded",
-		retryAfter: ref.RetryAfter, msg: "too many " + ref.What() + " (" + ref.Bound() + ") for this API key; retry later"})
+	write(&reply.Error{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "rate_limit_exceeded",
+		RetryAfter: ref.RetryAfter, Message: "too many " + ref.What() + " (" + ref.Bound() + ") for this API key; retry later"})
 }
 
 // writeRateLimit sets the rate-limit headers of rl (K6): Anthropic's names
 // on the Anthropic surface, OpenAI's on every other.
-func writeRateLimit(h http.Header, s surface, rl *keys.RateLimit, now time.Time) {
-	if s == surfaceAnthropic {
+func writeRateLimit(h http.Header, s reply.Surface, rl *keys.RateLimit, now time.Time) {
+	if s == reply.Anthropic {
 		rl.WriteAnthropic(h, now)
 		return
 	}
@@ -84,12 +85,12 @@ func writeRateLimit(h http.Header, s surface, rl *keys.RateLimit, now time.Time)
 // is settled with the usage the backend reported (the latest report, as
 // the access record holds it), or the estimate for an answer that
 // reported none.
-func (h *Handler) finishKey(ctx context.Context, w *recorder) {
+func (h *Handler) finishKey(ctx context.Context, w *reply.Recorder) {
 	t := ticketOf(ctx)
 	if t == nil {
 		return
 	}
-	rec := &w.rec
-	t.Finish(keys.Outcome{PromptTokens: rec.PromptTokens, CompletionTokens: rec.CompletionTokens, Reported: w.usage,
-		Answered: w.wrote && rec.Status < 400}, h.o.Now())
+	rec := &w.Rec
+	t.Finish(keys.Outcome{PromptTokens: rec.PromptTokens, CompletionTokens: rec.CompletionTokens, Reported: w.Reported(),
+		Answered: w.Wrote() && rec.Status < 400}, h.o.Now())
 }

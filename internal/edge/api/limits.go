@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"iop/internal/edge/reply"
 	"log/slog"
 	"net"
 	"net/http"
@@ -96,19 +97,19 @@ func (h *Handler) overConnections(w http.ResponseWriter, r *http.Request) bool {
 	h.logRefusal(&h.lim.connLog, "client connection refused: over http.max_connections",
 		slog.Int("max_connections", max))
 	w.Header().Set("Connection", "close")
-	reject(w, r, surfaceFor(r.URL.Path), &apiError{status: http.StatusServiceUnavailable, typ: "server_error",
-		code: access.CodeTooManyConnections, retryAfter: time.Second,
-		msg: "the edge has too many client connections open; retry later"})
+	reject(w, r, surfaceFor(r.URL.Path), &reply.Error{Status: http.StatusServiceUnavailable, Type: "server_error",
+		Code: access.CodeTooManyConnections, RetryAfter: time.Second,
+		Message: "the edge has too many client connections open; retry later"})
 	return true
 }
 
 // bodyBusy is the answer to a request whose body would pass
 // http.max_inflight_body_bytes.
-func (h *Handler) bodyBusy() *apiError {
+func (h *Handler) bodyBusy() *reply.Error {
 	h.logRefusal(&h.lim.bodyLog, "request refused: request bodies held over http.max_inflight_body_bytes",
 		slog.Int64("held_bytes", h.lim.bodies.Used()))
-	return &apiError{status: http.StatusServiceUnavailable, typ: "server_error", code: access.CodeOverloaded, retryAfter: time.Second,
-		msg: "the edge is receiving too many request bodies; retry later"}
+	return &reply.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: access.CodeOverloaded, RetryAfter: time.Second,
+		Message: "the edge is receiving too many request bodies; retry later"}
 }
 
 // dropBody lets go of x's request body and gives its bytes back to the

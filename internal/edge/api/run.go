@@ -1,6 +1,7 @@
 package api
 
 import (
+	"iop/internal/edge/reply"
 	"net/http"
 
 	"iop/internal/edge/access"
@@ -34,13 +35,13 @@ const (
 func (h *Handler) run(x *exchange) (dispatch.Stream, sink) {
 	s, req, e := h.runSurface(x)
 	if e != nil {
-		writeError(x.out.w, x.ep.surface, fromSurface(e))
+		reply.WriteError(x.out.W, x.ep.surface, e)
 		return nil, nil
 	}
 	l := x.lease
 	req.Adapter, req.Target, req.ResponseStallTimeoutMs = l.Provider, l.Target, l.StallTimeoutMs
-	req.RequestId = x.acc.rec.RequestID
-	req.Trace = x.acc.tr.beginAttempt(l, access.PathRun)
+	req.RequestId = x.acc.Rec.RequestID
+	req.Trace = x.acc.Trace.BeginAttempt(l, access.PathRun)
 	var ok bool
 	if req.CredentialLease, req.CredentialBinding, ok = h.credential(x); !ok {
 		return nil, nil
@@ -53,7 +54,7 @@ func (h *Handler) run(x *exchange) (dispatch.Stream, sink) {
 	return st, s
 }
 
-// runSurface converts x's body with its endpoint's surface into the
+// runSurface converts x's body with its endpoint's reply.Surface into the
 // RunRequest's input and returns the sink that encodes the answer.
 func (h *Handler) runSurface(x *exchange) (sink, *iop.RunRequest, *apisurface.Error) {
 	hd := &x.head
@@ -121,8 +122,8 @@ func reportIgnored(x *exchange, ig *apisurface.Ignored) {
 		return
 	}
 	v := ig.Header()
-	x.out.w.Header().Set(apisurface.IgnoredHeader, v)
-	rec := &x.acc.rec
+	x.out.W.Header().Set(apisurface.IgnoredHeader, v)
+	rec := &x.acc.Rec
 	rec.IgnoredFields = v
 	rec.IgnoredRows = rec.IgnoredRows[:0]
 	for _, f := range ig.Fields {
@@ -151,7 +152,7 @@ type runSink[T any, E encoder[T]] struct {
 
 	committed bool // status line written
 	finished  bool // a terminal outcome was written
-	failed    *apiError
+	failed    *reply.Error
 	text      int // DELTA bytes so far (maxRunText)
 }
 
@@ -170,7 +171,7 @@ func (s *runSink[T, E]) handle(env *iop.Envelope) (bool, error) {
 	switch ev.Type {
 	case iop.RunEventType_RUN_EVENT_COMPLETE:
 		if ev.Usage != nil {
-			setUsage(s.x.acc, ev.Usage)
+			s.x.acc.SetUsage(ev.Usage)
 			if s.h.o.OnUsage != nil {
 				s.h.o.OnUsage(s.x.principal(), s.x.model, ev.Usage)
 			}
@@ -181,7 +182,7 @@ func (s *runSink[T, E]) handle(env *iop.Envelope) (bool, error) {
 		return true, s.fail(nodeFailure(protocol.CodeCancelled.String(), "", ev.Error, 0, nil))
 	case iop.RunEventType_RUN_EVENT_DELTA:
 		if s.text += len(ev.Delta) + len(ev.ReasoningDelta); s.text > maxRunText { // the reasoning is held too
-			e := badGateway("provider_error", "the provider's answer exceeded "+strconv.Itoa(maxRunText)+" bytes")
+			e := reply.BadGateway("provider_error", "the provider's answer exceeded "+strconv.Itoa(maxRunText)+" bytes")
 			return true, s.fail(e)
 		}
 	}
@@ -190,7 +191,7 @@ func (s *runSink[T, E]) handle(env *iop.Envelope) (bool, error) {
 	var err error
 	switch {
 	case e != nil:
-		done, err = true, s.fail(fromSurface(e))
+		done, err = true, s.fail(e)
 	case len(out) > 0:
 		err = s.write(out)
 	}
@@ -203,7 +204,7 @@ func (s *runSink[T, E]) handle(env *iop.Envelope) (bool, error) {
 
 // write sends p: the stream's next events, or the whole non-stream body.
 func (s *runSink[T, E]) write(p []byte) error {
-	w := s.x.out.w
+	w := s.x.out.W
 	if !s.stream {
 		h := w.Header()
 		h.Set("Content-Type", "application/json")
@@ -221,30 +222,29 @@ func (s *runSink[T, E]) write(p []byte) error {
 		h.Set("X-Accel-Buffering", "no")
 		w.WriteHeader(http.StatusOK)
 	}
-	return s.x.out.send(p)
+	return s.x.out.Send(p)
 }
 
 // fail ends the response with e unless a terminal outcome was written: an
 // HTTP error when nothing was written yet, else the surface's error event.
-func (s *runSink[T, E]) fail(e *apiError) error {
+func (s *runSink[T, E]) fail(e *reply.Error) error {
 	if s.finished {
 		return nil
 	}
 	s.finished, s.failed = true, e
 	if !s.committed {
 		s.committed = true
-		writeError(s.x.out.w, s.x.ep.surface, e)
+		reply.WriteError(s.x.out.W, s.x.ep.surface, e)
 		return nil
 	}
-	se := e.surface()
 	bp := s.h.takeBuf()
-	b := E(&s.enc).AppendError(*bp, &se)
-	err := s.x.out.send(b)
+	b := E(&s.enc).AppendError(*bp, e)
+	err := s.x.out.Send(b)
 	s.h.giveBuf(bp, b)
 	return err
 }
 
-func (s *runSink[T, E]) failure() *apiError { return s.failed }
+func (s *runSink[T, E]) failure() *reply.Error { return s.failed }
 
 func (s *runSink[T, E]) wrote() bool { return s.committed }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"iop/internal/edge/reply"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -549,17 +550,17 @@ func TestNodeFailureHidesInternals(t *testing.T) {
 	for _, r := range rows {
 		t.Run(r.name, func(t *testing.T) {
 			e := nodeFailure(r.code, r.message, r.msg, 0, nil)
-			if e.status != r.status || !strings.HasPrefix(e.msg, r.want) {
-				t.Errorf("got %d %q, want %d %q…", e.status, e.msg, r.status, r.want)
+			if e.Status != r.status || !strings.HasPrefix(e.Message, r.want) {
+				t.Errorf("got %d %q, want %d %q…", e.Status, e.Message, r.status, r.want)
 			}
-			body := string(appendErrorBody(nil, surfaceOpenAI, e))
+			body := string(reply.AppendErrorBody(nil, reply.OpenAI, e))
 			for _, b := range r.banned {
 				if strings.Contains(body, b) {
 					t.Errorf("client body mentions %q: %s", b, body)
 				}
 			}
-			if e.detail != r.msg {
-				t.Errorf("detail for the log: got %q, want the node's message", e.detail)
+			if e.Detail != r.msg {
+				t.Errorf("detail for the log: got %q, want the node's message", e.Detail)
 			}
 		})
 	}

@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"iop/internal/edge/reply"
 	"net/http"
 	"strconv"
 	"strings"
@@ -43,7 +44,7 @@ type tunnelSink struct {
 
 	committed bool // status line written
 	finished  bool // terminal outcome written
-	failed    *apiError
+	failed    *reply.Error
 	sse       bool
 	tail      [2]byte // last two body bytes written
 	end       sseEnd  // whether the event stream written so far carried its own last event
@@ -101,7 +102,7 @@ func (s *tunnelSink) handle(env *iop.Envelope) (bool, error) {
 				return true, err
 			}
 		}
-		if _, err := s.x.out.w.Write(f.Body); err != nil {
+		if _, err := s.x.out.W.Write(f.Body); err != nil {
 			return true, err
 		}
 		s.noteTail(f.Body)
@@ -109,13 +110,13 @@ func (s *tunnelSink) handle(env *iop.Envelope) (bool, error) {
 			s.end.scan(f.Body, s.x.ep)
 		}
 		if stream { // T2: a stream is never buffered
-			if err := s.x.out.flush(); err != nil {
+			if err := s.x.out.Flush(); err != nil {
 				return true, err
 			}
 		}
 	case iop.TunnelFrameKind_TUNNEL_FRAME_USAGE:
 		if f.Usage != nil {
-			setUsage(s.x.acc, f.Usage)
+			s.x.acc.SetUsage(f.Usage)
 			if s.h.o.OnUsage != nil {
 				s.h.o.OnUsage(s.x.principal(), s.x.model, f.Usage)
 			}
@@ -123,7 +124,7 @@ func (s *tunnelSink) handle(env *iop.Envelope) (bool, error) {
 	case iop.TunnelFrameKind_TUNNEL_FRAME_END:
 		if !s.committed {
 			if s.started {
-				s.x.out.w.Header().Set("Content-Length", strconv.Itoa(len(s.held)))
+				s.x.out.W.Header().Set("Content-Length", strconv.Itoa(len(s.held)))
 			}
 			if done, err := s.commitHeld(); done || err != nil {
 				return true, err
@@ -141,11 +142,11 @@ func (s *tunnelSink) handle(env *iop.Envelope) (bool, error) {
 // response with a 502 instead when the node sent no valid RESPONSE_START.
 func (s *tunnelSink) commit() bool {
 	if !s.started || s.status < 200 || s.status > 599 {
-		_ = s.fail(badGateway("provider_error", "the provider's response had no valid status"))
+		_ = s.fail(reply.BadGateway("provider_error", "the provider's response had no valid status"))
 		return false
 	}
 	s.committed = true
-	h := s.x.out.w.Header()
+	h := s.x.out.W.Header()
 	if s.ctype != "" {
 		h.Set("Content-Type", s.ctype)
 		if s.sse {
@@ -159,7 +160,7 @@ func (s *tunnelSink) commit() bool {
 	for _, hd := range s.relayed {
 		h.Add(hd.Name, hd.Value)
 	}
-	s.x.out.w.WriteHeader(s.status)
+	s.x.out.W.WriteHeader(s.status)
 	return true
 }
 
@@ -208,7 +209,7 @@ func (s *tunnelSink) commitHeld() (done bool, err error) {
 		return true, nil
 	}
 	if len(s.held) > 0 {
-		_, err = s.x.out.w.Write(s.held)
+		_, err = s.x.out.W.Write(s.held)
 		s.held = nil
 	}
 	return false, err
@@ -222,14 +223,14 @@ func (s *tunnelSink) noteTail(b []byte) {
 	}
 }
 
-func (s *tunnelSink) fail(e *apiError) error {
+func (s *tunnelSink) fail(e *reply.Error) error {
 	if s.finished {
 		return nil
 	}
 	s.finished, s.failed = true, e
 	if !s.committed {
 		s.committed = true
-		writeError(s.x.out.w, s.x.ep.surface, e)
+		reply.WriteError(s.x.out.W, s.x.ep.surface, e)
 		return nil
 	}
 	if !s.sse {
@@ -246,18 +247,18 @@ func (s *tunnelSink) fail(e *apiError) error {
 		if !open {
 			return nil
 		}
-		return s.x.out.send(append(s.buf, '\n'))
+		return s.x.out.Send(append(s.buf, '\n'))
 	}
 	if s.tail != [2]byte{'\n', '\n'} {
 		// The last BODY frame may have ended inside an event: close it so
 		// the error is an event of its own.
 		s.buf = append(s.buf, '\n', '\n')
 	}
-	s.buf = appendErrorEvent(s.buf, s.x.ep, e)
-	return s.x.out.send(s.buf)
+	s.buf = reply.AppendErrorEvent(s.buf, s.x.ep.surface, s.x.ep.operation, e)
+	return s.x.out.Send(s.buf)
 }
 
-func (s *tunnelSink) failure() *apiError { return s.failed }
+func (s *tunnelSink) failure() *reply.Error { return s.failed }
 
 func (s *tunnelSink) wrote() bool { return s.committed }
 
@@ -299,7 +300,7 @@ func (e *sseEnd) ended() (ended, open bool) {
 	return false, false
 }
 
-// scan takes the next body bytes of the stream of ep's surface.
+// scan takes the next body bytes of the stream of ep's reply.Surface.
 func (e *sseEnd) scan(b []byte, ep *endpoint) {
 	for len(b) > 0 {
 		i := bytes.IndexByte(b, '\n')
@@ -344,12 +345,12 @@ func (e *sseEnd) endLine(ep *endpoint) {
 }
 
 // lastEventLine reports whether line (no line break) marks the last event
-// of ep's surface's stream.
+// of ep's reply.Surface's stream.
 func lastEventLine(line []byte, ep *endpoint) bool {
 	field, value, _ := bytes.Cut(line, []byte{':'})
 	value = bytes.TrimPrefix(value, []byte{' '})
 	switch {
-	case ep.surface == surfaceAnthropic:
+	case ep.surface == reply.Anthropic:
 		return string(field) == "event" && (string(value) == "message_stop" || string(value) == "error")
 	case ep.operation == protocol.OpResponses:
 		if string(field) != "event" {

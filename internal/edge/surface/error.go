@@ -5,18 +5,31 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 )
 
-// Error is one client-visible failure a converter reports: Status is the
-// HTTP status, Type and Code the OpenAI error type and code ("" = null),
-// Param the request field at fault ("" = null), Message the text a client
-// reads. The Anthropic type derives from Status (AnthropicType).
+// Error is one client-visible failure, the one type of the Edge's client
+// errors (a converter's, and every answer internal/edge/reply writes):
+// Status is the HTTP status, Type and Code the OpenAI error type and code
+// ("" = null), Param the request field at fault ("" = null), Message the
+// text a client reads. The Anthropic type derives from Status
+// (AnthropicType). RetryAfter, Detail and ClientGone never reach the body.
 type Error struct {
 	Status  int
 	Type    string
 	Code    string
 	Param   string
 	Message string
+	// RetryAfter, when > 0, is sent as Retry-After in whole seconds
+	// (rounded up, RFC 9110 §10.2.3).
+	RetryAfter time.Duration
+	// Detail is for the operator's log only: upstream addresses, adapter
+	// names and transport errors never reach the client.
+	Detail string
+	// ClientGone: the client closed the connection before the request
+	// was read (its body ended short of Content-Length, or the connection
+	// was reset); nobody is left to answer (client_cancelled, 499).
+	ClientGone bool
 }
 
 func (e *Error) Error() string { return fmt.Sprintf("%d %s", e.Status, e.Message) }
