@@ -16,12 +16,14 @@ import "time"
 // one was lifted doubles the window (RefusedBackoff to RefusedBackoffMax);
 // one after a quiet spell starts it over. The node says in the refusal
 // what this edge's fair share is: the provider admits no more than that
-// during the window, and an edge below it (the node holds the next free
-// slot for it) tries again after RefusedRetry.
+// during the window (an edge above it steps back to it, freeing node
+// slots), and an edge below it tries again after RefusedRetry, first to
+// the slots the others free.
 
 // Probe windows of a refused provider. A refusal that says this edge is
-// below its fair share (the node keeps the next free slot for it, see the
-// node's capacity gate) is retried after RefusedRetry instead.
+// below its fair share (the node's gate admits any edge to a free slot;
+// the edges above their share step back to it, see the node's capacity
+// gate) is retried after RefusedRetry instead.
 const (
 	RefusedBackoff    = 100 * time.Millisecond
 	RefusedBackoffMax = time.Second
@@ -66,7 +68,7 @@ func (s *state) refused(l *Lease, now time.Time, fair int) bool {
 	if fair > 0 {
 		limit = min(limit, fair)
 	}
-	below := fair > 0 && r.inFlight < fair // the node keeps the next slot for this edge: retry soon
+	below := fair > 0 && r.inFlight < fair // the edges above their share step back: retry soon
 	if r.limited && (!below || r.window <= RefusedRetry) {
 		r.limit = min(r.limit, limit) // another refusal of the same burst: the window stands
 		s.pump()

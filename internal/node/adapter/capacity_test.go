@@ -3,6 +3,7 @@ package adapter_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -184,64 +185,131 @@ func TestAdapterConflictAcrossEdges(t *testing.T) {
 	a2.Close()
 }
 
-// E4: fairness between edges: an edge at or above its fair share of an
-// adapter (its capacity over the edges that want it) is refused while
-// another edge, refused because the adapter was full, runs fewer than its
-// share: the slot it frees goes to that edge's retry. The terminal tells
-// the edge its fair share.
-func TestCapacityFairBetweenEdges(t *testing.T) {
-	leakcheck.Check(t)
-	// Each held request waits for one token of free: the test ends them
-	// one at a time.
-	held, free := make(chan struct{}, 8), make(chan struct{})
-	stream := sample(t, "llama_v1_chat_stream.sse")
-	up := newFake(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
-		if !strings.Contains(string(body), "hold") {
-			replay(200, "text/event-stream", stream)(w, r, body)
-			return
-		}
-		held <- struct{}{}
-		select {
-		case <-free:
-		case <-r.Context().Done():
-			return
-		}
-		replay(200, "text/event-stream", stream)(w, r, body)
-	})
-	c := adapter.NewCapacity()
-	a := edgeSet(t, c, "edge-1 at a:1", 0, compatAdapter("one", llamaProfile(up.URL), 2))
-	b := edgeSet(t, c, "edge-2 at b:1", 0, compatAdapter("one", llamaProfile(up.URL), 2))
-	run := func(s *adapter.Set) *iop.RunEvent {
-		t.Helper()
-		last, _ := checkRun(t, runAll(context.Background(), s, &iop.RunRequest{Stream: true, Adapter: "one", Target: "tiny", Input: userInput("Hi")}))
-		return last
+// E4: the gate between edges is work-conserving: while the adapter has a
+// free slot it admits a request from any edge without a capacity_share,
+// even one above its fair share while another edge was refused; the share
+// only breaks the tie when the adapter is full (the refusal tells each
+// edge its fair share: capacity over the edges that want the adapter, so
+// the edge above it steps back to it and the one below retries first). An
+// edge with a capacity_share is held to it (a hard split) even with a slot
+// free.
+func TestE4GateWorkConservingBetweenEdges(t *testing.T) {
+	// step is one request of edge e ("a" or "b"): held (it runs until
+	// ended) or run to its terminal; end instead ends one held request.
+	type step struct {
+		edge      string
+		hold, end bool
+		code      string // the terminal's failure code; "" = COMPLETE
+		fair      uint32 // the refusal's fair share
+		says      string // in the refusal's error
 	}
-	a1 := startWork(context.Background(), a, false, "one", "hold-a1")
-	recv(t, held, "a1")
-	a2 := startWork(context.Background(), a, false, "one", "hold-a2")
-	recv(t, held, "a2")
-	if ev := run(b); ev.GetFailureCode() != protocol.CodeOverCapacity.String() || ev.GetFairShare() != 1 {
-		t.Fatalf("E4: edge 2 while edge 1 holds both slots: %q fair share %d, want over_capacity with 1", ev.GetFailureCode(), ev.GetFairShare())
+	over := protocol.CodeOverCapacity.String()
+	for _, tc := range []struct {
+		name     string
+		capacity int32
+		shareA   float64
+		shareB   float64
+		steps    []step
+	}{
+		{name: "a free slot admits an edge above its fair share while another waits", capacity: 2, steps: []step{
+			{edge: "a", hold: true}, {edge: "a", hold: true},
+			{edge: "b", code: over, fair: 1, says: "its capacity of 2"}, // full: b is told its share, 1
+			{end: true}, // a holds 1, its share; a slot is free
+			{edge: "a"}, // a takes the free slot (it was refused before: fair share of 1 while b waits)
+			{edge: "b"}, // and b its retry
+		}},
+		{name: "full: the edge above its share is told its share", capacity: 4, steps: []step{
+			{edge: "a", hold: true}, {edge: "a", hold: true}, {edge: "a", hold: true},
+			{edge: "b", hold: true},
+			{edge: "b", code: over, fair: 2},
+			{edge: "a", code: over, fair: 2, says: "its capacity of 4"},
+			{end: true},
+			{edge: "a", hold: true}, // the last slot, first come
+		}},
+		{name: "a lone edge is told the whole capacity", capacity: 2, steps: []step{
+			{edge: "a", hold: true}, {edge: "a", hold: true},
+			{edge: "a", code: over, fair: 2},
+		}},
+		{name: "capacity_share is a hard split: refused at its share with a slot free", capacity: 4, shareA: 0.5, shareB: 0.5, steps: []step{
+			{edge: "a", hold: true}, {edge: "a", hold: true},
+			{edge: "a", code: over, fair: 2, says: "its capacity share of 2"},
+			{edge: "b", hold: true}, {edge: "b"},
+		}},
+		{name: "a share and none: the one without takes what is free", capacity: 4, shareA: 0.25, steps: []step{
+			{edge: "a", hold: true},
+			{edge: "a", code: over, fair: 1, says: "its capacity share of 1"},
+			{edge: "b", hold: true}, {edge: "b", hold: true}, {edge: "b", hold: true},
+			{edge: "b", code: over, says: "its capacity of 4"},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			leakcheck.Check(t)
+			// Each held request waits for one token of free: the test
+			// ends them one at a time.
+			held, free := make(chan struct{}, 8), make(chan struct{})
+			stream := sample(t, "llama_v1_chat_stream.sse")
+			up := newFake(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				if !strings.Contains(string(body), "hold") {
+					replay(200, "text/event-stream", stream)(w, r, body)
+					return
+				}
+				held <- struct{}{}
+				select {
+				case <-free:
+				case <-r.Context().Done():
+					return
+				}
+				replay(200, "text/event-stream", stream)(w, r, body)
+			})
+			c := adapter.NewCapacity()
+			sets := map[string]*adapter.Set{
+				"a": edgeSet(t, c, "edge-1 at a:1", tc.shareA, compatAdapter("one", llamaProfile(up.URL), tc.capacity)),
+				"b": edgeSet(t, c, "edge-2 at b:1", tc.shareB, compatAdapter("one", llamaProfile(up.URL), tc.capacity)),
+			}
+			var running []*work
+			finished := make(chan *work, len(tc.steps))
+			defer func() {
+				for range running {
+					free <- struct{}{}
+				}
+				for _, w := range running {
+					w.wait(t)
+				}
+			}()
+			for i, st := range tc.steps {
+				switch {
+				case st.end:
+					free <- struct{}{}
+					w := recv(t, finished, "the end of a held request")
+					for k := range running {
+						if running[k] == w {
+							running = append(running[:k], running[k+1:]...)
+							break
+						}
+					}
+				case st.hold && st.code == "":
+					w := startWork(context.Background(), sets[st.edge], false, "one", fmt.Sprintf("hold-%d", i))
+					select {
+					case <-held:
+					case <-w.done:
+						t.Fatalf("E4: step %d: edge %s's held request ended: %v", i, st.edge, w.events[len(w.events)-1])
+					case <-time.After(5 * time.Second):
+						t.Fatalf("E4: step %d: edge %s's held request did not reach the backend", i, st.edge)
+					}
+					running = append(running, w)
+					go func() { <-w.done; finished <- w }()
+				default:
+					last, _ := checkRun(t, runAll(context.Background(), sets[st.edge], &iop.RunRequest{Stream: true, Adapter: "one", Target: "tiny", Input: userInput("Hi")}))
+					got := last.GetFailureCode()
+					if last.GetType() == iop.RunEventType_RUN_EVENT_COMPLETE {
+						got = ""
+					}
+					if got != st.code || (st.fair != 0 && last.GetFairShare() != st.fair) || !strings.Contains(last.GetError(), st.says) {
+						t.Fatalf("E4: step %d, edge %s: %q fair share %d %q, want %q fair share %d naming %q",
+							i, st.edge, got, last.GetFairShare(), last.GetError(), st.code, st.fair, st.says)
+					}
+				}
+			}
+		})
 	}
-	free <- struct{}{} // one of edge 1's ends: it holds 1, its share
-	done := 0
-	for done == 0 {
-		select {
-		case <-a1.done:
-			done = 1
-		case <-a2.done:
-			done = 2
-		case <-time.After(5 * time.Second):
-			t.Fatal("neither of edge 1's requests ended")
-		}
-	}
-	if ev := run(a); ev.GetFailureCode() != protocol.CodeOverCapacity.String() || !strings.Contains(ev.GetError(), "fair share of 1") {
-		t.Fatalf("E4: edge 1 above its share while edge 2 waits: %q %q, want over_capacity naming its fair share", ev.GetFailureCode(), ev.GetError())
-	}
-	if ev := run(b); ev.GetType() != iop.RunEventType_RUN_EVENT_COMPLETE {
-		t.Fatalf("E4: edge 2's retry: %v %q, want the slot edge 1 left", ev.GetType(), ev.GetFailureCode())
-	}
-	free <- struct{}{}
-	a1.wait(t)
-	a2.wait(t)
 }

@@ -18,14 +18,16 @@ import (
 // second queue; over it the request ends with the typed over_capacity
 // terminal before any upstream call, carrying the edge's fair share.
 //
-// Fairness between edges: each edge's pool counts only its own leases, so
-// an edge whose requests keep the adapter full would take every slot it
-// frees again before another edge's request arrives. The gate therefore
-// refuses an edge at or above its fair share — ceil(limit / edges that
-// want the adapter: requests running, or refused within fairWindow) —
-// while another edge that was refused within fairWindow is below it, so
-// the next slot goes to that edge's retry. A limit ≤ 0 means no local
-// limit.
+// Between edges the gate is work-conserving: while the adapter has a free
+// slot it admits a request from any edge without a capacity share, however
+// many of that edge's run. The fair share — ceil(limit / edges that want
+// the adapter: requests running, or refused within fairWindow) — breaks the
+// tie only when edges compete for a full adapter: the refusal carries it,
+// and the edge's pool admits no more than it for a while (an edge above
+// its share steps back to it; one below it retries first), so the slots
+// the first frees go to the second's retries. An edge with a capacity
+// share is a hard split: it is refused at ceil(limit × share) of its own
+// even with a slot free. A limit ≤ 0 means no local limit.
 type gate struct {
 	limit     int64
 	use       *atomic.Int64
@@ -49,29 +51,26 @@ var clockBase = time.Now()
 func monoNow() int64 { return int64(time.Since(clockBase)) + 1 }
 
 // tryAcquire admits one request if a slot is free for its edge; it never
-// blocks. fair is the edge's fair share, for the over_capacity terminal.
+// blocks. On a refusal fair is the edge's fair share, for the
+// over_capacity terminal; an admission costs two atomic adds (one compare
+// and swap each), the edge's share and the clock are read only to refuse.
 func (g *gate) tryAcquire() (ok bool, fair int64) {
 	if g.limit <= 0 {
 		return true, 0
 	}
-	now := monoNow()
-	fair = g.fairShare(now)
 	switch {
 	case g.edgeLimit <= 0:
 		g.edge.use.Add(1)
 	case !acquire(&g.edge.use, g.edgeLimit):
-		return false, min(fair, g.edgeLimit)
-	}
-	if g.edge.use.Load() > fair && g.starving(now, fair) {
-		g.edge.use.Add(-1)
-		return false, fair // yield the next slot to an edge below its share
+		return false, min(g.fairShare(monoNow()), g.edgeLimit) // the hard split, a slot free or not
 	}
 	if !acquire(g.use, g.limit) {
 		g.edge.use.Add(-1)
+		now := monoNow()
 		g.edge.wanted.Store(now)
-		return false, fair
+		return false, g.fairShare(now)
 	}
-	return true, fair
+	return true, 0
 }
 
 // fairShare is ceil(limit / k), k the edges that want the adapter (this
@@ -86,19 +85,6 @@ func (g *gate) fairShare(now int64) int64 {
 		}
 	}
 	return (g.limit + k - 1) / k
-}
-
-// starving reports whether another edge wants the adapter and runs fewer
-// than fair of its requests.
-func (g *gate) starving(now, fair int64) bool {
-	if ps := g.peers.Load(); ps != nil {
-		for _, p := range *ps {
-			if p != g.edge && wants(p, now) && p.use.Load() < fair {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 func wants(e *edgeCount, now int64) bool {
@@ -116,12 +102,9 @@ func (g *gate) release() {
 }
 
 // full says why the gate refused, for the terminal's error text.
-func (g *gate) full(fair int64) string {
-	switch {
-	case g.edgeLimit > 0 && g.edge.use.Load() >= g.edgeLimit:
+func (g *gate) full() string {
+	if g.edgeLimit > 0 && g.edge.use.Load() >= g.edgeLimit {
 		return fmt.Sprintf("its capacity share of %d concurrent requests from this edge", g.edgeLimit)
-	case g.use.Load() < g.limit:
-		return fmt.Sprintf("its fair share of %d concurrent requests from this edge while other edges wait (capacity %d)", fair, g.limit)
 	}
 	return fmt.Sprintf("its capacity of %d concurrent requests", g.limit)
 }

@@ -78,7 +78,7 @@ func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit f
 		return
 	}
 	if ok, fair := inst.gate.tryAcquire(); !ok {
-		rs.overCapacity(fmt.Sprintf("adapter %q is at %s", inst.name, inst.gate.full(fair)), fair)
+		rs.overCapacity(fmt.Sprintf("adapter %q is at %s", inst.name, inst.gate.full()), fair)
 		return
 	}
 	release := sync.OnceFunc(inst.gate.release)

@@ -90,7 +90,7 @@ func (s *Set) Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelR
 		return
 	}
 	if ok, fair := inst.gate.tryAcquire(); !ok {
-		ts.overCapacity(fmt.Sprintf("adapter %q is at %s", inst.name, inst.gate.full(fair)), fair)
+		ts.overCapacity(fmt.Sprintf("adapter %q is at %s", inst.name, inst.gate.full()), fair)
 		return
 	}
 	release := sync.OnceFunc(inst.gate.release)

@@ -82,10 +82,11 @@ type Edge struct {
 	// copied to every edge); Addr tells them apart.
 	Name string `json:"name"`
 	// CapacityShare, in (0, 1], is the part of every adapter's capacity
-	// this edge may use: its requests are admitted while fewer than
-	// ceil(capacity × share) of them run on the adapter (and the node-wide
-	// count is below capacity). 0 (omitted) = no share of its own: the
-	// edge takes whatever capacity the other edges leave.
+	// this edge may use, a hard split (SPEC E4): its requests are admitted
+	// while fewer than ceil(capacity × share) of them run on the adapter
+	// (and the node-wide count is below capacity), refused above it even
+	// with a slot free. 0 (omitted) = no share of its own: the edge takes
+	// any free slot, and a full adapter tells it its fair share.
 	CapacityShare float64 `json:"capacity_share"`
 }
 

@@ -2462,9 +2462,10 @@ type RunEvent struct {
 	// The terminal (COMPLETE, ERROR, CANCELLED) of a run whose trace was
 	// sampled: the spans the node recorded for it; empty otherwise.
 	TraceSpans []*NodeSpan `protobuf:"bytes,21,rep,name=trace_spans,json=traceSpans,proto3" json:"trace_spans,omitempty"`
-	// ERROR over_capacity: how many of the adapter's requests the Node
-	// admits from this Edge while other edges want it too (its fair share of
-	// the capacity, SPEC E4); 0 = not said (an older Node).
+	// ERROR over_capacity: this Edge's fair share of the adapter (its
+	// capacity over the edges that want it, SPEC E4): how many of its
+	// requests the Edge should hold there while edges compete for a full
+	// adapter; 0 = not said (an older Node).
 	FairShare     uint32 `protobuf:"varint,22,opt,name=fair_share,json=fairShare,proto3" json:"fair_share,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
