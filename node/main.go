@@ -97,7 +97,7 @@ func join(args []string, stdout, stderr io.Writer, version string) int {
 	edge := fs.String("edge", "", "host:port of the edge's node_listen")
 	token := fs.String("token", "", "the join token edge tokens create printed")
 	dir := fs.String("dir", "", "directory to write (must not exist, or be empty)")
-	name := fs.String("name", "", "node name to ask for (default: this host's name)")
+	name := fs.String("name", "", "node name to ask for (default: the token's node, for a token made with -node; else this host's name)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0

@@ -144,7 +144,7 @@ JSON
   local join
   join=$(./bin/edge tokens create -config "$RUN_DIR/edge.json" -node gpu-1 -dir "$RUN_DIR/gpu-1" 2>/dev/null) ||
     { log "edge tokens create failed"; return 1; }
-  log "edge tokens create -config .run/edge.json -node gpu-1  →  ${join%% -token *} -token … -dir .run/gpu-1 -name gpu-1"
+  log "edge tokens create -config .run/edge.json -node gpu-1  →  ${join%% -token *} -token … -dir .run/gpu-1"
   # shellcheck disable=SC2086 # the printed line is one command with its words
   ./bin/$join >"$RUN_DIR/join.log" 2>&1 || { log "node join failed:"; cat "$RUN_DIR/join.log" >&2; return 1; }
   ./bin/node -config "$RUN_DIR/gpu-1/node.json" >"$RUN_DIR/node.log" 2>&1 &

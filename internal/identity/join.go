@@ -31,7 +31,10 @@ const JoinALPN = "iop-join/1"
 // CAPin of the deployment's CA (43 characters of unpadded base64url), id
 // is 16 lowercase hex characters (8 random bytes; the edge finds the token
 // by it) and secret is 43 characters of unpadded base64url (32 random
-// bytes; the edge keeps only its SHA-256).
+// bytes; the edge keeps only its SHA-256); a token for one node (`edge
+// tokens create -node`) ends ".<node>", the name `node join` then joins as
+// without -name. The name is a hint to the node, not a grant: the edge
+// checks the name asked for against the token's record.
 const joinTokenPrefix = "iop1"
 
 // JoinToken is a parsed join token. Secret is a credential: never log it.
@@ -39,11 +42,36 @@ type JoinToken struct {
 	Pin    string
 	ID     string
 	Secret string
+	// Node is the one node name the token is for; "" for a -prefix token
+	// (or one made before tokens carried it).
+	Node string
 }
 
 // String is the token's wire form.
 func (t JoinToken) String() string {
-	return joinTokenPrefix + "." + t.Pin + "." + t.ID + "." + t.Secret
+	s := joinTokenPrefix + "." + t.Pin + "." + t.ID + "." + t.Secret
+	if t.Node != "" {
+		s += "." + t.Node
+	}
+	return s
+}
+
+// ValidNodeName reports whether name may be a node's name (SPEC J1): 1-63
+// of ASCII letters, digits, '.', '_', '-', starting with a letter or digit.
+func ValidNodeName(name string) bool {
+	if len(name) == 0 || len(name) > 63 {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case i > 0 && (c == '.' || c == '_' || c == '-'):
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // SecretSHA256 is the hex SHA-256 of the token's secret: what the edge
@@ -83,17 +111,22 @@ func NewJoinToken(pin string) (JoinToken, error) {
 // ParseJoinToken parses the wire form. Surrounding white space is ignored
 // (a pasted line). Errors wrap ErrBadJoinToken and never quote the secret.
 func ParseJoinToken(s string) (JoinToken, error) {
-	parts := strings.Split(strings.TrimSpace(s), ".")
+	parts := strings.SplitN(strings.TrimSpace(s), ".", 5) // a node name may hold dots
 	bad := func(why string) (JoinToken, error) {
-		return JoinToken{}, fmt.Errorf("%w: %s (want iop1.<pin>.<id>.<secret>, as edge tokens create prints it)", ErrBadJoinToken, why)
+		return JoinToken{}, fmt.Errorf("%w: %s (want iop1.<pin>.<id>.<secret>[.<node>], as edge tokens create prints it)", ErrBadJoinToken, why)
 	}
-	if len(parts) != 4 {
+	if len(parts) < 4 {
 		return bad(fmt.Sprintf("%d dot-separated parts", len(parts)))
 	}
 	if parts[0] != joinTokenPrefix {
 		return bad("unknown version prefix")
 	}
 	t := JoinToken{Pin: parts[1], ID: parts[2], Secret: parts[3]}
+	if len(parts) == 5 {
+		if t.Node = parts[4]; !ValidNodeName(t.Node) {
+			return bad("the node name after the secret is not 1-63 of letters, digits, '.', '_', '-'")
+		}
+	}
 	if b, err := base64.RawURLEncoding.DecodeString(t.Pin); err != nil || len(b) != sha256.Size {
 		return bad("the CA pin is not 43 characters of base64url")
 	}

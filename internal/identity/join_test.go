@@ -36,6 +36,11 @@ func TestJoinToken(t *testing.T) {
 	if !SecretMatches(tok.Secret, tok.SecretSHA256()) || SecretMatches(tok.Secret+"x", tok.SecretSHA256()) {
 		t.Error("SecretMatches disagrees with SecretSHA256")
 	}
+	named := tok
+	named.Node = "gpu-9.rack_2"
+	if got, err := ParseJoinToken(named.String()); err != nil || got != named || !strings.HasSuffix(named.String(), "."+tok.Secret+".gpu-9.rack_2") {
+		t.Fatalf("J1 a token for one node: %q parses to %+v, %v; want %+v", named.String(), got, err, named)
+	}
 	other, _ := NewJoinToken(pin)
 	if other.ID == tok.ID || other.Secret == tok.Secret {
 		t.Error("two tokens share an id or a secret")
@@ -47,6 +52,10 @@ func TestJoinToken(t *testing.T) {
 		{"J1 short pin", "iop1.abc." + tok.ID + "." + tok.Secret},
 		{"J1 upper-case id", "iop1." + pin + "." + strings.ToUpper("abcdef0123456789") + "." + tok.Secret},
 		{"J1 short secret", "iop1." + pin + "." + tok.ID + ".c2VjcmV0"},
+		{"J1 an empty node name", "iop1." + pin + "." + tok.ID + "." + tok.Secret + "."},
+		{"J1 a path-like node name", "iop1." + pin + "." + tok.ID + "." + tok.Secret + ".../etc"},
+		{"J1 a node name with a slash", "iop1." + pin + "." + tok.ID + "." + tok.Secret + ".gpu/1"},
+		{"J1 a node name of 64", "iop1." + pin + "." + tok.ID + "." + tok.Secret + "." + strings.Repeat("a", 64)},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := ParseJoinToken(tt.s)

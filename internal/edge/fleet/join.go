@@ -117,8 +117,9 @@ var ErrEnrollmentOff = errors.New("enrollment is off on this edge (its config se
 
 // join decides one request and, when it is granted, records it and
 // signs the certificate. Everything that can be checked without the store
-// is checked first; the store is rewritten only for a granted join, and
-// the certificate exists only once the store holds its serial.
+// is checked first, then the token, then the config; the store is
+// rewritten only for a granted join, and the certificate exists only once
+// the store holds its serial.
 func (f *Fleet) join(m *material, req *iop.NodeJoinRequest, now time.Time) (*iop.NodeJoinResponse, error) {
 	if !m.enabled {
 		return nil, ErrEnrollmentOff
@@ -135,14 +136,17 @@ func (f *Fleet) join(m *material, req *iop.NodeJoinRequest, now time.Time) (*iop
 	if _, err := identity.CheckNodeCSR(req.GetCsr(), id); err != nil {
 		return nil, err
 	}
-	if err := f.placeable(name); err != nil {
-		return nil, err
-	}
 	var c *x509.Certificate
 	err = f.update(m, func(st *Store) error {
 		st.Prune(now)
 		tok, err := st.CheckJoin(req.GetTokenId(), req.GetTokenSecret(), name, now)
 		if err != nil {
+			return err
+		}
+		// After the token: a peer without one learns nothing of the config
+		// (which names nodes[] lists, which templates match), and a name
+		// the token does not allow is refused naming the token's (J1).
+		if err := f.placeable(name); err != nil {
 			return err
 		}
 		if c, err = m.sign(req.GetCsr(), id, now); err != nil {

@@ -236,6 +236,7 @@ func TestJoin(t *testing.T) {
 	otherTok := other.token(t, nil)
 	off := newEdgeEnv(t, func(m map[string]any) { delete(m, "enrollment") })
 	offTok := off.token(t, nil)
+	second := newEdgeEnv(t, nil) // refusals log at a bounded rate per edge
 	for _, tt := range []struct {
 		name    string
 		env     *edgeEnv
@@ -257,6 +258,10 @@ func TestJoin(t *testing.T) {
 			want: "no node_templates entry"},
 		{name: "J7 a name the config lists", reqName: "static-1", csrName: "static-1", tok: func(t *Token) { t.Node = "static-1" },
 			want: "listed in the edge config's nodes[]"},
+		{name: "J1 a name no template matches, for a token of another node, names both", env: second, reqName: "vm", csrName: "vm", tok: func(t *Token) { t.Node = "gpu-9" },
+			want: `"vm" (the token is for "gpu-9")`},
+		{name: "J4 a wrong secret learns nothing of the config", env: second, reqName: "static-1", csrName: "static-1",
+			mutate: func(r *iop.NodeJoinRequest) { r.TokenSecret = strings.Repeat("A", 43) }, want: "invalid join token"},
 		{name: "J2 a recipient key of 31 bytes", mutate: func(r *iop.NodeJoinRequest) { r.LeaseRecipientPublicKey = r.LeaseRecipientPublicKey[:31] },
 			want: "lease recipient public key"},
 		{name: "J1 a token pinned to another CA", pin: otherTok.Pin, handErr: identity.ErrPinMismatch},

@@ -249,6 +249,7 @@ func tokensCreate(args []string, stdout, stderr io.Writer, now func() time.Time)
 		fmt.Fprintf(stderr, "edge tokens create: %v\n", err)
 		return ExitError
 	}
+	tok.Node = *node // J1: node join without -name joins as the token's node
 	t := now()
 	rec := &fleet.Token{ID: tok.ID, SecretSHA256: tok.SecretSHA256(), Node: *node, Prefix: *prefix,
 		CreatedAt: t.UTC(), ExpiresAt: t.Add(*ttl).UTC(), Uses: *uses}
@@ -271,11 +272,7 @@ func tokensCreate(args []string, stdout, stderr io.Writer, now func() time.Time)
 			d = *node
 		}
 	}
-	line := fmt.Sprintf("node join -edge %s -token %s -dir %s", addr, tok, d)
-	if *node != "" {
-		line += " -name " + *node
-	}
-	fmt.Fprintln(stdout, line)
+	fmt.Fprintf(stdout, "node join -edge %s -token %s -dir %s\n", addr, tok, d)
 	fmt.Fprintf(stderr, "token %s: %s, %d use(s), expires %s; run the line above on the new host (it is shown once)\n",
 		tok.ID, rec.Scope(), rec.Uses, rec.ExpiresAt.Format(time.RFC3339))
 	return ExitOK

@@ -61,13 +61,16 @@ func TestTokens(t *testing.T) {
 		t.Fatalf("create: %d %s", code, errText)
 	}
 	fields := strings.Fields(out)
-	if len(fields) != 10 || strings.Join(fields[:4], " ") != "node join -edge edge.example:7443" || fields[4] != "-token" ||
-		fields[6] != "-dir" || fields[7] != "gpu-3" || fields[8] != "-name" || fields[9] != "gpu-3" {
+	if len(fields) != 8 || strings.Join(fields[:4], " ") != "node join -edge edge.example:7443" || fields[4] != "-token" ||
+		fields[6] != "-dir" || fields[7] != "gpu-3" {
 		t.Fatalf("J1 the printed line %q", out)
 	}
 	tok, err := identity.ParseJoinToken(fields[5])
 	if err != nil {
 		t.Fatal(err)
+	}
+	if tok.Node != "gpu-3" {
+		t.Fatalf("J1 a -node token carries node %q, want gpu-3 (node join without -name joins as it)", tok.Node)
 	}
 	raw, _ := os.ReadFile(store)
 	if bytes.Contains(raw, []byte(tok.Secret)) || !bytes.Contains(raw, []byte(tok.SecretSHA256())) {
@@ -79,6 +82,8 @@ func TestTokens(t *testing.T) {
 	if out, _, _ := run(tokens, "create", "-config", cfg, "-prefix", "gpu-"); !strings.Contains(out, "-dir iop-node") ||
 		strings.Contains(out, "-name") || !strings.Contains(out, "-edge "+advertised("0.0.0.0:7443")) {
 		t.Errorf("J1 a prefix token's line %q (no -name; node_listen's wildcard becomes this host's name)", out)
+	} else if tok, err := identity.ParseJoinToken(strings.Fields(out)[5]); err != nil || tok.Node != "" {
+		t.Errorf("J1 a prefix token %+v, %v: it carries no node (the host's name joins)", tok, err)
 	}
 	for _, tt := range []struct {
 		name string

@@ -360,3 +360,56 @@ func TestRenewer(t *testing.T) {
 		t.Error("J5 Recover replaced a good key")
 	}
 }
+
+// J1: without -name a node joins as the node its token is for (edge tokens
+// create -node); a -name that disagrees is refused before anything is
+// dialled, naming both; a token for a prefix (no node in it) keeps the
+// host's name.
+func TestJoinNameFromToken(t *testing.T) {
+	leakcheck.Check(t)
+	f := newFakeEdge(t)
+	tok, err := identity.NewJoinToken(identity.CAPin(f.ca.Cert))
+	if err != nil {
+		t.Fatal(err)
+	}
+	forNode := tok
+	forNode.Node = "gpu-9"
+	host := HostName()
+	cases := []struct {
+		name, token, flag, want, wantErr string
+	}{
+		{"J1 a -node token without -name joins as its node", forNode.String(), "", "gpu-9", ""},
+		{"J1 a -node token with the same -name", forNode.String(), "gpu-9", "gpu-9", ""},
+		{"J1 a -name that disagrees with the token is refused naming both", forNode.String(), "gpu-1", "", `-name "gpu-1" disagrees with the token, which is for node "gpu-9"`},
+		{"J1 a -prefix token without -name keeps the host name", tok.String(), "", host, ""},
+		{"J1 a -prefix token with -name", tok.String(), "gpu-4", "gpu-4", ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := f.conns.Load()
+			dir := filepath.Join(t.TempDir(), "node")
+			res, err := Join(context.Background(), JoinOptions{Edge: f.addr, Token: tc.token, Dir: dir, Name: tc.flag})
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("J1: %v, want an error with %s", err, tc.wantErr)
+				}
+				if f.conns.Load() != before {
+					t.Errorf("J1: the refused name was dialled")
+				}
+				if _, err := os.Stat(dir); !os.IsNotExist(err) {
+					t.Errorf("J3: %s exists after a refused join", dir)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("J1: %v", err)
+			}
+			f.mu.Lock()
+			asked := f.lastTaken.GetNodeName()
+			f.mu.Unlock()
+			if res.Node != tc.want || asked != tc.want {
+				t.Fatalf("J1: joined as %q (asked %q), want %q", res.Node, asked, tc.want)
+			}
+		})
+	}
+}

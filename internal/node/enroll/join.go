@@ -63,8 +63,10 @@ type JoinOptions struct {
 	Token string
 	// Dir is written: it must not exist or be an empty directory.
 	Dir string
-	// Name is the node name to ask for; "" = this host's name (letters,
-	// digits, '.', '_', '-'; other characters become '-').
+	// Name is the node name to ask for; "" = the name a token for one
+	// node carries (edge tokens create -node), else this host's name
+	// (letters, digits, '.', '_', '-'; other characters become '-'). A
+	// Name that disagrees with the token's is refused before dialling.
 	Name string
 	// Version is sent to the edge (informational).
 	Version string
@@ -127,7 +129,13 @@ func Join(ctx context.Context, o JoinOptions) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	if o.Name == "" {
+	switch {
+	case o.Name != "" && tok.Node != "" && o.Name != tok.Node: // J1: the edge would refuse it too, after a dial
+		return Result{}, fmt.Errorf("join: -name %q disagrees with the token, which is for node %q: drop -name, or make a token with -node %q",
+			o.Name, tok.Node, o.Name)
+	case o.Name == "" && tok.Node != "":
+		o.Name = tok.Node
+	case o.Name == "":
 		o.Name = HostName()
 	}
 	if !nameRE.MatchString(o.Name) {
