@@ -78,7 +78,8 @@ type Addrs struct{ HTTP, Node, Admin net.Addr }
 // every route is revoked keeps them all: its requests get 502
 // credential_unavailable, which says why.
 func PoolConfig(c *config.Config, mat *creds.Material) pool.Config {
-	pc := pool.Config{MaxWaiters: *c.Queue.MaxWaiters, WaitTimeout: time.Duration(c.Queue.WaitTimeoutMs) * time.Millisecond}
+	pc := pool.Config{MaxWaiters: *c.Queue.MaxWaiters, WaitTimeout: time.Duration(c.Queue.WaitTimeoutMs) * time.Millisecond,
+		StarvationGrants: c.Queue.StarvationGrants}
 	for _, n := range c.Nodes {
 		pc.Nodes = append(pc.Nodes, n.ID)
 		revs := map[string]string{}

@@ -199,6 +199,7 @@ func (c *Config) applyDefaults() {
 		}
 	}
 	c.keysDefaults()
+	c.fairDefaults()
 	c.tracingDefaults()
 	c.batchesDefaults()
 	od := &c.OutlierDetection

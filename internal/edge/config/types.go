@@ -116,6 +116,11 @@ type APIKey struct {
 	// token bucket of that many requests refilled evenly over a minute;
 	// beyond it a 429 with Retry-After naming when the next one fits.
 	RequestsPerMinute int `json:"requests_per_minute"`
+	// Weight, Class and MaxClass are the key's fair share and priority
+	// classes (fairshare.go, SPEC G1, G4).
+	Weight   int    `json:"weight"`
+	Class    string `json:"class"`
+	MaxClass string `json:"max_class"`
 }
 
 // Node is one configured node and its adapter instances.
@@ -229,6 +234,9 @@ type ModelProvider struct {
 type Queue struct {
 	MaxWaiters    *int  `json:"max_waiters"`
 	WaitTimeoutMs int64 `json:"wait_timeout_ms"`
+	// StarvationGrants bounds how long a lower priority class waits
+	// (fairshare.go, SPEC G2); 0 = DefaultStarvationGrants.
+	StarvationGrants int `json:"starvation_grants"`
 }
 
 // Credentials configures the managed credential plane (SPEC C1–C6).

@@ -38,6 +38,7 @@ func (c *Config) validate() jsonconfig.Errors {
 	c.validateQueue(add)
 	c.validateCredentials(add)
 	c.validateKeys(add)
+	c.validateFair(add)
 	c.validateEnrollment(add)
 	c.validateTracing(add)
 	c.validateBatches(add)

@@ -143,7 +143,7 @@ func TestCoolingAndExclusion(t *testing.T) {
 			h.wantGranted("r", "w3")
 			for _, c := range h.s.groups["tiny"].classes {
 				if c.narrowed {
-					h.t.Fatalf("narrowed class still registered with %d waiters", c.q.n)
+					h.t.Fatalf("narrowed class still registered with %d waiters", c.n)
 				}
 			}
 		}},

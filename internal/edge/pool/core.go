@@ -48,6 +48,20 @@ type state struct {
 	// some group weighs the cost of a turn (costed, cost.go); it only rises.
 	now    time.Time
 	costed bool
+
+	// The scheduler (fair.go): each group's by name (it outlives
+	// Reconfigure), the starvation bound and how many grants passed each
+	// priority class over, the waiters per class, the waiters per key and
+	// the weight of the keys that wait, the pass counter of the servable
+	// memo, and the arrival number admit gave the next enqueue.
+	fair         map[string]*fairGroup
+	starveGrants int
+	skipped      [NumPriorities]int
+	tierWaiting  [NumPriorities]int
+	keyWait      map[string]*keyCount
+	waitWeight   int
+	mark         uint64
+	arrival      uint64
 }
 
 // effects are what a transition asks the wrapper to carry out.
@@ -238,6 +252,7 @@ type group struct {
 	balance      float64
 	fit          *routing.Fit // prefix_affinity: the calibration of the cost of a turn (cost.go)
 	stats        *routeCounts
+	fair         *fairGroup // its scheduler (fair.go)
 }
 
 func (g *group) isLong(promptTokens int) bool {
@@ -253,14 +268,19 @@ func (g *group) class(op string, long bool) *class {
 	return nil
 }
 
-// class is the FIFO of one group's waiters that want the same operation and
-// the same long-ness, so they share one candidate list.
+// class is one group's waiters that want the same operation and the same
+// long-ness, so they share one candidate list. They wait in the group's
+// scheduler (fair.go), one FIFO per key and priority class; n counts them.
 type class struct {
 	g     *group
 	op    string
 	long  bool
 	cands []cand // supporting, capacity > 0, deduplicated by Key, config order
-	q     wlist
+	n     int
+	// mark, ok: whether a free live candidate exists, as of scheduler
+	// pass mark (state.servable).
+	mark uint64
+	ok   bool
 	// narrowed: the class of re-dispatched requests that excluded some
 	// providers (exclude.go); in g.classes only while it has waiters.
 	narrowed   bool
@@ -291,7 +311,14 @@ type waiter struct {
 	cls          *class
 	queued       bool
 	timeout      time.Duration
-	prev, next   *waiter // class FIFO
+	// The scheduler's view (fair.go): Request.Key, weightOf(Weight),
+	// Priority and Cost, and the key's flow it waits in.
+	key          string
+	weight       int
+	prio         Priority
+	cost         int
+	flow         *flow
+	prev, next   *waiter // the key's FIFO in its flow, or state.pinned
 	aprev, anext *waiter // state.all
 	ch           chan result
 	stop         func() bool
@@ -365,6 +392,8 @@ func newState(cfg Config) *state {
 		resources:  make(map[Key]*resource),
 		routeStats: make(map[string]*routeCounts),
 		fits:       make(map[string]*routing.Fit),
+		fair:       make(map[string]*fairGroup),
+		keyWait:    make(map[string]*keyCount),
 	}
 	s.reconfigure(cfg)
 	return s
@@ -388,19 +417,32 @@ func (s *state) admit(r Request) (*Lease, *class, error) {
 			return nil, nil, allTried(r.Model, r.SameSlot, r.Slot)
 		}
 	}
-	if c.q.n == 0 {
+	s.arrival = r.Arrival
+	if s.arrival == 0 {
+		s.seq++
+		s.arrival = s.seq
+	}
+	if c.n == 0 {
 		if cd, res, holder := s.choose(c, r.Prefix, r.PromptTokens); cd != nil {
-			if holder == nil || g.affinityWait <= 0 || s.waiters >= s.maxWaiters {
-				return s.grant(c, cd, r.Prefix, r.PromptTokens, res), nil, nil
+			if holder == nil || g.affinityWait <= 0 || s.waiters >= s.maxWaiters || s.overShare(r.Key) {
+				l := s.grant(c, cd, r.Prefix, r.PromptTokens, res)
+				l.Arrival = s.arrival
+				return l, nil, nil
 			}
 			s.pinTo = holder // the group waits for the holder (see pin.go)
 			return nil, c, nil
 		}
 	}
-	if s.waiters >= s.maxWaiters {
-		return nil, nil, &QueueFullError{Model: r.Model, MaxWaiters: s.maxWaiters, RetryAfter: QueueFullRetryAfter}
+	if err := s.admitShare(r.Model, r.Key, weightOf(r.Weight)); err != nil {
+		return nil, nil, err
 	}
 	return nil, c, nil
+}
+
+// newWaiter is the queued form of r.
+func newWaiter(r Request) *waiter {
+	return &waiter{model: r.Model, op: r.Operation, promptTokens: r.PromptTokens, prefix: r.Prefix, exclude: r.Exclude,
+		sameSlot: r.SameSlot, slot: r.Slot, key: r.Key, weight: weightOf(r.Weight), prio: r.Priority, cost: r.Cost()}
 }
 
 // enqueue appends w (with model, op, promptTokens and prefix set) to c,
@@ -410,21 +452,22 @@ func (s *state) admit(r Request) (*Lease, *class, error) {
 // pinned to it instead (pin.go) and enqueue reports true: the wrapper then
 // arms the group's affinity wait, after which unpin moves w to c.
 func (s *state) enqueue(c *class, w *waiter, timeout time.Duration) (pinned bool) {
-	s.seq++
-	w.seq = s.seq
+	w.seq = s.arrival
+	w.weight = weightOf(w.weight)
 	w.cls = c
 	w.queued = true
 	w.timeout = timeout
 	if s.pinTo != nil {
 		w.pin, s.pinTo = s.pinTo, nil
 		w.pinnedOnce = true
-		s.pinned.push(w, false)
+		s.pinned.insertBySeq(w)
 	} else {
 		c.register()
-		c.q.push(w, false)
+		s.fairPush(w)
 	}
 	s.all.push(w, true)
 	s.waiters++
+	s.countKey(w, 1)
 	return w.pin != nil
 }
 
@@ -435,12 +478,13 @@ func (s *state) dequeue(w *waiter) {
 		s.pinned.remove(w, false)
 		w.pin = nil
 	} else {
-		w.cls.q.remove(w, false)
+		s.fairRemove(w)
 		w.cls.unregisterIfEmpty()
 	}
 	s.all.remove(w, true)
 	w.queued = false
 	s.waiters--
+	s.countKey(w, -1)
 }
 
 // cancel removes w if still queued (SPEC Q4: a client leaving while queued
@@ -541,47 +585,55 @@ func (s *state) release(l *Lease) bool {
 	return true
 }
 
-// pump grants waiters until no queued waiter can be served: each round the
-// servable class head with the lowest arrival number wins (see doc.go). A
-// class head that only another candidate than the busy holder of its
-// conversation could serve is pinned to the holder instead when its group
-// has an affinity wait (pin.go), and the round starts again.
+// pump grants waiters until no queued waiter can be served: each round
+// the scheduler (fair.go) chooses among the servable waiters by priority
+// class, then by key (fair share), then by arrival. A chosen waiter that
+// only another candidate than the busy holder of its conversation could
+// serve is pinned to the holder instead when its group has an affinity
+// wait (pin.go), and the round starts again. A pinned waiter whose holder
+// is free competes with the scheduler's choice: it wins when its class is
+// higher (unless the starvation bound chose the class), or the same and
+// it arrived earlier.
 func (s *state) pump() {
-round:
 	for s.waiters > 0 {
-		var best *class
-		var bestCand *cand
-		var bestRes routing.Result
 		pw, pcd := s.servablePinned()
-		for _, g := range s.groupList {
-			for _, c := range g.classes {
-				if c.q.head == nil || (best != nil && c.q.head.seq > best.q.head.seq) {
-					continue
-				}
-				cd, res, holder := s.choose(c, c.q.head.prefix, c.q.head.promptTokens)
-				if cd == nil {
-					continue
-				}
-				if holder != nil && g.affinityWait > 0 && !c.q.head.pinnedOnce {
-					s.pinQueued(c.q.head, holder)
-					continue round
-				}
-				best, bestCand, bestRes = c, cd, res
+		w, ti, forced, best := s.next()
+		if pw != nil {
+			pt := pw.prio.Index()
+			if w == nil || (!forced && pt < ti) || (pt == ti && pw.seq < w.seq) {
+				c := pw.cls
+				s.served(pt, &best)
+				s.charge(pw)
+				s.dequeue(pw)
+				s.fx.grants = append(s.fx.grants, grant{pw, s.grantTo(pw, c, pcd, routing.ResultPrefixHit)})
+				continue
 			}
 		}
-		if pw != nil && (best == nil || pw.seq < best.q.head.seq) {
-			c := pw.cls
-			s.dequeue(pw)
-			s.fx.grants = append(s.fx.grants, grant{pw, s.grant(c, pcd, pw.prefix, pw.promptTokens, routing.ResultPrefixHit)})
-			continue
-		}
-		if best == nil {
+		if w == nil {
 			return
 		}
-		w := best.q.head
+		c := w.cls
+		cd, res, holder := s.choose(c, w.prefix, w.promptTokens)
+		if cd == nil { // servable said a candidate is free
+			return
+		}
+		if holder != nil && c.g.affinityWait > 0 && !w.pinnedOnce {
+			s.pinQueued(w, holder)
+			continue
+		}
+		s.served(ti, &best)
+		s.charge(w)
 		s.dequeue(w)
-		s.fx.grants = append(s.fx.grants, grant{w, s.grant(best, bestCand, w.prefix, w.promptTokens, bestRes)})
+		s.fx.grants = append(s.fx.grants, grant{w, s.grantTo(w, c, cd, res)})
 	}
+}
+
+// grantTo is grant for queued waiter w, whose lease keeps its arrival
+// number (Lease.Arrival).
+func (s *state) grantTo(w *waiter, c *class, cd *cand, res routing.Result) *Lease {
+	l := s.grant(c, cd, w.prefix, w.promptTokens, res)
+	l.Arrival = w.seq
+	return l
 }
 
 func (s *state) node(id string) *nodeState {

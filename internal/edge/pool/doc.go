@@ -1,6 +1,7 @@
 // Package pool owns the Edge's provider pool: provider resources
 // (node_id, provider_id) with their capacity and long-context capacity, the
-// lease each admitted request holds, the FIFO waiters of every model group,
+// lease each admitted request holds, the waiters of every model group and
+// the scheduler that orders them by priority class and fair share per key,
 // the runtime-unavailable overlay, and the projections of all of that into
 // ProviderSnapshots (SPEC Q1–Q8, L8–L10, P3, H8–H10, N3).
 //
@@ -18,19 +19,24 @@
 // thin concurrency wrapper: it takes the mutex, runs one transition, carries
 // out its effects and unlocks.
 //
-// # Scheduling rule (SPEC Q4, Q5)
+// # Scheduling rule (SPEC Q4, Q5, G1–G3, G5)
 //
-// Waiters of a model group wait in FIFO order per class; a class is the pair
-// (operation, long) because every waiter of one class can be served by
-// exactly the same providers. A pump repeatedly grants the waiter with the
-// lowest arrival number among the heads of all classes (of all groups) that
-// can be served now, until no head can be served. So a freed slot always goes
-// to the earliest waiter that can use it, and a waiter that cannot be served
-// (say a long request while long capacity is full, or an operation only a
-// busy provider has) never blocks a later waiter that can. After every
-// transition no queued waiter is servable; that is why a new request whose
-// class has no waiters may take free capacity at once without overtaking
-// anybody who could have used it.
+// Waiters of a model group wait by class, the pair (operation, long):
+// every waiter of one class can be served by exactly the same providers.
+// A class is servable while one of its candidates is live and free. A pump
+// repeatedly grants the scheduler's choice (fair.go) among the waiters of
+// servable classes, until no class with a waiter is servable: the highest
+// priority class first (critical, interactive, batch; a lower class is
+// passed over at most queue.starvation_grants consecutive times), then
+// within the group by fair share among the keys that wait (start-time
+// fair queuing costed in estimated tokens, weighted), then in arrival
+// order within a key; between groups sharing a provider, the earliest
+// arrival of the class. So a freed slot is never left idle while someone
+// could use it, and a waiter that cannot be served (say a long request
+// while long capacity is full, or an operation only a busy provider has)
+// never blocks one that can. After every transition no queued waiter is
+// servable; that is why a new request whose class has no waiters may take
+// free capacity at once without overtaking anybody who could have used it.
 //
 // The choice among servable candidates — live, with free capacity (and
 // free long capacity for a long request) — is the group's routing mode

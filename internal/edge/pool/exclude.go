@@ -77,7 +77,7 @@ func (c *class) register() {
 // unregisterIfEmpty takes a narrowed class without waiters out of its
 // group's class list.
 func (c *class) unregisterIfEmpty() {
-	if !c.narrowed || !c.registered || c.q.n > 0 {
+	if !c.narrowed || !c.registered || c.n > 0 {
 		return
 	}
 	cs := c.g.classes

@@ -77,8 +77,7 @@ func (h *harness) acq(name string, r Request) {
 	case l != nil:
 		h.leases[name] = l
 	default:
-		w := &waiter{model: r.Model, op: r.Operation, promptTokens: r.PromptTokens, prefix: r.Prefix, exclude: r.Exclude,
-			sameSlot: r.SameSlot, slot: r.Slot}
+		w := newWaiter(r)
 		h.s.enqueue(c, w, h.s.waitTimeout)
 		h.waiters[name], h.names[w] = w, name
 	}
@@ -196,14 +195,51 @@ func (h *harness) checkInvariants() {
 	queued := 0
 	for _, g := range h.s.groupList {
 		for _, c := range g.classes {
-			queued += c.q.n
-			if c.q.n == 0 {
+			queued += c.n
+			if c.n == 0 {
 				continue
 			}
-			if cd, _ := h.s.pick(c, c.q.head.prefix, c.q.head.promptTokens); cd != nil {
-				h.t.Fatalf("Q5 class %s/%s long=%v has %d waiters and a free live candidate", g.name, c.op, c.long, c.q.n)
+			if cd, _ := h.s.pick(c, nil, 0); cd != nil {
+				h.t.Fatalf("Q5 G1 class %s/%s long=%v has %d waiters and a free live candidate", g.name, c.op, c.long, c.n)
 			}
 		}
+		inFlows := 0
+		for t := range g.fair.tiers {
+			for _, f := range g.fair.tiers[t].active {
+				n := 0
+				for _, l := range f.lists {
+					n += l.q.n
+					for w := l.q.head; w != nil && w.next != nil; w = w.next {
+						if w.seq > w.next.seq {
+							h.t.Fatalf("G1 key %q's FIFO out of arrival order: %d before %d", f.key, w.seq, w.next.seq)
+						}
+					}
+				}
+				if n != f.n || n == 0 {
+					h.t.Fatalf("flow %q counts %d waiters, holds %d", f.key, f.n, n)
+				}
+				inFlows += n
+			}
+		}
+		cn := 0
+		for _, c := range g.classes {
+			cn += c.n
+		}
+		if inFlows != cn {
+			h.t.Fatalf("group %s: flows hold %d waiters, classes count %d", g.name, inFlows, cn)
+		}
+	}
+	for t := range h.s.skipped {
+		if h.s.skipped[t] > h.s.starveGrants {
+			h.t.Fatalf("G2 class %v passed over %d times, bound %d", Priorities[t], h.s.skipped[t], h.s.starveGrants)
+		}
+	}
+	keyed := 0
+	for _, kc := range h.s.keyWait {
+		keyed += kc.n
+	}
+	if keyed != h.s.waiters {
+		h.t.Fatalf("G3 keys count %d waiters, state %d", keyed, h.s.waiters)
 	}
 	for w := h.s.pinned.head; w != nil; w = w.next {
 		queued++

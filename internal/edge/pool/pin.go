@@ -7,16 +7,18 @@ package pool
 // group's affinity wait for that provider before it takes any other.
 //
 // Such a waiter is pinned: it sits in state.pinned (arrival order, class
-// links) instead of its class FIFO, so it never blocks the waiters behind
-// it, and only its holder can serve it. The pump grants the pinned waiter
-// with the lowest arrival number whose holder is free, competing by
-// arrival number with the class heads. A pinned waiter leaves the list
+// links) instead of its key's FIFO in the scheduler (fair.go), so it never
+// blocks the waiters behind it, and only its holder can serve it. The pump
+// grants the pinned waiter with the lowest arrival number whose holder is
+// free when its priority class is above the scheduler's choice's (unless
+// the starvation bound chose that class), or the same and it arrived
+// earlier; its key is charged like any grant. A pinned waiter leaves the list
 // when it is granted, cancelled or timed out (dequeue), when its holder
 // stops being live (the pump moves it to its class at once: a cooling,
 // overlaid or fenced provider is skipped as under any mode), when the
 // affinity wait expires (unpin, armed by the wrapper) and on Reconfigure.
-// Moving to the class keeps arrival order: it is inserted before every
-// later arrival.
+// Moving back keeps arrival order: it is inserted in its key's FIFO
+// before every later arrival.
 //
 // Pinning needs a free waiter slot (queue.max_waiters); without one the
 // request takes the free candidate at once.
@@ -51,14 +53,10 @@ func (s *state) servablePinned() (*waiter, *cand) {
 // pinQueued moves w, the head of its class, to the pinned list (arrival
 // order) waiting for holder, and asks the wrapper to arm its affinity wait.
 func (s *state) pinQueued(w *waiter, holder *resource) {
-	w.cls.q.remove(w, false)
+	s.fairRemove(w)
 	w.cls.unregisterIfEmpty()
 	w.pin, w.pinnedOnce = holder, true
-	at := s.pinned.tail // insert after the last earlier arrival
-	for at != nil && at.seq > w.seq {
-		at = at.prev
-	}
-	s.pinned.insertAfter(at, w)
+	s.pinned.insertBySeq(w)
 	s.fx.pins = append(s.fx.pins, w)
 }
 
@@ -84,7 +82,8 @@ func (q *wlist) insertAfter(at, w *waiter) {
 	q.n++
 }
 
-// unpin moves a pinned waiter to its class FIFO in arrival order; a no-op
+// unpin moves a pinned waiter back to its class, in arrival order within
+// its key (fair.go); a no-op
 // for a waiter that is not pinned (granted, gone or already moved). The
 // caller pumps.
 func (s *state) unpin(w *waiter) {
@@ -94,12 +93,7 @@ func (s *state) unpin(w *waiter) {
 	s.pinned.remove(w, false)
 	w.pin = nil
 	w.cls.register() // a narrowed class (exclude.go) is listed only while it has waiters
-	q := &w.cls.q
-	at := q.tail // insert after the last earlier arrival
-	for at != nil && at.seq > w.seq {
-		at = at.prev
-	}
-	q.insertAfter(at, w)
+	s.fairPush(w)    // in arrival order within its key
 }
 
 // affinityExpired is the affinity-wait timer's transition: w stops waiting

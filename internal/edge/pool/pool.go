@@ -113,8 +113,8 @@ func (p *Pool) Acquire(ctx context.Context, r Request) (*Lease, error) {
 		p.mu.Unlock()
 		return l, err
 	}
-	w := &waiter{model: r.Model, op: r.Operation, promptTokens: r.PromptTokens, prefix: r.Prefix, exclude: r.Exclude,
-		sameSlot: r.SameSlot, slot: r.Slot, ch: make(chan result, 1)}
+	w := newWaiter(r)
+	w.ch = make(chan result, 1)
 	timeout := p.s.waitTimeout
 	if p.s.enqueue(c, w, timeout) {
 		// Pinned to the provider holding the conversation (R1):

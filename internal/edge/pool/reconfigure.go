@@ -19,6 +19,10 @@ func (s *state) reconfigure(cfg Config) {
 	s.maxWaiters = cfg.MaxWaiters
 	s.waitTimeout = cfg.WaitTimeout
 	s.affEntries = cfg.AffinityEntries
+	s.starveGrants = cfg.StarvationGrants
+	if s.starveGrants <= 0 {
+		s.starveGrants = DefaultStarvationGrants
+	}
 
 	for _, r := range s.resources {
 		r.configured = false
@@ -65,6 +69,7 @@ func (s *state) reconfigure(cfg Config) {
 
 	s.markCosted()
 	s.unpinAll()
+	s.resetFair()
 	for w := s.all.head; w != nil; {
 		next := w.anext
 		s.rehome(w)
@@ -87,6 +92,11 @@ func (s *state) buildGroup(gc Group) *group {
 			g.fit = routing.NewFit(s.seedTokenTime(gc))
 			s.fits[gc.Name] = g.fit
 		}
+	}
+	g.fair = s.fair[gc.Name]
+	if g.fair == nil {
+		g.fair = &fairGroup{}
+		s.fair[gc.Name] = g.fair
 	}
 	g.stats = s.routeStats[gc.Name]
 	if g.stats == nil {
@@ -147,6 +157,7 @@ func (s *state) rehome(w *waiter) {
 		s.all.remove(w, true)
 		w.queued = false
 		s.waiters--
+		s.countKey(w, -1)
 		var err error = fmt.Errorf("model %q removed by reconfigure: %w", w.model, ErrUnknownModel)
 		switch {
 		case g != nil && (len(w.exclude) > 0 || w.sameSlot) && g.class(w.op, g.isLong(w.promptTokens)) != nil:
@@ -157,11 +168,37 @@ func (s *state) rehome(w *waiter) {
 		s.fx.failed = append(s.fx.failed, failure{w, err})
 		return
 	}
-	// The old class is garbage now; only w's class links need resetting.
-	w.prev, w.next = nil, nil
+	// The old class is garbage now; only w's links need resetting.
+	w.prev, w.next, w.flow = nil, nil, nil
 	w.cls = c
 	c.register()
-	c.q.push(w, false)
+	s.fairPush(w)
+}
+
+// resetFair empties every group's scheduler before the waiters are
+// rehomed (their classes are rebuilt): the flows' tags and the classes'
+// virtual times stay for the groups still configured, so no key banks or
+// loses its place in the share (SPEC G1); idle flows that bank nothing
+// and the groups no longer configured are forgotten.
+func (s *state) resetFair() {
+	for name, fg := range s.fair {
+		if s.groups[name] == nil {
+			delete(s.fair, name)
+			continue
+		}
+		for t := range fg.tiers {
+			ft := &fg.tiers[t]
+			clear(ft.active)
+			ft.active = ft.active[:0]
+			for k, f := range ft.flows {
+				f.lists, f.n, f.active = nil, 0, -1
+				if f.finish <= ft.vtime {
+					delete(ft.flows, k)
+				}
+			}
+		}
+	}
+	s.tierWaiting = [NumPriorities]int{}
 }
 
 func contains(list []string, s string) bool {

@@ -71,7 +71,7 @@ func (s *state) snapshot() []NodeSnapshot {
 		}
 		for _, g := range s.groupList {
 			for _, c := range g.classes {
-				if c.q.n == 0 {
+				if c.n == 0 {
 					continue
 				}
 				for i := range c.cands {
@@ -84,9 +84,9 @@ func (s *state) snapshot() []NodeSnapshot {
 						pc = &counts{}
 						pressure[r] = pc
 					}
-					pc.queued += c.q.n
+					pc.queued += c.n
 					if c.long {
-						pc.longQueued += c.q.n
+						pc.longQueued += c.n
 					}
 				}
 			}
@@ -160,9 +160,9 @@ func (s *state) groupSnapshots() []GroupSnapshot {
 		gs := GroupSnapshot{Name: g.name}
 		seen := map[*resource]bool{}
 		for _, c := range g.classes {
-			gs.Waiters += c.q.n
+			gs.Waiters += c.n
 			if c.long {
-				gs.LongWaiters += c.q.n
+				gs.LongWaiters += c.n
 			}
 			for i := range c.cands {
 				r := c.cands[i].res

@@ -117,6 +117,11 @@ type Config struct {
 	// hashes, routing.TableEntryBytes each); <= 0 means
 	// routing.DefaultTableEntries.
 	AffinityEntries int
+	// StarvationGrants is the starvation bound of the priority classes
+	// (queue.starvation_grants, SPEC G2): a class with a servable waiter
+	// is passed over by at most this many consecutive grants to higher
+	// classes before it gets the next; <= 0 means DefaultStarvationGrants.
+	StarvationGrants int
 }
 
 // Request is what the HTTP layer asks for. PromptTokens is the estimated
@@ -142,6 +147,25 @@ type Request struct {
 	// that carry none). False for a first admission.
 	SameSlot bool
 	Slot     string
+
+	// Key names who the request is fair-shared as (SPEC G1, G3): the
+	// client key's principal; "" for an unauthenticated request (open
+	// mode: all of them are one key). Weight is that key's weight, 1 to
+	// MaxWeight (out of range is clamped; 0 = 1).
+	Key    string
+	Weight int
+	// Priority is the request's class (SPEC G2); the zero value is
+	// interactive.
+	Priority Priority
+	// MaxTokens is the completion bound the request sets (max_tokens and
+	// its aliases), 0 when none: the request costs PromptTokens +
+	// MaxTokens (or DefaultCompletionTokens) in the fair share (Cost).
+	MaxTokens int
+	// Arrival is the place of a request that asks again (a re-dispatch, a
+	// re-queue after over_capacity): the Lease.Arrival of its previous
+	// lease, so that it keeps its place in its key's FIFO (SPEC G5). 0 for
+	// a first admission, which gets a new one.
+	Arrival uint64
 }
 
 // QueueFullRetryAfter is the Retry-After a QueueFullError suggests.
@@ -230,6 +254,9 @@ type Lease struct {
 	Long           bool
 	// Slot is the route's credential slot (Candidate.Slot).
 	Slot string
+	// Arrival is the request's arrival number in the queue (SPEC G5):
+	// pass it back as Request.Arrival when the request asks again.
+	Arrival uint64
 
 	// Owned by the pool's state; read and written under Pool.mu only.
 	res        *resource
