@@ -47,6 +47,7 @@ func rateLimitedBackend(t *testing.T) string {
 			"X-Ratelimit-Limit-Requests": "500", "X-Ratelimit-Remaining-Tokens": "149984", "X-Ratelimit-Reset-Requests": "120ms",
 			"Anthropic-Ratelimit-Requests-Remaining": "49", "Anthropic-Ratelimit-Tokens-Reset": "2026-12-01T12:00:00Z",
 			"Request-Id": "req_upstream_1", "Openai-Processing-Ms": "42", "Retry-After-Ms": "10", "X-Should-Retry": "false",
+			"Openai-Version": "2020-10-01", "Openai-Organization": "org-upstream", "Openai-Project": "proj_upstream",
 			// Never relayed: cookies, CORS, redirects, caching and the Edge's own.
 			"Set-Cookie": "s=1", "Access-Control-Allow-Origin": "*", "Location": "http://elsewhere/", "Cache-Control": "public, max-age=9999",
 			"X-Request-Id": "upstream-id", "Iop-Ignored-Fields": "forged", "Strict-Transport-Security": "max-age=1",
@@ -61,7 +62,8 @@ func rateLimitedBackend(t *testing.T) string {
 
 // T2, T5: on the tunnel, the upstream's headers about limits and the
 // request (x-ratelimit-*, anthropic-ratelimit-*, request-id,
-// openai-processing-ms, retry-after-ms, x-should-retry) reach the client;
+// openai-processing-ms, openai-version, openai-organization,
+// openai-project, retry-after-ms, x-should-retry) reach the client;
 // cookies, CORS, redirects, caching policy and the Edge's own headers
 // (X-Request-Id, Iop-Ignored-Fields) from upstream never do.
 func TestTunnelResponseHeaders(t *testing.T) {
@@ -85,6 +87,7 @@ func TestTunnelResponseHeaders(t *testing.T) {
 		"X-Ratelimit-Limit-Requests": "500", "X-Ratelimit-Remaining-Tokens": "149984", "X-Ratelimit-Reset-Requests": "120ms",
 		"Anthropic-Ratelimit-Requests-Remaining": "49", "Anthropic-Ratelimit-Tokens-Reset": "2026-12-01T12:00:00Z",
 		"Request-Id": "req_upstream_1", "Openai-Processing-Ms": "42", "Retry-After-Ms": "10", "X-Should-Retry": "false",
+		"Openai-Version": "2020-10-01", "Openai-Organization": "org-upstream", "Openai-Project": "proj_upstream",
 	} {
 		if got := resp.Header.Get(k); got != want {
 			t.Errorf("%s: got %q, want %q", k, got, want)

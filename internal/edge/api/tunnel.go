@@ -175,7 +175,9 @@ const (
 // client besides Content-Type and Retry-After (SPEC T2 passes the body
 // unchanged; the headers are the Edge's to choose). It is an allow-list of
 // what clients read about the answer and their limits: OpenAI's
-// x-ratelimit-* and openai-processing-ms, Anthropic's anthropic-ratelimit-*
+// x-ratelimit-*, openai-processing-ms, openai-version, openai-organization
+// and openai-project (the OpenAI API reference's "Debugging requests"
+// headers; the SDKs expose them on the raw response), Anthropic's anthropic-ratelimit-*
 // and request-id, the SDKs' retry hints retry-after-ms and x-should-retry.
 // Not a deny-list, because the node and the backend are less trusted than
 // the Edge: any other header could set cookies or CORS, caching or
@@ -185,10 +187,15 @@ const (
 func relayedHeader(name string) bool {
 	n := strings.ToLower(name)
 	switch n {
-	case "request-id", "openai-processing-ms", "retry-after-ms", "x-should-retry":
+	case "request-id", "openai-processing-ms", "openai-version", "openai-organization", "openai-project", "retry-after-ms", "x-should-retry":
 		return true
 	}
-	return (strings.HasPrefix(n, "x-ratelimit-") || strings.HasPrefix(n, "anthropic-ratelimit-")) && validToken(n)
+	for _, prefix := range [...]string{"x-ratelimit-", "anthropic-ratelimit-"} {
+		if len(n) > len(prefix) && strings.HasPrefix(n, prefix) {
+			return validToken(n)
+		}
+	}
+	return false
 }
 
 // validToken reports whether s is an RFC 9110 token (a header name).
