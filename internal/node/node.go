@@ -85,7 +85,12 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	if err != nil {
 		return supervisor.MarkFatal(err)
 	}
-	capacity := adapter.NewCapacity() // SPEC E4: one capacity per adapter, whichever edge sends the work
+	capacity := adapter.NewCapacity()                     // SPEC E4: one capacity per adapter, whichever edge sends the work
+	backends, closeManaged, err := startManaged(cfg, log) // SPEC U1: the node's own managed backends, shared by every edge
+	if err != nil {
+		return supervisor.MarkFatal(err)
+	}
+	defer closeManaged() // after every session drained: then no request is in flight on a process
 	// SPEC J5: one certificate for every edge; used only when an edge's
 	// payload says certificate_renewal (two sessions due at once: the
 	// second request replaces the first's key, whose answer then fails to
@@ -102,7 +107,7 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 		}
 		newExec := o.NewExecutor
 		if newExec == nil {
-			newExec = adapterExecutor(o, elog, cfg.NodeID, opener, cfg.APIKeyEnvAllowed, capacity, e)
+			newExec = adapterExecutor(o, elog, cfg.NodeID, opener, cfg.APIKeyEnvAllowed, capacity, e, backends)
 		}
 		so := session.Options{
 			NodeID:      cfg.NodeID,
@@ -188,7 +193,7 @@ func (p *edgePeers) claim(edges []config.Edge, i int, remote string) (release fu
 // Every Set shares capacity; edge's share bounds its requests and its
 // name keys the backends its payload names (adapter.ErrAdapterConflict).
 func adapterExecutor(o Options, log *slog.Logger, nodeID string, opener *lease.Opener, allowEnv func(string) bool,
-	capacity *adapter.Capacity, edge config.Edge) session.NewExecutorFunc {
+	capacity *adapter.Capacity, edge config.Edge, backends map[string]adapter.ManagedBackend) session.NewExecutorFunc {
 	return func(p *iop.NodeConfigPayload) (session.Executor, error) {
 		set, err := adapter.NewSet(p, adapter.Options{
 			HTTPClient:       o.HTTPClient,
@@ -202,6 +207,7 @@ func adapterExecutor(o Options, log *slog.Logger, nodeID string, opener *lease.O
 			Capacity:         capacity,
 			Edge:             edge.String(),
 			CapacityShare:    edge.CapacityShare,
+			Managed:          backends,
 		})
 		if restartRequired(err) {
 			return nil, fmt.Errorf("%w: %w", session.ErrRestartRequired, err)
@@ -221,7 +227,8 @@ func adapterExecutor(o Options, log *slog.Logger, nodeID string, opener *lease.O
 // refusal is the payload's own fault (FAILED).
 func restartRequired(err error) bool {
 	return errors.Is(err, adapter.ErrNoLeaseKeys) || errors.Is(err, adapter.ErrLeaseKeyMismatch) ||
-		errors.Is(err, adapter.ErrAPIKeyEnvNotAllowed) || errors.Is(err, adapter.ErrMissingAPIKey)
+		errors.Is(err, adapter.ErrAPIKeyEnvNotAllowed) || errors.Is(err, adapter.ErrMissingAPIKey) ||
+		errors.Is(err, adapter.ErrUnknownManaged)
 }
 
 // Check validates what Run would load before dialing: the certificate, key

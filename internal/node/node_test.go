@@ -266,7 +266,12 @@ func TestExecutorRestartRequired(t *testing.T) {
 	env := map[string]string{"IOP_KEY_A": "sk"}
 	o := Options{LookupEnv: func(k string) (string, bool) { v, ok := env[k]; return v, ok }}
 	allow := func(k string) bool { return strings.HasPrefix(k, "IOP_KEY_") }
-	newExec := adapterExecutor(o, slog.New(slog.DiscardHandler), "gpu-1", nil, allow, adapter.NewCapacity(), config.Edge{Name: "edge-1", Addr: "127.0.0.1:7443"})
+	backends := map[string]adapter.ManagedBackend{"llama": nil}
+	newExec := adapterExecutor(o, slog.New(slog.DiscardHandler), "gpu-1", nil, allow, adapter.NewCapacity(), config.Edge{Name: "edge-1", Addr: "127.0.0.1:7443"}, backends)
+	compat := func(managed string) *iop.AdapterConfig {
+		return &iop.AdapterConfig{Name: "l", Type: "openai_compat", BaseUrl: "http://127.0.0.1:1", Capacity: 1, Managed: managed,
+			OpenaiCompat: &iop.OpenAICompatAdapterConfig{ProtocolProfile: &iop.ConcreteProtocolProfile{Name: "llamacpp", ChatCompletionsPath: "/v1/chat/completions"}}}
+	}
 	ollama := func(envName string) *iop.AdapterConfig {
 		return &iop.AdapterConfig{Name: "o", Type: "ollama", BaseUrl: "http://127.0.0.1:1", Capacity: 1, ApiKeyEnv: envName}
 	}
@@ -282,6 +287,9 @@ func TestExecutorRestartRequired(t *testing.T) {
 		{"N2 restart: api_key_env not offered", &iop.NodeConfigPayload{Adapters: []*iop.AdapterConfig{ollama("OTHER")}}, true, false},
 		{"N2 restart: api_key_env offered but unset", &iop.NodeConfigPayload{Adapters: []*iop.AdapterConfig{ollama("IOP_KEY_B")}}, true, false},
 		{"N2 failed: unknown adapter type", &iop.NodeConfigPayload{Adapters: []*iop.AdapterConfig{{Name: "x", Type: "vllm"}}}, false, false},
+		// U1: an edge can name only a managed backend the node's config declares.
+		{"U1 restart: managed backend not declared by the node", &iop.NodeConfigPayload{Adapters: []*iop.AdapterConfig{compat("/bin/sh")}}, true, false},
+		{"U1 failed: managed on an ollama adapter", &iop.NodeConfigPayload{Adapters: []*iop.AdapterConfig{{Name: "o", Type: "ollama", BaseUrl: "http://127.0.0.1:1", Managed: "llama"}}}, false, false},
 	}
 	for _, r := range rows {
 		t.Run(r.name, func(t *testing.T) {

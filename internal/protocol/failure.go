@@ -27,6 +27,7 @@ const (
 	CodeTimeout              Code = "timeout"
 	CodeCancelled            Code = "cancelled"
 	CodeNodeShutdown         Code = "node_shutdown"
+	CodeModelUnavailable     Code = "model_unavailable"
 	CodeInternal             Code = "internal_error"
 )
 
@@ -145,6 +146,12 @@ var Failures = [...]Failure{
 	// the client from this provider.
 	{Code: CodeNodeShutdown, Emitter: "adapter", Fixed: true, Retry: RetryNodeLost, Status: http.StatusServiceUnavailable, ClientCode: string(CodeNodeShutdown),
 		Message: "the provider's node shut down before the response was complete; retry", RetryAfter: 1},
+	// A managed backend could not get the request's model loaded (SPEC
+	// U2, U3): no room within the request's deadline, a model that never
+	// fits the memory budget, a load that failed, the node closing it.
+	// Another provider may have it loaded or room for it.
+	{Code: CodeModelUnavailable, Emitter: "adapter", Fixed: true, Retry: RetryOverCapacity, Status: http.StatusServiceUnavailable, ClientCode: string(CodeModelUnavailable),
+		Message: "the model could not be loaded on its provider (no memory for it, or its load failed); retry later", RetryAfter: 1},
 	// A driver panicked.
 	{Code: CodeInternal, Emitter: "adapter", Status: http.StatusBadGateway, ClientCode: "provider_error", Message: "the provider failed to answer"},
 }

@@ -26,6 +26,7 @@ func TestH2NodeSpellsNoWireValue(t *testing.T) {
 		protocol.HealthAvailable, protocol.HealthUnavailable, protocol.HealthUnknown,
 		protocol.LivenessRequestStalled, protocol.LivenessProviderUnhealthy, protocol.LivenessHealthUnknown,
 		protocol.FenceConfirmed, protocol.FenceUnconfirmed,
+		protocol.ResidencyUnloaded, protocol.ResidencyLoading, protocol.ResidencyLoaded, protocol.ResidencyStopping, protocol.ResidencyFailed,
 	} {
 		values[v] = true
 	}

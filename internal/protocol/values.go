@@ -47,6 +47,18 @@ const (
 	FenceUnconfirmed = "unconfirmed"
 )
 
+// Residency of a model on its provider (SPEC U2, U3): what the node reports
+// for each model of a managed backend (from its lifecycle machine) and of
+// an Ollama adapter (GET /api/ps). A stopping model still holds its memory
+// and serves nothing new.
+const (
+	ResidencyUnloaded = "unloaded"
+	ResidencyLoading  = "loading"
+	ResidencyLoaded   = "loaded"
+	ResidencyStopping = "stopping"
+	ResidencyFailed   = "failed"
+)
+
 // HandoffConfirmed is the ExecutionFailure.recovery_handoff the Edge adds
 // to a validated stall (SPEC H8). It is a capability hint, never replay
 // approval.

@@ -406,3 +406,21 @@ func TestAdminExposure(t *testing.T) {
 		})
 	}
 }
+
+// U1: an adapter's managed key names a backend of the node's own config;
+// it travels as AdapterConfig.managed and is checked here for its shape
+// and type only (the node checks that it declares it).
+func TestAdapterManaged(t *testing.T) {
+	c := mustParse(t, strings.Replace(valid, `"api_key_env": "LLAMA_KEY"`, `"api_key_env": "LLAMA_KEY", "managed": "llama"`, 1))
+	if got := c.NodePayload("gpu-1").Adapters[1].GetManaged(); got != "llama" {
+		t.Fatalf("payload managed %q", got)
+	}
+	for _, bad := range []struct{ repl, want string }{
+		{`"api_key_env": "LLAMA_KEY", "managed": "../bin/sh"`, `.managed: invalid managed backend name "../bin/sh"`},
+	} {
+		_, err := Parse([]byte(strings.Replace(valid, `"api_key_env": "LLAMA_KEY"`, bad.repl, 1)))
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("err %v, want %q", err, bad.want)
+		}
+	}
+}

@@ -45,6 +45,7 @@ func (c *Config) nodePayload(n *Node) *iop.NodeConfigPayload {
 			BaseUrl:               a.BaseURL,
 			ApiKeyEnv:             a.APIKeyEnv,
 			UpstreamIdleTimeoutMs: EffectiveUpstreamIdleTimeoutMs(a),
+			Managed:               a.Managed,
 		}
 		if c.Discovers(nodeID, a.Name) {
 			ac.DiscoveryIntervalMs = c.Discovery.PollIntervalMs

@@ -163,6 +163,11 @@ type Adapter struct {
 	// for this provider until it has timed the provider's streamed
 	// answers; 0 = routing.DefaultTokenTime's 2,000. Edge-side only.
 	PrefillTokensPerS float64 `json:"prefill_tokens_per_s"`
+	// Managed names a managed backend of the node's own config (its
+	// managed[].name, SPEC U1): the node starts one process per model of
+	// it on demand and this adapter's requests go to the process of their
+	// target; base_url is then unused. openai_compat only.
+	Managed string `json:"managed"`
 }
 
 // ProfileOverrides replaces single fields of a named profile. A path set to

@@ -346,6 +346,14 @@ func (c *Config) validateAdapter(ap string, a *Adapter, add func(string, string,
 	if v := a.PrefillTokensPerS; !(v >= 0 && v <= MaxPrefillTokensPerS) {
 		add(ap+".prefill_tokens_per_s", "must be between 0 (the default) and %g, got %g", float64(MaxPrefillTokensPerS), v)
 	}
+	if a.Managed != "" {
+		if !nameRE.MatchString(a.Managed) {
+			add(ap+".managed", "invalid managed backend name %q (1-63 of letters, digits, '.', '_', '-')", a.Managed)
+		}
+		if a.Type != protocol.TypeOpenAICompat {
+			add(ap+".managed", "a managed backend serves an openai_compat adapter, not %q", a.Type)
+		}
+	}
 	if a.UpstreamIdleTimeoutMs < 0 || a.UpstreamIdleTimeoutMs > MaxIdleTimeoutMs {
 		add(ap+".upstream_idle_timeout_ms", "must be between 0 (the profile's default) and %d, got %d", int64(MaxIdleTimeoutMs), a.UpstreamIdleTimeoutMs)
 	}

@@ -169,6 +169,9 @@ type Options struct {
 	// CapacityShare, in (0, 1], bounds this edge's requests on each
 	// adapter to protocol.ShareOf(capacity, share); 0 = no bound of its own.
 	CapacityShare float64
+	// Managed is the node config's managed backends by name, which an
+	// AdapterConfig.managed may name (SPEC U1; managed.go); nil = none.
+	Managed map[string]ManagedBackend
 }
 
 // Set is the adapter instances of one NodeConfigPayload. Its methods are safe
@@ -209,8 +212,11 @@ type instance struct {
 	gate    gate
 	runner  runner
 	// newRunner builds a runner calling another endpoint (a request
-	// carrying a lease's credential).
+	// carrying a lease's credential, a managed model's process).
 	newRunner func(*upstream.Endpoint) runner
+	// managed, when set, serves the instance's models, one process each
+	// (SPEC U1, U2; managed.go).
+	managed ManagedBackend
 }
 
 // runner is what the two adapter types implement for runs and probes.
@@ -277,6 +283,11 @@ func NewSet(cfg *iop.NodeConfigPayload, o Options) (*Set, error) {
 	s.bufs.New = func() any { b := make([]byte, MaxBodyFrame); return &b }
 	for i, ac := range cfg.GetAdapters() {
 		inst, err := s.build(ac, o.AllowEnv, o.LookupEnv)
+		if err == nil {
+			if err = bindManaged(inst, ac, o.Managed); err != nil {
+				err = fmt.Errorf("adapter %q: %w", inst.name, err)
+			}
+		}
 		if err == nil {
 			if _, dup := s.instances[inst.name]; dup {
 				err = fmt.Errorf("adapter %q: %w", inst.name, ErrDuplicateName)

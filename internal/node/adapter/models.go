@@ -23,6 +23,9 @@ func (s *Set) ListModels(ctx context.Context, adapter string) ([]string, error) 
 	if err != nil {
 		return nil, err
 	}
+	if inst.managed != nil {
+		return inst.managed.Models() // SPEC U1, D1: its models_dir's files
+	}
 	l, ok := inst.runner.(interface {
 		Models(context.Context) ([]string, error)
 	})

@@ -32,7 +32,7 @@ func (s *Set) Probe(ctx context.Context, adapter, target string, l *iop.Credenti
 	if err != nil || target == "" {
 		return protocol.HealthUnknown
 	}
-	r := inst.runner
+	r, ep := inst.runner, inst.ep
 	if l != nil || b != nil {
 		if _, err := s.checkPresence(l, b); err != nil {
 			s.log.Warn("credential lease rejected", "adapter", inst.name, "probe", true, "err", err)
@@ -40,12 +40,16 @@ func (s *Set) Probe(ctx context.Context, adapter, target string, l *iop.Credenti
 		}
 	}
 	if l != nil {
-		ep, err := s.credential(inst, target, l, b)
+		var err error
+		ep, err = s.credential(inst, target, l, b)
 		if err != nil {
 			s.log.Warn("credential lease rejected", "adapter", inst.name, "probe", true, "err", err)
 			return protocol.HealthUnknown
 		}
 		r = inst.runnerFor(ep)
+	}
+	if inst.managed != nil {
+		return s.probeManaged(ctx, inst, ep, target)
 	}
 	return s.probeWith(ctx, inst, r, target)
 }

@@ -90,6 +90,12 @@ func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit f
 		rs.fail(credentialCode(err), err.Error(), err)
 		return
 	}
+	ep, mrelease, mfail := s.managedRun(ctx, inst, a, req.GetTarget(), ep) // SPEC U2: a managed model loads first
+	if mfail != nil {
+		rs.end(mfail, true)
+		return
+	}
+	defer mrelease()
 	runner := inst.runnerFor(ep)
 
 	runCtx := a.begin(ctx)

@@ -102,6 +102,12 @@ func (s *Set) Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelR
 		ts.fail(credentialCode(err), err.Error(), err)
 		return
 	}
+	ep, mrelease, mfail := s.managedTunnel(ctx, inst, a, req.GetTarget(), ep) // SPEC U2: a managed model loads first
+	if mfail != nil {
+		ts.end(mfail, true)
+		return
+	}
+	defer mrelease()
 	runCtx := a.begin(ctx)
 	defer a.cancel(nil)
 	s.supervise(ctx, a, runID, inst.name, req.GetTarget(), attemptIO{

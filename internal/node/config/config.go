@@ -55,6 +55,10 @@ type Config struct {
 	// "*" is invalid: an edge config could then read any variable on the
 	// node (PATH, a cloud token) and send it to a base_url of its choosing.
 	APIKeyEnvAllow []string `json:"api_key_env_allow"`
+	// Managed lists the programs this node may start, one process per
+	// loaded model (SPEC U1-U5; managed.go). Only this file declares
+	// them: an edge names one, never what it runs.
+	Managed []Managed `json:"managed"`
 }
 
 // APIKeyEnvAllowed reports whether name is offered by api_key_env_allow:
@@ -191,6 +195,9 @@ func Load(path string) (*Config, error) {
 			*p = dir + *p
 		}
 	}
+	if errs := c.resolveManaged(dir); len(errs) > 0 {
+		return nil, fmt.Errorf("node config %s:\n%w", path, errs)
+	}
 	return c, nil
 }
 
@@ -241,6 +248,7 @@ func Parse(data []byte) (*Config, error) {
 	if c.Shutdown.DrainTimeoutMs == 0 {
 		c.Shutdown.DrainTimeoutMs = DefaultDrainTimeoutMs
 	}
+	c.applyManagedDefaults()
 	if errs := append(append(decodeErrs, formErrs...), c.validate(len(formErrs) == 0)...); len(errs) > 0 {
 		return nil, errs
 	}
@@ -302,7 +310,7 @@ func (c *Config) validate(edges bool) jsonconfig.Errors {
 			add(fmt.Sprintf("api_key_env_allow[%d]", i), "want an environment variable name or a prefix ending in '*' (not a bare '*'), got %q", e)
 		}
 	}
-	return errs
+	return append(errs, c.validateManaged()...)
 }
 
 // validateEdges checks the edges, in whichever form the file named them:

@@ -276,3 +276,74 @@ func TestEdges(t *testing.T) {
 		t.Errorf("got %v, want the bound on edges", err)
 	}
 }
+
+// U1: managed[] is validated with errors naming the key path; defaults
+// fill the omitted keys; command[0] is resolved at load.
+func TestManaged(t *testing.T) {
+	ok := `,"managed":[{"name":"llama","command":["true","-m","{model}","--port","{port}"],"models":{"tiny":"tiny.gguf"},"port_range":[21300,21399]}]`
+	tests := []struct {
+		name, managed string
+		want          []string
+	}{
+		{"U1 minimal entry is valid", ok, nil},
+		{"U1 command must carry {port}", `,"managed":[{"name":"l","command":["true","-m","{model}"],"models":{"a":"a.gguf"},"port_range":[21300,21301]}]`,
+			[]string{"managed[0].command: no element contains {port}"}},
+		{"U1 command required", `,"managed":[{"name":"l","models":{"a":"a"},"port_range":[21300,21301]}]`, []string{"managed[0].command: required"}},
+		{"U1 models required", `,"managed":[{"name":"l","command":["x","{port}"],"port_range":[21300,21301]}]`, []string{"managed[0]: set models_dir or models"}},
+		{"U1 bad model name", `,"managed":[{"name":"l","command":["x","{port}"],"models":{"../x":"a"},"port_range":[21300,21301]}]`, []string{`managed[0].models: invalid model name "../x"`}},
+		{"U1 port range", `,"managed":[{"name":"l","command":["x","{port}"],"models":{"a":"a"},"port_range":[80,70]}]`, []string{"managed[0].port_range: want [first, last] with 1024"}},
+		{"U1 port range too small for max_loaded", `,"managed":[{"name":"l","command":["x","{port}"],"models":{"a":"a"},"max_loaded":3,"port_range":[21300,21301]}]`, []string{"managed[0].port_range: holds 2 ports, fewer than max_loaded (3)"}},
+		{"U1 overlapping ranges and duplicate names", `,"managed":[{"name":"l","command":["x","{port}"],"models":{"a":"a"},"port_range":[21300,21301]},{"name":"l","command":["x","{port}"],"models":{"a":"a"},"port_range":[21301,21302]}]`,
+			[]string{`managed[1].name: "l" is managed[0].name too`, "managed[1].port_range: overlaps managed[0].port_range"}},
+		{"U1 negative budget and timeouts", `,"managed":[{"name":"l","command":["x","{port}"],"models":{"a":"a"},"port_range":[21300,21301],"memory_budget_mb":-1,"ready_timeout_ms":-5,"idle_unload_ms":-1}]`,
+			[]string{"managed[0].memory_budget_mb: must be ≥ 0", "managed[0].ready_timeout_ms: must be between 1", "managed[0].idle_unload_ms: must be between 1"}},
+		{"U1 preload more than max_loaded", `,"managed":[{"name":"l","command":["x","{port}"],"models":{"a":"a","b":"b"},"preload":["a","b"],"port_range":[21300,21301]}]`,
+			[]string{"managed[0].preload: 2 models, more than max_loaded (1)"}},
+		{"U1 unknown key named", `,"managed":[{"name":"l","command":["x","{port}"],"models":{"a":"a"},"port_range":[21300,21301],"shell":"sh -c"}]`, []string{"managed[0].shell: unknown field"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Parse([]byte("{" + base + tt.managed + "}"))
+			if len(tt.want) == 0 {
+				if err != nil {
+					t.Fatal(err)
+				}
+				m := c.Managed[0]
+				if m.HealthPath != "/health" || m.ReadyTimeoutMs != DefaultManagedReadyTimeoutMs || m.IdleUnloadMs != DefaultManagedIdleUnloadMs || m.MaxLoaded != 1 {
+					t.Fatalf("defaults not applied: %+v", m)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+	t.Run("U1 load resolves the program and relative model paths", func(t *testing.T) {
+		dir := t.TempDir()
+		p := filepath.Join(dir, "node.json")
+		if err := os.WriteFile(p, []byte("{"+base+ok+"}"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		c, err := Load(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := c.Managed[0]
+		if !filepath.IsAbs(m.Command[0]) || m.Models["tiny"] != filepath.Join(dir, "tiny.gguf") {
+			t.Fatalf("%+v", m)
+		}
+		bad := strings.Replace(ok, `"true"`, `"./no-such-program"`, 1)
+		if err := os.WriteFile(p, []byte("{"+base+bad+"}"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Load(p); err == nil || !strings.Contains(err.Error(), "managed[0].command[0]:") {
+			t.Fatalf("err %v", err)
+		}
+	})
+}

@@ -1069,8 +1069,15 @@ type AdapterConfig struct {
 	// when it turns ready and then every this many ms, and sends a
 	// NodeModelsReport when the list changed. 0 = no discovery.
 	DiscoveryIntervalMs int64 `protobuf:"varint,20,opt,name=discovery_interval_ms,json=discoveryIntervalMs,proto3" json:"discovery_interval_ms,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Managed backend (SPEC U1): the name of an entry of the Node's own
+	// config managed[] that serves this openai_compat adapter's models, one
+	// process per loaded model, started on demand. The Node refuses the
+	// payload when it declares no such entry; base_url is then unused. The
+	// command, its arguments and the model files are the Node's own: nothing
+	// the Edge sends says what a Node runs. "" = none.
+	Managed       string `protobuf:"bytes,21,opt,name=managed,proto3" json:"managed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AdapterConfig) Reset() {
@@ -1171,6 +1178,13 @@ func (x *AdapterConfig) GetDiscoveryIntervalMs() int64 {
 		return x.DiscoveryIntervalMs
 	}
 	return 0
+}
+
+func (x *AdapterConfig) GetManaged() string {
+	if x != nil {
+		return x.Managed
+	}
+	return ""
 }
 
 // OpenAICompatAdapterConfig holds the settings of an OpenAI-compatible
@@ -4698,7 +4712,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x11NodeConfigPayload\x129\n" +
 	"\badapters\x18\x01 \x03(\v2\x1d.iop.runtime.v1.AdapterConfigR\badapters\x12;\n" +
 	"\aruntime\x18\x02 \x01(\v2!.iop.runtime.v1.NodeRuntimeConfigR\aruntime\x12\x1a\n" +
-	"\brevision\x18\x03 \x01(\tR\brevision\"\xad\x03\n" +
+	"\brevision\x18\x03 \x01(\tR\brevision\"\xc7\x03\n" +
 	"\rAdapterConfig\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x1a\n" +
@@ -4710,7 +4724,8 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\vapi_key_env\x18\t \x01(\tR\tapiKeyEnv\x127\n" +
 	"\x18upstream_idle_timeout_ms\x18\n" +
 	" \x01(\x03R\x15upstreamIdleTimeoutMs\x122\n" +
-	"\x15discovery_interval_ms\x18\x14 \x01(\x03R\x13discoveryIntervalMsJ\x04\b\b\x10\tR\x19response_stall_timeout_ms\"o\n" +
+	"\x15discovery_interval_ms\x18\x14 \x01(\x03R\x13discoveryIntervalMs\x12\x18\n" +
+	"\amanaged\x18\x15 \x01(\tR\amanagedJ\x04\b\b\x10\tR\x19response_stall_timeout_ms\"o\n" +
 	"\x19OpenAICompatAdapterConfig\x12R\n" +
 	"\x10protocol_profile\x18\x01 \x01(\v2'.iop.runtime.v1.ConcreteProtocolProfileR\x0fprotocolProfile\"\xef\x03\n" +
 	"\x17ConcreteProtocolProfile\x12\x12\n" +

@@ -1,0 +1,680 @@
+// Package managed runs a node's managed backends (SPEC U1-U5): programs such
+// as llama-server that serve one model per process and that the node starts
+// on the first request for a model, stops when idle or to make room, and
+// restarts after a crash with a backoff. A Backend owns one managed[] entry
+// of the node's config: its processes, their ports and logs, and a Machine
+// (machine.go) that decides what runs.
+//
+// What a Backend runs comes only from the node's own config file (the
+// command, the model files): callers name a model, and a name that is not
+// one of the backend's models starts nothing (SPEC U1).
+//
+// Processes: started without a shell (os/exec with an argument vector),
+// each in a process group of its own (Setpgid) so that a stop signals what
+// it forked too, with SysProcAttr.Pdeathsig = SIGKILL so that it dies with
+// the node even after kill -9 (Linux delivers it when the thread that
+// forked the child exits: every child is forked by one goroutine locked to
+// its OS thread for the Backend's life, which ends only after every child
+// is gone). stdout and stderr go to a ring of the last 64 KiB per model. A
+// stop is SIGTERM to the group, then SIGKILL after the stop grace. Each
+// listens on 127.0.0.1 on a port of port_range.
+//
+// Goroutines: one timer loop and one starter per Backend, one per process
+// (start, health polling, exit watch) and one per stop; all have ended
+// when Close returns.
+package managed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Defaults of a Backend (docs/config.md, managed[]).
+const (
+	// MemoryFactor: a model's memory is its file's size × 1.2, in MiB
+	// rounded up (weights plus a context's KV cache and compute buffers of
+	// a small context; set memory_budget_mb with that in mind).
+	MemoryFactor = 1.2
+	// DefaultHealthPoll is how often a starting process's health path is
+	// polled.
+	DefaultHealthPoll = 50 * time.Millisecond
+	// DefaultStopGrace is how long a stop waits after SIGTERM before
+	// SIGKILL.
+	DefaultStopGrace = 10 * time.Second
+	// Backoffs after a failed load or a crash (doubling per consecutive
+	// failure).
+	DefaultBackoffMin = time.Second
+	DefaultBackoffMax = time.Minute
+)
+
+// ErrUnavailable is the error of an Acquire that cannot get its model
+// loaded: unknown model, no memory, a failed load, the backend closing
+// (failure code model_unavailable); the text says which.
+var ErrUnavailable = errors.New("model unavailable")
+
+// Config is one managed backend (internal/node/config.Managed, resolved).
+type Config struct {
+	Name      string
+	Command   []string // command[0] an absolute path; "{model}", "{name}", "{port}" substituted
+	ModelsDir string
+	Models    map[string]string // name → file
+	// Env is added to the environment each process inherits (childEnv).
+	Env          map[string]string
+	HealthPath   string
+	ReadyTimeout time.Duration
+	IdleUnload   time.Duration
+	MaxLoaded    int
+	BudgetMB     int64
+	Preload      []string
+	PortFirst    int
+	PortLast     int
+	Logger       *slog.Logger // nil: discard
+	// OnChange, when set, is called after every step of the machine (a
+	// residency may have changed) with the Backend's lock held: it must
+	// not block or call the Backend (the session's residency report pokes
+	// a channel).
+	OnChange func()
+	// Zero = the defaults above (tests shorten them).
+	HealthPoll             time.Duration
+	StopGrace              time.Duration
+	BackoffMin, BackoffMax time.Duration
+	LogBytes               int
+}
+
+// proc is one model's process.
+type proc struct {
+	model    string
+	port     int
+	cmd      *exec.Cmd
+	log      *ring
+	started  chan struct{} // closed after Start returned (pid set when it succeeded)
+	pid      int
+	exited   chan struct{} // closed after Wait returned
+	exitErr  error         // set before exited closes
+	stopping bool          // guarded by Backend.mu: the exit is a stop's
+}
+
+// grant is what an Acquire waits for.
+type grant struct {
+	port int
+	err  error
+}
+
+// Backend runs one managed backend's processes. Its methods are safe for
+// concurrent use.
+type Backend struct {
+	cfg   Config
+	log   *slog.Logger
+	hc    *http.Client
+	start chan startReq // to the locked starter goroutine
+	kick  chan struct{} // cap 1: the machine's next tick may have moved
+	done  chan struct{} // closed by Close
+	// procs counts the process goroutines (run, stop, a failed start's
+	// report); wg the timer loop and the starter, which ends (stopStart)
+	// only after procs.
+	procWG    sync.WaitGroup
+	stopStart chan struct{}
+	wg        sync.WaitGroup
+
+	mu      sync.Mutex
+	m       *Machine
+	files   map[string]string // model → file, the last scan
+	procs   map[string]*proc
+	waiters map[uint64]chan grant
+	nextW   uint64
+	ports   map[int]bool
+	logs    map[string]*ring // the last process's log per model
+	closed  bool
+}
+
+type startReq struct {
+	cmd   *exec.Cmd
+	reply chan error
+}
+
+// New starts a Backend: it scans the models, starts its two goroutines and
+// queues the preloads. Errors: a command without an absolute program path,
+// a bad port range.
+func New(cfg Config) (*Backend, error) {
+	if len(cfg.Command) == 0 || !filepath.IsAbs(cfg.Command[0]) {
+		return nil, fmt.Errorf("managed %q: command[0] must be an absolute path", cfg.Name)
+	}
+	if cfg.PortFirst < 1 || cfg.PortLast > 65535 || cfg.PortFirst > cfg.PortLast {
+		return nil, fmt.Errorf("managed %q: bad port range [%d, %d]", cfg.Name, cfg.PortFirst, cfg.PortLast)
+	}
+	if cfg.HealthPoll <= 0 {
+		cfg.HealthPoll = DefaultHealthPoll
+	}
+	if cfg.StopGrace <= 0 {
+		cfg.StopGrace = DefaultStopGrace
+	}
+	if cfg.BackoffMin <= 0 {
+		cfg.BackoffMin = DefaultBackoffMin
+	}
+	if cfg.BackoffMax <= 0 {
+		cfg.BackoffMax = DefaultBackoffMax
+	}
+	if cfg.LogBytes <= 0 {
+		cfg.LogBytes = DefaultLogBytes
+	}
+	if cfg.ReadyTimeout <= 0 {
+		cfg.ReadyTimeout = 2 * time.Minute
+	}
+	if cfg.IdleUnload <= 0 {
+		cfg.IdleUnload = 10 * time.Minute
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	b := &Backend{
+		cfg:       cfg,
+		log:       log.With("managed", cfg.Name),
+		hc:        &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}},
+		start:     make(chan startReq),
+		kick:      make(chan struct{}, 1),
+		done:      make(chan struct{}),
+		stopStart: make(chan struct{}),
+		m: NewMachine(Limits{MaxLoaded: cfg.MaxLoaded, BudgetMB: cfg.BudgetMB, IdleUnload: cfg.IdleUnload,
+			BackoffMin: cfg.BackoffMin, BackoffMax: cfg.BackoffMax}),
+		procs:   map[string]*proc{},
+		waiters: map[uint64]chan grant{},
+		ports:   map[int]bool{},
+		logs:    map[string]*ring{},
+	}
+	b.wg.Add(2)
+	go b.starter()
+	go b.timerLoop()
+	if _, err := b.Models(); err != nil {
+		b.log.Warn("managed backend: listing its models failed", "err", err)
+	}
+	return b, nil
+}
+
+// Name is the backend's managed[].name.
+func (b *Backend) Name() string { return b.cfg.Name }
+
+// starter forks every child from one OS thread that lives as long as the
+// Backend (Pdeathsig is tied to the forking thread, SPEC U5).
+func (b *Backend) starter() {
+	defer b.wg.Done()
+	runtime.LockOSThread() // never unlocked: the thread ends with this goroutine, after the last child
+	for {
+		select {
+		case r := <-b.start:
+			r.reply <- r.cmd.Start()
+		case <-b.stopStart:
+			return
+		}
+	}
+}
+
+// timerLoop feeds the machine its ticks: idle unloads, backoffs.
+func (b *Backend) timerLoop() {
+	defer b.wg.Done()
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		b.mu.Lock()
+		at, ok := b.m.Next()
+		b.mu.Unlock()
+		d := time.Hour
+		if ok {
+			d = max(time.Until(at), time.Millisecond)
+		}
+		t.Reset(d)
+		select {
+		case <-t.C:
+			b.mu.Lock()
+			b.step(Event{Kind: EvTick})
+			b.mu.Unlock()
+		case <-b.kick:
+		case <-b.done:
+			return
+		}
+	}
+}
+
+// step applies ev to the machine and carries out its effects; b.mu held.
+func (b *Backend) step(ev Event) {
+	ev.Now = time.Now()
+	for _, fx := range b.m.Step(ev) {
+		switch fx.Kind {
+		case FxGrant:
+			port := 0
+			if p := b.procs[fx.Model]; p != nil {
+				port = p.port
+			}
+			b.answer(fx.Waiter, grant{port: port})
+		case FxFail:
+			b.answer(fx.Waiter, grant{err: fmt.Errorf("%w: managed %q, model %q: %s", ErrUnavailable, b.cfg.Name, fx.Model, fx.Reason)})
+		case FxStart:
+			b.launch(fx.Model)
+		case FxStop:
+			if p := b.procs[fx.Model]; p != nil {
+				b.log.Info("managed model stopping", "model", fx.Model, "reason", fx.Reason, "port", p.port)
+				b.stopProc(p)
+			}
+		}
+	}
+	select {
+	case b.kick <- struct{}{}:
+	default:
+	}
+	if b.cfg.OnChange != nil {
+		b.cfg.OnChange()
+	}
+}
+
+func (b *Backend) answer(w uint64, g grant) {
+	if ch := b.waiters[w]; ch != nil {
+		delete(b.waiters, w)
+		ch <- g
+	}
+}
+
+// Acquire waits until model's process serves (starting it when needed,
+// SPEC U2) or ctx ends, and returns its base URL and the release the
+// caller must call once when its request ended (a model with a request in
+// flight is never stopped, SPEC U3). Errors: ErrUnavailable (wrapped, with
+// the reason), or ctx's cause.
+func (b *Backend) Acquire(ctx context.Context, model string) (*url.URL, func(), error) {
+	ch := make(chan grant, 1)
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil, nil, fmt.Errorf("%w: managed %q is shutting down", ErrUnavailable, b.cfg.Name)
+	}
+	b.nextW++
+	w := b.nextW
+	b.waiters[w] = ch
+	b.step(Event{Kind: EvRequest, Model: model, Waiter: w})
+	b.mu.Unlock()
+	var g grant
+	select {
+	case g = <-ch:
+	case <-ctx.Done():
+		b.mu.Lock()
+		if _, waiting := b.waiters[w]; waiting {
+			delete(b.waiters, w)
+			b.step(Event{Kind: EvCancel, Model: model, Waiter: w})
+			b.mu.Unlock()
+			return nil, nil, context.Cause(ctx)
+		}
+		b.mu.Unlock()
+		g = <-ch // answered meanwhile
+		if g.err == nil {
+			b.done1(model)
+		}
+		return nil, nil, context.Cause(ctx)
+	}
+	if g.err != nil {
+		return nil, nil, g.err
+	}
+	u := &url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(g.port))}
+	return u, sync.OnceFunc(func() { b.done1(model) }), nil
+}
+
+func (b *Backend) done1(model string) {
+	b.mu.Lock()
+	b.step(Event{Kind: EvDone, Model: model})
+	b.mu.Unlock()
+}
+
+// launch starts model's process on a free port and its watcher; b.mu held.
+func (b *Backend) launch(model string) {
+	fail := func(err error) {
+		b.log.Warn("managed model failed to start", "model", model, "err", err)
+		b.procWG.Add(1)
+		go func() { // the machine's step cannot recurse: report from a goroutine
+			defer b.procWG.Done()
+			b.mu.Lock()
+			b.step(Event{Kind: EvLoadFailed, Model: model, Err: err.Error()})
+			b.mu.Unlock()
+		}()
+	}
+	file, ok := b.files[model]
+	if b.closed {
+		fail(errors.New("the node is shutting down"))
+		return
+	}
+	if !ok {
+		fail(errors.New("no model file"))
+		return
+	}
+	port := b.freePort()
+	if port == 0 {
+		fail(fmt.Errorf("no free port in port_range [%d, %d]", b.cfg.PortFirst, b.cfg.PortLast))
+		return
+	}
+	args := make([]string, len(b.cfg.Command))
+	for i, a := range b.cfg.Command {
+		a = strings.ReplaceAll(a, "{model}", file)
+		a = strings.ReplaceAll(a, "{name}", model)
+		args[i] = strings.ReplaceAll(a, "{port}", strconv.Itoa(port))
+	}
+	lg := newRing(b.cfg.LogBytes)
+	cmd := exec.Command(args[0], args[1:]...) // never a shell (SPEC U5)
+	cmd.Env = childEnv(b.cfg.Env)
+	cmd.Stdout, cmd.Stderr = lg, lg
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	p := &proc{model: model, port: port, cmd: cmd, log: lg, started: make(chan struct{}), exited: make(chan struct{})}
+	b.procs[model], b.logs[model], b.ports[port] = p, lg, true
+	b.procWG.Add(1)
+	go b.run(p)
+}
+
+// run starts p, polls its health path until ready, then watches it until
+// it exits, reporting each to the machine.
+func (b *Backend) run(p *proc) {
+	defer b.procWG.Done()
+	reply := make(chan error, 1)
+	b.start <- startReq{cmd: p.cmd, reply: reply}
+	if err := <-reply; err != nil {
+		close(p.started)
+		close(p.exited)
+		b.finish(p, EvLoadFailed, "start: "+err.Error())
+		return
+	}
+	p.pid = p.cmd.Process.Pid
+	close(p.started)
+	b.log.Info("managed model starting", "model", p.model, "pid", p.pid, "port", p.port)
+	go func() { // owned by run: it waits for exited below on every path
+		p.exitErr = p.cmd.Wait()
+		close(p.exited)
+	}()
+	if err := b.waitReady(p); err != nil {
+		b.kill(p)
+		<-p.exited
+		b.finish(p, EvLoadFailed, err.Error())
+		return
+	}
+	b.mu.Lock()
+	b.step(Event{Kind: EvReady, Model: p.model})
+	b.mu.Unlock()
+	b.log.Info("managed model loaded", "model", p.model, "port", p.port)
+	<-p.exited
+	b.mu.Lock()
+	stopping := p.stopping
+	b.mu.Unlock()
+	if stopping {
+		return // stopProc reports EvStopped
+	}
+	b.log.Warn("managed model exited", "model", p.model, "err", exitText(p.exitErr), "last_log", p.log.LastLine())
+	b.finish(p, EvExited, exitText(p.exitErr)+lastLog(p.log))
+}
+
+// finish forgets p (its process is gone) and reports kind.
+func (b *Backend) finish(p *proc, kind EventKind, why string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.procs[p.model] == p {
+		delete(b.procs, p.model)
+	}
+	delete(b.ports, p.port)
+	b.step(Event{Kind: kind, Model: p.model, Err: why})
+}
+
+// waitReady polls p's health path until it answers 200, p exits, the
+// ready timeout passes or the backend closes.
+func (b *Backend) waitReady(p *proc) error {
+	deadline := time.NewTimer(b.cfg.ReadyTimeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(b.cfg.HealthPoll)
+	defer tick.Stop()
+	u := "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port)) + b.cfg.HealthPath
+	for {
+		select {
+		case <-p.exited:
+			return fmt.Errorf("exited before ready: %s%s", exitText(p.exitErr), lastLog(p.log))
+		case <-deadline.C:
+			return fmt.Errorf("not ready within ready_timeout_ms (%d)%s", b.cfg.ReadyTimeout.Milliseconds(), lastLog(p.log))
+		case <-b.done:
+			return errors.New("the node is shutting down")
+		case <-tick.C:
+		}
+		resp, err := b.hc.Get(u)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+	}
+}
+
+// stopProc stops p: SIGTERM to its group, SIGKILL after the grace, then
+// EvStopped; b.mu held.
+func (b *Backend) stopProc(p *proc) {
+	if p.stopping {
+		return
+	}
+	p.stopping = true
+	b.procWG.Add(1)
+	go func() {
+		defer b.procWG.Done()
+		<-p.started
+		if p.pid > 0 {
+			_ = syscall.Kill(-p.pid, syscall.SIGTERM)
+		}
+		t := time.NewTimer(b.cfg.StopGrace)
+		defer t.Stop()
+		select {
+		case <-p.exited:
+		case <-t.C:
+			b.log.Warn("managed model ignored SIGTERM; killing it", "model", p.model, "grace", b.cfg.StopGrace)
+			b.kill(p)
+			<-p.exited
+		}
+		b.log.Info("managed model stopped", "model", p.model)
+		b.finish(p, EvStopped, "")
+	}()
+}
+
+// kill sends SIGKILL to p's process group.
+func (b *Backend) kill(p *proc) {
+	if p.pid > 0 {
+		_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+	}
+}
+
+// freePort is the first port of the range no process of this backend
+// holds and nothing else listens on; 0 = none; b.mu held.
+func (b *Backend) freePort() int {
+	for port := b.cfg.PortFirst; port <= b.cfg.PortLast; port++ {
+		if b.ports[port] {
+			continue
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		return port
+	}
+	return 0
+}
+
+// Models rescans the backend's models (models_dir's *.gguf files and the
+// models map; SPEC U1, D1) and returns their names, sorted. A file that
+// cannot be read is left out.
+func (b *Backend) Models() ([]string, error) {
+	files := map[string]string{}
+	var scanErr error
+	if dir := b.cfg.ModelsDir; dir != "" {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			scanErr = fmt.Errorf("managed %q: models_dir: %w", b.cfg.Name, err)
+		}
+		for _, e := range ents {
+			name, ok := strings.CutSuffix(e.Name(), ".gguf")
+			if ok && e.Type().IsRegular() && nameOK(name) && len(files) < maxModels {
+				files[name] = filepath.Join(dir, e.Name())
+			}
+		}
+	}
+	for name, f := range b.cfg.Models {
+		files[name] = f
+	}
+	mem := map[string]int64{}
+	for name, f := range files {
+		st, err := os.Stat(f)
+		if err != nil || !st.Mode().IsRegular() {
+			delete(files, name)
+			continue
+		}
+		mem[name] = int64(math.Ceil(float64(st.Size()) * MemoryFactor / (1 << 20)))
+	}
+	names := make([]string, 0, len(files))
+	for n := range files {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	b.mu.Lock()
+	b.files = files
+	b.m.SetModels(mem, b.cfg.Preload)
+	b.step(Event{Kind: EvTick})
+	b.mu.Unlock()
+	return names, scanErr
+}
+
+// maxModels bounds one scan (config.MaxManagedModels).
+const maxModels = 4096
+
+// nameOK is config.ModelNameOK (not imported: the config package is the
+// node's file format).
+func nameOK(name string) bool {
+	if name == "" || len(name) > 200 || name[0] == '.' {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-' || c == ':') {
+			return false
+		}
+	}
+	return true
+}
+
+// Residency is every model's state, sorted by name (SPEC U2, U3).
+func (b *Backend) Residency() []Residency {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.m.Residency()
+}
+
+// Loaded is model's process's base URL while it is loaded (nil
+// otherwise) and its residency (State.String); "" when model is not one
+// of the backend's. It never starts anything.
+func (b *Backend) Loaded(model string) (*url.URL, string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	md := b.m.models[model]
+	if md == nil || !md.known {
+		return nil, ""
+	}
+	if p := b.procs[model]; md.state == Loaded && p != nil {
+		return &url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port))}, md.state.String()
+	}
+	return nil, md.state.String()
+}
+
+// Stats are the machine's counters.
+func (b *Backend) Stats() Stats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.m.Stats()
+}
+
+// Log is the last bytes of model's last process's stdout and stderr.
+func (b *Backend) Log(model string) []byte {
+	b.mu.Lock()
+	r := b.logs[model]
+	b.mu.Unlock()
+	if r == nil {
+		return nil
+	}
+	return r.Bytes()
+}
+
+// Close stops every process (SIGTERM, SIGKILL after the stop grace), fails
+// the requests still waiting and returns when every goroutine of the
+// Backend has ended. Requests in flight lose their process: call Close
+// after they ended (the node's drain).
+func (b *Backend) Close() {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return
+	}
+	b.closed = true
+	close(b.done)
+	for w, ch := range b.waiters {
+		delete(b.waiters, w)
+		ch <- grant{err: fmt.Errorf("%w: managed %q is shutting down", ErrUnavailable, b.cfg.Name)}
+	}
+	for _, p := range b.procs {
+		b.stopProc(p)
+	}
+	b.mu.Unlock()
+	b.procWG.Wait()
+	close(b.stopStart)
+	b.wg.Wait()
+	b.hc.CloseIdleConnections()
+}
+
+// childEnv is what a managed process inherits from the node: PATH, HOME,
+// the locale, TMPDIR and the GPU runtimes' variables (CUDA_*, HIP_*,
+// ROCR_*, GGML_*, LD_LIBRARY_PATH), then extra (managed[].env); nothing
+// else — the node's environment may hold upstream keys
+// (api_key_env_allow).
+func childEnv(extra map[string]string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		switch {
+		case k == "PATH", k == "HOME", k == "LANG", k == "TMPDIR", k == "LD_LIBRARY_PATH", strings.HasPrefix(k, "LC_"),
+			strings.HasPrefix(k, "CUDA_"), strings.HasPrefix(k, "HIP_"), strings.HasPrefix(k, "ROCR_"), strings.HasPrefix(k, "GGML_"):
+			env = append(env, kv)
+		}
+	}
+	keys := make([]string, 0, len(extra))
+	for k := range extra {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		env = append(env, k+"="+extra[k])
+	}
+	return env
+}
+
+func exitText(err error) string {
+	if err == nil {
+		return "exit status 0"
+	}
+	return err.Error()
+}
+
+func lastLog(r *ring) string {
+	if l := r.LastLine(); l != "" {
+		return "; last log line: " + l
+	}
+	return ""
+}
