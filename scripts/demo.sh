@@ -114,6 +114,7 @@ demo_start_stack() {
   "tls": {"cert_file": "pki/edge-1.crt", "key_file": "pki/edge-1.key", "ca_file": "pki/ca.crt", "trust_domain": "iop.local"},
   "api_keys": [{"principal": "demo", "key_sha256": "$DEMO_KEY_SHA256"}],
   "keys": {"store_file": "keys.json"},
+  "batches": {"dir": "batches"},
   "enrollment": {"ca_key_file": "pki/ca.key"},
   "node_templates": [{"match": "gpu-*", "adapters": [
     $ollama_adapter

@@ -269,7 +269,18 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	if exp != nil {
 		ao.Tracer, ao.TraceRatio = exp, cfg.Tracing.Ratio()
 	}
+	bm, err := openBatches(cfg, log.With("component", "batches"), kr.reg)
+	if err != nil {
+		return err
+	}
+	if bm != nil {
+		ao.Batches = bm
+		defer bm.Close() // an early return; the shutdown below closes it first
+	}
 	h := api.New(ao)
+	if bm != nil {
+		bm.Bind(h)
+	}
 	if h.OpenMode() {
 		log.Warn("no api_keys and no keys.store_file configured: the HTTP API is open to anyone who can reach it")
 	}
@@ -382,6 +393,9 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 			errc <- fmt.Errorf("admin: %w", err)
 		}
 	}()
+	if bm != nil {
+		bm.Start() // SPEC X3: the batches that had not ended resume
+	}
 	log.Info("edge serving", "version", o.Version, "http", httpLn.Addr().String(),
 		"node", nodeLn.Addr().String(), "admin", adminLn.Addr().String())
 	if o.Started != nil {
@@ -424,6 +438,9 @@ loop:
 		}
 	}
 
+	if bm != nil {
+		bm.Close() // lines in flight stop unanswered: they run again at the next start (SPEC X3)
+	}
 	drainHTTP(log, httpSrv, h, drainTimeout(current(), o.ShutdownGrace), stopWait)
 	stopPersist()
 	<-persisted

@@ -125,6 +125,10 @@ type Options struct {
 	// TraceRatio is the share of new traces sampled (0 to 1,
 	// tracing.sampling_ratio); a client's traceparent decides for its own.
 	TraceRatio float64
+	// Batches, when set, serves the Files and Batch API (/v1/files*,
+	// /v1/batches*; internal/edge/batch) after authentication, the
+	// principal in the request's context; nil = those paths are 404.
+	Batches http.Handler
 }
 
 // Handler is the Edge's client HTTP surface (an http.Handler): GET
@@ -433,6 +437,10 @@ func (h *Handler) route(w *reply.Recorder, r *http.Request) (context.Context, *v
 	case "/v1/embeddings":
 		ep = &epEmbeddings
 	default:
+		if h.o.Batches != nil && isBatchPath(r.URL.Path) {
+			h.serveBatches(w, r) // batches.go
+			return nil, nil, nil
+		}
 		if oneModel && modelID != "" {
 			method = http.MethodGet
 			break
@@ -571,6 +579,14 @@ func bearer(v string) string {
 func (h *Handler) authenticate(w *reply.Recorder, r *http.Request, s reply.Surface) (p *keys.Principal, ok bool) {
 	if h.keys.OpenMode() {
 		return nil, true
+	}
+	if name, ok := r.Context().Value(batchPrincipalKey{}).(string); ok { // a batch's line (batches.go)
+		p, err := h.keys.Lookup(name, h.o.Now())
+		if err != nil {
+			reject(w, r, s, &reply.Error{Status: http.StatusUnauthorized, Type: "authentication_error", Code: "invalid_api_key", Message: "the batch's key: " + err.Error()})
+			return nil, false
+		}
+		return p, true
 	}
 	key, agree := requestKey(r, s)
 	if !agree {

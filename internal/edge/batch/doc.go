@@ -15,6 +15,23 @@
 //   - store.go: the files and batch records in batches.dir, written as the
 //     key store is (storefile: temporary file, fsync, rename), one edge per
 //     dir (flock); journal.go: a batch's answered lines, its done-set.
+//   - run.go: the Manager: Create, Cancel, and one driver goroutine per
+//     batch that has not ended, which validates its input (a malformed line
+//     is answered in the error file with its number), runs its lines
+//     through the edge's client handler as its key with Iop-Priority: batch,
+//     at most batches.max_in_flight at once, and writes its output and
+//     error files; a stop (cancel, the key revoked, the window ended, the
+//     edge closing) cancels the lines in flight, which are not journaled.
+//   - http.go: /v1/files and /v1/batches in OpenAI's shapes.
+//
+// # Restart
+//
+// A line is answered when its entry is in the journal; the output is
+// written from the journal. After kill -9 the edge resumes every batch
+// that had not ended: the lines in the journal keep their answers, the
+// others run, including those in flight at the crash (they ran once
+// already, unjournaled: a backend may have served them twice, the output
+// has them once).
 //
 // # What it never does
 //

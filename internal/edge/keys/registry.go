@@ -329,3 +329,20 @@ func Estimate(bodyBytes int, maxTokens int64) int64 {
 	}
 	return int64(max(bodyBytes, 0)/4) + min(maxTokens, limit.MaxEstimate)
 }
+
+// Lookup returns the principal named name at now, with Authenticate's
+// checks but without its key: for a request the edge makes itself on a
+// key's behalf (a batch's lines, SPEC X4). Errors: ErrUnknownKey (no such
+// name: removed from the config or the store), ErrRevoked, ErrExpired.
+func (r *Registry) Lookup(name string, now time.Time) (*Principal, error) {
+	p := r.set.Load().Principal(name)
+	switch {
+	case p == nil:
+		return nil, ErrUnknownKey
+	case !p.RevokedAt.IsZero():
+		return nil, ErrRevoked
+	case !p.ExpiresAt.IsZero() && !now.Before(p.ExpiresAt):
+		return nil, fmt.Errorf("%w at %s", ErrExpired, p.ExpiresAt.UTC().Format(time.RFC3339))
+	}
+	return p, nil
+}

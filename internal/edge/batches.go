@@ -1,0 +1,41 @@
+package edge
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"iop/internal/edge/api"
+	"iop/internal/edge/batch"
+	"iop/internal/edge/config"
+	"iop/internal/edge/keys"
+)
+
+// openBatches opens batches.dir and returns the Batch and Files API's
+// Manager (SPEC X1-X4), nil when batches.dir is not set. Each line runs
+// as its batch's key through the client handler (Manager.Bind), and a
+// batch stops when its key can no longer make requests.
+func openBatches(cfg *config.Config, log *slog.Logger, reg *keys.Registry) (*batch.Manager, error) {
+	b := cfg.Batches
+	if !b.Enabled() {
+		return nil, nil
+	}
+	st, err := batch.Open(b.Dir, batch.Limits{MaxFileBytes: b.MaxFileBytes, MaxLines: b.MaxLines, MaxStorageBytes: b.MaxStorageBytes}, nil)
+	if err != nil {
+		return nil, err
+	}
+	return batch.New(batch.Options{
+		Store:       st,
+		AsPrincipal: api.AsPrincipal,
+		Owner:       func(ctx context.Context) (string, bool) { return api.PrincipalFromContext(ctx) },
+		KeyActive: func(name string) error {
+			if reg.OpenMode() {
+				return nil
+			}
+			_, err := reg.Lookup(name, time.Now())
+			return err
+		},
+		MaxInFlight: b.MaxInFlight,
+		Logger:      log,
+	}), nil
+}
