@@ -18,10 +18,13 @@ const (
 	MaxReportBytes    = 1 << 20 // bytes of names per node, all adapters
 )
 
-// discovery is one node's reported models, for one generation.
+// discovery is one node's reported models, for one generation; or, with
+// fenced set, the mark that generation gen was fenced (adapters nil): no
+// report of gen or older is taken after it (SPEC D2, L8).
 type discovery struct {
 	gen      uint64
 	adapters map[string][]string // never mutated once installed
+	fenced   bool
 }
 
 // Report takes a NodeModelsReport of generation gen of node (SPEC D1,
@@ -33,13 +36,16 @@ type discovery struct {
 // control characters are dropped; the rest sorted, deduplicated and cut
 // to the bounds above), an adapter reporting an error keeps the list it
 // had, and Changed is called when anything differs. A report of an older
-// generation than the one held is ignored. The "node models" line a
+// generation than the one held, or of a generation NodeFenced already
+// fenced, is ignored: the check and the store are one step under f.mu, so
+// a report its session's read loop passed as current just before a
+// takeover fenced it is dropped whichever of the two runs first. The "node models" line a
 // change logs is rate limited (a node may report as often as it likes).
 // It reports whether the models changed.
 func (f *Fleet) Report(node string, gen uint64, r *iop.NodeModelsReport) bool {
 	f.mu.Lock()
 	old := f.disc[node]
-	if old != nil && gen < old.gen {
+	if old != nil && (gen < old.gen || old.fenced && gen == old.gen) {
 		f.mu.Unlock()
 		return false
 	}
@@ -80,16 +86,19 @@ func (f *Fleet) Report(node string, gen uint64, r *iop.NodeModelsReport) bool {
 
 // NodeFenced forgets what generation gen (or an earlier one) of node
 // reported: a discovered model exists while a node serving it is
-// connected (SPEC D2).
+// connected (SPEC D2). It leaves the mark that gen is fenced, so that a
+// report of gen that comes after it is not kept (see Report): one small
+// entry per node name that was ever ready, replaced by its next
+// generation's report.
 func (f *Fleet) NodeFenced(node string, gen uint64) {
 	f.mu.Lock()
 	d := f.disc[node]
-	drop := d != nil && d.gen <= gen
+	drop := d == nil || d.gen <= gen
 	if drop {
-		delete(f.disc, node)
+		f.disc[node] = &discovery{gen: gen, fenced: true}
 	}
 	f.mu.Unlock()
-	if drop && countModels(d.adapters) > 0 {
+	if drop && d != nil && countModels(d.adapters) > 0 {
 		f.o.Changed()
 	}
 }
@@ -101,7 +110,9 @@ func (f *Fleet) Discovered() map[string]map[string][]string {
 	defer f.mu.Unlock()
 	out := make(map[string]map[string][]string, len(f.disc))
 	for n, d := range f.disc {
-		out[n] = d.adapters
+		if !d.fenced {
+			out[n] = d.adapters
+		}
 	}
 	return out
 }

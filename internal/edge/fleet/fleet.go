@@ -192,7 +192,9 @@ func (f *Fleet) Inputs() ([]config.EnrolledNode, map[string]bool, config.Discove
 	enrolled, revoked := storeInputs(f.snap)
 	disc := make(config.Discovered, len(f.disc))
 	for node, d := range f.disc {
-		disc[node] = d.adapters // never mutated: Report replaces the map
+		if !d.fenced {
+			disc[node] = d.adapters // never mutated: Report replaces the map
+		}
 	}
 	return enrolled, revoked, disc
 }

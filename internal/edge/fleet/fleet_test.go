@@ -104,6 +104,79 @@ func TestReport(t *testing.T) {
 	}
 }
 
+// D2, L8: a models report of a generation that a takeover fenced is never
+// kept: its session's read loop checked that the generation was current,
+// then the takeover fenced it before the report was stored. Whichever of
+// the two comes first — in order, and raced — no model of the fenced
+// generation stays, while the next generation's report is kept.
+func TestD2ReportRacingAFenceNotKept(t *testing.T) {
+	e := newEdgeEnv(t, func(raw map[string]any) {
+		raw["node_templates"] = []any{map[string]any{"match": "gpu-*", "adapters": []any{
+			map[string]any{"type": "ollama", "base_url": "http://127.0.0.1:11434"}}}}
+		raw["model_discovery"] = []any{map[string]any{"node": "gpu-*", "provider": "ollama"}}
+	})
+	stop, drained := make(chan struct{}), make(chan struct{})
+	go func() { // Changed may fire from any of the goroutines below
+		defer close(drained)
+		for {
+			select {
+			case <-e.changed:
+			case <-stop:
+				return
+			}
+		}
+	}()
+	defer func() { close(stop); <-drained }()
+	f := e.f
+	models := report(&iop.AdapterModels{Adapter: "ollama", Models: []string{"tiny:latest"}})
+	kept := func(node string) bool {
+		_, _, disc := f.Inputs()
+		_, inStatus := f.Discovered()[node]
+		return disc[node] != nil || inStatus
+	}
+	f.NodeFenced("gpu-1", 1)
+	if f.Report("gpu-1", 1, models) || kept("gpu-1") {
+		t.Fatal("D2: a report of generation 1 stored after its fence was kept")
+	}
+	if !f.Report("gpu-1", 2, models) || !kept("gpu-1") {
+		t.Fatal("D2: the next generation's report after the fence was not kept")
+	}
+	f.Report("gpu-2", 1, models)
+	f.NodeFenced("gpu-2", 1)
+	if kept("gpu-2") {
+		t.Fatal("D2: a report of generation 1 stayed after its fence")
+	}
+	const nodes = 200
+	start := make(chan struct{})
+	done := make(chan struct{})
+	for i := range nodes {
+		node := fmt.Sprintf("gpu-r%d", i)
+		for _, fn := range []func(){
+			func() { f.Report(node, 1, models) }, // the read loop, past its current check
+			func() { f.NodeFenced(node, 1) },     // the takeover's fence
+		} {
+			go func() {
+				<-start
+				fn()
+				done <- struct{}{}
+			}()
+		}
+	}
+	close(start)
+	for range 2 * nodes {
+		<-done
+	}
+	left := 0
+	for i := range nodes {
+		if kept(fmt.Sprintf("gpu-r%d", i)) {
+			left++
+		}
+	}
+	if left != 0 {
+		t.Fatalf("D2: %d of %d nodes kept a fenced generation's models after a report raced its fence", left, nodes)
+	}
+}
+
 // J6: a revocation written by another process (edge nodes revoke) reaches
 // the fleet within its watch interval: Changed fires, the node is no longer
 // enrolled, and its certificate is refused at the handshake.
