@@ -1,6 +1,10 @@
 package config
 
-import "strconv"
+import (
+	"strconv"
+
+	"iop/internal/edge/keystore"
+)
 
 // Fair share and priority classes of the queue (docs/config.md, SPEC
 // G1–G4): queue.starvation_grants and api_keys[].weight, class and
@@ -8,31 +12,26 @@ import "strconv"
 
 // Bounds and defaults.
 const (
-	DefaultStarvationGrants = 8    // queue.starvation_grants
-	MaxStarvationGrants     = 1000 // queue.starvation_grants
-	MaxKeyWeight            = 1000 // api_keys[].weight, edge keys -weight
+	DefaultStarvationGrants = 8                  // queue.starvation_grants
+	MaxStarvationGrants     = 1000               // queue.starvation_grants
+	MaxKeyWeight            = keystore.MaxWeight // api_keys[].weight, edge keys -weight
 	DefaultClass            = ClassInteractive
 )
 
 // The priority classes, highest first (SPEC G2).
 const (
-	ClassCritical    = "critical"
-	ClassInteractive = "interactive"
-	ClassBatch       = "batch"
+	ClassCritical    = keystore.ClassCritical
+	ClassInteractive = keystore.ClassInteractive
+	ClassBatch       = keystore.ClassBatch
 )
 
-// ClassRank is a class's rank, higher served first: critical 2,
-// interactive 1, batch 0; -1 for anything else.
-func ClassRank(class string) int {
-	switch class {
-	case ClassCritical:
-		return 2
-	case ClassInteractive:
-		return 1
-	case ClassBatch:
-		return 0
-	}
-	return -1
+// ClassRank is keystore.ClassRank: critical 2, interactive 1, batch 0,
+// -1 for anything else.
+func ClassRank(class string) int { return keystore.ClassRank(class) }
+
+// Sched is k's place in the queue, defaults filled in.
+func (k APIKey) Sched() keystore.Sched {
+	return keystore.Sched{Weight: k.Weight, Class: k.Class, MaxClass: k.MaxClass}.Effective()
 }
 
 func (c *Config) fairDefaults() {

@@ -42,6 +42,9 @@ type Principal struct {
 	RevokedAt  time.Time // zero = not revoked (K2)
 	Hint       string    // the key's hint (store keys), for people
 	CreatedAt  time.Time
+	// Sched is the key's place in the queue, defaults filled in: weight,
+	// default class and highest class (SPEC G1, G4).
+	Sched keystore.Sched
 
 	c *counters // set by Registry.Swap before the set is current
 	// text holds Limits' requests per minute, tokens per minute and per
@@ -148,7 +151,7 @@ func Build(apiKeys []config.APIKey, st *keystore.Store, hasStore bool, edgeCount
 	}
 	for i, k := range apiKeys {
 		l := keystore.Limits{MaxConcurrent: int64(k.MaxConcurrent), RequestsPerMinute: int64(k.RequestsPerMinute)}
-		p := &Principal{Name: k.Principal, Source: SourceConfig, Configured: l, Limits: divide(l, edgeCount)}
+		p := &Principal{Name: k.Principal, Source: SourceConfig, Configured: l, Limits: divide(l, edgeCount), Sched: k.Sched()}
 		s.byName[p.Name] = p
 		if !add(k.KeySHA256, credential{p: p}) {
 			return nil, fmt.Errorf("%w: api_keys[%d] holds a key configured twice", ErrConflict, i)
@@ -161,7 +164,8 @@ func Build(apiKeys []config.APIKey, st *keystore.Store, hasStore bool, edgeCount
 				return nil, fmt.Errorf("%w: key store key %q is also an api_keys principal (rename one)", ErrConflict, k.Name)
 			}
 			p := &Principal{Name: k.Name, Source: SourceStore, Models: k.Models, Configured: k.Limits(),
-				Limits: divide(k.Limits(), edgeCount), ExpiresAt: k.ExpiresAt, RevokedAt: k.RevokedAt, Hint: k.Hint, CreatedAt: k.CreatedAt}
+				Limits: divide(k.Limits(), edgeCount), ExpiresAt: k.ExpiresAt, RevokedAt: k.RevokedAt, Hint: k.Hint, CreatedAt: k.CreatedAt,
+				Sched: k.Sched().Effective()}
 			for _, m := range k.Models {
 				if keystore.IsPattern(m) {
 					p.globs = append(p.globs, m)

@@ -37,14 +37,18 @@ const (
 const usage = `usage:
   edge keys create -config EDGE_CONFIG -name NAME [-models 'tiny,qwen3*'] [-rpm N] [-tpm N]
                    [-tokens-per-day N] [-max-concurrent N] [-expires 30d|12h|2026-12-31]
+                   [-weight N] [-class C] [-max-class C]
   edge keys list   -config EDGE_CONFIG
   edge keys show   -config EDGE_CONFIG -name NAME
   edge keys revoke -config EDGE_CONFIG -name NAME
-  edge keys rotate -config EDGE_CONFIG -name NAME [-grace 10m]
+  edge keys rotate -config EDGE_CONFIG -name NAME [-grace 10m] [-weight N] [-class C] [-max-class C]
   edge keys usage  -config EDGE_CONFIG [-name NAME]
 create and rotate print the new key on standard output, once; the store keeps only its hash.
 A running edge picks up every change within a second (no SIGHUP needed).
 Limits: 0 = no bound; -tpm and -tokens-per-day count prompt + completion tokens.
+Queue: -weight is the key's fair share (1-1000, default 1); -class its requests' default
+class and -max-class the highest one a request may ask for (critical, interactive, batch;
+defaults interactive and -class). rotate changes only the ones given.
 `
 
 // Main runs "edge keys <subcommand> flags..."; args are the words after
@@ -153,12 +157,18 @@ func (c *cmd) create(args []string) int {
 	tpd := fs.Int64("tokens-per-day", 0, "tokens per UTC day (prompt + completion)")
 	conc := fs.Int64("max-concurrent", 0, "requests in flight")
 	expires := fs.String("expires", "", "expiry: 30d, 12h, 90m, 2026-12-31 or an RFC 3339 time; empty = never")
+	sched := schedFlags(fs)
 	if code, done := c.parse(args, "name"); done {
 		return code
 	}
 	now := c.now()
-	spec := keystore.Spec{Name: *name, Limits: keystore.Limits{RequestsPerMinute: *rpm, TokensPerMinute: *tpm, TokensPerDay: *tpd, MaxConcurrent: *conc}}
+	spec := keystore.Spec{Name: *name, Limits: keystore.Limits{RequestsPerMinute: *rpm, TokensPerMinute: *tpm, TokensPerDay: *tpd, MaxConcurrent: *conc},
+		Sched: sched.value()}
 	if err := spec.Limits.Check(limitFlags); err != nil {
+		code, _ := c.usageError(err.Error())
+		return code
+	}
+	if err := spec.Sched.Check(schedFlagNames); err != nil {
 		code, _ := c.usageError(err.Error())
 		return code
 	}
@@ -192,7 +202,8 @@ func (c *cmd) create(args []string) int {
 		return c.fail(err)
 	}
 	fmt.Fprintln(c.stdout, secret)
-	fmt.Fprintf(c.stderr, "key %q created (%s); the line above is the key, shown only this once\n", *name, describe(spec.Models, spec.Limits, spec.ExpiresAt))
+	fmt.Fprintf(c.stderr, "key %q created (%s, %s); the line above is the key, shown only this once\n", *name,
+		describe(spec.Models, spec.Limits, spec.ExpiresAt), describeSched(spec.Sched))
 	if fresh {
 		c.noteLostStore()
 	}
@@ -359,6 +370,7 @@ func (c *cmd) show(args []string) int {
 	fmt.Fprintf(tw, "name:\t%s\nstatus:\t%s\nkey:\t%s\nmodels:\t%s\n", k.Name, k.Status(now), k.Hint, modelsOf(k.Models))
 	fmt.Fprintf(tw, "requests per minute:\t%s\ntokens per minute:\t%s\ntokens per day:\t%s\nmax concurrent:\t%s\n",
 		bound(k.RequestsPerMinute), bound(k.TokensPerMinute), bound(k.TokensPerDay), bound(k.MaxConcurrent))
+	fmt.Fprintf(tw, "queue:\t%s\n", describeSched(k.Sched()))
 	if n := c.cfg.Keys.EdgeCount; n > 1 {
 		fmt.Fprintf(tw, "edges:\t%d (each enforces every bound ÷ %d, rounded up)\n", n, n)
 	}
@@ -411,6 +423,7 @@ func (c *cmd) rotate(args []string) int {
 	fs := c.flags()
 	name := fs.String("name", "", "the key's name")
 	grace := fs.Duration("grace", 0, "how long the replaced key stays valid (0 = refused at once; at most 720h)")
+	sched := schedFlags(fs)
 	if code, done := c.parse(args, "name"); done {
 		return code
 	}
@@ -419,7 +432,18 @@ func (c *cmd) rotate(args []string) int {
 		return code
 	}
 	var secret string
-	if err := c.edit(func(st *keystore.Store) (err error) { secret, err = st.Rotate(*name, *grace, c.now()); return err }); err != nil {
+	var now keystore.Sched
+	if err := c.edit(func(st *keystore.Store) (err error) {
+		if secret, err = st.Rotate(*name, *grace, c.now()); err != nil {
+			return err
+		}
+		k, _ := st.Key(*name)
+		now = sched.over(fs, k.Sched())
+		if err := now.Check(schedFlagNames); err != nil {
+			return err
+		}
+		return st.SetSched(*name, now)
+	}); err != nil {
 		return c.fail(err)
 	}
 	fmt.Fprintln(c.stdout, secret)
@@ -427,7 +451,7 @@ func (c *cmd) rotate(args []string) int {
 	if *grace > 0 {
 		how = "the replaced key stays valid for " + grace.String()
 	}
-	fmt.Fprintf(c.stderr, "key %q rotated: the line above is its new key, shown only this once; %s\n", *name, how)
+	fmt.Fprintf(c.stderr, "key %q rotated: the line above is its new key, shown only this once; %s; %s\n", *name, how, describeSched(now))
 	return ExitOK
 }
 
@@ -474,4 +498,46 @@ func (c *cmd) usage(args []string) int {
 	fmt.Fprintf(c.stdout, "as of %s: this edge's counts (%s); with keys.edge_count %d, each edge counts its own\n",
 		date(u.SavedAt), path, c.cfg.Keys.EdgeCount)
 	return ExitOK
+}
+
+// schedFlagNames are the queue flags, in keystore.Sched.Check's order.
+var schedFlagNames = [3]string{"-weight", "-class", "-max-class"}
+
+// sched holds the queue flags of create and rotate (SPEC G1, G4).
+type sched struct {
+	weight          *int
+	class, maxClass *string
+}
+
+func schedFlags(fs *flag.FlagSet) sched {
+	return sched{
+		weight:   fs.Int("weight", 0, "the key's fair-share weight in the queue, 1-1000 (0 = 1)"),
+		class:    fs.String("class", "", "its requests' default class: critical, interactive or batch (empty = interactive)"),
+		maxClass: fs.String("max-class", "", "the highest class a request of the key may ask for (empty = -class)"),
+	}
+}
+
+func (s sched) value() keystore.Sched {
+	return keystore.Sched{Weight: *s.weight, Class: *s.class, MaxClass: *s.maxClass}
+}
+
+// over is old with the flags given on the command line in its place.
+func (s sched) over(fs *flag.FlagSet, old keystore.Sched) keystore.Sched {
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "weight":
+			old.Weight = *s.weight
+		case "class":
+			old.Class = *s.class
+		case "max-class":
+			old.MaxClass = *s.maxClass
+		}
+	})
+	return old
+}
+
+// describeSched says a key's place in the queue, defaults filled in.
+func describeSched(s keystore.Sched) string {
+	e := s.Effective()
+	return fmt.Sprintf("weight %d, class %s, max class %s", e.Weight, e.Class, e.MaxClass)
 }

@@ -79,12 +79,17 @@ type Key struct {
 	Hint string `json:"hint"`
 	// Models is the scope (K4): model group names and patterns; empty =
 	// every model.
-	Models            []string  `json:"models,omitempty"`
-	RequestsPerMinute int64     `json:"requests_per_minute,omitempty"`
-	TokensPerMinute   int64     `json:"tokens_per_minute,omitempty"`
-	TokensPerDay      int64     `json:"tokens_per_day,omitempty"`
-	MaxConcurrent     int64     `json:"max_concurrent,omitempty"`
-	CreatedAt         time.Time `json:"created_at"`
+	Models            []string `json:"models,omitempty"`
+	RequestsPerMinute int64    `json:"requests_per_minute,omitempty"`
+	TokensPerMinute   int64    `json:"tokens_per_minute,omitempty"`
+	TokensPerDay      int64    `json:"tokens_per_day,omitempty"`
+	MaxConcurrent     int64    `json:"max_concurrent,omitempty"`
+	// Weight, Class and MaxClass are the key's place in the queue (Sched,
+	// SPEC G1, G4); zero values are the defaults.
+	Weight    int       `json:"weight,omitempty"`
+	Class     string    `json:"class,omitempty"`
+	MaxClass  string    `json:"max_class,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
 	// ExpiresAt: the key is refused from this instant on (K3); zero = never.
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
 	// RevokedAt: the key is refused (K2); zero = not revoked.
@@ -260,6 +265,9 @@ func Parse(b []byte) (*Store, error) {
 				add(p+"."+jsonLimitNames[j], "must be ≥ 0 (0 = no bound), got %d", v)
 			}
 		}
+		if err := k.Sched().Check([3]string{p + ".weight", p + ".class", p + ".max_class"}); err != nil {
+			errs = append(errs, err.Error())
+		}
 		if k.CreatedAt.IsZero() {
 			add(p+".created_at", "required")
 		}
@@ -384,6 +392,8 @@ type Spec struct {
 	Limits Limits
 	// ExpiresAt: zero = never; else after now.
 	ExpiresAt time.Time
+	// Sched is the key's place in the queue (SPEC G1, G4).
+	Sched Sched
 }
 
 // Create adds a key for spec and returns it: the only time it exists
@@ -411,6 +421,9 @@ func (s *Store) Create(spec Spec, now time.Time) (string, error) {
 	if err := spec.Limits.Check(jsonLimitNames); err != nil {
 		return "", err
 	}
+	if err := spec.Sched.Check(jsonSchedNames); err != nil {
+		return "", err
+	}
 	if !spec.ExpiresAt.IsZero() && !spec.ExpiresAt.After(now) {
 		return "", fmt.Errorf("expiry %s is not after now", spec.ExpiresAt.Format(time.RFC3339))
 	}
@@ -418,6 +431,7 @@ func (s *Store) Create(spec Spec, now time.Time) (string, error) {
 	k := &Key{Name: spec.Name, KeySHA256: Hash(secret), Hint: hint(secret), Models: append([]string(nil), spec.Models...),
 		RequestsPerMinute: spec.Limits.RequestsPerMinute, TokensPerMinute: spec.Limits.TokensPerMinute,
 		TokensPerDay: spec.Limits.TokensPerDay, MaxConcurrent: spec.Limits.MaxConcurrent,
+		Weight: spec.Sched.Weight, Class: spec.Sched.Class, MaxClass: spec.Sched.MaxClass,
 		CreatedAt: now.UTC().Truncate(time.Second)}
 	if !spec.ExpiresAt.IsZero() {
 		k.ExpiresAt = spec.ExpiresAt.UTC()
