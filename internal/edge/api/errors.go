@@ -34,6 +34,9 @@ func poolError(model string, err error) *reply.Error {
 	var qf *pool.QueueFullError
 	var wt *pool.WaitTimeoutError
 	var nc *pool.NoCandidateError
+	if e := keyShareError(model, err); e != nil { // G3
+		return e
+	}
 	switch {
 	case errors.Is(err, pool.ErrUnknownModel):
 		return &reply.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found", Param: "model",

@@ -34,6 +34,9 @@ type head struct {
 	// reservation, K5); 0 when none or not a non-negative integer (the
 	// surface refuses what is invalid).
 	maxTokens int64
+	// serviceTier is the body's service_tier string, "" when none
+	// (priority.go, SPEC G4).
+	serviceTier string
 	// prefix is the conversation prefix for prefix_affinity routing
 	// (prefixOf), nil for other groups; it lives in prefixBuf up to 8
 	// boundaries.
@@ -103,6 +106,8 @@ func parseHead(body []byte, ep *endpoint, hd *head) *reply.Error {
 			default:
 				return apisurface.BadRequest("stream_options", "field \"stream_options\" must be an object")
 			}
+		case jsonscan.KeyIs(key, "service_tier"):
+			hd.serviceTier, _ = jsonString(body, val)
 		case jsonscan.KeyIs(key, "max_tokens") || jsonscan.KeyIs(key, "max_completion_tokens") || jsonscan.KeyIs(key, "max_output_tokens"):
 			hd.maxTokens = max(hd.maxTokens, jsonInt(body, val))
 		case ep.field != "" && jsonscan.KeyIs(key, ep.field):
@@ -182,6 +187,9 @@ type exchange struct {
 	released bool
 	ok       bool // a success outcome was written
 	head     head
+	// sched is the request's place in the queue (priority.go, SPEC G1,
+	// G4), decided at admission.
+	sched schedule
 	// att is the request's attempt machine (attempt.go): its
 	// re-dispatch, hold and passive-health decisions. statuses are the
 	// upstream statuses that count as a provider failure
@@ -219,8 +227,14 @@ type kept struct {
 // provider tried and within the credential slot of the route the request
 // was bound to (C6).
 func (x *exchange) poolRequest() pool.Request {
-	return pool.Request{Model: x.head.model, Operation: x.ep.operation, PromptTokens: pool.EstimatePromptTokens(len(x.body)),
-		Prefix: x.head.prefix, Exclude: x.att.tried, SameSlot: len(x.att.tried) > 0, Slot: x.att.slot}
+	r := pool.Request{Model: x.head.model, Operation: x.ep.operation, PromptTokens: pool.EstimatePromptTokens(len(x.body)),
+		Prefix: x.head.prefix, Exclude: x.att.tried, SameSlot: len(x.att.tried) > 0, Slot: x.att.slot,
+		MaxTokens: int(min(x.head.maxTokens, 1<<30))}
+	if x.lease != nil {
+		r.Arrival = x.lease.Arrival // G5: a re-dispatch keeps its place
+	}
+	x.sched.apply(&r)
+	return r
 }
 
 // principal is the request's authenticated principal; "" in open mode.
@@ -324,6 +338,11 @@ func (h *Handler) admit(ctx context.Context, w *reply.Recorder, r *http.Request,
 	if t := ticketOf(ctx); t != nil && !t.Principal().Allows(hd.model) {
 		h.dropBody(x)
 		reply.WriteError(w, ep.surface, poolError(hd.model, pool.ErrUnknownModel)) // K4: the same 404 as a model that does not exist
+		return nil
+	}
+	if e := decideSchedule(x); e != nil {
+		h.dropBody(x)
+		reply.WriteError(w, ep.surface, e)
 		return nil
 	}
 	if !h.reserveKey(x, w) {
