@@ -86,6 +86,13 @@ type Options struct {
 	// {"error":{"message":"Invalid API Key","type":"authentication_error","code":401}}.
 	// The key is never logged.
 	APIKey string
+	// LoadDelay, when > 0, makes the instance act as a llama-server that
+	// is loading its model for that long after New: every route answers
+	// llama-server's 503 {"error":{"message":"Loading model",
+	// "type":"unavailable_error","code":503}} (testdata/samples/
+	// llama_health_loading.http) until then, /health included, so it can
+	// stand in for a managed process (SPEC U2). The binary's -load-delay.
+	LoadDelay time.Duration
 }
 
 // Outcome says how a request ended.
@@ -155,7 +162,12 @@ type Backend struct {
 
 	mu     sync.Mutex
 	loaded map[string]time.Time // guarded by mu: catalogue name → last use (/api/ps)
+
+	readyAt time.Time // New + Options.LoadDelay (by Options.Now)
 }
+
+// loadingBody is llama-server's answer while it loads its model.
+var loadingBody = []byte(`{"error":{"message":"Loading model","type":"unavailable_error","code":503}}`)
 
 // maxBody caps a request body (bytes).
 const maxBody = 16 << 20
@@ -179,6 +191,9 @@ func New(opts Options) (*Backend, error) {
 	if opts.Slots < 0 || opts.Batch < 0 || opts.Parallel < 0 {
 		errs = append(errs, fmt.Errorf("Slots %d, Batch %d, Parallel %d: none may be negative: %w", opts.Slots, opts.Batch, opts.Parallel, ErrBadOption))
 	}
+	if opts.LoadDelay < 0 {
+		errs = append(errs, fmt.Errorf("LoadDelay %s is negative: %w", opts.LoadDelay, ErrBadOption))
+	}
 	if opts.LoopTokens < 0 || opts.LoopTokens > maxTokenLimit {
 		errs = append(errs, fmt.Errorf("LoopTokens %d is outside 0-%d: %w", opts.LoopTokens, maxTokenLimit, ErrBadOption))
 	}
@@ -193,6 +208,7 @@ func New(opts Options) (*Backend, error) {
 	if b.now == nil {
 		b.now = time.Now
 	}
+	b.readyAt = b.now().Add(opts.LoadDelay)
 	if b.script.loopDefault == 0 {
 		b.script.loopDefault = DefaultLoopTokens
 	}
@@ -277,6 +293,11 @@ func (b *Backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			slog.String("method", r.Method), slog.String("path", r.URL.Path))
 	}
 	defer b.finish(c)
+	if b.opts.LoadDelay > 0 && c.start.Before(b.readyAt) {
+		c.outcome = OutcomeError
+		c.writeJSON(http.StatusServiceUnavailable, loadingBody)
+		return
+	}
 	if !b.authorized(c.r) {
 		c.err = errUnauthorized
 		c.outcome = OutcomeError

@@ -5,13 +5,17 @@
 //
 //	demo-backend -listen 127.0.0.1:11434 [-token-delay 20ms] [-pad-bytes 1024] [-seed N] [-loop-tokens 64] [-api-key-file FILE]
 //	             [-prefix-cache 4096] [-prefill-per-token 1ms] [-models tiny,tiny-tool,tiny-loop,tiny-think,tiny-agent]
-//	             [-slots 8 [-batch 2048] [-parallel 1]]
+//	             [-slots 8 [-batch 2048] [-parallel 1]] [-load-delay 2s]
 //
 // -slots N makes the chat routes share the instance's compute as
 // llama-server's N slots do (per-token time grows with the busy slots, a
 // prompt waits for those queued before it; see the backend package's
 // engine); -parallel P lets a step decode P tokens at the cost of one (a
 // GPU's batch). Without -slots each request is paced on its own.
+//
+// -load-delay D makes it answer llama-server's 503 "Loading model" on
+// every route, /health included, for D after start: a stand-in for a
+// managed llama-server that is loading its model.
 //
 // -api-key-file names a file holding an API key that the /v1 routes then
 // require, as llama-server's --api-key does (the key is read from a file,
@@ -64,6 +68,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	models := fs.String("models", "tiny,tiny-tool,tiny-loop", "comma-separated models to serve (also tiny-think, tiny-agent)")
 	slots := fs.Int("slots", 0, "share the compute among this many slots as llama-server -np does (0 = each request paced on its own)")
 	batch := fs.Int("batch", 0, "with -slots: prompt tokens one step processes (0 = 2048, llama-server's n_batch)")
+	loadDelay := fs.Duration("load-delay", 0, "answer llama-server's 503 \"Loading model\" on every route for this long after start (a managed process's load)")
 	parallel := fs.Int("parallel", 1, "with -slots: generated tokens one step decodes at the cost of one token delay (1 = a CPU; a GPU batches many)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -88,7 +93,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	b, err := backend.New(backend.Options{
 		Logger: log, TokenDelay: *delay, PadBytes: *pad, Seed: *seed, LoopTokens: *loop, APIKey: apiKey,
 		PrefixCache: *cache, PrefillPerToken: *prefill, Models: strings.Split(*models, ","),
-		Slots: *slots, Batch: *batch, Parallel: *parallel,
+		Slots: *slots, Batch: *batch, Parallel: *parallel, LoadDelay: *loadDelay,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "demo-backend: %v\n", err)

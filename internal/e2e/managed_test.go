@@ -1,0 +1,316 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"iop/internal/edge/config"
+	"iop/internal/identity"
+	"iop/internal/leakcheck"
+	nodeconfig "iop/internal/node/config"
+	"iop/internal/proctest"
+)
+
+// managedModels are the demo backend's catalogue names used as managed
+// models (the demo serves the model its -models flag names).
+var managedModels = []string{"tiny", "tiny-tool", "tiny-loop"}
+
+// managedEntry is a node config managed[] entry running the demo backend
+// binary demo as a llama-server stand-in loading for loadDelay.
+func managedEntry(t testing.TB, demo string, ports [2]int, loadDelay time.Duration, idleMs, maxLoaded int) map[string]any {
+	dir := t.TempDir()
+	models := map[string]string{}
+	for _, m := range managedModels {
+		f := filepath.Join(dir, m+".gguf")
+		if err := os.WriteFile(f, []byte("GGUF"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		models[m] = f
+	}
+	return map[string]any{
+		"name":    "llama",
+		"command": []string{demo, "-listen", "127.0.0.1:{port}", "-models", "{name}", "-token-delay", "1ms", "-load-delay", loadDelay.String()},
+		"models":  models, "idle_unload_ms": idleMs, "max_loaded": maxLoaded, "ready_timeout_ms": 30000,
+		"port_range": ports[:],
+	}
+}
+
+// managedNodeJSON is node id's config with one managed backend.
+func managedNodeJSON(t testing.TB, p pkiDir, id, edgeAddr string, entry map[string]any) []byte {
+	raw, err := json.Marshal(map[string]any{
+		"node_id": id, "edge_addr": edgeAddr,
+		"tls": map[string]string{
+			"cert_file": p.file(identity.CertFileName(id)), "key_file": p.file(identity.KeyFileName(id)),
+			"ca_file": p.file(identity.CACertFile), "expected_edge_name": edgeName,
+		},
+		"reconnect": map[string]int{"interval_sec": 1, "max_attempts": 0},
+		"managed":   []any{entry},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
+
+// managedEdge is an edge config whose node gpu-1 has adapter "llama"
+// naming the node's managed backend, and one model group per model.
+func managedEdge(t testing.TB, p pkiDir) *config.Config {
+	a := compatAdapter("llama", "http://127.0.0.1:1", 8) // base_url unused: the processes' ports are the node's
+	a.Managed = "llama"
+	var groups []config.Model
+	for _, m := range managedModels {
+		groups = append(groups, modelGroup(m, provider("gpu-1", "llama", m)))
+	}
+	return edgeConfig(t, p, []config.Node{{ID: "gpu-1", Adapters: []config.Adapter{a}}}, groups, nil)
+}
+
+// demoProcs lists the live processes running binary bin (zombies not
+// counted) with their -models argument.
+func demoProcs(t testing.TB, bin string) map[int]string {
+	out := map[int]string{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmd, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(cmd), "\x00")
+		if len(args) == 0 || args[0] != bin {
+			continue
+		}
+		if st, err := os.ReadFile("/proc/" + e.Name() + "/stat"); err == nil {
+			if f := strings.Fields(string(st[strings.LastIndexByte(string(st), ')')+1:])); len(f) > 0 && f[0] == "Z" {
+				continue
+			}
+		}
+		for i, a := range args {
+			if a == "-models" && i+1 < len(args) {
+				out[pid] = args[i+1]
+			}
+		}
+	}
+	return out
+}
+
+// U2, U3, U4: the demo backend run as a managed process: the first request
+// for a model starts its process (the request waits out its load), three
+// models with room for two are served in turn with no failed request (a
+// model with a request in flight is never stopped: its requests would
+// fail), never more than two processes at once, and a model without
+// requests for idle_unload_ms is stopped.
+func TestManagedDemoBackend(t *testing.T) {
+	leakcheck.Check(t)
+	demo := proctest.BuildPackage(t, "iop/internal/demo/backendcmd", "demo-backend")
+	p := newPKI(t, "gpu-1")
+	logs := newLogSink(t)
+	cfg := managedEdge(t, p)
+	e := startEdge(t, cfg, nil, logs.logger("edge"))
+	adm, api := newAdminClient(t, e), newAPIClient(t, e)
+	ncfg, err := nodeconfig.Parse(managedNodeJSON(t, p, "gpu-1", e.nodeAddr, managedEntry(t, demo, [2]int{21300, 21309}, 300*time.Millisecond, 1500, 2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := launchNode(ncfg, nil, logs.logger("node"))
+	t.Cleanup(func() {
+		if err := n.stop(); err != nil {
+			t.Errorf("node: %v", err)
+		}
+		if left := demoProcs(t, demo); len(left) > 0 {
+			t.Errorf("U5: processes left after the node stopped: %v", left)
+		}
+	})
+	adm.waitConnected(t, 10*time.Second, "gpu-1")
+	if got := demoProcs(t, demo); len(got) != 0 {
+		t.Fatalf("processes before any request: %v", got)
+	}
+
+	// U2: the first request starts the model and waits for its load.
+	start := time.Now()
+	res, err := api.chat(context.Background(), chatRequest{model: "tiny", maxTokens: 4})
+	if err != nil || res.status != 200 {
+		t.Fatalf("first request: %v %d %s", err, res.status, res.raw)
+	}
+	if d := time.Since(start); d < 300*time.Millisecond {
+		t.Fatalf("U2: the first request took %v, less than the model's 300 ms load", d)
+	}
+	if got := demoProcs(t, demo); len(got) != 1 || !containsValue(got, "tiny") {
+		t.Fatalf("U2: processes after the first request: %v", got)
+	}
+
+	// U3: three models, room for two, served in turn by concurrent clients.
+	var mu sync.Mutex
+	failed, served, maxProcs := 0, 0, 0
+	stopWatch := make(chan struct{})
+	watched := make(chan struct{})
+	go func() { // samples the process count while the clients run
+		defer close(watched)
+		tk := time.NewTicker(10 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stopWatch:
+				return
+			case <-tk.C:
+				n := len(demoProcs(t, demo))
+				mu.Lock()
+				maxProcs = max(maxProcs, n)
+				mu.Unlock()
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for c := 0; c < 6; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 6; i++ {
+				m := managedModels[(c+i)%3]
+				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+				r, err := api.chat(ctx, chatRequest{model: m, maxTokens: 8, stream: i%2 == 0})
+				cancel()
+				mu.Lock()
+				if err != nil || r.status != 200 || len(r.errs) > 0 {
+					failed++
+					t.Errorf("U3: %s: %v %d %s", m, err, r.status, r.raw)
+				} else {
+					served++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(stopWatch)
+	<-watched
+	if failed != 0 || served != 36 {
+		t.Fatalf("U3: %d served, %d failed", served, failed)
+	}
+	if maxProcs > 2 {
+		t.Fatalf("U3: %d processes at once with max_loaded 2", maxProcs)
+	}
+	evictions := countLines(logs, "managed model stopping", "reason=evict")
+	if evictions == 0 {
+		t.Fatalf("U3: three models in turn with room for two evicted nothing")
+	}
+	t.Logf("U3: 36 requests over 3 models, room for 2: 0 failed, %d evictions, at most %d processes", evictions, maxProcs)
+
+	// U4: idle for idle_unload_ms (1.5 s), every model is stopped.
+	if _, err := logs.recs.waitFor(20*time.Second, func(lines []string) bool {
+		return countIn(lines, "managed model stopped") >= countIn(lines, "managed model loaded")
+	}); err != nil {
+		t.Fatalf("U4: the idle models were not stopped: %v", err)
+	}
+	if countLines(logs, "managed model stopping", "reason=idle") == 0 {
+		t.Fatal("U4: no idle unload")
+	}
+	if got := demoProcs(t, demo); len(got) != 0 {
+		t.Fatalf("U4: processes after the idle unload: %v", got)
+	}
+}
+
+func containsValue(m map[int]string, v string) bool {
+	for _, x := range m {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+func countIn(lines []string, subs ...string) int {
+	n := 0
+	for _, l := range lines {
+		ok := true
+		for _, s := range subs {
+			ok = ok && strings.Contains(l, s)
+		}
+		if ok {
+			n++
+		}
+	}
+	return n
+}
+
+func countLines(logs *logSink, subs ...string) int {
+	lines, _ := logs.recs.snapshot()
+	return countIn(lines, subs...)
+}
+
+// U5: kill -9 of the node binary leaves no model process behind (the
+// parent-death signal of the managed processes).
+func TestManagedNodeKill9LeavesNoChild(t *testing.T) {
+	leakcheck.Check(t)
+	demo := proctest.BuildPackage(t, "iop/internal/demo/backendcmd", "demo-backend")
+	nodeBin := proctest.BuildPackage(t, "iop/node", "node")
+	p := newPKI(t, "gpu-1")
+	logs := newLogSink(t)
+	e := startEdge(t, managedEdge(t, p), nil, logs.logger("edge"))
+	adm, api := newAdminClient(t, e), newAPIClient(t, e)
+	cfgFile := filepath.Join(t.TempDir(), "node.json")
+	if err := os.WriteFile(cfgFile, managedNodeJSON(t, p, "gpu-1", e.nodeAddr, managedEntry(t, demo, [2]int{21350, 21359}, 50*time.Millisecond, 600000, 2)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(nodeBin, "-config", cfgFile)
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { // the node's log, into the sink (ends when the node dies)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			logs.logger("node-bin").Info(sc.Text())
+		}
+	}()
+	killed := false
+	t.Cleanup(func() {
+		if !killed {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	adm.waitConnected(t, 20*time.Second, "gpu-1")
+	for _, m := range managedModels[:2] {
+		if res, err := api.chat(context.Background(), chatRequest{model: m, maxTokens: 4}); err != nil || res.status != 200 {
+			t.Fatalf("%s: %v %d %s", m, err, res.status, res.raw)
+		}
+	}
+	children := demoProcs(t, demo)
+	if len(children) != 2 {
+		t.Fatalf("model processes: %v, want 2", children)
+	}
+	for pid := range children {
+		st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if f := strings.Fields(string(st[strings.LastIndexByte(string(st), ')')+1:])); len(f) < 2 || f[1] != strconv.Itoa(cmd.Process.Pid) {
+			t.Fatalf("process %d's parent is not the node %d: %q", pid, cmd.Process.Pid, st)
+		}
+	}
+	_ = cmd.Process.Signal(syscall.SIGKILL)
+	_ = cmd.Wait()
+	killed = true
+	// No event tells a non-parent that a process ended: poll /proc, bounded.
+	err := poll(10*time.Second, func() (bool, string) {
+		left := demoProcs(t, demo)
+		return len(left) == 0, fmt.Sprint(left)
+	})
+	if err != nil {
+		for pid := range demoProcs(t, demo) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		t.Fatalf("U5: model processes outlived kill -9 of the node: %v", err)
+	}
+}
