@@ -50,8 +50,8 @@ import (
 // after a stall — before the request's deadline (its arrival plus
 // queue.wait_timeout_ms). An over-capacity refusal (SPEC E4: a node whose
 // capacity other edges hold) is no attempt: the node ran nothing, so the
-// request goes back to the queue with its provider not excluded and the
-// attempt bound untouched, until its deadline or maxRefusals; the pool
+// request goes back to the queue with its provider not excluded, within
+// the credential slot of its route (SPEC C6), and the attempt bound untouched, until its deadline or maxRefusals; the pool
 // returns that lease as refused (pool.ReleaseRefused), never cooling the
 // provider. Passive health hears each attempt's verdict once,
 // before anything else is decided, so a failed provider is cooling before

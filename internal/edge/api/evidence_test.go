@@ -127,6 +127,7 @@ func TestFailureEvidence(t *testing.T) {
 	connect := func() []*iop.RunEvent {
 		return []*iop.RunEvent{evStart(), evError(2, protocol.CodeUpstreamConnect.String(), "connection refused")}
 	}
+	overCapacity := []*iop.RunEvent{evStart(), evError(2, protocol.CodeOverCapacity.String(), "adapter \"ollama\" is at its capacity of 4 concurrent requests")}
 	type req struct {
 		principal string
 		want      int
@@ -148,6 +149,18 @@ func TestFailureEvidence(t *testing.T) {
 		{name: "C6 with slots a, b, a the re-dispatch skips b",
 			slots: []string{"slot-a", "slot-b", "slot-a"}, streams: [][]*iop.RunEvent{status(503), ok},
 			reqs: []req{{"team-a", 200}}, dispatched: []string{"n1", "n3"}, cooling: []string{"n1/ollama"}},
+		{name: "C6 E4 slot-a's route refuses over capacity, then frees: the request waits for it, never slot-b",
+			slots: []string{"slot-a", "slot-b"}, streams: [][]*iop.RunEvent{overCapacity, ok},
+			reqs: []req{{"team-a", 200}}, dispatched: []string{"n1", "n1"}},
+		{name: "C6 E4 over capacity with slots a, b, a: the other route of slot-a takes it",
+			slots: []string{"slot-a", "slot-b", "slot-a"}, streams: [][]*iop.RunEvent{overCapacity, ok},
+			reqs: []req{{"team-a", 200}}, dispatched: []string{"n1", "n3"}},
+		{name: "E4 over capacity with one shared slot: another route takes it",
+			slots: []string{"slot-a", "slot-a"}, streams: [][]*iop.RunEvent{overCapacity, ok},
+			reqs: []req{{"team-a", 200}}, dispatched: []string{"n1", "n2"}},
+		{name: "E4 over capacity without slots: another route takes it",
+			slots: []string{"", ""}, streams: [][]*iop.RunEvent{overCapacity, ok},
+			reqs: []req{{"team-a", 200}}, dispatched: []string{"n1", "n2"}},
 		{name: "H8 a connect failure naming another adapter ejects nothing; the request still fails over",
 			slots: []string{"", ""}, streams: [][]*iop.RunEvent{naming("other", "tiny:latest", connect()), ok},
 			reqs: []req{{"team-a", 200}}, dispatched: []string{"n1", "n2"}},

@@ -225,10 +225,13 @@ type kept struct {
 // poolRequest is x's admission request (SPEC Q4, Q7); a re-dispatch asks
 // again with it (H11), while the body is still there, excluding every
 // provider tried and within the credential slot of the route the request
-// was bound to (C6).
+// was bound to (C6). That holds from the first lease on, an over-capacity
+// re-queue included (E4): its refused route is no attempt, so it leaves
+// tried and may take the request again, but the request stays bound to
+// that route's slot and waits for a route of it.
 func (x *exchange) poolRequest() pool.Request {
 	r := pool.Request{Model: x.head.model, Operation: x.ep.operation, PromptTokens: pool.EstimatePromptTokens(len(x.body)),
-		Prefix: x.head.prefix, Exclude: x.att.tried, SameSlot: len(x.att.tried) > 0, Slot: x.att.slot,
+		Prefix: x.head.prefix, Exclude: x.att.tried, SameSlot: x.lease != nil, Slot: x.att.slot,
 		MaxTokens: int(min(x.head.maxTokens, 1<<30))}
 	if x.lease != nil {
 		r.Arrival = x.lease.Arrival // G5: a re-dispatch keeps its place
