@@ -299,7 +299,7 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 			counters = append(counters, admin.Counter{Name: m.Name, Help: m.Help, Type: m.Type, Samples: m.Samples})
 		}
 	}
-	adm := admin.New(admin.Options{Status: p, Routing: p, Groups: p, Events: bus, Discovered: fl.Discovered, Metrics: counters, Collectors: []admin.Collector{metrics, kr.reg},
+	adm := admin.New(admin.Options{Status: p, Routing: p, Groups: p, Waiting: p, Events: bus, Discovered: fl.Discovered, Metrics: counters, Collectors: []admin.Collector{metrics, kr.reg},
 		Keys:   kr.reg,
 		Recent: recent, Payloads: payloadStates{tr}, Pprof: cfg.Admin.Pprof, Version: o.Version,
 		Access: func() admin.Access {

@@ -34,6 +34,7 @@ var (
 //	iop_edge_request_duration_seconds{model,path}                 histogram
 //	iop_edge_time_to_first_byte_seconds{model,path}               histogram
 //	iop_edge_queue_wait_seconds{model,path}                       histogram
+//	iop_edge_key_queue_wait_seconds{key,class}                    histogram
 //	iop_edge_tokens_total{model,direction="prompt"|"completion"}  counter
 //	iop_edge_requests_in_flight{model}                            gauge
 //	iop_edge_ignored_fields_total{surface,field}                  counter
@@ -41,13 +42,16 @@ var (
 // model is a configured group name or OtherModel; surface, path, code and
 // outcome come from fixed sets; field is a field-table row name (or
 // "top_level" for a member no row knows), never the client's own words;
-// so every label is bounded.
+// so every label is bounded. key is an authenticated request's principal
+// (a configured api_keys name or key store key) or OpenKey, class a
+// priority class (SPEC G6).
 type Metrics struct {
 	mu       sync.Mutex
 	requests map[reqKey]uint64
 	duration map[mpKey]*histogram
 	ttfb     map[mpKey]*histogram
 	queue    map[mpKey]*histogram
+	keyQueue map[kcKey]*histogram // fairmetrics.go
 	tokens   map[tokKey]uint64
 	inFlight map[string]int64
 	// also are told of every Record Observe counts (set once by
@@ -101,6 +105,7 @@ func NewMetrics(also ...Observer) *Metrics {
 		duration: map[mpKey]*histogram{},
 		ttfb:     map[mpKey]*histogram{},
 		queue:    map[mpKey]*histogram{},
+		keyQueue: map[kcKey]*histogram{},
 		tokens:   map[tokKey]uint64{},
 		inFlight: map[string]int64{},
 		ignored:  map[ignKey]uint64{},
@@ -154,6 +159,7 @@ func (m *Metrics) Observe(r *Record) {
 	}
 	if path != PathNone || r.QueueWait > 0 {
 		hist(m.queue, mp, QueueBuckets).observe(QueueBuckets, r.QueueWait.Seconds())
+		m.observeKeyQueue(r)
 	}
 	if r.PromptTokens > 0 {
 		m.tokens[tokKey{model, "prompt"}] += uint64(r.PromptTokens)
@@ -202,6 +208,7 @@ func (m *Metrics) writeLocked(w *bufio.Writer) {
 	writeHist(w, "iop_edge_request_duration_seconds", "Time from request arrival to the end of its response, seconds.", m.duration, DurationBuckets)
 	writeHist(w, "iop_edge_time_to_first_byte_seconds", "Time from request arrival to the first response byte, seconds.", m.ttfb, TTFBBuckets)
 	writeHist(w, "iop_edge_queue_wait_seconds", "Time a request waited for a provider lease, seconds.", m.queue, QueueBuckets)
+	m.writeKeyQueue(w)
 	header(w, "iop_edge_tokens_total", "counter", "Tokens the providers reported, by model and direction (prompt, completion).")
 	tk := sortedKeys(m.tokens, func(a, b tokKey) int {
 		return cmpAll(strings.Compare(a.model, b.model), strings.Compare(a.direction, b.direction))

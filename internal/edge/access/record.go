@@ -142,6 +142,9 @@ type Record struct {
 	// Principal is the api_keys entry's name; "" in open mode or before
 	// authentication.
 	Principal string
+	// Class is the request's priority class in the queue (critical,
+	// interactive or batch; SPEC G4), "" when it never reached the queue.
+	Class string
 	// Surface is the endpoint's operation: chat_completions, responses,
 	// messages, count_tokens, models, or "other" (404s, healthz).
 	Surface string

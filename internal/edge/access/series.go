@@ -100,7 +100,14 @@ type Series struct {
 	order     []string // the configured groups, config order (Sample)
 	providers map[ProviderKey]*providerRing
 	porder    []ProviderKey // the providers of the last Sample, in its order
+	// classes are the queue waits per priority class (SPEC G6), in
+	// ClassNames order: a groupRing whose TTFB is the queue wait.
+	classes [len(ClassNames)]*groupRing
 }
+
+// ClassNames are the priority classes the series keep a queue-wait ring
+// for, highest first (SPEC G2).
+var ClassNames = [...]string{"critical", "interactive", "batch"}
 
 // NewSeries returns empty Series; now is the clock JSON reads ("now" on the
 // time axis; time.Now in the Edge, a fake in tests).
@@ -126,6 +133,16 @@ func (s *Series) Observe(r *Record) {
 		s.groups[model] = g
 	}
 	g.add(slotOf(end), failed, r.Outcome == OK && r.TTFB > 0, r.TTFB, r.PromptTokens, r.CompletionTokens)
+	if r.Class != "" {
+		for i, c := range ClassNames {
+			if c == r.Class {
+				if s.classes[i] == nil {
+					s.classes[i] = &groupRing{}
+				}
+				s.classes[i].add(slotOf(r.Start.Add(r.QueueWait)), false, true, r.QueueWait, 0, 0)
+			}
+		}
+	}
 }
 
 // ProviderKey names a provider: its node and adapter instance.

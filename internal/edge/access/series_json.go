@@ -25,7 +25,9 @@ func (s *Series) JSON() []byte {
 //	   "ttfb_p50_ms":[…],"ttfb_p99_ms":[…],
 //	   "prompt_tokens_per_s":[…],"completion_tokens_per_s":[…]}],
 //	 "providers":[{"node":"gpu-1","provider":"ollama",
-//	   "in_flight_mean":[…],"in_flight_max":[…],"capacity":[…]}]}
+//	   "in_flight_mean":[…],"in_flight_max":[…],"capacity":[…]}],
+//	 "classes":[{"name":"interactive","requests_per_s":[…],
+//	   "wait_p50_ms":[…],"wait_p99_ms":[…]}]}
 //
 // Every array has SeriesSlots values on one time axis: value i is the slot that
 // starts at start_ms + i·step_ms (Unix ms), the last one the slot holding
@@ -35,7 +37,9 @@ func (s *Series) JSON() []byte {
 // slot without a request that ended ok with a byte written, a provider
 // value null in a slot without a sample. Models are the configured groups
 // in config order, then OtherModel; providers in the order the
-// last Sample gave them.
+// last Sample gave them; classes the priority classes a request that
+// reached the queue had, highest first, each with the requests that left
+// the queue per second and their queue wait's p50 and p99 (SPEC G6).
 func (s *Series) AppendJSON(b []byte, now time.Time) []byte {
 	cur := slotOf(now)
 	first := cur - SeriesSlots + 1
@@ -127,6 +131,54 @@ func (s *Series) AppendJSON(b []byte, now time.Time) []byte {
 		field("in_flight_mean", func(sl *providerSlot) float64 { return float64(sl.inFlightSum) / float64(sl.samples) })
 		field("in_flight_max", func(sl *providerSlot) float64 { return float64(sl.inFlightMax) })
 		field("capacity", func(sl *providerSlot) float64 { return float64(sl.capacity) })
+		b = append(b, '}')
+	}
+	b = append(b, `],"classes":[`...)
+	k := 0
+	for i, g := range s.classes {
+		if g == nil {
+			continue
+		}
+		if k > 0 {
+			b = append(b, ',')
+		}
+		k++
+		b = append(b, `{"name":`...)
+		b = strconv.AppendQuote(b, ClassNames[i])
+		at := func(n int64) *groupSlot {
+			if !g.valid || n > g.head || n <= g.head-SeriesSlots {
+				return nil
+			}
+			return &g.slots[index(n)]
+		}
+		b = appendArray(b, "requests_per_s", first, cur, func(n int64) float64 {
+			if sl := at(n); sl != nil {
+				if n == cur {
+					return float64(sl.requests) / elapsed.Seconds()
+				}
+				return float64(sl.requests) / SeriesStep.Seconds()
+			}
+			return 0
+		})
+		for _, q := range []struct {
+			key string
+			q   float64
+		}{{"wait_p50_ms", 0.5}, {"wait_p99_ms", 0.99}} {
+			b = appendArray(b, q.key, first, cur, func(n int64) float64 {
+				sl := at(n)
+				switch {
+				case sl == nil:
+					return math.NaN()
+				case n == g.head:
+					return g.hist.quantile(q.q)
+				case sl.ttfbN == 0:
+					return math.NaN()
+				case q.q == 0.5:
+					return float64(sl.ttfbP50)
+				}
+				return float64(sl.ttfbP99)
+			})
+		}
 		b = append(b, '}')
 	}
 	return append(b, "]}\n"...)

@@ -94,6 +94,12 @@ type ConfigErrorSource interface {
 	ConfigErrors() map[string]string
 }
 
+// WaitingSource gives the queue's waiting requests per key ("" in open
+// mode) and per priority class, highest first (the pool, SPEC G6).
+type WaitingSource interface {
+	Waiting() (byKey map[string]int, byClass [pool.NumPriorities]int)
+}
+
 // GroupSource gives the model groups' queues (the pool).
 type GroupSource interface {
 	Groups() []pool.GroupSnapshot
@@ -106,7 +112,10 @@ type Options struct {
 	// and iop_edge_routing_decisions_total to /metrics.
 	Routing RoutingSource
 	// Groups, when set, adds the queue fields to "models" in /status.
-	Groups     GroupSource
+	Groups GroupSource
+	// Waiting, when set, adds "queue" to /status: the waiting requests by
+	// key and by priority class (SPEC G6).
+	Waiting    WaitingSource
 	Events     EventSource
 	Metrics    []Counter
 	Collectors []Collector
@@ -165,7 +174,10 @@ var providerJSON = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated
 // routing source is set: {"name","waiters","long_waiters","candidates",
 // "live"} from Groups and {"routing","decisions":{"prefix_hit","hash",
 // "fallback","yield"},"hit_ratio"} from Routing (R1; hit_ratio is prefix_hit
-// over all decisions, 0 without any). recent_errors only with Recent.
+// over all decisions, 0 without any). "queue" with Waiting:
+// {"waiting_by_key":{"team-a":3,"_open":1},"waiting_by_class":{"critical":0,
+// "interactive":3,"batch":1}} (keys that wait only; _open is open mode's).
+// recent_errors only with Recent.
 func serveStatus(w http.ResponseWriter, o Options) {
 	var buf bytes.Buffer
 	buf.WriteString(`{"nodes":[`)
@@ -221,6 +233,9 @@ func serveStatus(w http.ResponseWriter, o Options) {
 	buf.WriteByte(']')
 	if o.Groups != nil || o.Routing != nil {
 		writeModels(&buf, o.Groups, o.Routing)
+	}
+	if o.Waiting != nil {
+		writeWaiting(&buf, o.Waiting)
 	}
 	if o.Keys != nil {
 		writeKeys(&buf, o.Keys, time.Now())
@@ -416,4 +431,27 @@ func serveEvents(w http.ResponseWriter, r *http.Request, src EventSource) {
 			}
 		}
 	}
+}
+
+// writeWaiting appends ,"queue":{…} (see serveStatus).
+func writeWaiting(buf *bytes.Buffer, ws WaitingSource) {
+	byKey, byClass := ws.Waiting()
+	keys := make(map[string]int, len(byKey))
+	for k, n := range byKey {
+		if k == "" {
+			k = access.OpenKey
+		}
+		keys[k] = n
+	}
+	b, _ := json.Marshal(keys)
+	buf.WriteString(`,"queue":{"waiting_by_key":`)
+	buf.Write(b)
+	buf.WriteString(`,"waiting_by_class":{`)
+	for i, p := range pool.Priorities {
+		if i > 0 {
+			buf.WriteByte(',')
+		}
+		fmt.Fprintf(buf, "%q:%d", p.String(), byClass[i])
+	}
+	buf.WriteString("}}")
 }

@@ -79,6 +79,7 @@ func decideSchedule(x *exchange) *reply.Error {
 		asked = p
 	}
 	s.prio = min(asked, ceiling)
+	x.acc.Rec.Class = s.prio.String() // G6: the queue wait by class
 	return nil
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"iop/internal/edge/config"
 	"iop/internal/edge/pool"
+	"iop/internal/edge/reply"
 	"iop/internal/leakcheck"
 	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
@@ -91,9 +92,9 @@ func TestRequestClass(t *testing.T) {
 func TestWithPriority(t *testing.T) {
 	req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
 	req.Header.Set(HeaderPriority, "interactive")
-	x := &exchange{ctx: WithPriority(context.Background(), pool.PriorityBatch), r: req, ep: &epChat}
-	if e := decideSchedule(x); e != nil || x.sched.prio != pool.PriorityBatch {
-		t.Fatalf("class %v err %v, want batch", x.sched.prio, e)
+	x := &exchange{ctx: WithPriority(context.Background(), pool.PriorityBatch), r: req, ep: &epChat, acc: &reply.Recorder{}}
+	if e := decideSchedule(x); e != nil || x.sched.prio != pool.PriorityBatch || x.acc.Rec.Class != "batch" {
+		t.Fatalf("class %v (record %q) err %v, want batch", x.sched.prio, x.acc.Rec.Class, e)
 	}
 }
 

@@ -461,14 +461,18 @@ func (s *state) countKey(w *waiter, d int) {
 	}
 }
 
-// KeyWaiting returns how many requests of each key wait, over every group
-// (the /status view, SPEC G6); "" is the key of open mode.
-func (p *Pool) KeyWaiting() map[string]int {
+// Waiting returns how many requests wait, per key ("" is open mode's)
+// and per priority class in Priorities order, over every group (the
+// /status view, SPEC G6).
+func (p *Pool) Waiting() (byKey map[string]int, byClass [NumPriorities]int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := make(map[string]int, len(p.s.keyWait))
+	byKey = make(map[string]int, len(p.s.keyWait))
 	for k, c := range p.s.keyWait {
-		out[k] = c.n
+		byKey[k] = c.n
 	}
-	return out
+	for w := p.s.all.head; w != nil; w = w.anext {
+		byClass[w.prio.Index()]++
+	}
+	return byKey, byClass
 }

@@ -1,9 +1,11 @@
 package pool
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -448,5 +450,41 @@ func BenchmarkFairShare(b *testing.B) {
 				i++
 			}
 		})
+	}
+}
+
+// TestWaiting: the pool's count of waiting requests per key and class,
+// pinned or not (the /status view, SPEC G6).
+func TestWaiting(t *testing.T) {
+	p := New(oneSlot(1), SystemClock())
+	p.NodeReady("gpu-1", 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	l, err := p.Acquire(ctx, req("a", 1, 0, 10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{}, 3)
+	for _, r := range []Request{req("a", 1, PriorityBatch, 10), req("a", 1, 0, 10), req("", 1, 0, 10)} {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			if l, err := p.Acquire(ctx, r); err == nil {
+				p.Release(l)
+			}
+		}()
+	}
+	for {
+		if _, w := p.Stats(); w == 3 {
+			break
+		}
+		runtime.Gosched()
+	}
+	byKey, byClass := p.Waiting()
+	if byKey["a"] != 2 || byKey[""] != 1 || len(byKey) != 2 || byClass != [NumPriorities]int{0, 2, 1} {
+		t.Fatalf("G6 waiting by key %v, by class %v", byKey, byClass)
+	}
+	p.Release(l)
+	for range 3 {
+		<-done
 	}
 }
