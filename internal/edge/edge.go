@@ -339,8 +339,10 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 		return fmt.Errorf("admin_listen: %w", err)
 	}
 
+	httpLn = h.Listener(httpLn) // counts net/http's own 431s (SPEC B4)
 	httpSrv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
-		ConnContext: h.ConnContext, ConnState: h.ConnState, // http.max_connections
+		MaxHeaderBytes: api.MaxHeaderBytes(cfg),               // http.max_header_bytes (SPEC B4)
+		ConnContext:    h.ConnContext, ConnState: h.ConnState, // http.max_connections
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	adminSrv := &http.Server{Handler: adm, ReadHeaderTimeout: 10 * time.Second}
 
@@ -625,6 +627,9 @@ func reload(ctx context.Context, log *slog.Logger, boot, nc *config.Config, cur 
 	}
 	if nc.HTTPListen != boot.HTTPListen || nc.NodeListen != boot.NodeListen || nc.AdminListen != boot.AdminListen || nc.TLS != boot.TLS {
 		log.Warn("config reload: listen addresses and tls settings take effect only after a restart")
+	}
+	if api.MaxHeaderBytes(nc) > api.MaxHeaderBytes(boot) {
+		log.Warn("config reload: a higher http.max_header_bytes takes effect only after a restart (net/http refuses past the value the edge started with)")
 	}
 	install(ctx, log, nc, mat, cur, plane, p, tr)
 	log.Info("config reloaded")

@@ -898,7 +898,8 @@ type Metric struct {
 }
 
 // Metrics returns iop_edge_request_retries_total{reason}: requests sent to
-// another provider after a failure before the first byte.
+// another provider after a failure before the first byte; and
+// iop_edge_header_refusals_total{bound}: the 431s of SPEC B4.
 func (h *Handler) Metrics() []Metric {
 	return []Metric{{MetricRetries,
 		"Requests re-dispatched to a provider not tried yet after a failure before the first byte, by reason.",
@@ -908,7 +909,7 @@ func (h *Handler) Metrics() []Metric {
 				out[`reason="`+r.String()+`"`] = float64(h.retries[r].Load())
 			}
 			return out
-		}}}
+		}}, h.headerMetric()}
 }
 
 func (h *Handler) logFailure(x *exchange, st dispatch.Stream, e *reply.Error) {

@@ -144,6 +144,7 @@ type Handler struct {
 	keys    *keys.Registry  // Options.Keys, or its own (ownKeys)
 	ownKeys bool            // keys follows the config's api_keys (no Options.Keys)
 	lim     limits          // connections and body bytes
+	headers headerCounts    // 431s by bound (headers.go)
 	hasher  *routing.Hasher // conversation prefixes for prefix_affinity groups
 	retries [nRetryReasons]atomic.Uint64
 }
@@ -187,9 +188,12 @@ type view struct {
 	cfg      *config.Config
 	maxBody  int64
 	maxConns int
-	models   []byte   // the GET /v1/models body of a key without a scope
-	names    []string // the model groups, in config order (a scoped key's list, K4)
-	created  int64    // the list's "created"
+	// maxHeaderBytes, maxHeaderFields: http.max_header_bytes and
+	// http.max_header_fields (SPEC B4).
+	maxHeaderBytes, maxHeaderFields int
+	models                          []byte   // the GET /v1/models body of a key without a scope
+	names                           []string // the model groups, in config order (a scoped key's list, K4)
+	created                         int64    // the list's "created"
 	// anthropicModels is GET /v1/models in Anthropic's list shape (a key
 	// without a scope).
 	anthropicModels []byte
@@ -214,7 +218,8 @@ func (h *Handler) current() *view {
 	if v := h.view.Load(); v != nil && v.cfg == cfg {
 		return v
 	}
-	v := &view{cfg: cfg, maxBody: config.DefaultMaxBodyBytes, maxConns: config.DefaultMaxConnections}
+	v := &view{cfg: cfg, maxBody: config.DefaultMaxBodyBytes, maxConns: config.DefaultMaxConnections,
+		maxHeaderBytes: MaxHeaderBytes(cfg), maxHeaderFields: config.DefaultMaxHeaderFields}
 	inflight := int64(config.DefaultMaxInflightBodyBytes)
 	if cfg != nil {
 		if h.ownKeys {
@@ -227,6 +232,9 @@ func (h *Handler) current() *view {
 		}
 		if cfg.HTTP.MaxConnections > 0 {
 			v.maxConns = cfg.HTTP.MaxConnections
+		}
+		if cfg.HTTP.MaxHeaderFields > 0 {
+			v.maxHeaderFields = cfg.HTTP.MaxHeaderFields
 		}
 		if cfg.HTTP.MaxInflightBodyBytes > 0 {
 			inflight = cfg.HTTP.MaxInflightBodyBytes
@@ -306,6 +314,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	ok := h.drain.enter()
 	defer h.drain.exit()
+	if e := h.overHeaderBounds(w, r, h.current()); e != nil { // B4: before any other work, authentication included
+		rw := h.books.Begin(w, r, start, traceRoute(r.URL.Path))
+		rw.Rec.Surface = surfaceOf(r.URL.Path)
+		reply.WriteError(rw, surfaceFor(r.URL.Path), e)
+		h.books.End(r.Context(), rw)
+		return
+	}
 	if r.URL.Path == "/healthz" {
 		healthz(w, r, ok)
 		return

@@ -23,7 +23,7 @@ type limits struct {
 	conns  connTable    // client connections, bound http.max_connections (conns.go)
 	bodies limit.Budget // request-body bytes held, bound http.max_inflight_body_bytes
 
-	connLog, shedLog, bodyLog, keyLog ratelog.Limiter
+	connLog, shedLog, bodyLog, keyLog, headerLog ratelog.Limiter
 }
 
 // connKey is the context key of a connection's *clientConn.

@@ -40,12 +40,22 @@ const (
 	// DefaultMaxConnections bounds concurrent client connections
 	// (http.max_connections).
 	DefaultMaxConnections = 4096
-	MaxBodyBytesLimit     = 15 << 20
-	DefaultDrainTimeoutMs = 30000 // shutdown.drain_timeout_ms
-	MaxDrainTimeoutMs     = 3600000
-	DefaultLeaseTTLMs     = 60000  // credentials.lease_ttl_ms
-	MinLeaseTTLMs         = 1000   // a lease must outlive one dispatch
-	MaxLeaseTTLMs         = 300000 // lease.MaxTTL
+	// DefaultMaxHeaderBytes and DefaultMaxHeaderFields bound one request's
+	// head (http.max_header_bytes: the request line and header fields, in
+	// bytes; http.max_header_fields: header fields), with their ranges
+	// (SPEC B4).
+	DefaultMaxHeaderBytes  = 64 << 10
+	MinMaxHeaderBytes      = 4 << 10
+	MaxMaxHeaderBytes      = 1 << 20
+	DefaultMaxHeaderFields = 256
+	MinMaxHeaderFields     = 16
+	MaxMaxHeaderFields     = 10000
+	MaxBodyBytesLimit      = 15 << 20
+	DefaultDrainTimeoutMs  = 30000 // shutdown.drain_timeout_ms
+	MaxDrainTimeoutMs      = 3600000
+	DefaultLeaseTTLMs      = 60000  // credentials.lease_ttl_ms
+	MinLeaseTTLMs          = 1000   // a lease must outlive one dispatch
+	MaxLeaseTTLMs          = 300000 // lease.MaxTTL
 	// MaxAffinityEpsilon bounds models[].affinity_epsilon: beyond it the
 	// load bound no longer bounds anything.
 	MaxAffinityEpsilon = 100.0
@@ -179,6 +189,12 @@ func (c *Config) applyDefaults() {
 	}
 	if c.HTTP.MaxConnections == 0 {
 		c.HTTP.MaxConnections = DefaultMaxConnections
+	}
+	if c.HTTP.MaxHeaderBytes == 0 {
+		c.HTTP.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	if c.HTTP.MaxHeaderFields == 0 {
+		c.HTTP.MaxHeaderFields = DefaultMaxHeaderFields
 	}
 	if c.Shutdown.DrainTimeoutMs == 0 {
 		c.Shutdown.DrainTimeoutMs = DefaultDrainTimeoutMs

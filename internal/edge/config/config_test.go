@@ -55,6 +55,8 @@ func TestDefaults(t *testing.T) {
 		{"drain timeout", c.Shutdown.DrainTimeoutMs, int64(30000)},
 		{"max in-flight body bytes", c.HTTP.MaxInflightBodyBytes, int64(256 << 20)},
 		{"max connections", c.HTTP.MaxConnections, 4096},
+		{"B4 max header bytes", c.HTTP.MaxHeaderBytes, 64 << 10},
+		{"B4 max header fields", c.HTTP.MaxHeaderFields, 256},
 		{"api key max_concurrent: no bound", c.APIKeys[0].MaxConcurrent, 0},
 		{"api key requests_per_minute: no bound", c.APIKeys[0].RequestsPerMinute, 0},
 		{"issue16 routing", c.Models[0].Routing, "least_loaded"},
@@ -107,7 +109,8 @@ func TestValidateReportsEveryProblem(t *testing.T) {
      "providers": [{"node": "gpu-9", "provider": "x", "target": "t"}]}
   ],
   "queue": {"max_waiters": -1},
-  "http": {"max_body_bytes": 999999999, "max_inflight_body_bytes": 1000, "max_connections": -1, "unknown_fields": "ignore"},
+  "http": {"max_body_bytes": 999999999, "max_inflight_body_bytes": 1000, "max_connections": -1, "unknown_fields": "ignore",
+           "max_header_bytes": 100, "max_header_fields": 20000},
   "shutdown": {"drain_timeout_ms": -1}
 }`
 	_, err := Parse([]byte(bad))
@@ -145,6 +148,8 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 		"http.max_inflight_body_bytes: must be at least http.max_body_bytes",
 		"http.max_connections: must be ≥ 1",
 		"http.unknown_fields: must be \"report\" or \"reject\"",
+		"http.max_header_bytes: must be between 4096 and 1048576, got 100",
+		"http.max_header_fields: must be between 16 and 10000, got 20000",
 	}
 	for _, w := range wants {
 		if !strings.Contains(err.Error(), w) {

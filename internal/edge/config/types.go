@@ -269,6 +269,14 @@ type HTTP struct {
 	// MaxConnections bounds concurrent client connections; a connection
 	// beyond it gets 503 with Retry-After and is closed.
 	MaxConnections int `json:"max_connections"`
+	// MaxHeaderBytes bounds one request's head, the request line and
+	// header fields, in bytes; past it the request gets 431 before
+	// anything else is done with it (SPEC B4). A reload may lower it;
+	// raising it takes effect after a restart.
+	MaxHeaderBytes int `json:"max_header_bytes"`
+	// MaxHeaderFields bounds one request's header fields (each value of a
+	// repeated name counts); past it 431, before authentication (SPEC B4).
+	MaxHeaderFields int `json:"max_header_fields"`
 	// UnknownFields is the run path's policy for a request member its
 	// field tables do not know (surface.UnknownFields): "report" (the
 	// default: accepted, not sent to the backend, reported) or "reject"

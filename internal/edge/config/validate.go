@@ -262,7 +262,7 @@ func (c *Config) validateOutlierDetection(add func(string, string, ...any)) {
 	}
 }
 
-// validateHTTP checks the client surface's body, connection and
+// validateHTTP checks the client surface's body, connection, header and
 // unknown-field bounds.
 func (c *Config) validateHTTP(add func(string, string, ...any)) {
 	if c.HTTP.MaxBodyBytes < 0 || c.HTTP.MaxBodyBytes > MaxBodyBytesLimit {
@@ -276,6 +276,12 @@ func (c *Config) validateHTTP(add func(string, string, ...any)) {
 	}
 	if c.HTTP.MaxConnections < 0 {
 		add("http.max_connections", "must be ≥ 1, got %d", c.HTTP.MaxConnections)
+	}
+	if c.HTTP.MaxHeaderBytes < MinMaxHeaderBytes || c.HTTP.MaxHeaderBytes > MaxMaxHeaderBytes {
+		add("http.max_header_bytes", "must be between %d and %d, got %d", MinMaxHeaderBytes, MaxMaxHeaderBytes, c.HTTP.MaxHeaderBytes)
+	}
+	if c.HTTP.MaxHeaderFields < MinMaxHeaderFields || c.HTTP.MaxHeaderFields > MaxMaxHeaderFields {
+		add("http.max_header_fields", "must be between %d and %d, got %d", MinMaxHeaderFields, MaxMaxHeaderFields, c.HTTP.MaxHeaderFields)
 	}
 }
 
