@@ -12,7 +12,7 @@ import (
 )
 
 // openBatches opens batches.dir and returns the Batch and Files API's
-// Manager (SPEC X1-X4), nil when batches.dir is not set. Each line runs
+// Manager (SPEC X1-X6), nil when batches.dir is not set. Each line runs
 // as its batch's key through the client handler (Manager.Bind), and a
 // batch stops when its key can no longer make requests.
 func openBatches(cfg *config.Config, log *slog.Logger, reg *keys.Registry) (*batch.Manager, error) {

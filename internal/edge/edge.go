@@ -299,9 +299,15 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 			counters = append(counters, admin.Counter{Name: m.Name, Help: m.Help, Type: m.Type, Samples: m.Samples})
 		}
 	}
-	adm := admin.New(admin.Options{Status: p, Routing: p, Groups: p, Waiting: p, Events: bus, Discovered: fl.Discovered, Metrics: counters, Collectors: []admin.Collector{metrics, kr.reg},
-		Keys:   kr.reg,
-		Recent: recent, Payloads: payloadStates{tr}, Pprof: cfg.Admin.Pprof, Version: o.Version,
+	collectors := []admin.Collector{metrics, kr.reg}
+	var batches admin.BatchSource
+	if bm != nil {
+		collectors, batches = append(collectors, bm), bm
+	}
+	adm := admin.New(admin.Options{Status: p, Routing: p, Groups: p, Waiting: p, Events: bus, Discovered: fl.Discovered, Metrics: counters, Collectors: collectors,
+		Batches: batches,
+		Keys:    kr.reg,
+		Recent:  recent, Payloads: payloadStates{tr}, Pprof: cfg.Admin.Pprof, Version: o.Version,
 		Access: func() admin.Access {
 			c := current()
 			return admin.Access{TokenSHA256: c.Admin.TokenSHA256, AllowedHosts: c.Admin.AllowedHosts}

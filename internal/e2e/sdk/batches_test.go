@@ -270,6 +270,31 @@ func TestBatchKill9(t *testing.T) {
 	const n = 2000
 	b := submit(t, c, batchInput(n, "tiny", 2, nil))
 	before := pollBatch(t, c, b.ID, 120*time.Second, func(b *openai.Batch) bool { return b.RequestCounts.Completed >= 300 })
+	// X6: /status and /metrics show the key's batch in progress.
+	resp, err := s.hc.Get("http://" + s.adminAddr + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Batches []struct {
+			Principal string `json:"principal"`
+			Batches   int    `json:"batches"`
+			Lines     int    `json:"lines"`
+			Oldest    string `json:"oldest"`
+		} `json:"batches"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&st)
+	resp.Body.Close()
+	if err != nil || len(st.Batches) != 1 || st.Batches[0].Principal != "demo" || st.Batches[0].Batches != 1 ||
+		st.Batches[0].Lines != n || st.Batches[0].Oldest != b.ID {
+		t.Fatalf("/status batches: %v %+v", err, st.Batches)
+	}
+	fams := s.scrape(t)
+	inProgress, lines := fams["iop_edge_batches_in_progress"], fams["iop_edge_batch_lines_total"]
+	if inProgress == nil || len(inProgress.Metric) != 1 || labels(inProgress.Metric[0])["principal"] != "demo" ||
+		inProgress.Metric[0].GetGauge().GetValue() != 1 || lines == nil || len(lines.Metric) != 2 {
+		t.Fatalf("/metrics batch families: %v %v", inProgress, lines)
+	}
 	if err := s.edge.signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

@@ -135,6 +135,9 @@ type Options struct {
 	Keys KeySource
 	// Series, when set, is served as GET /series and drawn on the page.
 	Series SeriesSource
+	// Batches, when set, adds the batches in progress per key to /status
+	// ("batches") and the page (SPEC X6).
+	Batches BatchSource
 	// Discovered, when set, adds each node's "discovered" models, by
 	// adapter, to /status (SPEC D1: what its backends serve now).
 	Discovered func() map[string]map[string][]string
@@ -239,6 +242,11 @@ func serveStatus(w http.ResponseWriter, o Options) {
 	}
 	if o.Keys != nil {
 		writeKeys(&buf, o.Keys, time.Now())
+	}
+	if o.Batches != nil {
+		b, _ := json.Marshal(o.Batches.InProgress())
+		buf.WriteString(`,"batches":`)
+		buf.Write(b)
 	}
 	if o.Recent != nil {
 		b, _ := json.Marshal(o.Recent.List())

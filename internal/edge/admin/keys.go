@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"iop/internal/edge/batch"
 	"iop/internal/edge/keys"
 )
 
@@ -15,6 +16,12 @@ import (
 // names, counters and what is left of the bounds, never a key or a hash.
 type KeySource interface {
 	Status(now time.Time) []keys.KeyStatus
+}
+
+// BatchSource gives the batches in progress per key (batch.Manager,
+// SPEC X6): names and counts, never a request or an answer.
+type BatchSource interface {
+	InProgress() []batch.KeyBatches
 }
 
 // StatusKeys is how many keys /status lists (the most tokens today

@@ -6,9 +6,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
+	"iop/internal/edge/batch"
 	"iop/internal/edge/keys"
 )
 
@@ -57,5 +59,38 @@ func TestStatusKeys(t *testing.T) {
 	get("/status/keys", &all)
 	if len(all.Keys) != StatusKeys+20 || all.Keys[0].Name != "k000" {
 		t.Fatalf("/status/keys: %d keys, first %+v", len(all.Keys), all.Keys[0])
+	}
+}
+
+type fakeBatches []batch.KeyBatches
+
+func (f fakeBatches) InProgress() []batch.KeyBatches { return f }
+
+// X6: /status lists the batches in progress per key; the page has their
+// table.
+func TestStatusBatches(t *testing.T) {
+	bs := fakeBatches{{Principal: "team-a", Batches: 2, Lines: 30, Completed: 7, InFlight: 4, Oldest: "batch_x", Status: batch.InProgress}}
+	srv := httptest.NewServer(New(Options{Status: status(), Batches: bs}))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Batches []batch.KeyBatches `json:"batches"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&st)
+	resp.Body.Close()
+	if err != nil || len(st.Batches) != 1 || st.Batches[0] != bs[0] {
+		t.Fatalf("/status batches: %v %+v", err, st.Batches)
+	}
+	resp, err = http.Get(srv.URL + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(page), `<table id="batches">`) || !strings.Contains(string(page), `fill("batches", st.batches`) {
+		t.Fatal("the operator page has no batches table")
 	}
 }

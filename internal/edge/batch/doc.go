@@ -1,5 +1,5 @@
 // Package batch is the OpenAI Batch and Files API the edge runs itself
-// (SPEC X1-X4; OpenAI API reference, "Files" and "Batch"): a key uploads a
+// (SPEC X1-X6; OpenAI API reference, "Files" and "Batch"): a key uploads a
 // JSONL file of requests (POST /v1/files, purpose "batch"), makes a batch
 // of it (POST /v1/batches), and downloads the answers as JSONL (GET
 // /v1/files/{id}/content of the batch's output_file_id and
@@ -22,7 +22,8 @@
 //     at most batches.max_in_flight at once, and writes its output and
 //     error files; a stop (cancel, the key revoked, the window ended, the
 //     edge closing) cancels the lines in flight, which are not journaled.
-//   - http.go: /v1/files and /v1/batches in OpenAI's shapes.
+//   - http.go: /v1/files and /v1/batches in OpenAI's shapes; status.go:
+//     the batches in progress per key for /status and /metrics (X6).
 //
 // # Restart
 //

@@ -396,7 +396,9 @@ func (m *Manager) drive(a *active) {
 		model := ""
 		for _, l := range lines {
 			if l.err != "" && !j.Done(l.no) {
-				_ = j.Append(Entry{Line: l.no, Record: errorRecord(rec.ID, l, "invalid_request", fmt.Sprintf("line %d: %s", l.no, l.err))})
+				if j.Append(Entry{Line: l.no, Record: errorRecord(rec.ID, l, "invalid_request", fmt.Sprintf("line %d: %s", l.no, l.err))}) == nil {
+					m.counts(rec.Owner).failed.Add(1)
+				}
 			}
 			if model == "" && l.err == "" {
 				model = l.model

@@ -378,3 +378,52 @@ func TestX1UploadOverHTTP(t *testing.T) {
 		t.Fatalf("delete: %d %v", status, v)
 	}
 }
+
+// TestX6BatchesInProgress: the batches that have not ended, per key, for
+// /status, the page and /metrics.
+func TestX6BatchesInProgress(t *testing.T) {
+	leakcheck.Check(t)
+	f := &fakeEdge{served: map[string]int{}, hold: make(chan struct{}), started: make(chan struct{}, 100)}
+	m := newManager(t, t.TempDir(), f, 2)
+	defer m.Close()
+	var ids []string
+	for _, owner := range []string{"team-b", "team-a", "team-a"} {
+		file, _ := m.o.Store.CreateFile(owner, "in.jsonl", "batch", strings.NewReader(inputLines(5, nil)))
+		b, err := m.Create(owner, CreateParams{InputFileID: file.ID, Endpoint: "/v1/chat/completions", CompletionWindow: "24h"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, b.ID)
+	}
+	for i := 0; i < 6; i++ { // two lines of each batch in flight
+		<-f.started
+	}
+	got := m.InProgress()
+	if len(got) != 2 || got[0].Principal != "team-a" || got[0].Batches != 2 || got[0].Lines != 10 || got[0].InFlight != 4 ||
+		got[1].Principal != "team-b" || got[1].Batches != 1 || got[1].InFlight != 2 || got[1].Oldest != ids[0] {
+		t.Fatalf("in progress: %+v", got)
+	}
+	var b strings.Builder
+	if err := m.WritePrometheus(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`iop_edge_batches_in_progress{principal="team-a"} 2`, `iop_edge_batch_lines_in_flight{principal="team-b"} 2`,
+		"# TYPE iop_edge_batch_lines_total counter", "iop_edge_batch_storage_bytes "} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("metrics lack %q:\n%s", want, b.String())
+		}
+	}
+	for i, id := range ids {
+		owner := "team-a"
+		if i == 0 {
+			owner = "team-b"
+		}
+		if _, err := m.Cancel(owner, id); err != nil {
+			t.Fatal(err)
+		}
+		waitEnd(t, m, owner, id)
+	}
+	if got := m.InProgress(); len(got) != 0 {
+		t.Fatalf("after cancelling every batch: %+v", got)
+	}
+}

@@ -1,6 +1,6 @@
 package config
 
-// Batch defaults and bounds (docs/config.md "Batches", SPEC X1-X4).
+// Batch defaults and bounds (docs/config.md "Batches", SPEC X1-X6).
 const (
 	// DefaultBatchMaxInFlight is batches.max_in_flight: lines of one batch
 	// in flight at once.
@@ -20,7 +20,7 @@ const (
 )
 
 // Batches configures the OpenAI Batch and Files API the edge runs itself
-// (/v1/files, /v1/batches; SPEC X1-X4). It is on when Dir is set. Read at
+// (/v1/files, /v1/batches; SPEC X1-X6). It is on when Dir is set. Read at
 // start: a reload that changes it is logged and takes effect after a
 // restart.
 type Batches struct {
