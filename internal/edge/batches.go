@@ -9,6 +9,7 @@ import (
 	"iop/internal/edge/batch"
 	"iop/internal/edge/config"
 	"iop/internal/edge/keys"
+	"iop/internal/edge/pool"
 )
 
 // openBatches opens batches.dir and returns the Batch and Files API's
@@ -26,7 +27,11 @@ func openBatches(cfg *config.Config, log *slog.Logger, reg *keys.Registry) (*bat
 	}
 	return batch.New(batch.Options{
 		Store:       st,
-		AsPrincipal: api.AsPrincipal,
+		// G4: the lines are in the batch class (api.WithPriority, ahead of
+		// the Iop-Priority header the lines also carry).
+		AsPrincipal: func(ctx context.Context, name string) context.Context {
+			return api.WithPriority(api.AsPrincipal(ctx, name), pool.PriorityBatch)
+		},
 		Owner:       func(ctx context.Context) (string, bool) { return api.PrincipalFromContext(ctx) },
 		KeyActive: func(name string) error {
 			if reg.OpenMode() {

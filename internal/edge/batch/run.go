@@ -51,7 +51,8 @@ type Options struct {
 	Store *Store
 	// AsPrincipal returns a context under which the Handler serves a
 	// request as the key named name, without its secret (the key store
-	// holds only hashes): api.AsPrincipal.
+	// holds only hashes), in the batch class: api.AsPrincipal with
+	// api.WithPriority(pool.PriorityBatch).
 	AsPrincipal func(ctx context.Context, name string) context.Context
 	// Owner is the authenticated key of an API request (api.PrincipalFromContext);
 	// ok false = open mode, owner "".
