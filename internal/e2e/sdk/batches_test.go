@@ -295,6 +295,18 @@ func TestBatchKill9(t *testing.T) {
 		inProgress.Metric[0].GetGauge().GetValue() != 1 || lines == nil || len(lines.Metric) != 2 {
 		t.Fatalf("/metrics batch families: %v %v", inProgress, lines)
 	}
+	// X5, G4: the lines were served in the batch class.
+	batchClass := uint64(0)
+	for _, m := range fams["iop_edge_key_queue_wait_seconds"].GetMetric() {
+		if l := labels(m); l["key"] == "demo" && l["class"] == "batch" {
+			batchClass += m.GetHistogram().GetSampleCount()
+		} else if l["key"] == "demo" {
+			t.Errorf("a line of the batch queued in class %s", l["class"])
+		}
+	}
+	if batchClass < 300 {
+		t.Fatalf("%d requests of the demo key in the batch class, want ≥ 300", batchClass)
+	}
 	if err := s.edge.signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
