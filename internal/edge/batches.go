@@ -26,13 +26,13 @@ func openBatches(cfg *config.Config, log *slog.Logger, reg *keys.Registry) (*bat
 		return nil, err
 	}
 	return batch.New(batch.Options{
-		Store:       st,
+		Store: st,
 		// G4: the lines are in the batch class (api.WithPriority, ahead of
 		// the Iop-Priority header the lines also carry).
 		AsPrincipal: func(ctx context.Context, name string) context.Context {
 			return api.WithPriority(api.AsPrincipal(ctx, name), pool.PriorityBatch)
 		},
-		Owner:       func(ctx context.Context) (string, bool) { return api.PrincipalFromContext(ctx) },
+		Owner: func(ctx context.Context) (string, bool) { return api.PrincipalFromContext(ctx) },
 		KeyActive: func(name string) error {
 			if reg.OpenMode() {
 				return nil
