@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"iop/internal/edge/reply"
 	"net/http"
+	"net/textproto"
 	"strconv"
 	"strings"
 
@@ -83,7 +84,7 @@ func (s *tunnelSink) handle(env *iop.Envelope) (bool, error) {
 				case strings.EqualFold(hd.Name, "Retry-After"):
 					s.retryAfter = hd.Value
 				case len(s.relayed) < maxRelayedHeaders && relayedHeader(hd.Name) && len(hd.Value) <= maxRelayedValue &&
-					!strings.ContainsAny(hd.Value, "\r\n\x00"):
+					!strings.ContainsAny(hd.Value, "\r\n\x00") && (s.h.keys.OpenMode() || !rateLimitHeader(hd.Name)):
 					s.relayed = append(s.relayed, hd)
 				}
 			}
@@ -157,8 +158,19 @@ func (s *tunnelSink) commit() bool {
 	if s.retryAfter != "" {
 		h.Set("Retry-After", s.retryAfter)
 	}
+	var own map[string]bool // names the edge set itself: never joined by the upstream's
 	for _, hd := range s.relayed {
-		h.Add(hd.Name, hd.Value)
+		if k := textproto.CanonicalMIMEHeaderKey(hd.Name); h[k] != nil {
+			if own == nil {
+				own = map[string]bool{}
+			}
+			own[k] = true
+		}
+	}
+	for _, hd := range s.relayed {
+		if !own[textproto.CanonicalMIMEHeaderKey(hd.Name)] {
+			h.Add(hd.Name, hd.Value)
+		}
 	}
 	s.x.out.W.WriteHeader(s.status)
 	return true
@@ -196,6 +208,17 @@ func relayedHeader(name string) bool {
 		}
 	}
 	return false
+}
+
+// rateLimitHeader reports whether name is a rate-limit header
+// (x-ratelimit-*, anthropic-ratelimit-*). With API keys on, the upstream's
+// are not relayed (K6): they describe the upstream account every key
+// shares, so they would tell one key how much the others use, and they
+// would stand beside the key's own headers of the same names, which the
+// edge sets. In open mode (no keys, one tenant) they pass.
+func rateLimitHeader(name string) bool {
+	n := strings.ToLower(name)
+	return strings.HasPrefix(n, "x-ratelimit-") || strings.HasPrefix(n, "anthropic-ratelimit-")
 }
 
 // validToken reports whether s is an RFC 9110 token (a header name).
