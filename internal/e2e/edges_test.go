@@ -194,6 +194,62 @@ func TestTwoEdgesOneCapacity(t *testing.T) {
 	t.Logf("%d requests, %v over-capacity refusals re-queued, at most %d at the backend", 2*perEdge*rounds, refusals, cc.most.Load())
 }
 
+// E4: an edge whose pool keeps a node's adapter full — its queue refills
+// every slot the moment one of its requests ends — does not starve a
+// second edge: the second edge's refused requests are retried (due, below
+// their fair share) and the node holds the slot the first frees for that
+// retry, so every one of them is answered (a gate that gave every free
+// slot to whichever request came first answered some 503 over_capacity
+// after the edge's 32 refusals).
+func TestE4SecondEdgeNotStarvedByAFullQueue(t *testing.T) {
+	leakcheck.Check(t)
+	const capacity, queued, requests = 2, 6, 10
+	p := newPKI(t, "gpu-1")
+	logs := newLogSink(t)
+	bp := startBackend(t, backend.Options{TokenDelay: 20 * time.Millisecond})
+	url := bp.serve(t, bp.b)
+	cfg := func() *config.Config {
+		c := edgeConfig(t, p, []config.Node{{ID: "gpu-1", Adapters: []config.Adapter{ollamaAdapter("ollama", url, capacity)}}},
+			[]config.Model{modelGroup("tiny", provider("gpu-1", "ollama", "tiny"))}, nil)
+		n := 2 * queued
+		c.Queue.MaxWaiters, c.Queue.WaitTimeoutMs = &n, 30000
+		return c
+	}
+	e1 := startEdge(t, cfg(), nil, logs.logger("edge-a"))
+	e2 := startEdge(t, cfg(), nil, logs.logger("edge-b"))
+	startMultiEdgeNode(t, p, "gpu-1", []string{e1.nodeAddr, e2.nodeAddr}, logs)
+	for _, e := range []*edgeProc{e1, e2} {
+		newAdminClient(t, e).waitConnected(t, 10*time.Second, "gpu-1")
+	}
+	full, second := newAPIClient(t, e1), newAPIClient(t, e2)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var served atomic.Int64
+	busy := make(chan struct{})
+	var once sync.Once
+	for range queued { // more than the capacity: edge a's queue is never empty
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				if res, err := full.chat(ctx, chatRequest{model: "tiny"}); err == nil && res.status == 200 && served.Add(1) == 2*capacity {
+					once.Do(func() { close(busy) })
+				}
+			}
+		})
+	}
+	defer func() { cancel(); wg.Wait() }()
+	select {
+	case <-busy:
+	case <-time.After(30 * time.Second):
+		t.Fatal("edge a's load did not start")
+	}
+	for i := range requests {
+		res, err := second.chat(context.Background(), chatRequest{model: "tiny"})
+		if err != nil || res.status != 200 || res.text != answer {
+			t.Fatalf("E4: edge b's request %d while edge a's queue keeps the adapter full: %d %v %s", i, res.status, err, res.raw)
+		}
+	}
+}
+
 // E4, N2: one adapter name is one backend on a node. An edge whose config
 // names another base URL under an adapter name than the edge the node
 // already serves is refused, with the reason — both edges and the field —

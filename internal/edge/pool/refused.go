@@ -17,13 +17,13 @@ import "time"
 // one after a quiet spell starts it over. The node says in the refusal
 // what this edge's fair share is: the provider admits no more than that
 // during the window (an edge above it steps back to it, freeing node
-// slots), and an edge below it tries again after RefusedRetry, first to
-// the slots the others free.
+// slots), and an edge below it tries again after RefusedRetry: the node
+// holds the last free slot for that retry (for twice RefusedRetry).
 
 // Probe windows of a refused provider. A refusal that says this edge is
-// below its fair share (the node's gate admits any edge to a free slot;
-// the edges above their share step back to it, see the node's capacity
-// gate) is retried after RefusedRetry instead.
+// below its fair share (the node's gate holds the last free slot for its
+// retry, see the node's capacity gate) is retried after RefusedRetry
+// instead.
 const (
 	RefusedBackoff    = 100 * time.Millisecond
 	RefusedBackoffMax = time.Second
@@ -68,7 +68,7 @@ func (s *state) refused(l *Lease, now time.Time, fair int) bool {
 	if fair > 0 {
 		limit = min(limit, fair)
 	}
-	below := fair > 0 && r.inFlight < fair // the edges above their share step back: retry soon
+	below := fair > 0 && r.inFlight < fair // the node holds the last free slot for this edge: retry soon
 	if r.limited && (!below || r.window <= RefusedRetry) {
 		r.limit = min(r.limit, limit) // another refusal of the same burst: the window stands
 		s.pump()

@@ -185,14 +185,14 @@ func TestAdapterConflictAcrossEdges(t *testing.T) {
 	a2.Close()
 }
 
-// E4: the gate between edges is work-conserving: while the adapter has a
-// free slot it admits a request from any edge without a capacity_share,
-// even one above its fair share while another edge was refused; the share
-// only breaks the tie when the adapter is full (the refusal tells each
-// edge its fair share: capacity over the edges that want the adapter, so
-// the edge above it steps back to it and the one below retries first). An
-// edge with a capacity_share is held to it (a hard split) even with a slot
-// free.
+// E4: the gate between edges through the Sets of two edges: a refusal
+// tells each edge its fair share (capacity over the edges that want the
+// adapter); the retry of an edge refused below its share takes the slot
+// the other frees, and once it is in a free slot goes to any edge without
+// a capacity_share, even one above its fair share (work-conserving; the
+// hold of the last slots for a due retry, and its end after holdWindow,
+// are TestE4GateTieBreakForTheLastSlots). An edge with a capacity_share is
+// held to it (a hard split) even with a slot free.
 func TestE4GateWorkConservingBetweenEdges(t *testing.T) {
 	// step is one request of edge e ("a" or "b"): held (it runs until
 	// ended) or run to its terminal; end instead ends one held request.
@@ -211,20 +211,18 @@ func TestE4GateWorkConservingBetweenEdges(t *testing.T) {
 		shareB   float64
 		steps    []step
 	}{
-		{name: "a free slot admits an edge above its fair share while another waits", capacity: 2, steps: []step{
+		{name: "the refused edge's retry takes the freed slot, then a free slot goes to any edge", capacity: 2, steps: []step{
 			{edge: "a", hold: true}, {edge: "a", hold: true},
 			{edge: "b", code: over, fair: 1, says: "its capacity of 2"}, // full: b is told its share, 1
 			{end: true}, // a holds 1, its share; a slot is free
-			{edge: "a"}, // a takes the free slot (it was refused before: fair share of 1 while b waits)
-			{edge: "b"}, // and b its retry
+			{edge: "b"}, // b's retry
+			{edge: "a"}, // a, above its share, takes the free slot (before: refused, fair share of 1 while b waits)
 		}},
 		{name: "full: the edge above its share is told its share", capacity: 4, steps: []step{
 			{edge: "a", hold: true}, {edge: "a", hold: true}, {edge: "a", hold: true},
 			{edge: "b", hold: true},
 			{edge: "b", code: over, fair: 2},
 			{edge: "a", code: over, fair: 2, says: "its capacity of 4"},
-			{end: true},
-			{edge: "a", hold: true}, // the last slot, first come
 		}},
 		{name: "a lone edge is told the whole capacity", capacity: 2, steps: []step{
 			{edge: "a", hold: true}, {edge: "a", hold: true},

@@ -18,59 +18,108 @@ import (
 // second queue; over it the request ends with the typed over_capacity
 // terminal before any upstream call, carrying the edge's fair share.
 //
-// Between edges the gate is work-conserving: while the adapter has a free
-// slot it admits a request from any edge without a capacity share, however
-// many of that edge's run. The fair share — ceil(limit / edges that want
-// the adapter: requests running, or refused within fairWindow) — breaks the
-// tie only when edges compete for a full adapter: the refusal carries it,
-// and the edge's pool admits no more than it for a while (an edge above
-// its share steps back to it; one below it retries first), so the slots
-// the first frees go to the second's retries. An edge with a capacity
-// share is a hard split: it is refused at ceil(limit × share) of its own
-// even with a slot free. A limit ≤ 0 means no local limit.
+// Between edges the gate is work-conserving: a free slot goes to whichever
+// edge's request comes for it, however many of that edge's run, with one
+// tie-breaker for the last free slots. An edge's fair share is ceil(limit
+// / edges that want the adapter: requests running, or refused within
+// fairWindow). An edge refused for want of a slot while below its share is
+// due: its pool tries again within the edge's RefusedRetry (50 ms), and
+// for holdWindow, or until one of its requests is admitted, the last free
+// slot — one per due edge — is its: a request of an edge at or above its
+// share that would take it is refused. Without the hold an edge whose
+// pool refills every slot it frees the moment it frees it would take them
+// all, and the other edge's retries would meet a full adapter until they
+// give up. Nothing else holds a slot: an edge that stopped asking frees
+// its hold within holdWindow. The refusal carries the fair share, and the
+// edge's pool admits no more than it for a while (the edge above it steps
+// back to it). An edge with a capacity share is a hard split: it is
+// refused at ceil(limit × share) of its own even with a slot free. A limit
+// ≤ 0 means no local limit.
 type gate struct {
 	limit     int64
 	use       *atomic.Int64
 	edgeLimit int64
 	edge      *edgeCount // this gate's edge; nil only before bind
 	peers     *atomic.Pointer[[]*edgeCount]
+	clock     func() int64 // monotonic ns; nil = monoNow (tests set Capacity.clock)
 }
 
-// edgeCount is one edge's requests on one adapter name: how many run, and
-// when it was last refused because the adapter was full (its demand).
+// edgeCount is one edge's requests on one adapter name: how many run, when
+// it was last refused because the adapter was full (its demand), and
+// whether a retry of it is due.
 type edgeCount struct {
 	use    atomic.Int64
 	wanted atomic.Int64 // monotonic ns (since clockBase) of its last refusal; 0 = never
+	due    atomic.Int64 // as wanted, of its last refusal below its fair share; 0 once one of its requests is admitted
 }
 
-// fairWindow is how long a refusal marks an edge as wanting the adapter.
-const fairWindow = time.Second
+// fairWindow is how long a refusal marks an edge as wanting the adapter;
+// holdWindow how long a refusal below its share holds the last free slot
+// for its retry (twice the edge pool's RefusedRetry).
+const (
+	fairWindow = time.Second
+	holdWindow = 100 * time.Millisecond
+)
 
 var clockBase = time.Now()
 
 func monoNow() int64 { return int64(time.Since(clockBase)) + 1 }
 
+func (g *gate) now() int64 {
+	if g.clock != nil {
+		return g.clock()
+	}
+	return monoNow()
+}
+
+// refusal is why tryAcquire refused; admitted when it did not.
+type refusal uint8
+
+const (
+	admitted     refusal = iota
+	refusedShare         // the edge's capacity share is used (the hard split)
+	refusedFull          // every slot is taken
+	refusedHeld          // the last free slots are held for other edges' due retries
+)
+
 // tryAcquire admits one request if a slot is free for its edge; it never
 // blocks. On a refusal fair is the edge's fair share, for the
-// over_capacity terminal; an admission costs two atomic adds (one compare
-// and swap each), the edge's share and the clock are read only to refuse.
-func (g *gate) tryAcquire() (ok bool, fair int64) {
+// over_capacity terminal. An admission far from full costs two atomic adds
+// and two loads; the clock and the other edges are read only near full.
+func (g *gate) tryAcquire() (why refusal, fair int64) {
 	if g.limit <= 0 {
-		return true, 0
+		return admitted, 0
 	}
 	switch {
 	case g.edgeLimit <= 0:
 		g.edge.use.Add(1)
 	case !acquire(&g.edge.use, g.edgeLimit):
-		return false, min(g.fairShare(monoNow()), g.edgeLimit) // the hard split, a slot free or not
+		return refusedShare, min(g.fairShare(g.now()), g.edgeLimit) // the hard split, a slot free or not
 	}
-	if !acquire(g.use, g.limit) {
+	v, ok := acquireN(g.use, g.limit)
+	if !ok {
 		g.edge.use.Add(-1)
-		now := monoNow()
+		now := g.now()
+		fair = g.fairShare(now)
 		g.edge.wanted.Store(now)
-		return false, g.fairShare(now)
+		if g.edge.use.Load() < fair {
+			g.edge.due.Store(now)
+		}
+		return refusedFull, fair
 	}
-	return true, 0
+	if ps := g.peers.Load(); ps != nil && g.limit-v < int64(len(*ps)-1) { // near full: fewer free slots left than other edges
+		now := g.now()
+		fair = g.fairShare(now)
+		if g.edge.use.Load() > fair && g.limit-v < g.dueEdges(*ps, now, fair) {
+			g.edge.use.Add(-1)
+			g.use.Add(-1)
+			return refusedHeld, fair // the last free slots are held for the due edges' retries
+		}
+	}
+	if g.edge.due.Load() != 0 {
+		g.edge.due.Store(0) // its retry is in: the hold ends
+	}
+	return admitted, 0
 }
 
 // fairShare is ceil(limit / k), k the edges that want the adapter (this
@@ -85,6 +134,19 @@ func (g *gate) fairShare(now int64) int64 {
 		}
 	}
 	return (g.limit + k - 1) / k
+}
+
+// dueEdges counts the other edges whose retry is due (refused below their
+// share within holdWindow, none of their requests admitted since) and that
+// still run fewer than fair.
+func (g *gate) dueEdges(ps []*edgeCount, now, fair int64) int64 {
+	n := int64(0)
+	for _, p := range ps {
+		if d := p.due.Load(); p != g.edge && d != 0 && now-d < int64(holdWindow) && p.use.Load() < fair {
+			n++
+		}
+	}
+	return n
 }
 
 func wants(e *edgeCount, now int64) bool {
@@ -102,21 +164,30 @@ func (g *gate) release() {
 }
 
 // full says why the gate refused, for the terminal's error text.
-func (g *gate) full() string {
-	if g.edgeLimit > 0 && g.edge.use.Load() >= g.edgeLimit {
+func (g *gate) full(why refusal, fair int64) string {
+	switch why {
+	case refusedShare:
 		return fmt.Sprintf("its capacity share of %d concurrent requests from this edge", g.edgeLimit)
+	case refusedHeld:
+		return fmt.Sprintf("its fair share of %d concurrent requests from this edge while another edge's retry is due for the last free slot (capacity %d)", fair, g.limit)
 	}
 	return fmt.Sprintf("its capacity of %d concurrent requests", g.limit)
 }
 
 func acquire(n *atomic.Int64, limit int64) bool {
+	_, ok := acquireN(n, limit)
+	return ok
+}
+
+// acquireN adds one to n if it is below limit, and returns the new value.
+func acquireN(n *atomic.Int64, limit int64) (int64, bool) {
 	for {
 		v := n.Load()
 		if v >= limit {
-			return false
+			return v, false
 		}
 		if n.CompareAndSwap(v, v+1) {
-			return true
+			return v + 1, true
 		}
 	}
 }
@@ -138,11 +209,13 @@ type Capacity struct {
 	mu     sync.Mutex
 	counts map[string]*counts
 	claims map[string]map[string]claim // adapter name → edge → what its Set names
+	clock  func() int64                // the gates' clock; nil = monoNow
 }
 
 // counts are one adapter name's requests running: in all and per edge.
 type counts struct {
 	all    atomic.Int64
+	_      [56]byte              // all, which every admission changes, on a cache line of its own: the gates read edges beside it
 	byEdge map[string]*edgeCount // guarded by Capacity.mu
 	// edges is byEdge's values, replaced (never changed) under
 	// Capacity.mu, for the gates to read without it.
@@ -179,7 +252,7 @@ func (c *Capacity) gateLocked(name, edge string, capacity int64, share float64) 
 		}
 		n.edges.Store(&all)
 	}
-	g := gate{limit: capacity, use: &n.all, edge: e, peers: &n.edges}
+	g := gate{limit: capacity, use: &n.all, edge: e, peers: &n.edges, clock: c.clock}
 	if el := protocol.ShareOf(capacity, share); share > 0 && el > 0 {
 		g.edgeLimit = el
 	}

@@ -17,14 +17,14 @@ func BenchmarkGate(b *testing.B) {
 			g2 := c.gateLocked("one", "edge-2", bc.limit, 0)
 			c.mu.Unlock()
 			if bc.limit == 1 {
-				if ok, _ := g2.tryAcquire(); !ok {
+				if why, _ := g2.tryAcquire(); why != admitted {
 					b.Fatal("the one slot refused")
 				}
 			}
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					if ok, _ := g1.tryAcquire(); ok {
+					if why, _ := g1.tryAcquire(); why == admitted {
 						g1.release()
 					}
 				}

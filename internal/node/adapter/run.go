@@ -77,8 +77,8 @@ func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit f
 		rs.fail(code, err.Error(), err)
 		return
 	}
-	if ok, fair := inst.gate.tryAcquire(); !ok {
-		rs.overCapacity(fmt.Sprintf("adapter %q is at %s", inst.name, inst.gate.full()), fair)
+	if why, fair := inst.gate.tryAcquire(); why != admitted {
+		rs.overCapacity(fmt.Sprintf("adapter %q is at %s", inst.name, inst.gate.full(why, fair)), fair)
 		return
 	}
 	release := sync.OnceFunc(inst.gate.release)

@@ -89,8 +89,8 @@ func (s *Set) Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelR
 		ts.fail(protocol.CodeInvalidRequest, err.Error(), err)
 		return
 	}
-	if ok, fair := inst.gate.tryAcquire(); !ok {
-		ts.overCapacity(fmt.Sprintf("adapter %q is at %s", inst.name, inst.gate.full()), fair)
+	if why, fair := inst.gate.tryAcquire(); why != admitted {
+		ts.overCapacity(fmt.Sprintf("adapter %q is at %s", inst.name, inst.gate.full(why, fair)), fair)
 		return
 	}
 	release := sync.OnceFunc(inst.gate.release)

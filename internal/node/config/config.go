@@ -90,7 +90,8 @@ type Edge struct {
 	// while fewer than ceil(capacity × share) of them run on the adapter
 	// (and the node-wide count is below capacity), refused above it even
 	// with a slot free. 0 (omitted) = no share of its own: the edge takes
-	// any free slot, and a full adapter tells it its fair share.
+	// any free slot but the last ones held for another edge's due retry,
+	// and a refusal tells it its fair share.
 	CapacityShare float64 `json:"capacity_share"`
 }
 
