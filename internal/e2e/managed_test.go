@@ -151,6 +151,40 @@ func TestManagedDemoBackend(t *testing.T) {
 	if got := demoProcs(t, demo); len(got) != 1 || !containsValue(got, "tiny") {
 		t.Fatalf("U2: processes after the first request: %v", got)
 	}
+	// U6: the edge learns that tiny is loaded (and its load time) and the others are not.
+	residency := func(want map[string]string) {
+		t.Helper()
+		eventually(t, 10*time.Second, "residency in /status", func() (bool, string) {
+			b, err := adm.get("/status")
+			if err != nil {
+				return false, err.Error()
+			}
+			var d struct {
+				Nodes []struct {
+					Providers []struct {
+						Residency []struct {
+							Model, State string
+							LoadMs       string `json:"load_ms"` // protojson: int64 as a string
+						} `json:"residency"`
+					} `json:"providers"`
+				} `json:"nodes"`
+			}
+			if err := json.Unmarshal(b, &d); err != nil || len(d.Nodes) != 1 {
+				return false, fmt.Sprint(err, string(b))
+			}
+			got := map[string]string{}
+			for _, p := range d.Nodes[0].Providers {
+				for _, r := range p.Residency {
+					got[r.Model] = r.State
+					if r.Model == "tiny" && r.State == "loaded" && (r.LoadMs == "" || r.LoadMs == "0") {
+						return false, "tiny loaded without a load time"
+					}
+				}
+			}
+			return fmt.Sprint(got) == fmt.Sprint(want), fmt.Sprint(got)
+		})
+	}
+	residency(map[string]string{"tiny": "loaded", "tiny-loop": "unloaded", "tiny-tool": "unloaded"})
 
 	// U3: three models, room for two, served in turn by concurrent clients.
 	var mu sync.Mutex
@@ -221,6 +255,7 @@ func TestManagedDemoBackend(t *testing.T) {
 	if got := demoProcs(t, demo); len(got) != 0 {
 		t.Fatalf("U4: processes after the idle unload: %v", got)
 	}
+	residency(map[string]string{"tiny": "unloaded", "tiny-loop": "unloaded", "tiny-tool": "unloaded"})
 }
 
 func containsValue(m map[int]string, v string) bool {

@@ -248,7 +248,8 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 			OnDraining: func(node string, gen uint64) { p.NodeDraining(node, gen) },
 		},
 		Fleet: transport.FleetHooks{Join: fl.ServeJoin, Renew: fl.Renew,
-			OnModels: func(node string, gen uint64, r *iop.NodeModelsReport) { fl.Report(node, gen, r) }},
+			OnModels:    func(node string, gen uint64, r *iop.NodeModelsReport) { fl.Report(node, gen, r) },
+			OnResidency: func(node string, gen uint64, r *iop.NodeResidencyReport) { p.NodeResidency(node, gen, residencyOf(r)) }},
 		RegisterBurst: o.RegisterBurst, RegisterInterval: o.RegisterInterval,
 	})
 	plane.BindBoots(tr.BootID) // SPEC C3: a node's restart invalidates its earlier leases
@@ -725,4 +726,22 @@ func tlsConfig(cfg *config.Config, allow func(string) bool, fl *fleet.Fleet) (*t
 		tc = identity.JoinServerConfig(tc, ca)
 	}
 	return tc, nil
+}
+
+// residencyOf is a NodeResidencyReport as the pool takes it (SPEC U6); the
+// pool bounds what it keeps.
+func residencyOf(r *iop.NodeResidencyReport) map[string][]pool.ModelResidency {
+	out := make(map[string][]pool.ModelResidency, len(r.GetAdapters()))
+	for _, a := range r.GetAdapters() {
+		ms := make([]pool.ModelResidency, 0, min(len(a.GetModels()), 4096))
+		for _, m := range a.GetModels() {
+			if len(ms) == cap(ms) {
+				break
+			}
+			ms = append(ms, pool.ModelResidency{Model: m.GetModel(), State: m.GetState(), LoadMs: max(m.GetLoadMs(), 0),
+				MemoryMB: max(m.GetMemoryMb(), 0), InFlight: int(max(m.GetInFlight(), 0))})
+		}
+		out[a.GetAdapter()] = ms
+	}
+	return out
 }

@@ -115,6 +115,10 @@ func kindRows() map[string]*iop.Envelope {
 		"models_report": {Kind: &iop.Envelope_ModelsReport{ModelsReport: &iop.NodeModelsReport{Adapters: []*iop.AdapterModels{
 			{Adapter: "ollama", Models: []string{"llama3.1:8b", "qwen2.5:7b"}}, {Adapter: "vllm", Error: "upstream status 503"},
 		}}}},
+		"residency_report": {Kind: &iop.Envelope_ResidencyReport{ResidencyReport: &iop.NodeResidencyReport{Adapters: []*iop.AdapterResidency{
+			{Adapter: "llama", Models: []*iop.ModelResidency{{Model: "qwen2.5-7b", State: "loaded", LoadMs: 4200, MemoryMb: 5400, InFlight: 2},
+				{Model: "tiny", State: "unloaded"}}},
+		}}}},
 	}
 }
 

@@ -158,6 +158,10 @@ type resource struct {
 	bl     routing.Backlog
 	fit    *routing.Fit
 
+	// What its node reports of its targets' residency (residency.go,
+	// SPEC U6).
+	resid residency
+
 	// Passive-health ejection (cooling.go); no generation: it is about
 	// the backend, not the node's connection.
 	ejected      bool

@@ -5,7 +5,9 @@ import "iop/internal/edge/routing"
 // pick returns the candidate of class c to grant now to a request with
 // prefix and promptTokens, or nil when none is free; for prefix_affinity groups also how
 // routing decided. Only live, free candidates are ever returned (SPEC Q3):
-//   - least_loaded: lowest in_flight/capacity, then config order;
+//   - least_loaded: a candidate whose target is loaded before one that
+//     is not (SPEC U6, residency.go), then lowest in_flight/capacity, then
+//     config order;
 //   - ordered: the first in config order;
 //   - prefix_affinity: routing.Choose (longest held prefix unless the
 //     prefill queued on its holder outweighs what it saves, cost.go; then
@@ -34,14 +36,16 @@ func (s *state) choose(c *class, prefix []uint64, promptTokens int) (*cand, rout
 		return nil, routing.ResultFallback, nil
 	}
 	var best *cand
+	bestCold := false
 	for i := range c.cands {
 		cd := &c.cands[i]
 		r := cd.res
 		if !r.live() || !r.free(c.long) {
 			continue
 		}
-		if best == nil || r.inFlight*best.res.capacity() < best.res.inFlight*r.capacity() {
-			best = cd
+		cold, _ := r.coldStart(cd.target) // SPEC U6: a loaded target first
+		if best == nil || bestCold && !cold || cold == bestCold && r.inFlight*best.res.capacity() < best.res.inFlight*r.capacity() {
+			best, bestCold = cd, cold
 		}
 	}
 	return best, routing.ResultFallback, nil
@@ -64,6 +68,7 @@ func (s *state) pickAffinity(c *class, prefix []uint64, promptTokens int) (*cand
 			f := c.g.fit
 			cd.Backlog, cd.TokenTime = f.Wait(r.bl.Ahead(s.now, f.TokenTime()), r.inFlight), f.TokenTime()
 		}
+		cd.Cold, cd.ColdStart = r.coldStart(c.cands[i].target) // SPEC U6
 		cs = append(cs, cd)
 	}
 	s.scratch = cs

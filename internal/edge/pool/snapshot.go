@@ -127,6 +127,9 @@ func (s *state) snapshot() []NodeSnapshot {
 				ps.CoolingUntil = r.ejectedUntil.UTC().Format(coolingTime)
 				ps.CoolingReason = r.ejectReason
 			}
+			if n.ready {
+				ps.Residency = r.residencySnapshot() // SPEC U6
+			}
 			ns.Providers = append(ns.Providers, ps)
 		}
 		out = append(out, ns)

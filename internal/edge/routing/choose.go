@@ -36,7 +36,20 @@ type Candidate struct {
 	// TokenTime its seconds per prefilled token (Fit.TokenTime, > 0).
 	// Read only when Policy.Balance > 0.
 	Backlog, TokenTime float64
+	// Cold: the request's target is not loaded there (a managed backend
+	// would start its process first, SPEC U6); ColdStart is the seconds
+	// its last load there took (0 = never measured: DefaultColdStart).
+	Cold      bool
+	ColdStart float64
 }
+
+// DefaultColdStart is the seconds a cold start is assumed to take where no
+// load of the model was measured yet.
+const DefaultColdStart = 1.0
+
+// eligible: c may be chosen — free, and loaded when some free candidate
+// is (SPEC U6: a loaded provider is preferred).
+func eligible(c *Candidate, warmFree bool) bool { return c.Free && !(warmFree && c.Cold) }
 
 // Choose picks the candidate for a request under prefix affinity and says
 // how it decided; it returns -1 when no candidate is free (the request
@@ -60,6 +73,10 @@ type Candidate struct {
 // least loaded of them (Load/Weight, then slice order) takes it: affinity
 // never makes a request wait while a candidate is free.
 //
+// A free candidate whose target is loaded is chosen before one where it
+// is not (Cold, SPEC U6) at every step above; a cold start's seconds are
+// part of a candidate's cost below.
+//
 // A turn chosen for a holder of its prefix then weighs its cost (see
 // cost.go): it goes to the free candidate where its first token is
 // expected soonest — Balance × the prefill queued there plus its own
@@ -71,6 +88,10 @@ type Candidate struct {
 func Choose(cands []Candidate, t Turn, p Policy) (int, Result) {
 	hasKey, key, epsilon := t.HasKey, t.Key, p.Epsilon
 	m, w, maxMatch, freeMatch := 1, 0, 0, 0
+	warmFree := false
+	for i := range cands {
+		warmFree = warmFree || cands[i].Free && !cands[i].Cold
+	}
 	for i := range cands {
 		c := &cands[i]
 		if c.Live {
@@ -78,7 +99,7 @@ func Choose(cands []Candidate, t Turn, p Policy) (int, Result) {
 			w += c.Weight
 			maxMatch = max(maxMatch, c.Match)
 		}
-		if c.Free && hasKey {
+		if eligible(c, warmFree) && hasKey {
 			freeMatch = max(freeMatch, c.Match)
 		}
 	}
@@ -86,7 +107,7 @@ func Choose(cands []Candidate, t Turn, p Policy) (int, Result) {
 	var bestScore float64
 	for i := range cands {
 		c := &cands[i]
-		if !c.Free || hasKey && c.Match != freeMatch {
+		if !eligible(c, warmFree) || hasKey && c.Match != freeMatch {
 			continue
 		}
 		if least < 0 || c.Load*cands[least].Weight < cands[least].Load*c.Weight {

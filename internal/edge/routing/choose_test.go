@@ -5,6 +5,9 @@ import (
 	"testing"
 )
 
+// cold marks c's target not loaded (SPEC U6).
+func cold(c Candidate) Candidate { c.Cold = true; return c }
+
 // free returns a live candidate with a free slot.
 func free(id uint64, load, weight, match int) Candidate {
 	return Candidate{ID: id, Live: true, Free: true, Load: load, Weight: weight, Match: match}
@@ -50,6 +53,12 @@ func TestChoose(t *testing.T) {
 			cands: []Candidate{free(1, 2, 4, 0), free(2, 1, 4, 0), free(3, 3, 4, 0)}, noKey: true, want: 1, result: ResultFallback},
 		{name: "issue16 no match: the hash decides",
 			cands: []Candidate{free(1, 0, 4, 0), free(2, 0, 4, 0)}, want: -2, result: ResultHash},
+		{name: "U6 a loaded candidate before a cold holder of the prefix",
+			cands: []Candidate{cold(free(1, 0, 4, 3)), free(2, 0, 4, 0)}, want: 1, result: ResultFallback},
+		{name: "U6 no conversation: the loaded candidate although busier",
+			cands: []Candidate{cold(free(1, 0, 4, 0)), free(2, 3, 4, 0)}, noKey: true, want: 1, result: ResultFallback},
+		{name: "U6 every free candidate cold: decided as without residency",
+			cands: []Candidate{cold(free(1, 2, 4, 0)), cold(free(2, 1, 4, 0)), busy(free(3, 4, 4, 0))}, noKey: true, want: 1, result: ResultFallback},
 	}
 	for _, r := range rows {
 		t.Run(r.name, func(t *testing.T) {

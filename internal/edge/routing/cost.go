@@ -65,10 +65,23 @@ type Policy struct {
 }
 
 // cost is the expected seconds to c's first token for a turn of prompt
-// tokens: the queued prefill (weighted) and the turn's own uncached prefill.
+// tokens: the queued prefill (weighted), the turn's own uncached prefill
+// and, where its model is not loaded, the model's load (SPEC U6).
 func cost(c *Candidate, prompt int, balance float64) float64 {
 	own := max(prompt-c.Held, 1) // a backend always evaluates the last token again
-	return balance*c.Backlog + float64(own)*c.TokenTime
+	k := balance*c.Backlog + float64(own)*c.TokenTime
+	if c.Cold {
+		k += coldSeconds(c)
+	}
+	return k
+}
+
+// coldSeconds is c's cold start: its measured load, else DefaultColdStart.
+func coldSeconds(c *Candidate) float64 {
+	if c.ColdStart > 0 {
+		return c.ColdStart
+	}
+	return DefaultColdStart
 }
 
 // yieldTo returns the free candidate a turn chosen for holder best should

@@ -21,6 +21,7 @@ func costed(id uint64, load, match, held int, backlog float64) Candidate {
 // holder, 1.5 s elsewhere at 0.5 ms per token).
 func TestTurnCost(t *testing.T) {
 	busy := func(c Candidate) Candidate { c.Free = false; return c }
+	coldAt := func(c Candidate, s float64) Candidate { c.Cold, c.ColdStart = true, s; return c }
 	fast := func(c Candidate) Candidate { c.TokenTime = DefaultTokenTime / 20; return c }
 	const prompt, held = 3000, 2800
 	rows := []struct {
@@ -68,6 +69,12 @@ func TestTurnCost(t *testing.T) {
 		{name: "balance 4: a shorter queue on the holder already outweighs the saved prefill",
 			// 4·0.5 + 0.1 s against 1.5 s
 			cands: []Candidate{costed(1, 6, 5, held, 0.5), costed(2, 0, 0, 0, 0)}, balance: 4, want: 1, result: ResultYield},
+		{name: "U6 every candidate cold: a cold start is part of the cost",
+			// 0.1 + 5 s (load) on the holder against 1.5 + 0.5 s
+			cands: []Candidate{coldAt(costed(1, 0, 5, held, 0), 5), coldAt(costed(2, 0, 0, 0, 0), 0.5)}, want: 1, result: ResultYield},
+		{name: "U6 a load never measured costs DefaultColdStart",
+			// 0.1 + 1 s on the holder against 1.5 + 0.5 s
+			cands: []Candidate{coldAt(costed(1, 0, 5, held, 0), 0), coldAt(costed(2, 0, 0, 0, 0), 0.5)}, want: 0, result: ResultPrefixHit},
 		{name: "unknown prompt size: no cost weighed",
 			cands: []Candidate{costed(1, 7, 5, held, 10), costed(2, 0, 0, 0, 0)}, prompt: -1, want: 0, result: ResultPrefixHit},
 	}

@@ -31,6 +31,9 @@ type FleetHooks struct {
 	// OnModels takes a ready node's NodeModelsReport from its read loop;
 	// it must not block.
 	OnModels func(node string, gen uint64, r *iop.NodeModelsReport)
+	// OnResidency takes a ready node's NodeResidencyReport (SPEC U6) from
+	// its read loop; it must not block.
+	OnResidency func(node string, gen uint64, r *iop.NodeResidencyReport)
 }
 
 // ErrPayloadTooLarge: a node's RegisterResponse would exceed the pre-ready
@@ -70,6 +73,10 @@ func (c *session) fleetFrame(env *iop.Envelope) {
 	case *iop.Envelope_ModelsReport:
 		if f := s.o.Fleet.OnModels; f != nil {
 			f(node, gen, k.ModelsReport)
+		}
+	case *iop.Envelope_ResidencyReport:
+		if f := s.o.Fleet.OnResidency; f != nil {
+			f(node, gen, k.ResidencyReport)
 		}
 	case *iop.Envelope_RenewRequest:
 		answer := func(r *iop.CertificateRenewResponse) {

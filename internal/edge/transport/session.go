@@ -373,7 +373,7 @@ func (c *session) readLoop(br *bufio.Reader) error {
 			if ph == phaseReady {
 				kept = c.answer(env)
 			}
-		case *iop.Envelope_RenewRequest, *iop.Envelope_ModelsReport:
+		case *iop.Envelope_RenewRequest, *iop.Envelope_ModelsReport, *iop.Envelope_ResidencyReport:
 			if ph == phaseReady {
 				c.fleetFrame(env) // SPEC J5, D1
 			}

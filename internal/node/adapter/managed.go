@@ -26,6 +26,21 @@ type ManagedBackend interface {
 	Loaded(model string) (base *url.URL, residency string)
 	// Models lists the backend's models (a rescan of its models_dir).
 	Models() ([]string, error)
+	// Report is every model's residency (SPEC U6).
+	Report() []*iop.ModelResidency
+}
+
+// Residency is the residency of every managed adapter's models, in config
+// order (SPEC U6; the session's NodeResidencyReport); nil when the Set has
+// no managed adapter.
+func (s *Set) Residency() []*iop.AdapterResidency {
+	var out []*iop.AdapterResidency
+	for _, n := range s.names {
+		if inst := s.instances[n]; inst.managed != nil {
+			out = append(out, &iop.AdapterResidency{Adapter: n, Models: inst.managed.Report()})
+		}
+	}
+	return out
 }
 
 // ErrUnknownManaged (NewSet): the payload names a managed backend this

@@ -55,6 +55,10 @@ func (f *fakeManaged) Loaded(model string) (*url.URL, string) {
 
 func (f *fakeManaged) Models() ([]string, error) { return []string{"tiny"}, nil }
 
+func (f *fakeManaged) Report() []*iop.ModelResidency {
+	return []*iop.ModelResidency{{Model: "tiny", State: protocol.ResidencyLoaded}}
+}
+
 func (f *fakeManaged) counts() (int, int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -43,6 +43,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	iop "iop/proto/gen/iop"
 )
 
 // Defaults of a Backend (docs/config.md, managed[]).
@@ -593,6 +595,18 @@ func (b *Backend) Loaded(model string) (*url.URL, string) {
 		return &url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port))}, md.state.String()
 	}
 	return nil, md.state.String()
+}
+
+// Report is every model's residency as NodeResidencyReport carries it
+// (SPEC U6), sorted by model.
+func (b *Backend) Report() []*iop.ModelResidency {
+	rs := b.Residency()
+	out := make([]*iop.ModelResidency, 0, len(rs))
+	for _, r := range rs {
+		out = append(out, &iop.ModelResidency{Model: r.Model, State: r.State.String(), LoadMs: r.LoadTime.Milliseconds(),
+			MemoryMb: r.MemoryMB, InFlight: int32(min(r.InFlight, 1<<30))})
+	}
+	return out
 }
 
 // Stats are the machine's counters.

@@ -8,6 +8,8 @@ import (
 
 	"iop/internal/wire/direct"
 	iop "iop/proto/gen/iop"
+
+	"google.golang.org/protobuf/proto"
 )
 
 // Certificate renewal and model discovery on a live session (SPEC J5, D1).
@@ -34,6 +36,17 @@ type ModelLister interface {
 	ListModels(ctx context.Context, adapter string) ([]string, error)
 }
 
+// ResidencyReporter is what an Executor implements to report the
+// residency of its managed adapters' models (the adapter Set does; SPEC
+// U6).
+type ResidencyReporter interface {
+	Residency() []*iop.AdapterResidency
+}
+
+// ResidencyInterval is how often a live session looks at its executor's
+// residency; a change is reported at the next look.
+const ResidencyInterval = 250 * time.Millisecond
+
 // Renewal timing.
 const (
 	// RenewAnswerTimeout bounds the wait for the edge's answer.
@@ -59,10 +72,14 @@ func newFleetState() fleetState {
 
 // startFleet starts the renewal and discovery goroutines of a live session.
 func (s *session) startFleet() {
-	s.work.Add(2)
+	s.work.Add(3)
 	go func() {
 		defer s.work.Done()
 		s.renewLoop()
+	}()
+	go func() {
+		defer s.work.Done()
+		s.residencyLoop()
 	}()
 	go func() {
 		defer s.work.Done()
@@ -246,4 +263,35 @@ func sameReport(a, b *iop.NodeModelsReport) bool {
 		return x.GetAdapter() == y.GetAdapter() && slices.Equal(x.GetModels(), y.GetModels()) &&
 			(x.GetError() == "") == (y.GetError() == "")
 	})
+}
+
+// residencyLoop sends a NodeResidencyReport once the session is ready and
+// then whenever the residency of a managed adapter's model changed, looking
+// every ResidencyInterval (SPEC U6). An executor without managed adapters
+// reports nothing.
+func (s *session) residencyLoop() {
+	var last *iop.NodeResidencyReport
+	t := time.NewTicker(ResidencyInterval)
+	defer t.Stop()
+	for {
+		ex := s.acquire()
+		r, ok := ex.ex.(ResidencyReporter)
+		var adapters []*iop.AdapterResidency
+		if ok {
+			adapters = r.Residency()
+		}
+		s.release(ex)
+		if len(adapters) > 0 || last != nil {
+			report := &iop.NodeResidencyReport{Adapters: adapters}
+			if last == nil || !proto.Equal(last, report) {
+				last = report
+				s.sendFromWork(&iop.Envelope{Kind: &iop.Envelope_ResidencyReport{ResidencyReport: report}}, direct.Flush)
+			}
+		}
+		select {
+		case <-t.C:
+		case <-s.ctx.Done():
+			return
+		}
+	}
 }

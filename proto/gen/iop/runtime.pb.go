@@ -350,6 +350,7 @@ type Envelope struct {
 	//	*Envelope_RenewRequest
 	//	*Envelope_RenewResponse
 	//	*Envelope_ModelsReport
+	//	*Envelope_ResidencyReport
 	Kind          isEnvelope_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -604,6 +605,15 @@ func (x *Envelope) GetModelsReport() *NodeModelsReport {
 	return nil
 }
 
+func (x *Envelope) GetResidencyReport() *NodeResidencyReport {
+	if x != nil {
+		if x, ok := x.Kind.(*Envelope_ResidencyReport); ok {
+			return x.ResidencyReport
+		}
+	}
+	return nil
+}
+
 type isEnvelope_Kind interface {
 	isEnvelope_Kind()
 }
@@ -697,6 +707,11 @@ type Envelope_ModelsReport struct {
 	ModelsReport *NodeModelsReport `protobuf:"bytes,34,opt,name=models_report,json=modelsReport,proto3,oneof"`
 }
 
+type Envelope_ResidencyReport struct {
+	// Residency of the models of managed backends (SPEC U6).
+	ResidencyReport *NodeResidencyReport `protobuf:"bytes,35,opt,name=residency_report,json=residencyReport,proto3,oneof"`
+}
+
 func (*Envelope_RegisterRequest) isEnvelope_Kind() {}
 
 func (*Envelope_RegisterResponse) isEnvelope_Kind() {}
@@ -740,6 +755,8 @@ func (*Envelope_RenewRequest) isEnvelope_Kind() {}
 func (*Envelope_RenewResponse) isEnvelope_Kind() {}
 
 func (*Envelope_ModelsReport) isEnvelope_Kind() {}
+
+func (*Envelope_ResidencyReport) isEnvelope_Kind() {}
 
 // RegisterRequest is the first frame a Node sends on a new connection. The
 // node_id must match the name in the Node's certificate (SPEC I3).
@@ -4097,6 +4114,10 @@ type ProviderSnapshot struct {
 	// both empty otherwise. status is then "unavailable", health "cooling".
 	CoolingUntil  string `protobuf:"bytes,11,opt,name=cooling_until,json=coolingUntil,proto3" json:"cooling_until,omitempty"`
 	CoolingReason string `protobuf:"bytes,12,opt,name=cooling_reason,json=coolingReason,proto3" json:"cooling_reason,omitempty"`
+	// A managed provider's models as its node last reported them (SPEC U6):
+	// residency and measured load time; empty for a provider that is not
+	// managed, or whose node is not ready.
+	Residency     []*ModelResidency `protobuf:"bytes,13,rep,name=residency,proto3" json:"residency,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4213,6 +4234,13 @@ func (x *ProviderSnapshot) GetCoolingReason() string {
 		return x.CoolingReason
 	}
 	return ""
+}
+
+func (x *ProviderSnapshot) GetResidency() []*ModelResidency {
+	if x != nil {
+		return x.Residency
+	}
+	return nil
 }
 
 // NodeJoinRequest is the only frame a Node sends on a join connection (TLS
@@ -4660,11 +4688,200 @@ func (x *AdapterModels) GetError() string {
 	return ""
 }
 
+// NodeResidencyReport is sent by a ready Node after ready and whenever the
+// residency of a model of one of its managed adapters changed (SPEC U6): for
+// every adapter with AdapterConfig.managed, the state of each of its models.
+// The Edge prefers a provider whose model is loaded and counts a cold start
+// (load_ms) as the cost of one that is not. A Node without managed adapters
+// sends none; an Edge that does not know the message ignores it (SPEC W5).
+type NodeResidencyReport struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Adapters      []*AdapterResidency    `protobuf:"bytes,1,rep,name=adapters,proto3" json:"adapters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeResidencyReport) Reset() {
+	*x = NodeResidencyReport{}
+	mi := &file_iop_runtime_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeResidencyReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeResidencyReport) ProtoMessage() {}
+
+func (x *NodeResidencyReport) ProtoReflect() protoreflect.Message {
+	mi := &file_iop_runtime_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeResidencyReport.ProtoReflect.Descriptor instead.
+func (*NodeResidencyReport) Descriptor() ([]byte, []int) {
+	return file_iop_runtime_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *NodeResidencyReport) GetAdapters() []*AdapterResidency {
+	if x != nil {
+		return x.Adapters
+	}
+	return nil
+}
+
+// AdapterResidency is one adapter instance's models.
+type AdapterResidency struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Adapter instance name.
+	Adapter string `protobuf:"bytes,1,opt,name=adapter,proto3" json:"adapter,omitempty"`
+	// At most 4096, sorted by model.
+	Models        []*ModelResidency `protobuf:"bytes,2,rep,name=models,proto3" json:"models,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdapterResidency) Reset() {
+	*x = AdapterResidency{}
+	mi := &file_iop_runtime_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdapterResidency) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdapterResidency) ProtoMessage() {}
+
+func (x *AdapterResidency) ProtoReflect() protoreflect.Message {
+	mi := &file_iop_runtime_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdapterResidency.ProtoReflect.Descriptor instead.
+func (*AdapterResidency) Descriptor() ([]byte, []int) {
+	return file_iop_runtime_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *AdapterResidency) GetAdapter() string {
+	if x != nil {
+		return x.Adapter
+	}
+	return ""
+}
+
+func (x *AdapterResidency) GetModels() []*ModelResidency {
+	if x != nil {
+		return x.Models
+	}
+	return nil
+}
+
+// ModelResidency is one model's state on its adapter.
+type ModelResidency struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The target name (at most 256 bytes).
+	Model string `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	// "unloaded", "loading", "loaded", "stopping" or "failed"
+	// (internal/protocol Residency*).
+	State string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	// The last measured load (process start to healthy), ms; 0 = never
+	// loaded on this Node since it started.
+	LoadMs int64 `protobuf:"varint,3,opt,name=load_ms,json=loadMs,proto3" json:"load_ms,omitempty"`
+	// Memory the model is counted as (file size x 1.2), MiB.
+	MemoryMb int64 `protobuf:"varint,4,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
+	// Requests in flight on it.
+	InFlight      int32 `protobuf:"varint,5,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelResidency) Reset() {
+	*x = ModelResidency{}
+	mi := &file_iop_runtime_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelResidency) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelResidency) ProtoMessage() {}
+
+func (x *ModelResidency) ProtoReflect() protoreflect.Message {
+	mi := &file_iop_runtime_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelResidency.ProtoReflect.Descriptor instead.
+func (*ModelResidency) Descriptor() ([]byte, []int) {
+	return file_iop_runtime_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *ModelResidency) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *ModelResidency) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *ModelResidency) GetLoadMs() int64 {
+	if x != nil {
+		return x.LoadMs
+	}
+	return 0
+}
+
+func (x *ModelResidency) GetMemoryMb() int64 {
+	if x != nil {
+		return x.MemoryMb
+	}
+	return 0
+}
+
+func (x *ModelResidency) GetInFlight() int32 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
 var File_iop_runtime_proto protoreflect.FileDescriptor
 
 const file_iop_runtime_proto_rawDesc = "" +
 	"\n" +
-	"\x11iop/runtime.proto\x12\x0eiop.runtime.v1\"\xa7\r\n" +
+	"\x11iop/runtime.proto\x12\x0eiop.runtime.v1\"\xf9\r\n" +
 	"\bEnvelope\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1d\n" +
 	"\n" +
@@ -4692,7 +4909,8 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\rjoin_response\x18\x1f \x01(\v2 .iop.runtime.v1.NodeJoinResponseH\x00R\fjoinResponse\x12N\n" +
 	"\rrenew_request\x18  \x01(\v2'.iop.runtime.v1.CertificateRenewRequestH\x00R\frenewRequest\x12Q\n" +
 	"\x0erenew_response\x18! \x01(\v2(.iop.runtime.v1.CertificateRenewResponseH\x00R\rrenewResponse\x12G\n" +
-	"\rmodels_report\x18\" \x01(\v2 .iop.runtime.v1.NodeModelsReportH\x00R\fmodelsReportB\x06\n" +
+	"\rmodels_report\x18\" \x01(\v2 .iop.runtime.v1.NodeModelsReportH\x00R\fmodelsReport\x12P\n" +
+	"\x10residency_report\x18# \x01(\v2#.iop.runtime.v1.NodeResidencyReportH\x00R\x0fresidencyReportB\x06\n" +
 	"\x04kind\"\xb9\x01\n" +
 	"\x0fRegisterRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
@@ -5023,7 +5241,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"authScheme\x12\x1a\n" +
 	"\bprovider\x18\r \x01(\tR\bprovider\x12 \n" +
 	"\fnode_boot_id\x18\x0e \x01(\tR\n" +
-	"nodeBootId\"\x88\x03\n" +
+	"nodeBootId\"\xc6\x03\n" +
 	"\x10ProviderSnapshot\x12\x1f\n" +
 	"\vprovider_id\x18\x01 \x01(\tR\n" +
 	"providerId\x12\x1a\n" +
@@ -5039,7 +5257,8 @@ const file_iop_runtime_proto_rawDesc = "" +
 	" \x01(\x05R\n" +
 	"longQueued\x12#\n" +
 	"\rcooling_until\x18\v \x01(\tR\fcoolingUntil\x12%\n" +
-	"\x0ecooling_reason\x18\f \x01(\tR\rcoolingReason\"\xd5\x01\n" +
+	"\x0ecooling_reason\x18\f \x01(\tR\rcoolingReason\x12<\n" +
+	"\tresidency\x18\r \x03(\v2\x1e.iop.runtime.v1.ModelResidencyR\tresidency\"\xd5\x01\n" +
 	"\x0fNodeJoinRequest\x12\x19\n" +
 	"\btoken_id\x18\x01 \x01(\tR\atokenId\x12!\n" +
 	"\ftoken_secret\x18\x02 \x01(\tR\vtokenSecret\x12\x1b\n" +
@@ -5069,7 +5288,18 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\rAdapterModels\x12\x18\n" +
 	"\aadapter\x18\x01 \x01(\tR\aadapter\x12\x16\n" +
 	"\x06models\x18\x02 \x03(\tR\x06models\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error*\x9e\x01\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"S\n" +
+	"\x13NodeResidencyReport\x12<\n" +
+	"\badapters\x18\x01 \x03(\v2 .iop.runtime.v1.AdapterResidencyR\badapters\"d\n" +
+	"\x10AdapterResidency\x12\x18\n" +
+	"\aadapter\x18\x01 \x01(\tR\aadapter\x126\n" +
+	"\x06models\x18\x02 \x03(\v2\x1e.iop.runtime.v1.ModelResidencyR\x06models\"\x8f\x01\n" +
+	"\x0eModelResidency\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\x12\x17\n" +
+	"\aload_ms\x18\x03 \x01(\x03R\x06loadMs\x12\x1b\n" +
+	"\tmemory_mb\x18\x04 \x01(\x03R\bmemoryMb\x12\x1b\n" +
+	"\tin_flight\x18\x05 \x01(\x05R\binFlight*\x9e\x01\n" +
 	"\fRunEventType\x12\x1e\n" +
 	"\x1aRUN_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fRUN_EVENT_START\x10\x01\x12\x13\n" +
@@ -5113,7 +5343,7 @@ func file_iop_runtime_proto_rawDescGZIP() []byte {
 }
 
 var file_iop_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_iop_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
+var file_iop_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
 var file_iop_runtime_proto_goTypes = []any{
 	(RunEventType)(0),                 // 0: iop.runtime.v1.RunEventType
 	(TunnelFrameKind)(0),              // 1: iop.runtime.v1.TunnelFrameKind
@@ -5162,13 +5392,16 @@ var file_iop_runtime_proto_goTypes = []any{
 	(*CertificateRenewResponse)(nil),  // 44: iop.runtime.v1.CertificateRenewResponse
 	(*NodeModelsReport)(nil),          // 45: iop.runtime.v1.NodeModelsReport
 	(*AdapterModels)(nil),             // 46: iop.runtime.v1.AdapterModels
-	nil,                               // 47: iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntry
-	nil,                               // 48: iop.runtime.v1.RunRequest.MetadataEntry
-	nil,                               // 49: iop.runtime.v1.RunEvent.MetadataEntry
-	nil,                               // 50: iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
-	nil,                               // 51: iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
-	nil,                               // 52: iop.runtime.v1.NodeCommandRequest.ArgsEntry
-	nil,                               // 53: iop.runtime.v1.NodeCommandResponse.ResultEntry
+	(*NodeResidencyReport)(nil),       // 47: iop.runtime.v1.NodeResidencyReport
+	(*AdapterResidency)(nil),          // 48: iop.runtime.v1.AdapterResidency
+	(*ModelResidency)(nil),            // 49: iop.runtime.v1.ModelResidency
+	nil,                               // 50: iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntry
+	nil,                               // 51: iop.runtime.v1.RunRequest.MetadataEntry
+	nil,                               // 52: iop.runtime.v1.RunEvent.MetadataEntry
+	nil,                               // 53: iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
+	nil,                               // 54: iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
+	nil,                               // 55: iop.runtime.v1.NodeCommandRequest.ArgsEntry
+	nil,                               // 56: iop.runtime.v1.NodeCommandResponse.ResultEntry
 }
 var file_iop_runtime_proto_depIdxs = []int32{
 	6,  // 0: iop.runtime.v1.Envelope.register_request:type_name -> iop.runtime.v1.RegisterRequest
@@ -5193,52 +5426,56 @@ var file_iop_runtime_proto_depIdxs = []int32{
 	43, // 19: iop.runtime.v1.Envelope.renew_request:type_name -> iop.runtime.v1.CertificateRenewRequest
 	44, // 20: iop.runtime.v1.Envelope.renew_response:type_name -> iop.runtime.v1.CertificateRenewResponse
 	45, // 21: iop.runtime.v1.Envelope.models_report:type_name -> iop.runtime.v1.NodeModelsReport
-	9,  // 22: iop.runtime.v1.RegisterResponse.config:type_name -> iop.runtime.v1.NodeConfigPayload
-	10, // 23: iop.runtime.v1.NodeConfigPayload.adapters:type_name -> iop.runtime.v1.AdapterConfig
-	13, // 24: iop.runtime.v1.NodeConfigPayload.runtime:type_name -> iop.runtime.v1.NodeRuntimeConfig
-	11, // 25: iop.runtime.v1.AdapterConfig.openai_compat:type_name -> iop.runtime.v1.OpenAICompatAdapterConfig
-	12, // 26: iop.runtime.v1.OpenAICompatAdapterConfig.protocol_profile:type_name -> iop.runtime.v1.ConcreteProtocolProfile
-	47, // 27: iop.runtime.v1.NodeRuntimeConfig.credential_slot_revisions:type_name -> iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntry
-	20, // 28: iop.runtime.v1.RunRequest.input:type_name -> iop.runtime.v1.RunInput
-	48, // 29: iop.runtime.v1.RunRequest.metadata:type_name -> iop.runtime.v1.RunRequest.MetadataEntry
-	38, // 30: iop.runtime.v1.RunRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
-	39, // 31: iop.runtime.v1.RunRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
-	32, // 32: iop.runtime.v1.RunRequest.trace:type_name -> iop.runtime.v1.TraceContext
-	21, // 33: iop.runtime.v1.RunInput.messages:type_name -> iop.runtime.v1.ChatMessage
-	22, // 34: iop.runtime.v1.ChatMessage.images:type_name -> iop.runtime.v1.ChatImage
-	23, // 35: iop.runtime.v1.TokenLogprob.top_logprobs:type_name -> iop.runtime.v1.TokenLogprob
-	0,  // 36: iop.runtime.v1.RunEvent.type:type_name -> iop.runtime.v1.RunEventType
-	26, // 37: iop.runtime.v1.RunEvent.usage:type_name -> iop.runtime.v1.Usage
-	49, // 38: iop.runtime.v1.RunEvent.metadata:type_name -> iop.runtime.v1.RunEvent.MetadataEntry
-	27, // 39: iop.runtime.v1.RunEvent.failure:type_name -> iop.runtime.v1.ExecutionFailure
-	23, // 40: iop.runtime.v1.RunEvent.logprobs:type_name -> iop.runtime.v1.TokenLogprob
-	24, // 41: iop.runtime.v1.RunEvent.embeddings:type_name -> iop.runtime.v1.Embedding
-	33, // 42: iop.runtime.v1.RunEvent.trace_spans:type_name -> iop.runtime.v1.NodeSpan
-	29, // 43: iop.runtime.v1.ProviderTunnelRequest.headers:type_name -> iop.runtime.v1.Header
-	50, // 44: iop.runtime.v1.ProviderTunnelRequest.metadata:type_name -> iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
-	38, // 45: iop.runtime.v1.ProviderTunnelRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
-	39, // 46: iop.runtime.v1.ProviderTunnelRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
-	32, // 47: iop.runtime.v1.ProviderTunnelRequest.trace:type_name -> iop.runtime.v1.TraceContext
-	1,  // 48: iop.runtime.v1.ProviderTunnelFrame.kind:type_name -> iop.runtime.v1.TunnelFrameKind
-	29, // 49: iop.runtime.v1.ProviderTunnelFrame.headers:type_name -> iop.runtime.v1.Header
-	26, // 50: iop.runtime.v1.ProviderTunnelFrame.usage:type_name -> iop.runtime.v1.Usage
-	51, // 51: iop.runtime.v1.ProviderTunnelFrame.metadata:type_name -> iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
-	27, // 52: iop.runtime.v1.ProviderTunnelFrame.failure:type_name -> iop.runtime.v1.ExecutionFailure
-	33, // 53: iop.runtime.v1.ProviderTunnelFrame.trace_spans:type_name -> iop.runtime.v1.NodeSpan
-	2,  // 54: iop.runtime.v1.NodeSpan.kind:type_name -> iop.runtime.v1.NodeSpanKind
-	3,  // 55: iop.runtime.v1.NodeCommandRequest.type:type_name -> iop.runtime.v1.NodeCommandType
-	52, // 56: iop.runtime.v1.NodeCommandRequest.args:type_name -> iop.runtime.v1.NodeCommandRequest.ArgsEntry
-	38, // 57: iop.runtime.v1.NodeCommandRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
-	39, // 58: iop.runtime.v1.NodeCommandRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
-	53, // 59: iop.runtime.v1.NodeCommandResponse.result:type_name -> iop.runtime.v1.NodeCommandResponse.ResultEntry
-	9,  // 60: iop.runtime.v1.NodeConfigRefreshRequest.config:type_name -> iop.runtime.v1.NodeConfigPayload
-	4,  // 61: iop.runtime.v1.NodeConfigRefreshResponse.status:type_name -> iop.runtime.v1.RefreshStatus
-	46, // 62: iop.runtime.v1.NodeModelsReport.adapters:type_name -> iop.runtime.v1.AdapterModels
-	63, // [63:63] is the sub-list for method output_type
-	63, // [63:63] is the sub-list for method input_type
-	63, // [63:63] is the sub-list for extension type_name
-	63, // [63:63] is the sub-list for extension extendee
-	0,  // [0:63] is the sub-list for field type_name
+	47, // 22: iop.runtime.v1.Envelope.residency_report:type_name -> iop.runtime.v1.NodeResidencyReport
+	9,  // 23: iop.runtime.v1.RegisterResponse.config:type_name -> iop.runtime.v1.NodeConfigPayload
+	10, // 24: iop.runtime.v1.NodeConfigPayload.adapters:type_name -> iop.runtime.v1.AdapterConfig
+	13, // 25: iop.runtime.v1.NodeConfigPayload.runtime:type_name -> iop.runtime.v1.NodeRuntimeConfig
+	11, // 26: iop.runtime.v1.AdapterConfig.openai_compat:type_name -> iop.runtime.v1.OpenAICompatAdapterConfig
+	12, // 27: iop.runtime.v1.OpenAICompatAdapterConfig.protocol_profile:type_name -> iop.runtime.v1.ConcreteProtocolProfile
+	50, // 28: iop.runtime.v1.NodeRuntimeConfig.credential_slot_revisions:type_name -> iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntry
+	20, // 29: iop.runtime.v1.RunRequest.input:type_name -> iop.runtime.v1.RunInput
+	51, // 30: iop.runtime.v1.RunRequest.metadata:type_name -> iop.runtime.v1.RunRequest.MetadataEntry
+	38, // 31: iop.runtime.v1.RunRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
+	39, // 32: iop.runtime.v1.RunRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
+	32, // 33: iop.runtime.v1.RunRequest.trace:type_name -> iop.runtime.v1.TraceContext
+	21, // 34: iop.runtime.v1.RunInput.messages:type_name -> iop.runtime.v1.ChatMessage
+	22, // 35: iop.runtime.v1.ChatMessage.images:type_name -> iop.runtime.v1.ChatImage
+	23, // 36: iop.runtime.v1.TokenLogprob.top_logprobs:type_name -> iop.runtime.v1.TokenLogprob
+	0,  // 37: iop.runtime.v1.RunEvent.type:type_name -> iop.runtime.v1.RunEventType
+	26, // 38: iop.runtime.v1.RunEvent.usage:type_name -> iop.runtime.v1.Usage
+	52, // 39: iop.runtime.v1.RunEvent.metadata:type_name -> iop.runtime.v1.RunEvent.MetadataEntry
+	27, // 40: iop.runtime.v1.RunEvent.failure:type_name -> iop.runtime.v1.ExecutionFailure
+	23, // 41: iop.runtime.v1.RunEvent.logprobs:type_name -> iop.runtime.v1.TokenLogprob
+	24, // 42: iop.runtime.v1.RunEvent.embeddings:type_name -> iop.runtime.v1.Embedding
+	33, // 43: iop.runtime.v1.RunEvent.trace_spans:type_name -> iop.runtime.v1.NodeSpan
+	29, // 44: iop.runtime.v1.ProviderTunnelRequest.headers:type_name -> iop.runtime.v1.Header
+	53, // 45: iop.runtime.v1.ProviderTunnelRequest.metadata:type_name -> iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
+	38, // 46: iop.runtime.v1.ProviderTunnelRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
+	39, // 47: iop.runtime.v1.ProviderTunnelRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
+	32, // 48: iop.runtime.v1.ProviderTunnelRequest.trace:type_name -> iop.runtime.v1.TraceContext
+	1,  // 49: iop.runtime.v1.ProviderTunnelFrame.kind:type_name -> iop.runtime.v1.TunnelFrameKind
+	29, // 50: iop.runtime.v1.ProviderTunnelFrame.headers:type_name -> iop.runtime.v1.Header
+	26, // 51: iop.runtime.v1.ProviderTunnelFrame.usage:type_name -> iop.runtime.v1.Usage
+	54, // 52: iop.runtime.v1.ProviderTunnelFrame.metadata:type_name -> iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
+	27, // 53: iop.runtime.v1.ProviderTunnelFrame.failure:type_name -> iop.runtime.v1.ExecutionFailure
+	33, // 54: iop.runtime.v1.ProviderTunnelFrame.trace_spans:type_name -> iop.runtime.v1.NodeSpan
+	2,  // 55: iop.runtime.v1.NodeSpan.kind:type_name -> iop.runtime.v1.NodeSpanKind
+	3,  // 56: iop.runtime.v1.NodeCommandRequest.type:type_name -> iop.runtime.v1.NodeCommandType
+	55, // 57: iop.runtime.v1.NodeCommandRequest.args:type_name -> iop.runtime.v1.NodeCommandRequest.ArgsEntry
+	38, // 58: iop.runtime.v1.NodeCommandRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
+	39, // 59: iop.runtime.v1.NodeCommandRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
+	56, // 60: iop.runtime.v1.NodeCommandResponse.result:type_name -> iop.runtime.v1.NodeCommandResponse.ResultEntry
+	9,  // 61: iop.runtime.v1.NodeConfigRefreshRequest.config:type_name -> iop.runtime.v1.NodeConfigPayload
+	4,  // 62: iop.runtime.v1.NodeConfigRefreshResponse.status:type_name -> iop.runtime.v1.RefreshStatus
+	49, // 63: iop.runtime.v1.ProviderSnapshot.residency:type_name -> iop.runtime.v1.ModelResidency
+	46, // 64: iop.runtime.v1.NodeModelsReport.adapters:type_name -> iop.runtime.v1.AdapterModels
+	48, // 65: iop.runtime.v1.NodeResidencyReport.adapters:type_name -> iop.runtime.v1.AdapterResidency
+	49, // 66: iop.runtime.v1.AdapterResidency.models:type_name -> iop.runtime.v1.ModelResidency
+	67, // [67:67] is the sub-list for method output_type
+	67, // [67:67] is the sub-list for method input_type
+	67, // [67:67] is the sub-list for extension type_name
+	67, // [67:67] is the sub-list for extension extendee
+	0,  // [0:67] is the sub-list for field type_name
 }
 
 func init() { file_iop_runtime_proto_init() }
@@ -5269,6 +5506,7 @@ func file_iop_runtime_proto_init() {
 		(*Envelope_RenewRequest)(nil),
 		(*Envelope_RenewResponse)(nil),
 		(*Envelope_ModelsReport)(nil),
+		(*Envelope_ResidencyReport)(nil),
 	}
 	file_iop_runtime_proto_msgTypes[15].OneofWrappers = []any{}
 	type x struct{}
@@ -5277,7 +5515,7 @@ func file_iop_runtime_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_iop_runtime_proto_rawDesc), len(file_iop_runtime_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   49,
+			NumMessages:   52,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
