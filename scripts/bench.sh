@@ -1,9 +1,10 @@
 # shellcheck shell=bash
-# ./run.sh bench [quick|hold|creds|affinity|hostile]: the end-to-end
+# ./run.sh bench [quick|hold|creds|affinity|fairness|hostile]: the end-to-end
 # performance benchmark of edge + node against a direct call (full: ~14 min; quick: ~3.5 min, for
 # iteration; hold: the slow-stream runs only; creds: the credential plane's
 # added latency, ~3 min; affinity: the cache-aware routing figures (R1),
-# scripts/bench_affinity.sh; hostile: held declared-large bodies (B1),
+# scripts/bench_affinity.sh; fairness: keys sharing one fleet (G1-G3),
+# scripts/bench_fairness.sh, ~2 min; hostile: held declared-large bodies (B1),
 # ~10 s).
 # Sourced by run.sh (which sets ROOT and log). Not part of CI.
 #
@@ -346,11 +347,12 @@ bench_main() {
   case $mode in
     full|quick|hold|creds) ;;
     affinity) source "$ROOT/scripts/bench_affinity.sh"; bench_affinity_main; return ;;
+    fairness) source "$ROOT/scripts/bench_fairness.sh"; bench_fairness_main; return ;;
     hostile) # B1: held declared-large bodies against a whole Edge (BENCHMARKS.md "Hostile clients")
       log "bench hostile: load average $(cut -d' ' -f1-3 /proc/loadavg)"
       go test -run '^$' -bench BenchmarkHeldBodies -benchtime 1x -count "${BENCH_ROUNDS:-3}" ./internal/e2e/
       return ;;
-    *) echo "usage: ./run.sh bench [quick|hold|creds|affinity|hostile]" >&2; return 2 ;;
+    *) echo "usage: ./run.sh bench [quick|hold|creds|affinity|fairness|hostile]" >&2; return 2 ;;
   esac
   if [ "$mode" = creds ]; then bench_creds; return; fi
   local secs rounds holds paths_odd="a a2 b c d" paths_even="d c b a2 a"
