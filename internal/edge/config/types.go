@@ -121,6 +121,9 @@ type APIKey struct {
 	Weight   int    `json:"weight"`
 	Class    string `json:"class"`
 	MaxClass string `json:"max_class"`
+	// LocalOnly keeps the key's requests off every adapter whose location
+	// is "remote", in its group and through a fallback (SPEC V3).
+	LocalOnly bool `json:"local_only"`
 }
 
 // Node is one configured node and its adapter instances.
@@ -168,6 +171,10 @@ type Adapter struct {
 	// it on demand and this adapter's requests go to the process of their
 	// target; base_url is then unused. openai_compat only.
 	Managed string `json:"managed"`
+	// Location is where a request's data goes: "local" (the default, this
+	// site) or "remote" (a hosted API); a local-only key is never routed
+	// to a remote adapter (fallbacks.go, SPEC V3).
+	Location string `json:"location"`
 }
 
 // ProfileOverrides replaces single fields of a named profile. A path set to
@@ -218,6 +225,13 @@ type Model struct {
 	// (SPEC H11), never the same provider twice. 0 = every
 	// provider of the group once; 1 = no re-dispatch.
 	MaxAttempts int `json:"max_attempts"`
+	// ContextTokens is the group's context window in tokens, against the
+	// request's estimated prompt tokens for a fallback on "context"
+	// (fallbacks.go, SPEC V1); 0 = not known.
+	ContextTokens int `json:"context_tokens"`
+	// Fallbacks are the other groups a request goes to when this group
+	// cannot serve it (fallbacks.go, SPEC V1), in order.
+	Fallbacks []Fallback `json:"fallbacks"`
 }
 
 // ModelProvider is one (node, provider, target) candidate.

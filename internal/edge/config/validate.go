@@ -39,6 +39,7 @@ func (c *Config) validate() jsonconfig.Errors {
 	c.validateCredentials(add)
 	c.validateKeys(add)
 	c.validateFair(add)
+	c.validateFallbacks(add)
 	c.validateEnrollment(add)
 	c.validateTracing(add)
 	c.validateBatches(add)
