@@ -394,7 +394,7 @@ func traceRoute(p string) string {
 	return ""
 }
 
-// surfaceOf is the access record's reply.Surface of a request to path.
+// surfaceOf is the access record's surface of a request to path.
 func surfaceOf(path string) string {
 	if strings.HasPrefix(path, "/v1/models/") {
 		return protocol.OpModels

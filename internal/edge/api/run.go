@@ -54,7 +54,7 @@ func (h *Handler) run(x *exchange) (dispatch.Stream, sink) {
 	return st, s
 }
 
-// runSurface converts x's body with its endpoint's reply.Surface into the
+// runSurface converts x's body with its endpoint's surface into the
 // RunRequest's input and returns the sink that encodes the answer.
 func (h *Handler) runSurface(x *exchange) (sink, *iop.RunRequest, *apisurface.Error) {
 	hd := &x.head

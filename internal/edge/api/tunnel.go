@@ -330,7 +330,7 @@ func (e *sseEnd) ended() (ended, open bool) {
 	return false, false
 }
 
-// scan takes the next body bytes of the stream of ep's reply.Surface.
+// scan takes the next body bytes of the stream of ep's surface.
 func (e *sseEnd) scan(b []byte, ep *endpoint) {
 	for len(b) > 0 {
 		i := bytes.IndexByte(b, '\n')
@@ -375,7 +375,7 @@ func (e *sseEnd) endLine(ep *endpoint) {
 }
 
 // lastEventLine reports whether line (no line break) marks the last event
-// of ep's reply.Surface's stream.
+// of ep's surface's stream.
 func lastEventLine(line []byte, ep *endpoint) bool {
 	field, value, _ := bytes.Cut(line, []byte{':'})
 	value = bytes.TrimPrefix(value, []byte{' '})
