@@ -124,6 +124,9 @@ func PoolConfig(c *config.Config, mat *creds.Material) pool.Config {
 				Target:         mp.Target,
 				StallTimeoutMs: c.EffectiveStallTimeoutMs(mp),
 			}
+			if n := c.NodeByID(mp.Node); n != nil {
+				cd.Remote = n.Adapter(mp.Provider).Remote() // SPEC V3
+			}
 			if n := c.NodeByID(mp.Node); c.Credentials.Enabled && n != nil {
 				cd.Slot = config.RouteSlot(mp, n.Adapter(mp.Provider)) // SPEC C6: a re-dispatch stays within it
 			}

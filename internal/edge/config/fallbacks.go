@@ -50,8 +50,8 @@ type Fallback struct {
 }
 
 // Remote reports whether the adapter sends data off site (location
-// "remote").
-func (a *Adapter) Remote() bool { return a.Location == LocationRemote }
+// "remote"); a nil adapter is not.
+func (a *Adapter) Remote() bool { return a != nil && a.Location == LocationRemote }
 
 // validateFallbacks checks adapters' location and every group's fallbacks:
 // known groups, conditions, wait_ms, no cycle, depth at most

@@ -296,6 +296,7 @@ type cand struct {
 	target string
 	stall  int64
 	slot   string // the route's credential slot (Candidate.Slot)
+	remote bool   // Candidate.Remote
 }
 
 // waiter is one queued request. Its links are owned by the state; ch and
@@ -312,6 +313,7 @@ type waiter struct {
 	exclude      []Key       // Request.Exclude
 	sameSlot     bool        // Request.SameSlot
 	slot         string      // Request.Slot
+	localOnly    bool        // Request.LocalOnly
 	cls          *class
 	queued       bool
 	timeout      time.Duration
@@ -416,8 +418,13 @@ func (s *state) admit(r Request) (*Lease, *class, error) {
 	if c == nil {
 		return nil, nil, &NoCandidateError{Model: r.Model, Operation: r.Operation, Long: long}
 	}
+	if r.LocalOnly {
+		if c = c.narrow(nil, false, "", true); c == nil {
+			return nil, nil, &NoCandidateError{Model: r.Model, Operation: r.Operation, Long: long, LocalOnly: true}
+		}
+	}
 	if len(r.Exclude) > 0 || r.SameSlot {
-		if c = c.narrow(r.Exclude, r.SameSlot, r.Slot); c == nil {
+		if c = c.narrow(r.Exclude, r.SameSlot, r.Slot, r.LocalOnly); c == nil {
 			return nil, nil, allTried(r.Model, r.SameSlot, r.Slot)
 		}
 	}
@@ -446,7 +453,7 @@ func (s *state) admit(r Request) (*Lease, *class, error) {
 // newWaiter is the queued form of r.
 func newWaiter(r Request) *waiter {
 	return &waiter{model: r.Model, op: r.Operation, promptTokens: r.PromptTokens, prefix: r.Prefix, exclude: r.Exclude,
-		sameSlot: r.SameSlot, slot: r.Slot, key: r.Key, weight: weightOf(r.Weight), prio: r.Priority, cost: r.Cost()}
+		sameSlot: r.SameSlot, slot: r.Slot, localOnly: r.LocalOnly, key: r.Key, weight: weightOf(r.Weight), prio: r.Priority, cost: r.Cost()}
 }
 
 // enqueue appends w (with model, op, promptTokens and prefix set) to c,

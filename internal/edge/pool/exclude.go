@@ -19,14 +19,15 @@ import "fmt"
 // candidates of that slot.
 
 // narrow returns the class of c's requests that exclude the providers in
-// ex and, when sameSlot, every route whose credential slot is not slot: c
+// ex, when sameSlot every route whose credential slot is not slot, and
+// when localOnly every remote route (SPEC V3): c
 // itself when that leaves all of c's candidates, nil when it leaves none,
 // else the group's narrowed class with exactly the remaining candidates
 // (found among the registered ones, or new and unregistered).
-func (c *class) narrow(ex []Key, sameSlot bool, slot string) *class {
+func (c *class) narrow(ex []Key, sameSlot bool, slot string, localOnly bool) *class {
 	keep := make([]cand, 0, len(c.cands))
 	for _, cd := range c.cands {
-		if !excluded(ex, cd.res.cfg.Key) && (!sameSlot || cd.slot == slot) {
+		if !excluded(ex, cd.res.cfg.Key) && (!sameSlot || cd.slot == slot) && !(localOnly && cd.remote) {
 			keep = append(keep, cd)
 		}
 	}

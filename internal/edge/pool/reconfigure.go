@@ -124,7 +124,7 @@ func (s *state) buildGroup(gc Group) *group {
 					(long && r.cfg.LongCapacity <= 0) || c.has(r) {
 					continue
 				}
-				c.cands = append(c.cands, cand{res: r, target: cc.Target, stall: cc.StallTimeoutMs, slot: cc.Slot})
+				c.cands = append(c.cands, cand{res: r, target: cc.Target, stall: cc.StallTimeoutMs, slot: cc.Slot, remote: cc.Remote})
 			}
 			if len(c.cands) > 0 {
 				g.classes = append(g.classes, c)
@@ -150,8 +150,8 @@ func (s *state) rehome(w *waiter) {
 	if g != nil {
 		c = g.class(w.op, g.isLong(w.promptTokens))
 	}
-	if c != nil && (len(w.exclude) > 0 || w.sameSlot) {
-		c = c.narrow(w.exclude, w.sameSlot, w.slot)
+	if c != nil && (len(w.exclude) > 0 || w.sameSlot || w.localOnly) {
+		c = c.narrow(w.exclude, w.sameSlot, w.slot, w.localOnly)
 	}
 	if c == nil {
 		s.all.remove(w, true)

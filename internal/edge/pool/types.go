@@ -69,6 +69,9 @@ type Candidate struct {
 	// (the credential plane is off). Copied into the lease; a re-dispatch
 	// stays within it (Request.SameSlot, SPEC C6).
 	Slot string
+	// Remote: the route's adapter is a hosted API (adapters[].location
+	// "remote"); a local-only request is never given it (SPEC V3).
+	Remote bool
 }
 
 // Group is one configured model: the external model name clients send, the
@@ -147,6 +150,10 @@ type Request struct {
 	// that carry none). False for a first admission.
 	SameSlot bool
 	Slot     string
+	// LocalOnly limits the request to the routes that are not Remote
+	// (SPEC V3: a local-only key's data never leaves the site); a group
+	// with none serves it no candidate (NoCandidateError).
+	LocalOnly bool
 
 	// Key names who the request is fair-shared as (SPEC G1, G3): the
 	// client key's principal; "" for an unauthenticated request (open
@@ -198,9 +205,14 @@ type NoCandidateError struct {
 	Model     string
 	Operation string
 	Long      bool
+	// LocalOnly: the group has candidates, but none local (SPEC V3).
+	LocalOnly bool
 }
 
 func (e *NoCandidateError) Error() string {
+	if e.LocalOnly {
+		return fmt.Sprintf("model %q: no configured provider on this site (the key is local-only)", e.Model)
+	}
 	if e.Long {
 		return fmt.Sprintf("model %q: no configured provider supports %s with long-context capacity", e.Model, e.Operation)
 	}
