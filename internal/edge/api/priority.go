@@ -48,11 +48,13 @@ type schedule struct {
 	key    string
 	weight int
 	prio   pool.Priority
+	// localOnly: the key never reaches a remote adapter (SPEC V3).
+	localOnly bool
 }
 
 // apply copies s into the pool request r.
 func (s *schedule) apply(r *pool.Request) {
-	r.Key, r.Weight, r.Priority = s.key, s.weight, s.prio
+	r.Key, r.Weight, r.Priority, r.LocalOnly = s.key, s.weight, s.prio, s.localOnly
 }
 
 // decideSchedule sets x.sched from x's key, its context, its Iop-Priority
@@ -63,7 +65,7 @@ func decideSchedule(x *exchange) *reply.Error {
 	s.weight = 1
 	if t := ticketOf(x.ctx); t != nil {
 		p := t.Principal()
-		ks, s.key, s.weight = p.Sched, p.Name, p.Sched.Weight
+		ks, s.key, s.weight, s.localOnly = p.Sched, p.Name, p.Sched.Weight, p.LocalOnly
 	}
 	asked, _ := pool.ParsePriority(ks.Class)
 	ceiling, _ := pool.ParsePriority(ks.MaxClass)

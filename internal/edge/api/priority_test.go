@@ -16,7 +16,8 @@ import (
 	iop "iop/proto/gen/iop"
 )
 
-// TestRequestClass: the class, key, weight and completion bound each
+// TestRequestClass: the class, key, weight, completion bound and
+// local-only mark (SPEC V3: only the local-only key's) each
 // request asks the pool with (SPEC G1, G4): the key's default class,
 // lowered or raised by Iop-Priority or service_tier as documented, never
 // above the key's max_class; a bad header is a 400 naming it, asking
@@ -54,6 +55,8 @@ func TestRequestClass(t *testing.T) {
 			for i := range r.cfg.APIKeys {
 				if k := &r.cfg.APIKeys[i]; k.Principal == "bulk" {
 					k.Weight, k.Class, k.MaxClass = 3, config.ClassBatch, config.ClassCritical
+				} else if k.Principal == "team" {
+					k.LocalOnly = true // V3
 				}
 			}
 			r.fp.err = pool.ErrUnknownModel
@@ -78,6 +81,9 @@ func TestRequestClass(t *testing.T) {
 			wantWeight := 1
 			if row.key == "bulk" {
 				wantWeight = 3
+			}
+			if q.LocalOnly != (row.key == "team") {
+				t.Fatalf("V3 pool request local-only %v for key %q, want it for team only", q.LocalOnly, row.key)
 			}
 			if q.Priority != row.want || q.Key != row.key || q.Weight != wantWeight || q.MaxTokens != 50 {
 				t.Fatalf("pool request class %v key %q weight %d max_tokens %d; want %v %q %d 50", q.Priority, q.Key, q.Weight, q.MaxTokens,

@@ -70,11 +70,6 @@ func (c *Config) validateFallbacks(add func(string, string, ...any)) {
 	for i, n := range c.NodeTemplates {
 		checkLoc(fmt.Sprintf("node_templates[%d]", i), n.Adapters)
 	}
-	for i, k := range c.APIKeys {
-		if k.LocalOnly {
-			add(fmt.Sprintf("api_keys[%d].local_only", i), "not enforced by this edge yet (adapters' location is not yet consulted when routing): refused so that no key is believed to keep its data on site")
-		}
-	}
 	index := map[string]int{}
 	for i, m := range c.Models {
 		if _, dup := index[m.Name]; !dup {

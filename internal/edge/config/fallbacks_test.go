@@ -82,8 +82,8 @@ func TestFallbackConfig(t *testing.T) {
 		})
 	}
 	lo := strings.Replace(fallbackConfig(), `"principal": "team-a",`, `"principal": "team-a", "local_only": true,`, 1)
-	if _, err := Parse([]byte(lo)); err == nil || !strings.Contains(err.Error(), "api_keys[0].local_only: not enforced by this edge yet") {
-		t.Errorf("V3 local_only before it is enforced: %v", err)
+	if c := mustParse(t, lo); !c.APIKeys[0].LocalOnly {
+		t.Errorf("V3 local_only not parsed")
 	}
 	bad := strings.Replace(fallbackConfig(), `"location": "remote"`, `"location": "cloud"`, 1)
 	if _, err := Parse([]byte(bad)); err == nil || !strings.Contains(err.Error(), `nodes[0].adapters[1].location: want "local" or "remote", got "cloud"`) {

@@ -45,6 +45,9 @@ type Principal struct {
 	// Sched is the key's place in the queue, defaults filled in: weight,
 	// default class and highest class (SPEC G1, G4).
 	Sched keystore.Sched
+	// LocalOnly: the key's requests never reach a remote adapter (SPEC
+	// V3; api_keys[].local_only).
+	LocalOnly bool
 
 	c *counters // set by Registry.Swap before the set is current
 	// text holds Limits' requests per minute, tokens per minute and per
@@ -151,7 +154,7 @@ func Build(apiKeys []config.APIKey, st *keystore.Store, hasStore bool, edgeCount
 	}
 	for i, k := range apiKeys {
 		l := keystore.Limits{MaxConcurrent: int64(k.MaxConcurrent), RequestsPerMinute: int64(k.RequestsPerMinute)}
-		p := &Principal{Name: k.Principal, Source: SourceConfig, Configured: l, Limits: divide(l, edgeCount), Sched: k.Sched()}
+		p := &Principal{Name: k.Principal, Source: SourceConfig, Configured: l, Limits: divide(l, edgeCount), Sched: k.Sched(), LocalOnly: k.LocalOnly}
 		s.byName[p.Name] = p
 		if !add(k.KeySHA256, credential{p: p}) {
 			return nil, fmt.Errorf("%w: api_keys[%d] holds a key configured twice", ErrConflict, i)
