@@ -71,6 +71,12 @@ check_imports() {
     deps=$(go list -deps "$pkg" | grep -E '^iop/internal/edge(/|$)' || true)
     if [ -n "$deps" ]; then log "FAIL: $pkg imports $deps"; bad=1; fi
   done
+  # The edge's client side: api → exchange → reply and api → reply, never back
+  # (internal/edge/exchange's package doc).
+  deps=$(go list -deps ./internal/edge/exchange ./internal/edge/reply | grep -E '^iop/internal/edge/api$' || true)
+  if [ -n "$deps" ]; then log "FAIL: internal/edge/exchange or reply imports internal/edge/api"; bad=1; fi
+  deps=$(go list -deps ./internal/edge/reply | grep -E '^iop/internal/edge/exchange$' || true)
+  if [ -n "$deps" ]; then log "FAIL: internal/edge/reply imports internal/edge/exchange"; bad=1; fi
   # Test-support and demo packages never reach the product binaries.
   deps=$(go list -deps ./edge ./node | grep -E '^iop/internal/(leakcheck|samples|proctest|demo|e2e)(/|$)' || true)
   if [ -n "$deps" ]; then log "FAIL: edge/node binaries import test-only packages: $deps"; bad=1; fi

@@ -280,22 +280,3 @@ func medianPerRequest(b *testing.B, h *Handler, key string) {
 	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds()), "p50-ns/request")
 	b.ReportMetric(0, "ns/op")
 }
-
-// BenchmarkSSEEndScan: the last-event tracking of a streamed tunnel
-// (sseEnd, SPEC T2, T5) over a 100-chunk chat completion stream, the cost
-// it adds to each BODY frame.
-func BenchmarkSSEEndScan(b *testing.B) {
-	chunk := []byte(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"tiny","choices":[{"index":0,"delta":{"content":" word"},"finish_reason":null}]}` + "\n\n")
-	b.SetBytes(int64(100*len(chunk) + len("data: [DONE]\n\n")))
-	b.ReportAllocs()
-	for b.Loop() {
-		var e sseEnd
-		for range 100 {
-			e.scan(chunk, &epChat)
-		}
-		e.scan([]byte("data: [DONE]\n\n"), &epChat)
-		if ended, _ := e.ended(); !ended {
-			b.Fatal("the stream's [DONE] was not seen")
-		}
-	}
-}

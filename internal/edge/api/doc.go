@@ -1,46 +1,33 @@
-// Package api is the Edge's client HTTP layer: the OpenAI-compatible and
-// Anthropic-compatible endpoints, client authentication, errors and the
-// relay of node streams to the client (SPEC T5, Q3, T3, T4; docs/surfaces.md).
-// The conversions between a surface's requests/responses and the
-// normalized run path are pure functions in internal/edge/surface/*; api
-// calls them and writes what they produce.
+// Package api is the Edge's client HTTP front: the OpenAI-compatible and
+// Anthropic-compatible endpoints, client authentication and admission
+// (SPEC T5, Q3, T3, T4; docs/surfaces.md). Each admitted model request is
+// served by internal/edge/exchange (lease, dispatch, relay, re-dispatch);
+// the conversions between a surface's requests/responses and the
+// normalized run path are pure functions in internal/edge/surface/*; the
+// response writer, access record and error shapes are internal/edge/reply's.
 //
 // It owns: routing and error shapes (OpenAI {"error":{...}}, Anthropic
 // {"type":"error","error":{...}}); API-key checks; reading bodies under
-// http.max_body_bytes; admission through the provider pool; building the
-// ProviderTunnelRequest (openai_compat providers: the client's body with only
-// "model" replaced by the target) or the normalized RunRequest (ollama
-// providers, its input from the surface package); relaying tunnel frames and
-// the surface encoder's output to the client; cancelling node work when the
-// client leaves.
+// http.max_body_bytes; the head parse; the request's schedule (its key,
+// weight, class, local_only) and token reservation; the model lists;
+// drain; connection bounds.
 //
-// It must never: touch a node socket (it talks to internal/edge/dispatch
-// only), forward client credentials, hop-by-hop or X-Iop-* headers upstream
-// (T4), log keys or bodies (P4), or let a lease go back more or less than
-// exactly once (Q2).
+// It must never: touch a node socket, forward client credentials,
+// hop-by-hop or X-Iop-* headers upstream (T4), log keys or bodies (P4), or
+// release a lease (the exchange does, exactly once, Q2). Imports run api →
+// exchange → reply and api → reply, never back (./run.sh test).
 //
 // # Files
 //
-//   - handler.go: Options (and the Health and Outlier interfaces it takes),
-//     New, ServeHTTP, routing by path, authentication, the config view.
-//   - exchange.go: one admitted request (exchange): admit, start, relay,
-//     deliver, reacquire. It carries out the attempt machine's effects and
-//     decides nothing about re-dispatch itself.
-//   - attempt.go: the attempt machine, pure: attempt.step(event) →
-//     (attempt, effects) for re-dispatch, holding a failing response,
-//     passive health's verdict and the stall records (SPEC H8, H11, H12).
-//     Its table test is TestAttemptMachine.
-//   - classify.go: the one reading of a node envelope (classify: retry
-//     reason, passive-health verdict, stall evidence) and of a node
-//     terminal's client error (runFailure, nodeFailure), both through the
-//     failure code's row of internal/protocol.
-//   - run.go, tunnel.go: the sinks of the two paths (SPEC Q3, T2, T5).
-//   - errors.go: the pool's refusals as client errors; the error type, its
-//     shapes, the access record, burst flushing and the request's spans are
-//     internal/edge/reply's (Recorder, Error, Output, Trace);
-//     body.go, limits.go, conns.go: hostile-client bounds; drain.go: SIGTERM;
-//     credential.go: the credential lease (SPEC C2); prefix.go,
-//     jsonscan.go: what routing reads from a body.
+//   - handler.go: Options (the interfaces it takes are exchange's), New,
+//     ServeHTTP, routing by path, authentication, the config view.
+//   - admit.go: a model request up to its exchange (body, head, scope,
+//     schedule, reservation); head.go: the head parse.
+//   - priority.go: the request's class (SPEC G1, G4); keys.go: the key's
+//     bounds (K5, K6).
+//   - errors.go, body.go, limits.go, conns.go: hostile-client bounds;
+//     drain.go: SIGTERM; prefix.go, jsonscan.go: what routing reads from a
+//     body.
 //
 // # Request lifecycle
 //

@@ -2,12 +2,11 @@ package api
 
 import (
 	"context"
-	"errors"
+	"iop/internal/edge/exchange"
 	"iop/internal/edge/reply"
 	"net/http"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"iop/internal/edge/access"
 )
@@ -15,10 +14,10 @@ import (
 // ErrShutdown is the cause of a request context the drain timeout ended
 // (Handler.Stop): the node work is cancelled and the client gets a 503, or
 // an error event in its surface's shape when bytes were already sent.
-var ErrShutdown = errors.New("api: edge shutting down")
+var ErrShutdown = exchange.ErrShutdown
 
 // DrainRetryAfter is the Retry-After of a request refused while draining.
-const DrainRetryAfter = 5 * time.Second
+const DrainRetryAfter = exchange.DrainRetryAfter
 
 // drainer counts the requests in flight and carries the graceful drain:
 // after Drain every new request is refused; Stop ends those still in flight
@@ -133,17 +132,7 @@ func (h *Handler) requestContext(parent context.Context) (ctx context.Context, r
 	}
 }
 
-// shuttingDown reports whether ctx was ended by Stop.
-func shuttingDown(ctx context.Context) bool {
-	return ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrShutdown)
-}
-
 func drainingError() *reply.Error {
 	return &reply.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: access.CodeDraining,
 		RetryAfter: DrainRetryAfter, Message: "the edge is shutting down; retry on another instance or later"}
-}
-
-func shutdownError() *reply.Error {
-	return &reply.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: access.CodeShutdown,
-		RetryAfter: DrainRetryAfter, Message: "the edge shut down before the response was complete"}
 }

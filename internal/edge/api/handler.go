@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"io"
+	"iop/internal/edge/exchange"
 	"iop/internal/edge/reply"
 	apisurface "iop/internal/edge/surface"
 	"log/slog"
@@ -12,36 +13,39 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"iop/internal/edge/access"
 	"iop/internal/edge/config"
 	"iop/internal/edge/dispatch"
-	"iop/internal/edge/health"
 	"iop/internal/edge/keys"
-	"iop/internal/edge/outlier"
-	"iop/internal/edge/pool"
 	"iop/internal/edge/routing"
 	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
-// Pool is the provider pool as the surface uses it; *pool.Pool satisfies it.
-// Acquire admits a request and returns its lease (SPEC Q2–Q4, Q6, Q7);
-// Release returns it exactly once.
-type Pool interface {
-	Acquire(ctx context.Context, r pool.Request) (*pool.Lease, error)
-	Release(l *pool.Lease) bool
-}
+// Pool is the provider pool as the surface uses it; *pool.Pool satisfies it
+// (exchange.Pool: Acquire admits a request and returns its lease, SPEC
+// Q2–Q4, Q6, Q7; Release returns it exactly once).
+type Pool = exchange.Pool
 
-// refusedReleaser is a Pool that learns from a node's over-capacity
-// refusal (SPEC E4; *pool.Pool): the lease goes back and the provider
-// admits less for a while. A Pool without it gets Release.
-type refusedReleaser interface {
-	ReleaseRefused(l *pool.Lease, fairShare int) bool
-}
+// Health is the Edge's provider-health owner (exchange.Health, SPEC H8,
+// H11, H12); *health.Tracker satisfies it.
+type Health = exchange.Health
+
+// Outlier is passive health (exchange.Outlier); *outlier.Detector
+// satisfies it.
+type Outlier = exchange.Outlier
+
+// Credentials issues the credential lease of one dispatched request
+// (exchange.Credentials, SPEC C2); *creds.Plane satisfies it.
+type Credentials = exchange.Credentials
+
+// Tracer takes the spans of every sampled request (internal/edge/tracing;
+// *tracing.Exporter satisfies it): Export never blocks, Drop counts spans
+// dropped before Export (a node's invalid ones).
+type Tracer = reply.Tracer
 
 // DefaultResponseWaitGrace is added to a lease's stall timeout to make the
 // Edge's own response-wait timeout: the node's stall watchdog (stall timeout,
@@ -138,15 +142,14 @@ type Handler struct {
 	o       Options
 	log     *slog.Logger
 	view    atomic.Pointer[view]
-	bufs    sync.Pool // *[]byte: encoding buffers of run-path responses (runSink)
 	drain   *drainer
-	books   reply.Books     // each request's id, trace, access line and metrics sample
-	keys    *keys.Registry  // Options.Keys, or its own (ownKeys)
-	ownKeys bool            // keys follows the config's api_keys (no Options.Keys)
-	lim     limits          // connections and body bytes
-	headers headerCounts    // 431s by bound (headers.go)
-	hasher  *routing.Hasher // conversation prefixes for prefix_affinity groups
-	retries [nRetryReasons]atomic.Uint64
+	books   reply.Books      // each request's id, trace, access line and metrics sample
+	keys    *keys.Registry   // Options.Keys, or its own (ownKeys)
+	ownKeys bool             // keys follows the config's api_keys (no Options.Keys)
+	lim     limits           // connections and body bytes
+	headers headerCounts     // 431s by bound (headers.go)
+	hasher  *routing.Hasher  // conversation prefixes for prefix_affinity groups
+	ex      *exchange.Engine // serves each admitted request (internal/edge/exchange)
 }
 
 // New returns the Handler for o.
@@ -179,6 +182,10 @@ func New(o Options) *Handler {
 		empty, _ := keys.Build(nil, nil, false, 1)
 		h.keys, h.ownKeys = keys.New(empty), true
 	}
+	h.ex = exchange.New(exchange.Deps{Pool: o.Pool, Dispatcher: o.Dispatcher, Health: o.Health, Outlier: o.Outlier,
+		Credentials: o.Credentials, Tracer: o.Tracer, Now: o.Now, NewID: o.NewID, Logger: o.Logger, OnUsage: h.onUsage,
+		RedispatchWait: o.RedispatchWait, ResponseWaitGrace: o.ResponseWaitGrace, CancelDrainTimeout: o.CancelDrainTimeout,
+		Bodies: &h.lim.bodies, Detach: h.drain.detach, OpenMode: h.keys.OpenMode})
 	return h
 }
 
@@ -286,23 +293,30 @@ func PrincipalFromContext(ctx context.Context) (principal string, ok bool) {
 	return p, ok
 }
 
-// endpoint describes one model-serving route.
+// endpoint describes one model-serving route: what its exchange needs
+// (exchange.Endpoint) and the required array field ("messages"), if any,
+// that the head parse checks.
 type endpoint struct {
-	surface   reply.Surface
-	operation string  // pool/profile operation (SPEC T1)
-	path      string  // the tunnel's fallback path
-	run       runKind // the run-path surface (run.go); runNone = tunnel only
-	field     string  // the required array field ("messages"), if any
+	exchange.Endpoint
+	field string
 }
 
 var (
-	epChat        = endpoint{reply.OpenAI, protocol.OpChatCompletions, "/v1/chat/completions", runChat, "messages"}
-	epResponses   = endpoint{reply.OpenAI, protocol.OpResponses, "/v1/responses", runResponses, ""}
-	epMessages    = endpoint{reply.Anthropic, protocol.OpMessages, "/v1/messages", runMessages, "messages"}
-	epCountTokens = endpoint{reply.Anthropic, protocol.OpCountTokens, "/v1/messages/count_tokens", runCountTokens, "messages"}
-	epCompletions = endpoint{reply.OpenAI, protocol.OpCompletions, "/v1/completions", runNone, ""}
-	epEmbeddings  = endpoint{reply.OpenAI, protocol.OpEmbeddings, "/v1/embeddings", runEmbeddings, ""}
+	epChat        = endpoint{exchange.Endpoint{Surface: reply.OpenAI, Operation: protocol.OpChatCompletions, Path: "/v1/chat/completions", Run: exchange.RunChat}, "messages"}
+	epResponses   = endpoint{exchange.Endpoint{Surface: reply.OpenAI, Operation: protocol.OpResponses, Path: "/v1/responses", Run: exchange.RunResponses}, ""}
+	epMessages    = endpoint{exchange.Endpoint{Surface: reply.Anthropic, Operation: protocol.OpMessages, Path: "/v1/messages", Run: exchange.RunMessages}, "messages"}
+	epCountTokens = endpoint{exchange.Endpoint{Surface: reply.Anthropic, Operation: protocol.OpCountTokens, Path: "/v1/messages/count_tokens", Run: exchange.RunCountTokens}, "messages"}
+	epCompletions = endpoint{exchange.Endpoint{Surface: reply.OpenAI, Operation: protocol.OpCompletions, Path: "/v1/completions", Run: exchange.RunNone}, ""}
+	epEmbeddings  = endpoint{exchange.Endpoint{Surface: reply.OpenAI, Operation: protocol.OpEmbeddings, Path: "/v1/embeddings", Run: exchange.RunEmbeddings}, ""}
 )
+
+// onUsage passes a request's reported usage to Options.OnUsage, read at
+// the report.
+func (h *Handler) onUsage(principal, model string, u *iop.Usage) {
+	if f := h.o.OnUsage; f != nil {
+		f(principal, model, u)
+	}
+}
 
 // ServeHTTP routes one request. Unknown paths get 404 and known paths with
 // another method 405, both in OpenAI shape (Anthropic shape under
@@ -388,7 +402,7 @@ func surfaceFor(path string) reply.Surface {
 // unknown one.
 func traceRoute(p string) string {
 	switch p {
-	case "/v1/models", epChat.path, epResponses.path, epMessages.path, epCountTokens.path, epCompletions.path, epEmbeddings.path:
+	case "/v1/models", epChat.Path, epResponses.Path, epMessages.Path, epCountTokens.Path, epCompletions.Path, epEmbeddings.Path:
 		return p
 	}
 	return ""
@@ -402,18 +416,18 @@ func surfaceOf(path string) string {
 	switch path {
 	case "/v1/models":
 		return protocol.OpModels
-	case epChat.path:
-		return epChat.operation
-	case epResponses.path:
-		return epResponses.operation
-	case epMessages.path:
-		return epMessages.operation
-	case epCountTokens.path:
-		return epCountTokens.operation
-	case epCompletions.path:
-		return epCompletions.operation
-	case epEmbeddings.path:
-		return epEmbeddings.operation
+	case epChat.Path:
+		return epChat.Operation
+	case epResponses.Path:
+		return epResponses.Operation
+	case epMessages.Path:
+		return epMessages.Operation
+	case epCountTokens.Path:
+		return epCountTokens.Operation
+	case epCompletions.Path:
+		return epCompletions.Operation
+	case epEmbeddings.Path:
+		return epEmbeddings.Operation
 	}
 	return reply.SurfaceOther
 }
@@ -470,7 +484,7 @@ func (h *Handler) route(w *reply.Recorder, r *http.Request) (context.Context, *v
 	}
 	s := reply.OpenAI
 	if ep != nil {
-		s = ep.surface
+		s = ep.Surface
 	} else if anthropicModels {
 		s = reply.Anthropic
 	}
@@ -719,23 +733,6 @@ func modelList(names []string, created int64) []byte {
 	return append(b, "]}"...)
 }
 
-// Health is the Edge's provider-health owner as the surface uses it (SPEC
-// H8, H11, H12); *health.Tracker satisfies it.
-//
-// ObserveStall takes the ExecutionFailure of a response_stalled terminal
-// (nil when the node sent none) of a stream on lease l, validates it
-// against l (the transport identity and the lease binding, never the
-// payload's) and, when valid, adds provider_id, the validated
-// provider_health and recovery_handoff="confirmed" to it; it reports
-// whether it did. It never returns l. RecoveryEligibility and
-// RecoveryOutcome record the surface's re-dispatch decision and its
-// outcome (second is nil when no second lease came).
-type Health interface {
-	ObserveStall(l *pool.Lease, f *iop.ExecutionFailure) bool
-	RecoveryEligibility(l *pool.Lease, model string, e health.Eligibility)
-	RecoveryOutcome(first, second *pool.Lease, model string, r health.RecoveryResult)
-}
-
 // DefaultRedispatchWait bounds the wait for the next lease when a stalled
 // request is re-dispatched (SPEC H11). The client has already waited the
 // stall timeout; a re-dispatch that would queue longer gives up and answers
@@ -743,14 +740,21 @@ type Health interface {
 // deadline (attempt.go).
 const DefaultRedispatchWait = 2 * time.Second
 
-// Outlier is passive health as the surface feeds it; *outlier.Detector
-// satisfies it. Failure: provider k failed a request before the first
-// byte in a way that is the provider's (retryAfter: a 429's Retry-After,
-// 0 = none); Suspect: it failed in a way the request's own input may have
-// caused, for principal ("" in open mode), which counts only when
-// corroborated (outlier.Machine.Suspect); Success: it answered.
-type Outlier interface {
-	Failure(k pool.Key, r outlier.Reason, retryAfter time.Duration)
-	Suspect(k pool.Key, r outlier.Reason, principal string)
-	Success(k pool.Key)
+// MetricRetries is the re-dispatch counter family.
+const MetricRetries = "iop_edge_request_retries_total"
+
+// Metric is one counter family: Samples maps a rendered, bounded label set
+// to its value, every label value present. The shape matches admin.Counter.
+type Metric struct {
+	Name, Help string
+	Samples    func() map[string]float64
+}
+
+// Metrics returns iop_edge_request_retries_total{reason}: requests sent to
+// another provider after a failure before the first byte; and
+// iop_edge_header_refusals_total{bound}: the 431s of SPEC B4.
+func (h *Handler) Metrics() []Metric {
+	return []Metric{{MetricRetries,
+		"Requests re-dispatched to a provider not tried yet after a failure before the first byte, by reason.",
+		h.ex.RetrySamples}, h.headerMetric()}
 }

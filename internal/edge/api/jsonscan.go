@@ -29,27 +29,6 @@ func jsonString(b []byte, v span) (string, bool) {
 	return s, true
 }
 
-// spliceModel returns body with every value span in spans replaced by the
-// JSON string target: one allocation of the final size and one copy, every
-// other byte unchanged (SPEC Q3: the client's body with only "model"
-// replaced). spans are in ascending order and do not overlap.
-func spliceModel(body []byte, spans []span, target string) []byte {
-	var q [128]byte
-	quoted := appendJSONString(q[:0], target)
-	n := len(body)
-	for _, s := range spans {
-		n += len(quoted) - (s.End - s.Start)
-	}
-	out := make([]byte, 0, n)
-	prev := 0
-	for _, s := range spans {
-		out = append(out, body[prev:s.Start]...)
-		out = append(out, quoted...)
-		prev = s.End
-	}
-	return append(out, body[prev:]...)
-}
-
 // appendJSONString appends s as a JSON string (surface.AppendString).
 func appendJSONString(dst []byte, s string) []byte { return apisurface.AppendString(dst, s) }
 

@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"iop/internal/edge/exchange"
 )
 
 // Q3: the tunnel body is the client's with only the top-level "model"
@@ -34,7 +36,7 @@ func TestSpliceModel(t *testing.T) {
 			if hd.model != "tiny" && row.name != "Q3 duplicate keys all replaced" {
 				t.Errorf("model: got %q, want tiny", hd.model)
 			}
-			got := string(spliceModel([]byte(row.body), hd.modelSpans, row.target))
+			got := string(exchange.SpliceModel([]byte(row.body), hd.modelSpans, row.target))
 			if got != row.want {
 				t.Errorf("got  %s\nwant %s", got, row.want)
 			}
@@ -78,7 +80,7 @@ func FuzzSpliceModel(f *testing.F) {
 		if hd.model != want {
 			t.Fatalf("model: got %q, want %q", hd.model, want)
 		}
-		out := spliceModel(body, hd.modelSpans, "T\"")
+		out := exchange.SpliceModel(body, hd.modelSpans, "T\"")
 		var got map[string]any
 		if err := json.Unmarshal(out, &got); err != nil {
 			t.Fatalf("splice made invalid JSON %q: %v", out, err)

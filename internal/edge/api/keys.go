@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"time"
 
+	"iop/internal/edge/exchange"
 	"iop/internal/edge/keys"
 )
 
@@ -45,17 +46,17 @@ func (h *Handler) admitKey(ctx context.Context, w *reply.Recorder, r *http.Reque
 // budgets (K5) once the body is read: the estimate is the body's bytes ÷
 // 4 and its maximum completion (keys.Estimate). It reports false when it
 // answered 429. Open mode: nothing to do.
-func (h *Handler) reserveKey(x *exchange, w *reply.Recorder) bool {
-	t := ticketOf(x.ctx)
+func (h *Handler) reserveKey(x *exchange.Exchange, w *reply.Recorder) bool {
+	t := ticketOf(x.Ctx)
 	if t == nil {
 		return true
 	}
 	now := h.o.Now()
-	if ref := t.Reserve(keys.Estimate(len(x.body), x.head.maxTokens), now); ref != nil {
-		h.refuseKey(w, x.ep.surface, ref, now, func(e *reply.Error) { reply.WriteError(w, x.ep.surface, e) })
+	if ref := t.Reserve(keys.Estimate(len(x.Body), x.MaxTokens), now); ref != nil {
+		h.refuseKey(w, x.Endpoint.Surface, ref, now, func(e *reply.Error) { reply.WriteError(w, x.Endpoint.Surface, e) })
 		return false
 	}
-	writeRateLimit(w.Header(), x.ep.surface, &t.RateLimit, now)
+	writeRateLimit(w.Header(), x.Endpoint.Surface, &t.RateLimit, now)
 	return true
 }
 

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"iop/internal/edge/exchange"
 	"iop/internal/edge/reply"
 	"log/slog"
 	"net"
@@ -114,12 +115,12 @@ func (h *Handler) bodyBusy() *reply.Error {
 
 // dropBody lets go of x's request body and gives its bytes back to the
 // in-flight budget; idempotent.
-func (h *Handler) dropBody(x *exchange) {
-	if x.held > 0 {
-		h.lim.bodies.Release(x.held)
-		x.held = 0
+func (h *Handler) dropBody(x *exchange.Exchange) {
+	if x.Held > 0 {
+		h.lim.bodies.Release(x.Held)
+		x.Held = 0
 	}
-	x.body = nil
+	x.Body = nil
 }
 
 // logRefusal writes one Warn line through l (at most its burst a second),

@@ -2,11 +2,9 @@ package api
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"net/http"
-	"time"
 
+	"iop/internal/edge/exchange"
 	"iop/internal/edge/keystore"
 	"iop/internal/edge/pool"
 	"iop/internal/edge/reply"
@@ -43,46 +41,33 @@ func WithPriority(ctx context.Context, p pool.Priority) context.Context {
 	return context.WithValue(ctx, priorityKey{}, p)
 }
 
-// schedule is x's place in the queue, decided once at admission.
-type schedule struct {
-	key    string
-	weight int
-	prio   pool.Priority
-	// localOnly: the key never reaches a remote adapter (SPEC V3).
-	localOnly bool
-}
-
-// apply copies s into the pool request r.
-func (s *schedule) apply(r *pool.Request) {
-	r.Key, r.Weight, r.Priority, r.LocalOnly = s.key, s.weight, s.prio, s.localOnly
-}
-
-// decideSchedule sets x.sched from x's key, its context, its Iop-Priority
-// header and its body's service_tier (x.head); a bad header is a 400.
-func decideSchedule(x *exchange) *reply.Error {
+// decideSchedule is the request's place in the queue (SPEC G1, G4, V3),
+// from its key (the ticket in ctx), ctx's WithPriority, its Iop-Priority
+// header and its body's service_tier; a bad header is a 400. The class
+// goes on the access record too (G6: the queue wait by class).
+func decideSchedule(ctx context.Context, r *http.Request, ep *endpoint, tier string, acc *reply.Recorder) (exchange.Schedule, *reply.Error) {
 	ks := keystore.Sched{}.Effective()
-	s := &x.sched
-	s.weight = 1
-	if t := ticketOf(x.ctx); t != nil {
+	s := exchange.Schedule{Weight: 1}
+	if t := ticketOf(ctx); t != nil {
 		p := t.Principal()
-		ks, s.key, s.weight, s.localOnly = p.Sched, p.Name, p.Sched.Weight, p.LocalOnly
+		ks, s.Key, s.Weight, s.LocalOnly = p.Sched, p.Name, p.Sched.Weight, p.LocalOnly
 	}
 	asked, _ := pool.ParsePriority(ks.Class)
 	ceiling, _ := pool.ParsePriority(ks.MaxClass)
-	if p, ok := x.ctx.Value(priorityKey{}).(pool.Priority); ok {
+	if p, ok := ctx.Value(priorityKey{}).(pool.Priority); ok {
 		asked = p
-	} else if v := x.r.Header.Get(HeaderPriority); v != "" {
+	} else if v := r.Header.Get(HeaderPriority); v != "" {
 		p, ok := pool.ParsePriority(v)
 		if !ok {
-			return apisurface.BadRequest("", "header %s: want batch, interactive or critical, got %q", HeaderPriority, reply.Truncate(v, 64))
+			return s, apisurface.BadRequest("", "header %s: want batch, interactive or critical, got %q", HeaderPriority, reply.Truncate(v, 64))
 		}
 		asked = p
-	} else if p, ok := tierPriority(x.ep.surface, x.head.serviceTier); ok {
+	} else if p, ok := tierPriority(ep.Surface, tier); ok {
 		asked = p
 	}
-	s.prio = min(asked, ceiling)
-	x.acc.Rec.Class = s.prio.String() // G6: the queue wait by class
-	return nil
+	s.Priority = min(asked, ceiling)
+	acc.Rec.Class = s.Priority.String() // G6: the queue wait by class
+	return s, nil
 }
 
 // tierPriority maps a body's service_tier to a class (see above); ok is
@@ -99,20 +84,4 @@ func tierPriority(s reply.Surface, tier string) (pool.Priority, bool) {
 		return pool.PriorityCritical, true
 	}
 	return 0, false
-}
-
-// keyShareError is the 429 of a request refused for its key's share of
-// the queue (SPEC G3), nil for any other error.
-func keyShareError(model string, err error) *reply.Error {
-	var ks *pool.KeyShareError
-	if !errors.As(err, &ks) {
-		return nil
-	}
-	ra := ks.RetryAfter
-	if ra <= 0 {
-		ra = time.Second
-	}
-	return &reply.Error{Status: http.StatusTooManyRequests, Type: "rate_limit_error", Code: "queue_full", RetryAfter: ra,
-		Message: fmt.Sprintf("model %q: this key's share of the queue is full (%d of its requests wait while other keys wait too); retry later",
-			model, ks.Waiting)}
 }

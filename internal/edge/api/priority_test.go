@@ -98,9 +98,10 @@ func TestRequestClass(t *testing.T) {
 func TestWithPriority(t *testing.T) {
 	req := httptest.NewRequest("POST", "/v1/chat/completions", nil)
 	req.Header.Set(HeaderPriority, "interactive")
-	x := &exchange{ctx: WithPriority(context.Background(), pool.PriorityBatch), r: req, ep: &epChat, acc: &reply.Recorder{}}
-	if e := decideSchedule(x); e != nil || x.sched.prio != pool.PriorityBatch || x.acc.Rec.Class != "batch" {
-		t.Fatalf("class %v (record %q) err %v, want batch", x.sched.prio, x.acc.Rec.Class, e)
+	acc := &reply.Recorder{}
+	sched, e := decideSchedule(WithPriority(context.Background(), pool.PriorityBatch), req, &epChat, "", acc)
+	if e != nil || sched.Priority != pool.PriorityBatch || acc.Rec.Class != "batch" {
+		t.Fatalf("class %v (record %q) err %v, want batch", sched.Priority, acc.Rec.Class, e)
 	}
 }
 

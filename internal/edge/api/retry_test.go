@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iop/internal/edge/exchange"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -437,24 +438,6 @@ func TestRedispatchBounds(t *testing.T) {
 	}
 }
 
-// Retry-After values (RFC 9110 §10.2.3).
-func TestParseRetryAfter(t *testing.T) {
-	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	rows := []struct {
-		v    string
-		want time.Duration
-	}{
-		{"", 0}, {"5", 5 * time.Second}, {" 12 ", 12 * time.Second}, {"-3", 0}, {"soon", 0},
-		{"Fri, 02 Jan 2026 03:04:35 GMT", 30 * time.Second}, {"Fri, 02 Jan 2026 03:00:00 GMT", 0},
-		{"99999999999", maxRetryAfter},
-	}
-	for _, r := range rows {
-		if got := parseRetryAfter(r.v, now); got != r.want {
-			t.Errorf("parseRetryAfter(%q) = %v, want %v", r.v, got, r.want)
-		}
-	}
-}
-
 // SPEC Q2, Q4: a client that leaves while its request waits for
 // a re-dispatch lease (the first provider failed before the first byte,
 // every other one is busy) ends the request quietly: the failed lease went
@@ -516,11 +499,11 @@ func TestClientLeavesDuringRedispatch(t *testing.T) {
 // not excluded and max_attempts untouched, the lease goes back as refused
 // (ReleaseRefused), passive health hears nothing, and the next lease on
 // the same provider answers. A node that refuses every time is answered
-// 503 over_capacity after maxRefusals.
+// 503 over_capacity after exchange.MaxRefusals.
 func TestOverCapacityRequeued(t *testing.T) {
 	refusal := []*iop.RunEvent{evStart(), evError(2, protocol.CodeOverCapacity.String(), "at capacity")}
 	answer := []*iop.RunEvent{evStart(), evDelta(2, "hello"), evComplete(3, "hello", "stop", nil, nil)}
-	for _, refusals := range []int{2, maxRefusals + 1} {
+	for _, refusals := range []int{2, exchange.MaxRefusals + 1} {
 		t.Run(fmt.Sprintf("E4 %d refusals", refusals), func(t *testing.T) {
 			leakcheck.Check(t)
 			var leases []*pool.Lease
@@ -533,12 +516,12 @@ func TestOverCapacityRequeued(t *testing.T) {
 			}
 			r.stream(t, "answer", answer, nil)
 			resp, got := r.post(t, "/v1/chat/completions", chatBody)
-			served := refusals <= maxRefusals
+			served := refusals <= exchange.MaxRefusals
 			switch {
 			case served && (resp.StatusCode != 200 || !strings.Contains(got, "hello")):
 				t.Fatalf("got %d %s, want the answer after %d refusals", resp.StatusCode, got, refusals)
 			case !served && (resp.StatusCode != 503 || !strings.Contains(got, `"code":"over_capacity"`)):
-				t.Fatalf("got %d %s, want 503 over_capacity after %d refusals", resp.StatusCode, got, maxRefusals)
+				t.Fatalf("got %d %s, want 503 over_capacity after %d refusals", resp.StatusCode, got, exchange.MaxRefusals)
 			}
 			r.p.checkReleased(t)
 			for i, req := range r.p.reqs {
@@ -548,7 +531,7 @@ func TestOverCapacityRequeued(t *testing.T) {
 			}
 			wantReqs := refusals + 1
 			if !served {
-				wantReqs = maxRefusals + 1
+				wantReqs = exchange.MaxRefusals + 1
 			}
 			if len(r.p.reqs) != wantReqs {
 				t.Errorf("%d pool requests, want %d", len(r.p.reqs), wantReqs)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"io"
+	"iop/internal/edge/exchange"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -212,7 +213,7 @@ func TestTunnelFailures(t *testing.T) {
 			frames: []*iop.ProviderTunnelFrame{fStart(200, "Content-Type", "application/json"), fBody([]byte(`{"id":`)), fError("upstream_error", "reset")},
 			want:   502, wantCode: "provider_error"},
 		{name: "T5 ERROR after a passed-through large JSON body aborts the response", path: "/v1/chat/completions",
-			frames: []*iop.ProviderTunnelFrame{fStart(200, "Content-Type", "application/json"), fBody(make([]byte, maxHeldBody+1)), fError("upstream_error", "reset")},
+			frames: []*iop.ProviderTunnelFrame{fStart(200, "Content-Type", "application/json"), fBody(make([]byte, exchange.MaxHeldBody+1)), fError("upstream_error", "reset")},
 			want:   200, wantAbort: true},
 	}
 	for _, row := range rows {

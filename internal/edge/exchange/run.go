@@ -1,4 +1,4 @@
-package api
+package exchange
 
 import (
 	"iop/internal/edge/reply"
@@ -16,32 +16,32 @@ import (
 	iop "iop/proto/gen/iop"
 )
 
-// runKind is the run-path surface of an endpoint: which package converts
+// RunKind is the run-path surface of an endpoint: which package converts
 // its requests and encodes its responses.
-type runKind uint8
+type RunKind uint8
 
 const (
-	runNone        runKind = iota // tunnel only
-	runChat                       // surface/openai Chat
-	runMessages                   // surface/anthropic Messages
-	runCountTokens                // surface/anthropic Count
-	runResponses                  // surface/responses Encoder
-	runEmbeddings                 // surface/openai Embeddings
+	RunNone        RunKind = iota // tunnel only
+	RunChat                       // surface/openai Chat
+	RunMessages                   // surface/anthropic Messages
+	RunCountTokens                // surface/anthropic Count
+	RunResponses                  // surface/responses Encoder
+	RunEmbeddings                 // surface/openai Embeddings
 )
 
 // run sends the normalized RunRequest (SPEC Q3) built by the endpoint's
 // surface from the client's body; its sink encodes the run's events in that
 // surface's response shape (SPEC T5).
-func (h *Handler) run(x *exchange) (dispatch.Stream, sink) {
+func (h *Engine) run(x *Exchange) (dispatch.Stream, sink) {
 	s, req, e := h.runSurface(x)
 	if e != nil {
-		reply.WriteError(x.out.W, x.ep.surface, e)
+		reply.WriteError(x.out.W, x.Endpoint.Surface, e)
 		return nil, nil
 	}
 	l := x.lease
 	req.Adapter, req.Target, req.ResponseStallTimeoutMs = l.Provider, l.Target, l.StallTimeoutMs
-	req.RequestId = x.acc.Rec.RequestID
-	req.Trace = x.acc.Trace.BeginAttempt(l, access.PathRun)
+	req.RequestId = x.Acc.Rec.RequestID
+	req.Trace = x.Acc.Trace.BeginAttempt(l, access.PathRun)
 	var ok bool
 	if req.CredentialLease, req.CredentialBinding, ok = h.credential(x); !ok {
 		return nil, nil
@@ -56,58 +56,57 @@ func (h *Handler) run(x *exchange) (dispatch.Stream, sink) {
 
 // runSurface converts x's body with its endpoint's surface into the
 // RunRequest's input and returns the sink that encodes the answer.
-func (h *Handler) runSurface(x *exchange) (sink, *iop.RunRequest, *apisurface.Error) {
-	hd := &x.head
+func (h *Engine) runSurface(x *Exchange) (sink, *iop.RunRequest, *apisurface.Error) {
 	hold := x.lease.Type != protocol.TypeOllama // text tool calls (E9) only on openai_compat adapters
-	switch x.ep.run {
-	case runChat:
-		in, p, e := openai.ChatInputPolicy(x.body, x.unknown)
+	switch x.Endpoint.Run {
+	case RunChat:
+		in, p, e := openai.ChatInputPolicy(x.Body, x.Unknown)
 		if e != nil {
 			return nil, nil, e
 		}
 		reportIgnored(x, &p.Ignored)
-		s := &runSink[openai.Chat, *openai.Chat]{h: h, x: x, stream: hd.stream}
-		s.enc.Init(openai.ChatOptions{Model: hd.model, ID: "chatcmpl-" + h.o.NewID(), Created: h.o.Now().Unix(),
-			Stream: hd.stream, IncludeUsage: hd.includeUsage, Tools: p.Tools, Hold: hold,
+		s := &runSink[openai.Chat, *openai.Chat]{h: h, x: x, stream: x.Stream}
+		s.enc.Init(openai.ChatOptions{Model: x.Model, ID: "chatcmpl-" + h.o.NewID(), Created: h.o.Now().Unix(),
+			Stream: x.Stream, IncludeUsage: x.IncludeUsage, Tools: p.Tools, Hold: hold,
 			Logprobs: p.Logprobs, MaxToolCalls: p.MaxToolCalls, NewID: h.o.NewID})
-		return s, &iop.RunRequest{Input: in, Stream: hd.stream}, nil
-	case runMessages:
-		in, p, e := anthropic.InputPolicy(x.body, false, x.unknown)
+		return s, &iop.RunRequest{Input: in, Stream: x.Stream}, nil
+	case RunMessages:
+		in, p, e := anthropic.InputPolicy(x.Body, false, x.Unknown)
 		if e != nil {
 			return nil, nil, e
 		}
 		reportIgnored(x, &p.Ignored)
-		s := &runSink[anthropic.Messages, *anthropic.Messages]{h: h, x: x, stream: hd.stream}
-		s.enc.Init(anthropic.Options{Model: hd.model, ID: "msg_" + h.o.NewID(), Stream: hd.stream, Tools: p.Tools,
+		s := &runSink[anthropic.Messages, *anthropic.Messages]{h: h, x: x, stream: x.Stream}
+		s.enc.Init(anthropic.Options{Model: x.Model, ID: "msg_" + h.o.NewID(), Stream: x.Stream, Tools: p.Tools,
 			MaxToolCalls: p.MaxToolCalls, Hold: hold, NewID: h.o.NewID, OmitThinking: p.OmitThinking})
-		return s, &iop.RunRequest{Input: in, Stream: hd.stream}, nil
-	case runCountTokens:
-		in, p, e := anthropic.InputPolicy(x.body, true, x.unknown)
+		return s, &iop.RunRequest{Input: in, Stream: x.Stream}, nil
+	case RunCountTokens:
+		in, p, e := anthropic.InputPolicy(x.Body, true, x.Unknown)
 		if e != nil {
 			return nil, nil, e
 		}
 		reportIgnored(x, &p.Ignored)
 		return &runSink[anthropic.Count, *anthropic.Count]{h: h, x: x}, &iop.RunRequest{Input: in}, nil
-	case runResponses:
-		in, p, e := responses.InputPolicy(x.body, x.unknown)
+	case RunResponses:
+		in, p, e := responses.InputPolicy(x.Body, x.Unknown)
 		if e != nil {
 			return nil, nil, e
 		}
 		reportIgnored(x, &p.Ignored)
-		s := &runSink[responses.Encoder, *responses.Encoder]{h: h, x: x, stream: hd.stream}
-		s.enc.Init(responses.Options{Model: hd.model, ID: "resp_" + h.o.NewID(), Created: h.o.Now().Unix(), Stream: hd.stream,
+		s := &runSink[responses.Encoder, *responses.Encoder]{h: h, x: x, stream: x.Stream}
+		s.enc.Init(responses.Options{Model: x.Model, ID: "resp_" + h.o.NewID(), Created: h.o.Now().Unix(), Stream: x.Stream,
 			Tools: p.Tools, MaxToolCalls: p.MaxToolCalls, Echo: p.Echo, Hold: hold, NewID: h.o.NewID, Namespaces: p.Namespaces})
-		return s, &iop.RunRequest{Input: in, Stream: hd.stream}, nil
-	case runEmbeddings:
-		in, b64, e := openai.EmbeddingsInput(x.body)
+		return s, &iop.RunRequest{Input: in, Stream: x.Stream}, nil
+	case RunEmbeddings:
+		in, b64, e := openai.EmbeddingsInput(x.Body)
 		if e != nil {
 			return nil, nil, e
 		}
 		s := &runSink[openai.Embeddings, *openai.Embeddings]{h: h, x: x}
-		s.enc.Init(hd.model, b64)
+		s.enc.Init(x.Model, b64)
 		return s, &iop.RunRequest{Input: in, Operation: protocol.RunEmbeddings}, nil
 	}
-	return nil, nil, apisurface.BadRequest("", "%s has no run-path surface", x.ep.path)
+	return nil, nil, apisurface.BadRequest("", "%s has no run-path surface", x.Endpoint.Path)
 }
 
 // reportIgnored reports what the run path accepted without sending to
@@ -117,13 +116,13 @@ func (h *Handler) runSurface(x *exchange) (sink, *iop.RunRequest, *apisurface.Er
 // iop_edge_ignored_fields_total{surface,field} (field: the table row,
 // bounded). The header is set before any byte, so a failure answered
 // later carries it too.
-func reportIgnored(x *exchange, ig *apisurface.Ignored) {
+func reportIgnored(x *Exchange, ig *apisurface.Ignored) {
 	if ig.Total == 0 {
 		return
 	}
 	v := ig.Header()
 	x.out.W.Header().Set(apisurface.IgnoredHeader, v)
-	rec := &x.acc.Rec
+	rec := &x.Acc.Rec
 	rec.IgnoredFields = v
 	rec.IgnoredRows = rec.IgnoredRows[:0]
 	for _, f := range ig.Fields {
@@ -145,8 +144,8 @@ type encoder[T any] interface {
 // COMPLETE, ends the response with exactly one error outcome: an HTTP error
 // in the surface's shape before any byte, the encoder's error event after.
 type runSink[T any, E encoder[T]] struct {
-	h      *Handler
-	x      *exchange
+	h      *Engine
+	x      *Exchange
 	enc    T
 	stream bool // SSE events, else one JSON body
 
@@ -171,9 +170,9 @@ func (s *runSink[T, E]) handle(env *iop.Envelope) (bool, error) {
 	switch ev.Type {
 	case iop.RunEventType_RUN_EVENT_COMPLETE:
 		if ev.Usage != nil {
-			s.x.acc.SetUsage(ev.Usage)
+			s.x.Acc.SetUsage(ev.Usage)
 			if s.h.o.OnUsage != nil {
-				s.h.o.OnUsage(s.x.principal(), s.x.model, ev.Usage)
+				s.h.o.OnUsage(s.x.Principal, s.x.Model, ev.Usage)
 			}
 		}
 	case iop.RunEventType_RUN_EVENT_ERROR:
@@ -234,7 +233,7 @@ func (s *runSink[T, E]) fail(e *reply.Error) error {
 	s.finished, s.failed = true, e
 	if !s.committed {
 		s.committed = true
-		reply.WriteError(s.x.out.W, s.x.ep.surface, e)
+		reply.WriteError(s.x.out.W, s.x.Endpoint.Surface, e)
 		return nil
 	}
 	bp := s.h.takeBuf()
@@ -252,10 +251,10 @@ func (s *runSink[T, E]) wrote() bool { return s.committed }
 // a rare huge event's buffer is left to the GC.
 const maxPooledBuf = 64 << 10
 
-// takeBuf returns an empty encoding buffer from the Handler's pool. It is
+// takeBuf returns an empty encoding buffer from the Engine's pool. It is
 // taken for one event and given back once written, so a stream parked
 // between two tokens holds none.
-func (h *Handler) takeBuf() *[]byte {
+func (h *Engine) takeBuf() *[]byte {
 	if bp, ok := h.bufs.Get().(*[]byte); ok {
 		*bp = (*bp)[:0]
 		return bp
@@ -265,7 +264,7 @@ func (h *Handler) takeBuf() *[]byte {
 }
 
 // giveBuf returns b, the grown *bp, to the pool; neither may be used after.
-func (h *Handler) giveBuf(bp *[]byte, b []byte) {
+func (h *Engine) giveBuf(bp *[]byte, b []byte) {
 	if cap(b) <= maxPooledBuf {
 		*bp = b[:0]
 		h.bufs.Put(bp)

@@ -1,4 +1,4 @@
-package api
+package exchange
 
 import (
 	"iop/internal/edge/creds"
@@ -6,29 +6,22 @@ import (
 	iop "iop/proto/gen/iop"
 )
 
-// Credentials issues the credential lease of one dispatched request (SPEC
-// C2); *creds.Plane satisfies it. It returns nil, nil, nil while the
-// credential plane is off.
-type Credentials interface {
-	Lease(r creds.Request) (*iop.CredentialLease, *iop.CredentialLeaseBinding, error)
-}
-
 // credential returns the lease and binding of x's current provider lease
 // (SPEC C2: after provider selection, for exactly that node, provider and
 // target; a re-dispatch asks again for the new provider). ok is false when
 // no lease could be issued: it answered 502 and nothing is sent to the
 // node, so nothing reaches the upstream. The edge never falls back to
 // another slot (SPEC C6): the slot is the route's.
-func (h *Handler) credential(x *exchange) (l *iop.CredentialLease, b *iop.CredentialLeaseBinding, ok bool) {
+func (h *Engine) credential(x *Exchange) (l *iop.CredentialLease, b *iop.CredentialLeaseBinding, ok bool) {
 	if h.o.Credentials == nil {
 		return nil, nil, true
 	}
 	pl := x.lease
-	l, b, err := h.o.Credentials.Lease(creds.Request{Principal: x.principal(), Model: x.model,
+	l, b, err := h.o.Credentials.Lease(creds.Request{Principal: x.Principal, Model: x.Model,
 		Node: pl.Node, Provider: pl.Provider, Target: pl.Target})
 	if err != nil {
-		h.log.Warn("credential lease not issued", "model", x.model, "node", pl.Node, "provider", pl.Provider, "err", err)
-		reply.WriteError(x.out.W, x.ep.surface, reply.BadGateway("credential_unavailable",
+		h.log.Warn("credential lease not issued", "model", x.Model, "node", pl.Node, "provider", pl.Provider, "err", err)
+		reply.WriteError(x.out.W, x.Endpoint.Surface, reply.BadGateway("credential_unavailable",
 			"the edge could not issue a credential for the selected provider"))
 		return nil, nil, false
 	}

@@ -1,4 +1,4 @@
-package api
+package exchange
 
 import (
 	"bytes"
@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 
+	apisurface "iop/internal/edge/surface"
+	"iop/internal/jsonscan"
 	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
@@ -25,7 +27,7 @@ import (
 //     whole with a Content-Length, so an ERROR before END still becomes a
 //     clean 502 instead of a truncated body; an upstream 4xx/5xx thus
 //     reaches the client with its own status and body;
-//   - USAGE: observation only (Options.OnUsage), never written;
+//   - USAGE: observation only (Deps.OnUsage), never written;
 //   - END: done (a response with no body gets the upstream status);
 //   - ERROR: before any byte an error response in the surface's shape;
 //     after bytes an SSE error event (OpenAI `data: {"error":…}`,
@@ -34,8 +36,8 @@ import (
 //     connection is aborted so the client sees a truncated response, never
 //     a complete-looking one.
 type tunnelSink struct {
-	h *Handler
-	x *exchange
+	h *Engine
+	x *Exchange
 
 	started    bool // RESPONSE_START seen
 	status     int
@@ -59,7 +61,7 @@ const maxHeldBody = 1 << 20
 
 // streaming reports whether the body is relayed frame by frame.
 func (s *tunnelSink) streaming() bool {
-	if s.sse || s.x.head.stream {
+	if s.sse || s.x.Stream {
 		return true
 	}
 	ct := strings.ToLower(s.ctype)
@@ -84,7 +86,7 @@ func (s *tunnelSink) handle(env *iop.Envelope) (bool, error) {
 				case strings.EqualFold(hd.Name, "Retry-After"):
 					s.retryAfter = hd.Value
 				case len(s.relayed) < maxRelayedHeaders && relayedHeader(hd.Name) && len(hd.Value) <= maxRelayedValue &&
-					!strings.ContainsAny(hd.Value, "\r\n\x00") && (s.h.keys.OpenMode() || !rateLimitHeader(hd.Name)):
+					!strings.ContainsAny(hd.Value, "\r\n\x00") && (s.h.o.OpenMode() || !rateLimitHeader(hd.Name)):
 					s.relayed = append(s.relayed, hd)
 				}
 			}
@@ -108,7 +110,7 @@ func (s *tunnelSink) handle(env *iop.Envelope) (bool, error) {
 		}
 		s.noteTail(f.Body)
 		if s.sse {
-			s.end.scan(f.Body, s.x.ep)
+			s.end.scan(f.Body, s.x.Endpoint)
 		}
 		if stream { // T2: a stream is never buffered
 			if err := s.x.out.Flush(); err != nil {
@@ -117,9 +119,9 @@ func (s *tunnelSink) handle(env *iop.Envelope) (bool, error) {
 		}
 	case iop.TunnelFrameKind_TUNNEL_FRAME_USAGE:
 		if f.Usage != nil {
-			s.x.acc.SetUsage(f.Usage)
+			s.x.Acc.SetUsage(f.Usage)
 			if s.h.o.OnUsage != nil {
-				s.h.o.OnUsage(s.x.principal(), s.x.model, f.Usage)
+				s.h.o.OnUsage(s.x.Principal, s.x.Model, f.Usage)
 			}
 		}
 	case iop.TunnelFrameKind_TUNNEL_FRAME_END:
@@ -260,7 +262,7 @@ func (s *tunnelSink) fail(e *reply.Error) error {
 	s.finished, s.failed = true, e
 	if !s.committed {
 		s.committed = true
-		reply.WriteError(s.x.out.W, s.x.ep.surface, e)
+		reply.WriteError(s.x.out.W, s.x.Endpoint.Surface, e)
 		return nil
 	}
 	if !s.sse {
@@ -284,15 +286,13 @@ func (s *tunnelSink) fail(e *reply.Error) error {
 		// the error is an event of its own.
 		s.buf = append(s.buf, '\n', '\n')
 	}
-	s.buf = reply.AppendErrorEvent(s.buf, s.x.ep.surface, s.x.ep.operation, e)
+	s.buf = reply.AppendErrorEvent(s.buf, s.x.Endpoint.Surface, s.x.Endpoint.Operation, e)
 	return s.x.out.Send(s.buf)
 }
 
 func (s *tunnelSink) failure() *reply.Error { return s.failed }
 
 func (s *tunnelSink) wrote() bool { return s.committed }
-
-var _ http.Handler = (*Handler)(nil)
 
 // sseEnd follows the lines of a relayed event stream (text/event-stream,
 // WHATWG HTML §9.2) far enough to tell whether its last event is the
@@ -331,7 +331,7 @@ func (e *sseEnd) ended() (ended, open bool) {
 }
 
 // scan takes the next body bytes of the stream of ep's surface.
-func (e *sseEnd) scan(b []byte, ep *endpoint) {
+func (e *sseEnd) scan(b []byte, ep *Endpoint) {
 	for len(b) > 0 {
 		i := bytes.IndexByte(b, '\n')
 		part := b
@@ -354,7 +354,7 @@ func (e *sseEnd) scan(b []byte, ep *endpoint) {
 }
 
 // endLine handles the current line at its line feed.
-func (e *sseEnd) endLine(ep *endpoint) {
+func (e *sseEnd) endLine(ep *Endpoint) {
 	n := e.n
 	e.n = 0
 	if n > maxMarkerLine {
@@ -376,13 +376,13 @@ func (e *sseEnd) endLine(ep *endpoint) {
 
 // lastEventLine reports whether line (no line break) marks the last event
 // of ep's surface's stream.
-func lastEventLine(line []byte, ep *endpoint) bool {
+func lastEventLine(line []byte, ep *Endpoint) bool {
 	field, value, _ := bytes.Cut(line, []byte{':'})
 	value = bytes.TrimPrefix(value, []byte{' '})
 	switch {
-	case ep.surface == reply.Anthropic:
+	case ep.Surface == reply.Anthropic:
 		return string(field) == "event" && (string(value) == "message_stop" || string(value) == "error")
-	case ep.operation == protocol.OpResponses:
+	case ep.Operation == protocol.OpResponses:
 		if string(field) != "event" {
 			return false
 		}
@@ -393,4 +393,46 @@ func lastEventLine(line []byte, ep *endpoint) bool {
 		return false
 	}
 	return string(field) == "data" && string(value) == "[DONE]"
+}
+
+// Client request headers a tunnel forwards (SPEC T4). Everything else —
+// Authorization, x-api-key, cookies, hop-by-hop and X-Iop-* headers — stays
+// at the Edge; upstream auth comes from the adapter config or a lease.
+var forwardedRequestHeaders = [...]struct{ canon, wire string }{
+	{"Content-Type", "Content-Type"},
+	{"Accept", "Accept"},
+	{"Anthropic-Version", "anthropic-version"},
+	{"Anthropic-Beta", "anthropic-beta"},
+	{"Openai-Beta", "OpenAI-Beta"},
+}
+
+func forwardHeaders(h http.Header) []*iop.Header {
+	var out []*iop.Header
+	for _, f := range forwardedRequestHeaders {
+		for _, v := range h[f.canon] {
+			out = append(out, &iop.Header{Name: f.wire, Value: v})
+		}
+	}
+	return out
+}
+
+// SpliceModel returns body with every value span in spans replaced by the
+// JSON string target: one allocation of the final size and one copy, every
+// other byte unchanged (SPEC Q3: the client's body with only "model"
+// replaced). spans are in ascending order and do not overlap.
+func SpliceModel(body []byte, spans []jsonscan.Span, target string) []byte {
+	var q [128]byte
+	quoted := apisurface.AppendString(q[:0], target)
+	n := len(body)
+	for _, s := range spans {
+		n += len(quoted) - (s.End - s.Start)
+	}
+	out := make([]byte, 0, n)
+	prev := 0
+	for _, s := range spans {
+		out = append(out, body[prev:s.Start]...)
+		out = append(out, quoted...)
+		prev = s.End
+	}
+	return append(out, body[prev:]...)
 }

@@ -1,0 +1,48 @@
+// Package exchange serves one admitted client request from its lease to
+// its last release (SPEC Q2, Q3, H8, H11, H12, T2, T3, T5, E4, C2, C6): it
+// acquires the lease (waiting in the model group's queue), sends the
+// request to the lease's node as a tunnel or a normalized run, relays the
+// node's stream to the client through the path's sink, and re-dispatches a
+// failure before the first byte to a provider not tried yet. Its caller is
+// internal/edge/api, which admits the request (body, head, key scope,
+// schedule, token reservation) and hands over an Exchange with every input
+// set.
+//
+// It owns: exactly one release of every lease (Pool.Release, or
+// ReleaseRefused after an over-capacity refusal; a cancelled stream's
+// lease is held until the node confirms), exactly one terminal outcome per
+// request, the re-dispatch (the attempt machine, attempt.go: pure, no I/O,
+// its table test TestAttemptMachine), the one reading of each node
+// envelope (classify.go), the relay (its watchers: the client, the lease's
+// fence, the response-wait timer), the run and tunnel sinks (run.go,
+// tunnel.go), the credential lease per attempt (credential.go), passive
+// health's verdicts and the stall records, and each attempt's trace span.
+//
+// It never: routes (the pool picks; exchange only asks again with the
+// same request), authenticates or reads a body (api does both before
+// Serve), touches a node socket (it talks to internal/edge/dispatch only),
+// forwards client credentials or X-Iop-* headers (T4), or logs keys or
+// bodies (P4). It never imports internal/edge/api: what it needs of the
+// rest of the Edge comes in Deps, interfaces and functions; the rule api →
+// exchange → reply is checked by ./run.sh test.
+//
+// # Goroutines
+//
+// Serve runs on the request's own goroutine and returns when the request
+// is answered. It starts one goroutine only: handOff, for a stream
+// cancelled before its terminal, which keeps the lease until the node's
+// terminal (or the session's loss, the fence, Deps.CancelDrainTimeout)
+// and then releases it; it is counted through Deps.Detach. The fence
+// watcher is a context.AfterFunc callback and the response-wait timer a
+// time.AfterFunc, both stopped before relay returns.
+//
+// # Files
+//
+//   - engine.go: Deps and its interfaces, Engine, the errors and PoolError.
+//   - exchange.go: Exchange, Serve, the first Acquire, start by lease type.
+//   - relay.go: relay, deliver, the attempt machine's effects, the hand-off.
+//   - redispatch.go: reacquire and the answer when no candidate is left.
+//   - attempt.go, classify.go: the pure machine and the envelope reading.
+//   - run.go, tunnel.go: the sinks (SPEC T2, T5); credential.go (C2);
+//     trace.go: the attempt's span.
+package exchange
