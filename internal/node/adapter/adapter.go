@@ -20,6 +20,14 @@
 //     fenced call that ignores its cancel keeps its capacity slot until it
 //     returns (SPEC H1–H7; see Run).
 //
+// Run and Tunnel are one stream type and one prelude (stream.go): the
+// stream numbers the messages, stamps adapter and target, drops all but the
+// terminal once the attempt is fenced, sends exactly one terminal and
+// returns the capacity slot just before it; open runs the boundary checks,
+// the capacity gate, the credential lease and a managed model's load in
+// that order. run.go and tunnel.go keep what differs: the checks of their
+// own, the provider call and its terminals.
+//
 // The package never queues (over capacity is an immediate error, SPEC E4),
 // never treats RunRequest.metadata as control input (SPEC E7), never parses
 // assistant text into tool calls (SPEC E9), never forwards client auth,

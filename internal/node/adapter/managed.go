@@ -108,29 +108,6 @@ func (s *Set) managedAcquire(ctx context.Context, inst *instance, a *attempt, ta
 	return &e, release, "", nil
 }
 
-// managedRun is managedAcquire for Run: a failure is the terminal to end
-// the run with.
-func (s *Set) managedRun(ctx context.Context, inst *instance, a *attempt, target string, ep *upstream.Endpoint) (*upstream.Endpoint, func(), *iop.RunEvent) {
-	ep, release, code, err := s.managedAcquire(ctx, inst, a, target, ep)
-	if code == "" {
-		return ep, release, nil
-	}
-	ev := &iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_ERROR, Error: err.Error(), FailureCode: code.String()}
-	if code == protocol.CodeCancelled {
-		ev.Type = iop.RunEventType_RUN_EVENT_CANCELLED
-	}
-	return nil, nil, ev
-}
-
-// managedTunnel is managedAcquire for Tunnel.
-func (s *Set) managedTunnel(ctx context.Context, inst *instance, a *attempt, target string, ep *upstream.Endpoint) (*upstream.Endpoint, func(), *iop.ProviderTunnelFrame) {
-	ep, release, code, err := s.managedAcquire(ctx, inst, a, target, ep)
-	if code == "" {
-		return ep, release, nil
-	}
-	return nil, nil, errorFrame(code, err.Error(), nil)
-}
-
 // probeManaged is Probe of a managed instance (SPEC H10, U2): a loaded
 // model's process is probed; one that is not loaded is "available" when
 // the backend has it (a request would load it) and its last load did not

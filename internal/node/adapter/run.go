@@ -4,12 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"runtime/debug"
-	"strings"
-	"sync"
-	"sync/atomic"
-	"time"
 
 	"iop/internal/node/adapter/upstream"
 	"iop/internal/protocol"
@@ -52,54 +47,23 @@ import (
 // CANCELLED; timeout_sec > 0 ends it with ERROR "timeout".
 func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit func(*iop.RunEvent)) {
 	ctx = upstream.WithRequestID(ctx, req.GetRequestId()) // logs and the upstream's X-Request-Id
-	rs := &runStream{emit: emit, adapter: req.GetAdapter(), target: req.GetTarget(),
-		trace: newSpanRecorder(req.GetTrace(), iop.NodeSpanKind_NODE_SPAN_RUN)}
+	rs := newStream[*iop.RunEvent](runWire{}, req, iop.NodeSpanKind_NODE_SPAN_RUN, emit)
 	rs.send(&iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_START})
-	stall, err := StallTimeout(req.GetResponseStallTimeoutMs()) // SPEC E2: before the adapter lookup
-	if err != nil {
-		rs.fail(protocol.CodeInvalidRequest, err.Error(), err)
+	ad, ok := open(ctx, s, rs, runID, req, protocol.TypeOllama, func(*instance) *rejection {
+		switch {
+		case req.GetTarget() == "":
+			return reject(protocol.CodeInvalidRequest, errors.New("run request without target"))
+		case req.GetInput() == nil:
+			return reject(protocol.CodeInvalidRequest, errors.New("run request without input"))
+		}
+		return nil
+	})
+	if !ok {
 		return
 	}
-	inst, err := s.lookup(req.GetAdapter(), protocol.TypeOllama)
-	if err != nil {
-		rs.fail(protocol.CodeUnknownAdapter, err.Error(), nil)
-		return
-	}
-	rs.adapter = inst.name
-	a, code, err := s.admit(stall, req.GetTimeoutSec(), req.GetCredentialLease(), req.GetCredentialBinding())
-	if err == nil && req.GetTarget() == "" {
-		code, err = protocol.CodeInvalidRequest, errors.New("run request without target")
-	}
-	if err == nil && req.GetInput() == nil {
-		code, err = protocol.CodeInvalidRequest, errors.New("run request without input")
-	}
-	if err != nil {
-		rs.fail(code, err.Error(), err)
-		return
-	}
-	if why, fair := inst.gate.tryAcquire(); why != admitted {
-		rs.overCapacity(fmt.Sprintf("adapter %q is at %s", inst.name, inst.gate.full(why, fair)), fair)
-		return
-	}
-	release := sync.OnceFunc(inst.gate.release)
-	rs.release = release
-	defer release()                                                                                      // after the call returned, even when the terminal went out before (SPEC H7)
-	ep, err := s.credential(inst, req.GetTarget(), req.GetCredentialLease(), req.GetCredentialBinding()) // SPEC C3: after admission
-	if err != nil {
-		s.log.Warn("credential lease rejected", "adapter", inst.name, "run_id", runID, "err", err)
-		rs.fail(credentialCode(err), err.Error(), err)
-		return
-	}
-	ep, mrelease, mfail := s.managedRun(ctx, inst, a, req.GetTarget(), ep) // SPEC U2: a managed model loads first
-	if mfail != nil {
-		rs.end(mfail, true)
-		return
-	}
-	defer mrelease()
-	runner := inst.runnerFor(ep)
-
-	runCtx := a.begin(ctx)
-	defer a.cancel(nil)
+	defer ad.close()
+	inst, a, runCtx := ad.inst, ad.a, ad.runCtx
+	runner := inst.runnerFor(ad.ep)
 	hooks := upstream.Hooks{OnActivity: a.activity}
 	if req.GetStream() {
 		// A non-stream caller gets the whole content on COMPLETE; one DELTA
@@ -111,9 +75,8 @@ func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit f
 			rs.send(&iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_DELTA, ReasoningDelta: text})
 		}
 	}
-	s.supervise(ctx, a, runID, inst.name, req.GetTarget(), attemptIO{
-		probe: func(ctx context.Context) string { return s.probeWith(ctx, inst, runner, req.GetTarget()) },
-		call: func() func() {
+	s.supervise(ctx, a, runID, inst.name, req.GetTarget(), rs.supervised(
+		func() func() {
 			res, err := s.callRunner(rs.trace.context(runCtx), inst, runner, req, hooks, runID)
 			rs.trace.returned()
 			if req.GetStream() {
@@ -121,15 +84,11 @@ func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit f
 			}
 			return func() { rs.end(s.runTerminal(ctx, runCtx, inst.name, runID, res, err), true) }
 		},
-		fenced: func(st *stallTerminal, returnSlot bool) {
-			if st != nil {
-				rs.end(stallEvent(st), returnSlot)
-				return
-			}
-			rs.end(s.runTerminal(ctx, runCtx, inst.name, runID, upstream.Result{}, a.pendingErr()), returnSlot)
+		func() *iop.RunEvent {
+			return s.runTerminal(ctx, runCtx, inst.name, runID, upstream.Result{}, a.pendingErr())
 		},
-		fence: rs.fence,
-	})
+		func(ctx context.Context) string { return s.probeWith(ctx, inst, runner, req.GetTarget()) },
+	))
 }
 
 // runTerminal is the terminal of a run whose call ended with res, err:
@@ -224,131 +183,4 @@ func classify(runCtx context.Context, err error) (protocol.Code, int32) {
 		return protocol.CodeInternal, 0
 	}
 	return protocol.CodeUpstreamError, 0
-}
-
-// requestErrorCode is the failure code of a request that got no response
-// head: upstream_connect when no connection opened, else upstream_reset.
-func requestErrorCode(re *upstream.RequestError) protocol.Code {
-	if re.Connect {
-		return protocol.CodeUpstreamConnect
-	}
-	return protocol.CodeUpstreamReset
-}
-
-// admit applies the boundary checks shared by runs and tunnels after the
-// adapter lookup — timeout_sec and the credential lease's presence (SPEC
-// C4; it is opened only after capacity admission, SPEC C3) — and returns
-// the attempt with stall, the request's stall timeout (StallTimeout, which
-// Run and Tunnel call before anything else, SPEC E2).
-func (s *Set) admit(stall time.Duration, timeoutSec int64, l *iop.CredentialLease, b *iop.CredentialLeaseBinding) (*attempt, protocol.Code, error) {
-	if timeoutSec < 0 || timeoutSec > math.MaxInt64/int64(time.Second) {
-		return nil, protocol.CodeInvalidRequest, fmt.Errorf("timeout_sec %d is negative or too large", timeoutSec)
-	}
-	if code, err := s.checkPresence(l, b); err != nil {
-		return nil, code, err
-	}
-	return &attempt{stall: stall, deadline: time.Duration(timeoutSec) * time.Second}, "", nil
-}
-
-// runStream numbers and emits the events of one run. Its methods are safe
-// for concurrent use (the provider call's goroutine sends deltas, supervise
-// sends the terminal); emit calls never overlap.
-type runStream struct {
-	mu              sync.Mutex
-	emit            func(*iop.RunEvent)
-	seq             uint64
-	ended           bool
-	fenced          atomic.Bool
-	adapter, target string
-	// release, when set, returns the capacity slot; end calls it just
-	// before a terminal that may return it, so that the Edge, which
-	// releases its lease on the terminal and may dispatch the next waiter
-	// at once, never finds the slot still taken (SPEC E4, Q2).
-	release func()
-	// trace records the run's spans (trace.go); nil = not traced.
-	trace *spanRecorder
-}
-
-// send emits a non-terminal event; it is dropped once the attempt is
-// fenced or the run ended.
-func (r *runStream) send(ev *iop.RunEvent) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.ended || r.fenced.Load() {
-		return
-	}
-	r.put(ev)
-}
-
-// end emits the terminal event, once. returnSlot: return the capacity slot
-// first; otherwise it stays taken until Run returns (SPEC H7).
-func (r *runStream) end(ev *iop.RunEvent, returnSlot bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.ended {
-		return
-	}
-	r.ended = true
-	if returnSlot && r.release != nil {
-		r.release()
-	}
-	ev.TraceSpans = r.trace.spans(ev.GetFailureCode())
-	r.put(ev)
-}
-
-// fence drops every later non-terminal event (the attempt was fenced).
-func (r *runStream) fence() { r.fenced.Store(true) }
-
-func (r *runStream) put(ev *iop.RunEvent) {
-	r.seq++
-	ev.Seq = r.seq
-	ev.Adapter = r.adapter
-	ev.Target = r.target
-	r.emit(ev)
-}
-
-// fail ends the run with an ERROR of code: msg is the legacy error string,
-// err (nil for none) gives the client's words (message).
-func (r *runStream) fail(code protocol.Code, msg string, err error) {
-	r.end(&iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_ERROR, Error: msg, FailureCode: code.String(), Message: message(code, err)}, true)
-}
-
-// overCapacity ends the run with the gate's ERROR over_capacity, telling
-// the Edge its fair share of the adapter (SPEC E4).
-func (r *runStream) overCapacity(msg string, fair int64) {
-	r.end(&iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_ERROR, Error: msg, FailureCode: protocol.CodeOverCapacity.String(),
-		FairShare: uint32(min(max(fair, 0), 1<<31))}, true)
-}
-
-// message is the failure in the words a client may see (RunEvent.message,
-// ProviderTunnelFrame.message): the upstream's own message for a status it
-// answered; for invalid_request the refusal without the "invalid run
-// input" prefix and without encoding/json's Go type names (internal); why a
-// credential lease was refused; which content coding the node could not
-// decode (SPEC B3); "" for every other code (the Edge has the code's own
-// words) and for a nil err.
-func message(code protocol.Code, err error) string {
-	var se *upstream.StatusError
-	var ee *upstream.EncodingError
-	switch {
-	case err == nil:
-		return ""
-	case errors.As(err, &se):
-		return se.Message
-	case errors.As(err, &ee):
-		return ee.Error()
-	case code == protocol.CodeCredentialRequired, code == protocol.CodeCredentialInvalid:
-		return err.Error()
-	case code != protocol.CodeInvalidRequest:
-		return ""
-	}
-	var fe *upstream.FieldError
-	if errors.As(err, &fe) {
-		return fe.Msg
-	}
-	msg := strings.TrimPrefix(err.Error(), upstream.ErrInvalidInput.Error()+": ")
-	if i := strings.Index(msg, "Go struct field"); i >= 0 {
-		msg = strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(msg[:i]), "of"))
-	}
-	return msg
 }

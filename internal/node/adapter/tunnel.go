@@ -10,8 +10,6 @@ import (
 	"net/textproto"
 	"sort"
 	"strings"
-	"sync"
-	"sync/atomic"
 
 	"iop/internal/node/adapter/upstream"
 	"iop/internal/protocol"
@@ -57,80 +55,44 @@ import (
 // are those of Run.
 func (s *Set) Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelRequest, emit func(*iop.ProviderTunnelFrame)) {
 	ctx = upstream.WithRequestID(ctx, req.GetRequestId()) // logs and the upstream's X-Request-Id
-	ts := &tunnelStream{emit: emit, adapter: req.GetAdapter(), target: req.GetTarget(),
-		trace: newSpanRecorder(req.GetTrace(), iop.NodeSpanKind_NODE_SPAN_TUNNEL)}
-	stall, err := StallTimeout(req.GetResponseStallTimeoutMs()) // SPEC E2: before the adapter lookup
-	if err != nil {
-		ts.fail(protocol.CodeInvalidRequest, err.Error(), err)
-		return
-	}
-	inst, err := s.lookup(req.GetAdapter(), protocol.TypeOpenAICompat)
-	if err != nil {
-		ts.fail(protocol.CodeUnknownAdapter, err.Error(), nil)
-		return
-	}
-	ts.adapter = inst.name
-	a, code, err := s.admit(stall, req.GetTimeoutSec(), req.GetCredentialLease(), req.GetCredentialBinding())
-	if err != nil {
-		ts.fail(code, err.Error(), err)
-		return
-	}
-	path, err := tunnelPath(inst.profile, req.GetOperation(), req.GetPath())
-	if err != nil {
-		code := protocol.CodeInvalidRequest
-		if errors.Is(err, errUnsupported) {
-			code = protocol.CodeUnsupportedOperation
+	ts := newStream[*iop.ProviderTunnelFrame](tunnelWire{}, req, iop.NodeSpanKind_NODE_SPAN_TUNNEL, emit)
+	var path, method string
+	ad, ok := open(ctx, s, ts, runID, req, protocol.TypeOpenAICompat, func(inst *instance) *rejection {
+		var err error
+		if path, err = tunnelPath(inst.profile, req.GetOperation(), req.GetPath()); err != nil {
+			code := protocol.CodeInvalidRequest
+			if errors.Is(err, errUnsupported) {
+				code = protocol.CodeUnsupportedOperation
+			}
+			return &rejection{code: code, msg: fmt.Sprintf("adapter %q: %v", inst.name, err), err: err}
 		}
-		ts.fail(code, fmt.Sprintf("adapter %q: %v", inst.name, err), err)
+		if method, err = tunnelMethod(req.GetMethod(), len(req.GetBody()) > 0); err != nil {
+			return reject(protocol.CodeInvalidRequest, err)
+		}
+		return nil
+	})
+	if !ok {
 		return
 	}
-	method, err := tunnelMethod(req.GetMethod(), len(req.GetBody()) > 0)
-	if err != nil {
-		ts.fail(protocol.CodeInvalidRequest, err.Error(), err)
-		return
-	}
-	if why, fair := inst.gate.tryAcquire(); why != admitted {
-		ts.overCapacity(fmt.Sprintf("adapter %q is at %s", inst.name, inst.gate.full(why, fair)), fair)
-		return
-	}
-	release := sync.OnceFunc(inst.gate.release)
-	ts.release = release
-	defer release()                                                                                      // after the call returned, even when the terminal went out before (SPEC H7)
-	ep, err := s.credential(inst, req.GetTarget(), req.GetCredentialLease(), req.GetCredentialBinding()) // SPEC C3: after admission
-	if err != nil {
-		s.log.Warn("credential lease rejected", "adapter", inst.name, "run_id", runID, "err", err)
-		ts.fail(credentialCode(err), err.Error(), err)
-		return
-	}
-	ep, mrelease, mfail := s.managedTunnel(ctx, inst, a, req.GetTarget(), ep) // SPEC U2: a managed model loads first
-	if mfail != nil {
-		ts.end(mfail, true)
-		return
-	}
-	defer mrelease()
-	runCtx := a.begin(ctx)
-	defer a.cancel(nil)
-	s.supervise(ctx, a, runID, inst.name, req.GetTarget(), attemptIO{
-		probe: func(ctx context.Context) string { return s.probeWith(ctx, inst, inst.runnerFor(ep), req.GetTarget()) },
-		call: func() func() {
-			f := s.relay(ctx, ts.trace.context(runCtx), inst, ep, a, method, path, req, ts)
+	defer ad.close()
+	inst, a, ep, runCtx := ad.inst, ad.a, ad.ep, ad.runCtx
+	p, m := path, method // captured by value below: path and method are written by the check
+	s.supervise(ctx, a, runID, inst.name, req.GetTarget(), ts.supervised(
+		func() func() {
+			f := s.relay(ctx, ts.trace.context(runCtx), inst, ep, a, m, p, req, ts)
 			ts.trace.returned()
 			return func() { ts.end(f, true) }
 		},
-		fenced: func(st *stallTerminal, returnSlot bool) {
-			if st != nil {
-				ts.end(stallFrame(st), returnSlot)
-				return
-			}
-			ts.end(failFrame(ctx, runCtx, inst.name, "upstream request", a.pendingErr()), returnSlot)
+		func() *iop.ProviderTunnelFrame {
+			return failFrame(ctx, runCtx, inst.name, "upstream request", a.pendingErr())
 		},
-		fence: ts.fence,
-	})
+		func(ctx context.Context) string { return s.probeWith(ctx, inst, inst.runnerFor(ep), req.GetTarget()) },
+	))
 }
 
 // relay sends the request and streams the answer into frames; it returns
 // the terminal frame (END or ERROR) for the caller to emit.
-func (s *Set) relay(ctx, runCtx context.Context, inst *instance, ep *upstream.Endpoint, a *attempt, method, path string, req *iop.ProviderTunnelRequest, ts *tunnelStream) *iop.ProviderTunnelFrame {
+func (s *Set) relay(ctx, runCtx context.Context, inst *instance, ep *upstream.Endpoint, a *attempt, method, path string, req *iop.ProviderTunnelRequest, ts *stream[*iop.ProviderTunnelFrame]) *iop.ProviderTunnelFrame {
 	var body io.Reader = http.NoBody
 	if len(req.GetBody()) > 0 {
 		body = bytes.NewReader(req.GetBody())
@@ -166,7 +128,7 @@ func (s *Set) relay(ctx, runCtx context.Context, inst *instance, ep *upstream.En
 			if !s.reuseBody {
 				chunk = bytes.Clone(chunk)
 			}
-			ts.sendBody(chunk)
+			ts.sendBare(&iop.ProviderTunnelFrame{Kind: iop.TunnelFrameKind_TUNNEL_FRAME_BODY, Body: chunk})
 			if u := scan.feed(buf[:n]); u != nil {
 				ts.send(&iop.ProviderTunnelFrame{Kind: iop.TunnelFrameKind_TUNNEL_FRAME_USAGE, Usage: u})
 			}
@@ -249,86 +211,6 @@ func responseHeaders(h http.Header) []*iop.Header {
 		}
 	}
 	return out
-}
-
-// tunnelStream numbers and emits the frames of one tunnel. Its methods are
-// safe for concurrent use (the provider call's goroutine sends RESPONSE_START,
-// BODY and USAGE, supervise sends the terminal); emit calls never overlap.
-type tunnelStream struct {
-	mu              sync.Mutex
-	emit            func(*iop.ProviderTunnelFrame)
-	seq             uint64
-	ended           bool
-	fenced          atomic.Bool
-	adapter, target string
-	// release: as runStream's, before END or ERROR.
-	release func()
-	// trace records the tunnel's spans (trace.go); nil = not traced.
-	trace *spanRecorder
-}
-
-// send emits a non-terminal frame; it is dropped once the attempt is fenced
-// or the tunnel ended.
-func (t *tunnelStream) send(f *iop.ProviderTunnelFrame) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.ended || t.fenced.Load() {
-		return
-	}
-	t.put(f)
-}
-
-// end emits the terminal frame (END or ERROR), once. returnSlot: return the
-// capacity slot first; otherwise it stays taken until Tunnel returns (SPEC
-// H7).
-func (t *tunnelStream) end(f *iop.ProviderTunnelFrame, returnSlot bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.ended {
-		return
-	}
-	t.ended = true
-	if returnSlot && t.release != nil {
-		t.release()
-	}
-	f.TraceSpans = t.trace.spans(f.GetFailureCode())
-	t.put(f)
-}
-
-// fence drops every later non-terminal frame (the attempt was fenced).
-func (t *tunnelStream) fence() { t.fenced.Store(true) }
-
-func (t *tunnelStream) put(f *iop.ProviderTunnelFrame) {
-	t.seq++
-	f.Seq = t.seq
-	f.Adapter = t.adapter
-	f.Target = t.target
-	t.emit(f)
-}
-
-// sendBody emits a BODY frame without adapter and target (they are on every
-// other frame), keeping the relay to one allocation per frame besides the
-// body.
-func (t *tunnelStream) sendBody(b []byte) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.ended || t.fenced.Load() {
-		return
-	}
-	t.seq++
-	t.emit(&iop.ProviderTunnelFrame{Seq: t.seq, Kind: iop.TunnelFrameKind_TUNNEL_FRAME_BODY, Body: b})
-}
-
-func (t *tunnelStream) fail(code protocol.Code, msg string, err error) {
-	t.end(errorFrame(code, msg, err), true)
-}
-
-// overCapacity ends the tunnel with the gate's ERROR over_capacity,
-// telling the Edge its fair share of the adapter (SPEC E4).
-func (t *tunnelStream) overCapacity(msg string, fair int64) {
-	f := errorFrame(protocol.CodeOverCapacity, msg, nil)
-	f.FairShare = uint32(min(max(fair, 0), 1<<31))
-	t.end(f, true)
 }
 
 // errorFrame is an ERROR frame of code: msg is the legacy error string, err

@@ -110,7 +110,7 @@ func (s *session) finishRun(runID string, ex *execRef) {
 func (s *session) startRun(runID string, req *iop.RunRequest) {
 	ctx, ex, ok := s.claimRun(runID)
 	if !ok {
-		s.rejectRun(runID, req)
+		s.rejectDuplicate(runID, req, false)
 		return
 	}
 	go func() {
@@ -133,7 +133,7 @@ func (s *session) startRun(runID string, req *iop.RunRequest) {
 func (s *session) startTunnel(runID string, req *iop.ProviderTunnelRequest) {
 	ctx, ex, ok := s.claimRun(runID)
 	if !ok {
-		s.rejectTunnel(runID, req)
+		s.rejectDuplicate(runID, req, true)
 		return
 	}
 	streaming := req.GetStream()
@@ -235,30 +235,35 @@ func streamingResponse(hs []*iop.Header) bool {
 	return false
 }
 
-func (s *session) rejectRun(runID string, req *iop.RunRequest) {
+// rejectDuplicate answers a RunRequest (tunnel false) or a
+// ProviderTunnelRequest whose run_id cannot start (claimRun, SPEC E5): an
+// empty one is logged and ignored; a duplicate gets an ERROR terminal
+// invalid_request of seq 1 with req's adapter and target, and the run of
+// that id goes on untouched.
+func (s *session) rejectDuplicate(runID string, req interface {
+	GetAdapter() string
+	GetTarget() string
+}, tunnel bool) {
+	kind, what := "RunRequest", "duplicate"
+	if tunnel {
+		kind, what = "ProviderTunnelRequest", "duplicate tunnel"
+	}
 	if runID == "" {
-		s.log.Warn("ignoring RunRequest without run_id")
+		s.log.Warn("ignoring " + kind + " without run_id")
 		return
 	}
-	s.log.Warn("duplicate run_id; rejecting the duplicate", "run_id", runID)
-	s.sendFromReader(&iop.Envelope{RunId: runID, Kind: &iop.Envelope_RunEvent{RunEvent: &iop.RunEvent{
-		Seq: 1, Type: iop.RunEventType_RUN_EVENT_ERROR,
-		Error: "duplicate run_id " + strconv.Quote(runID), FailureCode: protocol.CodeInvalidRequest.String(),
-		Message: "duplicate run_id " + strconv.Quote(runID), Adapter: req.GetAdapter(), Target: req.GetTarget(),
-	}}}, true)
-}
-
-func (s *session) rejectTunnel(runID string, req *iop.ProviderTunnelRequest) {
-	if runID == "" {
-		s.log.Warn("ignoring ProviderTunnelRequest without run_id")
-		return
+	s.log.Warn("duplicate run_id; rejecting the "+what, "run_id", runID)
+	msg := "duplicate run_id " + strconv.Quote(runID)
+	code := protocol.CodeInvalidRequest.String()
+	env := &iop.Envelope{RunId: runID}
+	if tunnel {
+		env.Kind = &iop.Envelope_TunnelFrame{TunnelFrame: &iop.ProviderTunnelFrame{Seq: 1, Kind: iop.TunnelFrameKind_TUNNEL_FRAME_ERROR,
+			Error: msg, FailureCode: code, Message: msg, Adapter: req.GetAdapter(), Target: req.GetTarget()}}
+	} else {
+		env.Kind = &iop.Envelope_RunEvent{RunEvent: &iop.RunEvent{Seq: 1, Type: iop.RunEventType_RUN_EVENT_ERROR,
+			Error: msg, FailureCode: code, Message: msg, Adapter: req.GetAdapter(), Target: req.GetTarget()}}
 	}
-	s.log.Warn("duplicate run_id; rejecting the duplicate tunnel", "run_id", runID)
-	s.sendFromReader(&iop.Envelope{RunId: runID, Kind: &iop.Envelope_TunnelFrame{TunnelFrame: &iop.ProviderTunnelFrame{
-		Seq: 1, Kind: iop.TunnelFrameKind_TUNNEL_FRAME_ERROR,
-		Error: "duplicate run_id " + strconv.Quote(runID), FailureCode: protocol.CodeInvalidRequest.String(),
-		Message: "duplicate run_id " + strconv.Quote(runID), Adapter: req.GetAdapter(), Target: req.GetTarget(),
-	}}}, true)
+	s.sendFromReader(env, true)
 }
 
 // stampObservation gives a stall terminal the next health observation
