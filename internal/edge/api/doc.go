@@ -20,7 +20,10 @@
 // # Files
 //
 //   - handler.go: Options (the interfaces it takes are exchange's), New,
-//     ServeHTTP, routing by path, authentication, the config view.
+//     ServeHTTP, healthz, the config view.
+//   - routes.go: the one endpoint table keyed by path (endpoints, routeOf)
+//     and route; auth.go: the request's key and authentication; models.go:
+//     GET /v1/models in both shapes.
 //   - admit.go: a model request up to its exchange (body, head, scope,
 //     schedule, reservation); head.go: the head parse.
 //   - priority.go: the request's class (SPEC G1, G4); keys.go: the key's

@@ -3,16 +3,12 @@ package api
 import (
 	"context"
 	"crypto/rand"
-	"errors"
 	"io"
 	"iop/internal/edge/exchange"
 	"iop/internal/edge/reply"
 	apisurface "iop/internal/edge/surface"
 	"log/slog"
 	"net/http"
-	"slices"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -21,7 +17,6 @@ import (
 	"iop/internal/edge/dispatch"
 	"iop/internal/edge/keys"
 	"iop/internal/edge/routing"
-	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -293,23 +288,6 @@ func PrincipalFromContext(ctx context.Context) (principal string, ok bool) {
 	return p, ok
 }
 
-// endpoint describes one model-serving route: what its exchange needs
-// (exchange.Endpoint) and the required array field ("messages"), if any,
-// that the head parse checks.
-type endpoint struct {
-	exchange.Endpoint
-	field string
-}
-
-var (
-	epChat        = endpoint{exchange.Endpoint{Surface: reply.OpenAI, Operation: protocol.OpChatCompletions, Path: "/v1/chat/completions", Run: exchange.RunChat}, "messages"}
-	epResponses   = endpoint{exchange.Endpoint{Surface: reply.OpenAI, Operation: protocol.OpResponses, Path: "/v1/responses", Run: exchange.RunResponses}, ""}
-	epMessages    = endpoint{exchange.Endpoint{Surface: reply.Anthropic, Operation: protocol.OpMessages, Path: "/v1/messages", Run: exchange.RunMessages}, "messages"}
-	epCountTokens = endpoint{exchange.Endpoint{Surface: reply.Anthropic, Operation: protocol.OpCountTokens, Path: "/v1/messages/count_tokens", Run: exchange.RunCountTokens}, "messages"}
-	epCompletions = endpoint{exchange.Endpoint{Surface: reply.OpenAI, Operation: protocol.OpCompletions, Path: "/v1/completions", Run: exchange.RunNone}, ""}
-	epEmbeddings  = endpoint{exchange.Endpoint{Surface: reply.OpenAI, Operation: protocol.OpEmbeddings, Path: "/v1/embeddings", Run: exchange.RunEmbeddings}, ""}
-)
-
 // onUsage passes a request's reported usage to Options.OnUsage, read at
 // the report.
 func (h *Handler) onUsage(principal, model string, u *iop.Usage) {
@@ -328,10 +306,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	ok := h.drain.enter()
 	defer h.drain.exit()
+	rt := routeOf(r.URL.Path)
 	if e := h.overHeaderBounds(w, r, h.current()); e != nil { // B4: before any other work, authentication included
-		rw := h.books.Begin(w, r, start, traceRoute(r.URL.Path))
-		rw.Rec.Surface = surfaceOf(r.URL.Path)
-		reply.WriteError(rw, surfaceFor(r.URL.Path), e)
+		rw := h.books.Begin(w, r, start, rt.traceRoute)
+		rw.Rec.Surface = rt.record
+		reply.WriteError(rw, rt.shape, e)
 		h.books.End(r.Context(), rw)
 		return
 	}
@@ -339,18 +318,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		healthz(w, r, ok)
 		return
 	}
-	rw := h.books.Begin(w, r, start, traceRoute(r.URL.Path))
+	rw := h.books.Begin(w, r, start, rt.traceRoute)
 	defer h.books.End(r.Context(), rw)
 	if !ok {
-		rw.Rec.Surface = surfaceOf(r.URL.Path)
+		rw.Rec.Surface = rt.record
 		w.Header().Set("Connection", "close")
 		closeUnread(rw, r)
-		reply.WriteError(rw, surfaceFor(r.URL.Path), drainingError())
+		reply.WriteError(rw, rt.shape, drainingError())
 		return
 	}
 	// A model request's goroutine stays in serveModel for the stream's
 	// whole life: route's large frame is gone by then (see serveModel).
-	if ctx, v, ep := h.route(rw, r); ep != nil {
+	if ctx, v, ep := h.route(rw, r, &rt); ep != nil {
 		defer h.finishKey(ctx, rw) // the key's in-flight slot and token reservation count until here (K5)
 		ctx, release := h.requestContext(ctx)
 		defer release()
@@ -389,356 +368,6 @@ func healthz(w http.ResponseWriter, r *http.Request, ok bool) {
 	}
 	_, _ = io.WriteString(w, `{"status":"ok"}`)
 }
-
-// surfaceFor is the error shape of requests to path.
-func surfaceFor(path string) reply.Surface {
-	if path == "/v1/messages" || strings.HasPrefix(path, "/v1/messages/") {
-		return reply.Anthropic
-	}
-	return reply.OpenAI
-}
-
-// traceRoute is a request's http.route: the endpoint's path, "" for an
-// unknown one.
-func traceRoute(p string) string {
-	switch p {
-	case "/v1/models", epChat.Path, epResponses.Path, epMessages.Path, epCountTokens.Path, epCompletions.Path, epEmbeddings.Path:
-		return p
-	}
-	return ""
-}
-
-// surfaceOf is the access record's surface of a request to path.
-func surfaceOf(path string) string {
-	if strings.HasPrefix(path, "/v1/models/") {
-		return protocol.OpModels
-	}
-	switch path {
-	case "/v1/models":
-		return protocol.OpModels
-	case epChat.Path:
-		return epChat.Operation
-	case epResponses.Path:
-		return epResponses.Operation
-	case epMessages.Path:
-		return epMessages.Operation
-	case epCountTokens.Path:
-		return epCountTokens.Operation
-	case epCompletions.Path:
-		return epCompletions.Operation
-	case epEmbeddings.Path:
-		return epEmbeddings.Operation
-	}
-	return reply.SurfaceOther
-}
-
-// route answers every request except an authenticated model request, for
-// which it returns the request's context (carrying the principal), the
-// config view and the endpoint; the endpoint is nil when route answered.
-func (h *Handler) route(w *reply.Recorder, r *http.Request) (context.Context, *view, *endpoint) {
-	if r.Body != nil && r.Body != http.NoBody {
-		// Bound the body read; serveModel lifts it once the body is in.
-		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(h.o.BodyReadTimeout))
-	}
-	if h.overConnections(w, r) {
-		return nil, nil, nil
-	}
-	var ep *endpoint
-	method := http.MethodPost
-	w.Rec.Surface = surfaceOf(r.URL.Path)
-	// The models endpoints answer in Anthropic's shapes when asked as the
-	// Anthropic API is (its SDKs send anthropic-version on every request).
-	anthropicModels := r.Header.Get("Anthropic-Version") != ""
-	modelID, oneModel := strings.CutPrefix(r.URL.Path, "/v1/models/")
-	switch r.URL.Path {
-	case "/v1/models":
-		method = http.MethodGet
-	case "/v1/chat/completions":
-		ep = &epChat
-	case "/v1/responses":
-		ep = &epResponses
-	case "/v1/messages":
-		ep = &epMessages
-	case "/v1/messages/count_tokens":
-		ep = &epCountTokens
-	case "/v1/completions":
-		ep = &epCompletions
-	case "/v1/embeddings":
-		ep = &epEmbeddings
-	default:
-		if h.o.Batches != nil && isBatchPath(r.URL.Path) {
-			h.serveBatches(w, r) // batches.go
-			return nil, nil, nil
-		}
-		if oneModel && modelID != "" {
-			method = http.MethodGet
-			break
-		}
-		s := reply.OpenAI
-		if strings.HasPrefix(r.URL.Path, "/v1/messages/") {
-			s = reply.Anthropic
-		}
-		reject(w, r, s, &reply.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "unknown_url",
-			Message: "unknown endpoint: " + r.Method + " " + reply.Truncate(r.URL.Path, 256)})
-		return nil, nil, nil
-	}
-	s := reply.OpenAI
-	if ep != nil {
-		s = ep.Surface
-	} else if anthropicModels {
-		s = reply.Anthropic
-	}
-	if r.Method != method {
-		closeUnread(w, r)
-		methodNotAllowed(w, s, method)
-		return nil, nil, nil
-	}
-	v := h.current()
-	if v.cfg == nil {
-		reply.WriteError(w, s, &reply.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Message: "the edge has no configuration loaded"})
-		return nil, nil, nil
-	}
-	p, ok := h.authenticate(w, r, s)
-	if !ok {
-		return nil, nil, nil
-	}
-	ctx := r.Context()
-	if p != nil {
-		h.lim.conns.keyed(connOf(r)) // its connection is shed after those without a key (conns.go)
-		w.Rec.Principal = p.Name
-		ctx = context.WithValue(ctx, principalKey{}, p.Name)
-	}
-	if ep == nil {
-		names := v.names
-		if p != nil {
-			rl := h.keys.State(p, h.o.Now())
-			writeRateLimit(w.Header(), s, &rl, h.o.Now())
-			if p.Scoped() {
-				names = p.FilterModels(v.names) // K4
-			}
-		}
-		serveModels(w, v, s, names, oneModel, modelID)
-		return nil, nil, nil
-	}
-	if p != nil {
-		if ctx = h.admitKey(ctx, w, r, s, p); ctx == nil {
-			return nil, nil, nil
-		}
-	}
-	return ctx, v, ep
-}
-
-// reject answers a request refused before its body was read. An unread
-// body would make the server drain it before answering, so a client that
-// declared a body and never sends it could hold the connection: the
-// connection is closed after the answer instead.
-func reject(w http.ResponseWriter, r *http.Request, s reply.Surface, e *reply.Error) {
-	closeUnread(w, r)
-	reply.WriteError(w, s, e)
-}
-
-func closeUnread(w http.ResponseWriter, r *http.Request) {
-	if r.Body == nil || r.Body == http.NoBody {
-		return
-	}
-	w.Header().Set("Connection", "close")
-	_ = http.NewResponseController(w).SetReadDeadline(time.Now())
-}
-
-func methodNotAllowed(w http.ResponseWriter, s reply.Surface, allow string) {
-	w.Header().Set("Allow", allow)
-	reply.WriteError(w, s, &reply.Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_allowed",
-		Message: "method not allowed; use " + allow})
-}
-
-// requestKey is the API key request r presents (docs/keys.md): "Authorization:
-// Bearer <key>", or on Anthropic routes also "x-api-key: <key>"; "" when
-// none. ok is false when r presents credentials that disagree — two
-// values that are not the same key among its Authorization and (Anthropic
-// routes) x-api-key headers, an Authorization that is not a bearer key
-// counting as one — which is a 401 however valid either one is: the edge
-// never picks one credential of several.
-func requestKey(r *http.Request, s reply.Surface) (key string, ok bool) {
-	auth := r.Header["Authorization"]
-	var api []string
-	if s == reply.Anthropic {
-		api = r.Header["X-Api-Key"]
-	}
-	if len(auth)+len(api) == 1 { // the common case: one credential
-		if len(api) == 1 {
-			return strings.TrimSpace(api[0]), true
-		}
-		return bearer(auth[0]), true
-	}
-	seen := false
-	for i, v := range append(auth[:len(auth):len(auth)], api...) {
-		k := strings.TrimSpace(v)
-		if i < len(auth) {
-			if k = bearer(v); k == "" {
-				k = "\x00" + v // not a bearer key: disagrees with any key
-			}
-		}
-		switch {
-		case !seen:
-			key, seen = k, true
-		case k != key:
-			return "", false
-		}
-	}
-	if strings.HasPrefix(key, "\x00") {
-		key = ""
-	}
-	return key, true
-}
-
-// bearer is the key of an "Authorization: Bearer <key>" value, "" when v
-// is not one.
-func bearer(v string) string {
-	if len(v) > 7 && strings.EqualFold(v[:7], "bearer ") {
-		return strings.TrimSpace(v[7:])
-	}
-	return ""
-}
-
-// authenticate finds the principal of the request's key (requestKey),
-// looked up by its SHA-256 (keys.Registry.Authenticate). In open mode it
-// returns nil and true; a request without an accepted key, or with
-// credentials that disagree, is answered 401 and ok is false. The key is
-// never logged or echoed.
-func (h *Handler) authenticate(w *reply.Recorder, r *http.Request, s reply.Surface) (p *keys.Principal, ok bool) {
-	if h.keys.OpenMode() {
-		return nil, true
-	}
-	if name, ok := r.Context().Value(batchPrincipalKey{}).(string); ok { // a batch's line (batches.go)
-		p, err := h.keys.Lookup(name, h.o.Now())
-		if err != nil {
-			reject(w, r, s, &reply.Error{Status: http.StatusUnauthorized, Type: "authentication_error", Code: "invalid_api_key", Message: "the batch's key: " + err.Error()})
-			return nil, false
-		}
-		return p, true
-	}
-	key, agree := requestKey(r, s)
-	if !agree {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="iop"`)
-		reject(w, r, s, &reply.Error{Status: http.StatusUnauthorized, Type: "authentication_error", Code: "invalid_api_key",
-			Message: "the request carries credentials that disagree (Authorization and x-api-key, or one of them twice); send one API key"})
-		return nil, false
-	}
-	p, err := h.keys.Authenticate(key, h.o.Now())
-	if err == nil {
-		return p, true
-	}
-	w.Header().Set("WWW-Authenticate", `Bearer realm="iop"`)
-	msg := "missing or invalid API key (send Authorization: Bearer <key>"
-	if s == reply.Anthropic {
-		msg += " or x-api-key: <key>"
-	}
-	msg += ")"
-	switch {
-	case errors.Is(err, keys.ErrRevoked), errors.Is(err, keys.ErrExpired), errors.Is(err, keys.ErrRotated):
-		msg = err.Error() // the client holds the key: it may know why it stopped working
-	}
-	reject(w, r, s, &reply.Error{Status: http.StatusUnauthorized, Type: "authentication_error", Code: "invalid_api_key", Message: msg})
-	return nil, false
-}
-
-// serveModels answers GET /v1/models (the model groups names holds: every
-// configured one, or a scoped key's, K4) and GET /v1/models/{id} (one of
-// them; 404 model_not_found for any other id), in OpenAI's shapes (API
-// reference, "Models": list and retrieve) or, with surface s Anthropic's,
-// in Anthropic's ("Models": list {data, has_more, first_id, last_id}, get
-// {type, id, display_name, created_at}).
-func serveModels(w http.ResponseWriter, v *view, s reply.Surface, names []string, one bool, id string) {
-	var body []byte
-	switch {
-	case one:
-		if !slices.Contains(names, id) {
-			e := &reply.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found",
-				Message: "The model '" + reply.Truncate(id, 256) + "' does not exist"}
-			reply.WriteError(w, s, e)
-			return
-		}
-		if s == reply.Anthropic {
-			body = appendAnthropicModel(nil, id, v.created)
-		} else {
-			body = appendOpenAIModel(nil, id, v.created)
-		}
-	case s == reply.Anthropic && len(names) == len(v.names):
-		body = v.anthropicModels
-	case s == reply.Anthropic:
-		body = anthropicModelList(names, v.created)
-	case len(names) == len(v.names):
-		body = v.models
-	default:
-		body = modelList(names, v.created)
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-	_, _ = w.Write(body)
-}
-
-// appendOpenAIModel appends one OpenAI model object {"id","object":
-// "model","created","owned_by"}.
-func appendOpenAIModel(b []byte, name string, created int64) []byte {
-	b = append(b, `{"id":`...)
-	b = appendJSONString(b, name)
-	b = append(b, `,"object":"model","created":`...)
-	b = strconv.AppendInt(b, created, 10)
-	return append(b, `,"owned_by":"iop"}`...)
-}
-
-// appendAnthropicModel appends one Anthropic model object {"type":"model",
-// "id","display_name","created_at"} (created_at RFC 3339, UTC).
-func appendAnthropicModel(b []byte, name string, created int64) []byte {
-	b = append(b, `{"type":"model","id":`...)
-	b = appendJSONString(b, name)
-	b = append(b, `,"display_name":`...)
-	b = appendJSONString(b, name)
-	b = append(b, `,"created_at":"`...)
-	b = time.Unix(created, 0).UTC().AppendFormat(b, time.RFC3339)
-	return append(b, `"}`...)
-}
-
-// anthropicModelList is GET /v1/models in Anthropic's list shape: the
-// groups names holds, on one page.
-func anthropicModelList(names []string, created int64) []byte {
-	b := []byte(`{"data":[`)
-	for i, name := range names {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = appendAnthropicModel(b, name, created)
-	}
-	b = append(b, `],"has_more":false,"first_id":`...)
-	if n := len(names); n > 0 {
-		b = appendJSONString(b, names[0])
-		b = append(b, `,"last_id":`...)
-		b = appendJSONString(b, names[n-1])
-	} else {
-		b = append(b, `null,"last_id":null`...)
-	}
-	return append(b, '}')
-}
-
-// modelList is the GET /v1/models body: the configured model groups in the
-// OpenAI list shape (OpenAI API reference, "List models").
-func modelList(names []string, created int64) []byte {
-	b := []byte(`{"object":"list","data":[`)
-	for i, name := range names {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = appendOpenAIModel(b, name, created)
-	}
-	return append(b, "]}"...)
-}
-
-// DefaultRedispatchWait bounds the wait for the next lease when a stalled
-// request is re-dispatched (SPEC H11). The client has already waited the
-// stall timeout; a re-dispatch that would queue longer gives up and answers
-// the stall (504). Other failures re-dispatch within the request's own
-// deadline (attempt.go).
-const DefaultRedispatchWait = 2 * time.Second
 
 // MetricRetries is the re-dispatch counter family.
 const MetricRetries = "iop_edge_request_retries_total"

@@ -77,14 +77,15 @@ func (h *Handler) shed(cc *clientConn, max int) {
 
 // overConnections answers a request on a connection beyond
 // http.max_connections; false when the connection is within the bound or
-// the request presents a valid key and so claimed a slot (conns.go).
-func (h *Handler) overConnections(w http.ResponseWriter, r *http.Request) bool {
+// the request presents a valid key and so claimed a slot (conns.go). s is
+// the path's error shape (routeOf).
+func (h *Handler) overConnections(w http.ResponseWriter, r *http.Request, s reply.Surface) bool {
 	cc := connOf(r)
 	if cc == nil || !cc.over.Load() {
 		return false
 	}
 	max := h.current().maxConns
-	if key, ok := requestKey(r, surfaceFor(r.URL.Path)); ok && key != "" && !h.keys.OpenMode() {
+	if key, ok := requestKey(r, s); ok && key != "" && !h.keys.OpenMode() {
 		if _, err := h.keys.Authenticate(key, h.o.Now()); err == nil {
 			ok, shed := h.lim.conns.claim(cc, max)
 			if shed != nil {
@@ -98,7 +99,7 @@ func (h *Handler) overConnections(w http.ResponseWriter, r *http.Request) bool {
 	h.logRefusal(&h.lim.connLog, "client connection refused: over http.max_connections",
 		slog.Int("max_connections", max))
 	w.Header().Set("Connection", "close")
-	reject(w, r, surfaceFor(r.URL.Path), &reply.Error{Status: http.StatusServiceUnavailable, Type: "server_error",
+	reject(w, r, s, &reply.Error{Status: http.StatusServiceUnavailable, Type: "server_error",
 		Code: access.CodeTooManyConnections, RetryAfter: time.Second,
 		Message: "the edge has too many client connections open; retry later"})
 	return true
