@@ -128,7 +128,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			}
 		}
 	}()
-	if err := edge.Run(ctx, cfg, edge.Options{Logger: logger, Version: info.Version, Reload: reload}); err != nil {
+	if err := edge.Serve(ctx, cfg, edge.Options{Logger: logger, Version: info.Version, Reload: reload}); err != nil {
 		logger.Error("edge stopped", "err", err)
 		fmt.Fprintln(stderr, "edge:", err)
 		return 1

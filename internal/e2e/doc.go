@@ -1,5 +1,5 @@
 // Package e2e holds iop's in-process integration tests and benchmarks: the
-// real Edge (internal/edge.Run) and real Nodes (internal/node.Run) in one test
+// real Edge (internal/edge.Serve) and real Nodes (internal/node.Run) in one test
 // process, talking mutual TLS over 127.0.0.1 with certificates from
 // identity.InitPKI, in front of the deterministic demo backend
 // (internal/demo/backend). Clients are plain net/http clients on the Edge's

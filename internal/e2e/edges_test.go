@@ -594,7 +594,7 @@ func TestDrainWithTwoEdges(t *testing.T) {
 			t.Errorf("the stream on the draining edge: err %v status %d [DONE] %v; want it complete", s.err, s.res.status, s.res.done)
 		}
 		if err := <-stopped; err != nil {
-			t.Errorf("edge.Run: %v", err)
+			t.Errorf("edge.Serve: %v", err)
 		}
 		if ns, _ := adm2.mustStatus(t).node("gpu-1"); !ns.Connected || ns.Generation != gen {
 			t.Errorf("edge 2 after edge 1 stopped: %+v, want gpu-1 connected in generation %d", ns, gen)

@@ -229,7 +229,7 @@ func edgeConfig(t testing.TB, p pkiDir, nodes []config.Node, models []config.Mod
 	return cfg
 }
 
-// edgeProc is one running edge.Run.
+// edgeProc is one running edge.Serve.
 type edgeProc struct {
 	cfg               *config.Config
 	httpURL, adminURL string
@@ -268,13 +268,13 @@ func startEdge(t testing.TB, cfg *config.Config, nodeLn net.Listener, log *slog.
 	for _, f := range tune {
 		f(&o)
 	}
-	go func() { e.done <- edge.Run(ctx, cfg, o) }()
+	go func() { e.done <- edge.Serve(ctx, cfg, o) }()
 	select {
 	case a := <-started:
 		e.httpURL, e.adminURL, e.nodeAddr = "http://"+a.HTTP.String(), "http://"+a.Admin.String(), a.Node.String()
 	case err := <-e.done:
 		cancel()
-		t.Fatalf("edge.Run returned before serving: %v", err)
+		t.Fatalf("edge.Serve returned before serving: %v", err)
 	case <-time.After(10 * time.Second):
 		cancel()
 		t.Fatalf("edge did not start serving within 10 s")
@@ -295,7 +295,7 @@ func (e *edgeProc) stop() error {
 		case err := <-e.done:
 			e.stopErr = err
 		case <-time.After(15 * time.Second):
-			e.stopErr = errors.New("edge.Run did not return within 15 s of cancel")
+			e.stopErr = errors.New("edge.Serve did not return within 15 s of cancel")
 		}
 	})
 	return e.stopErr

@@ -56,7 +56,7 @@ func (c *heldConn) Read(p []byte) (int, error) {
 }
 
 // BenchmarkHeldBodies is the held-bodies attack (B1) against a whole Edge
-// (edge.Run, in process): IOP_BENCH_HELD connections (default 1,000), with
+// (edge.Serve, in process): IOP_BENCH_HELD connections (default 1,000), with
 // a valid API key, each send POST /v1/chat/completions declaring
 // Content-Length 8 MiB, write one byte ("{") and hold. Reported:
 //

@@ -268,10 +268,10 @@ func TestEdgeDrain(t *testing.T) {
 	select {
 	case err := <-stopped:
 		if err != nil {
-			t.Fatalf("edge.Run: %v, want nil", err)
+			t.Fatalf("edge.Serve: %v, want nil", err)
 		}
 	case <-time.After(20 * time.Second):
-		t.Fatal("edge.Run did not return")
+		t.Fatal("edge.Serve did not return")
 	}
 	for id, want := range map[string]string{"drain-run-1": "ok", "drain-run-2": "ok", "drain-tunnel": "ok",
 		"drain-long": "timeout", "drain-new": "rejected"} {

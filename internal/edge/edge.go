@@ -4,29 +4,34 @@
 // (SPEC L5, L8, Q5) and config reloads reach pool, surface and ready nodes
 // (SPEC N2). It owns process-level lifecycle only; every decision lives in
 // the packages it wires.
+//
+// Serve is the daemon's entry point (the edge binary's): build wires the
+// parts and opens the listeners, starting nothing; serve starts the
+// goroutines and applies reloads and effective-config changes one at a
+// time; stop drains and ends them. It never routes, authenticates or reads
+// a request body itself.
+//
+// Goroutines: the daemon's own are in four stages (daemon.go): background
+// (the health recovery loop, the fleet store watch, the series sampler, the
+// key store poll), servers (node transport, HTTP, admin), persist (the usage
+// file) and export (the spans); stop ends and waits for every one before
+// Serve returns. The parts it wires own theirs (api, transport, batch).
 package edge
 
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"iop/internal/edge/access"
-	"iop/internal/edge/admin"
 	"iop/internal/edge/api"
 	"iop/internal/edge/config"
 	"iop/internal/edge/creds"
 	"iop/internal/edge/events"
 	"iop/internal/edge/fleet"
-	"iop/internal/edge/health"
-	"iop/internal/edge/keys"
 	"iop/internal/edge/outlier"
 	"iop/internal/edge/pool"
 	"iop/internal/edge/routing"
@@ -35,35 +40,6 @@ import (
 	"iop/internal/identity"
 	iop "iop/proto/gen/iop"
 )
-
-// Options for Run.
-type Options struct {
-	Logger  *slog.Logger
-	Version string
-	// Reload delivers validated configs (SIGHUP in main); nil = never.
-	Reload <-chan *config.Config
-	// Listeners, when set, are used instead of listening on the config's
-	// addresses (tests pass 127.0.0.1:0 listeners).
-	HTTPListener, NodeListener, AdminListener net.Listener
-	// Started, when set, is called once every listener is serving.
-	Started func(Addrs)
-	// ShutdownGrace, when positive, replaces shutdown.drain_timeout_ms: how
-	// long requests in flight may go on after ctx is done.
-	ShutdownGrace time.Duration
-	// HealthProbeInterval is the recovery loop's period (SPEC H10); 0 =
-	// health.DefaultProbeInterval, bounded by health.MinProbeInterval and
-	// health.MaxProbeInterval.
-	HealthProbeInterval time.Duration
-	// RegisterBurst and RegisterInterval bound how often one node identity
-	// may register (transport.Options; SPEC L4): 0 = the transport's
-	// defaults, a negative RegisterBurst removes the bound (tests of a
-	// takeover storm).
-	RegisterBurst    int
-	RegisterInterval time.Duration
-}
-
-// Addrs are the bound listener addresses.
-type Addrs struct{ HTTP, Node, Admin net.Addr }
 
 // PoolConfig projects the Edge config onto the provider pool's config
 // (SPEC Q1: dispatch targets are exactly models[].providers). Each
@@ -186,295 +162,6 @@ func OutlierPolicy(c *config.Config) outlier.Policy {
 		Max:      time.Duration(od.MaxEjectionMs) * time.Millisecond,
 		Disabled: od.Enabled != nil && !*od.Enabled,
 	}
-}
-
-// Run serves until ctx is done, then drains HTTP (bounded), closes node
-// sessions and returns nil. It returns an error at once when the TLS
-// material is unusable or a listener cannot be opened.
-func Run(ctx context.Context, cfg *config.Config, o Options) error {
-	log := o.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	ap := newApplier()
-	fl, err := fleet.New(cfg, fleet.Options{Logger: log.With("component", "fleet"), Changed: ap.request, WaitApplied: ap.wait})
-	if err != nil {
-		return fmt.Errorf("enrollment: %w", err)
-	}
-	file := cfg // as read from the file; the edge runs Effective(file)
-	cfg = file.Effective(fl.Inputs())
-	mat, err := creds.Load(cfg, nil, time.Now())
-	if err != nil {
-		return fmt.Errorf("credentials: %w", err)
-	}
-	cfg.CredentialProjection = mat.Projection() // before any node registers
-	for _, r := range mat.Revoked() {
-		log.Warn("credential route revoked: its slot was removed from the secret store; it issues no lease", "route", r)
-	}
-	plane := creds.NewPlane(mat, nil)
-	var cur atomic.Pointer[config.Config]
-	cur.Store(cfg)
-	current := func() *config.Config { return cur.Load() }
-
-	// A name with an enrollment record is let through to fl.Admit, which
-	// refuses a revoked or superseded certificate naming why (SPEC J6).
-	tlsCfg, err := tlsConfig(file, func(name string) bool { return current().NodeByID(name) != nil || fl.Known(name) }, fl)
-	if err != nil {
-		return err
-	}
-
-	p := pool.New(PoolConfig(cfg, mat), pool.SystemClock())
-	bus := &events.Bus{}
-	var ht *health.Tracker // set below, before any hook can run (Serve)
-	var tr *transport.Server
-	// runs tells the pool which adapters generation gen of node runs: the
-	// payload its registration got or it last APPLIED (SPEC N2), never
-	// one it answered RESTART_REQUIRED or FAILED to. Serialized, and
-	// read under the lock, so the pool ends with the latest answer.
-	var runsMu sync.Mutex
-	runs := func(node string, gen uint64) {
-		runsMu.Lock()
-		defer runsMu.Unlock()
-		pl, _ := tr.Running(node, gen) // not current: nil, so nothing of gen is served
-		p.NodeRuns(node, gen, RunsOf(pl))
-	}
-	tr = transport.New(transport.Options{
-		TLS: tlsCfg, Config: current, Logger: log.With("component", "transport"), Events: bus,
-		Hooks: transport.Hooks{
-			OnReady: func(node string, gen uint64) {
-				runs(node, gen)
-				// SPEC E4: a node serving several edges may give this one a share of its capacity.
-				p.NodeReadyShare(node, gen, tr.CapacityShare(node, gen))
-			},
-			OnApplied: runs,
-			OnFence: func(node string, gen uint64) {
-				p.NodeFenced(node, gen)
-				ht.NodeFenced(node, gen) // H9: no overlay outlives its generation
-				fl.NodeFenced(node, gen) // D2: its discovered models go with it
-			},
-			OnDraining: func(node string, gen uint64) { p.NodeDraining(node, gen) },
-		},
-		Fleet: transport.FleetHooks{Join: fl.ServeJoin, Renew: fl.Renew,
-			OnModels:    func(node string, gen uint64, r *iop.NodeModelsReport) { fl.Report(node, gen, r) },
-			OnResidency: func(node string, gen uint64, r *iop.NodeResidencyReport) { p.NodeResidency(node, gen, residencyOf(r)) }},
-		RegisterBurst: o.RegisterBurst, RegisterInterval: o.RegisterInterval,
-	})
-	plane.BindBoots(tr.BootID) // SPEC C3: a node's restart invalidates its earlier leases
-	ht = health.New(health.Options{Overlay: overlayEvents{p, bus}, Commander: tr, Logger: log.With("component", "health"),
-		ProbeInterval: o.HealthProbeInterval, ProbeCredentials: plane.ProbeLease})
-	kr, err := loadKeys(cfg, log.With("component", "keys"))
-	if err != nil {
-		return err
-	}
-	hist := access.NewSeries(time.Now) // the operator page's last 15 minutes
-	metrics, recent := access.NewMetrics(hist, firstBytes{p}), access.NewRecent(0)
-	od := outlier.New(outlier.Options{Pool: ejectEvents{p, bus}, Policy: OutlierPolicy(cfg), Logger: log.With("component", "outlier")})
-	defer od.Close()
-	ao := api.Options{Config: current, Pool: p, Dispatcher: tr, Health: ht, Outlier: od, Logger: log.With("component", "api"),
-		AccessLog: log, Metrics: metrics, Recent: recent, Credentials: plane, Keys: kr.reg}
-	exp := newExporter(cfg, o.Version, log)
-	bootTracing := cfg.Tracing // what the exporter runs with; a reload changes none of it
-	if exp != nil {
-		ao.Tracer, ao.TraceRatio = exp, cfg.Tracing.Ratio()
-	}
-	bm, err := openBatches(cfg, log.With("component", "batches"), kr.reg)
-	if err != nil {
-		return err
-	}
-	if bm != nil {
-		ao.Batches = bm
-		defer bm.Close() // an early return; the shutdown below closes it first
-	}
-	h := api.New(ao)
-	if bm != nil {
-		bm.Bind(h)
-	}
-	if h.OpenMode() {
-		log.Warn("no api_keys and no keys.store_file configured: the HTTP API is open to anyone who can reach it")
-	}
-	var counters []admin.Counter
-	for _, m := range ht.Metrics() {
-		counters = append(counters, admin.Counter{Name: m.Name, Help: m.Help, Type: "counter", Samples: m.Samples})
-	}
-	for _, m := range od.Metrics() {
-		counters = append(counters, admin.Counter{Name: m.Name, Help: m.Help, Type: "counter", Samples: m.Samples})
-	}
-	for _, m := range h.Metrics() {
-		counters = append(counters, admin.Counter{Name: m.Name, Help: m.Help, Type: "counter", Samples: m.Samples})
-	}
-	if exp != nil {
-		for _, m := range exp.Metrics() {
-			counters = append(counters, admin.Counter{Name: m.Name, Help: m.Help, Type: m.Type, Samples: m.Samples})
-		}
-	}
-	collectors := []admin.Collector{metrics, kr.reg}
-	var batches admin.BatchSource
-	if bm != nil {
-		collectors, batches = append(collectors, bm), bm
-	}
-	adm := admin.New(admin.Options{Status: p, Routing: p, Groups: p, Waiting: p, Events: bus, Discovered: fl.Discovered, Metrics: counters, Collectors: collectors,
-		Batches: batches,
-		Keys:    kr.reg,
-		Recent:  recent, Payloads: payloadStates{tr}, Pprof: cfg.Admin.Pprof, Version: o.Version,
-		Access: func() admin.Access {
-			c := current()
-			return admin.Access{TokenSHA256: c.Admin.TokenSHA256, AllowedHosts: c.Admin.AllowedHosts}
-		}, Series: hist})
-	for _, w := range cfg.Warnings() {
-		log.Warn(w)
-	}
-
-	listen := func(given net.Listener, addr string) (net.Listener, error) {
-		if given != nil {
-			return given, nil
-		}
-		return net.Listen("tcp", addr)
-	}
-	var lns []net.Listener
-	closeAll := func() {
-		for _, l := range lns {
-			l.Close()
-		}
-	}
-	nodeLn, err := listen(o.NodeListener, cfg.NodeListen)
-	if err != nil {
-		return fmt.Errorf("node_listen: %w", err)
-	}
-	lns = append(lns, nodeLn)
-	httpLn, err := listen(o.HTTPListener, cfg.HTTPListen)
-	if err != nil {
-		closeAll()
-		return fmt.Errorf("http_listen: %w", err)
-	}
-	lns = append(lns, httpLn)
-	adminLn, err := listen(o.AdminListener, cfg.AdminListen)
-	if err != nil {
-		closeAll()
-		return fmt.Errorf("admin_listen: %w", err)
-	}
-
-	httpLn = h.Listener(httpLn) // counts net/http's own 431s (SPEC B4)
-	httpSrv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
-		MaxHeaderBytes: api.MaxHeaderBytes(cfg),               // http.max_header_bytes (SPEC B4)
-		ConnContext:    h.ConnContext, ConnState: h.ConnState, // http.max_connections
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-	adminSrv := &http.Server{Handler: adm, ReadHeaderTimeout: 10 * time.Second}
-
-	trCtx, stopTransport := context.WithCancel(context.Background())
-	hctx, stopHealth := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	errc := make(chan error, 3)
-	wg.Add(7)
-	go func() {
-		defer wg.Done()
-		ht.Run(hctx) // the recovery loop (SPEC H10)
-	}()
-	go func() {
-		defer wg.Done()
-		fl.Watch(hctx.Done()) // SPEC J6: edge nodes revoke reaches a running edge
-	}()
-	go func() {
-		defer wg.Done()
-		sampleSeries(hctx, p, hist)
-	}()
-	go func() {
-		defer wg.Done()
-		kr.loader.Run(hctx, 0, nil) // the key store's poll (K2)
-	}()
-	pctx, stopPersist := context.WithCancel(context.Background())
-	persisted := kr.runPersister(pctx) // stopped after the drain: its last write counts every request (K7)
-	xctx, stopExport := context.WithCancel(context.Background())
-	exported := make(chan struct{})
-	go func() { // stopped after the drain: the last requests' spans go out (tracing.FinalFlush)
-		defer close(exported)
-		if exp != nil {
-			exp.Run(xctx)
-		}
-	}()
-	go func() {
-		defer wg.Done()
-		if err := tr.Serve(trCtx, nodeLn); err != nil && !errors.Is(err, transport.ErrServerClosed) {
-			errc <- fmt.Errorf("node transport: %w", err)
-		}
-	}()
-	go func() {
-		defer wg.Done()
-		if err := httpSrv.Serve(httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			errc <- fmt.Errorf("http: %w", err)
-		}
-	}()
-	go func() {
-		defer wg.Done()
-		if err := adminSrv.Serve(adminLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			errc <- fmt.Errorf("admin: %w", err)
-		}
-	}()
-	if bm != nil {
-		bm.Start() // SPEC X3: the batches that had not ended resume
-	}
-	log.Info("edge serving", "version", o.Version, "http", httpLn.Addr().String(),
-		"node", nodeLn.Addr().String(), "admin", adminLn.Addr().String())
-	if o.Started != nil {
-		o.Started(Addrs{HTTP: httpLn.Addr(), Node: nodeLn.Addr(), Admin: adminLn.Addr()})
-	}
-
-	var runErr error
-loop:
-	for {
-		select {
-		case <-ctx.Done():
-			break loop
-		case err := <-errc:
-			runErr = err
-			break loop
-		case nc, ok := <-o.Reload:
-			if !ok {
-				o.Reload = nil
-				continue
-			}
-			if err := fl.Reconfigure(nc); err != nil {
-				log.Error("config reload rejected; keeping the running config", "err", fmt.Errorf("enrollment: %w", err))
-				continue
-			}
-			ap.apply(func() {
-				if reload(ctx, log, file, nc.Effective(fl.Inputs()), &cur, plane, kr.loader, p, tr) {
-					file = nc
-					od.SetPolicy(OutlierPolicy(nc))
-					if !sameTracing(bootTracing, nc.Tracing) {
-						log.Warn("config reload: tracing settings take effect only after a restart")
-					}
-				} else if err := fl.Reconfigure(file); err != nil {
-					log.Error("enrollment: restoring the running config's", "err", err)
-				}
-			})
-		case <-ap.kick:
-			// A join, a revocation or a change of the models the nodes
-			// report (SPEC J2, J6, D2).
-			ap.apply(func() { apply(ctx, log, file.Effective(fl.Inputs()), &cur, plane, p, tr) })
-		}
-	}
-
-	if bm != nil {
-		bm.Close() // lines in flight stop unanswered: they run again at the next start (SPEC X3)
-	}
-	drainHTTP(log, httpSrv, h, drainTimeout(current(), o.ShutdownGrace), stopWait)
-	stopPersist()
-	<-persisted
-	stopExport()
-	<-exported
-	adminSrv.Close()
-	stopHealth()
-	stopTransport()
-	wg.Wait()
-	// The node sessions are gone: a stream whose cancel the node never
-	// confirmed gives its lease back at once (SPEC Q2).
-	dctx, cancel := context.WithTimeout(context.Background(), stopWait)
-	if h.WaitDetached(dctx) != nil {
-		log.Warn("leases of cancelled streams still held at exit")
-	}
-	cancel()
-	log.Info("edge stopped")
-	return runErr
 }
 
 // newExporter is the OTLP exporter of cfg's tracing block, nil when
@@ -614,86 +301,11 @@ func drainTimeout(c *config.Config, override time.Duration) time.Duration {
 	return config.DefaultDrainTimeoutMs * time.Millisecond
 }
 
-// reload applies a new config file (nc is its config.Effective) and
-// reports whether it did: listener and TLS changes need a restart; the
-// credential material (secret store, keys) and the key store are read
-// again first and a failure rejects the whole reload; then install.
-func reload(ctx context.Context, log *slog.Logger, boot, nc *config.Config, cur *atomic.Pointer[config.Config], plane *creds.Plane,
-	kl *keys.Loader, p *pool.Pool, tr *transport.Server) bool {
-	mat, err := creds.Load(nc, plane.Material(), time.Now())
-	if err != nil {
-		log.Error("config reload rejected; keeping the running config", "err", err)
-		return false
-	}
-	// SPEC C3: a new issuer key that a ready node does not trust would
-	// fail every credentialed request to it; the nodes first trust both
-	// keys (credentials.issuer_public_keys), then the edge switches.
-	if id := mat.IssuerKeyID(); id != "" && id != plane.Material().IssuerKeyID() {
-		if nodes := tr.UntrustingNodes(id); len(nodes) > 0 {
-			log.Error("config reload rejected; keeping the running config", "err",
-				fmt.Errorf("credentials.issuer_key_file: issuer key %s is not trusted by ready nodes %v: add its public key to their credentials.issuer_public_keys and restart them first", id, nodes))
-			return false
-		}
-	}
-	if err := kl.Reload(nc); err != nil { // api_keys and the key store read again (K2); nothing changed yet
-		log.Error("config reload rejected; keeping the running config", "err", fmt.Errorf("keys: %w", err))
-		return false
-	}
-	if nc.HTTPListen != boot.HTTPListen || nc.NodeListen != boot.NodeListen || nc.AdminListen != boot.AdminListen || nc.TLS != boot.TLS {
-		log.Warn("config reload: listen addresses and tls settings take effect only after a restart")
-	}
-	if api.MaxHeaderBytes(nc) > api.MaxHeaderBytes(boot) {
-		log.Warn("config reload: a higher http.max_header_bytes takes effect only after a restart (net/http refuses past the value the edge started with)")
-	}
-	install(ctx, log, nc, mat, cur, plane, p, tr)
-	log.Info("config reloaded")
-	return true
-}
-
-// apply installs nc, the effective config after a join, a revocation or a
-// change of the discovered models (config.Effective of the same file): the
-// credential material is read again for it (a joined node's recipient
-// key, the routes' slots) and a failure keeps the running config.
-func apply(ctx context.Context, log *slog.Logger, nc *config.Config, cur *atomic.Pointer[config.Config], plane *creds.Plane, p *pool.Pool, tr *transport.Server) {
-	mat, err := creds.Load(nc, plane.Material(), time.Now())
-	if err != nil {
-		log.Error("config change rejected; keeping the running config", "err", err)
-		return
-	}
-	install(ctx, log, nc, mat, cur, plane, p, tr)
-	log.Info("config applied", "nodes", len(nc.Nodes), "models", len(nc.Models))
-}
-
-// install makes nc current: the credential material mat, the pool (Q5
-// pump), the surface and the ready nodes (N2), which learn new slot
-// revisions and projection generations from their refreshed payloads
-// (SPEC C6); a node nc no longer has (removed, revoked) is fenced and
-// closed by the refresh's reconciliation (SPEC J6).
-func install(ctx context.Context, log *slog.Logger, nc *config.Config, mat *creds.Material, cur *atomic.Pointer[config.Config],
-	plane *creds.Plane, p *pool.Pool, tr *transport.Server) {
-	for _, r := range mat.Revoked() {
-		log.Warn("credential route revoked: its slot was removed from the secret store; it issues no lease", "route", r)
-	}
-	nc.CredentialProjection = mat.Projection()
-	plane.Swap(mat) // a removed slot is never issued again from here on (SPEC C6)
-	cur.Store(nc)
-	p.Reconfigure(PoolConfig(nc, mat))
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	for _, r := range tr.RefreshAll(rctx) {
-		if r.Err != nil {
-			log.Warn("config refresh failed", "node", r.Node, "revision", r.Revision, "err", r.Err)
-			continue
-		}
-		log.Info("config refresh", "node", r.Node, "revision", r.Revision, "status", r.Status.String(), "reason", r.Reason)
-	}
-}
-
-// Check validates what Run would load before serving: the certificate, key
+// Check validates what Serve would load before serving: the certificate, key
 // and CA files (readable, matching, an edge identity) and, with the
 // credential plane on, the issuer key, the secret store and its key (every
 // route's slot present and opening, or removed by `edge secrets rm`), and
-// the key store and the usage file (docs/keys.md). It returns what Run
+// the key store and the usage file (docs/keys.md). It returns what Serve
 // would warn about: the config's Warnings and the routes revoked by a
 // removed slot. `edge -check` uses it.
 func Check(cfg *config.Config) (warnings []string, err error) {

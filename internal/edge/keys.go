@@ -1,7 +1,6 @@
 package edge
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 
@@ -35,17 +34,4 @@ func loadKeys(cfg *config.Config, log *slog.Logger) (*keyRuntime, error) {
 		}
 	}
 	return kr, nil
-}
-
-// runPersister writes the usage file until ctx is done, then once more;
-// done is closed after that last write.
-func (kr *keyRuntime) runPersister(ctx context.Context) (done <-chan struct{}) {
-	ch := make(chan struct{})
-	go func() {
-		defer close(ch)
-		if kr.persist != nil {
-			kr.persist.Run(ctx)
-		}
-	}()
-	return ch
 }
