@@ -11,9 +11,10 @@ import (
 )
 
 // startManaged starts a managed.Backend per managed[] entry of cfg (SPEC
-// U1-U5): its preloads begin loading now. The returned close stops every
+// U1-U5): its preloads begin loading now; each step of one notifies
+// residency. The returned close stops every
 // process; call it after the last request ended.
-func startManaged(cfg *config.Config, log *slog.Logger) (map[string]adapter.ManagedBackend, func(), error) {
+func startManaged(cfg *config.Config, log *slog.Logger, residency *adapter.Signal) (map[string]adapter.ManagedBackend, func(), error) {
 	var started []*managed.Backend
 	closeAll := func() {
 		for _, b := range started {
@@ -32,7 +33,8 @@ func startManaged(cfg *config.Config, log *slog.Logger) (map[string]adapter.Mana
 			IdleUnload:   time.Duration(m.IdleUnloadMs) * time.Millisecond,
 			MaxLoaded:    m.MaxLoaded, BudgetMB: m.MemoryBudgetMB, Preload: m.Preload,
 			PortFirst: m.PortRange[0], PortLast: m.PortRange[1],
-			Logger: log,
+			Logger:   log,
+			OnChange: residency.Notify, // SPEC U6: reported at once
 		})
 		if err != nil {
 			closeAll()

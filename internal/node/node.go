@@ -85,8 +85,9 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	if err != nil {
 		return supervisor.MarkFatal(err)
 	}
-	capacity := adapter.NewCapacity()                     // SPEC E4: one capacity per adapter, whichever edge sends the work
-	backends, closeManaged, err := startManaged(cfg, log) // SPEC U1: the node's own managed backends, shared by every edge
+	capacity := adapter.NewCapacity()                                // SPEC E4: one capacity per adapter, whichever edge sends the work
+	residency := adapter.NewSignal()                                 // SPEC U6: every residency change wakes every session's report
+	backends, closeManaged, err := startManaged(cfg, log, residency) // SPEC U1: the node's own managed backends, shared by every edge
 	if err != nil {
 		return supervisor.MarkFatal(err)
 	}
@@ -107,7 +108,7 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 		}
 		newExec := o.NewExecutor
 		if newExec == nil {
-			newExec = adapterExecutor(o, elog, cfg.NodeID, opener, cfg.APIKeyEnvAllowed, capacity, e, backends)
+			newExec = adapterExecutor(o, elog, cfg.NodeID, opener, cfg.APIKeyEnvAllowed, capacity, e, backends, residency)
 		}
 		so := session.Options{
 			NodeID:      cfg.NodeID,
@@ -193,7 +194,7 @@ func (p *edgePeers) claim(edges []config.Edge, i int, remote string) (release fu
 // Every Set shares capacity; edge's share bounds its requests and its
 // name keys the backends its payload names (adapter.ErrAdapterConflict).
 func adapterExecutor(o Options, log *slog.Logger, nodeID string, opener *lease.Opener, allowEnv func(string) bool,
-	capacity *adapter.Capacity, edge config.Edge, backends map[string]adapter.ManagedBackend) session.NewExecutorFunc {
+	capacity *adapter.Capacity, edge config.Edge, backends map[string]adapter.ManagedBackend, residency *adapter.Signal) session.NewExecutorFunc {
 	return func(p *iop.NodeConfigPayload) (session.Executor, error) {
 		set, err := adapter.NewSet(p, adapter.Options{
 			HTTPClient:       o.HTTPClient,
@@ -208,6 +209,7 @@ func adapterExecutor(o Options, log *slog.Logger, nodeID string, opener *lease.O
 			Edge:             edge.String(),
 			CapacityShare:    edge.CapacityShare,
 			Managed:          backends,
+			Residency:        residency,
 		})
 		if restartRequired(err) {
 			return nil, fmt.Errorf("%w: %w", session.ErrRestartRequired, err)

@@ -429,3 +429,29 @@ func TestAdapterManaged(t *testing.T) {
 		}
 	}
 }
+
+// U7: an ollama adapter's keep_alive reaches the payload; one Ollama would
+// refuse, or keep_alive on another type, is refused naming its key path.
+func TestAdapterKeepAlive(t *testing.T) {
+	const at = `"name": "ollama", "type": "ollama",`
+	c := mustParse(t, strings.Replace(valid, at, at+` "keep_alive": "30m",`, 1))
+	if got := c.NodePayload("gpu-1").Adapters[0].GetKeepAlive(); got != "30m" {
+		t.Fatalf("payload keep_alive %q", got)
+	}
+	for _, bad := range []struct{ at, repl, want string }{
+		{at, at + ` "keep_alive": "300",`, ""}, // whole seconds are fine
+		{at, at + ` "keep_alive": "5 minutes",`, `.keep_alive: bad keep_alive: "5 minutes" is neither a duration`},
+		{`"api_key_env": "LLAMA_KEY"`, `"api_key_env": "LLAMA_KEY", "keep_alive": "5m"`, `.keep_alive: keep_alive is Ollama's: only an ollama adapter takes it, not "openai_compat"`},
+	} {
+		_, err := Parse([]byte(strings.Replace(valid, bad.at, bad.repl, 1)))
+		if bad.want == "" {
+			if err != nil {
+				t.Errorf("%s: %v", bad.repl, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("err %v, want %q", err, bad.want)
+		}
+	}
+}

@@ -46,6 +46,7 @@ func (c *Config) nodePayload(n *Node) *iop.NodeConfigPayload {
 			ApiKeyEnv:             a.APIKeyEnv,
 			UpstreamIdleTimeoutMs: EffectiveUpstreamIdleTimeoutMs(a),
 			Managed:               a.Managed,
+			KeepAlive:             a.KeepAlive,
 		}
 		if c.Discovers(nodeID, a.Name) {
 			ac.DiscoveryIntervalMs = c.Discovery.PollIntervalMs

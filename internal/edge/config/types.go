@@ -171,6 +171,11 @@ type Adapter struct {
 	// it on demand and this adapter's requests go to the process of their
 	// target; base_url is then unused. openai_compat only.
 	Managed string `json:"managed"`
+	// KeepAlive is Ollama's keep_alive, sent with every request of this
+	// ollama adapter (SPEC U7): a duration ("10m", "24h", "-1m" = keep
+	// loaded, "0" = unload after each request) or whole seconds ("3600",
+	// "-1"); "" = Ollama's own default. Ollama adapters only.
+	KeepAlive string `json:"keep_alive"`
 	// Location is where a request's data goes: "local" (the default, this
 	// site) or "remote" (a hosted API); a local-only key is never routed
 	// to a remote adapter (fallbacks.go, SPEC V3).

@@ -361,6 +361,13 @@ func (c *Config) validateAdapter(ap string, a *Adapter, add func(string, string,
 			add(ap+".managed", "a managed backend serves an openai_compat adapter, not %q", a.Type)
 		}
 	}
+	if a.KeepAlive != "" {
+		if _, err := protocol.KeepAliveSeconds(a.KeepAlive); err != nil {
+			add(ap+".keep_alive", "%v", err)
+		} else if a.Type != protocol.TypeOllama {
+			add(ap+".keep_alive", "keep_alive is Ollama's: only an %s adapter takes it, not %q", protocol.TypeOllama, a.Type)
+		}
+	}
 	if a.UpstreamIdleTimeoutMs < 0 || a.UpstreamIdleTimeoutMs > MaxIdleTimeoutMs {
 		add(ap+".upstream_idle_timeout_ms", "must be between 0 (the profile's default) and %d, got %d", int64(MaxIdleTimeoutMs), a.UpstreamIdleTimeoutMs)
 	}

@@ -180,6 +180,10 @@ type Options struct {
 	// Managed is the node config's managed backends by name, which an
 	// AdapterConfig.managed may name (SPEC U1; managed.go); nil = none.
 	Managed map[string]ManagedBackend
+	// Residency is notified when a model's residency may have changed
+	// (SPEC U6): the node's one Signal, which its managed backends notify
+	// too; nil = a Signal of this Set's own.
+	Residency *Signal
 }
 
 // Set is the adapter instances of one NodeConfigPayload. Its methods are safe
@@ -209,6 +213,8 @@ type Set struct {
 	// observing holds one token per stall log line a logger still has
 	// (observeStall, SPEC O2).
 	observing chan struct{}
+	// signal is Options.Residency (SPEC U6).
+	signal *Signal
 }
 
 // instance is one adapter instance.
@@ -225,6 +231,8 @@ type instance struct {
 	// managed, when set, serves the instance's models, one process each
 	// (SPEC U1, U2; managed.go).
 	managed ManagedBackend
+	// ps watches an ollama instance's /api/ps (SPEC U6, U7; ollamaps.go).
+	ps *psWatch
 }
 
 // runner is what the two adapter types implement for runs and probes.
@@ -261,6 +269,10 @@ func NewSet(cfg *iop.NodeConfigPayload, o Options) (*Set, error) {
 		capacity:  o.Capacity,
 		edge:      o.Edge,
 		observing: make(chan struct{}, maxStuckObservations),
+		signal:    o.Residency,
+	}
+	if s.signal == nil {
+		s.signal = NewSignal()
 	}
 	if s.capacity == nil {
 		s.capacity = NewCapacity()
@@ -322,11 +334,18 @@ func (s *Set) build(ac *iop.AdapterConfig, allowEnv func(string) bool, lookupEnv
 		name = ac.GetType()
 	}
 	inst := &instance{name: name, typ: ac.GetType()}
+	keepAlive, err := KeepAlive(ac.GetKeepAlive())
 	fail := func(err error, format string, args ...any) error {
 		if format == "" {
 			return fmt.Errorf("adapter %q: %w", name, err)
 		}
 		return fmt.Errorf("adapter %q: %w: %s", name, err, fmt.Sprintf(format, args...))
+	}
+	if err != nil {
+		return nil, fail(err, "")
+	}
+	if keepAlive != nil && inst.typ != protocol.TypeOllama {
+		return nil, fail(ErrBadKeepAlive, "keep_alive is Ollama's: only an %s adapter takes it", protocol.TypeOllama)
 	}
 	if ac.GetCapacity() < 0 {
 		return nil, fail(ErrBadCapacity, "%d is negative", ac.GetCapacity())
@@ -381,7 +400,10 @@ func (s *Set) build(ac *iop.AdapterConfig, allowEnv func(string) bool, lookupEnv
 	switch inst.typ {
 	case protocol.TypeOllama:
 		caps := &ollama.Capabilities{} // shared by the instance's runners (one per credential lease)
-		inst.newRunner = func(ep *upstream.Endpoint) runner { return &ollama.Driver{EP: ep, Caps: caps} }
+		inst.ps = newPSWatch(inst.ep, s.signal)
+		inst.newRunner = func(ep *upstream.Endpoint) runner {
+			return &ollama.Driver{EP: ep, Caps: caps, Watch: inst.ps, KeepAlive: keepAlive}
+		}
 	default:
 		inst.newRunner = func(ep *upstream.Endpoint) runner { return &openaicompat.Driver{EP: ep, Profile: inst.profile} }
 	}
@@ -459,6 +481,11 @@ func (s *Set) Names() []string { return append([]string(nil), s.names...) }
 // are not affected; call Close after they returned.
 func (s *Set) Close() {
 	s.capacity.unbind(s, s.edge)
+	for _, inst := range s.instances {
+		if inst.ps != nil {
+			inst.ps.stop()
+		}
+	}
 	if s.shared != nil {
 		s.shared.CloseIdleConnections()
 	}

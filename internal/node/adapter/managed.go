@@ -30,18 +30,26 @@ type ManagedBackend interface {
 	Report() []*iop.ModelResidency
 }
 
-// Residency is the residency of every managed adapter's models, in config
-// order (SPEC U6; the session's NodeResidencyReport); nil when the Set has
-// no managed adapter.
+// Residency is the residency of the models of every managed adapter (its
+// lifecycle machine) and every ollama adapter (its /api/ps watcher,
+// started by the first call), in config order (SPEC U6; the session's
+// NodeResidencyReport); nil when the Set has neither.
 func (s *Set) Residency() []*iop.AdapterResidency {
 	var out []*iop.AdapterResidency
 	for _, n := range s.names {
-		if inst := s.instances[n]; inst.managed != nil {
+		switch inst := s.instances[n]; {
+		case inst.managed != nil:
 			out = append(out, &iop.AdapterResidency{Adapter: n, Models: inst.managed.Report()})
+		case inst.ps != nil:
+			out = append(out, &iop.AdapterResidency{Adapter: n, Models: inst.ps.Report()})
 		}
 	}
 	return out
 }
+
+// ResidencyChanged is closed when a residency Residency reports may have
+// changed (SPEC U6): take it before calling Residency.
+func (s *Set) ResidencyChanged() <-chan struct{} { return s.signal.C() }
 
 // ErrUnknownManaged (NewSet): the payload names a managed backend this
 // node's config does not declare.

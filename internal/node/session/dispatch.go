@@ -471,6 +471,7 @@ func (s *session) refresh(requestID string, req *iop.NodeConfigRefreshRequest) {
 	}
 	s.setHeartbeat(cfg.GetRuntime())
 	s.kickDiscovery() // SPEC D1: the adapters may have changed
+	s.kickResidency() // SPEC U6: so may what they report
 	s.log.Info("config refreshed", "revision", cfg.GetRevision(), "adapters", len(cfg.GetAdapters()))
 	respond(iop.RefreshStatus_REFRESH_APPLIED, "")
 }

@@ -43,8 +43,16 @@ type ResidencyReporter interface {
 	Residency() []*iop.AdapterResidency
 }
 
-// ResidencyInterval is how often a live session looks at its executor's
-// residency; a change is reported at the next look.
+// ResidencyNotifier is what a ResidencyReporter implements to report
+// changes as they happen (the adapter Set does): the channel is closed
+// when the residency may have changed; take it before calling Residency.
+type ResidencyNotifier interface {
+	ResidencyChanged() <-chan struct{}
+}
+
+// ResidencyInterval spaces the reports whose only change is a model's
+// in_flight count (a change of state goes at once), and is how often a
+// session looks at an executor that is not a ResidencyNotifier.
 const ResidencyInterval = 250 * time.Millisecond
 
 // Renewal timing.
@@ -64,10 +72,12 @@ const (
 type fleetState struct {
 	renewResp chan *iop.CertificateRenewResponse // cap 1; filled by the read loop
 	discover  chan struct{}                      // cap 1; a refresh asks for a poll now
+	residency chan struct{}                      // cap 1; a refresh asks for a look now
 }
 
 func newFleetState() fleetState {
-	return fleetState{renewResp: make(chan *iop.CertificateRenewResponse, 1), discover: make(chan struct{}, 1)}
+	return fleetState{renewResp: make(chan *iop.CertificateRenewResponse, 1), discover: make(chan struct{}, 1),
+		residency: make(chan struct{}, 1)}
 }
 
 // startFleet starts the renewal and discovery goroutines of a live session.
@@ -266,32 +276,78 @@ func sameReport(a, b *iop.NodeModelsReport) bool {
 }
 
 // residencyLoop sends a NodeResidencyReport once the session is ready and
-// then whenever the residency of a managed adapter's model changed, looking
-// every ResidencyInterval (SPEC U6). An executor without managed adapters
-// reports nothing.
+// then whenever the residency of a managed or Ollama adapter's model
+// changed (SPEC U6): a change of a model's state, load time or memory goes
+// at once, one of in_flight alone at most every ResidencyInterval. It
+// wakes when the executor says something changed (ResidencyNotifier),
+// after a refresh, and, for an executor that cannot say, every
+// ResidencyInterval. An executor without such adapters reports nothing.
 func (s *session) residencyLoop() {
-	var last *iop.NodeResidencyReport
-	t := time.NewTicker(ResidencyInterval)
-	defer t.Stop()
+	var (
+		last     *iop.NodeResidencyReport
+		lastSent time.Time
+	)
+	poll := time.NewTimer(time.Hour)
+	defer poll.Stop()
 	for {
 		ex := s.acquire()
 		r, ok := ex.ex.(ResidencyReporter)
+		var changed <-chan struct{}
+		if n, ok := ex.ex.(ResidencyNotifier); ok {
+			changed = n.ResidencyChanged()
+		}
 		var adapters []*iop.AdapterResidency
 		if ok {
 			adapters = r.Residency()
 		}
 		s.release(ex)
+		wait := time.Hour
+		if changed == nil {
+			wait = ResidencyInterval
+		}
 		if len(adapters) > 0 || last != nil {
 			report := &iop.NodeResidencyReport{Adapters: adapters}
-			if last == nil || !proto.Equal(last, report) {
-				last = report
+			switch {
+			case last != nil && proto.Equal(last, report):
+			case last == nil || !sameStates(last, report) || time.Since(lastSent) >= ResidencyInterval:
+				last, lastSent = report, time.Now()
 				s.sendFromWork(&iop.Envelope{Kind: &iop.Envelope_ResidencyReport{ResidencyReport: report}}, direct.Flush)
+			default: // only in_flight moved: after the interval
+				wait = min(wait, ResidencyInterval-time.Since(lastSent))
 			}
 		}
+		poll.Reset(max(wait, time.Millisecond))
 		select {
-		case <-t.C:
+		case <-changed:
+		case <-s.fl.residency:
+		case <-poll.C:
 		case <-s.ctx.Done():
 			return
 		}
+		if !poll.Stop() {
+			select {
+			case <-poll.C:
+			default:
+			}
+		}
+	}
+}
+
+// sameStates compares two residency reports but for in_flight.
+func sameStates(a, b *iop.NodeResidencyReport) bool {
+	return slices.EqualFunc(a.GetAdapters(), b.GetAdapters(), func(x, y *iop.AdapterResidency) bool {
+		return x.GetAdapter() == y.GetAdapter() && slices.EqualFunc(x.GetModels(), y.GetModels(), func(m, n *iop.ModelResidency) bool {
+			return m.GetModel() == n.GetModel() && m.GetState() == n.GetState() && m.GetLoadMs() == n.GetLoadMs() &&
+				m.GetMemoryMb() == n.GetMemoryMb()
+		})
+	})
+}
+
+// kickResidency asks for a residency look now (after a refresh: the
+// executor, and so its adapters, may have changed).
+func (s *session) kickResidency() {
+	select {
+	case s.fl.residency <- struct{}{}:
+	default:
 	}
 }

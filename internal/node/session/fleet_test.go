@@ -183,3 +183,88 @@ func TestRenewalOverSession(t *testing.T) {
 		t.Error("J5 a node whose payload does not ask renewed")
 	}
 }
+
+// residencyExec is a fakeExec whose residency a test sets; set notifies
+// like the adapter Set's Signal.
+type residencyExec struct {
+	*fakeExec
+	src *residencySource
+}
+
+type residencySource struct {
+	mu      sync.Mutex
+	models  []*iop.ModelResidency
+	changed chan struct{}
+}
+
+func (r *residencySource) set(models ...*iop.ModelResidency) {
+	r.mu.Lock()
+	r.models = models
+	close(r.changed)
+	r.changed = make(chan struct{})
+	r.mu.Unlock()
+}
+
+func (e residencyExec) Residency() []*iop.AdapterResidency {
+	e.src.mu.Lock()
+	defer e.src.mu.Unlock()
+	return []*iop.AdapterResidency{{Adapter: "llama", Models: e.src.models}}
+}
+
+func (e residencyExec) ResidencyChanged() <-chan struct{} {
+	e.src.mu.Lock()
+	defer e.src.mu.Unlock()
+	return e.src.changed
+}
+
+// nextResidency reads until a NodeResidencyReport (other frames skipped).
+func nextResidency(c *edgeConn) *iop.NodeResidencyReport {
+	c.t.Helper()
+	for {
+		if r := c.recv().GetResidencyReport(); r != nil {
+			return r
+		}
+	}
+}
+
+// U6: a ready node reports residency at once, then each change of a
+// model's state as the executor signals it (not at a poll: the executor
+// here only signals), and a change of in_flight alone no sooner than
+// ResidencyInterval after the report before it, the last count winning.
+func TestResidencyReportsOnChange(t *testing.T) {
+	leakcheck.Check(t)
+	src := &residencySource{changed: make(chan struct{}),
+		models: []*iop.ModelResidency{{Model: "tiny", State: "unloaded"}}}
+	s := startReady(t, payload("r1"), func(o *session.Options) {
+		build := o.NewExecutor
+		o.NewExecutor = func(p *iop.NodeConfigPayload) (session.Executor, error) {
+			ex, err := build(p)
+			if err != nil {
+				return nil, err
+			}
+			return residencyExec{fakeExec: ex.(*fakeExec), src: src}, nil
+		}
+	})
+	if r := nextResidency(s.c); r.GetAdapters()[0].GetModels()[0].GetState() != "unloaded" {
+		t.Fatalf("U6 first report %v", r)
+	}
+	for _, st := range []string{"loading", "loaded", "stopping", "unloaded"} {
+		src.set(&iop.ModelResidency{Model: "tiny", State: st})
+		if got := nextResidency(s.c).GetAdapters()[0].GetModels()[0].GetState(); got != st {
+			t.Fatalf("U6 report %q after a change to %q", got, st)
+		}
+	}
+	src.set(&iop.ModelResidency{Model: "tiny", State: "loaded", LoadMs: 140})
+	sent := time.Now()
+	nextResidency(s.c)
+	for n := int32(1); n <= 5; n++ { // in_flight alone: coalesced
+		src.set(&iop.ModelResidency{Model: "tiny", State: "loaded", LoadMs: 140, InFlight: n})
+	}
+	r := nextResidency(s.c)
+	if d := time.Since(sent); d < session.ResidencyInterval {
+		t.Errorf("U6 an in_flight change reported %v after the last report (< %v)", d, session.ResidencyInterval)
+	}
+	if got := r.GetAdapters()[0].GetModels()[0].GetInFlight(); got != 5 {
+		t.Errorf("U6 coalesced report in_flight %d, want the last, 5", got)
+	}
+}

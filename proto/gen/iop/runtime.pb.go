@@ -1092,7 +1092,12 @@ type AdapterConfig struct {
 	// payload when it declares no such entry; base_url is then unused. The
 	// command, its arguments and the model files are the Node's own: nothing
 	// the Edge sends says what a Node runs. "" = none.
-	Managed       string `protobuf:"bytes,21,opt,name=managed,proto3" json:"managed,omitempty"`
+	Managed string `protobuf:"bytes,21,opt,name=managed,proto3" json:"managed,omitempty"`
+	// Ollama keep_alive (SPEC U7): sent as keep_alive on every /api/chat and
+	// /api/embed of this ollama adapter — a duration ("10m", "24h"; negative
+	// = keep loaded, "0" = unload after the request) or whole seconds
+	// ("3600", "-1"), as Ollama 0.17.4 takes it. "" = Ollama's own default.
+	KeepAlive     string `protobuf:"bytes,22,opt,name=keep_alive,json=keepAlive,proto3" json:"keep_alive,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1200,6 +1205,13 @@ func (x *AdapterConfig) GetDiscoveryIntervalMs() int64 {
 func (x *AdapterConfig) GetManaged() string {
 	if x != nil {
 		return x.Managed
+	}
+	return ""
+}
+
+func (x *AdapterConfig) GetKeepAlive() string {
+	if x != nil {
+		return x.KeepAlive
 	}
 	return ""
 }
@@ -4930,7 +4942,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x11NodeConfigPayload\x129\n" +
 	"\badapters\x18\x01 \x03(\v2\x1d.iop.runtime.v1.AdapterConfigR\badapters\x12;\n" +
 	"\aruntime\x18\x02 \x01(\v2!.iop.runtime.v1.NodeRuntimeConfigR\aruntime\x12\x1a\n" +
-	"\brevision\x18\x03 \x01(\tR\brevision\"\xc7\x03\n" +
+	"\brevision\x18\x03 \x01(\tR\brevision\"\xe6\x03\n" +
 	"\rAdapterConfig\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x1a\n" +
@@ -4943,7 +4955,9 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x18upstream_idle_timeout_ms\x18\n" +
 	" \x01(\x03R\x15upstreamIdleTimeoutMs\x122\n" +
 	"\x15discovery_interval_ms\x18\x14 \x01(\x03R\x13discoveryIntervalMs\x12\x18\n" +
-	"\amanaged\x18\x15 \x01(\tR\amanagedJ\x04\b\b\x10\tR\x19response_stall_timeout_ms\"o\n" +
+	"\amanaged\x18\x15 \x01(\tR\amanaged\x12\x1d\n" +
+	"\n" +
+	"keep_alive\x18\x16 \x01(\tR\tkeepAliveJ\x04\b\b\x10\tR\x19response_stall_timeout_ms\"o\n" +
 	"\x19OpenAICompatAdapterConfig\x12R\n" +
 	"\x10protocol_profile\x18\x01 \x01(\v2'.iop.runtime.v1.ConcreteProtocolProfileR\x0fprotocolProfile\"\xef\x03\n" +
 	"\x17ConcreteProtocolProfile\x12\x12\n" +

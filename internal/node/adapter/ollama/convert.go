@@ -22,6 +22,7 @@ type chatRequest struct {
 	Logprobs    bool            `json:"logprobs,omitempty"`
 	TopLogprobs int32           `json:"top_logprobs,omitempty"`
 	Think       json.RawMessage `json:"think,omitempty"`
+	KeepAlive   json.RawMessage `json:"keep_alive,omitempty"`
 }
 
 type message struct {
@@ -69,18 +70,19 @@ type options struct {
 // and api.ThinkValue). Errors wrap upstream.ErrInvalidInput and name the
 // bad field.
 func BuildChatRequest(target string, in *iop.RunInput) ([]byte, error) {
-	return buildChatRequest(target, in, in.GetThink())
+	return buildChatRequest(target, in, in.GetThink(), nil)
 }
 
-// buildChatRequest is BuildChatRequest with think in place of in.think.
-func buildChatRequest(target string, in *iop.RunInput, think string) ([]byte, error) {
+// buildChatRequest is BuildChatRequest with think in place of in.think
+// and keepAlive (nil = none) as keep_alive.
+func buildChatRequest(target string, in *iop.RunInput, think string, keepAlive json.RawMessage) ([]byte, error) {
 	if in == nil {
 		return nil, fmt.Errorf("%w: no input", upstream.ErrInvalidInput)
 	}
 	if err := upstream.CheckNumbers(in); err != nil {
 		return nil, err
 	}
-	req := chatRequest{Model: target, Stream: true, Messages: make([]message, 0, len(in.GetMessages()))}
+	req := chatRequest{Model: target, Stream: true, Messages: make([]message, 0, len(in.GetMessages())), KeepAlive: keepAlive}
 	callNames := map[string]string{} // tool-call id → function name
 	for i, m := range in.GetMessages() {
 		msg := message{Role: m.GetRole(), Content: m.GetContent()}

@@ -34,10 +34,30 @@ const (
 
 // Driver runs chats against one Ollama server. Caps, when set, caches
 // which targets can think (shared by an adapter instance's runners); nil
-// = think is sent as the input asks.
+// = think is sent as the input asks. Watch, when set, is told of every
+// chat and embedding call (SPEC U6: the adapter's /api/ps watcher).
+// KeepAlive, when set, is sent as every request's keep_alive (a JSON
+// string or number, Ollama 0.17.4 api.Duration; adapter.KeepAlive).
 type Driver struct {
-	EP   *upstream.Endpoint
-	Caps *Capabilities
+	EP        *upstream.Endpoint
+	Caps      *Capabilities
+	Watch     Watcher
+	KeepAlive json.RawMessage
+}
+
+// Watcher is told of each request to the server: Begin as it is about to
+// be sent, the function it returns once it ended, with the load time the
+// server reported (ns, 0 = none).
+type Watcher interface {
+	Begin(target string) func(loadNs int64)
+}
+
+// begin is Watch.Begin, or a no-op without a Watcher.
+func (d *Driver) begin(target string) func(int64) {
+	if d.Watch == nil {
+		return func(int64) {}
+	}
+	return d.Watch.Begin(target)
 }
 
 // Run streams one chat for target and returns the finished result. Text
@@ -56,7 +76,9 @@ type Driver struct {
 // the level and the run is sent once more with true, remembered). think
 // false goes out only to a target that can think (elsewhere it changes
 // nothing).
-func (d *Driver) Run(ctx context.Context, target string, in *iop.RunInput, h upstream.Hooks) (upstream.Result, error) {
+func (d *Driver) Run(ctx context.Context, target string, in *iop.RunInput, h upstream.Hooks) (res upstream.Result, err error) {
+	end := d.begin(target)
+	defer func() { end(res.LoadNs) }()
 	think, known := in.GetThink(), false
 	if think != "" && d.Caps != nil {
 		can, levels, ok := d.Caps.CanThink(ctx, d.EP, target)
@@ -67,7 +89,7 @@ func (d *Driver) Run(ctx context.Context, target string, in *iop.RunInput, h ups
 			think = "true"
 		}
 	}
-	body, err := buildChatRequest(target, in, think)
+	body, err := buildChatRequest(target, in, think, d.KeepAlive)
 	if err != nil {
 		return upstream.Result{}, err
 	}
@@ -87,7 +109,7 @@ func (d *Driver) Run(ctx context.Context, target string, in *iop.RunInput, h ups
 			}
 		}
 		if retry != think {
-			if body, err = buildChatRequest(target, in, retry); err != nil {
+			if body, err = buildChatRequest(target, in, retry, d.KeepAlive); err != nil {
 				return upstream.Result{}, err
 			}
 			resp, err = d.EP.PostJSON(ctx, ChatPath, body, "application/x-ndjson")
@@ -115,6 +137,7 @@ type chatLine struct {
 	DoneReason      string    `json:"done_reason"`
 	PromptEvalCount int64     `json:"prompt_eval_count"`
 	EvalCount       int64     `json:"eval_count"`
+	LoadDuration    int64     `json:"load_duration"` // ns
 	Error           string    `json:"error"`
 }
 
@@ -242,6 +265,7 @@ func readChatStream(r io.Reader, h upstream.Hooks) (upstream.Result, error) {
 				},
 				Logprobs:  lps,
 				Reasoning: thinking.String(),
+				LoadNs:    max(line.LoadDuration, 0),
 			}
 			res.SetToolCalls(calls)
 			return res, nil

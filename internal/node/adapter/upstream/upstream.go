@@ -380,6 +380,9 @@ type Result struct {
 	// Reasoning is the model's whole reasoning (its thinking), "" when it
 	// produced none.
 	Reasoning string
+	// LoadNs is how long the backend says loading the model took for this
+	// request, ns (Ollama's load_duration); 0 = not reported.
+	LoadNs int64
 }
 
 // ToolCall is one tool call in the OpenAI chat-completions shape (OpenAI API
