@@ -100,13 +100,7 @@ func PoolConfig(c *config.Config, mat *creds.Material) pool.Config {
 				Target:         mp.Target,
 				StallTimeoutMs: c.EffectiveStallTimeoutMs(mp),
 			}
-			// SPEC V3: a route whose adapter is not known here counts as
-			// remote (a local-only key fails closed).
-			if n := c.NodeByID(mp.Node); n == nil || n.Adapter(mp.Provider) == nil {
-				cd.Remote = true
-			} else {
-				cd.Remote = n.Adapter(mp.Provider).Remote()
-			}
+			cd.Remote = c.RouteRemote(mp) // SPEC V3
 			if n := c.NodeByID(mp.Node); c.Credentials.Enabled && n != nil {
 				cd.Slot = config.RouteSlot(mp, n.Adapter(mp.Provider)) // SPEC C6: a re-dispatch stays within it
 			}

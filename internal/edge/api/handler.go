@@ -195,7 +195,10 @@ type view struct {
 	maxHeaderBytes, maxHeaderFields int
 	models                          []byte   // the GET /v1/models body of a key without a scope
 	names                           []string // the model groups, in config order (a scoped key's list, K4)
-	created                         int64    // the list's "created"
+	// local are the groups with a route that is not remote, in config
+	// order: a local-only key's list (SPEC V3).
+	local   []string
+	created int64 // the list's "created"
 	// anthropicModels is GET /v1/models in Anthropic's list shape (a key
 	// without a scope).
 	anthropicModels []byte
@@ -244,6 +247,9 @@ func (h *Handler) current() *view {
 		v.created = h.o.Now().Unix()
 		for i := range cfg.Models {
 			v.names = append(v.names, cfg.Models[i].Name)
+			if cfg.ServesLocally(&cfg.Models[i]) {
+				v.local = append(v.local, cfg.Models[i].Name)
+			}
 		}
 		v.models = modelList(v.names, v.created)
 		v.anthropicModels = anthropicModelList(v.names, v.created)

@@ -142,8 +142,11 @@ func (h *Handler) route(w *reply.Recorder, r *http.Request, rt *apiRoute) (conte
 		if p != nil {
 			rl := h.keys.State(p, h.o.Now())
 			writeRateLimit(w.Header(), s, &rl, h.o.Now())
+			if p.LocalOnly {
+				names = v.local // SPEC V3: only the groups it can reach
+			}
 			if p.Scoped() {
-				names = p.FilterModels(v.names) // K4
+				names = p.FilterModels(names) // K4
 			}
 		}
 		serveModels(w, v, s, names, rt.oneModel, rt.modelID)

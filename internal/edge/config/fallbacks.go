@@ -53,6 +53,28 @@ type Fallback struct {
 // "remote"); a nil adapter is not.
 func (a *Adapter) Remote() bool { return a != nil && a.Location == LocationRemote }
 
+// RouteRemote reports whether route mp sends a request's data off site
+// (SPEC V3): its adapter's location is remote, or the config does not know
+// its node or adapter (a local-only key fails closed).
+func (c *Config) RouteRemote(mp ModelProvider) bool {
+	n := c.NodeByID(mp.Node)
+	if n == nil || n.Adapter(mp.Provider) == nil {
+		return true
+	}
+	return n.Adapter(mp.Provider).Remote()
+}
+
+// ServesLocally reports whether group m has a route that is not remote:
+// the groups a local-only key can reach (SPEC V3; its /v1/models list).
+func (c *Config) ServesLocally(m *Model) bool {
+	for _, mp := range m.Providers {
+		if !c.RouteRemote(mp) {
+			return true
+		}
+	}
+	return false
+}
+
 // validateFallbacks checks adapters' location and every group's fallbacks:
 // known groups, conditions, wait_ms, no cycle, depth at most
 // MaxFallbackDepth, each error naming its key path.

@@ -439,3 +439,21 @@ func TestFinishWithoutReserve(t *testing.T) {
 		t.Fatalf("Estimate(400, 50) = %d", got)
 	}
 }
+
+// SPEC V3: a store key's local_only and api_keys[].local_only reach the
+// principal the API schedules with; keys without it are not local-only.
+func TestPrincipalLocalOnly(t *testing.T) {
+	st := keystore.New()
+	for _, sp := range []keystore.Spec{{Name: "site", LocalOnly: true}, {Name: "anywhere"}} {
+		if _, err := st.Create(sp, time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := mustBuild(t, []config.APIKey{{Principal: "cfg-site", KeySHA256: keystore.Hash("a"), LocalOnly: true},
+		{Principal: "cfg-anywhere", KeySHA256: keystore.Hash("b")}}, st, 1)
+	for name, want := range map[string]bool{"site": true, "anywhere": false, "cfg-site": true, "cfg-anywhere": false} {
+		if got := s.Principal(name).LocalOnly; got != want {
+			t.Errorf("principal %q: LocalOnly %v, want %v", name, got, want)
+		}
+	}
+}

@@ -46,7 +46,7 @@ type Principal struct {
 	// default class and highest class (SPEC G1, G4).
 	Sched keystore.Sched
 	// LocalOnly: the key's requests never reach a remote adapter (SPEC
-	// V3; api_keys[].local_only).
+	// V3; api_keys[].local_only, a store key's local_only).
 	LocalOnly bool
 
 	c *counters // set by Registry.Swap before the set is current
@@ -168,7 +168,7 @@ func Build(apiKeys []config.APIKey, st *keystore.Store, hasStore bool, edgeCount
 			}
 			p := &Principal{Name: k.Name, Source: SourceStore, Models: k.Models, Configured: k.Limits(),
 				Limits: divide(k.Limits(), edgeCount), ExpiresAt: k.ExpiresAt, RevokedAt: k.RevokedAt, Hint: k.Hint, CreatedAt: k.CreatedAt,
-				Sched: k.Sched().Effective()}
+				Sched: k.Sched().Effective(), LocalOnly: k.LocalOnly}
 			for _, m := range k.Models {
 				if keystore.IsPattern(m) {
 					p.globs = append(p.globs, m)

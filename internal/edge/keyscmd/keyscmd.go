@@ -37,7 +37,7 @@ const (
 const usage = `usage:
   edge keys create -config EDGE_CONFIG -name NAME [-models 'tiny,qwen3*'] [-rpm N] [-tpm N]
                    [-tokens-per-day N] [-max-concurrent N] [-expires 30d|12h|2026-12-31]
-                   [-weight N] [-class C] [-max-class C]
+                   [-weight N] [-class C] [-max-class C] [-local-only]
   edge keys list   -config EDGE_CONFIG
   edge keys show   -config EDGE_CONFIG -name NAME
   edge keys revoke -config EDGE_CONFIG -name NAME
@@ -49,6 +49,8 @@ Limits: 0 = no bound; -tpm and -tokens-per-day count prompt + completion tokens.
 Queue: -weight is the key's fair share (1-1000, default 1); -class its requests' default
 class and -max-class the highest one a request may ask for (critical, interactive, batch;
 defaults interactive and -class). rotate changes only the ones given.
+Data: -local-only keeps the key's requests off every adapter whose location is remote
+(a hosted API), in its own group and through a fallback.
 `
 
 // Main runs "edge keys <subcommand> flags..."; args are the words after
@@ -158,12 +160,13 @@ func (c *cmd) create(args []string) int {
 	conc := fs.Int64("max-concurrent", 0, "requests in flight")
 	expires := fs.String("expires", "", "expiry: 30d, 12h, 90m, 2026-12-31 or an RFC 3339 time; empty = never")
 	sched := schedFlags(fs)
+	localOnly := fs.Bool("local-only", false, "never route the key's requests to a remote adapter (SPEC V3)")
 	if code, done := c.parse(args, "name"); done {
 		return code
 	}
 	now := c.now()
 	spec := keystore.Spec{Name: *name, Limits: keystore.Limits{RequestsPerMinute: *rpm, TokensPerMinute: *tpm, TokensPerDay: *tpd, MaxConcurrent: *conc},
-		Sched: sched.value()}
+		Sched: sched.value(), LocalOnly: *localOnly}
 	if err := spec.Limits.Check(limitFlags); err != nil {
 		code, _ := c.usageError(err.Error())
 		return code
@@ -202,8 +205,8 @@ func (c *cmd) create(args []string) int {
 		return c.fail(err)
 	}
 	fmt.Fprintln(c.stdout, secret)
-	fmt.Fprintf(c.stderr, "key %q created (%s, %s); the line above is the key, shown only this once\n", *name,
-		describe(spec.Models, spec.Limits, spec.ExpiresAt), describeSched(spec.Sched))
+	fmt.Fprintf(c.stderr, "key %q created (%s, %s, %s); the line above is the key, shown only this once\n", *name,
+		describe(spec.Models, spec.Limits, spec.ExpiresAt), describeSched(spec.Sched), describeData(spec.LocalOnly))
 	if fresh {
 		c.noteLostStore()
 	}
@@ -371,6 +374,7 @@ func (c *cmd) show(args []string) int {
 	fmt.Fprintf(tw, "requests per minute:\t%s\ntokens per minute:\t%s\ntokens per day:\t%s\nmax concurrent:\t%s\n",
 		bound(k.RequestsPerMinute), bound(k.TokensPerMinute), bound(k.TokensPerDay), bound(k.MaxConcurrent))
 	fmt.Fprintf(tw, "queue:\t%s\n", describeSched(k.Sched()))
+	fmt.Fprintf(tw, "data:\t%s\n", describeData(k.LocalOnly))
 	if n := c.cfg.Keys.EdgeCount; n > 1 {
 		fmt.Fprintf(tw, "edges:\t%d (each enforces every bound ÷ %d, rounded up)\n", n, n)
 	}
@@ -534,6 +538,14 @@ func (s sched) over(fs *flag.FlagSet, old keystore.Sched) keystore.Sched {
 		}
 	})
 	return old
+}
+
+// describeData says where a key's requests may go (SPEC V3).
+func describeData(localOnly bool) string {
+	if localOnly {
+		return "local adapters only"
+	}
+	return "local and remote adapters"
 }
 
 // describeSched says a key's place in the queue, defaults filled in.

@@ -11,7 +11,7 @@
 //	  {"name": "team-a", "key_sha256": "<64 hex>", "hint": "iop-…WXYZ",
 //	   "models": ["tiny", "qwen3*"], "requests_per_minute": 60,
 //	   "tokens_per_minute": 20000, "tokens_per_day": 1000000,
-//	   "max_concurrent": 4, "created_at": "<RFC 3339>",
+//	   "max_concurrent": 4, "local_only": true, "created_at": "<RFC 3339>",
 //	   "expires_at": "<RFC 3339>", "revoked_at": "<RFC 3339>",
 //	   "previous_key_sha256": "<64 hex>", "previous_expires_at": "<RFC 3339>"}],
 //	 "checksum": "sha256:<64 hex>"}
@@ -86,9 +86,14 @@ type Key struct {
 	MaxConcurrent     int64    `json:"max_concurrent,omitempty"`
 	// Weight, Class and MaxClass are the key's place in the queue (Sched,
 	// SPEC G1, G4); zero values are the defaults.
-	Weight    int       `json:"weight,omitempty"`
-	Class     string    `json:"class,omitempty"`
-	MaxClass  string    `json:"max_class,omitempty"`
+	Weight   int    `json:"weight,omitempty"`
+	Class    string `json:"class,omitempty"`
+	MaxClass string `json:"max_class,omitempty"`
+	// LocalOnly: the key's requests never reach an adapter whose location
+	// is remote, in its own group or through a fallback (SPEC V3; `edge
+	// keys create -local-only`). Omitted when false, so a store written
+	// before the member existed keeps its checksum.
+	LocalOnly bool      `json:"local_only,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 	// ExpiresAt: the key is refused from this instant on (K3); zero = never.
 	ExpiresAt time.Time `json:"expires_at,omitzero"`
@@ -394,6 +399,8 @@ type Spec struct {
 	ExpiresAt time.Time
 	// Sched is the key's place in the queue (SPEC G1, G4).
 	Sched Sched
+	// LocalOnly keeps the key's requests off remote adapters (SPEC V3).
+	LocalOnly bool
 }
 
 // Create adds a key for spec and returns it: the only time it exists
@@ -431,7 +438,7 @@ func (s *Store) Create(spec Spec, now time.Time) (string, error) {
 	k := &Key{Name: spec.Name, KeySHA256: Hash(secret), Hint: hint(secret), Models: append([]string(nil), spec.Models...),
 		RequestsPerMinute: spec.Limits.RequestsPerMinute, TokensPerMinute: spec.Limits.TokensPerMinute,
 		TokensPerDay: spec.Limits.TokensPerDay, MaxConcurrent: spec.Limits.MaxConcurrent,
-		Weight: spec.Sched.Weight, Class: spec.Sched.Class, MaxClass: spec.Sched.MaxClass,
+		Weight: spec.Sched.Weight, Class: spec.Sched.Class, MaxClass: spec.Sched.MaxClass, LocalOnly: spec.LocalOnly,
 		CreatedAt: now.UTC().Truncate(time.Second)}
 	if !spec.ExpiresAt.IsZero() {
 		k.ExpiresAt = spec.ExpiresAt.UTC()

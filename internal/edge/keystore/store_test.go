@@ -285,3 +285,44 @@ func TestUsageFile(t *testing.T) {
 		}
 	}
 }
+
+// SPEC V3: a key made local-only keeps the mark through a save, a load and
+// a rotation; a key without it writes no local_only member, so a store
+// written before the member existed still matches its checksum.
+func TestStoreLocalOnly(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.json")
+	s := New()
+	if _, err := s.Create(Spec{Name: "site", LocalOnly: true}, t0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Create(Spec{Name: "anywhere"}, t0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Rotate("site", 0, t0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Save(path); err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := os.ReadFile(path)
+	if n := bytes.Count(raw, []byte(`"local_only": true`)); n != 1 {
+		t.Fatalf("the file holds %d local_only members, want 1 (only the local-only key's):\n%s", n, raw)
+	}
+	got, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]bool{"site": true, "anywhere": false} {
+		if k, _ := got.Key(name); k.LocalOnly != want {
+			t.Errorf("key %q: LocalOnly %v after save and load, want %v", name, k.LocalOnly, want)
+		}
+	}
+	// The same key without the member: what a store of an earlier edge
+	// holds; its checksum is still the one Save computes.
+	old := []Key{{Name: "x", KeySHA256: Hash("k"), Hint: "iop-…", CreatedAt: t0}}
+	b := fmt.Appendf(nil, `{"version":1,"revision":1,"keys":[{"name":"x","key_sha256":%q,"hint":"iop-…","created_at":%q}],"checksum":%q}`,
+		Hash("k"), t0.Format(time.RFC3339), checksum(old))
+	if _, err := Parse(b); err != nil {
+		t.Fatalf("a store without local_only members: %v", err)
+	}
+}
