@@ -38,11 +38,19 @@
 //
 // # Files
 //
-//   - engine.go: Deps and its interfaces, Engine, the errors and PoolError.
-//   - exchange.go: Exchange, Serve, the first Acquire, start by lease type.
-//   - relay.go: relay, deliver, the attempt machine's effects, the hand-off.
+// From the ground up (each file uses only those above it in this list,
+// but attempt.go and classify.go, which use each other):
+//
+//   - deps.go: Deps and the interfaces it takes.
+//   - attempt.go, classify.go: the pure machine and the one reading of an
+//     envelope (and of a node terminal's client error).
+//   - engine.go: Engine, the errors, Schedule, PoolError.
+//   - exchange.go: Endpoint, Exchange, the sink interface.
+//   - run.go, tunnel.go: the sinks of the two paths (SPEC T2, T5).
+//   - relay.go: relay, deliver, the attempt machine's effects, the
+//     hand-off, the attempt's span.
 //   - redispatch.go: reacquire and the answer when no candidate is left.
-//   - attempt.go, classify.go: the pure machine and the envelope reading.
-//   - run.go, tunnel.go: the sinks (SPEC T2, T5); credential.go (C2);
-//     trace.go: the attempt's span.
+//   - start.go: the request on its lease by lease type (SPEC Q3), its
+//     credential lease (C2).
+//   - serve.go: Serve and the first Acquire.
 package exchange

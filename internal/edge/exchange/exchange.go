@@ -2,19 +2,13 @@ package exchange
 
 import (
 	"context"
-	"errors"
-	"iop/internal/edge/reply"
-	apisurface "iop/internal/edge/surface"
-	"log/slog"
-	"math"
 	"net/http"
 	"time"
 
-	"iop/internal/edge/access"
-	"iop/internal/edge/dispatch"
 	"iop/internal/edge/pool"
+	"iop/internal/edge/reply"
+	apisurface "iop/internal/edge/surface"
 	"iop/internal/jsonscan"
-	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
 
@@ -139,91 +133,6 @@ type sink interface {
 	wrote() bool
 }
 
-// Serve runs one admitted request: acquire a lease (waiting in the queue),
-// dispatch by lease type (SPEC Q3) and relay the result. Every lease is
-// released exactly once, after its stream closed. A failure or stall before
-// any byte may be re-dispatched to a provider not tried yet (H11): the
-// attempt machine decides (attempt.go), Serve, relay and reacquire carry
-// its effects out. It answers the request in every case, and panics with
-// http.ErrAbortHandler (after the lease went back) when the response must
-// end by aborting the connection.
-//
-// Its goroutine is parked in relay for the stream's whole life, so the
-// frames below relay are kept small: the queueing and the stream's start
-// run in functions that have returned before relay waits (a parked stack
-// of under 3 KiB lets the runtime shrink the goroutine's stack to 8 KiB).
-func (h *Engine) Serve(x *Exchange) {
-	x.out = reply.Output{W: x.Acc}
-	defer h.dropBody(x)
-	if !h.acquire(x) {
-		return
-	}
-	defer func() {
-		if x.abort {
-			x.Acc.Cut()
-			panic(http.ErrAbortHandler) // after the lease went back
-		}
-	}()
-	defer h.releaseLease(x)
-	for {
-		if st, s := h.start(x); st != nil {
-			h.relay(x, st, s)
-		}
-		if !h.relayEnded(x) {
-			return
-		}
-	}
-}
-
-// relayEnded steps x's attempt machine with the relay's end and, when it
-// says so, takes the next lease (reacquire); false: the request is over.
-// Never inlined, like decide: its effects stay off Serve's frame,
-// which lies under every held stream's relay.
-//
-//go:noinline
-func (h *Engine) relayEnded(x *Exchange) bool {
-	fx := h.step(x, &event{kind: evRelayEnded, ok: x.ok})
-	return fx.redispatch && h.reacquire(x, fx)
-}
-
-// acquire takes x's first lease, waiting in the queue (SPEC Q4). It
-// reports false when it answered the request itself (no admission) or the
-// client left while queued.
-func (h *Engine) acquire(x *Exchange) bool {
-	w := x.Acc
-	queued := h.o.Now()
-	lease, err := h.o.Pool.Acquire(x.Ctx, x.poolRequest())
-	w.SetLease(lease, h.o.Now().Sub(queued), err)
-	if err != nil {
-		h.dropBody(x)
-		if x.Ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
-			if shuttingDown(x.Ctx) {
-				reply.WriteError(w, x.Endpoint.Surface, shutdownError())
-				return false
-			}
-			w.Leave()
-			h.log.Debug("client left while queued", "model", x.Model, "request_id", w.Rec.RequestID) // SPEC Q4, T3: the pool removed the waiter
-			return false
-		}
-		e := PoolError(x.Model, err)
-		level := slog.LevelDebug // the client's mistake
-		if e.Status >= 429 {
-			level = slog.LevelInfo // load or liveness: operators want to see it
-		}
-		model, logErr := x.Model, err
-		if errors.Is(err, pool.ErrUnknownModel) { // O3: a name no group has is the caller's word, not a label (the access line keeps it, cut)
-			model, logErr = access.OtherModel, pool.ErrUnknownModel
-		}
-		h.log.Log(x.Ctx, level, "request not admitted", "model", model, "operation", x.Endpoint.Operation, "status", e.Status,
-			"request_id", w.Rec.RequestID, "err", logErr)
-		reply.WriteError(w, x.Endpoint.Surface, e)
-		return false
-	}
-	x.lease = lease
-	x.att = newAttempt(lease, max(x.AttemptBound, 1), x.Deadline, h.o.RedispatchWait >= 0, h.o.Health != nil)
-	return true
-}
-
 // dropBody lets go of x's request body and gives its bytes back to the
 // in-flight budget; idempotent.
 func (h *Engine) dropBody(x *Exchange) {
@@ -236,76 +145,15 @@ func (h *Engine) dropBody(x *Exchange) {
 	x.Body = nil
 }
 
-// start sends the request on x.lease by lease type (SPEC Q3) and returns
-// the stream and the sink that relays it; nil when it answered the request
-// itself (the operation is not supported, the input is invalid, the node
-// could not take it).
-func (h *Engine) start(x *Exchange) (dispatch.Stream, sink) {
-	l := x.lease
-	switch {
-	case l.Type == protocol.TypeOpenAICompat:
-		return h.tunnel(x)
-	case l.Type == protocol.TypeOllama && x.Endpoint.Run != RunNone:
-		return h.run(x)
-	case l.Type == protocol.TypeOllama:
-		return h.tunnel(x) // the node's built-in Ollama profile (/v1/completions)
-	}
-	reply.WriteError(x.out.W, x.Endpoint.Surface, reply.BadGateway("operation_not_supported", "provider "+l.Provider+" of type "+
-		l.Type+" cannot serve "+x.Endpoint.Path))
-	return nil, nil
-}
+// RunKind is the run-path surface of an endpoint: which package converts
+// its requests and encodes its responses.
+type RunKind uint8
 
-// tunnel sends the client's body with only "model" replaced by the lease's
-// target (SPEC Q3: one splice, every other byte unchanged); its sink relays
-// the provider's response frames.
-func (h *Engine) tunnel(x *Exchange) (dispatch.Stream, sink) {
-	l := x.lease
-	out := x.Body
-	if len(x.ModelSpans) != 1 || x.Model != l.Target {
-		out = SpliceModel(x.Body, x.ModelSpans, l.Target)
-	}
-	req := &iop.ProviderTunnelRequest{
-		Adapter: l.Provider, Target: l.Target, Method: http.MethodPost, Path: x.Endpoint.Path,
-		Headers: forwardHeaders(x.Header), Body: out, Stream: x.Stream,
-		Operation: x.Endpoint.Operation, ResponseStallTimeoutMs: l.StallTimeoutMs, RequestId: x.Acc.Rec.RequestID,
-		Trace: x.Acc.Trace.BeginAttempt(l, access.PathTunnel),
-	}
-	var ok bool
-	if req.CredentialLease, req.CredentialBinding, ok = h.credential(x); !ok {
-		return nil, nil
-	}
-	st, err := h.o.Dispatcher.StartTunnel(dispatch.Target{Node: l.Node, Generation: l.Generation}, req)
-	if err != nil {
-		h.startFailed(x, err)
-		return nil, nil
-	}
-	return st, &tunnelSink{h: h, x: x}
-}
-
-func (h *Engine) startFailed(x *Exchange, err error) {
-	msg := "the provider's node could not take the request"
-	if errors.Is(err, dispatch.ErrNotReady) {
-		msg = "the provider's node is no longer connected"
-	}
-	h.log.Warn("dispatch failed", "model", x.Model, "node", x.lease.Node, "provider", x.lease.Provider,
-		"request_id", x.Acc.Rec.RequestID, "err", err)
-	e := reply.BadGateway("provider_unavailable", msg)
-	if ev := h.event(x, evStartFailed, x.Body == nil); h.step(x, &ev).stop {
-		x.kept = kept{err: e} // nothing was sent: another candidate may take it
-		return
-	}
-	reply.WriteError(x.out.W, x.Endpoint.Surface, e)
-}
-
-// responseWait is the Edge's response-wait timeout between two envelopes:
-// the lease's stall timeout — the one the request carries to the node,
-// resolved once by config.EffectiveStallTimeoutMs (SPEC Q6) — plus the
-// grace.
-func (h *Engine) responseWait(l *pool.Lease) time.Duration {
-	ms := l.StallTimeoutMs
-	grace := h.o.ResponseWaitGrace
-	if ms > (math.MaxInt64-int64(grace))/int64(time.Millisecond) {
-		return math.MaxInt64
-	}
-	return time.Duration(ms)*time.Millisecond + grace
-}
+const (
+	RunNone        RunKind = iota // tunnel only
+	RunChat                       // surface/openai Chat
+	RunMessages                   // surface/anthropic Messages
+	RunCountTokens                // surface/anthropic Count
+	RunResponses                  // surface/responses Encoder
+	RunEmbeddings                 // surface/openai Embeddings
+)

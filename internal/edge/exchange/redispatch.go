@@ -5,7 +5,6 @@ import (
 	"errors"
 	"log/slog"
 
-	"iop/internal/edge/dispatch"
 	"iop/internal/edge/pool"
 	"iop/internal/edge/reply"
 	iop "iop/proto/gen/iop"
@@ -130,11 +129,4 @@ func (h *Engine) answerRetry(x *Exchange, r kept, reason retryReason, last *pool
 		slog.String("model", x.Model), slog.String("node", last.Node), slog.String("provider", last.Provider),
 		slog.String("reason", reason.String()), slog.Int("status", status), slog.Int("attempts", len(x.att.tried)),
 		slog.String("detail", detail))
-}
-
-func (h *Engine) logFailure(x *Exchange, st dispatch.Stream, e *reply.Error) {
-	h.log.LogAttrs(x.Ctx, slog.LevelWarn, "request failed", slog.String("request_id", x.Acc.Rec.RequestID),
-		slog.String("model", x.Model), slog.String("node", x.lease.Node), slog.String("provider", x.lease.Provider),
-		slog.String("run_id", st.RunID()), slog.Int("status", e.Status), slog.String("code", e.Code), slog.String("error", e.Message),
-		slog.String("detail", e.Detail))
 }

@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
+	"math"
 	"net/http"
 	"time"
 
 	"iop/internal/edge/access"
 	"iop/internal/edge/dispatch"
+	"iop/internal/edge/pool"
 	"iop/internal/edge/reply"
 	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
@@ -319,4 +322,42 @@ func (h *Engine) releaseLease(x *Exchange) {
 	}
 	x.released = true
 	h.o.Pool.Release(x.lease)
+}
+
+// responseWait is the Edge's response-wait timeout between two envelopes:
+// the lease's stall timeout — the one the request carries to the node,
+// resolved once by config.EffectiveStallTimeoutMs (SPEC Q6) — plus the
+// grace.
+func (h *Engine) responseWait(l *pool.Lease) time.Duration {
+	ms := l.StallTimeoutMs
+	grace := h.o.ResponseWaitGrace
+	if ms > (math.MaxInt64-int64(grace))/int64(time.Millisecond) {
+		return math.MaxInt64
+	}
+	return time.Duration(ms)*time.Millisecond + grace
+}
+
+// attemptEnded ends the trace's current attempt after the attempt machine
+// stepped evRelayEnded with effects fx.
+func (x *Exchange) attemptEnded(fx *effects) {
+	t := &x.Acc.Trace
+	switch {
+	case fx.redispatch:
+		t.EndAttempt(fx.reason.String(), true)
+	case x.ok || x.Acc.Gone():
+		t.EndAttempt("", false)
+	default:
+		code := x.Acc.Rec.Code
+		if code == "" {
+			code = "failed"
+		}
+		t.EndAttempt(code, false)
+	}
+}
+
+func (h *Engine) logFailure(x *Exchange, st dispatch.Stream, e *reply.Error) {
+	h.log.LogAttrs(x.Ctx, slog.LevelWarn, "request failed", slog.String("request_id", x.Acc.Rec.RequestID),
+		slog.String("model", x.Model), slog.String("node", x.lease.Node), slog.String("provider", x.lease.Provider),
+		slog.String("run_id", st.RunID()), slog.Int("status", e.Status), slog.String("code", e.Code), slog.String("error", e.Message),
+		slog.String("detail", e.Detail))
 }

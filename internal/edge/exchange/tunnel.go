@@ -59,6 +59,9 @@ type tunnelSink struct {
 // a larger one is passed through as it arrives.
 const maxHeldBody = 1 << 20
 
+// MaxHeldBody is maxHeldBody, for the tests that meet it from outside.
+const MaxHeldBody = maxHeldBody
+
 // streaming reports whether the body is relayed frame by frame.
 func (s *tunnelSink) streaming() bool {
 	if s.sse || s.x.Stream {
