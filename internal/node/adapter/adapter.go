@@ -20,8 +20,8 @@
 //     fenced call that ignores its cancel keeps its capacity slot until it
 //     returns (SPEC H1–H7; see Run).
 //
-// Run and Tunnel are one stream type and one prelude (stream.go): the
-// stream numbers the messages, stamps adapter and target, drops all but the
+// Run and Tunnel share one sender type and one prelude (sender.go): the
+// sender numbers the messages, stamps adapter and target, drops all but the
 // terminal once the attempt is fenced, sends exactly one terminal and
 // returns the capacity slot just before it; open runs the boundary checks,
 // the capacity gate, the credential lease and a managed model's load in

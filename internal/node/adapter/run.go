@@ -47,7 +47,7 @@ import (
 // CANCELLED; timeout_sec > 0 ends it with ERROR "timeout".
 func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit func(*iop.RunEvent)) {
 	ctx = upstream.WithRequestID(ctx, req.GetRequestId()) // logs and the upstream's X-Request-Id
-	rs := newStream[*iop.RunEvent](runWire{}, req, iop.NodeSpanKind_NODE_SPAN_RUN, emit)
+	rs := newSender[*iop.RunEvent](runWire{}, req, iop.NodeSpanKind_NODE_SPAN_RUN, emit)
 	rs.send(&iop.RunEvent{Type: iop.RunEventType_RUN_EVENT_START})
 	ad, ok := open(ctx, s, rs, runID, req, protocol.TypeOllama, func(*instance) *rejection {
 		switch {

@@ -55,7 +55,7 @@ import (
 // are those of Run.
 func (s *Set) Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelRequest, emit func(*iop.ProviderTunnelFrame)) {
 	ctx = upstream.WithRequestID(ctx, req.GetRequestId()) // logs and the upstream's X-Request-Id
-	ts := newStream[*iop.ProviderTunnelFrame](tunnelWire{}, req, iop.NodeSpanKind_NODE_SPAN_TUNNEL, emit)
+	ts := newSender[*iop.ProviderTunnelFrame](tunnelWire{}, req, iop.NodeSpanKind_NODE_SPAN_TUNNEL, emit)
 	var path, method string
 	ad, ok := open(ctx, s, ts, runID, req, protocol.TypeOpenAICompat, func(inst *instance) *rejection {
 		var err error
@@ -92,7 +92,7 @@ func (s *Set) Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelR
 
 // relay sends the request and streams the answer into frames; it returns
 // the terminal frame (END or ERROR) for the caller to emit.
-func (s *Set) relay(ctx, runCtx context.Context, inst *instance, ep *upstream.Endpoint, a *attempt, method, path string, req *iop.ProviderTunnelRequest, ts *stream[*iop.ProviderTunnelFrame]) *iop.ProviderTunnelFrame {
+func (s *Set) relay(ctx, runCtx context.Context, inst *instance, ep *upstream.Endpoint, a *attempt, method, path string, req *iop.ProviderTunnelRequest, ts *sender[*iop.ProviderTunnelFrame]) *iop.ProviderTunnelFrame {
 	var body io.Reader = http.NoBody
 	if len(req.GetBody()) > 0 {
 		body = bytes.NewReader(req.GetBody())

@@ -27,7 +27,7 @@ type request interface {
 	GetTrace() *iop.TraceContext
 }
 
-// wire is what a stream needs of its message type F: *iop.RunEvent for a
+// wire is what a sender needs of its message type F: *iop.RunEvent for a
 // run (runWire), *iop.ProviderTunnelFrame for a tunnel (tunnelWire).
 type wire[F any] interface {
 	// stamp sets f's seq, adapter and target.
@@ -47,13 +47,13 @@ type wire[F any] interface {
 	ended(code protocol.Code, msg string) F
 }
 
-// stream numbers and emits the events or frames of one run or tunnel:
+// sender numbers and emits the events or frames of one run or tunnel:
 // seq rises from 1, adapter and target are on every message sent with
 // send, exactly one terminal goes out (end), nothing after it, and nothing
 // but the terminal once the attempt is fenced. Its methods are safe for
 // concurrent use (the provider call's goroutine sends the non-terminal
 // messages, supervise sends the terminal); emit calls never overlap.
-type stream[F any] struct {
+type sender[F any] struct {
 	mu              sync.Mutex
 	w               wire[F]
 	emit            func(F)
@@ -70,16 +70,16 @@ type stream[F any] struct {
 	trace *spanRecorder
 }
 
-// newStream is the stream of req, emitting through emit; kind is its own
+// newSender is the sender of req, emitting through emit; kind is its own
 // span's (RUN or TUNNEL).
-func newStream[F any](w wire[F], req request, kind iop.NodeSpanKind, emit func(F)) *stream[F] {
-	return &stream[F]{w: w, emit: emit, adapter: req.GetAdapter(), target: req.GetTarget(),
+func newSender[F any](w wire[F], req request, kind iop.NodeSpanKind, emit func(F)) *sender[F] {
+	return &sender[F]{w: w, emit: emit, adapter: req.GetAdapter(), target: req.GetTarget(),
 		trace: newSpanRecorder(req.GetTrace(), kind)}
 }
 
 // send emits a non-terminal message; it is dropped once the attempt is
-// fenced or the stream ended.
-func (st *stream[F]) send(f F) {
+// fenced or the sender ended.
+func (st *sender[F]) send(f F) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.ended || st.fenced.Load() {
@@ -92,7 +92,7 @@ func (st *stream[F]) send(f F) {
 
 // sendBare is send without adapter and target (a tunnel's BODY frames:
 // they are on every other frame).
-func (st *stream[F]) sendBare(f F) {
+func (st *sender[F]) sendBare(f F) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.ended || st.fenced.Load() {
@@ -105,7 +105,7 @@ func (st *stream[F]) sendBare(f F) {
 
 // end emits the terminal, once. returnSlot: return the capacity slot
 // first; otherwise it stays taken until Run or Tunnel returns (SPEC H7).
-func (st *stream[F]) end(f F, returnSlot bool) {
+func (st *sender[F]) end(f F, returnSlot bool) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.ended {
@@ -122,26 +122,26 @@ func (st *stream[F]) end(f F, returnSlot bool) {
 }
 
 // fence drops every later non-terminal message (the attempt was fenced).
-func (st *stream[F]) fence() { st.fenced.Store(true) }
+func (st *sender[F]) fence() { st.fenced.Store(true) }
 
-// fail ends the stream with an ERROR of code (wire.refusal).
-func (st *stream[F]) fail(code protocol.Code, msg string, err error) {
+// fail ends the run or tunnel with an ERROR of code (wire.refusal).
+func (st *sender[F]) fail(code protocol.Code, msg string, err error) {
 	st.end(st.w.refusal(code, msg, err), true)
 }
 
-// overCapacity ends the stream with the gate's ERROR over_capacity,
+// overCapacity ends the run or tunnel with the gate's ERROR over_capacity,
 // telling the Edge its fair share of the adapter (SPEC E4).
-func (st *stream[F]) overCapacity(msg string, fair int64) {
+func (st *sender[F]) overCapacity(msg string, fair int64) {
 	f := st.w.refusal(protocol.CodeOverCapacity, msg, nil)
 	st.w.fairShare(f, uint32(min(max(fair, 0), 1<<31)))
 	st.end(f, true)
 }
 
-// supervised is the attemptIO of the stream's provider call (supervise):
+// supervised is the attemptIO of the provider call of st (supervise):
 // call makes it and returns the emitter of the terminal it ended with
 // (st.end), pending builds the terminal of a fenced call that has not
 // returned within the close grace, probe is the stall's exact-target probe.
-func (st *stream[F]) supervised(call func() (own func()), pending func() F, probe func(context.Context) string) attemptIO {
+func (st *sender[F]) supervised(call func() (own func()), pending func() F, probe func(context.Context) string) attemptIO {
 	return attemptIO{
 		probe: probe,
 		call:  call,
@@ -178,7 +178,7 @@ func (ad admission) close() {
 	ad.capacity()
 }
 
-// open is the prelude Run and Tunnel share; each check ends the stream
+// open is the prelude Run and Tunnel share; each check ends st
 // with an ERROR terminal and open returns false: the stall timeout
 // (invalid_request, SPEC E2, before the adapter lookup), the adapter
 // (unknown_adapter, SPEC E1; legacyType names the legacy unnamed one),
@@ -187,7 +187,7 @@ func (ad admission) close() {
 // (over_capacity, SPEC E4), then — with the credential plane on — opening
 // the lease (credential_required or credential_invalid, SPEC C3), then a
 // managed model's load (SPEC U2). The caller defers the admission's close.
-func open[F any](ctx context.Context, s *Set, st *stream[F], runID string, req request, legacyType string, check func(*instance) *rejection) (admission, bool) {
+func open[F any](ctx context.Context, s *Set, st *sender[F], runID string, req request, legacyType string, check func(*instance) *rejection) (admission, bool) {
 	stall, err := StallTimeout(req.GetResponseStallTimeoutMs()) // SPEC E2: before the adapter lookup
 	if err != nil {
 		st.fail(protocol.CodeInvalidRequest, err.Error(), err)
