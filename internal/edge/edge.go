@@ -81,6 +81,9 @@ func PoolConfig(c *config.Config, mat *creds.Material) pool.Config {
 		if m.AffinityEpsilon != nil {
 			g.Epsilon = *m.AffinityEpsilon
 		}
+		for _, f := range m.Fallbacks {
+			g.Timed = g.Timed || f.WaitMs > 0 // SPEC V1: its service times predict the wait
+		}
 		g.Balance = routing.DefaultBalance
 		if m.AffinityBalance != nil {
 			g.Balance = *m.AffinityBalance

@@ -62,6 +62,10 @@ type state struct {
 	waitWeight   int
 	mark         uint64
 	arrival      uint64
+
+	// service holds each Timed group's measured service times by model
+	// name (wait.go); like fits they survive Reconfigure.
+	service map[string]*serviceTime
 }
 
 // effects are what a transition asks the wrapper to carry out.
@@ -257,6 +261,8 @@ type group struct {
 	fit          *routing.Fit // prefix_affinity: the calibration of the cost of a turn (cost.go)
 	stats        *routeCounts
 	fair         *fairGroup // its scheduler (fair.go)
+	// svc: a Timed group's measured service times (wait.go); nil otherwise.
+	svc *serviceTime
 }
 
 func (g *group) isLong(promptTokens int) bool {
@@ -400,6 +406,7 @@ func newState(cfg Config) *state {
 		fits:       make(map[string]*routing.Fit),
 		fair:       make(map[string]*fairGroup),
 		keyWait:    make(map[string]*keyCount),
+		service:    make(map[string]*serviceTime),
 	}
 	s.reconfigure(cfg)
 	return s
@@ -549,6 +556,9 @@ func (s *state) grant(c *class, cd *cand, prefix []uint64, promptTokens int, res
 		sample:         sample,
 		fit:            c.g.fit,
 	}
+	if c.g.svc != nil {
+		l.granted = s.now.UnixNano()
+	}
 	r.inFlight++
 	if c.long {
 		r.longInFlight++
@@ -590,6 +600,9 @@ func (s *state) unhold(l *Lease) {
 func (s *state) release(l *Lease) bool {
 	if l == nil || l.res == nil || l.returned {
 		return false
+	}
+	if l.granted != 0 {
+		s.observeService(l) // wait.go: a lease held to its end
 	}
 	s.unhold(l)
 	s.pump()

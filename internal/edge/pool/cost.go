@@ -59,6 +59,11 @@ func (s *state) markCosted() {
 			r.bl = routing.Backlog{}
 		}
 	}
+	for _, g := range s.groupList {
+		if g.svc != nil {
+			s.costed = true // a Timed group's leases need the time too (wait.go)
+		}
+	}
 }
 
 // seedTokenTime is the time per token a new fit for gc starts from: its

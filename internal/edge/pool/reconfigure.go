@@ -93,6 +93,12 @@ func (s *state) buildGroup(gc Group) *group {
 			s.fits[gc.Name] = g.fit
 		}
 	}
+	if gc.Timed {
+		if g.svc = s.service[gc.Name]; g.svc == nil {
+			g.svc = &serviceTime{}
+			s.service[gc.Name] = g.svc
+		}
+	}
 	g.fair = s.fair[gc.Name]
 	if g.fair == nil {
 		g.fair = &fairGroup{}

@@ -98,6 +98,11 @@ type Group struct {
 	// models[].affinity_balance). 0 = the holder of a conversation takes
 	// every turn while it has a free slot.
 	Balance float64
+	// Timed: some fallback of the group falls back on a predicted wait
+	// (models[].fallbacks[].wait_ms, SPEC V1). Its leases' service times
+	// are then measured (the pool reads its clock on every transition) for
+	// GroupState's predicted wait; a group without one measures nothing.
+	Timed bool
 }
 
 // Config is the pool's part of the Edge config. The config layer validates
@@ -277,6 +282,7 @@ type Lease struct {
 	fenced     context.Context // the generation's fence context; immutable
 	sample     routing.Sample  // what it met on its resource when granted (routing.Backlog.Grant)
 	fit        *routing.Fit    // its group's calibration; nil unless prefix_affinity
+	granted    int64           // state.now at the grant (Unix ns) when its group is Timed, else 0 (wait.go)
 }
 
 // Fenced is closed when the node generation the lease was granted on is
