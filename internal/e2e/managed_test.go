@@ -256,6 +256,30 @@ func TestManagedDemoBackend(t *testing.T) {
 		t.Fatalf("U4: processes after the idle unload: %v", got)
 	}
 	residency(map[string]string{"tiny": "unloaded", "tiny-loop": "unloaded", "tiny-tool": "unloaded"})
+
+	// U8: the edge's /metrics counts what the node's log says happened.
+	eventually(t, 10*time.Second, "model counters in /metrics", func() (bool, string) {
+		b, err := adm.get("/metrics")
+		if err != nil {
+			return false, err.Error()
+		}
+		sum := func(name string) (n int) {
+			for _, line := range strings.Split(string(b), "\n") {
+				if strings.HasPrefix(line, name+"{") {
+					var v int
+					fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
+					n += v
+				}
+			}
+			return n
+		}
+		loads, evicted, idle := sum("iop_edge_model_loads_total"), sum("iop_edge_model_evictions_total"), sum("iop_edge_model_idle_unloads_total")
+		wantLoads := countLines(logs, "managed model loaded")
+		got := fmt.Sprintf("loads %d (log %d) evictions %d (log %d) idle %d (log %d)", loads, wantLoads, evicted, evictions,
+			idle, countLines(logs, "managed model stopping", "reason=idle"))
+		return loads == wantLoads && evicted == evictions && idle == countLines(logs, "managed model stopping", "reason=idle") &&
+			strings.Contains(string(b), "iop_edge_model_load_seconds_total{"), got
+	})
 }
 
 func containsValue(m map[int]string, v string) bool {

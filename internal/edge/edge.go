@@ -355,7 +355,9 @@ func residencyOf(r *iop.NodeResidencyReport) map[string][]pool.ModelResidency {
 				break
 			}
 			ms = append(ms, pool.ModelResidency{Model: m.GetModel(), State: m.GetState(), LoadMs: max(m.GetLoadMs(), 0),
-				MemoryMB: max(m.GetMemoryMb(), 0), InFlight: int(max(m.GetInFlight(), 0))})
+				MemoryMB: max(m.GetMemoryMb(), 0), InFlight: int(max(m.GetInFlight(), 0)),
+				Counts: pool.ResidencyCounts{Loads: m.GetLoads(), LoadMsTotal: max(m.GetLoadMsTotal(), 0), LoadFailures: m.GetLoadFailures(),
+					Crashes: m.GetCrashes(), Evictions: m.GetEvictions(), IdleUnloads: m.GetIdleUnloads()}})
 		}
 		out[a.GetAdapter()] = ms
 	}

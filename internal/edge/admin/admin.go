@@ -38,6 +38,8 @@ import (
 	"iop/internal/edge/access"
 	"iop/internal/edge/events"
 	"iop/internal/edge/pool"
+	"iop/internal/protocol"
+	iop "iop/proto/gen/iop"
 
 	"google.golang.org/protobuf/encoding/protojson"
 )
@@ -343,6 +345,7 @@ func serveMetrics(w http.ResponseWriter, o Options) {
 			}
 		}
 	}
+	modelMetrics(&buf, snaps, family)
 	leases, waiters := o.Status.Stats()
 	family("iop_edge_leases", "gauge", "Provider leases held.")
 	fmt.Fprintf(&buf, "iop_edge_leases %d\n", leases)
@@ -462,4 +465,58 @@ func writeWaiting(buf *bytes.Buffer, ws WaitingSource) {
 		fmt.Fprintf(buf, "%q:%d", p.String(), byClass[i])
 	}
 	buf.WriteString("}}")
+}
+
+// modelMetrics writes the residency of the models of managed and Ollama
+// providers as their nodes last reported it (SPEC U8): whether each is
+// loaded, and its load, failure, crash, eviction and idle-unload counters
+// and summed load seconds since its node started (a node restart resets
+// them, as Prometheus counters may). A model is listed once it was loaded
+// or counted anything; the edge keeps at most 4096 per provider.
+func modelMetrics(buf *bytes.Buffer, snaps []pool.NodeSnapshot, family func(name, typ, help string)) {
+	type row struct {
+		labels string
+		m      *iop.ModelResidency
+	}
+	var rows []row
+	for _, n := range snaps {
+		for _, p := range n.Providers {
+			for _, m := range p.Residency {
+				if m.GetState() == protocol.ResidencyUnloaded && m.GetLoads()+m.GetLoadFailures()+m.GetCrashes()+m.GetEvictions()+m.GetIdleUnloads() == 0 {
+					continue
+				}
+				rows = append(rows, row{fmt.Sprintf("node=%s,provider=%s,model=%s", strconv.Quote(n.Node), strconv.Quote(p.ProviderId), strconv.Quote(m.GetModel())), m})
+			}
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	family("iop_edge_model_loaded", "gauge", "1 while the model is loaded on the provider, by its node's last residency report (SPEC U6, U8).")
+	for _, r := range rows {
+		v := 0
+		if r.m.GetState() == protocol.ResidencyLoaded {
+			v = 1
+		}
+		fmt.Fprintf(buf, "iop_edge_model_loaded{%s} %d\n", r.labels, v)
+	}
+	for _, c := range []struct {
+		name, help string
+		get        func(*iop.ModelResidency) uint64
+	}{
+		{"iop_edge_model_loads_total", "Successful loads of the model on the provider since its node started (SPEC U8).", (*iop.ModelResidency).GetLoads},
+		{"iop_edge_model_load_failures_total", "Failed loads of the model (its process exited or was not healthy in time) since its node started (SPEC U8).", (*iop.ModelResidency).GetLoadFailures},
+		{"iop_edge_model_crashes_total", "Exits of the model's process after it was ready since its node started (SPEC U8).", (*iop.ModelResidency).GetCrashes},
+		{"iop_edge_model_evictions_total", "Stops of the model to make room for another since its node started (SPEC U8).", (*iop.ModelResidency).GetEvictions},
+		{"iop_edge_model_idle_unloads_total", "Stops of the model for idleness (Ollama: its keep_alive ran out) since its node started (SPEC U8).", (*iop.ModelResidency).GetIdleUnloads},
+	} {
+		family(c.name, "counter", c.help)
+		for _, r := range rows {
+			fmt.Fprintf(buf, "%s{%s} %d\n", c.name, r.labels, c.get(r.m))
+		}
+	}
+	family("iop_edge_model_load_seconds_total", "counter", "Summed time of the model's successful loads since its node started, seconds (÷ iop_edge_model_loads_total = the mean load; SPEC U8).")
+	for _, r := range rows {
+		fmt.Fprintf(buf, "iop_edge_model_load_seconds_total{%s} %s\n", r.labels, strconv.FormatFloat(float64(r.m.GetLoadMsTotal())/1000, 'f', 3, 64))
+	}
 }

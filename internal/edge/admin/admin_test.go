@@ -203,3 +203,38 @@ func TestRoutingStatusAndMetrics(t *testing.T) {
 		t.Errorf("metrics count decisions of a least_loaded group without any:\n%s", metrics)
 	}
 }
+
+// U8: /metrics shows each reported model that was loaded or counted
+// anything — loaded or not, its loads, failures, crashes, evictions, idle
+// unloads and summed load seconds — and leaves out a model never touched.
+func TestModelMetrics(t *testing.T) {
+	st := status()
+	st.snaps[0].Providers = append(st.snaps[0].Providers, &iop.ProviderSnapshot{ProviderId: "llama", Residency: []*iop.ModelResidency{
+		{Model: "tiny", State: "loaded", LoadMs: 140, Loads: 3, LoadMsTotal: 420, Evictions: 2, IdleUnloads: 1},
+		{Model: "tiny-tool", State: "failed", LoadFailures: 4, Crashes: 1},
+		{Model: "never-used", State: "unloaded"},
+	}})
+	srv := httptest.NewServer(New(Options{Status: st}))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	const l, lt = `{node="gpu-1",provider="llama",model="tiny"}`, `{node="gpu-1",provider="llama",model="tiny-tool"}`
+	for _, want := range []string{
+		"# TYPE iop_edge_model_loaded gauge", "iop_edge_model_loaded" + l + " 1", "iop_edge_model_loaded" + lt + " 0",
+		"# TYPE iop_edge_model_loads_total counter", "iop_edge_model_loads_total" + l + " 3",
+		"iop_edge_model_load_seconds_total" + l + " 0.420", "iop_edge_model_evictions_total" + l + " 2",
+		"iop_edge_model_idle_unloads_total" + l + " 1", "iop_edge_model_load_failures_total" + lt + " 4",
+		"iop_edge_model_crashes_total" + lt + " 1",
+	} {
+		if !strings.Contains(string(body), want+"\n") {
+			t.Errorf("U8 metrics lack %q:\n%s", want, body)
+		}
+	}
+	if strings.Contains(string(body), "never-used") {
+		t.Errorf("U8 an untouched model is listed")
+	}
+}

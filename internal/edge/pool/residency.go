@@ -25,6 +25,16 @@ type ModelResidency struct {
 	LoadMs   int64
 	MemoryMB int64
 	InFlight int
+	// Counts are the node's counters since it started (SPEC U8), as
+	// reported: /metrics shows them.
+	Counts ResidencyCounts
+}
+
+// ResidencyCounts are one model's lifecycle counters on its provider
+// (ModelResidency fields 6-11).
+type ResidencyCounts struct {
+	Loads, LoadFailures, Crashes, Evictions, IdleUnloads uint64
+	LoadMsTotal                                          int64
 }
 
 // Bounds of what one report may make the pool hold (SPEC B1-style: a
@@ -117,7 +127,9 @@ func (r *resource) residencySnapshot() []*iop.ModelResidency {
 	}
 	out := make([]*iop.ModelResidency, 0, len(r.resid.models))
 	for _, m := range r.resid.models {
-		out = append(out, &iop.ModelResidency{Model: m.Model, State: m.State, LoadMs: m.LoadMs, MemoryMb: m.MemoryMB, InFlight: int32(min(m.InFlight, 1<<30))})
+		c := m.Counts
+		out = append(out, &iop.ModelResidency{Model: m.Model, State: m.State, LoadMs: m.LoadMs, MemoryMb: m.MemoryMB, InFlight: int32(min(m.InFlight, 1<<30)),
+			Loads: c.Loads, LoadMsTotal: c.LoadMsTotal, LoadFailures: c.LoadFailures, Crashes: c.Crashes, Evictions: c.Evictions, IdleUnloads: c.IdleUnloads})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Model < out[j].Model })
 	return out

@@ -51,6 +51,29 @@ const (
 // Running Models").
 const PSPath = "/api/ps"
 
+// psCounts are one model's counters (SPEC U8): loads its requests saw,
+// their summed load_duration, and its disappearances from /api/ps — at or
+// after its expires_at (idle) or before (evicted: Ollama made room, or
+// someone stopped it).
+type psCounts struct {
+	loads, idle, evicted uint64
+	loadMsTotal          int64
+	loadSeen             bool // this residency's load is counted
+}
+
+// count is n's counters; w.mu held.
+func (w *psWatch) count(n string) *psCounts {
+	c := w.counts[n]
+	if c == nil {
+		if len(w.counts) >= maxPSModels {
+			return &psCounts{}
+		}
+		c = &psCounts{}
+		w.counts[n] = c
+	}
+	return c
+}
+
 // psModel is one model of /api/ps.
 type psModel struct {
 	Name      string    `json:"name"`
@@ -81,6 +104,7 @@ type psWatch struct {
 	asked    map[string]string  // NormalizeTag(target) → the target as requests name it (bounded)
 	inflight map[string]int     // NormalizeTag(target) → requests in flight
 	loadMs   map[string]int64   // NormalizeTag(name) → the last measured load
+	counts   map[string]*psCounts
 	lastPoll time.Time
 	polls    int
 }
@@ -89,7 +113,7 @@ func newPSWatch(ep *upstream.Endpoint, sig *Signal) *psWatch {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &psWatch{ep: ep, signal: sig, now: time.Now, kick: make(chan struct{}, 1), ctx: ctx, cancel: cancel,
 		finished: make(chan struct{}), loaded: map[string]psModel{}, known: map[string]bool{}, asked: map[string]string{},
-		inflight: map[string]int{}, loadMs: map[string]int64{}}
+		inflight: map[string]int{}, loadMs: map[string]int64{}, counts: map[string]*psCounts{}}
 }
 
 // Begin records a request for target that is about to be sent and returns
@@ -117,7 +141,11 @@ func (w *psWatch) Begin(target string) func(loadNs int64) {
 				delete(w.inflight, n)
 			}
 			if !warm && loadNs > 0 {
-				w.loadMs[n] = max(loadNs/int64(time.Millisecond), 1)
+				ms := max(loadNs/int64(time.Millisecond), 1)
+				w.loadMs[n] = ms
+				if c := w.count(n); !c.loadSeen { // concurrent requests share one load
+					c.loads, c.loadMsTotal, c.loadSeen = c.loads+1, c.loadMsTotal+ms, true
+				}
 			}
 			w.mu.Unlock()
 			w.signal.Notify()
@@ -167,6 +195,9 @@ func (w *psWatch) Report() []*iop.ModelResidency {
 		}
 		r := &iop.ModelResidency{Model: name, State: protocol.ResidencyUnloaded, LoadMs: w.loadMs[n],
 			InFlight: int32(min(w.inflight[n], 1<<30))}
+		if c := w.counts[n]; c != nil {
+			r.Loads, r.LoadMsTotal, r.IdleUnloads, r.Evictions = c.loads, c.loadMsTotal, c.idle, c.evicted
+		}
 		if m, ok := w.loaded[n]; ok {
 			r.State, r.MemoryMb = protocol.ResidencyLoaded, (m.Size+(1<<20)-1)>>20
 		} else if w.inflight[n] > 0 {
@@ -276,6 +307,17 @@ func (w *psWatch) poll() time.Duration {
 			loaded[upstream.NormalizeTag(name)] = m
 		}
 		changed = !sameLoaded(w.loaded, loaded)
+		for n, m := range w.loaded {
+			if _, still := loaded[n]; !still {
+				c := w.count(n)
+				c.loadSeen = false
+				if !m.ExpiresAt.IsZero() && !now.Before(m.ExpiresAt.Add(-psExpirySlack)) {
+					c.idle++
+				} else {
+					c.evicted++
+				}
+			}
+		}
 		w.loaded = loaded
 	}
 	if tagsErr == nil {

@@ -148,6 +148,9 @@ func TestOllamaResidency(t *testing.T) {
 	r = waitResidency(t, s, "ollama", "loaded after the request", func(r map[string]*iop.ModelResidency) bool {
 		return state(r, "tiny") == protocol.ResidencyLoaded && state(r, "tiny:latest") == protocol.ResidencyLoaded
 	})
+	if m := r["tiny"]; m.GetLoads() != 1 || m.GetLoadMsTotal() != 315 {
+		t.Errorf("U8 tiny's counters: loads %d load_ms_total %d, want 1, 315", m.GetLoads(), m.GetLoadMsTotal())
+	}
 	if m := r["tiny"]; m.GetLoadMs() != 315 || m.GetMemoryMb() != 6 || m.GetInFlight() != 0 {
 		t.Errorf("U6 loaded tiny: load_ms %d (want load_duration's 315), memory_mb %d (want 6), in_flight %d", m.GetLoadMs(), m.GetMemoryMb(), m.GetInFlight())
 	}
@@ -155,9 +158,12 @@ func TestOllamaResidency(t *testing.T) {
 		t.Errorf("tiny-tool %q", state(r, "tiny-tool"))
 	}
 	loadedAt := time.Now()
-	waitResidency(t, s, "ollama", "unloaded after expires_at", func(r map[string]*iop.ModelResidency) bool {
+	r = waitResidency(t, s, "ollama", "unloaded after expires_at", func(r map[string]*iop.ModelResidency) bool {
 		return state(r, "tiny") == protocol.ResidencyUnloaded
 	})
+	if m := r["tiny"]; m.GetIdleUnloads() != 1 || m.GetEvictions() != 0 {
+		t.Errorf("U8 an expiry counts as an idle unload: idle %d evictions %d", m.GetIdleUnloads(), m.GetEvictions())
+	}
 	// The expiry is seen by a poll at expires_at, not by the 5 s safety
 	// poll: well before it.
 	if d := time.Since(loadedAt); d > 4*time.Second {

@@ -603,8 +603,11 @@ func (b *Backend) Report() []*iop.ModelResidency {
 	rs := b.Residency()
 	out := make([]*iop.ModelResidency, 0, len(rs))
 	for _, r := range rs {
+		c := r.Counts
 		out = append(out, &iop.ModelResidency{Model: r.Model, State: r.State.String(), LoadMs: r.LoadTime.Milliseconds(),
-			MemoryMb: r.MemoryMB, InFlight: int32(min(r.InFlight, 1<<30))})
+			MemoryMb: r.MemoryMB, InFlight: int32(min(r.InFlight, 1<<30)),
+			Loads: c.Loads, LoadMsTotal: c.LoadTotal.Milliseconds(), LoadFailures: c.LoadFailures, Crashes: c.Crashes,
+			Evictions: c.Evictions, IdleUnloads: c.IdleUnloads})
 	}
 	return out
 }

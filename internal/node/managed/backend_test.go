@@ -240,6 +240,12 @@ func TestBackendLoadsAndEvicts(t *testing.T) {
 	if st := b.Stats(); st.Evictions != 1 || st.Loads != 2 {
 		t.Fatalf("stats %+v, want 2 loads, 1 eviction", st)
 	}
+	for _, m := range b.Report() { // U8: the per-model counters the edge's /metrics shows
+		want := map[string][2]uint64{"m1": {1, 1}, "m2": {1, 0}, "m3": {0, 0}}[m.GetModel()]
+		if m.GetLoads() != want[0] || m.GetEvictions() != want[1] || (m.GetLoads() > 0 && m.GetLoadMsTotal() < m.GetLoadMs()) {
+			t.Errorf("U8 %s: loads %d evictions %d load_ms_total %d, want %v", m.GetModel(), m.GetLoads(), m.GetEvictions(), m.GetLoadMsTotal(), want)
+		}
+	}
 	if !strings.Contains(string(b.Log("m1")), "listening on") {
 		t.Fatalf("m1's log: %q", b.Log("m1"))
 	}
@@ -358,6 +364,9 @@ func TestBackendCrashRestarts(t *testing.T) {
 	}
 	if st := b.Stats(); st.Crashes != 1 || st.Loads != 2 {
 		t.Fatalf("stats %+v", st)
+	}
+	if r := b.Report()[0]; r.GetModel() != "m1" || r.GetCrashes() != 1 || r.GetLoads() != 2 {
+		t.Errorf("U8 m1's counters: %v", r)
 	}
 }
 

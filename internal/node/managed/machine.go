@@ -111,6 +111,14 @@ type model struct {
 	lastErr  string
 	started  time.Time     // of the current load
 	loadTime time.Duration // the last successful load's, 0 = never loaded
+	counts   Counts
+}
+
+// Counts are one model's lifecycle counters since the machine started
+// (SPEC U8).
+type Counts struct {
+	Loads, LoadFailures, Crashes, Evictions, IdleUnloads uint64
+	LoadTotal                                            time.Duration // summed over Loads
 }
 
 // pend is a request waiting for its model's process to start.
@@ -218,6 +226,8 @@ func (m *Machine) Step(ev Event) []Effect {
 		md.loadTime = ev.Now.Sub(md.started)
 		md.lastUse = ev.Now
 		m.stats.Loads++
+		md.counts.Loads++
+		md.counts.LoadTotal += md.loadTime
 		for _, w := range md.waiters {
 			if w != 0 {
 				md.inflight++
@@ -231,8 +241,10 @@ func (m *Machine) Step(ev Event) []Effect {
 		}
 		if ev.Kind == EvExited {
 			m.stats.Crashes++
+			md.counts.Crashes++
 		} else {
 			m.stats.LoadFailures++
+			md.counts.LoadFailures++
 		}
 		md.state, md.lastErr = Failed, ev.Err
 		md.failures++
@@ -275,6 +287,7 @@ func (m *Machine) tick(now time.Time) []Effect {
 			case !md.preload && now.Sub(md.lastUse) >= m.lim.IdleUnload:
 				md.state = Stopping
 				m.stats.IdleUnloads++
+				md.counts.IdleUnloads++
 				fx = append(fx, Effect{Kind: FxStop, Model: name, Reason: "idle"})
 			}
 		}
@@ -401,6 +414,7 @@ func (m *Machine) makeRoom(n int, mb, need int64) []Effect {
 	for _, c := range stop {
 		m.models[c].state = Stopping
 		m.stats.Evictions++
+		m.models[c].counts.Evictions++
 		fx = append(fx, Effect{Kind: FxStop, Model: c, Reason: "evict"})
 	}
 	return fx
@@ -435,6 +449,7 @@ type Residency struct {
 	// LoadTime is the last successful load's duration (0 = never loaded).
 	LoadTime time.Duration
 	LastErr  string
+	Counts   Counts
 }
 
 // Residency lists the known models (and those still loaded after they
@@ -447,7 +462,7 @@ func (m *Machine) Residency() []Residency {
 			continue
 		}
 		out = append(out, Residency{Model: name, State: md.state, MemoryMB: md.memMB, InFlight: md.inflight,
-			Preload: md.preload, LoadTime: md.loadTime, LastErr: md.lastErr})
+			Preload: md.preload, LoadTime: md.loadTime, LastErr: md.lastErr, Counts: md.counts})
 	}
 	return out
 }

@@ -4819,7 +4819,19 @@ type ModelResidency struct {
 	// Memory the model is counted as (file size x 1.2), MiB.
 	MemoryMb int64 `protobuf:"varint,4,opt,name=memory_mb,json=memoryMb,proto3" json:"memory_mb,omitempty"`
 	// Requests in flight on it.
-	InFlight      int32 `protobuf:"varint,5,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	InFlight int32 `protobuf:"varint,5,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	// Counters since the Node started (SPEC U8; the edge's /metrics):
+	// successful loads and their summed load time (ms), failed loads,
+	// crashes after ready, stops to make room (evictions) and for
+	// idleness. An Ollama adapter's model counts the loads its requests
+	// saw and, as unloads, an expiry (idle) or another disappearance from
+	// /api/ps (eviction).
+	Loads         uint64 `protobuf:"varint,6,opt,name=loads,proto3" json:"loads,omitempty"`
+	LoadMsTotal   int64  `protobuf:"varint,7,opt,name=load_ms_total,json=loadMsTotal,proto3" json:"load_ms_total,omitempty"`
+	LoadFailures  uint64 `protobuf:"varint,8,opt,name=load_failures,json=loadFailures,proto3" json:"load_failures,omitempty"`
+	Crashes       uint64 `protobuf:"varint,9,opt,name=crashes,proto3" json:"crashes,omitempty"`
+	Evictions     uint64 `protobuf:"varint,10,opt,name=evictions,proto3" json:"evictions,omitempty"`
+	IdleUnloads   uint64 `protobuf:"varint,11,opt,name=idle_unloads,json=idleUnloads,proto3" json:"idle_unloads,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4885,6 +4897,48 @@ func (x *ModelResidency) GetMemoryMb() int64 {
 func (x *ModelResidency) GetInFlight() int32 {
 	if x != nil {
 		return x.InFlight
+	}
+	return 0
+}
+
+func (x *ModelResidency) GetLoads() uint64 {
+	if x != nil {
+		return x.Loads
+	}
+	return 0
+}
+
+func (x *ModelResidency) GetLoadMsTotal() int64 {
+	if x != nil {
+		return x.LoadMsTotal
+	}
+	return 0
+}
+
+func (x *ModelResidency) GetLoadFailures() uint64 {
+	if x != nil {
+		return x.LoadFailures
+	}
+	return 0
+}
+
+func (x *ModelResidency) GetCrashes() uint64 {
+	if x != nil {
+		return x.Crashes
+	}
+	return 0
+}
+
+func (x *ModelResidency) GetEvictions() uint64 {
+	if x != nil {
+		return x.Evictions
+	}
+	return 0
+}
+
+func (x *ModelResidency) GetIdleUnloads() uint64 {
+	if x != nil {
+		return x.IdleUnloads
 	}
 	return 0
 }
@@ -5307,13 +5361,20 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\badapters\x18\x01 \x03(\v2 .iop.runtime.v1.AdapterResidencyR\badapters\"d\n" +
 	"\x10AdapterResidency\x12\x18\n" +
 	"\aadapter\x18\x01 \x01(\tR\aadapter\x126\n" +
-	"\x06models\x18\x02 \x03(\v2\x1e.iop.runtime.v1.ModelResidencyR\x06models\"\x8f\x01\n" +
+	"\x06models\x18\x02 \x03(\v2\x1e.iop.runtime.v1.ModelResidencyR\x06models\"\xc9\x02\n" +
 	"\x0eModelResidency\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x17\n" +
 	"\aload_ms\x18\x03 \x01(\x03R\x06loadMs\x12\x1b\n" +
 	"\tmemory_mb\x18\x04 \x01(\x03R\bmemoryMb\x12\x1b\n" +
-	"\tin_flight\x18\x05 \x01(\x05R\binFlight*\x9e\x01\n" +
+	"\tin_flight\x18\x05 \x01(\x05R\binFlight\x12\x14\n" +
+	"\x05loads\x18\x06 \x01(\x04R\x05loads\x12\"\n" +
+	"\rload_ms_total\x18\a \x01(\x03R\vloadMsTotal\x12#\n" +
+	"\rload_failures\x18\b \x01(\x04R\floadFailures\x12\x18\n" +
+	"\acrashes\x18\t \x01(\x04R\acrashes\x12\x1c\n" +
+	"\tevictions\x18\n" +
+	" \x01(\x04R\tevictions\x12!\n" +
+	"\fidle_unloads\x18\v \x01(\x04R\vidleUnloads*\x9e\x01\n" +
 	"\fRunEventType\x12\x1e\n" +
 	"\x1aRUN_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fRUN_EVENT_START\x10\x01\x12\x13\n" +
