@@ -7,8 +7,8 @@ import (
 	iop "iop/proto/gen/iop"
 )
 
-// Residency of the models of managed providers (SPEC U6): a node's
-// NodeResidencyReport says, per managed adapter, which targets are loaded
+// Residency of the models of managed and Ollama providers (SPEC U6, U7):
+// a node's NodeResidencyReport says, per such adapter, which targets are loaded
 // and how long a load took there. Routing prefers a free candidate whose
 // target is loaded and counts a cold start as its cost (route.go); a
 // provider whose node never reported, or whose report is of an older

@@ -107,6 +107,10 @@ type psWatch struct {
 	counts   map[string]*psCounts
 	lastPoll time.Time
 	polls    int
+	// dirty: a warm model's in_flight moved since the last Notify; the
+	// next poll notifies (so a busy model wakes the reports at most once
+	// per psMinGap, not per request).
+	dirty bool
 }
 
 func newPSWatch(ep *upstream.Endpoint, sig *Signal) *psWatch {
@@ -119,7 +123,8 @@ func newPSWatch(ep *upstream.Endpoint, sig *Signal) *psWatch {
 // Begin records a request for target that is about to be sent and returns
 // the end to call with the load_duration Ollama reported (0 = none) once
 // it ended. A target not loaded by the last look is "loading" from now
-// until a look finds it.
+// until a look finds it (reported at once); a change of in_flight is
+// reported with the next poll.
 func (w *psWatch) Begin(target string) func(loadNs int64) {
 	n := upstream.NormalizeTag(target)
 	w.mu.Lock()
@@ -128,11 +133,12 @@ func (w *psWatch) Begin(target string) func(loadNs int64) {
 		w.asked[n] = target
 	}
 	w.inflight[n]++
+	w.dirty = w.dirty || warm
 	w.mu.Unlock()
-	w.signal.Notify()
-	if !warm {
-		w.poke()
+	if !warm { // it turns "loading": say so now
+		w.signal.Notify()
 	}
+	w.poke()
 	var once sync.Once
 	return func(loadNs int64) {
 		once.Do(func() {
@@ -140,6 +146,7 @@ func (w *psWatch) Begin(target string) func(loadNs int64) {
 			if w.inflight[n]--; w.inflight[n] <= 0 {
 				delete(w.inflight, n)
 			}
+			w.dirty = true
 			if !warm && loadNs > 0 {
 				ms := max(loadNs/int64(time.Millisecond), 1)
 				w.loadMs[n] = ms
@@ -148,8 +155,7 @@ func (w *psWatch) Begin(target string) func(loadNs int64) {
 				}
 			}
 			w.mu.Unlock()
-			w.signal.Notify()
-			w.poke()
+			w.poke() // the poll that follows notifies
 		})
 	}
 }
@@ -335,7 +341,8 @@ func (w *psWatch) poll() time.Duration {
 		}
 		w.known = known
 	}
-	if changed {
+	if changed || w.dirty {
+		w.dirty = false
 		w.signal.Notify()
 	}
 	next := psInterval
