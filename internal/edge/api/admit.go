@@ -18,28 +18,15 @@ type admission struct {
 	x    exchange.Exchange
 }
 
-// serveModel runs one model request: admit reads and validates the body,
-// decides its place in the queue and reserves its key's tokens; the
-// exchange (internal/edge/exchange) acquires a lease, dispatches and
-// relays the result, every lease released exactly once.
-//
-// The goroutine is parked in the exchange's relay for the stream's whole
-// life: admit's frame is gone by then.
-func (h *Handler) serveModel(ctx context.Context, w *reply.Recorder, r *http.Request, v *view, ep *endpoint) {
-	x := h.admit(ctx, w, r, v, ep)
-	if x == nil {
-		return
-	}
-	h.ex.Serve(x)
-}
-
-// admit reads and validates the body, decides the request's schedule and
-// reserves its key's token estimate (SPEC Q4, K4, K5, G1, G4). It returns
+// admit reads and validates the body of a model request, decides its
+// schedule and reserves its key's token estimate (SPEC Q4, K4, K5, G1,
+// G4), and returns the request's exchange, which internal/edge/exchange
+// serves (lease, dispatch, relay, every lease released once). It returns
 // nil when it answered the request itself (a bad body, a model outside
 // the key's scope, a refused reservation) or the client left while its
 // body was read.
 func (h *Handler) admit(ctx context.Context, w *reply.Recorder, r *http.Request, v *view, ep *endpoint) *exchange.Exchange {
-	body, e := h.readBody(w, r, v.maxBody)
+	body, e := h.takeBody(w, r, v.maxBody)
 	if e != nil {
 		closeUnread(w, r)
 		if e.ClientGone {

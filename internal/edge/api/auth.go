@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"strings"
@@ -98,4 +99,18 @@ func (h *Handler) authenticate(w *reply.Recorder, r *http.Request, s reply.Surfa
 	}
 	reject(w, r, s, &reply.Error{Status: http.StatusUnauthorized, Type: "authentication_error", Code: "invalid_api_key", Message: msg})
 	return nil, false
+}
+
+// batchPrincipalKey marks a request the edge itself makes as a key (a
+// batch's line, SPEC X4): only code in this process can set it; no header
+// or body can.
+type batchPrincipalKey struct{}
+
+// AsPrincipal returns ctx under which the Handler serves a request as the
+// key named name without its secret: authenticate looks the principal up
+// by name with the checks a key gets (revoked, expired, removed: 401), and
+// the request then goes the way a client's does (scope, bounds, budgets,
+// K4-K6). name "" is open mode's principal.
+func AsPrincipal(ctx context.Context, name string) context.Context {
+	return context.WithValue(ctx, batchPrincipalKey{}, name)
 }

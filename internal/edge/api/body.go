@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"iop/internal/edge/reply"
-	apisurface "iop/internal/edge/surface"
 	"net"
 	"net/http"
 	"strconv"
@@ -13,6 +11,8 @@ import (
 	"syscall"
 
 	"iop/internal/edge/limit"
+	"iop/internal/edge/reply"
+	apisurface "iop/internal/edge/surface"
 )
 
 // Request-body buffer policy in bytes (B1). A body is read into a
@@ -23,22 +23,6 @@ import (
 // one that sends its whole body costs under twice its size while it
 // arrives and exactly its size after.
 const bodyFirstBuffer = 4 << 10
-
-// readBody reads r's body under the Handler's bounds: max bytes
-// (http.max_body_bytes) and the bytes held across all requests
-// (http.max_inflight_body_bytes: a body that would pass it is a 503 with
-// Retry-After). The returned body's cap(body) bytes stay counted until
-// dropBody.
-func (h *Handler) readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, *reply.Error) {
-	body, err := readBody(w, r, max, &h.lim.bodies)
-	if errors.Is(err, errBodyBudget) {
-		return nil, h.bodyBusy()
-	}
-	if err != nil {
-		return nil, err.(*reply.Error)
-	}
-	return body, nil
-}
 
 // errBodyBudget: the body's next bytes would pass the in-flight budget.
 var errBodyBudget = errors.New("api: request bodies in flight over http.max_inflight_body_bytes")

@@ -68,17 +68,17 @@ type clientConn struct {
 }
 
 // connList is an intrusive FIFO of clientConns.
-type connList struct{ head, tail *clientConn }
+type connList struct{ first, last *clientConn }
 
 func (t *connTable) push(cc *clientConn, list int8) {
 	l := &t.quiet[list]
-	cc.list, cc.prev, cc.next = list, l.tail, nil
-	if l.tail != nil {
-		l.tail.next = cc
+	cc.list, cc.prev, cc.next = list, l.last, nil
+	if l.last != nil {
+		l.last.next = cc
 	} else {
-		l.head = cc
+		l.first = cc
 	}
-	l.tail = cc
+	l.last = cc
 }
 
 func (t *connTable) unlist(cc *clientConn) {
@@ -89,12 +89,12 @@ func (t *connTable) unlist(cc *clientConn) {
 	if cc.prev != nil {
 		cc.prev.next = cc.next
 	} else {
-		l.head = cc.next
+		l.first = cc.next
 	}
 	if cc.next != nil {
 		cc.next.prev = cc.prev
 	} else {
-		l.tail = cc.prev
+		l.last = cc.prev
 	}
 	cc.list, cc.prev, cc.next = quietNone, nil, nil
 }
@@ -104,7 +104,7 @@ func (t *connTable) unlist(cc *clientConn) {
 // empty. The caller gives its slot to another and closes it.
 func (t *connTable) victim(lists ...int8) *clientConn {
 	for _, l := range lists {
-		if cc := t.quiet[l].head; cc != nil {
+		if cc := t.quiet[l].first; cc != nil {
 			t.unlist(cc)
 			cc.shed = true
 			return cc

@@ -19,25 +19,33 @@
 //
 // # Files
 //
-//   - handler.go: Options (the interfaces it takes are exchange's), New,
-//     ServeHTTP, healthz, the config view.
-//   - routes.go: the one endpoint table keyed by path (endpoints, routeOf)
-//     and route; auth.go: the request's key and authentication; models.go:
-//     GET /v1/models in both shapes.
-//   - admit.go: a model request up to its exchange (body, head, scope,
-//     schedule, reservation); head.go: the head parse.
-//   - priority.go: the request's class (SPEC G1, G4); keys.go: the key's
-//     bounds (K5, K6).
-//   - errors.go, body.go, limits.go, conns.go: hostile-client bounds;
-//     drain.go: SIGTERM; prefix.go, jsonscan.go: what routing reads from a
-//     body.
+// From the ground up (each file uses only those before it in this list):
+//
+//   - errors.go: the errors, reject and closeUnread; jsonscan.go: reading
+//     body values; endpoints.go: the model endpoints; metrics.go: Metric.
+//   - body.go, conns.go, drainer.go: the body read under its bounds, the
+//     connection table, the in-flight count (hostile-client bounds).
+//   - head.go: the head parse; prefix.go: a conversation's prefix for
+//     prefix_affinity; models.go: the model lists' bodies; limits.go,
+//     headers.go: the bounds' state and the 431 listener.
+//   - handler.go: Options (the interfaces it takes are exchange's),
+//     Handler, New, the config view, Metrics.
+//   - auth.go: the request's key and authentication; priority.go: the
+//     request's class (SPEC G1, G4); drain.go: SIGTERM (Drain, Stop).
+//   - bounds.go: the Handler's bounds (connections, heads, bodies);
+//     batches.go: the Files and Batch API's hand-off; keys.go: a key's
+//     bounds and rate-limit headers (K5, K6).
+//   - routes.go: the one endpoint table keyed by path (endpoints, routeOf),
+//     route and the model lists' answers; admit.go: a model request up to
+//     its exchange (body, head, scope, schedule, reservation).
+//   - serve.go: ServeHTTP and /healthz.
 //
 // # Request lifecycle
 //
 // ServeHTTP → authenticate → read body (413 over the cap; the buffer grows
 // with the bytes received, see body.go) → parseHead (400
 // naming the field) → Pool.Acquire (404/400/429/503) → with the credential
-// plane on, the route's credential lease (credential.go; 502 when none can
+// plane on, the route's credential lease (exchange's start.go; 502 when none can
 // be issued) → StartTunnel or StartRun by lease type → relay → Stream.Close
 // → Pool.Release. relay is the
 // only loop: it calls Stream.Recv with a context that ends when the client

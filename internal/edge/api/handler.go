@@ -3,10 +3,6 @@ package api
 import (
 	"context"
 	"crypto/rand"
-	"io"
-	"iop/internal/edge/exchange"
-	"iop/internal/edge/reply"
-	apisurface "iop/internal/edge/surface"
 	"log/slog"
 	"net/http"
 	"sync/atomic"
@@ -15,8 +11,11 @@ import (
 	"iop/internal/edge/access"
 	"iop/internal/edge/config"
 	"iop/internal/edge/dispatch"
+	"iop/internal/edge/exchange"
 	"iop/internal/edge/keys"
+	"iop/internal/edge/reply"
 	"iop/internal/edge/routing"
+	apisurface "iop/internal/edge/surface"
 	iop "iop/proto/gen/iop"
 )
 
@@ -69,7 +68,7 @@ type Options struct {
 	// makes over its attempts (its re-dispatch deadline, a Retry-After date,
 	// the queue wait it records); nil means time.Now. Connection read
 	// deadlines, the access record's own timings and the trace spans'
-	// times (trace.go) are measurements and use the wall clock.
+	// times (reply.Trace) are measurements and use the wall clock.
 	Now func() time.Time
 	// NewID returns a fresh random token for "chatcmpl-<token>" and
 	// "call_<token>" ids; nil means crypto/rand text.
@@ -116,7 +115,7 @@ type Options struct {
 	// lease (SPEC C2); nil = the credential plane is off.
 	Credentials Credentials
 	// Tracer, when set, takes the spans of every sampled request
-	// (trace.go, internal/edge/tracing): a client's valid traceparent is
+	// (reply.Trace, internal/edge/tracing): a client's valid traceparent is
 	// continued, the trace context rides each RunRequest and
 	// ProviderTunnelRequest to the node. nil = tracing off: no span, no
 	// context on the wire.
@@ -302,94 +301,26 @@ func (h *Handler) onUsage(principal, model string, u *iop.Usage) {
 	}
 }
 
-// ServeHTTP routes one request. Unknown paths get 404 and known paths with
-// another method 405, both in OpenAI shape (Anthropic shape under
-// /v1/messages). Every response carries X-Request-Id; every request but
-// GET /healthz gets one access record (Options.AccessLog, Metrics). After
-// Drain every request gets 503 (healthz too, so load balancers stop
-// sending).
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	start := time.Now()
-	ok := h.drain.enter()
-	defer h.drain.exit()
-	rt := routeOf(r.URL.Path)
-	if e := h.overHeaderBounds(w, r, h.current()); e != nil { // B4: before any other work, authentication included
-		rw := h.books.Begin(w, r, start, rt.traceRoute)
-		rw.Rec.Surface = rt.record
-		reply.WriteError(rw, rt.shape, e)
-		h.books.End(r.Context(), rw)
-		return
-	}
-	if r.URL.Path == "/healthz" {
-		healthz(w, r, ok)
-		return
-	}
-	rw := h.books.Begin(w, r, start, rt.traceRoute)
-	defer h.books.End(r.Context(), rw)
-	if !ok {
-		rw.Rec.Surface = rt.record
-		w.Header().Set("Connection", "close")
-		closeUnread(rw, r)
-		reply.WriteError(rw, rt.shape, drainingError())
-		return
-	}
-	// A model request's goroutine stays in serveModel for the stream's
-	// whole life: route's large frame is gone by then (see serveModel).
-	if ctx, v, ep := h.route(rw, r, &rt); ep != nil {
-		defer h.finishKey(ctx, rw) // the key's in-flight slot and token reservation count until here (K5)
-		ctx, release := h.requestContext(ctx)
-		defer release()
-		h.serveModel(ctx, rw, r, v, ep)
-	}
-	if rw.Gone() && !rw.Wrote() {
-		// The client left (its connection ended, or half-closed, which
-		// net/http takes for leaving) before anything was written. Return
-		// without writing and net/http would send "200 OK" with an empty
-		// body, a success to a client still reading; abort the connection
-		// instead, as the access record's 499 says. The deferred
-		// access record and releases run first.
-		panic(http.ErrAbortHandler)
-	}
-}
-
-// healthz answers GET /healthz: 200 {"status":"ok"}, or 503
-// {"status":"draining"} after Drain. A request that declares a body (it
-// needs none, and no key) gets its answer with the connection closed
-// after it (closeUnread): net/http would otherwise wait for an unread
-// body of up to 256 KiB before writing the answer, and a connection
-// serving a request is never shed, so such requests held open could take
-// every slot of http.max_connections from clients with a key (conns.go).
-func healthz(w http.ResponseWriter, r *http.Request, ok bool) {
-	closeUnread(w, r)
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		methodNotAllowed(w, reply.OpenAI, "GET")
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	if !ok {
-		w.Header().Set("Connection", "close")
-		w.WriteHeader(http.StatusServiceUnavailable)
-		_, _ = io.WriteString(w, `{"status":"draining"}`)
-		return
-	}
-	_, _ = io.WriteString(w, `{"status":"ok"}`)
-}
-
-// MetricRetries is the re-dispatch counter family.
-const MetricRetries = "iop_edge_request_retries_total"
-
-// Metric is one counter family: Samples maps a rendered, bounded label set
-// to its value, every label value present. The shape matches admin.Counter.
-type Metric struct {
-	Name, Help string
-	Samples    func() map[string]float64
-}
-
 // Metrics returns iop_edge_request_retries_total{reason}: requests sent to
 // another provider after a failure before the first byte; and
 // iop_edge_header_refusals_total{bound}: the 431s of SPEC B4.
 func (h *Handler) Metrics() []Metric {
 	return []Metric{{MetricRetries,
 		"Requests re-dispatched to a provider not tried yet after a failure before the first byte, by reason.",
-		h.ex.RetrySamples}, h.headerMetric()}
+		h.ex.RetrySamples}, h.headers.metric()}
+}
+
+// DefaultRedispatchWait bounds the wait for the next lease when a stalled
+// request is re-dispatched (SPEC H11). The client has already waited the
+// stall timeout; a re-dispatch that would queue longer gives up and answers
+// the stall (504). Other failures re-dispatch within the request's own
+// deadline (attempt.go).
+const DefaultRedispatchWait = 2 * time.Second
+
+// ticketKey carries a request's keys.Ticket in its context.
+type ticketKey struct{}
+
+func ticketOf(ctx context.Context) *keys.Ticket {
+	t, _ := ctx.Value(ticketKey{}).(*keys.Ticket)
+	return t
 }

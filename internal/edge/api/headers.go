@@ -2,14 +2,11 @@ package api
 
 import (
 	"bytes"
-	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"sync/atomic"
 
 	"iop/internal/edge/config"
-	"iop/internal/edge/reply"
 )
 
 // MetricHeaderRefusals counts requests refused 431 for their head (SPEC
@@ -33,13 +30,6 @@ func MaxHeaderBytes(cfg *config.Config) int {
 		return cfg.HTTP.MaxHeaderBytes
 	}
 	return config.DefaultMaxHeaderBytes
-}
-
-// Listener wraps the client listener so that the 431 net/http writes
-// itself, for a head past the server's MaxHeaderBytes, is counted in
-// MetricHeaderRefusals (SPEC B4): it never reaches a handler.
-func (h *Handler) Listener(ln net.Listener) net.Listener {
-	return &headerListener{Listener: ln, n: &h.headers.bytes}
 }
 
 type headerListener struct {
@@ -99,37 +89,11 @@ func headerSize(r *http.Request) (size, fields int) {
 	return size, fields
 }
 
-// overHeaderBounds is the 431 of a request whose head passes
-// http.max_header_bytes or http.max_header_fields, with the connection set
-// to close after it; nil when it is within both. It runs before
-// anything else looks at the request: no key is checked, no body read.
-func (h *Handler) overHeaderBounds(w http.ResponseWriter, r *http.Request, v *view) *reply.Error {
-	size, fields := headerSize(r)
-	var e *reply.Error
-	switch {
-	case fields > v.maxHeaderFields:
-		h.headers.fields.Add(1)
-		e = &reply.Error{Status: http.StatusRequestHeaderFieldsTooLarge, Type: "invalid_request_error", Code: CodeHeaderTooLarge,
-			Message: fmt.Sprintf("the request has %d header fields, more than http.max_header_fields (%d)", fields, v.maxHeaderFields)}
-	case size > v.maxHeaderBytes:
-		h.headers.bytes.Add(1)
-		e = &reply.Error{Status: http.StatusRequestHeaderFieldsTooLarge, Type: "invalid_request_error", Code: CodeHeaderTooLarge,
-			Message: fmt.Sprintf("the request head is %d bytes, more than http.max_header_bytes (%d)", size, v.maxHeaderBytes)}
-	default:
-		return nil
-	}
-	h.logRefusal(&h.lim.headerLog, "request refused: its head passes http.max_header_bytes or http.max_header_fields",
-		slog.Int("header_bytes", size), slog.Int("header_fields", fields))
-	w.Header().Set("Connection", "close")
-	closeUnread(w, r)
-	return e
-}
-
-// headerMetric is MetricHeaderRefusals for Metrics.
-func (h *Handler) headerMetric() Metric {
+// metric is MetricHeaderRefusals for Metrics.
+func (c *headerCounts) metric() Metric {
 	return Metric{MetricHeaderRefusals,
 		"Requests refused 431 for their head, by the bound passed: bytes (http.max_header_bytes, net/http's own refusals included) or fields (http.max_header_fields).",
 		func() map[string]float64 {
-			return map[string]float64{`bound="bytes"`: float64(h.headers.bytes.Load()), `bound="fields"`: float64(h.headers.fields.Load())}
+			return map[string]float64{`bound="bytes"`: float64(c.bytes.Load()), `bound="fields"`: float64(c.fields.Load())}
 		}}
 }

@@ -87,7 +87,7 @@ func TestHeaderBounds(t *testing.T) {
 			if tc.status == 431 && !resp.Close {
 				t.Errorf("B4: the connection stays open after a 431")
 			}
-			samples := h.headerMetric().Samples()
+			samples := h.headers.metric().Samples()
 			if got := [2]int64{int64(samples[`bound="bytes"`]), int64(samples[`bound="fields"`])}; got != [2]int64{tc.bytes, tc.flds} {
 				t.Errorf("B4: %s bytes/fields = %v, want %v", MetricHeaderRefusals, got, [2]int64{tc.bytes, tc.flds})
 			}

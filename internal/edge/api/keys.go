@@ -2,31 +2,23 @@ package api
 
 import (
 	"context"
-	"iop/internal/edge/reply"
 	"log/slog"
 	"net/http"
 	"time"
 
 	"iop/internal/edge/exchange"
 	"iop/internal/edge/keys"
+	"iop/internal/edge/reply"
 )
 
 // The HTTP side of client API keys (docs/keys.md): a request's key was
-// found by authenticate (handler.go); here it is admitted under its bounds
+// found by authenticate (auth.go); here it is admitted under its bounds
 // in two steps — its requests in flight and request rate before the body
 // is read (admitKey), its token budgets once the body says what it may
 // cost (reserveKey) — every answer carries its rate-limit headers, and the
 // request's end settles its tokens from the usage the backend reported
 // (finishKey). The key itself is never logged, only its principal (SPEC
 // P4).
-
-// ticketKey carries a request's keys.Ticket in its context.
-type ticketKey struct{}
-
-func ticketOf(ctx context.Context) *keys.Ticket {
-	t, _ := ctx.Value(ticketKey{}).(*keys.Ticket)
-	return t
-}
 
 // admitKey admits p's request under its requests in flight and request
 // rate (K5) and returns ctx carrying its ticket, or answers 429 with

@@ -1,48 +1,9 @@
 package api
 
 import (
-	"net/http"
-	"slices"
 	"strconv"
 	"time"
-
-	"iop/internal/edge/reply"
 )
-
-// serveModels answers GET /v1/models (the model groups names holds: every
-// configured one, or a scoped key's, K4) and GET /v1/models/{id} (one of
-// them; 404 model_not_found for any other id), in OpenAI's shapes (API
-// reference, "Models": list and retrieve) or, with surface s Anthropic's,
-// in Anthropic's ("Models": list {data, has_more, first_id, last_id}, get
-// {type, id, display_name, created_at}).
-func serveModels(w http.ResponseWriter, v *view, s reply.Surface, names []string, one bool, id string) {
-	var body []byte
-	switch {
-	case one:
-		if !slices.Contains(names, id) {
-			e := &reply.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found",
-				Message: "The model '" + reply.Truncate(id, 256) + "' does not exist"}
-			reply.WriteError(w, s, e)
-			return
-		}
-		if s == reply.Anthropic {
-			body = appendAnthropicModel(nil, id, v.created)
-		} else {
-			body = appendOpenAIModel(nil, id, v.created)
-		}
-	case s == reply.Anthropic && len(names) == len(v.names):
-		body = v.anthropicModels
-	case s == reply.Anthropic:
-		body = anthropicModelList(names, v.created)
-	case len(names) == len(v.names):
-		body = v.models
-	default:
-		body = modelList(names, v.created)
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-	_, _ = w.Write(body)
-}
 
 // appendOpenAIModel appends one OpenAI model object {"id","object":
 // "model","created","owned_by"}.

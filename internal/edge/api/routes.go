@@ -3,55 +3,34 @@ package api
 import (
 	"context"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
-	"iop/internal/edge/exchange"
 	"iop/internal/edge/reply"
 	"iop/internal/protocol"
-)
-
-// endpoint describes one model-serving route: what its exchange needs
-// (exchange.Endpoint) and the required array field ("messages"), if any,
-// that the head parse checks.
-type endpoint struct {
-	exchange.Endpoint
-	field string
-}
-
-var (
-	epChat = endpoint{exchange.Endpoint{Surface: reply.OpenAI, Operation: protocol.OpChatCompletions,
-		Path: "/v1/chat/completions", Run: exchange.RunChat}, "messages"}
-	epResponses = endpoint{exchange.Endpoint{Surface: reply.OpenAI, Operation: protocol.OpResponses,
-		Path: "/v1/responses", Run: exchange.RunResponses}, ""}
-	epMessages = endpoint{exchange.Endpoint{Surface: reply.Anthropic, Operation: protocol.OpMessages,
-		Path: "/v1/messages", Run: exchange.RunMessages}, "messages"}
-	epCountTokens = endpoint{exchange.Endpoint{Surface: reply.Anthropic, Operation: protocol.OpCountTokens,
-		Path: "/v1/messages/count_tokens", Run: exchange.RunCountTokens}, "messages"}
-	epCompletions = endpoint{exchange.Endpoint{Surface: reply.OpenAI, Operation: protocol.OpCompletions,
-		Path: "/v1/completions", Run: exchange.RunNone}, ""}
-	epEmbeddings = endpoint{exchange.Endpoint{Surface: reply.OpenAI, Operation: protocol.OpEmbeddings,
-		Path: "/v1/embeddings", Run: exchange.RunEmbeddings}, ""}
 )
 
 // apiRoute is what a request's path says before anything else is read:
 // the method it takes ("" for a path the edge does not serve), the access
 // record's surface, the error shape, its trace's http.route and, for a
-// model request, its endpoint; /v1/models/{id} names one model.
+// model request, its endpoint. The rows are shared by every request
+// (routeOf returns a pointer to one): a request's own frames stay small
+// (BENCHMARKS.md "Concurrent slow streams").
 type apiRoute struct {
 	method     string
 	record     string        // access.Record.Surface: the operation, protocol.OpModels or reply.SurfaceOther
 	shape      reply.Surface // the error shape of the path's answers (the models endpoints: see route)
 	traceRoute string        // http.route: the endpoint's path, "" for none
 	ep         *endpoint     // nil: not a model request
-	oneModel   bool          // GET /v1/models/{id}
-	modelID    string
+	oneModel   bool          // GET /v1/models/{id}: the id is the path's rest
 }
 
 // endpoints is the one table of the paths the edge serves, keyed by path
 // (docs/surfaces.md): the model list and the model endpoints. Every other
 // path is routeOf's.
-var endpoints = map[string]apiRoute{
+var endpoints = map[string]*apiRoute{
 	"/v1/models":       {method: http.MethodGet, record: protocol.OpModels, shape: reply.OpenAI, traceRoute: "/v1/models"},
 	epChat.Path:        modelRoute(&epChat),
 	epResponses.Path:   modelRoute(&epResponses),
@@ -63,29 +42,34 @@ var endpoints = map[string]apiRoute{
 
 // modelRoute is the row of a model endpoint: POST, recorded and traced as
 // its operation and path, answered in its surface's shape.
-func modelRoute(ep *endpoint) apiRoute {
-	return apiRoute{method: http.MethodPost, record: ep.Operation, shape: ep.Surface, traceRoute: ep.Path, ep: ep}
+func modelRoute(ep *endpoint) *apiRoute {
+	return &apiRoute{method: http.MethodPost, record: ep.Operation, shape: ep.Surface, traceRoute: ep.Path, ep: ep}
 }
 
-// routeOf is path's row of endpoints, or for another path: GET
-// /v1/models/{id} (a non-empty id), or a path the edge does not serve
-// (method ""), answered in Anthropic's shape under /v1/messages/ and in
-// OpenAI's elsewhere.
-func routeOf(path string) apiRoute {
+// The rows of the paths endpoints does not hold: GET /v1/models/{id} (a
+// non-empty id), /v1/models/ without one, and any other path, answered in
+// Anthropic's shape under /v1/messages/ and in OpenAI's elsewhere.
+var (
+	routeOneModel       = apiRoute{method: http.MethodGet, record: protocol.OpModels, shape: reply.OpenAI, oneModel: true}
+	routeNoModel        = apiRoute{record: protocol.OpModels, shape: reply.OpenAI}
+	routeUnknown        = apiRoute{record: reply.SurfaceOther, shape: reply.OpenAI}
+	routeUnknownMessage = apiRoute{record: reply.SurfaceOther, shape: reply.Anthropic}
+)
+
+// routeOf is path's row: of endpoints, or one of the rows above.
+func routeOf(path string) *apiRoute {
 	if rt, ok := endpoints[path]; ok {
 		return rt
 	}
-	rt := apiRoute{record: reply.SurfaceOther, shape: reply.OpenAI}
-	if strings.HasPrefix(path, "/v1/messages/") {
-		rt.shape = reply.Anthropic
+	switch id, ok := strings.CutPrefix(path, "/v1/models/"); {
+	case ok && id != "":
+		return &routeOneModel
+	case ok:
+		return &routeNoModel
+	case strings.HasPrefix(path, "/v1/messages/"):
+		return &routeUnknownMessage
 	}
-	if id, ok := strings.CutPrefix(path, "/v1/models/"); ok {
-		rt.record = protocol.OpModels
-		if id != "" {
-			rt.method, rt.oneModel, rt.modelID = http.MethodGet, true, id
-		}
-	}
-	return rt
+	return &routeUnknown
 }
 
 // route answers every request except an authenticated model request, for
@@ -149,7 +133,7 @@ func (h *Handler) route(w *reply.Recorder, r *http.Request, rt *apiRoute) (conte
 				names = p.FilterModels(names) // K4
 			}
 		}
-		serveModels(w, v, s, names, rt.oneModel, rt.modelID)
+		serveModels(w, v, s, names, rt.oneModel, strings.TrimPrefix(r.URL.Path, "/v1/models/"))
 		return nil, nil, nil
 	}
 	if p != nil {
@@ -160,32 +144,37 @@ func (h *Handler) route(w *reply.Recorder, r *http.Request, rt *apiRoute) (conte
 	return ctx, v, rt.ep
 }
 
-// reject answers a request refused before its body was read. An unread
-// body would make the server drain it before answering, so a client that
-// declared a body and never sends it could hold the connection: the
-// connection is closed after the answer instead.
-func reject(w http.ResponseWriter, r *http.Request, s reply.Surface, e *reply.Error) {
-	closeUnread(w, r)
-	reply.WriteError(w, s, e)
-}
-
-func closeUnread(w http.ResponseWriter, r *http.Request) {
-	if r.Body == nil || r.Body == http.NoBody {
-		return
+// serveModels answers GET /v1/models (the model groups names holds: every
+// configured one, or a scoped key's, K4) and GET /v1/models/{id} (one of
+// them; 404 model_not_found for any other id), in OpenAI's shapes (API
+// reference, "Models": list and retrieve) or, with surface s Anthropic's,
+// in Anthropic's ("Models": list {data, has_more, first_id, last_id}, get
+// {type, id, display_name, created_at}).
+func serveModels(w http.ResponseWriter, v *view, s reply.Surface, names []string, one bool, id string) {
+	var body []byte
+	switch {
+	case one:
+		if !slices.Contains(names, id) {
+			e := &reply.Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found",
+				Message: "The model '" + reply.Truncate(id, 256) + "' does not exist"}
+			reply.WriteError(w, s, e)
+			return
+		}
+		if s == reply.Anthropic {
+			body = appendAnthropicModel(nil, id, v.created)
+		} else {
+			body = appendOpenAIModel(nil, id, v.created)
+		}
+	case s == reply.Anthropic && len(names) == len(v.names):
+		body = v.anthropicModels
+	case s == reply.Anthropic:
+		body = anthropicModelList(names, v.created)
+	case len(names) == len(v.names):
+		body = v.models
+	default:
+		body = modelList(names, v.created)
 	}
-	w.Header().Set("Connection", "close")
-	_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	_, _ = w.Write(body)
 }
-
-func methodNotAllowed(w http.ResponseWriter, s reply.Surface, allow string) {
-	w.Header().Set("Allow", allow)
-	reply.WriteError(w, s, &reply.Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_allowed",
-		Message: "method not allowed; use " + allow})
-}
-
-// DefaultRedispatchWait bounds the wait for the next lease when a stalled
-// request is re-dispatched (SPEC H11). The client has already waited the
-// stall timeout; a re-dispatch that would queue longer gives up and answers
-// the stall (504). Other failures re-dispatch within the request's own
-// deadline (attempt.go).
-const DefaultRedispatchWait = 2 * time.Second

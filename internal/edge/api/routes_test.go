@@ -39,7 +39,7 @@ func TestRouteOf(t *testing.T) {
 	for _, r := range rows {
 		got := routeOf(r.path)
 		if got.method != r.method || got.record != r.record || got.shape != r.shape || got.traceRoute != r.traceRoute ||
-			got.ep != r.ep || got.modelID != r.modelID || got.oneModel != (r.modelID != "") {
+			got.ep != r.ep || got.oneModel != (r.modelID != "") {
 			t.Errorf("routeOf(%q) = %+v, want %+v", r.path, got, r)
 		}
 	}

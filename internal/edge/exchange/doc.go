@@ -15,7 +15,7 @@
 // its table test TestAttemptMachine), the one reading of each node
 // envelope (classify.go), the relay (its watchers: the client, the lease's
 // fence, the response-wait timer), the run and tunnel sinks (run.go,
-// tunnel.go), the credential lease per attempt (credential.go), passive
+// tunnel.go), the credential lease per attempt (start.go), passive
 // health's verdicts and the stall records, and each attempt's trace span.
 //
 // It never: routes (the pool picks; exchange only asks again with the

@@ -141,7 +141,7 @@ func (h *Engine) event(x *Exchange, kind eventKind, wrote bool) event {
 // failure the input may have caused as a suspicion of the request's
 // principal) and the stall records (Deps.Health: the re-dispatch
 // decision and its outcome, SPEC H12) and, for a sampled request, the
-// attempt's span (trace.go: its first envelope, the node's spans on its
+// attempt's span (reply.Trace: its first envelope, the node's spans on its
 // terminal, its end). The effects that steer the request are returned.
 func (h *Engine) step(x *Exchange, e *event) effects {
 	fx := x.att.step(e)
