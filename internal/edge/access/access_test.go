@@ -87,14 +87,15 @@ func TestRecordLog(t *testing.T) {
 	r := Record{RequestID: "r1", Principal: "team-a", Surface: "chat_completions", Model: "tiny", Known: true,
 		Node: "gpu-1", Provider: "ollama", Path: PathRun, Status: 200, Outcome: OK,
 		QueueWait: 1500 * time.Microsecond, TTFB: 20 * time.Millisecond, Duration: 250 * time.Millisecond,
-		PromptTokens: 12, CompletionTokens: 34, Retries: 1, IgnoredFields: "client_metadata, tools[3]"}
+		PromptTokens: 12, CompletionTokens: 34, Retries: 1, IgnoredFields: "client_metadata, tools[3]",
+		ServedModel: "small", Fallback: "unavailable"}
 	r.Log(context.Background(), l)
 	var got map[string]any
 	if err := json.Unmarshal(buf.Bytes(), &got); err != nil {
 		t.Fatalf("not one JSON line: %q", buf.String())
 	}
 	want := map[string]any{"msg": Msg, "request_id": "r1", "principal": "team-a", "surface": "chat_completions",
-		"model": "tiny", "node": "gpu-1", "provider": "ollama", "path": "run", "status": 200.0, "outcome": "ok",
+		"model": "tiny", "served_model": "small", "fallback": "unavailable", "node": "gpu-1", "provider": "ollama", "path": "run", "status": 200.0, "outcome": "ok",
 		"code": "", "error": "", "queue_wait_ms": 2.0, "ttfb_ms": 20.0, "duration_ms": 250.0, "prompt_tokens": 12.0,
 		"completion_tokens": 34.0, "retries": 1.0, "ignored_fields": "client_metadata, tools[3]", "trace_id": "", "level": "INFO"}
 	for k, v := range want {

@@ -152,6 +152,10 @@ type Record struct {
 	// Known says whether it is a configured model group.
 	Model string
 	Known bool
+	// ServedModel is the model group that served the request when a
+	// fallback moved it from Model (SPEC V1), else ""; Fallback the
+	// condition that did (unavailable, queue_full, context, wait_ms).
+	ServedModel, Fallback string
 	// Node and Provider of the (last) lease; empty without one.
 	Node, Provider string
 	// Path is PathTunnel, PathRun or PathNone.
@@ -229,7 +233,7 @@ func (r *Record) Log(ctx context.Context, l *slog.Logger) {
 }
 
 // nAttrs is the number of attributes of an access line.
-const nAttrs = 19
+const nAttrs = 21
 
 // Attrs are r's log attributes (those Log writes).
 func (r *Record) Attrs() []slog.Attr {
@@ -248,6 +252,8 @@ func (r *Record) fill(a *[nAttrs]slog.Attr) {
 		slog.String("principal", r.Principal),
 		slog.String("surface", r.Surface),
 		slog.String("model", r.Model),
+		slog.String("served_model", r.ServedModel),
+		slog.String("fallback", r.Fallback),
 		slog.String("node", r.Node),
 		slog.String("provider", r.Provider),
 		slog.String("path", path),

@@ -65,6 +65,8 @@ func (h *Handler) admit(ctx context.Context, w *reply.Recorder, r *http.Request,
 		h.dropBody(x)
 		reply.WriteError(w, ep.Surface, exchange.PoolError(hd.model, pool.ErrUnknownModel)) // K4: the same 404 as a model that does not exist
 		return nil
+	} else if x.Fallbacks = v.fallbacks; t != nil && t.Principal().Scoped() {
+		x.InScope = t.Principal().Allows // SPEC V2: every group a fallback reaches
 	}
 	if x.Sched, e = decideSchedule(ctx, r, ep, hd.serviceTier, w); e != nil {
 		h.dropBody(x)

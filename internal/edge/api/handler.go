@@ -205,7 +205,10 @@ type view struct {
 	// their requests carry a conversation prefix.
 	affinity map[string]bool
 	bounds   map[string]int // model → models[].max_attempts in effect
-	statuses []int          // outlier_detection.statuses in effect
+	// fallbacks are the groups' models[].fallbacks (SPEC V1); nil when
+	// none has one.
+	fallbacks map[string]routing.FallbackGroup
+	statuses  []int // outlier_detection.statuses in effect
 	// unknown is http.unknown_fields: what the run path does with a
 	// request member its field tables do not know.
 	unknown apisurface.UnknownFields
@@ -265,6 +268,7 @@ func (h *Handler) current() *view {
 		if v.statuses == nil { // a config that did not go through config.Parse
 			v.statuses = config.DefaultEjectStatuses
 		}
+		v.fallbacks = cfg.FallbackGroups()
 		v.bounds = make(map[string]int, len(cfg.Models))
 		for i := range cfg.Models {
 			v.bounds[cfg.Models[i].Name] = cfg.Models[i].AttemptBound()
@@ -302,12 +306,16 @@ func (h *Handler) onUsage(principal, model string, u *iop.Usage) {
 }
 
 // Metrics returns iop_edge_request_retries_total{reason}: requests sent to
-// another provider after a failure before the first byte; and
+// another provider after a failure before the first byte;
+// iop_edge_fallbacks_total{from,to,reason}: requests a fallback moved from
+// the group they named to another (SPEC V1); and
 // iop_edge_header_refusals_total{bound}: the 431s of SPEC B4.
 func (h *Handler) Metrics() []Metric {
 	return []Metric{{MetricRetries,
 		"Requests re-dispatched to a provider not tried yet after a failure before the first byte, by reason.",
-		h.ex.RetrySamples}, h.headers.metric()}
+		h.ex.RetrySamples}, {MetricFallbacks,
+		"Requests sent to another model group than the one they named, by the group named, the group that served them and the condition (unavailable, queue_full, context, wait_ms).",
+		h.ex.FallbackSamples}, h.headers.metric()}
 }
 
 // DefaultRedispatchWait bounds the wait for the next lease when a stalled

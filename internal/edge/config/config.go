@@ -101,7 +101,7 @@ func (c *Config) Warnings() []string {
 		w = append(w, fmt.Sprintf("admin_listen %s is not loopback-only and admin.token_sha256 is not set: "+
 			"anyone who can reach it reads /status, /metrics and /events (node and provider state, model names, recent errors with request ids)", c.AdminListen))
 	}
-	return append(w, c.fallbackWarnings()...)
+	return w
 }
 
 // Load reads, decodes strictly, applies defaults and validates the file at

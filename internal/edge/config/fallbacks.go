@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
+
+	"iop/internal/edge/routing"
 )
 
 // Fallbacks to other model groups and where a request's data may go
@@ -155,16 +158,36 @@ func (c *Config) validateFallbacks(add func(string, string, ...any)) {
 	}
 }
 
-// fallbackWarnings: fallbacks are checked at load but this edge does not
-// act on them yet (SPEC V1).
-func (c *Config) fallbackWarnings() []string {
-	var w []string
-	for i, m := range c.Models {
-		if len(m.Fallbacks) > 0 {
-			w = append(w, fmt.Sprintf("models[%d].fallbacks: checked, but this edge does not yet send requests down the chain (group %q answers its own errors)", i, m.Name))
+// FallbackGroups are the groups' fallbacks as routing.DecideFallback takes
+// them (SPEC V1), by group name; nil when no group has one.
+func (c *Config) FallbackGroups() map[string]routing.FallbackGroup {
+	var out map[string]routing.FallbackGroup
+	for _, m := range c.Models {
+		if len(m.Fallbacks) == 0 {
+			continue
 		}
+		g := routing.FallbackGroup{ContextTokens: m.ContextTokens}
+		for _, f := range m.Fallbacks {
+			r := routing.FallbackRule{Model: f.Model, Wait: time.Duration(f.WaitMs) * time.Millisecond,
+				RenameModel: f.RenameModel, InheritScope: f.InheritScope}
+			for _, on := range f.On {
+				switch on {
+				case OnUnavailable:
+					r.Unavailable = true
+				case OnQueueFull:
+					r.QueueFull = true
+				case OnContext:
+					r.Context = true
+				}
+			}
+			g.Rules = append(g.Rules, r)
+		}
+		if out == nil {
+			out = map[string]routing.FallbackGroup{}
+		}
+		out[m.Name] = g
 	}
-	return w
+	return out
 }
 
 // fallbackCycle is a cycle reachable from name through fallbacks, starting

@@ -1,8 +1,12 @@
 package config
 
 import (
+	"reflect"
 	"strings"
 	"testing"
+	"time"
+
+	"iop/internal/edge/routing"
 )
 
 // fallbackConfig is valid with groups a, b, c, d, e (each served by the
@@ -44,8 +48,18 @@ func TestFallbackConfig(t *testing.T) {
 	if !c.Nodes[0].Adapters[1].Remote() || c.Nodes[0].Adapters[0].Remote() {
 		t.Errorf("V3 hosted remote %v, ollama remote %v", c.Nodes[0].Adapters[1].Remote(), c.Nodes[0].Adapters[0].Remote())
 	}
-	if w := strings.Join(c.Warnings(), "\n"); !strings.Contains(w, "models[0].fallbacks: checked, but this edge does not yet") {
-		t.Errorf("V1 warnings %q", w)
+	if w := strings.Join(c.Warnings(), "\n"); strings.Contains(w, "fallbacks") {
+		t.Errorf("V1 the edge acts on fallbacks, yet warns %q", w)
+	}
+	want := map[string]routing.FallbackGroup{
+		"a": {ContextTokens: 4096, Rules: []routing.FallbackRule{
+			{Model: "b", Unavailable: true, QueueFull: true, Context: true, Wait: 200 * time.Millisecond, RenameModel: "b-small", InheritScope: true},
+			{Model: "c", Unavailable: true}}},
+		"b": {Rules: []routing.FallbackRule{{Model: "c", Unavailable: true}}},
+		"c": {Rules: []routing.FallbackRule{{Model: "d", Unavailable: true}}},
+	}
+	if got := c.FallbackGroups(); !reflect.DeepEqual(got, want) {
+		t.Errorf("V1 FallbackGroups\n got %+v\nwant %+v", got, want)
 	}
 	rows := []struct {
 		name  string

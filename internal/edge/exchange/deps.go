@@ -11,6 +11,7 @@ import (
 	"iop/internal/edge/outlier"
 	"iop/internal/edge/pool"
 	"iop/internal/edge/reply"
+	"iop/internal/edge/routing"
 	iop "iop/proto/gen/iop"
 )
 
@@ -27,6 +28,13 @@ type Pool interface {
 // admits less for a while. A Pool without it gets Release.
 type refusedReleaser interface {
 	ReleaseRefused(l *pool.Lease, share int) bool
+}
+
+// groupStates is a Pool that tells a model group's state for a request
+// without changing anything (SPEC V1; *pool.Pool): what a fallback
+// decision reads. A Pool without it takes no fallback.
+type groupStates interface {
+	GroupState(r pool.Request) routing.GroupState
 }
 
 // Health is the Edge's provider-health owner as an exchange uses it (SPEC

@@ -18,8 +18,9 @@
 // tunnel.go), the credential lease per attempt (start.go), passive
 // health's verdicts and the stall records, and each attempt's trace span.
 //
-// It never: routes (the pool picks; exchange only asks again with the
-// same request), authenticates or reads a body (api does both before
+// It never: routes (the pool picks, and routing.DecideFallback picks a
+// fallback group from the pool's group states; exchange asks with the
+// same request, or carries the fallback out), authenticates or reads a body (api does both before
 // Serve), touches a node socket (it talks to internal/edge/dispatch only),
 // forwards client credentials or X-Iop-* headers (T4), or logs keys or
 // bodies (P4). It never imports internal/edge/api: what it needs of the
@@ -50,6 +51,8 @@
 //   - relay.go: relay, deliver, the attempt machine's effects, the
 //     hand-off, the attempt's span.
 //   - redispatch.go: reacquire and the answer when no candidate is left.
+//   - fallback.go: the move to another model group on arrival (SPEC
+//     V1–V3) and its counters.
 //   - start.go: the request on its lease by lease type (SPEC Q3), its
 //     credential lease (C2).
 //   - serve.go: Serve and the first Acquire.

@@ -23,6 +23,9 @@ type Engine struct {
 	log     *slog.Logger
 	bufs    sync.Pool // *[]byte: encoding buffers of run-path responses (runSink)
 	retries [nRetryReasons]atomic.Uint64
+	// fallbacks counts the fallbacks taken by from, to and reason
+	// (fallback.go): bounded by the configured groups.
+	fallbacks sync.Map // fallbackKey → *atomic.Uint64
 }
 
 // New returns the Engine for d.

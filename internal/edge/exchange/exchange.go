@@ -7,6 +7,7 @@ import (
 
 	"iop/internal/edge/pool"
 	"iop/internal/edge/reply"
+	"iop/internal/edge/routing"
 	apisurface "iop/internal/edge/surface"
 	"iop/internal/jsonscan"
 	iop "iop/proto/gen/iop"
@@ -64,6 +65,17 @@ type Exchange struct {
 	// policy for unknown request members (http.unknown_fields).
 	Statuses []int
 	Unknown  apisurface.UnknownFields
+	// Fallbacks are the model groups' fallbacks (models[].fallbacks, SPEC
+	// V1), nil when no group has one; InScope reports whether the key's
+	// model scope admits a group (nil: every group, SPEC V2). fallback.go
+	// decides with them on arrival.
+	Fallbacks map[string]routing.FallbackGroup
+	InScope   func(group string) bool
+
+	// requested is the group the client named when a fallback moved the
+	// request to Model (fallback.go), else ""; responseModel the model its
+	// run-path response names (the requested name unless rename_model).
+	requested, responseModel string
 
 	out   reply.Output
 	lease *pool.Lease

@@ -64,6 +64,7 @@ func (h *Engine) relayEnded(x *Exchange) bool {
 func (h *Engine) acquire(x *Exchange) bool {
 	w := x.Acc
 	queued := h.o.Now()
+	h.decideFallback(x) // fallback.go (SPEC V1)
 	lease, err := h.o.Pool.Acquire(x.Ctx, x.poolRequest())
 	w.SetLease(lease, h.o.Now().Sub(queued), err)
 	if err != nil {
@@ -92,6 +93,7 @@ func (h *Engine) acquire(x *Exchange) bool {
 		return false
 	}
 	x.lease = lease
+	w.Header().Set(HeaderServedModel, lease.Model) // SPEC V1: the group that serves it
 	x.att = newAttempt(lease, max(x.AttemptBound, 1), x.Deadline, h.o.RedispatchWait >= 0, h.o.Health != nil)
 	return true
 }

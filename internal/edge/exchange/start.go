@@ -114,7 +114,7 @@ func (h *Engine) runSurface(x *Exchange) (sink, *iop.RunRequest, *apisurface.Err
 		}
 		reportIgnored(x, &p.Ignored)
 		s := &runSink[openai.Chat, *openai.Chat]{h: h, x: x, stream: x.Stream}
-		s.enc.Init(openai.ChatOptions{Model: x.Model, ID: "chatcmpl-" + h.o.NewID(), Created: h.o.Now().Unix(),
+		s.enc.Init(openai.ChatOptions{Model: x.responseName(), ID: "chatcmpl-" + h.o.NewID(), Created: h.o.Now().Unix(),
 			Stream: x.Stream, IncludeUsage: x.IncludeUsage, Tools: p.Tools, Hold: hold,
 			Logprobs: p.Logprobs, MaxToolCalls: p.MaxToolCalls, NewID: h.o.NewID})
 		return s, &iop.RunRequest{Input: in, Stream: x.Stream}, nil
@@ -125,7 +125,7 @@ func (h *Engine) runSurface(x *Exchange) (sink, *iop.RunRequest, *apisurface.Err
 		}
 		reportIgnored(x, &p.Ignored)
 		s := &runSink[anthropic.Messages, *anthropic.Messages]{h: h, x: x, stream: x.Stream}
-		s.enc.Init(anthropic.Options{Model: x.Model, ID: "msg_" + h.o.NewID(), Stream: x.Stream, Tools: p.Tools,
+		s.enc.Init(anthropic.Options{Model: x.responseName(), ID: "msg_" + h.o.NewID(), Stream: x.Stream, Tools: p.Tools,
 			MaxToolCalls: p.MaxToolCalls, Hold: hold, NewID: h.o.NewID, OmitThinking: p.OmitThinking})
 		return s, &iop.RunRequest{Input: in, Stream: x.Stream}, nil
 	case RunCountTokens:
@@ -142,7 +142,7 @@ func (h *Engine) runSurface(x *Exchange) (sink, *iop.RunRequest, *apisurface.Err
 		}
 		reportIgnored(x, &p.Ignored)
 		s := &runSink[responses.Encoder, *responses.Encoder]{h: h, x: x, stream: x.Stream}
-		s.enc.Init(responses.Options{Model: x.Model, ID: "resp_" + h.o.NewID(), Created: h.o.Now().Unix(), Stream: x.Stream,
+		s.enc.Init(responses.Options{Model: x.responseName(), ID: "resp_" + h.o.NewID(), Created: h.o.Now().Unix(), Stream: x.Stream,
 			Tools: p.Tools, MaxToolCalls: p.MaxToolCalls, Echo: p.Echo, Hold: hold, NewID: h.o.NewID, Namespaces: p.Namespaces})
 		return s, &iop.RunRequest{Input: in, Stream: x.Stream}, nil
 	case RunEmbeddings:
@@ -151,7 +151,7 @@ func (h *Engine) runSurface(x *Exchange) (sink, *iop.RunRequest, *apisurface.Err
 			return nil, nil, e
 		}
 		s := &runSink[openai.Embeddings, *openai.Embeddings]{h: h, x: x}
-		s.enc.Init(x.Model, b64)
+		s.enc.Init(x.responseName(), b64)
 		return s, &iop.RunRequest{Input: in, Operation: protocol.RunEmbeddings}, nil
 	}
 	return nil, nil, apisurface.BadRequest("", "%s has no run-path surface", x.Endpoint.Path)

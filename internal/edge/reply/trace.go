@@ -135,7 +135,8 @@ func (t *Trace) BeginAttempt(l *pool.Lease, path string) *iop.TraceContext {
 		s := t.span(spanAttempt, tracing.KindClient, time.Now())
 		s.SpanID = id
 		s.Attrs = []tracing.Attr{tracing.Int(attrAttempt, int64(t.n)), tracing.String("iop.node", l.Node),
-			tracing.String("iop.provider", l.Provider), tracing.String("iop.target", l.Target), tracing.String("iop.path", path)}
+			tracing.String("iop.provider", l.Provider), tracing.String("iop.target", l.Target), tracing.String("iop.path", path),
+			tracing.String("iop.served_model", l.Model)} // SPEC V1: the group that served it (a fallback's)
 		t.attempt, t.first = len(t.spans), false
 		t.spans = append(t.spans, s)
 	}
