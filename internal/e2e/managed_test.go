@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"iop/internal/demo/backend"
 	"iop/internal/edge/config"
 	"iop/internal/identity"
 	"iop/internal/leakcheck"
@@ -372,4 +373,48 @@ func TestManagedNodeKill9LeavesNoChild(t *testing.T) {
 		}
 		t.Fatalf("U5: model processes outlived kill -9 of the node: %v", err)
 	}
+}
+
+// U6, U7, U8 through a real edge and node, the demo backend speaking
+// Ollama's /api/tags, /api/ps and /api/chat: the edge learns the models
+// (unloaded), then that tiny is loaded after a request whose keep_alive
+// is the adapter's (a 1 s one here), then that it is unloaded again when
+// its expires_at passed — nothing asked — with the idle unload counted on
+// /metrics.
+func TestOllamaResidencyThroughTheEdge(t *testing.T) {
+	leakcheck.Check(t)
+	bp := startBackend(t, backend.Options{})
+	url := bp.serve(t, nil)
+	p := newPKI(t, "gpu-1")
+	a := ollamaAdapter("ollama", url, 4)
+	a.KeepAlive = "1s"
+	cfg := edgeConfig(t, p, []config.Node{{ID: "gpu-1", Adapters: []config.Adapter{a}}},
+		[]config.Model{modelGroup("tiny", provider("gpu-1", "ollama", "tiny"))}, func(c *config.Config) {
+			c.ModelDiscovery = []config.ModelDiscovery{{Node: "gpu-1", Provider: "ollama"}} // residency comes with discovery (U7)
+		})
+	e := startEdge(t, cfg, nil, nil)
+	adm, api := newAdminClient(t, e), newAPIClient(t, e)
+	startNode(t, p, "gpu-1", e.nodeAddr, nodeOpts{})
+	adm.waitConnected(t, 10*time.Second, "gpu-1")
+	states := func(want string) {
+		t.Helper()
+		eventually(t, 10*time.Second, "tiny "+want+" in /status", func() (bool, string) {
+			st := statusStates(adm)
+			return st["tiny"] == want && st["tiny:latest"] == want, fmt.Sprint(st)
+		})
+	}
+	states("unloaded")
+	if res, err := api.chat(context.Background(), chatRequest{model: "tiny", maxTokens: 4}); err != nil || res.status != 200 {
+		t.Fatalf("chat: %v %d %s", err, res.status, res.raw)
+	}
+	states("loaded")
+	states("unloaded")
+	eventually(t, 10*time.Second, "the idle unload on /metrics", func() (bool, string) {
+		b, err := adm.get("/metrics")
+		if err != nil {
+			return false, err.Error()
+		}
+		want := `iop_edge_model_idle_unloads_total{node="gpu-1",provider="ollama",model="tiny"} 1`
+		return strings.Contains(string(b), want+"\n"), "no " + want
+	})
 }

@@ -3,6 +3,7 @@ package backend
 import (
 	"context"
 	"crypto/subtle"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -161,7 +162,7 @@ type Backend struct {
 	cachedTokens atomic.Uint64
 
 	mu     sync.Mutex
-	loaded map[string]time.Time // guarded by mu: catalogue name → last use (/api/ps)
+	loaded map[string]time.Time // guarded by mu: catalogue name → when it unloads (/api/ps's expires_at)
 
 	readyAt time.Time // New + Options.LoadDelay (by Options.Now)
 }
@@ -444,9 +445,34 @@ func (b *Backend) finish(c *call) {
 	}
 }
 
-// markLoaded records a use of m for /api/ps.
-func (b *Backend) markLoaded(m *model, at time.Time) {
+// markLoaded records a use of m at at for /api/ps, with the request's
+// keep_alive (keepAlive).
+func (b *Backend) markLoaded(m *model, at time.Time, keepAlive json.RawMessage) {
 	b.mu.Lock()
-	b.loaded[m.name] = at
+	b.loaded[m.name] = at.Add(keepAliveOf(keepAlive))
 	b.mu.Unlock()
+}
+
+// keepAliveOf is how long a request's keep_alive keeps its model loaded,
+// as Ollama 0.17.4 reads it: absent = 5 minutes, a JSON number =
+// seconds, a JSON string = a Go duration, negative = for good (here: a
+// century); 0 unloads the model after the request. A value Ollama would
+// refuse counts as absent (the node never sends one: protocol.KeepAliveSeconds).
+func keepAliveOf(raw json.RawMessage) time.Duration {
+	var secs float64
+	var s string
+	d := psKeepAlive
+	switch {
+	case len(raw) == 0 || string(raw) == "null":
+	case json.Unmarshal(raw, &secs) == nil:
+		d = time.Duration(secs * float64(time.Second))
+	case json.Unmarshal(raw, &s) == nil:
+		if v, err := time.ParseDuration(s); err == nil {
+			d = v
+		}
+	}
+	if d < 0 {
+		d = 100 * 365 * 24 * time.Hour
+	}
+	return d
 }

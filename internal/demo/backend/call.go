@@ -63,6 +63,9 @@ type chatRequest struct {
 	// Ollama /api/chat: whether a thinking model thinks (true, false or a
 	// level); nil = the model's default.
 	Think json.RawMessage `json:"think"`
+	// Ollama /api/chat and /api/embed: how long the model stays loaded
+	// after the request (/api/ps's expires_at; keepAlive).
+	KeepAlive json.RawMessage `json:"keep_alive"`
 }
 
 // limit returns the request's token limit (0 = none): max_completion_tokens,
@@ -277,7 +280,7 @@ func (c *call) chat(sh shape) {
 	if !c.headerFaults(sh) {
 		return
 	}
-	c.b.markLoaded(c.m, c.start)
+	c.b.markLoaded(c.m, c.start, c.req.KeepAlive)
 	if !c.prefill() {
 		c.outcome = OutcomeClientGone
 		return

@@ -35,7 +35,7 @@ func (c *call) embed(sh shape) {
 	for _, s := range inputs {
 		tokens += max(1, (len(s)+3)/4)
 	}
-	c.b.markLoaded(c.m, c.start)
+	c.b.markLoaded(c.m, c.start, c.req.KeepAlive)
 	buf := c.buffer()
 	if sh == shapeOllama {
 		buf = append(buf, `{"model":`...)

@@ -199,15 +199,16 @@ func appendDetails(dst []byte, m *model) []byte {
 // psKeepAlive is how long Ollama keeps a model loaded after its last use.
 const psKeepAlive = 5 * time.Minute
 
-// renderPS renders /api/ps: the models used since New, sorted by name.
+// renderPS renders /api/ps: the models used since New whose keep_alive
+// has not run out, sorted by name.
 func (b *Backend) renderPS(dst []byte) []byte {
 	dst = append(dst, `{"models":[`...)
 	first := true
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, m := range b.models { // catalogue order is name order
-		at, ok := b.loaded[m.name]
-		if !ok {
+		until, ok := b.loaded[m.name]
+		if !ok || !b.now().Before(until) {
 			continue
 		}
 		if !first {
@@ -219,7 +220,7 @@ func (b *Backend) renderPS(dst []byte) []byte {
 		dst = append(dst, `,"digest":"`+m.digest+`","details":`...)
 		dst = appendDetails(dst, m)
 		dst = append(dst, `,"expires_at":`...)
-		dst = appendTime(dst, at.Add(psKeepAlive))
+		dst = appendTime(dst, until)
 		dst = append(dst, `,"size_vram":0,"context_length":4096}`...)
 	}
 	return append(dst, `]}`...)

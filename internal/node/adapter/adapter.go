@@ -400,9 +400,13 @@ func (s *Set) build(ac *iop.AdapterConfig, allowEnv func(string) bool, lookupEnv
 	switch inst.typ {
 	case protocol.TypeOllama:
 		caps := &ollama.Capabilities{} // shared by the instance's runners (one per credential lease)
-		inst.ps = newPSWatch(inst.ep, s.signal)
+		var watch ollama.Watcher
+		if ac.GetDiscoveryIntervalMs() > 0 { // SPEC U7: residency is part of discovery (D1)
+			inst.ps = newPSWatch(inst.ep, s.signal)
+			watch = inst.ps
+		}
 		inst.newRunner = func(ep *upstream.Endpoint) runner {
-			return &ollama.Driver{EP: ep, Caps: caps, Watch: inst.ps, KeepAlive: keepAlive}
+			return &ollama.Driver{EP: ep, Caps: caps, Watch: watch, KeepAlive: keepAlive}
 		}
 	default:
 		inst.newRunner = func(ep *upstream.Endpoint) runner { return &openaicompat.Driver{EP: ep, Profile: inst.profile} }

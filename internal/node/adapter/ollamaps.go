@@ -18,7 +18,11 @@ import (
 	iop "iop/proto/gen/iop"
 )
 
-// Residency of an Ollama adapter's models (SPEC U6). Ollama loads and
+// Residency of an Ollama adapter's models (SPEC U6, U7), for an adapter
+// that discovers its models (discovery_interval_ms > 0, SPEC D1: the
+// operator lets the node ask the backend about its models beyond the
+// requests it sends; without it the node sends Ollama nothing but those
+// requests). Ollama loads and
 // unloads models itself (its keep_alive, its own memory scheduler), so
 // the node reads what is loaded from GET /api/ps (Ollama 0.17.4: models[]
 // of name, size, size_vram, expires_at) and what exists from GET

@@ -123,7 +123,9 @@ func TestOllamaResidency(t *testing.T) {
 	o := &fakeOllama{loadedTil: map[string]time.Time{}, ttl: 600 * time.Millisecond, hold: make(chan struct{}),
 		chat: sample(t, "ollama_api_chat_stream.ndjson")}
 	up := newFake(t, o.handler)
-	s := newSet(t, adapter.Options{}, ollamaAdapter("ollama", up.URL, 2))
+	ac := ollamaAdapter("ollama", up.URL, 2)
+	ac.DiscoveryIntervalMs = 10000 // residency comes with discovery (U7)
+	s := newSet(t, adapter.Options{}, ac)
 
 	r := waitResidency(t, s, "ollama", "the models of /api/tags, unloaded", func(r map[string]*iop.ModelResidency) bool {
 		return state(r, "tiny:latest") == protocol.ResidencyUnloaded && state(r, "tiny") == protocol.ResidencyUnloaded &&
@@ -197,7 +199,11 @@ func TestOllamaKeepAlive(t *testing.T) {
 		}
 		o.mu.Lock()
 		got := string(o.keepAlive[0])
+		psCalls := o.psCalls
 		o.mu.Unlock()
+		if s.Residency() != nil || psCalls != 0 {
+			t.Errorf("U7 an adapter without discovery reported residency or read /api/ps (%d)", psCalls)
+		}
 		if got != tc.want {
 			t.Errorf("U7 keep_alive %q sent as %s, want %s", tc.keepAlive, got, tc.want)
 		}
@@ -231,7 +237,7 @@ func TestRealOllamaResidency(t *testing.T) {
 	leakcheck.Check(t)
 	target := envOr("IOP_TEST_OLLAMA_TARGET", "tiny")
 	ac := ollamaAdapter("ollama", base, 1)
-	ac.KeepAlive = "5m"
+	ac.KeepAlive, ac.DiscoveryIntervalMs = "5m", 10000
 	s := newSet(t, adapter.Options{}, ac)
 	waitResidency(t, s, "ollama", "the real server's models", func(r map[string]*iop.ModelResidency) bool { return r[target] != nil })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
