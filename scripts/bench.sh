@@ -1,10 +1,12 @@
 # shellcheck shell=bash
-# ./run.sh bench [quick|hold|creds|affinity|fairness|hostile|managed]: the end-to-end
+# ./run.sh bench [quick|hold|creds|affinity|fairness|batches|hostile|managed]: the end-to-end
 # performance benchmark of edge + node against a direct call (full: ~14 min; quick: ~3.5 min, for
 # iteration; hold: the slow-stream runs only; creds: the credential plane's
 # added latency, ~3 min; affinity: the cache-aware routing figures (R1),
 # scripts/bench_affinity.sh; fairness: keys sharing one fleet (G1-G3),
-# scripts/bench_fairness.sh, ~2 min; hostile: held declared-large bodies (B1),
+# scripts/bench_fairness.sh, ~2 min; batches: a batch's lines/s against a
+# client's and an interactive key's time to first token beside a batch (X5),
+# scripts/bench_batches.sh, ~6 min; hostile: held declared-large bodies (B1),
 # ~10 s; managed: managed models' cold and warm first tokens and how soon
 # /status shows a load (U2, U3, U6) on the demo backend and, when the
 # real-backends kit built it, the real llama-server, ~1 min).
@@ -350,6 +352,7 @@ bench_main() {
     full|quick|hold|creds) ;;
     affinity) source "$ROOT/scripts/bench_affinity.sh"; bench_affinity_main; return ;;
     fairness) source "$ROOT/scripts/bench_fairness.sh"; bench_fairness_main; return ;;
+    batches) source "$ROOT/scripts/bench_batches.sh"; bench_batches_main; return ;;
     managed) # U2, U3, U6: managed models (BENCHMARKS.md "Managed models")
       log "bench managed: load average $(cut -d' ' -f1-3 /proc/loadavg)"
       go test -run '^$' -bench BenchmarkManagedSwitch -benchtime "${BENCH_SWITCHES:-20}x" -count "${BENCH_ROUNDS:-3}" ./internal/e2e/
@@ -363,7 +366,7 @@ bench_main() {
       log "bench hostile: load average $(cut -d' ' -f1-3 /proc/loadavg)"
       go test -run '^$' -bench BenchmarkHeldBodies -benchtime 1x -count "${BENCH_ROUNDS:-3}" ./internal/e2e/
       return ;;
-    *) echo "usage: ./run.sh bench [quick|hold|creds|affinity|fairness|hostile|managed]" >&2; return 2 ;;
+    *) echo "usage: ./run.sh bench [quick|hold|creds|affinity|fairness|batches|hostile|managed]" >&2; return 2 ;;
   esac
   if [ "$mode" = creds ]; then bench_creds; return; fi
   local secs rounds holds paths_odd="a a2 b c d" paths_even="d c b a2 a"

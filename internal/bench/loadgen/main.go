@@ -17,6 +17,7 @@
 //	affinity -url U -model M -label MODE            the prefix-affinity multi-turn workload: cached tokens, TTFT, requests per replica
 //	slots   -url U -model M [-levels 1,2,4,8]      one backend under c concurrent streams: TTFT, time per token
 //	fairness -url U -model M -probe-key K -flood L:KEY:STREAMS:MAX:WEIGHT …  a probe's latency among closed-loop floods, their shares (G1–G3)
+//	batches -base U -model M -phase concurrent|batch|probe …  a batch's lines/s against a client's, a probe's TTFT beside a batch (X5)
 //
 // Common flags: -path (the path's label: a, a2, b, c, d; ck, dk with the credential plane on;
 // e, e5, f, f5 the passive-health pairs), -round, -key
@@ -41,7 +42,7 @@ func main() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, "usage: iopbench floor|rate|wrk|stream|hold|mem|conc|report|affinity|slots|fairness [flags]")
+		fmt.Fprintln(stderr, "usage: iopbench floor|rate|wrk|stream|hold|mem|conc|report|affinity|slots|fairness|batches [flags]")
 		return 2
 	}
 	cmds := map[string]func([]string, io.Writer, io.Writer) error{
@@ -57,6 +58,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		"slots":           cmdSlots,
 		"fairness":        cmdFairness,
 		"fairness-report": cmdFairnessReport,
+		"batches":         cmdBatches,
+		"batches-report":  cmdBatchesReport,
 	}
 	f, ok := cmds[args[0]]
 	if !ok {
