@@ -41,6 +41,11 @@ func openBatches(cfg *config.Config, log *slog.Logger, reg *keys.Registry) (*bat
 			return err
 		},
 		MaxInFlight: b.MaxInFlight,
-		Logger:      log,
+		MaxPerKey:   b.MaxPerKey,
+		// A line is a request: its body is bounded as a client's (the
+		// handler answers a larger one 413); the rest of the line
+		// (custom_id, method, url) gets 64 KiB.
+		MaxLineBytes: cfg.HTTP.MaxBodyBytes + 64<<10,
+		Logger:       log,
 	}), nil
 }

@@ -222,6 +222,46 @@ func TestBatches(t *testing.T) {
 		}
 	})
 
+	t.Run("X4 a line for a model outside its key's scope, another key's file", func(t *testing.T) {
+		out, err := runOnce(filepath.Join(s.env.bin, "edge"), "keys", "create", "-config", s.edgeConfig, "-name", "team-c", "-models", "tiny")
+		if err != nil {
+			t.Fatalf("edge keys create: %v\n%s", err, out)
+		}
+		kc := s.openai(option.WithAPIKey(lastKey(out)))
+		input := append(batchInput(3, "tiny", 4, nil), bytes.ReplaceAll(batchInput(2, "tiny-loop", 4, nil), []byte(`"req-`), []byte(`"loop-`))...)
+		var b *openai.Batch
+		pollUntil(t, 10*time.Second, func() bool { // the key store is re-read within a second
+			_, err := kc.Files.List(ctx, openai.FileListParams{})
+			return err == nil
+		})
+		b = submit(t, kc, input)
+		b = pollBatch(t, kc, b.ID, 60*time.Second, terminal)
+		if b.Status != "completed" || b.RequestCounts.Completed != 3 || b.RequestCounts.Failed != 2 {
+			t.Fatalf("batch: %s", b.RawJSON())
+		}
+		for _, l := range download(t, kc, b.ErrorFileID) {
+			if l.CustomID == nil || !strings.HasPrefix(*l.CustomID, "loop-") || l.Response == nil || l.Response.StatusCode/100 != 4 ||
+				!strings.Contains(string(l.Response.Body), "tiny-loop") {
+				t.Fatalf("error line %+v %s", l, l.Response.Body)
+			}
+			t.Logf("%s: %d %s", *l.CustomID, l.Response.StatusCode, l.Response.Body)
+		}
+		// The demo key cannot read team-c's files, nor make a batch of them.
+		if _, err := c.Files.Content(ctx, b.OutputFileID); !isStatus(err, 404) {
+			t.Fatalf("the demo key reads team-c's output: %v", err)
+		}
+		if _, err := c.Files.Get(ctx, b.InputFileID); !isStatus(err, 404) {
+			t.Fatalf("the demo key reads team-c's input: %v", err)
+		}
+		if _, err := c.Batches.New(ctx, openai.BatchNewParams{InputFileID: b.InputFileID, Endpoint: openai.BatchNewParamsEndpointV1ChatCompletions,
+			CompletionWindow: openai.BatchNewParamsCompletionWindow24h}); !isStatus(err, 400) {
+			t.Fatalf("the demo key makes a batch of team-c's file: %v", err)
+		}
+		if _, err := c.Files.Delete(ctx, b.InputFileID); !isStatus(err, 404) {
+			t.Fatalf("the demo key deletes team-c's file: %v", err)
+		}
+	})
+
 	t.Run("X4 a revoked key stops its batches", func(t *testing.T) {
 		out, err := runOnce(filepath.Join(s.env.bin, "edge"), "keys", "create", "-config", s.edgeConfig, "-name", "team-b")
 		if err != nil {

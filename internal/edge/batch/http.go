@@ -78,7 +78,7 @@ func (m *Manager) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		defer c.Close()
 		w.Header().Set("Content-Type", "application/octet-stream")
 		w.Header().Set("Content-Length", strconv.FormatInt(f.Bytes, 10))
-		w.Header().Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": f.Filename}))
+		w.Header().Set("Content-Disposition", contentDisposition(f.Filename))
 		_, _ = io.Copy(w, c)
 	case parts[0] == "batches" && len(parts) == 1:
 		switch r.Method {
@@ -181,6 +181,29 @@ func (m *Manager) upload(w http.ResponseWriter, r *http.Request, owner string) {
 	}
 }
 
+// contentDisposition is the download's header for a file named name (a
+// label the uploader chose): only its last path element, either separator,
+// without control characters, so that a client saving by it writes no
+// other directory; "download.jsonl" when nothing is left.
+func contentDisposition(name string) string {
+	if i := strings.LastIndexAny(name, `/\`); i >= 0 {
+		name = name[i+1:]
+	}
+	name = strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return -1
+		}
+		return r
+	}, name)
+	if name == "" || name == "." || name == ".." {
+		name = "download.jsonl"
+	}
+	if v := mime.FormatMediaType("attachment", map[string]string{"filename": name}); v != "" {
+		return v
+	}
+	return "attachment"
+}
+
 func (m *Manager) dropUpload(f *File, owner string) {
 	if f != nil {
 		_ = m.o.Store.DeleteFile(owner, f.ID)
@@ -259,6 +282,8 @@ func fail(w http.ResponseWriter, err error, kind, id string) {
 		writeError(w, http.StatusNotFound, "not_found", "", fmt.Sprintf("No such %s object: %s", kind, trunc(id)))
 	case errors.As(err, &pe):
 		writeError(w, http.StatusBadRequest, "invalid_request", pe.Param, pe.Error())
+	case errors.Is(err, ErrTooManyBatches):
+		writeError(w, http.StatusTooManyRequests, "too_many_batches", "", err.Error())
 	case errors.As(err, &nc), errors.Is(err, ErrInUse):
 		writeError(w, http.StatusConflict, "conflict", "", err.Error())
 	default:

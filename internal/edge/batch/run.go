@@ -1,6 +1,7 @@
 package batch
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -62,7 +63,14 @@ type Options struct {
 	KeyActive func(name string) error
 	// MaxInFlight bounds the lines of one batch in flight (batches.max_in_flight).
 	MaxInFlight int
-	Logger      *slog.Logger
+	// MaxPerKey bounds the batches of one key that have not ended
+	// (batches.max_batches_per_key); 0 = no bound.
+	MaxPerKey int
+	// MaxLineBytes bounds one input line (http.max_body_bytes and room for
+	// custom_id, method and url): a longer line is malformed, and is never
+	// held in memory whole; 0 = no bound.
+	MaxLineBytes int64
+	Logger       *slog.Logger
 	// Now is the clock of the batch's times and its window; nil = time.Now.
 	Now func() time.Time
 	// CheckEvery is how often a running batch looks at its key and its
@@ -81,9 +89,10 @@ type Manager struct {
 	wg      sync.WaitGroup
 	closed  sync.Once
 
-	mu    sync.Mutex
-	live  map[string]*active
-	lines map[string]*lineCounts // per owner, since start
+	createMu sync.Mutex // one Create at a time: the per-key bound is checked and taken at once
+	mu       sync.Mutex
+	live     map[string]*active
+	lines    map[string]*lineCounts // per owner, since start
 }
 
 type lineCounts struct{ completed, failed, retried atomic.Int64 }
@@ -95,6 +104,7 @@ type active struct {
 	stopped  chan struct{}
 	stopOnce sync.Once
 	ended    chan struct{} // closed when its driver returns
+	owner    string        // rec.Owner, which never changes
 	j        atomic.Pointer[Journal]
 	inFlight atomic.Int64
 }
@@ -150,7 +160,7 @@ func (m *Manager) Close() error {
 }
 
 func (m *Manager) launch(r Record) {
-	a := &active{rec: r, stopped: make(chan struct{}), ended: make(chan struct{})}
+	a := &active{rec: r, owner: r.Owner, stopped: make(chan struct{}), ended: make(chan struct{})}
 	if r.Status == Cancelling || r.Status == Finalizing && r.Goal == Expired {
 		a.stopOnce.Do(func() { close(a.stopped) })
 	}
@@ -185,8 +195,13 @@ type ParamError struct{ Param, Msg string }
 
 func (e *ParamError) Error() string { return e.Param + ": " + e.Msg }
 
+// ErrTooManyBatches is Create's error for a key with Options.MaxPerKey
+// batches that have not ended (HTTP 429).
+var ErrTooManyBatches = errors.New("too many batches that have not ended")
+
 // Create makes a batch of owner over its file p.InputFileID (SPEC X2): it
-// is validating, and runs at once.
+// is validating, and runs at once. A key with Options.MaxPerKey batches
+// that have not ended gets ErrTooManyBatches (SPEC X4).
 func (m *Manager) Create(owner string, p CreateParams) (*Record, error) {
 	if !slices.Contains(Endpoints, p.Endpoint) {
 		return nil, &ParamError{"endpoint", fmt.Sprintf("want one of %s, got %q", strings.Join(Endpoints, ", "), trunc(p.Endpoint))}
@@ -209,6 +224,13 @@ func (m *Manager) Create(owner string, p CreateParams) (*Record, error) {
 	if f.Purpose != "batch" {
 		return nil, &ParamError{"input_file_id", fmt.Sprintf("the file's purpose is %q; a batch's input must be uploaded with purpose \"batch\"", f.Purpose)}
 	}
+	m.createMu.Lock()
+	defer m.createMu.Unlock()
+	if m.o.MaxPerKey > 0 {
+		if n := m.liveOf(owner); n >= m.o.MaxPerKey {
+			return nil, fmt.Errorf("%w: this key has %d (batches.max_batches_per_key %d); wait for one to end or cancel one", ErrTooManyBatches, n, m.o.MaxPerKey)
+		}
+	}
 	now := m.o.Now()
 	r := Record{Machine: Machine{Status: Validating}, ID: NewBatchID(), Owner: owner, Endpoint: p.Endpoint,
 		InputFileID: f.ID, CompletionWindow: p.CompletionWindow, Metadata: p.Metadata,
@@ -218,6 +240,19 @@ func (m *Manager) Create(owner string, p CreateParams) (*Record, error) {
 	}
 	m.launch(r)
 	return &r, nil
+}
+
+// liveOf counts owner's batches that have not ended.
+func (m *Manager) liveOf(owner string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, a := range m.live {
+		if a.owner == owner {
+			n++
+		}
+	}
+	return n
 }
 
 // ended returns a channel closed when batch id's driver returned (nil
@@ -384,7 +419,7 @@ func (m *Manager) drive(a *active) {
 	in, _, err := m.o.Store.Content(rec.Owner, rec.InputFileID)
 	var lines []line
 	if err == nil {
-		lines, err = scan(in, rec.Endpoint)
+		lines, err = scan(in, rec.Endpoint, m.o.MaxLineBytes)
 		defer in.Close()
 	}
 	if a.status() == Validating {
@@ -549,8 +584,9 @@ type lineRequest struct {
 // scan reads the input file's lines and checks each (SPEC X2): a JSON
 // object with a custom_id (a string, unique in the file), method POST, url
 // the batch's endpoint and a body object naming a model, not streamed.
-// A blank last line is no line.
-func scan(f *os.File, endpoint string) ([]line, error) {
+// A blank last line is no line. A line over maxLine bytes (0 = no bound)
+// is malformed, and is counted, never held whole.
+func scan(f *os.File, endpoint string, maxLine int64) ([]line, error) {
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return nil, err
 	}
@@ -559,16 +595,20 @@ func scan(f *os.File, endpoint string) ([]line, error) {
 	seen := map[string]int{}
 	var off int64
 	for no := 1; ; no++ {
-		b, err := br.ReadBytes('\n')
-		if len(b) == 0 && err == io.EOF {
+		b, n, over, err := readLine(br, maxLine)
+		if n == 0 && err == io.EOF {
 			break
 		}
 		if err != nil && err != io.EOF {
 			return nil, err
 		}
-		l := line{no: no, off: off, n: int64(len(b))}
-		off += int64(len(b))
-		l.customID, l.model, l.err = check(bytes.TrimSpace(b), endpoint)
+		l := line{no: no, off: off, n: n}
+		off += n
+		if over {
+			l.err = fmt.Sprintf("%d bytes, over the bound of a line (%d: the edge's http.max_body_bytes and 64 KiB)", n, maxLine)
+		} else {
+			l.customID, l.model, l.err = check(bytes.TrimSpace(b), endpoint)
+		}
 		if l.err == "" {
 			if first, dup := seen[l.customID]; dup {
 				l.err = fmt.Sprintf("custom_id %q is the custom_id of line %d: each line needs its own", trunc(l.customID), first)
@@ -585,6 +625,26 @@ func scan(f *os.File, endpoint string) ([]line, error) {
 		return nil, ErrEmptyInput
 	}
 	return lines, nil
+}
+
+// readLine reads one line of br with its newline: its bytes (nil when
+// over), its length n, and over when n passed max (0 = no bound); memory
+// stays max and br's buffer whatever the line's length.
+func readLine(br *bufio.Reader, max int64) (b []byte, n int64, over bool, err error) {
+	for {
+		frag, err := br.ReadSlice('\n')
+		n += int64(len(frag))
+		if !over {
+			if max > 0 && n > max {
+				over, b = true, nil
+			} else {
+				b = append(b, frag...)
+			}
+		}
+		if err != bufio.ErrBufferFull {
+			return b, n, over, err
+		}
+	}
 }
 
 func check(b []byte, endpoint string) (customID, model, problem string) {

@@ -17,6 +17,11 @@ const (
 	// DefaultBatchMaxStorageBytes is batches.max_storage_bytes: every
 	// file and journal under batches.dir together, 10 GiB.
 	DefaultBatchMaxStorageBytes = 10 << 30
+	// DefaultBatchMaxPerKey is batches.max_batches_per_key: the batches of
+	// one key that have not ended (SPEC X4: each holds a driver and up to
+	// max_in_flight lines, so one key cannot take the edge with many).
+	DefaultBatchMaxPerKey = 16
+	MaxBatchMaxPerKey     = 10000
 )
 
 // Batches configures the OpenAI Batch and Files API the edge runs itself
@@ -38,6 +43,9 @@ type Batches struct {
 	// MaxStorageBytes bounds everything under Dir (files, outputs,
 	// journals); an upload that would pass it is refused; 0 = 10 GiB.
 	MaxStorageBytes int64 `json:"max_storage_bytes"`
+	// MaxPerKey bounds the batches of one key that have not ended; one
+	// more is refused (429); 0 = 16, 1 to 10,000.
+	MaxPerKey int `json:"max_batches_per_key"`
 }
 
 // Enabled reports whether the Batch and Files API is served.
@@ -57,6 +65,9 @@ func (c *Config) batchesDefaults() {
 	if b.MaxStorageBytes == 0 {
 		b.MaxStorageBytes = DefaultBatchMaxStorageBytes
 	}
+	if b.MaxPerKey == 0 {
+		b.MaxPerKey = DefaultBatchMaxPerKey
+	}
 }
 
 // validateBatches checks the batches block.
@@ -70,6 +81,9 @@ func (c *Config) validateBatches(add func(string, string, ...any)) {
 	}
 	if b.MaxLines < 1 || b.MaxLines > MaxBatchMaxLines {
 		add("batches.max_lines", "must be between 1 and %d, got %d", MaxBatchMaxLines, b.MaxLines)
+	}
+	if b.MaxPerKey < 1 || b.MaxPerKey > MaxBatchMaxPerKey {
+		add("batches.max_batches_per_key", "must be between 1 and %d, got %d", MaxBatchMaxPerKey, b.MaxPerKey)
 	}
 	if b.MaxStorageBytes < b.MaxFileBytes {
 		add("batches.max_storage_bytes", "must be at least batches.max_file_bytes (%d), got %d", b.MaxFileBytes, b.MaxStorageBytes)

@@ -1,0 +1,166 @@
+package batch
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"mime/multipart"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"iop/internal/leakcheck"
+)
+
+// The Files and Batch API tried as a hostile key (docs/security.md): each
+// case names its bound.
+
+func newManagerWith(t *testing.T, f *fakeEdge, o Options) *Manager {
+	t.Helper()
+	st, err := Open(t.TempDir(), Limits{MaxFileBytes: 1 << 24, MaxLines: 10000, MaxStorageBytes: 1 << 28}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Store = st
+	m := New(o)
+	m.Bind(f)
+	m.Start()
+	return m
+}
+
+// TestX4BatchesPerKey: a key holds at most batches.max_batches_per_key
+// batches that have not ended (each is a driver and up to max_in_flight
+// lines: many of them from one file would take the edge); one more is
+// refused with 429 naming the bound, another key is not refused, and a
+// batch that ended frees its place.
+func TestX4BatchesPerKey(t *testing.T) {
+	leakcheck.Check(t)
+	f := &fakeEdge{served: map[string]int{}, hold: make(chan struct{}), started: make(chan struct{}, 100)}
+	type ownerKey struct{}
+	m := newManagerWith(t, f, Options{MaxInFlight: 1, MaxPerKey: 2, Owner: func(ctx context.Context) (string, bool) {
+		o, ok := ctx.Value(ownerKey{}).(string)
+		return o, ok
+	}})
+	defer m.Close()
+	file, _ := m.o.Store.CreateFile("a", "in.jsonl", "batch", strings.NewReader(inputLines(3, nil)))
+	p := CreateParams{InputFileID: file.ID, Endpoint: "/v1/chat/completions", CompletionWindow: "24h"}
+	var ids []string
+	for range 2 { // the same file, twice
+		b, err := m.Create("a", p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, b.ID)
+	}
+	r := httptest.NewRequest("POST", "/v1/batches", strings.NewReader(`{"input_file_id":"`+file.ID+`","endpoint":"/v1/chat/completions","completion_window":"24h"}`))
+	r = r.WithContext(context.WithValue(r.Context(), ownerKey{}, "a"))
+	w := httptest.NewRecorder()
+	m.ServeHTTP(w, r)
+	if w.Code != http.StatusTooManyRequests || !strings.Contains(w.Body.String(), "batches.max_batches_per_key 2") ||
+		!strings.Contains(w.Body.String(), `"code":"too_many_batches"`) {
+		t.Fatalf("a third batch: %d %s", w.Code, w.Body)
+	}
+	fb, _ := m.o.Store.CreateFile("b", "in.jsonl", "batch", strings.NewReader(inputLines(1, nil)))
+	bb, err := m.Create("b", CreateParams{InputFileID: fb.ID, Endpoint: "/v1/chat/completions", CompletionWindow: "24h"})
+	if err != nil {
+		t.Fatalf("another key is refused: %v", err)
+	}
+	if _, err := m.Cancel("a", ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	waitEnd(t, m, "a", ids[0])
+	b3, err := m.Create("a", p)
+	if err != nil {
+		t.Fatalf("after one ended: %v", err)
+	}
+	if _, err := m.Create("a", p); !errors.Is(err, ErrTooManyBatches) {
+		t.Fatalf("a third again: %v", err)
+	}
+	for _, c := range []struct{ owner, id string }{{"a", ids[1]}, {"a", b3.ID}, {"b", bb.ID}} {
+		if _, err := m.Cancel(c.owner, c.id); err != nil {
+			t.Fatal(err)
+		}
+		waitEnd(t, m, c.owner, c.id)
+	}
+}
+
+// TestX2HugeLine: a line longer than the bound of a line
+// (http.max_body_bytes and room) is malformed, named with its line
+// number and length, and never sent; the other lines run.
+func TestX2HugeLine(t *testing.T) {
+	leakcheck.Check(t)
+	f := &fakeEdge{served: map[string]int{}}
+	m := newManagerWith(t, f, Options{MaxInFlight: 2, MaxLineBytes: 64 << 10})
+	defer m.Close()
+	huge := `{"custom_id":"c2","method":"POST","url":"/v1/chat/completions","body":{"model":"tiny","user":"c2","messages":[{"role":"user","content":"` +
+		strings.Repeat("x", 300<<10) + `"}]}}`
+	file, err := m.o.Store.CreateFile("k", "in.jsonl", "batch", strings.NewReader(inputLines(4, map[int]string{2: huge})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := m.Create("k", CreateParams{InputFileID: file.ID, Endpoint: "/v1/chat/completions", CompletionWindow: "24h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := waitEnd(t, m, "k", b.ID)
+	errs := content(t, m, "k", rec.ErrorFileID)
+	if rec.Counts != (Counts{Total: 4, Completed: 3, Failed: 1}) || len(errs) != 1 {
+		t.Fatalf("batch %s %+v, error file %v", rec.Status, rec.Counts, errs)
+	}
+	e := errs[0]["error"].(map[string]any)
+	if e["line"].(float64) != 2 || !strings.Contains(e["message"].(string), "over the bound of a line (65536") {
+		t.Fatalf("the huge line's error: %v", e)
+	}
+	if f.served["c2"] != 0 {
+		t.Fatal("the huge line was sent")
+	}
+}
+
+// TestX1PathLikeFilename: a filename is a label: it never names a path
+// on the edge (files are stored by id), and the download's
+// Content-Disposition carries only its last element, so a client saving
+// by it writes no other directory.
+func TestX1PathLikeFilename(t *testing.T) {
+	leakcheck.Check(t)
+	type ownerKey struct{}
+	m := newManagerWith(t, &fakeEdge{served: map[string]int{}}, Options{Owner: func(ctx context.Context) (string, bool) {
+		o, ok := ctx.Value(ownerKey{}).(string)
+		return o, ok
+	}})
+	defer m.Close()
+	for _, name := range []string{"../../etc/passwd", `..\..\windows\win.ini`, "/abs/x.jsonl", "a/\x00b", "..", "dir/"} {
+		var body bytes.Buffer
+		mw := multipart.NewWriter(&body)
+		fw, _ := mw.CreateFormFile("file", name)
+		io.WriteString(fw, "{}\n")
+		mw.WriteField("purpose", "batch")
+		mw.Close()
+		r := httptest.NewRequest("POST", "/v1/files", &body)
+		r.Header.Set("Content-Type", mw.FormDataContentType())
+		r = r.WithContext(context.WithValue(r.Context(), ownerKey{}, "a"))
+		w := httptest.NewRecorder()
+		m.ServeHTTP(w, r)
+		if strings.ContainsRune(name, 0) { // not a MIME header: refused, naming it
+			if w.Code != 400 || !strings.Contains(w.Body.String(), "malformed MIME header") {
+				t.Fatalf("%q: %d %s", name, w.Code, w.Body)
+			}
+			continue
+		}
+		var fo struct{ ID, Filename string }
+		if w.Code != 200 || json.Unmarshal(w.Body.Bytes(), &fo) != nil {
+			t.Fatalf("%q: %d %s", name, w.Code, w.Body)
+		}
+		r = httptest.NewRequest("GET", "/v1/files/"+fo.ID+"/content", nil)
+		r = r.WithContext(context.WithValue(r.Context(), ownerKey{}, "a"))
+		w = httptest.NewRecorder()
+		m.ServeHTTP(w, r)
+		cd := w.Header().Get("Content-Disposition")
+		if w.Code != 200 || w.Body.String() != "{}\n" || !strings.HasPrefix(cd, "attachment") || strings.ContainsAny(cd, `/\`) || strings.Contains(cd, "..") {
+			t.Fatalf("%q: %d Content-Disposition %q", name, w.Code, cd)
+		}
+		t.Logf("%q (file object %q) → %q", name, fo.Filename, cd)
+	}
+}
