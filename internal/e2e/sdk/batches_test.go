@@ -301,6 +301,56 @@ func TestBatches(t *testing.T) {
 	})
 }
 
+// TestBatchBoundsAsConfigured: the bounds a hostile key meets, as the
+// binaries wire them from the config (SPEC X2, X4): a line longer than
+// http.max_body_bytes + 64 KiB (here 1 MiB + 64 KiB) is malformed with its
+// number and the others run; a key with batches.max_batches_per_key
+// batches that have not ended gets 429 too_many_batches, another key not.
+func TestBatchBoundsAsConfigured(t *testing.T) {
+	s := newStack(t, withBatches(1), withConfig(func(ec, _ map[string]any) {
+		ec["batches"].(map[string]any)["max_batches_per_key"] = 2
+		ec["http"] = map[string]any{"max_body_bytes": 1 << 20}
+	}))
+	c := s.openai()
+	ctx := context.Background()
+	huge := `{"custom_id":"huge","method":"POST","url":"/v1/chat/completions","body":{"model":"tiny","messages":[{"role":"user","content":"` +
+		strings.Repeat("x", 2<<20) + `"}]}}`
+	b := submit(t, c, batchInput(3, "tiny", 2, map[int]string{2: huge}))
+	b = pollBatch(t, c, b.ID, 60*time.Second, terminal)
+	errs := download(t, c, b.ErrorFileID)
+	if b.Status != "completed" || b.RequestCounts.Completed != 2 || len(errs) != 1 || errs[0].Error == nil || errs[0].Error.Line != 2 ||
+		!strings.Contains(errs[0].Error.Message, "over the bound of a line (1114112") {
+		t.Fatalf("batch %s, error file %+v", b.RawJSON(), errs)
+	}
+	t.Logf("line 2: %s", errs[0].Error.Message)
+	// Two long batches hold the key's places; a third is refused.
+	var live []string
+	for range 2 {
+		live = append(live, submit(t, c, batchInput(400, "tiny", 16, nil)).ID)
+	}
+	f, err := c.Files.New(ctx, openai.FileNewParams{File: openai.File(bytes.NewReader(batchInput(1, "tiny", 1, nil)), "one.jsonl", "application/jsonl"),
+		Purpose: openai.FilePurposeBatch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Batches.New(ctx, openai.BatchNewParams{InputFileID: f.ID, Endpoint: openai.BatchNewParamsEndpointV1ChatCompletions,
+		CompletionWindow: openai.BatchNewParamsCompletionWindow24h})
+	if !isStatus(err, 429) || !strings.Contains(errMessage(err), "too_many_batches") || !strings.Contains(errMessage(err), "batches.max_batches_per_key 2") {
+		t.Fatalf("a third batch: %v: %s", err, errMessage(err))
+	}
+	t.Logf("a third batch: %s", errMessage(err))
+	for _, id := range live {
+		if _, err := c.Batches.Cancel(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		pollBatch(t, c, id, 30*time.Second, terminal)
+	}
+	if _, err := c.Batches.New(ctx, openai.BatchNewParams{InputFileID: f.ID, Endpoint: openai.BatchNewParamsEndpointV1ChatCompletions,
+		CompletionWindow: openai.BatchNewParamsCompletionWindow24h}); err != nil {
+		t.Fatalf("after the two ended: %v", err)
+	}
+}
+
 // TestBatchKill9 kills the edge (SIGKILL) in the middle of a 2,000-line
 // batch and starts it again (SPEC X3): the batch resumes and its output has
 // 2,000 lines, each custom_id once.
