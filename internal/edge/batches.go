@@ -21,7 +21,8 @@ func openBatches(cfg *config.Config, log *slog.Logger, reg *keys.Registry) (*bat
 	if !b.Enabled() {
 		return nil, nil
 	}
-	st, err := batch.Open(b.Dir, batch.Limits{MaxFileBytes: b.MaxFileBytes, MaxLines: b.MaxLines, MaxStorageBytes: b.MaxStorageBytes}, nil)
+	st, err := batch.Open(b.Dir, batch.Limits{MaxFileBytes: b.MaxFileBytes, MaxLines: b.MaxLines, MaxStorageBytes: b.MaxStorageBytes,
+		MaxKeyStorageBytes: b.MaxStorageBytesPerKey}, nil)
 	if err != nil {
 		return nil, err
 	}

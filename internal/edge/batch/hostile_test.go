@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"mime/multipart"
 	"net/http"
@@ -162,5 +163,59 @@ func TestX1PathLikeFilename(t *testing.T) {
 			t.Fatalf("%q: %d Content-Disposition %q", name, w.Code, cd)
 		}
 		t.Logf("%q (file object %q) → %q", name, fo.Filename, cd)
+	}
+}
+
+// TestX4StoragePerKey: one key cannot fill the directory every key shares
+// (batches.max_storage_bytes_per_key): its uploads and its batches'
+// outputs count; one more upload is refused 507 key_storage_full naming
+// the bound and nothing of it kept, another key still uploads, a delete
+// frees the key's room, and a restart counts the same.
+func TestX4StoragePerKey(t *testing.T) {
+	leakcheck.Check(t)
+	dir := t.TempDir()
+	lim := Limits{MaxFileBytes: 1000, MaxLines: 100, MaxStorageBytes: 4000, MaxKeyStorageBytes: 1500}
+	st, err := Open(dir, lim, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(owner string, n int) (*File, error) {
+		return st.CreateFile(owner, "in.jsonl", "batch", strings.NewReader(strings.Repeat("x", n-1)+"\n"))
+	}
+	first, err := put("a", 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.PutOutput("file-OUT", "a", "out.jsonl", []byte(strings.Repeat("o", 299)+"\n"), 1); err != nil {
+		t.Fatal(err) // outputs are never refused; they count
+	}
+	if _, err := put("a", 300); !errors.Is(err, ErrKeyStorage) || !strings.Contains(err.Error(), "of 1500") {
+		t.Fatalf("a over its share: %v", err)
+	}
+	if _, err := put("b", 1000); err != nil {
+		t.Fatalf("another key: %v", err)
+	}
+	if list, _ := st.Files("a", "", "", 10, false); len(list) != 2 || st.Used() != 2300 {
+		t.Fatalf("a's files %d, used %d: the refused upload left something", len(list), st.Used())
+	}
+	st.Close()
+	st, err = Open(dir, lim, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.CreateFile("a", "in.jsonl", "batch", strings.NewReader(strings.Repeat("y", 299)+"\n")); !errors.Is(err, ErrKeyStorage) {
+		t.Fatalf("after a restart: %v", err)
+	}
+	if err := st.DeleteFile("a", first.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.CreateFile("a", "in.jsonl", "batch", strings.NewReader(strings.Repeat("y", 299)+"\n")); err != nil {
+		t.Fatalf("after a delete: %v", err)
+	}
+	w := httptest.NewRecorder()
+	uploadError(w, fmt.Errorf("%w (x)", ErrKeyStorage))
+	if w.Code != http.StatusInsufficientStorage || !strings.Contains(w.Body.String(), `"code":"key_storage_full"`) {
+		t.Fatalf("HTTP: %d %s", w.Code, w.Body)
 	}
 }

@@ -27,6 +27,7 @@ var (
 	ErrTooLarge   = errors.New("file over batches.max_file_bytes")
 	ErrTooMany    = errors.New("file over batches.max_lines")
 	ErrStorage    = errors.New("batches.dir over batches.max_storage_bytes")
+	ErrKeyStorage = errors.New("the key's files over batches.max_storage_bytes_per_key")
 	ErrInUse      = errors.New("file is the input of a batch that has not ended")
 	ErrLocked     = errors.New("batches.dir is in use by another edge")
 	ErrEmptyInput = errors.New("file has no line")
@@ -37,6 +38,10 @@ type Limits struct {
 	MaxFileBytes    int64
 	MaxLines        int
 	MaxStorageBytes int64
+	// MaxKeyStorageBytes bounds the files of one owner (its uploads and
+	// its batches' outputs) so that one key cannot fill the directory
+	// every key shares; 0 = no bound of its own.
+	MaxKeyStorageBytes int64
 }
 
 // File is one stored file's metadata (OpenAI's file object plus its owner
@@ -122,7 +127,8 @@ type Store struct {
 	mu      sync.Mutex
 	files   map[string]*File
 	batches map[string]*Record
-	used    int64 // bytes of every file and journal under dir
+	used    int64            // bytes of every file and journal under dir
+	byOwner map[string]int64 // bytes of each owner's files (uploads and outputs)
 }
 
 // Open locks dir (creating it, mode 0700) and loads what it holds. Errors:
@@ -148,7 +154,7 @@ func Open(dir string, lim Limits, now func() time.Time) (*Store, error) {
 		}
 		return nil, fmt.Errorf("batches.dir: lock: %w", err)
 	}
-	s := &Store{dir: dir, lim: lim, lock: lf, now: now, files: map[string]*File{}, batches: map[string]*Record{}}
+	s := &Store{dir: dir, lim: lim, lock: lf, now: now, files: map[string]*File{}, batches: map[string]*Record{}, byOwner: map[string]int64{}}
 	if err := s.load(); err != nil {
 		lf.Close()
 		return nil, err
@@ -191,6 +197,7 @@ func (s *Store) load() error {
 			}
 			s.files[f.ID] = &f
 			s.used += fi.Size()
+			s.byOwner[f.Owner] += fi.Size()
 		}
 	}
 	for _, e := range ents { // content whose metadata never came: an upload cut by a crash
@@ -249,7 +256,7 @@ func (s *Store) CreateFile(owner, filename, purpose string, r io.Reader) (*File,
 	defer os.Remove(tmp.Name()) // no-op after the rename
 	defer tmp.Close()
 	w := &countingWriter{w: tmp, max: s.lim.MaxFileBytes, maxLines: s.lim.MaxLines}
-	if err := s.reserve(0); err != nil {
+	if err := s.reserve(owner, 0); err != nil {
 		return nil, err
 	}
 	if _, err := io.Copy(w, r); err != nil {
@@ -264,13 +271,16 @@ func (s *Store) CreateFile(owner, filename, purpose string, r io.Reader) (*File,
 			return nil, fmt.Errorf("%w (%d)", ErrTooMany, s.lim.MaxLines)
 		}
 	}
-	if err := s.reserve(w.n); err != nil {
+	if err := s.reserve(owner, w.n); err != nil {
 		return nil, err
 	}
 	release := true
 	defer func() {
 		if release {
 			s.unreserve(w.n)
+			s.mu.Lock()
+			s.byOwner[owner] -= w.n
+			s.mu.Unlock()
 		}
 	}()
 	if err := tmp.Sync(); err != nil {
@@ -306,8 +316,10 @@ func (s *Store) PutOutput(id, owner, filename string, data []byte, lines int) (*
 	s.mu.Lock()
 	if old := s.files[id]; old != nil {
 		s.used -= old.Bytes
+		s.byOwner[old.Owner] -= old.Bytes
 	}
 	s.used += f.Bytes
+	s.byOwner[owner] += f.Bytes
 	s.files[id] = f
 	s.mu.Unlock()
 	return f, nil
@@ -321,15 +333,22 @@ func (s *Store) putFileMeta(f *File) error {
 	return storefile.WriteAtomic(filepath.Join(s.filesDir(), f.ID+".json"), ".meta-*.tmp", b)
 }
 
-// reserve adds n bytes to the dir's use, or refuses with ErrStorage when
-// that would pass Limits.MaxStorageBytes (n = 0: refuses when already over).
-func (s *Store) reserve(n int64) error {
+// reserve adds n bytes of owner's to the dir's use, or refuses with
+// ErrKeyStorage when that would pass Limits.MaxKeyStorageBytes for owner,
+// ErrStorage when it would pass Limits.MaxStorageBytes (n = 0: refuses
+// when already at a bound).
+func (s *Store) reserve(owner string, n int64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.lim.MaxStorageBytes > 0 && s.used+n > s.lim.MaxStorageBytes || n == 0 && s.lim.MaxStorageBytes > 0 && s.used >= s.lim.MaxStorageBytes {
+	over := func(used, most int64) bool { return most > 0 && (used+n > most || n == 0 && used >= most) }
+	if over(s.byOwner[owner], s.lim.MaxKeyStorageBytes) {
+		return fmt.Errorf("%w (%d bytes of this key's in use of %d; delete files you no longer need)", ErrKeyStorage, s.byOwner[owner], s.lim.MaxKeyStorageBytes)
+	}
+	if over(s.used, s.lim.MaxStorageBytes) {
 		return fmt.Errorf("%w (%d bytes in use of %d; delete files you no longer need)", ErrStorage, s.used, s.lim.MaxStorageBytes)
 	}
 	s.used += n
+	s.byOwner[owner] += n
 	return nil
 }
 
@@ -430,6 +449,7 @@ func (s *Store) DeleteFile(owner, id string) error {
 	}
 	delete(s.files, id)
 	s.used -= f.Bytes
+	s.byOwner[owner] -= f.Bytes
 	s.mu.Unlock()
 	if err := os.Remove(filepath.Join(s.filesDir(), id+".json")); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err

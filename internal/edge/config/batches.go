@@ -22,6 +22,9 @@ const (
 	// max_in_flight lines, so one key cannot take the edge with many).
 	DefaultBatchMaxPerKey = 16
 	MaxBatchMaxPerKey     = 10000
+	// DefaultBatchMaxStorageBytesPerKey is batches.max_storage_bytes_per_key
+	// (when batches.max_file_bytes is not larger): a key's files, 1 GiB.
+	DefaultBatchMaxStorageBytesPerKey = 1 << 30
 )
 
 // Batches configures the OpenAI Batch and Files API the edge runs itself
@@ -46,6 +49,11 @@ type Batches struct {
 	// MaxPerKey bounds the batches of one key that have not ended; one
 	// more is refused (429); 0 = 16, 1 to 10,000.
 	MaxPerKey int `json:"max_batches_per_key"`
+	// MaxStorageBytesPerKey bounds the files of one key (its uploads and
+	// its batches' outputs) so that one key cannot fill Dir for every
+	// other; an upload that would pass it is refused; 0 = 1 GiB or
+	// MaxFileBytes if larger, at most MaxStorageBytes.
+	MaxStorageBytesPerKey int64 `json:"max_storage_bytes_per_key"`
 }
 
 // Enabled reports whether the Batch and Files API is served.
@@ -68,6 +76,9 @@ func (c *Config) batchesDefaults() {
 	if b.MaxPerKey == 0 {
 		b.MaxPerKey = DefaultBatchMaxPerKey
 	}
+	if b.MaxStorageBytesPerKey == 0 {
+		b.MaxStorageBytesPerKey = min(max(DefaultBatchMaxStorageBytesPerKey, b.MaxFileBytes), b.MaxStorageBytes)
+	}
 }
 
 // validateBatches checks the batches block.
@@ -84,6 +95,9 @@ func (c *Config) validateBatches(add func(string, string, ...any)) {
 	}
 	if b.MaxPerKey < 1 || b.MaxPerKey > MaxBatchMaxPerKey {
 		add("batches.max_batches_per_key", "must be between 1 and %d, got %d", MaxBatchMaxPerKey, b.MaxPerKey)
+	}
+	if b.MaxStorageBytesPerKey < b.MaxFileBytes || b.MaxStorageBytesPerKey > b.MaxStorageBytes {
+		add("batches.max_storage_bytes_per_key", "must be between batches.max_file_bytes (%d) and batches.max_storage_bytes (%d), got %d", b.MaxFileBytes, b.MaxStorageBytes, b.MaxStorageBytesPerKey)
 	}
 	if b.MaxStorageBytes < b.MaxFileBytes {
 		add("batches.max_storage_bytes", "must be at least batches.max_file_bytes (%d), got %d", b.MaxFileBytes, b.MaxStorageBytes)

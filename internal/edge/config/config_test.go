@@ -63,6 +63,7 @@ func TestDefaults(t *testing.T) {
 		{"issue16 affinity_epsilon", *c.Models[0].AffinityEpsilon, 0.1},
 		{"issue16 affinity_wait_ms", c.Models[0].AffinityWaitMs, int64(0)},
 		{"X4 batches.max_batches_per_key", c.Batches.MaxPerKey, DefaultBatchMaxPerKey},
+		{"X4 batches.max_storage_bytes_per_key", c.Batches.MaxStorageBytesPerKey, int64(1 << 30)},
 	}
 	for _, ck := range checks {
 		if ck.got != ck.want {
@@ -113,7 +114,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
   "http": {"max_body_bytes": 999999999, "max_inflight_body_bytes": 1000, "max_connections": -1, "unknown_fields": "ignore",
            "max_header_bytes": 100, "max_header_fields": 20000},
   "shutdown": {"drain_timeout_ms": -1},
-  "batches": {"dir": "b", "max_batches_per_key": 10001}
+  "batches": {"dir": "b", "max_batches_per_key": 10001, "max_storage_bytes_per_key": 10}
 }`
 	_, err := Parse([]byte(bad))
 	if err == nil {
@@ -153,6 +154,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 		"http.max_header_bytes: must be between 4096 and 1048576, got 100",
 		"http.max_header_fields: must be between 16 and 10000, got 20000",
 		"batches.max_batches_per_key: must be between 1 and 10000, got 10001",
+		"batches.max_storage_bytes_per_key: must be between batches.max_file_bytes (104857600) and batches.max_storage_bytes (10737418240), got 10",
 	}
 	for _, w := range wants {
 		if !strings.Contains(err.Error(), w) {
