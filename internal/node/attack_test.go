@@ -95,7 +95,7 @@ func TestEdgeCannotMakeTheNodeRunAProgram(t *testing.T) {
 	env := map[string]string{"IOP_TEST_UPSTREAM_SECRET": "sk-never-in-a-child"}
 	o := Options{LookupEnv: func(k string) (string, bool) { v, ok := env[k]; return v, ok }}
 	newExec := adapterExecutor(o, slog.New(slog.DiscardHandler), "gpu-1", nil, func(string) bool { return true },
-		adapter.NewCapacity(), config.Edge{Name: "edge-1", Addr: "127.0.0.1:7443"}, map[string]adapter.ManagedBackend{"llama": b}, adapter.NewSignal())
+		adapter.NewCapacity(), config.Edge{Name: "edge-1", Addr: "127.0.0.1:7443"}, map[string]adapter.ManagedBackend{"llama": b}, adapter.NewSignal(), nil)
 	compat := func(typ, name string) *iop.AdapterConfig {
 		return &iop.AdapterConfig{Name: "l", Type: typ, BaseUrl: "http://127.0.0.1:9", Capacity: 4, Managed: name,
 			ApiKeyEnv: "IOP_TEST_UPSTREAM_SECRET",

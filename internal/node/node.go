@@ -87,6 +87,7 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 	}
 	capacity := adapter.NewCapacity()                                // SPEC E4: one capacity per adapter, whichever edge sends the work
 	residency := adapter.NewSignal()                                 // SPEC U6: every residency change wakes every session's report
+	ollamaWatch := adapter.NewOllamaWatchers()                       // SPEC U7: each Ollama read once for every edge
 	backends, closeManaged, err := startManaged(cfg, log, residency) // SPEC U1: the node's own managed backends, shared by every edge
 	if err != nil {
 		return supervisor.MarkFatal(err)
@@ -108,7 +109,7 @@ func Run(ctx context.Context, cfg *config.Config, o Options) error {
 		}
 		newExec := o.NewExecutor
 		if newExec == nil {
-			newExec = adapterExecutor(o, elog, cfg.NodeID, opener, cfg.APIKeyEnvAllowed, capacity, e, backends, residency)
+			newExec = adapterExecutor(o, elog, cfg.NodeID, opener, cfg.APIKeyEnvAllowed, capacity, e, backends, residency, ollamaWatch)
 		}
 		so := session.Options{
 			NodeID:      cfg.NodeID,
@@ -194,7 +195,7 @@ func (p *edgePeers) claim(edges []config.Edge, i int, remote string) (release fu
 // Every Set shares capacity; edge's share bounds its requests and its
 // name keys the backends its payload names (adapter.ErrAdapterConflict).
 func adapterExecutor(o Options, log *slog.Logger, nodeID string, opener *lease.Opener, allowEnv func(string) bool,
-	capacity *adapter.Capacity, edge config.Edge, backends map[string]adapter.ManagedBackend, residency *adapter.Signal) session.NewExecutorFunc {
+	capacity *adapter.Capacity, edge config.Edge, backends map[string]adapter.ManagedBackend, residency *adapter.Signal, ollamaWatch *adapter.OllamaWatchers) session.NewExecutorFunc {
 	return func(p *iop.NodeConfigPayload) (session.Executor, error) {
 		set, err := adapter.NewSet(p, adapter.Options{
 			HTTPClient:       o.HTTPClient,
@@ -210,6 +211,7 @@ func adapterExecutor(o Options, log *slog.Logger, nodeID string, opener *lease.O
 			CapacityShare:    edge.CapacityShare,
 			Managed:          backends,
 			Residency:        residency,
+			Ollama:           ollamaWatch,
 		})
 		if restartRequired(err) {
 			return nil, fmt.Errorf("%w: %w", session.ErrRestartRequired, err)

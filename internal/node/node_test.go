@@ -267,7 +267,7 @@ func TestExecutorRestartRequired(t *testing.T) {
 	o := Options{LookupEnv: func(k string) (string, bool) { v, ok := env[k]; return v, ok }}
 	allow := func(k string) bool { return strings.HasPrefix(k, "IOP_KEY_") }
 	backends := map[string]adapter.ManagedBackend{"llama": nil}
-	newExec := adapterExecutor(o, slog.New(slog.DiscardHandler), "gpu-1", nil, allow, adapter.NewCapacity(), config.Edge{Name: "edge-1", Addr: "127.0.0.1:7443"}, backends, adapter.NewSignal())
+	newExec := adapterExecutor(o, slog.New(slog.DiscardHandler), "gpu-1", nil, allow, adapter.NewCapacity(), config.Edge{Name: "edge-1", Addr: "127.0.0.1:7443"}, backends, adapter.NewSignal(), nil)
 	compat := func(managed string) *iop.AdapterConfig {
 		return &iop.AdapterConfig{Name: "l", Type: "openai_compat", BaseUrl: "http://127.0.0.1:1", Capacity: 1, Managed: managed,
 			OpenaiCompat: &iop.OpenAICompatAdapterConfig{ProtocolProfile: &iop.ConcreteProtocolProfile{Name: "llamacpp", ChatCompletionsPath: "/v1/chat/completions"}}}

@@ -184,6 +184,10 @@ type Options struct {
 	// (SPEC U6): the node's one Signal, which its managed backends notify
 	// too; nil = a Signal of this Set's own.
 	Residency *Signal
+	// Ollama is the node's Ollama residency watchers, one per server,
+	// shared by every Set the process builds (SPEC U7); nil = watchers of
+	// this Set's own.
+	Ollama *OllamaWatchers
 }
 
 // Set is the adapter instances of one NodeConfigPayload. Its methods are safe
@@ -213,8 +217,9 @@ type Set struct {
 	// observing holds one token per stall log line a logger still has
 	// (observeStall, SPEC O2).
 	observing chan struct{}
-	// signal is Options.Residency (SPEC U6).
+	// signal is Options.Residency (SPEC U6); psw Options.Ollama (U7).
 	signal *Signal
+	psw    *OllamaWatchers
 }
 
 // instance is one adapter instance.
@@ -270,6 +275,10 @@ func NewSet(cfg *iop.NodeConfigPayload, o Options) (*Set, error) {
 		edge:      o.Edge,
 		observing: make(chan struct{}, maxStuckObservations),
 		signal:    o.Residency,
+		psw:       o.Ollama,
+	}
+	if s.psw == nil {
+		s.psw = NewOllamaWatchers()
 	}
 	if s.signal == nil {
 		s.signal = NewSignal()
@@ -314,6 +323,9 @@ func NewSet(cfg *iop.NodeConfigPayload, o Options) (*Set, error) {
 			}
 		}
 		if err != nil {
+			if inst != nil && inst.ps != nil {
+				s.psw.release(inst.ps) // never added: Close does not see it
+			}
 			s.Close()
 			return nil, fmt.Errorf("adapters[%d]: %w", i, err)
 		}
@@ -402,7 +414,7 @@ func (s *Set) build(ac *iop.AdapterConfig, allowEnv func(string) bool, lookupEnv
 		caps := &ollama.Capabilities{} // shared by the instance's runners (one per credential lease)
 		var watch ollama.Watcher
 		if ac.GetDiscoveryIntervalMs() > 0 { // SPEC U7: residency is part of discovery (D1)
-			inst.ps = newPSWatch(inst.ep, s.signal)
+			inst.ps = s.psw.acquire(inst.ep, s.signal)
 			watch = inst.ps
 		}
 		inst.newRunner = func(ep *upstream.Endpoint) runner {
@@ -487,7 +499,7 @@ func (s *Set) Close() {
 	s.capacity.unbind(s, s.edge)
 	for _, inst := range s.instances {
 		if inst.ps != nil {
-			inst.ps.stop()
+			s.psw.release(inst.ps)
 		}
 	}
 	if s.shared != nil {

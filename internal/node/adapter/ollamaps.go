@@ -78,6 +78,49 @@ func (w *psWatch) count(n string) *psCounts {
 	return c
 }
 
+// OllamaWatchers is a node's Ollama residency watchers (SPEC U7): one per
+// Ollama server (base URL and credential), shared by the Sets of every
+// edge, so each server is read once however many edges the node serves
+// and every edge sees the loads the others' requests began. Safe for
+// concurrent use.
+type OllamaWatchers struct {
+	mu sync.Mutex
+	m  map[string]*psWatch
+}
+
+// NewOllamaWatchers returns an empty set of watchers.
+func NewOllamaWatchers() *OllamaWatchers { return &OllamaWatchers{m: map[string]*psWatch{}} }
+
+// acquire is the watcher of ep's server, made on the first call for it
+// (with ep and sig); each acquire is matched by one release.
+func (o *OllamaWatchers) acquire(ep *upstream.Endpoint, sig *Signal) *psWatch {
+	key := ep.Base.String() + "\x00" + ep.AuthHeader + "\x00" + ep.AuthValue
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	w := o.m[key]
+	if w == nil {
+		w = newPSWatch(ep, sig)
+		w.key = key
+		o.m[key] = w
+	}
+	w.refs++
+	return w
+}
+
+// release drops one reference to w; the last stops it.
+func (o *OllamaWatchers) release(w *psWatch) {
+	o.mu.Lock()
+	w.refs--
+	last := w.refs == 0
+	if last {
+		delete(o.m, w.key)
+	}
+	o.mu.Unlock()
+	if last {
+		w.stop()
+	}
+}
+
 // psModel is one model of /api/ps.
 type psModel struct {
 	Name      string    `json:"name"`
@@ -89,8 +132,10 @@ type psModel struct {
 
 // psWatch is one Ollama adapter instance's view of its server's residency.
 // Its goroutine starts at the first Report (the session's residency loop)
-// and ends at stop (Set.Close).
+// and ends at stop (the last Set using it closed).
 type psWatch struct {
+	key    string // guarded by OllamaWatchers.mu, as refs
+	refs   int
 	ep     *upstream.Endpoint
 	signal *Signal
 	now    func() time.Time

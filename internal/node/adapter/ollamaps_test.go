@@ -255,3 +255,58 @@ func TestRealOllamaResidency(t *testing.T) {
 		t.Errorf("U7 memory_mb %d, want /api/ps's size", r[target].GetMemoryMb())
 	}
 }
+
+// U7: two Sets (two edges' payloads) sharing the node's OllamaWatchers
+// share one watcher of their Ollama: a request through one shows its
+// model loading in the other's report, and the watcher stops with the
+// last Set — also when a payload was refused after its ollama adapter
+// took the watcher.
+func TestOllamaWatchersShared(t *testing.T) {
+	leakcheck.Check(t)
+	o := &fakeOllama{loadedTil: map[string]time.Time{}, ttl: time.Minute, hold: make(chan struct{}),
+		chat: sample(t, "ollama_api_chat_stream.ndjson")}
+	up := newFake(t, o.handler)
+	shared, sig := adapter.NewOllamaWatchers(), adapter.NewSignal()
+	opts := adapter.Options{Ollama: shared, Residency: sig}
+	ac := func() *iop.AdapterConfig {
+		a := ollamaAdapter("ollama", up.URL, 2)
+		a.DiscoveryIntervalMs = 10000
+		return a
+	}
+	a, err := adapter.NewSet(&iop.NodeConfigPayload{Adapters: []*iop.AdapterConfig{ac()}}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := adapter.NewSet(&iop.NodeConfigPayload{Adapters: []*iop.AdapterConfig{ac()}}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitResidency(t, b, "ollama", "the models", func(r map[string]*iop.ModelResidency) bool { return r["tiny"] != nil })
+	done := make(chan []*iop.RunEvent, 1)
+	go func() {
+		done <- runAll(context.Background(), a, &iop.RunRequest{Adapter: "ollama", Target: "tiny", Input: userInput("hi")})
+	}()
+	waitResidency(t, b, "ollama", "edge b sees edge a's load", func(r map[string]*iop.ModelResidency) bool {
+		return state(r, "tiny") == protocol.ResidencyLoading
+	})
+	close(o.hold)
+	<-done
+	waitResidency(t, b, "ollama", "loaded in b's report", func(r map[string]*iop.ModelResidency) bool {
+		return state(r, "tiny") == protocol.ResidencyLoaded
+	})
+	a.Close()
+	b.Close() // the last: the watcher's goroutine ends (leakcheck)
+	// A payload refused after its ollama adapter was built returns its
+	// watcher too.
+	bad := ac()
+	bad.Managed = "llama"
+	if _, err := adapter.NewSet(&iop.NodeConfigPayload{Adapters: []*iop.AdapterConfig{bad}}, opts); err == nil {
+		t.Fatal("managed on an ollama adapter applied")
+	}
+	c, err := adapter.NewSet(&iop.NodeConfigPayload{Adapters: []*iop.AdapterConfig{ac()}}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Residency() // starts a watcher: a fresh one, ended by Close
+	c.Close()
+}
