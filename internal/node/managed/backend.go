@@ -63,6 +63,9 @@ const (
 	// failure).
 	DefaultBackoffMin = time.Second
 	DefaultBackoffMax = time.Minute
+	// NotifyGap spaces the OnChange calls of steps that only moved
+	// in_flight (the session's report spaces such reports the same).
+	NotifyGap = 250 * time.Millisecond
 )
 
 // ErrUnavailable is the error of an Acquire that cannot get its model
@@ -87,10 +90,12 @@ type Config struct {
 	PortFirst    int
 	PortLast     int
 	Logger       *slog.Logger // nil: discard
-	// OnChange, when set, is called after every step of the machine (a
-	// residency may have changed) with the Backend's lock held: it must
-	// not block or call the Backend (the session's residency report pokes
-	// a channel).
+	// OnChange, when set, is called after a step of the machine that may
+	// have changed a residency, with the Backend's lock held: it must not
+	// block or call the Backend (the node's residency Signal). A step that
+	// only moved a model's requests in flight (a request granted on a
+	// loaded model, one ended) calls it at most every NotifyGap, the last
+	// of a burst NotifyGap after the one before (SPEC U6).
 	OnChange func()
 	// Zero = the defaults above (tests shorten them).
 	HealthPoll             time.Duration
@@ -143,6 +148,10 @@ type Backend struct {
 	ports   map[int]bool
 	logs    map[string]*ring // the last process's log per model
 	closed  bool
+	// lastNotify is the last OnChange; owed, an in_flight-only step's
+	// call not made yet (the timer loop makes it at lastNotify+NotifyGap).
+	lastNotify time.Time
+	owed       bool
 }
 
 type startReq struct {
@@ -240,11 +249,16 @@ func (b *Backend) timerLoop() {
 		if ok {
 			d = max(time.Until(at), time.Millisecond)
 		}
+		b.mu.Lock()
+		if b.owed {
+			d = min(d, max(time.Until(b.lastNotify.Add(NotifyGap)), time.Millisecond))
+		}
+		b.mu.Unlock()
 		t.Reset(d)
 		select {
 		case <-t.C:
 			b.mu.Lock()
-			b.step(Event{Kind: EvTick})
+			b.step(Event{Kind: EvTick}) // notifies, paying what is owed
 			b.mu.Unlock()
 		case <-b.kick:
 		case <-b.done:
@@ -256,7 +270,9 @@ func (b *Backend) timerLoop() {
 // step applies ev to the machine and carries out its effects; b.mu held.
 func (b *Backend) step(ev Event) {
 	ev.Now = time.Now()
+	inflightOnly := ev.Kind == EvRequest || ev.Kind == EvDone
 	for _, fx := range b.m.Step(ev) {
+		inflightOnly = inflightOnly && fx.Kind == FxGrant
 		switch fx.Kind {
 		case FxGrant:
 			port := 0
@@ -275,10 +291,20 @@ func (b *Backend) step(ev Event) {
 			}
 		}
 	}
+	if inflightOnly && time.Since(b.lastNotify) < NotifyGap {
+		b.owed = true // the timer loop's tick at lastNotify+NotifyGap calls it
+	} else {
+		b.notify()
+	}
 	select {
 	case b.kick <- struct{}{}:
 	default:
 	}
+}
+
+// notify calls OnChange; b.mu held.
+func (b *Backend) notify() {
+	b.lastNotify, b.owed = time.Now(), false
 	if b.cfg.OnChange != nil {
 		b.cfg.OnChange()
 	}

@@ -426,3 +426,56 @@ func TestBackendChildDiesWithNode(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// U6: requests on a loaded model move only in_flight: OnChange is called
+// for them at most every NotifyGap (not per request), and the last of a
+// burst still comes, after which the report says no request is in flight.
+func TestBackendNotifiesInFlightSparingly(t *testing.T) {
+	leakcheck.Check(t)
+	var calls atomic.Int64
+	changed := make(chan struct{}, 1)
+	b, _, _ := newTestBackend(t, func(c *Config) {
+		c.OnChange = func() {
+			calls.Add(1)
+			select {
+			case changed <- struct{}{}:
+			default:
+			}
+		}
+	})
+	_, rel, err := b.Acquire(context.Background(), "m1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel()
+	start, before := time.Now(), calls.Load()
+	const n = 500
+	for range n {
+		_, rel, err := b.Acquire(context.Background(), "m1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel()
+	}
+	during := calls.Load() - before
+	if limit := 2 + int64(time.Since(start)/NotifyGap); during > limit {
+		t.Errorf("U6 %d OnChange calls for %d requests in %v (at most %d: one per %v)", during, n, time.Since(start), limit, NotifyGap)
+	}
+	deadline := time.After(10 * NotifyGap)
+	for { // the last change, if it was held back, is notified by the timer loop
+		b.mu.Lock()
+		owed := b.owed
+		b.mu.Unlock()
+		if !owed {
+			break
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatal("U6 the last in_flight change was never notified")
+		}
+	}
+	if r := b.Report()[0]; r.GetModel() != "m1" || r.GetInFlight() != 0 || r.GetState() != "loaded" {
+		t.Errorf("report after the burst: %v", r)
+	}
+}
