@@ -387,7 +387,7 @@ func TestDrainAndStop(t *testing.T) {
 	}
 }
 
-// Q2 (edge.Run returns with every lease back): WaitDetached
+// Q2 (edge.Serve returns with every lease back): WaitDetached
 // waits for the goroutine that keeps a cancelled stream's lease until the
 // node confirms the cancel, and returns once the lease went back — here
 // when the node's session is lost (what closing the sessions at exit does).

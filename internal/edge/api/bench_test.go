@@ -145,7 +145,7 @@ func BenchmarkRunStreamSurface100(b *testing.B) {
 }
 
 // BenchmarkTunnelRoundTripAccounted: BenchmarkTunnelRoundTrip with the
-// Edge's accounting on, as edge.Run wires it: the JSON access
+// Edge's accounting on, as edge.Serve wires it: the JSON access
 // line (into io.Discard), the request metrics and the recent errors.
 func BenchmarkTunnelRoundTripAccounted(b *testing.B) {
 	up := []byte(`{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hello"},"finish_reason":"stop"}]}`)

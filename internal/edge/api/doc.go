@@ -70,7 +70,7 @@
 // Drain (drain.go) makes every new request a 503 with Retry-After while
 // the ones in flight go on; Stop ends what is left through each request's
 // context (ErrShutdown): node work is cancelled and the client gets a 503
-// or its surface's error event (code edge_shutdown). edge.Run calls them on
+// or its surface's error event (code edge_shutdown). the edge daemon (edge.Serve) calls them on
 // SIGTERM around shutdown.drain_timeout_ms.
 //
 // # Hostile clients

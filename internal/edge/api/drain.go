@@ -47,7 +47,7 @@ func (h *Handler) WaitIdle(ctx context.Context) error {
 // cancelled stream until the node confirms the cancel (at most
 // Options.CancelDrainTimeout each; at once when the node's session is
 // gone) has released it, and returns nil; or ctx's error when ctx ends
-// first. edge.Run calls it after closing the node sessions, so that it
+// first. edge.Serve's daemon calls it after closing the node sessions, so that it
 // returns with every lease back (SPEC Q2).
 func (h *Handler) WaitDetached(ctx context.Context) error {
 	for h.drain.detached.Load() > 0 {

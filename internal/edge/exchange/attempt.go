@@ -11,12 +11,12 @@ import (
 // The per-request attempt (SPEC H8, H11, H12, Q2, L8) as a pure state
 // machine: attempt.step(event) → effects moves the attempt to its next
 // state (a transition like pool/core.go's), no I/O, no clock.
-// Time arrives in events as readings of Options.Now. exchange.go turns what
+// Time arrives in events as readings of Deps.Now. relay.go turns what
 // the request meets — each envelope of the stream (classified once by
 // classify), a stall's validated evidence, a lost node connection, a
 // dispatch that could not start, the end of a relay, the pool's answer to a
 // re-dispatch — into events and carries out the effects: the sink's writes,
-// passive health (Options.Outlier), the stall record (Options.Health), the
+// passive health (Deps.Outlier), the stall record (Deps.Health), the
 // lease's release and the next Acquire.
 //
 //	relaying ──envelope, a failure before any byte another provider may not share──▶ failed
@@ -93,7 +93,7 @@ type attemptPhase uint8
 const (
 	phaseRelaying attemptPhase = iota // envelopes go to the sink
 	phaseHolding                      // a failing tunnel response is held until its END
-	phaseChecking                     // a stall's evidence is with Options.Health (evStallChecked answers)
+	phaseChecking                     // a stall's evidence is with Deps.Health (evStallChecked answers)
 	phaseFailed                       // the attempt failed before any byte; relay stops, the request is re-dispatched
 	phaseDone                         // the request is answered
 )
@@ -103,8 +103,8 @@ type attempt struct {
 	// Fixed for the request.
 	bound      int       // providers it may be sent to (models[].max_attempts)
 	deadline   time.Time // re-dispatch deadline after a failure; zero = none
-	redispatch bool      // re-dispatch is on (Options.RedispatchWait ≥ 0)
-	stalls     bool      // stalls are validated evidence (Options.Health set)
+	redispatch bool      // re-dispatch is on (Deps.RedispatchWait ≥ 0)
+	stalls     bool      // stalls are validated evidence (Deps.Health set)
 
 	// slot: the credential slot of the route the request was bound to
 	// (pool.Lease.Slot; SPEC C6); every re-dispatch stays within it.
@@ -144,7 +144,7 @@ type eventKind uint8
 
 const (
 	evEnvelope     eventKind = iota // an envelope of the stream arrived (class)
-	evStallChecked                  // Options.Health answered the stall evidence (valid)
+	evStallChecked                  // Deps.Health answered the stall evidence (valid)
 	evLost                          // the node connection ended before the terminal: fence (L8), session loss, a drained node
 	evStartFailed                   // the request could not be dispatched on the lease
 	evRelayEnded                    // the attempt's relay returned (ok: a success outcome was written)
@@ -183,7 +183,7 @@ const (
 type leaseWait uint8
 
 const (
-	waitRedispatch leaseWait = iota // Options.RedispatchWait (after a stall, or with no deadline)
+	waitRedispatch leaseWait = iota // Deps.RedispatchWait (after a stall, or with no deadline)
 	waitDeadline                    // until the request's deadline
 )
 
@@ -194,7 +194,7 @@ type effects struct {
 	// answer to the same request shows were the providers' own, not the
 	// input's; passive health hears each as a failure, before verdict.
 	corroborated []suspect
-	checkStall   bool // hand the stall evidence to Options.Health; step evStallChecked with its answer
+	checkStall   bool // hand the stall evidence to Deps.Health; step evStallChecked with its answer
 	// eligibility is the stall re-dispatch decision to record (SPEC H12),
 	// when recordEligibility.
 	eligibility       health.Eligibility
