@@ -308,12 +308,14 @@ func TestNodeDrain(t *testing.T) {
 	n1 := startNodeNoCleanup(t, p, "gpu-1", e.nodeAddr, nodeOpts{log: logs.logger("node1")})
 	t.Cleanup(func() { _ = n1.stop() })
 	adm.waitConnected(t, 10*time.Second, "gpu-1")
-	startNode(t, p, "gpu-2", e.nodeAddr, nodeOpts{log: logs.logger("node2")})
-	adm.waitConnected(t, 10*time.Second, "gpu-1", "gpu-2")
 
-	// 60 tokens × 20 ms: long enough to outlive the steps below.
+	// 60 tokens × 20 ms: long enough to outlive the steps below. Started
+	// while gpu-1 is the group's only node, so that it runs there (with
+	// both connected, routing may pick either).
 	s := startStream(api, "on-gpu-1", chatRequest{model: "loop", maxTokens: 60})
 	s.waitFirst(t)
+	startNode(t, p, "gpu-2", e.nodeAddr, nodeOpts{log: logs.logger("node2")})
+	adm.waitConnected(t, 10*time.Second, "gpu-1", "gpu-2")
 	var stopErr error
 	var wg sync.WaitGroup
 	wg.Add(1)
