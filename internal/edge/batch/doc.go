@@ -15,13 +15,17 @@
 //   - store.go: the files and batch records in batches.dir, written as the
 //     key store is (storefile: temporary file, fsync, rename), one edge per
 //     dir (flock); journal.go: a batch's answered lines, its done-set.
-//   - run.go: the Manager: Create, Cancel, and one driver goroutine per
-//     batch that has not ended, which validates its input (a malformed line
-//     is answered in the error file with its number), runs its lines
-//     through the edge's client handler as its key with Iop-Priority: batch,
-//     at most batches.max_in_flight at once, and writes its output and
-//     error files; a stop (cancel, the key revoked, the window ended, the
-//     edge closing) cancels the lines in flight, which are not journaled.
+//   - manager.go: the Manager, its Options, and each batch that has not
+//     ended (active) with step, which applies an event to its machine and
+//     persists the record; batches.go: Create, Get, List, Cancel.
+//   - run.go: one driver goroutine per batch that has not ended, which
+//     validates its input (input.go: a malformed line is answered in the
+//     error file with its number), runs its lines through the edge's client
+//     handler as its key with Iop-Priority: batch, at most
+//     batches.max_in_flight at once, and writes its output and error files
+//     (output.go: a line's answer, the files from the journal); a stop
+//     (cancel, the key revoked, the window ended, the edge closing) cancels
+//     the lines in flight, which are not journaled.
 //   - http.go: /v1/files and /v1/batches in OpenAI's shapes; status.go:
 //     the batches in progress per key for /status and /metrics (X6).
 //
