@@ -49,6 +49,7 @@ func (h *Handler) reserveKey(x *exchange.Exchange, w *reply.Recorder) bool {
 		return false
 	}
 	writeRateLimit(w.Header(), x.Endpoint.Surface, &t.RateLimit, now)
+	w.MinTokens = int64(len(x.Body) / 4) // the prompt's estimate; the tunnel adds what it relays
 	return true
 }
 
@@ -76,8 +77,9 @@ func writeRateLimit(h http.Header, s reply.Surface, rl *keys.RateLimit, now time
 // finishKey ends the request's ticket, if any, at the end of its
 // handler (K5): the in-flight slot goes back and the token reservation
 // is settled with the usage the backend reported (the latest report, as
-// the access record holds it), or the estimate for an answer that
-// reported none.
+// the access record holds it), or for an answer that reported none the
+// larger of its estimate and what its relay showed it cost
+// (Recorder.MinTokens).
 func (h *Handler) finishKey(ctx context.Context, w *reply.Recorder) {
 	t := ticketOf(ctx)
 	if t == nil {
@@ -85,5 +87,5 @@ func (h *Handler) finishKey(ctx context.Context, w *reply.Recorder) {
 	}
 	rec := &w.Rec
 	t.Finish(keys.Outcome{PromptTokens: rec.PromptTokens, CompletionTokens: rec.CompletionTokens, Reported: w.Reported(),
-		Answered: w.Wrote() && rec.Status < 400}, h.o.Now())
+		Answered: w.Wrote() && rec.Status < 400, Relayed: w.MinTokens}, h.o.Now())
 }

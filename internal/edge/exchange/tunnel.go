@@ -99,6 +99,7 @@ func (s *tunnelSink) handle(env *iop.Envelope) (bool, error) {
 			return false, nil
 		}
 		stream := s.streaming()
+		s.noteCost(f.Body)
 		if !s.committed {
 			if !stream && len(s.held)+len(f.Body) <= maxHeldBody {
 				s.held = append(s.held, f.Body...)
@@ -248,6 +249,41 @@ func (s *tunnelSink) commitHeld() (done bool, err error) {
 		s.held = nil
 	}
 	return false, err
+}
+
+// noteCost adds to the answer's least cost (reply.Recorder.MinTokens,
+// K5) what body b shows of the completion when the upstream reports no
+// usage: one token per event of an event stream (an OpenAI chat or
+// completions stream without stream_options.include_usage: each chunk
+// carries at least one token), b's bytes ÷ 4 of any other body. Call it
+// before noteTail: an event's blank line may straddle two frames.
+func (s *tunnelSink) noteCost(b []byte) {
+	if !s.sse {
+		s.x.Acc.MinTokens += int64(len(b) / 4)
+		return
+	}
+	n := 0
+	for i := bytes.IndexByte(b, '\n'); i >= 0; {
+		// the two bytes before the newline, in b or in the tail
+		var p1, p2 byte
+		switch i {
+		case 0:
+			p1, p2 = s.tail[1], s.tail[0]
+		case 1:
+			p1, p2 = b[0], s.tail[1]
+		default:
+			p1, p2 = b[i-1], b[i-2]
+		}
+		if p1 == '\n' || p1 == '\r' && p2 == '\n' { // "\n\n" or "\n\r\n": an event ends
+			n++
+		}
+		j := bytes.IndexByte(b[i+1:], '\n')
+		if j < 0 {
+			break
+		}
+		i += 1 + j
+	}
+	s.x.Acc.MinTokens += int64(n)
 }
 
 func (s *tunnelSink) noteTail(b []byte) {

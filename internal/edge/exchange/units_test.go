@@ -31,6 +31,53 @@ func BenchmarkSSEEndScan(b *testing.B) {
 	}
 }
 
+// BenchmarkSSECost: counting a streamed tunnel's events for its key's
+// charge (tunnelSink.noteCost, SPEC K5) over a 100-chunk chat completion
+// stream, the cost it adds to each BODY frame.
+func BenchmarkSSECost(b *testing.B) {
+	chunk := []byte(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"tiny","choices":[{"index":0,"delta":{"content":" word"},"finish_reason":null}]}` + "\n\n")
+	b.SetBytes(int64(100 * len(chunk)))
+	b.ReportAllocs()
+	s := &tunnelSink{sse: true, x: &Exchange{Acc: &reply.Recorder{}}}
+	for b.Loop() {
+		s.x.Acc.MinTokens = 0
+		for range 100 {
+			s.noteCost(chunk)
+			s.noteTail(chunk)
+		}
+		if s.x.Acc.MinTokens != 100 {
+			b.Fatalf("%d events counted, want 100", s.x.Acc.MinTokens)
+		}
+	}
+}
+
+// K5: an event stream's events are counted once each, however the frames
+// cut them (between the two newlines of a blank line, "\r\n" endings), a
+// plain body by bytes ÷ 4.
+func TestNoteCost(t *testing.T) {
+	for _, row := range []struct {
+		sse    bool
+		frames []string
+		want   int64
+	}{
+		{true, []string{"data: a\n\ndata: b\n\n"}, 2},
+		{true, []string{"data: a\n", "\ndata: b\n", "\n"}, 2},
+		{true, []string{"data: a\r\n\r\ndata: b\r\n", "\r\n"}, 2},
+		{true, []string{"data: a\r\n\r", "\n", "data: b\n\n\n\n"}, 4},
+		{true, []string{"data: a", "\n", "\n", "data: b"}, 1},
+		{false, []string{`{"choices":[{"message":{"content":"`, "0123456789abcdef", `"}}]}`}, 8 + 4 + 1},
+	} {
+		s := &tunnelSink{sse: row.sse, x: &Exchange{Acc: &reply.Recorder{}}}
+		for _, f := range row.frames {
+			s.noteCost([]byte(f))
+			s.noteTail([]byte(f))
+		}
+		if got := s.x.Acc.MinTokens; got != row.want {
+			t.Errorf("%q: %d, want %d", row.frames, got, row.want)
+		}
+	}
+}
+
 // Retry-After values (RFC 9110 §10.2.3).
 func TestParseRetryAfter(t *testing.T) {
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)

@@ -277,12 +277,19 @@ type Outcome struct {
 	// stream that began); a request refused or failed before that costs
 	// nothing when no usage was reported.
 	Answered bool
+	// Relayed is what an answer without usage is known to have cost at
+	// least, in tokens: the prompt's estimate plus what its relay carried
+	// (one per event of a stream; reply.Recorder.MinTokens). It is
+	// charged when it is more than the estimate, so that streams which
+	// report no usage and set no max_tokens cannot take more than their
+	// key's budget for the price of their estimates.
+	Relayed int64
 }
 
 // Finish ends t at now (K5): the request leaves the in-flight count and
 // its reservation is replaced by what it cost — the usage the backend
-// reported; without a report, the estimate when it was answered (a
-// stream without usage), else nothing. A stream that used more than its
+// reported; without a report, when it was answered (a stream without
+// usage), its estimate or o.Relayed if more; else nothing. A stream that used more than its
 // budget had left is charged in full: the next request is refused until
 // the window has room. Idempotent, nil-safe.
 func (t *Ticket) Finish(o Outcome, now time.Time) {
@@ -301,7 +308,7 @@ func (t *Ticket) Finish(o Outcome, now time.Time) {
 		t.c.prompt.Add(max(o.PromptTokens, 0))
 		t.c.completion.Add(max(o.CompletionTokens, 0))
 	case o.Answered:
-		used = t.res.Estimate()
+		used = max(t.res.Estimate(), min(max(o.Relayed, 0), limit.MaxEstimate))
 		t.c.estimated.Add(used)
 	}
 	t.res.Settle(used, now)

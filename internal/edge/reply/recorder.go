@@ -28,6 +28,12 @@ type Recorder struct {
 	failed   bool   // an error response or error event was written, or the body was cut
 	usage    bool   // the provider reported token usage (SetUsage)
 	inFlight string // model label counted in flight (Metrics.Begin), "" when none
+	// MinTokens is what the answer is known to have cost at least, in
+	// tokens, should the provider report no usage (K5): the prompt's
+	// estimate (body bytes ÷ 4, set at admission) plus what the tunnel
+	// relayed (one per event of an event stream, bytes ÷ 4 of another
+	// body). A key is charged the larger of it and its estimate.
+	MinTokens int64
 	// Trace is the request's trace (trace.go).
 	Trace Trace
 }
