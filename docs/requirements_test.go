@@ -18,13 +18,13 @@ const root = ".."
 // A requirement ID: a group letter and a number (docs/requirements.md).
 var (
 	// idInText finds IDs cited in comments and Markdown: "H11", "L1–L10".
-	idInText = regexp.MustCompile(`\b[WILSETQHCNOPKJDFBARMXU][0-9]{1,2}\b`)
+	idInText = regexp.MustCompile(`\b[WILSETQHCNOPKJDFBARMXUGV][0-9]{1,2}\b`)
 	// idInTestName finds IDs spelled into a test function's name:
 	// TestH8Handoff, Test_L5_duplicate.
-	idInTestName = regexp.MustCompile(`(?:^(?:Test|Fuzz|Benchmark)|_)([WILSETQHCNOPKJDFBARMXU][0-9]{1,2})(?:[A-Z_]|$)`)
+	idInTestName = regexp.MustCompile(`(?:^(?:Test|Fuzz|Benchmark)|_)([WILSETQHCNOPKJDFBARMXUGV][0-9]{1,2})(?:[A-Z_]|$)`)
 	// idInRowName finds the ID a table row's name starts with:
 	// {"N2 same revision is APPLIED", …}, t.Run("H8: …", …).
-	idInRowName = regexp.MustCompile(`^[` + "`" + `"]([WILSETQHCNOPKJDFBARMXU][0-9]{1,2})(?:[ :,;/)]|["` + "`" + `]$)`)
+	idInRowName = regexp.MustCompile(`^[` + "`" + `"]([WILSETQHCNOPKJDFBARMXUGV][0-9]{1,2})(?:[ :,;/)]|["` + "`" + `]$)`)
 	// anchor is how requirements.md defines an ID.
 	anchor = regexp.MustCompile(`<a id="([A-Z][0-9]+)"></a>`)
 	// testRef is how a page names a test: `internal/edge/api.TestStallRedispatch`.
