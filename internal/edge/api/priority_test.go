@@ -142,3 +142,63 @@ func TestRedispatchKeepsPlace(t *testing.T) {
 		t.Fatalf("status %d, pool requests %+v; want the second with arrival 42 and class batch", resp.StatusCode, reqs)
 	}
 }
+
+// TestG7ClassReachesNode: the class a request is queued in goes to the node
+// with it, on the tunnel (priority_class of the ProviderTunnelRequest) and
+// on the run path (of the RunRequest), so that a node whose backend
+// schedules by priority can pass it on (SPEC G7).
+func TestG7ClassReachesNode(t *testing.T) {
+	leakcheck.Check(t)
+	rows := []struct {
+		name, typ, key string
+		hdr            []string
+		want           string
+	}{
+		{"G7 tunnel: open mode is interactive", protocol.TypeOpenAICompat, "", nil, protocol.ClassInteractive},
+		{"G7 tunnel: the key's default class", protocol.TypeOpenAICompat, "bulk", nil, protocol.ClassBatch},
+		{"G7 tunnel: a class the key may ask for", protocol.TypeOpenAICompat, "bulk", []string{"Iop-Priority", "critical"}, protocol.ClassCritical},
+		{"G7 tunnel: never above the ceiling", protocol.TypeOpenAICompat, "", []string{"Iop-Priority", "critical"}, protocol.ClassInteractive},
+		{"G7 run: the header's class", protocol.TypeOllama, "", []string{"Iop-Priority", "batch"}, protocol.ClassBatch},
+		{"G7 run: a class the key may ask for", protocol.TypeOllama, "bulk", []string{"Iop-Priority", "critical"}, protocol.ClassCritical},
+	}
+	for _, row := range rows {
+		t.Run(row.name, func(t *testing.T) {
+			keys := map[string]string{}
+			if row.key != "" {
+				keys = map[string]string{"bulk": "sk-bulk"}
+			}
+			r := &rig{fp: newFakePool(row.typ), st: newFakeStream("run-1"), cfg: testConfig(keys)}
+			for i := range r.cfg.APIKeys {
+				if k := &r.cfg.APIKeys[i]; k.Principal == "bulk" {
+					k.Class, k.MaxClass = config.ClassBatch, config.ClassCritical
+				}
+			}
+			r.p, r.d = r.fp, newFakeDispatcher(r.st)
+			r.start(t)
+			hdr := row.hdr
+			if row.key != "" {
+				hdr = append(hdr, "Authorization", "Bearer sk-"+row.key)
+			}
+			if row.typ == protocol.TypeOpenAICompat {
+				r.st.frames(fStart(200, "Content-Type", "application/json"), fBody([]byte(`{}`)), fEnd())
+			} else {
+				r.st.run(evStart(), evComplete(2, "hello", "stop", nil, nil))
+			}
+			if resp, body := r.do(t, "POST", "/v1/chat/completions", chatBody, hdr...); resp.StatusCode != http.StatusOK {
+				t.Fatalf("%d %s", resp.StatusCode, body)
+			}
+			var got string
+			if row.typ == protocol.TypeOpenAICompat {
+				got = r.d.lastTunnel().GetPriorityClass()
+				if b, want := string(r.d.lastTunnel().GetBody()), strings.Replace(chatBody, `"tiny"`, `"tiny:latest"`, 1); b != want {
+					t.Errorf("tunnel body %s, want %s: the client's with only model replaced (the node sets the backend's field)", b, want)
+				}
+			} else {
+				got = r.d.lastRun().GetPriorityClass()
+			}
+			if got != row.want {
+				t.Fatalf("priority_class %q, want %q", got, row.want)
+			}
+		})
+	}
+}

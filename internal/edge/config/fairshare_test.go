@@ -3,6 +3,8 @@ package config
 import (
 	"strings"
 	"testing"
+
+	"iop/internal/protocol"
 )
 
 // TestFairShareConfig: queue.starvation_grants and api_keys[]' weight,
@@ -44,5 +46,49 @@ func TestFairShareConfig(t *testing.T) {
 	ok := strings.Replace(valid, `"key_sha256":`, `"weight": 3, "class": "batch", "max_class": "critical", "key_sha256":`, 1)
 	if k := mustParse(t, ok).APIKeys[0]; k.Weight != 3 || k.Class != ClassBatch || k.MaxClass != ClassCritical {
 		t.Errorf("G4 parsed %+v", k)
+	}
+}
+
+// TestG7PriorityFieldConfig: profile_overrides.priority_field is off for
+// every profile unless set; "lower_first" and "higher_first" reach the
+// node's payload as the class → value table; anything else is refused
+// naming the key and the values it takes (SPEC G7).
+func TestG7PriorityFieldConfig(t *testing.T) {
+	for _, name := range []string{protocol.ProfileOpenAI, protocol.ProfileVLLM, protocol.ProfileLlamaCpp, protocol.ProfileOllama} {
+		if f := ResolveProfile(&Adapter{Type: protocol.TypeOpenAICompat, Profile: name}).GetPriorityField(); f != nil {
+			t.Errorf("G7 profile %s sends a priority field by default: %v", name, f)
+		}
+	}
+	field := func(v string) string {
+		return strings.Replace(valid, `"api_key_env": "LLAMA_KEY"`, `"api_key_env": "LLAMA_KEY", "profile_overrides": {"priority_field": `+v+`}`, 1)
+	}
+	rows := []struct {
+		name, value          string
+		critical, inter, bat int32
+		off                  bool
+	}{
+		{"G7 lower_first: vLLM's order", `"lower_first"`, -1, 0, 1, false},
+		{"G7 higher_first: SGLang's default order", `"higher_first"`, 1, 0, -1, false},
+		{"G7 empty is off", `""`, 0, 0, 0, true},
+	}
+	for _, r := range rows {
+		t.Run(r.name, func(t *testing.T) {
+			p := mustParse(t, field(r.value)).NodePayload("gpu-1")
+			f := p.GetAdapters()[1].GetOpenaiCompat().GetProtocolProfile().GetPriorityField()
+			if r.off {
+				if f != nil {
+					t.Fatalf("priority_field %v, want none", f)
+				}
+				return
+			}
+			if f == nil || f.GetCritical() != r.critical || f.GetInteractive() != r.inter || f.GetBatch() != r.bat {
+				t.Fatalf("priority_field %v, want critical %d interactive %d batch %d", f, r.critical, r.inter, r.bat)
+			}
+		})
+	}
+	_, err := Parse([]byte(field(`"vllm"`)))
+	want := `nodes[0].adapters[1].profile_overrides.priority_field: want "lower_first"`
+	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), `got "vllm"`) {
+		t.Fatalf("err %v, want it to say %q and the value given", err, want)
 	}
 }

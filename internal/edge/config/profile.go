@@ -36,6 +36,9 @@ func ResolveProfile(a *Adapter) *iop.ConcreteProtocolProfile {
 		if o.NativeTools != nil {
 			p.NativeTools = *o.NativeTools
 		}
+		if o.PriorityField != nil {
+			p.PriorityField, _ = protocol.PriorityFieldOf(*o.PriorityField) // "" = off; validate refuses the rest
+		}
 	}
 	return p
 }

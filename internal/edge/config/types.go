@@ -196,6 +196,14 @@ type ProfileOverrides struct {
 	EmbeddingsPath      *string `json:"embeddings_path"`
 	HealthPath          *string `json:"health_path"`
 	NativeTools         *bool   `json:"native_tools"`
+	// PriorityField says the backend schedules by a "priority" body field
+	// of its own and how it orders it (SPEC G7): "lower_first" (vLLM
+	// --scheduling-policy priority) or "higher_first" (SGLang
+	// --enable-priority-scheduling); the node then sets it to the
+	// request's class in every chat, completion, response and embedding
+	// body. "" or absent = off, the body as it came (every profile's
+	// default).
+	PriorityField *string `json:"priority_field"`
 }
 
 // Model is one client-visible model group and its dispatch targets (SPEC Q1).

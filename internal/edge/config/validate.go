@@ -316,6 +316,12 @@ func (c *Config) validateAdapter(ap string, a *Adapter, add func(string, string,
 			if o.AuthHeader != nil && *o.AuthHeader != "" && !tokenRE.MatchString(*o.AuthHeader) {
 				add(ap+".profile_overrides.auth_header", "invalid header name %q", *o.AuthHeader)
 			}
+			if o.PriorityField != nil && *o.PriorityField != "" {
+				if _, ok := protocol.PriorityFieldOf(*o.PriorityField); !ok {
+					add(ap+".profile_overrides.priority_field", "want %q (vLLM --scheduling-policy priority: lower is served first), %q (SGLang --enable-priority-scheduling) or \"\" (off), got %q",
+						protocol.PriorityLowerFirst, protocol.PriorityHigherFirst, *o.PriorityField)
+				}
+			}
 		}
 	case "":
 		add(ap+".type", "required (ollama or openai_compat)")

@@ -48,7 +48,8 @@ func (h *Engine) tunnel(x *Exchange) (dispatch.Stream, sink) {
 		Adapter: l.Provider, Target: l.Target, Method: http.MethodPost, Path: x.Endpoint.Path,
 		Headers: forwardHeaders(x.Header), Body: out, Stream: x.Stream,
 		Operation: x.Endpoint.Operation, ResponseStallTimeoutMs: l.StallTimeoutMs, RequestId: x.Acc.Rec.RequestID,
-		Trace: x.Acc.Trace.BeginAttempt(l, access.PathTunnel),
+		Trace:         x.Acc.Trace.BeginAttempt(l, access.PathTunnel),
+		PriorityClass: x.Sched.Priority.String(), // G7: the node may pass it to the backend
 	}
 	var ok bool
 	if req.CredentialLease, req.CredentialBinding, ok = h.credential(x); !ok {
@@ -90,6 +91,7 @@ func (h *Engine) run(x *Exchange) (dispatch.Stream, sink) {
 	req.Adapter, req.Target, req.ResponseStallTimeoutMs = l.Provider, l.Target, l.StallTimeoutMs
 	req.RequestId = x.Acc.Rec.RequestID
 	req.Trace = x.Acc.Trace.BeginAttempt(l, access.PathRun)
+	req.PriorityClass = x.Sched.Priority.String() // G7: the node may pass it to the backend
 	var ok bool
 	if req.CredentialLease, req.CredentialBinding, ok = h.credential(x); !ok {
 		return nil, nil

@@ -3,6 +3,8 @@ package pool
 import (
 	"fmt"
 	"time"
+
+	"iop/internal/protocol"
 )
 
 // Fair share and priority classes (SPEC G1–G3, G5). This file is the
@@ -70,27 +72,28 @@ func (p Priority) Index() int {
 	return int(PriorityCritical - p)
 }
 
-// String is the class's configuration name: "critical", "interactive" or
+// String is the class's configuration name, which is also its name on the
+// wire (RunRequest.priority_class, SPEC G7): "critical", "interactive" or
 // "batch".
 func (p Priority) String() string {
 	switch p {
 	case PriorityCritical:
-		return "critical"
+		return protocol.ClassCritical
 	case PriorityBatch:
-		return "batch"
+		return protocol.ClassBatch
 	}
-	return "interactive"
+	return protocol.ClassInteractive
 }
 
 // ParsePriority reads a class name ("critical", "interactive", "batch");
 // ok is false for anything else.
 func ParsePriority(s string) (p Priority, ok bool) {
 	switch s {
-	case "critical":
+	case protocol.ClassCritical:
 		return PriorityCritical, true
-	case "interactive":
+	case protocol.ClassInteractive:
 		return PriorityInteractive, true
-	case "batch":
+	case protocol.ClassBatch:
 		return PriorityBatch, true
 	}
 	return PriorityInteractive, false

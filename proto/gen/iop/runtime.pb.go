@@ -1290,8 +1290,16 @@ type ConcreteProtocolProfile struct {
 	// "/v1/completions", "/v1/embeddings"; empty = not served.
 	CompletionsPath string `protobuf:"bytes,12,opt,name=completions_path,json=completionsPath,proto3" json:"completions_path,omitempty"`
 	EmbeddingsPath  string `protobuf:"bytes,13,opt,name=embeddings_path,json=embeddingsPath,proto3" json:"embeddings_path,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The backend schedules by a "priority" body field of its own (vLLM
+	// --scheduling-policy priority, SGLang --enable-priority-scheduling;
+	// SPEC G7): when set, the Node sets the top-level "priority" member of the
+	// JSON body of every chat_completions, completions, responses and
+	// embeddings request to this adapter (tunnel and run path) to the number
+	// of the request's priority_class, replacing every one the client sent.
+	// Absent = the body is sent as it came (the default of every profile).
+	PriorityField *PriorityField `protobuf:"bytes,14,opt,name=priority_field,json=priorityField,proto3" json:"priority_field,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ConcreteProtocolProfile) Reset() {
@@ -1415,6 +1423,78 @@ func (x *ConcreteProtocolProfile) GetEmbeddingsPath() string {
 	return ""
 }
 
+func (x *ConcreteProtocolProfile) GetPriorityField() *PriorityField {
+	if x != nil {
+		return x.PriorityField
+	}
+	return nil
+}
+
+// PriorityField is the backend's "priority" value for each priority class
+// (SPEC G7), resolved by the Edge from the adapter's
+// profile_overrides.priority_field: "lower_first" (vLLM: lower is served
+// first) is critical -1, interactive 0, batch 1; "higher_first" (SGLang's
+// default) is critical 1, interactive 0, batch -1.
+type PriorityField struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Critical      int32                  `protobuf:"varint,1,opt,name=critical,proto3" json:"critical,omitempty"`
+	Interactive   int32                  `protobuf:"varint,2,opt,name=interactive,proto3" json:"interactive,omitempty"`
+	Batch         int32                  `protobuf:"varint,3,opt,name=batch,proto3" json:"batch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PriorityField) Reset() {
+	*x = PriorityField{}
+	mi := &file_iop_runtime_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PriorityField) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PriorityField) ProtoMessage() {}
+
+func (x *PriorityField) ProtoReflect() protoreflect.Message {
+	mi := &file_iop_runtime_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PriorityField.ProtoReflect.Descriptor instead.
+func (*PriorityField) Descriptor() ([]byte, []int) {
+	return file_iop_runtime_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *PriorityField) GetCritical() int32 {
+	if x != nil {
+		return x.Critical
+	}
+	return 0
+}
+
+func (x *PriorityField) GetInteractive() int32 {
+	if x != nil {
+		return x.Interactive
+	}
+	return 0
+}
+
+func (x *PriorityField) GetBatch() int32 {
+	if x != nil {
+		return x.Batch
+	}
+	return 0
+}
+
 // NodeRuntimeConfig carries Node-wide runtime settings.
 type NodeRuntimeConfig struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1455,7 +1535,7 @@ type NodeRuntimeConfig struct {
 
 func (x *NodeRuntimeConfig) Reset() {
 	*x = NodeRuntimeConfig{}
-	mi := &file_iop_runtime_proto_msgTypes[8]
+	mi := &file_iop_runtime_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1467,7 +1547,7 @@ func (x *NodeRuntimeConfig) String() string {
 func (*NodeRuntimeConfig) ProtoMessage() {}
 
 func (x *NodeRuntimeConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[8]
+	mi := &file_iop_runtime_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1480,7 +1560,7 @@ func (x *NodeRuntimeConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeRuntimeConfig.ProtoReflect.Descriptor instead.
 func (*NodeRuntimeConfig) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{8}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *NodeRuntimeConfig) GetConcurrency() int32 {
@@ -1558,7 +1638,7 @@ type NodeReadyRequest struct {
 
 func (x *NodeReadyRequest) Reset() {
 	*x = NodeReadyRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[9]
+	mi := &file_iop_runtime_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1570,7 +1650,7 @@ func (x *NodeReadyRequest) String() string {
 func (*NodeReadyRequest) ProtoMessage() {}
 
 func (x *NodeReadyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[9]
+	mi := &file_iop_runtime_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1583,7 +1663,7 @@ func (x *NodeReadyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeReadyRequest.ProtoReflect.Descriptor instead.
 func (*NodeReadyRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{9}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *NodeReadyRequest) GetNodeId() string {
@@ -1607,7 +1687,7 @@ type NodeReadyResponse struct {
 
 func (x *NodeReadyResponse) Reset() {
 	*x = NodeReadyResponse{}
-	mi := &file_iop_runtime_proto_msgTypes[10]
+	mi := &file_iop_runtime_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1619,7 +1699,7 @@ func (x *NodeReadyResponse) String() string {
 func (*NodeReadyResponse) ProtoMessage() {}
 
 func (x *NodeReadyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[10]
+	mi := &file_iop_runtime_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1632,7 +1712,7 @@ func (x *NodeReadyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeReadyResponse.ProtoReflect.Descriptor instead.
 func (*NodeReadyResponse) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{10}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *NodeReadyResponse) GetReady() bool {
@@ -1664,7 +1744,7 @@ type NodeDrainingNotice struct {
 
 func (x *NodeDrainingNotice) Reset() {
 	*x = NodeDrainingNotice{}
-	mi := &file_iop_runtime_proto_msgTypes[11]
+	mi := &file_iop_runtime_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1676,7 +1756,7 @@ func (x *NodeDrainingNotice) String() string {
 func (*NodeDrainingNotice) ProtoMessage() {}
 
 func (x *NodeDrainingNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[11]
+	mi := &file_iop_runtime_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1689,7 +1769,7 @@ func (x *NodeDrainingNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeDrainingNotice.ProtoReflect.Descriptor instead.
 func (*NodeDrainingNotice) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{11}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *NodeDrainingNotice) GetDrainTimeoutMs() int64 {
@@ -1712,7 +1792,7 @@ type HeartbeatPing struct {
 
 func (x *HeartbeatPing) Reset() {
 	*x = HeartbeatPing{}
-	mi := &file_iop_runtime_proto_msgTypes[12]
+	mi := &file_iop_runtime_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1724,7 +1804,7 @@ func (x *HeartbeatPing) String() string {
 func (*HeartbeatPing) ProtoMessage() {}
 
 func (x *HeartbeatPing) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[12]
+	mi := &file_iop_runtime_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1737,7 +1817,7 @@ func (x *HeartbeatPing) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatPing.ProtoReflect.Descriptor instead.
 func (*HeartbeatPing) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{12}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *HeartbeatPing) GetSentUnixMs() int64 {
@@ -1765,7 +1845,7 @@ type HeartbeatPong struct {
 
 func (x *HeartbeatPong) Reset() {
 	*x = HeartbeatPong{}
-	mi := &file_iop_runtime_proto_msgTypes[13]
+	mi := &file_iop_runtime_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1777,7 +1857,7 @@ func (x *HeartbeatPong) String() string {
 func (*HeartbeatPong) ProtoMessage() {}
 
 func (x *HeartbeatPong) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[13]
+	mi := &file_iop_runtime_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1790,7 +1870,7 @@ func (x *HeartbeatPong) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatPong.ProtoReflect.Descriptor instead.
 func (*HeartbeatPong) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{13}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *HeartbeatPong) GetSentUnixMs() int64 {
@@ -1848,14 +1928,20 @@ type RunRequest struct {
 	// The trace this run belongs to (W3C Trace Context; docs/operating.md
 	// "Tracing"); absent = not traced. A node that does not know the field
 	// ignores it (W5): the run is served untraced.
-	Trace         *TraceContext `protobuf:"bytes,14,opt,name=trace,proto3" json:"trace,omitempty"`
+	Trace *TraceContext `protobuf:"bytes,14,opt,name=trace,proto3" json:"trace,omitempty"`
+	// The request's priority class in the Edge's queue (SPEC G4, G7):
+	// "critical", "interactive" or "batch"; "" (an older Edge, a direct call)
+	// and any other value count as "interactive". Informational unless the
+	// adapter's profile has a priority_field, which the Node then fills from
+	// it. Never selects an adapter or a target.
+	PriorityClass string `protobuf:"bytes,15,opt,name=priority_class,json=priorityClass,proto3" json:"priority_class,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunRequest) Reset() {
 	*x = RunRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[14]
+	mi := &file_iop_runtime_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1867,7 +1953,7 @@ func (x *RunRequest) String() string {
 func (*RunRequest) ProtoMessage() {}
 
 func (x *RunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[14]
+	mi := &file_iop_runtime_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1880,7 +1966,7 @@ func (x *RunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunRequest.ProtoReflect.Descriptor instead.
 func (*RunRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{14}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RunRequest) GetAdapter() string {
@@ -1974,6 +2060,13 @@ func (x *RunRequest) GetTrace() *TraceContext {
 	return nil
 }
 
+func (x *RunRequest) GetPriorityClass() string {
+	if x != nil {
+		return x.PriorityClass
+	}
+	return ""
+}
+
 // RunInput is the normalized provider input, an OpenAI chat request reduced
 // to what every adapter understands.
 type RunInput struct {
@@ -2021,7 +2114,7 @@ type RunInput struct {
 
 func (x *RunInput) Reset() {
 	*x = RunInput{}
-	mi := &file_iop_runtime_proto_msgTypes[15]
+	mi := &file_iop_runtime_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2033,7 +2126,7 @@ func (x *RunInput) String() string {
 func (*RunInput) ProtoMessage() {}
 
 func (x *RunInput) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[15]
+	mi := &file_iop_runtime_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2046,7 +2139,7 @@ func (x *RunInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunInput.ProtoReflect.Descriptor instead.
 func (*RunInput) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{15}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RunInput) GetMessages() []*ChatMessage {
@@ -2199,7 +2292,7 @@ type ChatMessage struct {
 
 func (x *ChatMessage) Reset() {
 	*x = ChatMessage{}
-	mi := &file_iop_runtime_proto_msgTypes[16]
+	mi := &file_iop_runtime_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2211,7 +2304,7 @@ func (x *ChatMessage) String() string {
 func (*ChatMessage) ProtoMessage() {}
 
 func (x *ChatMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[16]
+	mi := &file_iop_runtime_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2224,7 +2317,7 @@ func (x *ChatMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatMessage.ProtoReflect.Descriptor instead.
 func (*ChatMessage) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{16}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ChatMessage) GetRole() string {
@@ -2288,7 +2381,7 @@ type ChatImage struct {
 
 func (x *ChatImage) Reset() {
 	*x = ChatImage{}
-	mi := &file_iop_runtime_proto_msgTypes[17]
+	mi := &file_iop_runtime_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2300,7 +2393,7 @@ func (x *ChatImage) String() string {
 func (*ChatImage) ProtoMessage() {}
 
 func (x *ChatImage) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[17]
+	mi := &file_iop_runtime_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2313,7 +2406,7 @@ func (x *ChatImage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChatImage.ProtoReflect.Descriptor instead.
 func (*ChatImage) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{17}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ChatImage) GetMediaType() string {
@@ -2345,7 +2438,7 @@ type TokenLogprob struct {
 
 func (x *TokenLogprob) Reset() {
 	*x = TokenLogprob{}
-	mi := &file_iop_runtime_proto_msgTypes[18]
+	mi := &file_iop_runtime_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2357,7 +2450,7 @@ func (x *TokenLogprob) String() string {
 func (*TokenLogprob) ProtoMessage() {}
 
 func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[18]
+	mi := &file_iop_runtime_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2370,7 +2463,7 @@ func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenLogprob.ProtoReflect.Descriptor instead.
 func (*TokenLogprob) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{18}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *TokenLogprob) GetToken() string {
@@ -2411,7 +2504,7 @@ type Embedding struct {
 
 func (x *Embedding) Reset() {
 	*x = Embedding{}
-	mi := &file_iop_runtime_proto_msgTypes[19]
+	mi := &file_iop_runtime_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2423,7 +2516,7 @@ func (x *Embedding) String() string {
 func (*Embedding) ProtoMessage() {}
 
 func (x *Embedding) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[19]
+	mi := &file_iop_runtime_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2436,7 +2529,7 @@ func (x *Embedding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Embedding.ProtoReflect.Descriptor instead.
 func (*Embedding) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{19}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Embedding) GetValues() []float32 {
@@ -2516,7 +2609,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_iop_runtime_proto_msgTypes[20]
+	mi := &file_iop_runtime_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2528,7 +2621,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[20]
+	mi := &file_iop_runtime_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2541,7 +2634,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{20}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RunEvent) GetSeq() uint64 {
@@ -2710,7 +2803,7 @@ type Usage struct {
 
 func (x *Usage) Reset() {
 	*x = Usage{}
-	mi := &file_iop_runtime_proto_msgTypes[21]
+	mi := &file_iop_runtime_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2722,7 +2815,7 @@ func (x *Usage) String() string {
 func (*Usage) ProtoMessage() {}
 
 func (x *Usage) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[21]
+	mi := &file_iop_runtime_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2735,7 +2828,7 @@ func (x *Usage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Usage.ProtoReflect.Descriptor instead.
 func (*Usage) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{21}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Usage) GetPromptTokens() int64 {
@@ -2791,7 +2884,7 @@ type ExecutionFailure struct {
 
 func (x *ExecutionFailure) Reset() {
 	*x = ExecutionFailure{}
-	mi := &file_iop_runtime_proto_msgTypes[22]
+	mi := &file_iop_runtime_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2803,7 +2896,7 @@ func (x *ExecutionFailure) String() string {
 func (*ExecutionFailure) ProtoMessage() {}
 
 func (x *ExecutionFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[22]
+	mi := &file_iop_runtime_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2816,7 +2909,7 @@ func (x *ExecutionFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecutionFailure.ProtoReflect.Descriptor instead.
 func (*ExecutionFailure) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{22}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ExecutionFailure) GetCode() string {
@@ -2915,7 +3008,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[23]
+	mi := &file_iop_runtime_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2927,7 +3020,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[23]
+	mi := &file_iop_runtime_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2940,7 +3033,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{23}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CancelRequest) GetReason() string {
@@ -2961,7 +3054,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_iop_runtime_proto_msgTypes[24]
+	mi := &file_iop_runtime_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2973,7 +3066,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[24]
+	mi := &file_iop_runtime_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2986,7 +3079,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{24}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Header) GetName() string {
@@ -3034,14 +3127,16 @@ type ProviderTunnelRequest struct {
 	// The client request's id; see RunRequest.request_id.
 	RequestId string `protobuf:"bytes,15,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// The trace this tunnel belongs to; see RunRequest.trace.
-	Trace         *TraceContext `protobuf:"bytes,16,opt,name=trace,proto3" json:"trace,omitempty"`
+	Trace *TraceContext `protobuf:"bytes,16,opt,name=trace,proto3" json:"trace,omitempty"`
+	// The request's priority class; see RunRequest.priority_class (SPEC G7).
+	PriorityClass string `protobuf:"bytes,17,opt,name=priority_class,json=priorityClass,proto3" json:"priority_class,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ProviderTunnelRequest) Reset() {
 	*x = ProviderTunnelRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[25]
+	mi := &file_iop_runtime_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3053,7 +3148,7 @@ func (x *ProviderTunnelRequest) String() string {
 func (*ProviderTunnelRequest) ProtoMessage() {}
 
 func (x *ProviderTunnelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[25]
+	mi := &file_iop_runtime_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3066,7 +3161,7 @@ func (x *ProviderTunnelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderTunnelRequest.ProtoReflect.Descriptor instead.
 func (*ProviderTunnelRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{25}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ProviderTunnelRequest) GetAdapter() string {
@@ -3181,6 +3276,13 @@ func (x *ProviderTunnelRequest) GetTrace() *TraceContext {
 	return nil
 }
 
+func (x *ProviderTunnelRequest) GetPriorityClass() string {
+	if x != nil {
+		return x.PriorityClass
+	}
+	return ""
+}
+
 // ProviderTunnelFrame is one ordered frame of a tunnel response.
 type ProviderTunnelFrame struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3217,7 +3319,7 @@ type ProviderTunnelFrame struct {
 
 func (x *ProviderTunnelFrame) Reset() {
 	*x = ProviderTunnelFrame{}
-	mi := &file_iop_runtime_proto_msgTypes[26]
+	mi := &file_iop_runtime_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3229,7 +3331,7 @@ func (x *ProviderTunnelFrame) String() string {
 func (*ProviderTunnelFrame) ProtoMessage() {}
 
 func (x *ProviderTunnelFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[26]
+	mi := &file_iop_runtime_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3242,7 +3344,7 @@ func (x *ProviderTunnelFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderTunnelFrame.ProtoReflect.Descriptor instead.
 func (*ProviderTunnelFrame) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{26}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ProviderTunnelFrame) GetSeq() uint64 {
@@ -3373,7 +3475,7 @@ type TraceContext struct {
 
 func (x *TraceContext) Reset() {
 	*x = TraceContext{}
-	mi := &file_iop_runtime_proto_msgTypes[27]
+	mi := &file_iop_runtime_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3385,7 +3487,7 @@ func (x *TraceContext) String() string {
 func (*TraceContext) ProtoMessage() {}
 
 func (x *TraceContext) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[27]
+	mi := &file_iop_runtime_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3398,7 +3500,7 @@ func (x *TraceContext) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TraceContext.ProtoReflect.Descriptor instead.
 func (*TraceContext) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{27}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *TraceContext) GetTraceId() []byte {
@@ -3464,7 +3566,7 @@ type NodeSpan struct {
 
 func (x *NodeSpan) Reset() {
 	*x = NodeSpan{}
-	mi := &file_iop_runtime_proto_msgTypes[28]
+	mi := &file_iop_runtime_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3476,7 +3578,7 @@ func (x *NodeSpan) String() string {
 func (*NodeSpan) ProtoMessage() {}
 
 func (x *NodeSpan) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[28]
+	mi := &file_iop_runtime_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3489,7 +3591,7 @@ func (x *NodeSpan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeSpan.ProtoReflect.Descriptor instead.
 func (*NodeSpan) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{28}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *NodeSpan) GetKind() NodeSpanKind {
@@ -3583,7 +3685,7 @@ type NodeCommandRequest struct {
 
 func (x *NodeCommandRequest) Reset() {
 	*x = NodeCommandRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[29]
+	mi := &file_iop_runtime_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3595,7 +3697,7 @@ func (x *NodeCommandRequest) String() string {
 func (*NodeCommandRequest) ProtoMessage() {}
 
 func (x *NodeCommandRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[29]
+	mi := &file_iop_runtime_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3608,7 +3710,7 @@ func (x *NodeCommandRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeCommandRequest.ProtoReflect.Descriptor instead.
 func (*NodeCommandRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{29}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *NodeCommandRequest) GetType() NodeCommandType {
@@ -3668,7 +3770,7 @@ type NodeCommandResponse struct {
 
 func (x *NodeCommandResponse) Reset() {
 	*x = NodeCommandResponse{}
-	mi := &file_iop_runtime_proto_msgTypes[30]
+	mi := &file_iop_runtime_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3680,7 +3782,7 @@ func (x *NodeCommandResponse) String() string {
 func (*NodeCommandResponse) ProtoMessage() {}
 
 func (x *NodeCommandResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[30]
+	mi := &file_iop_runtime_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3693,7 +3795,7 @@ func (x *NodeCommandResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeCommandResponse.ProtoReflect.Descriptor instead.
 func (*NodeCommandResponse) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{30}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *NodeCommandResponse) GetOk() bool {
@@ -3728,7 +3830,7 @@ type NodeConfigRefreshRequest struct {
 
 func (x *NodeConfigRefreshRequest) Reset() {
 	*x = NodeConfigRefreshRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[31]
+	mi := &file_iop_runtime_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3740,7 +3842,7 @@ func (x *NodeConfigRefreshRequest) String() string {
 func (*NodeConfigRefreshRequest) ProtoMessage() {}
 
 func (x *NodeConfigRefreshRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[31]
+	mi := &file_iop_runtime_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3753,7 +3855,7 @@ func (x *NodeConfigRefreshRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeConfigRefreshRequest.ProtoReflect.Descriptor instead.
 func (*NodeConfigRefreshRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{31}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *NodeConfigRefreshRequest) GetConfig() *NodeConfigPayload {
@@ -3773,7 +3875,7 @@ type NodeConfigRefreshResponse struct {
 
 func (x *NodeConfigRefreshResponse) Reset() {
 	*x = NodeConfigRefreshResponse{}
-	mi := &file_iop_runtime_proto_msgTypes[32]
+	mi := &file_iop_runtime_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3785,7 +3887,7 @@ func (x *NodeConfigRefreshResponse) String() string {
 func (*NodeConfigRefreshResponse) ProtoMessage() {}
 
 func (x *NodeConfigRefreshResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[32]
+	mi := &file_iop_runtime_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3798,7 +3900,7 @@ func (x *NodeConfigRefreshResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeConfigRefreshResponse.ProtoReflect.Descriptor instead.
 func (*NodeConfigRefreshResponse) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{32}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *NodeConfigRefreshResponse) GetStatus() RefreshStatus {
@@ -3845,7 +3947,7 @@ type CredentialLease struct {
 
 func (x *CredentialLease) Reset() {
 	*x = CredentialLease{}
-	mi := &file_iop_runtime_proto_msgTypes[33]
+	mi := &file_iop_runtime_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3857,7 +3959,7 @@ func (x *CredentialLease) String() string {
 func (*CredentialLease) ProtoMessage() {}
 
 func (x *CredentialLease) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[33]
+	mi := &file_iop_runtime_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3870,7 +3972,7 @@ func (x *CredentialLease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CredentialLease.ProtoReflect.Descriptor instead.
 func (*CredentialLease) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{33}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CredentialLease) GetLeaseId() string {
@@ -3972,7 +4074,7 @@ type CredentialLeaseBinding struct {
 
 func (x *CredentialLeaseBinding) Reset() {
 	*x = CredentialLeaseBinding{}
-	mi := &file_iop_runtime_proto_msgTypes[34]
+	mi := &file_iop_runtime_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3984,7 +4086,7 @@ func (x *CredentialLeaseBinding) String() string {
 func (*CredentialLeaseBinding) ProtoMessage() {}
 
 func (x *CredentialLeaseBinding) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[34]
+	mi := &file_iop_runtime_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3997,7 +4099,7 @@ func (x *CredentialLeaseBinding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CredentialLeaseBinding.ProtoReflect.Descriptor instead.
 func (*CredentialLeaseBinding) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{34}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *CredentialLeaseBinding) GetPrincipal() string {
@@ -4136,7 +4238,7 @@ type ProviderSnapshot struct {
 
 func (x *ProviderSnapshot) Reset() {
 	*x = ProviderSnapshot{}
-	mi := &file_iop_runtime_proto_msgTypes[35]
+	mi := &file_iop_runtime_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4148,7 +4250,7 @@ func (x *ProviderSnapshot) String() string {
 func (*ProviderSnapshot) ProtoMessage() {}
 
 func (x *ProviderSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[35]
+	mi := &file_iop_runtime_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4161,7 +4263,7 @@ func (x *ProviderSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderSnapshot.ProtoReflect.Descriptor instead.
 func (*ProviderSnapshot) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{35}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ProviderSnapshot) GetProviderId() string {
@@ -4280,7 +4382,7 @@ type NodeJoinRequest struct {
 
 func (x *NodeJoinRequest) Reset() {
 	*x = NodeJoinRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[36]
+	mi := &file_iop_runtime_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4292,7 +4394,7 @@ func (x *NodeJoinRequest) String() string {
 func (*NodeJoinRequest) ProtoMessage() {}
 
 func (x *NodeJoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[36]
+	mi := &file_iop_runtime_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4305,7 +4407,7 @@ func (x *NodeJoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeJoinRequest.ProtoReflect.Descriptor instead.
 func (*NodeJoinRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{36}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *NodeJoinRequest) GetTokenId() string {
@@ -4376,7 +4478,7 @@ type NodeJoinResponse struct {
 
 func (x *NodeJoinResponse) Reset() {
 	*x = NodeJoinResponse{}
-	mi := &file_iop_runtime_proto_msgTypes[37]
+	mi := &file_iop_runtime_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4388,7 +4490,7 @@ func (x *NodeJoinResponse) String() string {
 func (*NodeJoinResponse) ProtoMessage() {}
 
 func (x *NodeJoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[37]
+	mi := &file_iop_runtime_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4401,7 +4503,7 @@ func (x *NodeJoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeJoinResponse.ProtoReflect.Descriptor instead.
 func (*NodeJoinResponse) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{37}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *NodeJoinResponse) GetOk() bool {
@@ -4481,7 +4583,7 @@ type CertificateRenewRequest struct {
 
 func (x *CertificateRenewRequest) Reset() {
 	*x = CertificateRenewRequest{}
-	mi := &file_iop_runtime_proto_msgTypes[38]
+	mi := &file_iop_runtime_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4493,7 +4595,7 @@ func (x *CertificateRenewRequest) String() string {
 func (*CertificateRenewRequest) ProtoMessage() {}
 
 func (x *CertificateRenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[38]
+	mi := &file_iop_runtime_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4506,7 +4608,7 @@ func (x *CertificateRenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CertificateRenewRequest.ProtoReflect.Descriptor instead.
 func (*CertificateRenewRequest) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{38}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CertificateRenewRequest) GetCsr() []byte {
@@ -4531,7 +4633,7 @@ type CertificateRenewResponse struct {
 
 func (x *CertificateRenewResponse) Reset() {
 	*x = CertificateRenewResponse{}
-	mi := &file_iop_runtime_proto_msgTypes[39]
+	mi := &file_iop_runtime_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4543,7 +4645,7 @@ func (x *CertificateRenewResponse) String() string {
 func (*CertificateRenewResponse) ProtoMessage() {}
 
 func (x *CertificateRenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[39]
+	mi := &file_iop_runtime_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4556,7 +4658,7 @@ func (x *CertificateRenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CertificateRenewResponse.ProtoReflect.Descriptor instead.
 func (*CertificateRenewResponse) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{39}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CertificateRenewResponse) GetOk() bool {
@@ -4599,7 +4701,7 @@ type NodeModelsReport struct {
 
 func (x *NodeModelsReport) Reset() {
 	*x = NodeModelsReport{}
-	mi := &file_iop_runtime_proto_msgTypes[40]
+	mi := &file_iop_runtime_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4611,7 +4713,7 @@ func (x *NodeModelsReport) String() string {
 func (*NodeModelsReport) ProtoMessage() {}
 
 func (x *NodeModelsReport) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[40]
+	mi := &file_iop_runtime_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4624,7 +4726,7 @@ func (x *NodeModelsReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeModelsReport.ProtoReflect.Descriptor instead.
 func (*NodeModelsReport) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{40}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *NodeModelsReport) GetAdapters() []*AdapterModels {
@@ -4651,7 +4753,7 @@ type AdapterModels struct {
 
 func (x *AdapterModels) Reset() {
 	*x = AdapterModels{}
-	mi := &file_iop_runtime_proto_msgTypes[41]
+	mi := &file_iop_runtime_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4663,7 +4765,7 @@ func (x *AdapterModels) String() string {
 func (*AdapterModels) ProtoMessage() {}
 
 func (x *AdapterModels) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[41]
+	mi := &file_iop_runtime_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4676,7 +4778,7 @@ func (x *AdapterModels) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterModels.ProtoReflect.Descriptor instead.
 func (*AdapterModels) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{41}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *AdapterModels) GetAdapter() string {
@@ -4715,7 +4817,7 @@ type NodeResidencyReport struct {
 
 func (x *NodeResidencyReport) Reset() {
 	*x = NodeResidencyReport{}
-	mi := &file_iop_runtime_proto_msgTypes[42]
+	mi := &file_iop_runtime_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4727,7 +4829,7 @@ func (x *NodeResidencyReport) String() string {
 func (*NodeResidencyReport) ProtoMessage() {}
 
 func (x *NodeResidencyReport) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[42]
+	mi := &file_iop_runtime_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4740,7 +4842,7 @@ func (x *NodeResidencyReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeResidencyReport.ProtoReflect.Descriptor instead.
 func (*NodeResidencyReport) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{42}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *NodeResidencyReport) GetAdapters() []*AdapterResidency {
@@ -4763,7 +4865,7 @@ type AdapterResidency struct {
 
 func (x *AdapterResidency) Reset() {
 	*x = AdapterResidency{}
-	mi := &file_iop_runtime_proto_msgTypes[43]
+	mi := &file_iop_runtime_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4775,7 +4877,7 @@ func (x *AdapterResidency) String() string {
 func (*AdapterResidency) ProtoMessage() {}
 
 func (x *AdapterResidency) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[43]
+	mi := &file_iop_runtime_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4788,7 +4890,7 @@ func (x *AdapterResidency) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterResidency.ProtoReflect.Descriptor instead.
 func (*AdapterResidency) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{43}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *AdapterResidency) GetAdapter() string {
@@ -4838,7 +4940,7 @@ type ModelResidency struct {
 
 func (x *ModelResidency) Reset() {
 	*x = ModelResidency{}
-	mi := &file_iop_runtime_proto_msgTypes[44]
+	mi := &file_iop_runtime_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4850,7 +4952,7 @@ func (x *ModelResidency) String() string {
 func (*ModelResidency) ProtoMessage() {}
 
 func (x *ModelResidency) ProtoReflect() protoreflect.Message {
-	mi := &file_iop_runtime_proto_msgTypes[44]
+	mi := &file_iop_runtime_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4863,7 +4965,7 @@ func (x *ModelResidency) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelResidency.ProtoReflect.Descriptor instead.
 func (*ModelResidency) Descriptor() ([]byte, []int) {
-	return file_iop_runtime_proto_rawDescGZIP(), []int{44}
+	return file_iop_runtime_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ModelResidency) GetModel() string {
@@ -5013,7 +5115,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\n" +
 	"keep_alive\x18\x16 \x01(\tR\tkeepAliveJ\x04\b\b\x10\tR\x19response_stall_timeout_ms\"o\n" +
 	"\x19OpenAICompatAdapterConfig\x12R\n" +
-	"\x10protocol_profile\x18\x01 \x01(\v2'.iop.runtime.v1.ConcreteProtocolProfileR\x0fprotocolProfile\"\xef\x03\n" +
+	"\x10protocol_profile\x18\x01 \x01(\v2'.iop.runtime.v1.ConcreteProtocolProfileR\x0fprotocolProfile\"\xb5\x04\n" +
 	"\x17ConcreteProtocolProfile\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
 	"\bbase_url\x18\x02 \x01(\tR\abaseUrl\x12\x1f\n" +
@@ -5032,7 +5134,12 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\vhealth_path\x18\v \x01(\tR\n" +
 	"healthPath\x12)\n" +
 	"\x10completions_path\x18\f \x01(\tR\x0fcompletionsPath\x12'\n" +
-	"\x0fembeddings_path\x18\r \x01(\tR\x0eembeddingsPath\"\x87\x05\n" +
+	"\x0fembeddings_path\x18\r \x01(\tR\x0eembeddingsPath\x12D\n" +
+	"\x0epriority_field\x18\x0e \x01(\v2\x1d.iop.runtime.v1.PriorityFieldR\rpriorityField\"c\n" +
+	"\rPriorityField\x12\x1a\n" +
+	"\bcritical\x18\x01 \x01(\x05R\bcritical\x12 \n" +
+	"\vinteractive\x18\x02 \x01(\x05R\vinteractive\x12\x14\n" +
+	"\x05batch\x18\x03 \x01(\x05R\x05batch\"\x87\x05\n" +
 	"\x11NodeRuntimeConfig\x12 \n" +
 	"\vconcurrency\x18\x01 \x01(\x05R\vconcurrency\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\x120\n" +
@@ -5060,7 +5167,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\rHeartbeatPong\x12 \n" +
 	"\fsent_unix_ms\x18\x01 \x01(\x03R\n" +
 	"sentUnixMs\x12\x14\n" +
-	"\x05nonce\x18\x02 \x01(\x04R\x05nonce\"\x98\x05\n" +
+	"\x05nonce\x18\x02 \x01(\x04R\x05nonce\"\xbf\x05\n" +
 	"\n" +
 	"RunRequest\x12\x18\n" +
 	"\aadapter\x18\x01 \x01(\tR\aadapter\x12\x16\n" +
@@ -5079,7 +5186,8 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\f \x01(\tR\trequestId\x12\x1c\n" +
 	"\toperation\x18\r \x01(\tR\toperation\x122\n" +
-	"\x05trace\x18\x0e \x01(\v2\x1c.iop.runtime.v1.TraceContextR\x05trace\x1a;\n" +
+	"\x05trace\x18\x0e \x01(\v2\x1c.iop.runtime.v1.TraceContextR\x05trace\x12%\n" +
+	"\x0epriority_class\x18\x0f \x01(\tR\rpriorityClass\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe3\x05\n" +
@@ -5190,7 +5298,7 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\"2\n" +
 	"\x06Header\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value\"\xf0\x05\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\"\x97\x06\n" +
 	"\x15ProviderTunnelRequest\x12\x18\n" +
 	"\aadapter\x18\x01 \x01(\tR\aadapter\x12\x16\n" +
 	"\x06target\x18\x02 \x01(\tR\x06target\x12\x16\n" +
@@ -5211,7 +5319,8 @@ const file_iop_runtime_proto_rawDesc = "" +
 	"\x19response_stall_timeout_ms\x18\x0e \x01(\x03R\x16responseStallTimeoutMs\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x0f \x01(\tR\trequestId\x122\n" +
-	"\x05trace\x18\x10 \x01(\v2\x1c.iop.runtime.v1.TraceContextR\x05trace\x1a;\n" +
+	"\x05trace\x18\x10 \x01(\v2\x1c.iop.runtime.v1.TraceContextR\x05trace\x12%\n" +
+	"\x0epriority_class\x18\x11 \x01(\tR\rpriorityClass\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8e\x05\n" +
@@ -5418,7 +5527,7 @@ func file_iop_runtime_proto_rawDescGZIP() []byte {
 }
 
 var file_iop_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_iop_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
+var file_iop_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_iop_runtime_proto_goTypes = []any{
 	(RunEventType)(0),                 // 0: iop.runtime.v1.RunEventType
 	(TunnelFrameKind)(0),              // 1: iop.runtime.v1.TunnelFrameKind
@@ -5433,124 +5542,126 @@ var file_iop_runtime_proto_goTypes = []any{
 	(*AdapterConfig)(nil),             // 10: iop.runtime.v1.AdapterConfig
 	(*OpenAICompatAdapterConfig)(nil), // 11: iop.runtime.v1.OpenAICompatAdapterConfig
 	(*ConcreteProtocolProfile)(nil),   // 12: iop.runtime.v1.ConcreteProtocolProfile
-	(*NodeRuntimeConfig)(nil),         // 13: iop.runtime.v1.NodeRuntimeConfig
-	(*NodeReadyRequest)(nil),          // 14: iop.runtime.v1.NodeReadyRequest
-	(*NodeReadyResponse)(nil),         // 15: iop.runtime.v1.NodeReadyResponse
-	(*NodeDrainingNotice)(nil),        // 16: iop.runtime.v1.NodeDrainingNotice
-	(*HeartbeatPing)(nil),             // 17: iop.runtime.v1.HeartbeatPing
-	(*HeartbeatPong)(nil),             // 18: iop.runtime.v1.HeartbeatPong
-	(*RunRequest)(nil),                // 19: iop.runtime.v1.RunRequest
-	(*RunInput)(nil),                  // 20: iop.runtime.v1.RunInput
-	(*ChatMessage)(nil),               // 21: iop.runtime.v1.ChatMessage
-	(*ChatImage)(nil),                 // 22: iop.runtime.v1.ChatImage
-	(*TokenLogprob)(nil),              // 23: iop.runtime.v1.TokenLogprob
-	(*Embedding)(nil),                 // 24: iop.runtime.v1.Embedding
-	(*RunEvent)(nil),                  // 25: iop.runtime.v1.RunEvent
-	(*Usage)(nil),                     // 26: iop.runtime.v1.Usage
-	(*ExecutionFailure)(nil),          // 27: iop.runtime.v1.ExecutionFailure
-	(*CancelRequest)(nil),             // 28: iop.runtime.v1.CancelRequest
-	(*Header)(nil),                    // 29: iop.runtime.v1.Header
-	(*ProviderTunnelRequest)(nil),     // 30: iop.runtime.v1.ProviderTunnelRequest
-	(*ProviderTunnelFrame)(nil),       // 31: iop.runtime.v1.ProviderTunnelFrame
-	(*TraceContext)(nil),              // 32: iop.runtime.v1.TraceContext
-	(*NodeSpan)(nil),                  // 33: iop.runtime.v1.NodeSpan
-	(*NodeCommandRequest)(nil),        // 34: iop.runtime.v1.NodeCommandRequest
-	(*NodeCommandResponse)(nil),       // 35: iop.runtime.v1.NodeCommandResponse
-	(*NodeConfigRefreshRequest)(nil),  // 36: iop.runtime.v1.NodeConfigRefreshRequest
-	(*NodeConfigRefreshResponse)(nil), // 37: iop.runtime.v1.NodeConfigRefreshResponse
-	(*CredentialLease)(nil),           // 38: iop.runtime.v1.CredentialLease
-	(*CredentialLeaseBinding)(nil),    // 39: iop.runtime.v1.CredentialLeaseBinding
-	(*ProviderSnapshot)(nil),          // 40: iop.runtime.v1.ProviderSnapshot
-	(*NodeJoinRequest)(nil),           // 41: iop.runtime.v1.NodeJoinRequest
-	(*NodeJoinResponse)(nil),          // 42: iop.runtime.v1.NodeJoinResponse
-	(*CertificateRenewRequest)(nil),   // 43: iop.runtime.v1.CertificateRenewRequest
-	(*CertificateRenewResponse)(nil),  // 44: iop.runtime.v1.CertificateRenewResponse
-	(*NodeModelsReport)(nil),          // 45: iop.runtime.v1.NodeModelsReport
-	(*AdapterModels)(nil),             // 46: iop.runtime.v1.AdapterModels
-	(*NodeResidencyReport)(nil),       // 47: iop.runtime.v1.NodeResidencyReport
-	(*AdapterResidency)(nil),          // 48: iop.runtime.v1.AdapterResidency
-	(*ModelResidency)(nil),            // 49: iop.runtime.v1.ModelResidency
-	nil,                               // 50: iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntry
-	nil,                               // 51: iop.runtime.v1.RunRequest.MetadataEntry
-	nil,                               // 52: iop.runtime.v1.RunEvent.MetadataEntry
-	nil,                               // 53: iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
-	nil,                               // 54: iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
-	nil,                               // 55: iop.runtime.v1.NodeCommandRequest.ArgsEntry
-	nil,                               // 56: iop.runtime.v1.NodeCommandResponse.ResultEntry
+	(*PriorityField)(nil),             // 13: iop.runtime.v1.PriorityField
+	(*NodeRuntimeConfig)(nil),         // 14: iop.runtime.v1.NodeRuntimeConfig
+	(*NodeReadyRequest)(nil),          // 15: iop.runtime.v1.NodeReadyRequest
+	(*NodeReadyResponse)(nil),         // 16: iop.runtime.v1.NodeReadyResponse
+	(*NodeDrainingNotice)(nil),        // 17: iop.runtime.v1.NodeDrainingNotice
+	(*HeartbeatPing)(nil),             // 18: iop.runtime.v1.HeartbeatPing
+	(*HeartbeatPong)(nil),             // 19: iop.runtime.v1.HeartbeatPong
+	(*RunRequest)(nil),                // 20: iop.runtime.v1.RunRequest
+	(*RunInput)(nil),                  // 21: iop.runtime.v1.RunInput
+	(*ChatMessage)(nil),               // 22: iop.runtime.v1.ChatMessage
+	(*ChatImage)(nil),                 // 23: iop.runtime.v1.ChatImage
+	(*TokenLogprob)(nil),              // 24: iop.runtime.v1.TokenLogprob
+	(*Embedding)(nil),                 // 25: iop.runtime.v1.Embedding
+	(*RunEvent)(nil),                  // 26: iop.runtime.v1.RunEvent
+	(*Usage)(nil),                     // 27: iop.runtime.v1.Usage
+	(*ExecutionFailure)(nil),          // 28: iop.runtime.v1.ExecutionFailure
+	(*CancelRequest)(nil),             // 29: iop.runtime.v1.CancelRequest
+	(*Header)(nil),                    // 30: iop.runtime.v1.Header
+	(*ProviderTunnelRequest)(nil),     // 31: iop.runtime.v1.ProviderTunnelRequest
+	(*ProviderTunnelFrame)(nil),       // 32: iop.runtime.v1.ProviderTunnelFrame
+	(*TraceContext)(nil),              // 33: iop.runtime.v1.TraceContext
+	(*NodeSpan)(nil),                  // 34: iop.runtime.v1.NodeSpan
+	(*NodeCommandRequest)(nil),        // 35: iop.runtime.v1.NodeCommandRequest
+	(*NodeCommandResponse)(nil),       // 36: iop.runtime.v1.NodeCommandResponse
+	(*NodeConfigRefreshRequest)(nil),  // 37: iop.runtime.v1.NodeConfigRefreshRequest
+	(*NodeConfigRefreshResponse)(nil), // 38: iop.runtime.v1.NodeConfigRefreshResponse
+	(*CredentialLease)(nil),           // 39: iop.runtime.v1.CredentialLease
+	(*CredentialLeaseBinding)(nil),    // 40: iop.runtime.v1.CredentialLeaseBinding
+	(*ProviderSnapshot)(nil),          // 41: iop.runtime.v1.ProviderSnapshot
+	(*NodeJoinRequest)(nil),           // 42: iop.runtime.v1.NodeJoinRequest
+	(*NodeJoinResponse)(nil),          // 43: iop.runtime.v1.NodeJoinResponse
+	(*CertificateRenewRequest)(nil),   // 44: iop.runtime.v1.CertificateRenewRequest
+	(*CertificateRenewResponse)(nil),  // 45: iop.runtime.v1.CertificateRenewResponse
+	(*NodeModelsReport)(nil),          // 46: iop.runtime.v1.NodeModelsReport
+	(*AdapterModels)(nil),             // 47: iop.runtime.v1.AdapterModels
+	(*NodeResidencyReport)(nil),       // 48: iop.runtime.v1.NodeResidencyReport
+	(*AdapterResidency)(nil),          // 49: iop.runtime.v1.AdapterResidency
+	(*ModelResidency)(nil),            // 50: iop.runtime.v1.ModelResidency
+	nil,                               // 51: iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntry
+	nil,                               // 52: iop.runtime.v1.RunRequest.MetadataEntry
+	nil,                               // 53: iop.runtime.v1.RunEvent.MetadataEntry
+	nil,                               // 54: iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
+	nil,                               // 55: iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
+	nil,                               // 56: iop.runtime.v1.NodeCommandRequest.ArgsEntry
+	nil,                               // 57: iop.runtime.v1.NodeCommandResponse.ResultEntry
 }
 var file_iop_runtime_proto_depIdxs = []int32{
 	6,  // 0: iop.runtime.v1.Envelope.register_request:type_name -> iop.runtime.v1.RegisterRequest
 	8,  // 1: iop.runtime.v1.Envelope.register_response:type_name -> iop.runtime.v1.RegisterResponse
-	14, // 2: iop.runtime.v1.Envelope.ready_request:type_name -> iop.runtime.v1.NodeReadyRequest
-	15, // 3: iop.runtime.v1.Envelope.ready_response:type_name -> iop.runtime.v1.NodeReadyResponse
-	17, // 4: iop.runtime.v1.Envelope.ping:type_name -> iop.runtime.v1.HeartbeatPing
-	18, // 5: iop.runtime.v1.Envelope.pong:type_name -> iop.runtime.v1.HeartbeatPong
-	19, // 6: iop.runtime.v1.Envelope.run_request:type_name -> iop.runtime.v1.RunRequest
-	25, // 7: iop.runtime.v1.Envelope.run_event:type_name -> iop.runtime.v1.RunEvent
-	30, // 8: iop.runtime.v1.Envelope.tunnel_request:type_name -> iop.runtime.v1.ProviderTunnelRequest
-	31, // 9: iop.runtime.v1.Envelope.tunnel_frame:type_name -> iop.runtime.v1.ProviderTunnelFrame
-	28, // 10: iop.runtime.v1.Envelope.cancel_request:type_name -> iop.runtime.v1.CancelRequest
-	34, // 11: iop.runtime.v1.Envelope.command_request:type_name -> iop.runtime.v1.NodeCommandRequest
-	35, // 12: iop.runtime.v1.Envelope.command_response:type_name -> iop.runtime.v1.NodeCommandResponse
-	36, // 13: iop.runtime.v1.Envelope.refresh_request:type_name -> iop.runtime.v1.NodeConfigRefreshRequest
-	37, // 14: iop.runtime.v1.Envelope.refresh_response:type_name -> iop.runtime.v1.NodeConfigRefreshResponse
-	16, // 15: iop.runtime.v1.Envelope.draining_notice:type_name -> iop.runtime.v1.NodeDrainingNotice
+	15, // 2: iop.runtime.v1.Envelope.ready_request:type_name -> iop.runtime.v1.NodeReadyRequest
+	16, // 3: iop.runtime.v1.Envelope.ready_response:type_name -> iop.runtime.v1.NodeReadyResponse
+	18, // 4: iop.runtime.v1.Envelope.ping:type_name -> iop.runtime.v1.HeartbeatPing
+	19, // 5: iop.runtime.v1.Envelope.pong:type_name -> iop.runtime.v1.HeartbeatPong
+	20, // 6: iop.runtime.v1.Envelope.run_request:type_name -> iop.runtime.v1.RunRequest
+	26, // 7: iop.runtime.v1.Envelope.run_event:type_name -> iop.runtime.v1.RunEvent
+	31, // 8: iop.runtime.v1.Envelope.tunnel_request:type_name -> iop.runtime.v1.ProviderTunnelRequest
+	32, // 9: iop.runtime.v1.Envelope.tunnel_frame:type_name -> iop.runtime.v1.ProviderTunnelFrame
+	29, // 10: iop.runtime.v1.Envelope.cancel_request:type_name -> iop.runtime.v1.CancelRequest
+	35, // 11: iop.runtime.v1.Envelope.command_request:type_name -> iop.runtime.v1.NodeCommandRequest
+	36, // 12: iop.runtime.v1.Envelope.command_response:type_name -> iop.runtime.v1.NodeCommandResponse
+	37, // 13: iop.runtime.v1.Envelope.refresh_request:type_name -> iop.runtime.v1.NodeConfigRefreshRequest
+	38, // 14: iop.runtime.v1.Envelope.refresh_response:type_name -> iop.runtime.v1.NodeConfigRefreshResponse
+	17, // 15: iop.runtime.v1.Envelope.draining_notice:type_name -> iop.runtime.v1.NodeDrainingNotice
 	7,  // 16: iop.runtime.v1.Envelope.config_rejected:type_name -> iop.runtime.v1.NodeConfigRejected
-	41, // 17: iop.runtime.v1.Envelope.join_request:type_name -> iop.runtime.v1.NodeJoinRequest
-	42, // 18: iop.runtime.v1.Envelope.join_response:type_name -> iop.runtime.v1.NodeJoinResponse
-	43, // 19: iop.runtime.v1.Envelope.renew_request:type_name -> iop.runtime.v1.CertificateRenewRequest
-	44, // 20: iop.runtime.v1.Envelope.renew_response:type_name -> iop.runtime.v1.CertificateRenewResponse
-	45, // 21: iop.runtime.v1.Envelope.models_report:type_name -> iop.runtime.v1.NodeModelsReport
-	47, // 22: iop.runtime.v1.Envelope.residency_report:type_name -> iop.runtime.v1.NodeResidencyReport
+	42, // 17: iop.runtime.v1.Envelope.join_request:type_name -> iop.runtime.v1.NodeJoinRequest
+	43, // 18: iop.runtime.v1.Envelope.join_response:type_name -> iop.runtime.v1.NodeJoinResponse
+	44, // 19: iop.runtime.v1.Envelope.renew_request:type_name -> iop.runtime.v1.CertificateRenewRequest
+	45, // 20: iop.runtime.v1.Envelope.renew_response:type_name -> iop.runtime.v1.CertificateRenewResponse
+	46, // 21: iop.runtime.v1.Envelope.models_report:type_name -> iop.runtime.v1.NodeModelsReport
+	48, // 22: iop.runtime.v1.Envelope.residency_report:type_name -> iop.runtime.v1.NodeResidencyReport
 	9,  // 23: iop.runtime.v1.RegisterResponse.config:type_name -> iop.runtime.v1.NodeConfigPayload
 	10, // 24: iop.runtime.v1.NodeConfigPayload.adapters:type_name -> iop.runtime.v1.AdapterConfig
-	13, // 25: iop.runtime.v1.NodeConfigPayload.runtime:type_name -> iop.runtime.v1.NodeRuntimeConfig
+	14, // 25: iop.runtime.v1.NodeConfigPayload.runtime:type_name -> iop.runtime.v1.NodeRuntimeConfig
 	11, // 26: iop.runtime.v1.AdapterConfig.openai_compat:type_name -> iop.runtime.v1.OpenAICompatAdapterConfig
 	12, // 27: iop.runtime.v1.OpenAICompatAdapterConfig.protocol_profile:type_name -> iop.runtime.v1.ConcreteProtocolProfile
-	50, // 28: iop.runtime.v1.NodeRuntimeConfig.credential_slot_revisions:type_name -> iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntry
-	20, // 29: iop.runtime.v1.RunRequest.input:type_name -> iop.runtime.v1.RunInput
-	51, // 30: iop.runtime.v1.RunRequest.metadata:type_name -> iop.runtime.v1.RunRequest.MetadataEntry
-	38, // 31: iop.runtime.v1.RunRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
-	39, // 32: iop.runtime.v1.RunRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
-	32, // 33: iop.runtime.v1.RunRequest.trace:type_name -> iop.runtime.v1.TraceContext
-	21, // 34: iop.runtime.v1.RunInput.messages:type_name -> iop.runtime.v1.ChatMessage
-	22, // 35: iop.runtime.v1.ChatMessage.images:type_name -> iop.runtime.v1.ChatImage
-	23, // 36: iop.runtime.v1.TokenLogprob.top_logprobs:type_name -> iop.runtime.v1.TokenLogprob
-	0,  // 37: iop.runtime.v1.RunEvent.type:type_name -> iop.runtime.v1.RunEventType
-	26, // 38: iop.runtime.v1.RunEvent.usage:type_name -> iop.runtime.v1.Usage
-	52, // 39: iop.runtime.v1.RunEvent.metadata:type_name -> iop.runtime.v1.RunEvent.MetadataEntry
-	27, // 40: iop.runtime.v1.RunEvent.failure:type_name -> iop.runtime.v1.ExecutionFailure
-	23, // 41: iop.runtime.v1.RunEvent.logprobs:type_name -> iop.runtime.v1.TokenLogprob
-	24, // 42: iop.runtime.v1.RunEvent.embeddings:type_name -> iop.runtime.v1.Embedding
-	33, // 43: iop.runtime.v1.RunEvent.trace_spans:type_name -> iop.runtime.v1.NodeSpan
-	29, // 44: iop.runtime.v1.ProviderTunnelRequest.headers:type_name -> iop.runtime.v1.Header
-	53, // 45: iop.runtime.v1.ProviderTunnelRequest.metadata:type_name -> iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
-	38, // 46: iop.runtime.v1.ProviderTunnelRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
-	39, // 47: iop.runtime.v1.ProviderTunnelRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
-	32, // 48: iop.runtime.v1.ProviderTunnelRequest.trace:type_name -> iop.runtime.v1.TraceContext
-	1,  // 49: iop.runtime.v1.ProviderTunnelFrame.kind:type_name -> iop.runtime.v1.TunnelFrameKind
-	29, // 50: iop.runtime.v1.ProviderTunnelFrame.headers:type_name -> iop.runtime.v1.Header
-	26, // 51: iop.runtime.v1.ProviderTunnelFrame.usage:type_name -> iop.runtime.v1.Usage
-	54, // 52: iop.runtime.v1.ProviderTunnelFrame.metadata:type_name -> iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
-	27, // 53: iop.runtime.v1.ProviderTunnelFrame.failure:type_name -> iop.runtime.v1.ExecutionFailure
-	33, // 54: iop.runtime.v1.ProviderTunnelFrame.trace_spans:type_name -> iop.runtime.v1.NodeSpan
-	2,  // 55: iop.runtime.v1.NodeSpan.kind:type_name -> iop.runtime.v1.NodeSpanKind
-	3,  // 56: iop.runtime.v1.NodeCommandRequest.type:type_name -> iop.runtime.v1.NodeCommandType
-	55, // 57: iop.runtime.v1.NodeCommandRequest.args:type_name -> iop.runtime.v1.NodeCommandRequest.ArgsEntry
-	38, // 58: iop.runtime.v1.NodeCommandRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
-	39, // 59: iop.runtime.v1.NodeCommandRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
-	56, // 60: iop.runtime.v1.NodeCommandResponse.result:type_name -> iop.runtime.v1.NodeCommandResponse.ResultEntry
-	9,  // 61: iop.runtime.v1.NodeConfigRefreshRequest.config:type_name -> iop.runtime.v1.NodeConfigPayload
-	4,  // 62: iop.runtime.v1.NodeConfigRefreshResponse.status:type_name -> iop.runtime.v1.RefreshStatus
-	49, // 63: iop.runtime.v1.ProviderSnapshot.residency:type_name -> iop.runtime.v1.ModelResidency
-	46, // 64: iop.runtime.v1.NodeModelsReport.adapters:type_name -> iop.runtime.v1.AdapterModels
-	48, // 65: iop.runtime.v1.NodeResidencyReport.adapters:type_name -> iop.runtime.v1.AdapterResidency
-	49, // 66: iop.runtime.v1.AdapterResidency.models:type_name -> iop.runtime.v1.ModelResidency
-	67, // [67:67] is the sub-list for method output_type
-	67, // [67:67] is the sub-list for method input_type
-	67, // [67:67] is the sub-list for extension type_name
-	67, // [67:67] is the sub-list for extension extendee
-	0,  // [0:67] is the sub-list for field type_name
+	13, // 28: iop.runtime.v1.ConcreteProtocolProfile.priority_field:type_name -> iop.runtime.v1.PriorityField
+	51, // 29: iop.runtime.v1.NodeRuntimeConfig.credential_slot_revisions:type_name -> iop.runtime.v1.NodeRuntimeConfig.CredentialSlotRevisionsEntry
+	21, // 30: iop.runtime.v1.RunRequest.input:type_name -> iop.runtime.v1.RunInput
+	52, // 31: iop.runtime.v1.RunRequest.metadata:type_name -> iop.runtime.v1.RunRequest.MetadataEntry
+	39, // 32: iop.runtime.v1.RunRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
+	40, // 33: iop.runtime.v1.RunRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
+	33, // 34: iop.runtime.v1.RunRequest.trace:type_name -> iop.runtime.v1.TraceContext
+	22, // 35: iop.runtime.v1.RunInput.messages:type_name -> iop.runtime.v1.ChatMessage
+	23, // 36: iop.runtime.v1.ChatMessage.images:type_name -> iop.runtime.v1.ChatImage
+	24, // 37: iop.runtime.v1.TokenLogprob.top_logprobs:type_name -> iop.runtime.v1.TokenLogprob
+	0,  // 38: iop.runtime.v1.RunEvent.type:type_name -> iop.runtime.v1.RunEventType
+	27, // 39: iop.runtime.v1.RunEvent.usage:type_name -> iop.runtime.v1.Usage
+	53, // 40: iop.runtime.v1.RunEvent.metadata:type_name -> iop.runtime.v1.RunEvent.MetadataEntry
+	28, // 41: iop.runtime.v1.RunEvent.failure:type_name -> iop.runtime.v1.ExecutionFailure
+	24, // 42: iop.runtime.v1.RunEvent.logprobs:type_name -> iop.runtime.v1.TokenLogprob
+	25, // 43: iop.runtime.v1.RunEvent.embeddings:type_name -> iop.runtime.v1.Embedding
+	34, // 44: iop.runtime.v1.RunEvent.trace_spans:type_name -> iop.runtime.v1.NodeSpan
+	30, // 45: iop.runtime.v1.ProviderTunnelRequest.headers:type_name -> iop.runtime.v1.Header
+	54, // 46: iop.runtime.v1.ProviderTunnelRequest.metadata:type_name -> iop.runtime.v1.ProviderTunnelRequest.MetadataEntry
+	39, // 47: iop.runtime.v1.ProviderTunnelRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
+	40, // 48: iop.runtime.v1.ProviderTunnelRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
+	33, // 49: iop.runtime.v1.ProviderTunnelRequest.trace:type_name -> iop.runtime.v1.TraceContext
+	1,  // 50: iop.runtime.v1.ProviderTunnelFrame.kind:type_name -> iop.runtime.v1.TunnelFrameKind
+	30, // 51: iop.runtime.v1.ProviderTunnelFrame.headers:type_name -> iop.runtime.v1.Header
+	27, // 52: iop.runtime.v1.ProviderTunnelFrame.usage:type_name -> iop.runtime.v1.Usage
+	55, // 53: iop.runtime.v1.ProviderTunnelFrame.metadata:type_name -> iop.runtime.v1.ProviderTunnelFrame.MetadataEntry
+	28, // 54: iop.runtime.v1.ProviderTunnelFrame.failure:type_name -> iop.runtime.v1.ExecutionFailure
+	34, // 55: iop.runtime.v1.ProviderTunnelFrame.trace_spans:type_name -> iop.runtime.v1.NodeSpan
+	2,  // 56: iop.runtime.v1.NodeSpan.kind:type_name -> iop.runtime.v1.NodeSpanKind
+	3,  // 57: iop.runtime.v1.NodeCommandRequest.type:type_name -> iop.runtime.v1.NodeCommandType
+	56, // 58: iop.runtime.v1.NodeCommandRequest.args:type_name -> iop.runtime.v1.NodeCommandRequest.ArgsEntry
+	39, // 59: iop.runtime.v1.NodeCommandRequest.credential_lease:type_name -> iop.runtime.v1.CredentialLease
+	40, // 60: iop.runtime.v1.NodeCommandRequest.credential_binding:type_name -> iop.runtime.v1.CredentialLeaseBinding
+	57, // 61: iop.runtime.v1.NodeCommandResponse.result:type_name -> iop.runtime.v1.NodeCommandResponse.ResultEntry
+	9,  // 62: iop.runtime.v1.NodeConfigRefreshRequest.config:type_name -> iop.runtime.v1.NodeConfigPayload
+	4,  // 63: iop.runtime.v1.NodeConfigRefreshResponse.status:type_name -> iop.runtime.v1.RefreshStatus
+	50, // 64: iop.runtime.v1.ProviderSnapshot.residency:type_name -> iop.runtime.v1.ModelResidency
+	47, // 65: iop.runtime.v1.NodeModelsReport.adapters:type_name -> iop.runtime.v1.AdapterModels
+	49, // 66: iop.runtime.v1.NodeResidencyReport.adapters:type_name -> iop.runtime.v1.AdapterResidency
+	50, // 67: iop.runtime.v1.AdapterResidency.models:type_name -> iop.runtime.v1.ModelResidency
+	68, // [68:68] is the sub-list for method output_type
+	68, // [68:68] is the sub-list for method input_type
+	68, // [68:68] is the sub-list for extension type_name
+	68, // [68:68] is the sub-list for extension extendee
+	0,  // [0:68] is the sub-list for field type_name
 }
 
 func init() { file_iop_runtime_proto_init() }
@@ -5583,14 +5694,14 @@ func file_iop_runtime_proto_init() {
 		(*Envelope_ModelsReport)(nil),
 		(*Envelope_ResidencyReport)(nil),
 	}
-	file_iop_runtime_proto_msgTypes[15].OneofWrappers = []any{}
+	file_iop_runtime_proto_msgTypes[16].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_iop_runtime_proto_rawDesc), len(file_iop_runtime_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   52,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
