@@ -44,7 +44,9 @@ import (
 // credential plane on — opening the lease (credential_required or
 // credential_invalid, SPEC C3; see credential). Cancelling ctx (CancelRequest, SPEC
 // E5, or session loss, E6) aborts the upstream request and ends the run with
-// CANCELLED; timeout_sec > 0 ends it with ERROR "timeout".
+// CANCELLED; timeout_sec > 0 ends it with ERROR "timeout". On an adapter
+// whose profile has a priority_field the chat body carries the value of
+// req.priority_class as its "priority" (SPEC G7).
 func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit func(*iop.RunEvent)) {
 	ctx = upstream.WithRequestID(ctx, req.GetRequestId()) // logs and the upstream's X-Request-Id
 	rs := newSender[*iop.RunEvent](runWire{}, req, iop.NodeSpanKind_NODE_SPAN_RUN, emit)
@@ -63,6 +65,10 @@ func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit f
 	}
 	defer ad.close()
 	inst, a, runCtx := ad.inst, ad.a, ad.runCtx
+	callCtx := runCtx
+	if f := inst.profile.GetPriorityField(); f != nil {
+		callCtx = upstream.WithPriority(runCtx, protocol.PriorityValue(f, req.GetPriorityClass())) // SPEC G7
+	}
 	runner := inst.runnerFor(ad.ep)
 	hooks := upstream.Hooks{OnActivity: a.activity}
 	if req.GetStream() {
@@ -77,7 +83,7 @@ func (s *Set) Run(ctx context.Context, runID string, req *iop.RunRequest, emit f
 	}
 	s.supervise(ctx, a, runID, inst.name, req.GetTarget(), rs.supervised(
 		func() func() {
-			res, err := s.callRunner(rs.trace.context(runCtx), inst, runner, req, hooks, runID)
+			res, err := s.callRunner(rs.trace.context(callCtx), inst, runner, req, hooks, runID)
 			rs.trace.returned()
 			if req.GetStream() {
 				res.Logprobs = nil // the deltas carried them

@@ -44,6 +44,11 @@ import (
 // operation is empty; a path that is absolute, has a host or escapes the
 // base is an ERROR invalid_request without any upstream call (SPEC T1), as
 // is a bad method. An operation the profile lacks is unsupported_operation.
+// The request body goes upstream as req.body, except to an adapter whose
+// profile has a priority_field (SPEC G7): a chat_completions, completions,
+// responses or embeddings body then goes with its top-level "priority" set
+// to the value of req.priority_class (upstream.SetPriority), and one that
+// is not a JSON object is an ERROR invalid_request without an upstream call.
 // Request headers: only Content-Type, Accept, anthropic-version,
 // anthropic-beta and OpenAI-Beta are forwarded; client Authorization,
 // x-api-key, cookies, hop-by-hop and X-Iop-* headers never are (SPEC T4).
@@ -57,6 +62,7 @@ func (s *Set) Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelR
 	ctx = upstream.WithRequestID(ctx, req.GetRequestId()) // logs and the upstream's X-Request-Id
 	ts := newSender[*iop.ProviderTunnelFrame](tunnelWire{}, req, iop.NodeSpanKind_NODE_SPAN_TUNNEL, emit)
 	var path, method string
+	body := req.GetBody()
 	ad, ok := open(ctx, s, ts, runID, req, protocol.TypeOpenAICompat, func(inst *instance) *rejection {
 		var err error
 		if path, err = tunnelPath(inst.profile, req.GetOperation(), req.GetPath()); err != nil {
@@ -69,6 +75,12 @@ func (s *Set) Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelR
 		if method, err = tunnelMethod(req.GetMethod(), len(req.GetBody()) > 0); err != nil {
 			return reject(protocol.CodeInvalidRequest, err)
 		}
+		if f := inst.profile.GetPriorityField(); f != nil && len(body) > 0 && prioritized(inst.profile, req.GetOperation(), path) {
+			// SPEC G7: the class's value replaces any the client sent
+			if body, err = upstream.SetPriority(body, protocol.PriorityValue(f, req.GetPriorityClass())); err != nil {
+				return &rejection{code: protocol.CodeInvalidRequest, msg: fmt.Sprintf("adapter %q: priority field: %v", inst.name, err), err: err}
+			}
+		}
 		return nil
 	})
 	if !ok {
@@ -76,10 +88,10 @@ func (s *Set) Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelR
 	}
 	defer ad.close()
 	inst, a, ep, runCtx := ad.inst, ad.a, ad.ep, ad.runCtx
-	p, m := path, method // captured by value below: path and method are written by the check
+	p, m, b := path, method, body // captured by value below: path, method and body are written by the check
 	s.supervise(ctx, a, runID, inst.name, req.GetTarget(), ts.supervised(
 		func() func() {
-			f := s.relay(ctx, ts.trace.context(runCtx), inst, ep, a, m, p, req, ts)
+			f := s.relay(ctx, ts.trace.context(runCtx), inst, ep, a, m, p, b, req, ts)
 			ts.trace.returned()
 			return func() { ts.end(f, true) }
 		},
@@ -92,17 +104,19 @@ func (s *Set) Tunnel(ctx context.Context, runID string, req *iop.ProviderTunnelR
 
 // relay sends the request and streams the answer into frames; it returns
 // the terminal frame (END or ERROR) for the caller to emit.
-func (s *Set) relay(ctx, runCtx context.Context, inst *instance, ep *upstream.Endpoint, a *attempt, method, path string, req *iop.ProviderTunnelRequest, ts *sender[*iop.ProviderTunnelFrame]) *iop.ProviderTunnelFrame {
-	var body io.Reader = http.NoBody
-	if len(req.GetBody()) > 0 {
-		body = bytes.NewReader(req.GetBody())
+// body is the request's body as sent: req.body, or its copy with the
+// backend's priority field set (SPEC G7).
+func (s *Set) relay(ctx, runCtx context.Context, inst *instance, ep *upstream.Endpoint, a *attempt, method, path string, body []byte, req *iop.ProviderTunnelRequest, ts *sender[*iop.ProviderTunnelFrame]) *iop.ProviderTunnelFrame {
+	var rd io.Reader = http.NoBody
+	if len(body) > 0 {
+		rd = bytes.NewReader(body)
 	}
-	hreq, err := ep.NewRequest(runCtx, method, path, body)
+	hreq, err := ep.NewRequest(runCtx, method, path, rd)
 	if err != nil {
 		return errorFrame(protocol.CodeInvalidRequest, err.Error(), err)
 	}
 	forwardHeaders(hreq.Header, req.GetHeaders())
-	if len(req.GetBody()) > 0 && hreq.Header.Get("Content-Type") == "" {
+	if len(body) > 0 && hreq.Header.Get("Content-Type") == "" {
 		hreq.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := ep.Do(hreq)
@@ -143,6 +157,30 @@ func (s *Set) relay(ctx, runCtx context.Context, inst *instance, ep *upstream.En
 			return failFrame(ctx, runCtx, inst.name, "upstream read", rerr)
 		}
 	}
+}
+
+// prioritized reports whether a tunnel to path, for operation op, is one
+// whose body takes the backend's priority field (SPEC G7): the
+// chat_completions, completions, responses and embeddings operations, or
+// with no operation a path that is one of theirs in profile p. The
+// Anthropic operations (messages, count_tokens) and models are not: vLLM's
+// /v1/messages builds its chat request without a priority.
+func prioritized(p *iop.ConcreteProtocolProfile, op, path string) bool {
+	switch op {
+	case protocol.OpChatCompletions, protocol.OpCompletions, protocol.OpResponses, protocol.OpEmbeddings:
+		return true
+	case "":
+		bare := func(p string) string {
+			p, _, _ = strings.Cut(p, "?")
+			return strings.TrimPrefix(p, "/")
+		}
+		for _, q := range []string{p.GetChatCompletionsPath(), p.GetCompletionsPath(), p.GetResponsesPath(), p.GetEmbeddingsPath()} {
+			if q != "" && bare(q) == bare(path) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // tunnelMethod validates the request method; empty means POST with a body

@@ -95,6 +95,11 @@ func (d *Driver) attempt(ctx context.Context, target string, in *iop.RunInput, t
 	if err != nil {
 		return upstream.Result{}, err
 	}
+	if n, ok := upstream.PriorityOf(ctx); ok { // SPEC G7: the backend schedules by it
+		if body, err = upstream.SetPriority(body, n); err != nil {
+			return upstream.Result{}, err
+		}
+	}
 	resp, err := d.EP.PostJSON(ctx, d.Profile.GetChatCompletionsPath(), body, "text/event-stream")
 	if err != nil {
 		return upstream.Result{}, err
