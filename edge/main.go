@@ -37,6 +37,7 @@ import (
 	"iop/internal/edge/keyscmd"
 	"iop/internal/edge/pkicmd"
 	"iop/internal/edge/secretscmd"
+	"iop/internal/logbuf"
 )
 
 // version and commit are set at link time (-ldflags "-X main.version=…
@@ -102,7 +103,11 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "%s: ok\n", *cfgPath)
 		return 0
 	}
-	logger := slog.New(slog.NewJSONHandler(stderr, nil))
+	// One write(2) carries many lines (SPEC A1); Close writes what is held
+	// on every return, a Warn or Error line goes out at once (logbuf).
+	logw := logbuf.New(stderr, 0, 0)
+	defer logw.Close()
+	logger := slog.New(logw.Handler(slog.NewJSONHandler(logw, nil)))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	hup := make(chan os.Signal, 1)

@@ -126,8 +126,26 @@ func TestEdgeBinary(t *testing.T) {
 	} else {
 		resp.Body.Close()
 	}
+	// A1: the access lines are held in the process (logbuf) and none is
+	// lost when it stops: each of these requests' lines is on stderr
+	// after the SIGTERM exit.
+	const lines = 50
+	for i := range lines {
+		req, _ := http.NewRequest("POST", "http://"+httpAddr+"/v1/chat/completions", strings.NewReader(`{"model":"nope","messages":[]}`))
+		req.Header.Set("X-Request-Id", fmt.Sprintf("held-%02d", i))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
 	cmd.Process.Signal(syscall.SIGTERM)
 	if code := proctest.ExitCode(cmd.Wait()); code != 0 {
 		t.Errorf("SIGTERM: exit %d, want 0\n%s", code, stderr.String())
+	}
+	for i := range lines {
+		if id := fmt.Sprintf(`"request_id":"held-%02d"`, i); strings.Count(stderr.String(), id) != 1 {
+			t.Errorf("A1: %d access lines with %s after a graceful stop, want 1", strings.Count(stderr.String(), id), id)
+		}
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"iop/internal/buildinfo"
+	"iop/internal/logbuf"
 	"iop/internal/node"
 	"iop/internal/node/config"
 	"iop/internal/node/enroll"
@@ -77,7 +78,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "%s: ok\n", *cfgPath)
 		return 0
 	}
-	logger := slog.New(slog.NewJSONHandler(stderr, nil))
+	// One write(2) carries many lines (SPEC A1); Close writes what is held
+	// on every return, a Warn or Error line goes out at once (logbuf).
+	logw := logbuf.New(stderr, 0, 0)
+	defer logw.Close()
+	logger := slog.New(logw.Handler(slog.NewJSONHandler(logw, nil)))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	err = node.Run(ctx, cfg, node.Options{Logger: logger, Version: info.Version, LookupEnv: os.LookupEnv})
