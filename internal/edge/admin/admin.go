@@ -33,6 +33,7 @@ import (
 	"net/http/pprof"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"iop/internal/edge/access"
@@ -209,7 +210,8 @@ func serveStatus(w http.ResponseWriter, o Options) {
 				buf.WriteString(`,"draining":true`)
 			}
 			if st := payloads[n.Node]; st != "" {
-				fmt.Fprintf(&buf, `,"config":%q`, st)
+				b, _ := json.Marshal(st)
+				fmt.Fprintf(&buf, `,"config":%s`, b)
 			}
 			if d := discovered[n.Node]; len(d) > 0 {
 				b, _ := json.Marshal(d)
@@ -297,8 +299,9 @@ func writeModels(buf *bytes.Buffer, gs GroupSource, rs RoutingSource) {
 			fmt.Fprintf(buf, `,"waiters":%d,"long_waiters":%d,"candidates":%d,"live":%d`, g.Waiters, g.LongWaiters, g.Candidates, g.Live)
 		}
 		if r, ok := routes[name]; ok {
-			fmt.Fprintf(buf, `,"routing":%q,"decisions":{"prefix_hit":%d,"hash":%d,"fallback":%d,"yield":%d},"hit_ratio":%s`,
-				r.Mode, r.PrefixHit, r.Hash, r.Fallback, r.Yield, strconv.FormatFloat(r.HitRatio(), 'g', 4, 64))
+			mode, _ := json.Marshal(r.Mode)
+			fmt.Fprintf(buf, `,"routing":%s,"decisions":{"prefix_hit":%d,"hash":%d,"fallback":%d,"yield":%d},"hit_ratio":%s`,
+				mode, r.PrefixHit, r.Hash, r.Fallback, r.Yield, strconv.FormatFloat(r.HitRatio(), 'g', 4, 64))
 			delete(routes, name)
 		}
 		buf.WriteByte('}')
@@ -326,7 +329,7 @@ func serveMetrics(w http.ResponseWriter, o Options) {
 		if n.Connected {
 			v = 1
 		}
-		fmt.Fprintf(&buf, "iop_edge_node_connected{node=%s} %d\n", strconv.Quote(n.Node), v)
+		fmt.Fprintf(&buf, "iop_edge_node_connected{node=%s} %d\n", label(n.Node), v)
 	}
 	gauges := []struct {
 		name, help string
@@ -341,7 +344,7 @@ func serveMetrics(w http.ResponseWriter, o Options) {
 		family(g.name, "gauge", g.help)
 		for _, n := range snaps {
 			for i, p := range n.Providers {
-				fmt.Fprintf(&buf, "%s{node=%s,provider=%s} %d\n", g.name, strconv.Quote(n.Node), strconv.Quote(p.ProviderId), g.get(n, i))
+				fmt.Fprintf(&buf, "%s{node=%s,provider=%s} %d\n", g.name, label(n.Node), label(p.ProviderId), g.get(n, i))
 			}
 		}
 	}
@@ -362,7 +365,7 @@ func serveMetrics(w http.ResponseWriter, o Options) {
 				name string
 				n    uint64
 			}{{"prefix_hit", g.PrefixHit}, {"hash", g.Hash}, {"fallback", g.Fallback}, {"yield", g.Yield}} {
-				fmt.Fprintf(&buf, "iop_edge_routing_decisions_total{model=%s,result=%q} %d\n", strconv.Quote(g.Model), r.name, r.n)
+				fmt.Fprintf(&buf, "iop_edge_routing_decisions_total{model=%s,result=%q} %d\n", label(g.Model), r.name, r.n)
 			}
 		}
 	}
@@ -485,7 +488,7 @@ func modelMetrics(buf *bytes.Buffer, snaps []pool.NodeSnapshot, family func(name
 				if m.GetState() == protocol.ResidencyUnloaded && m.GetLoads()+m.GetLoadFailures()+m.GetCrashes()+m.GetEvictions()+m.GetIdleUnloads() == 0 {
 					continue
 				}
-				rows = append(rows, row{fmt.Sprintf("node=%s,provider=%s,model=%s", strconv.Quote(n.Node), strconv.Quote(p.ProviderId), strconv.Quote(m.GetModel())), m})
+				rows = append(rows, row{fmt.Sprintf("node=%s,provider=%s,model=%s", label(n.Node), label(p.ProviderId), label(m.GetModel())), m})
 			}
 		}
 	}
@@ -519,4 +522,13 @@ func modelMetrics(buf *bytes.Buffer, snaps []pool.NodeSnapshot, family func(name
 	for _, r := range rows {
 		fmt.Fprintf(buf, "iop_edge_model_load_seconds_total{%s} %s\n", r.labels, strconv.FormatFloat(float64(r.m.GetLoadMsTotal())/1000, 'f', 3, 64))
 	}
+}
+
+// label is s as a quoted label value of the text format (Prometheus
+// exposition format 0.0.4): only backslash, double quote and line feed
+// escaped, bytes that are not UTF-8 replaced by U+FFFD. strconv.Quote's
+// \x00, \t or \u2028, which a node's model name may bring (SPEC U8), are
+// not escapes of the format: a scraper would refuse the whole page.
+func label(s string) string {
+	return `"` + access.EscapeLabel(strings.ToValidUTF8(s, "\uFFFD")) + `"`
 }
