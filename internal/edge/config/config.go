@@ -240,6 +240,12 @@ func (c *Config) applyDefaults() {
 	c.applyEnrollmentDefaults()
 }
 
+// ManagedBaseURL is the base_url of a managed adapter that sets none
+// (SPEC U1): the node sends its requests to the processes it starts on
+// ports of its own, so only the URL's path would count, and this one has
+// none.
+const ManagedBaseURL = "http://127.0.0.1"
+
 // applyAdapterDefaults fills an adapter's omitted keys (nodes[] and
 // node_templates[] alike).
 func applyAdapterDefaults(a *Adapter) {
@@ -261,6 +267,9 @@ func applyAdapterDefaults(a *Adapter) {
 	if a.LongCapacity == nil {
 		n := a.Capacity
 		a.LongCapacity = &n
+	}
+	if a.BaseURL == "" && a.Managed != "" {
+		a.BaseURL = ManagedBaseURL
 	}
 	if a.BaseURL == "" && a.Type == protocol.TypeOpenAICompat {
 		if d, ok := protocol.NamedProfile(a.Profile); ok {

@@ -425,6 +425,12 @@ func TestAdapterManaged(t *testing.T) {
 	if got := c.NodePayload("gpu-1").Adapters[1].GetManaged(); got != "llama" {
 		t.Fatalf("payload managed %q", got)
 	}
+	// docs/operating.md's managed adapter has no base_url: the node's
+	// processes have ports of their own.
+	c = mustParse(t, strings.Replace(valid, `"base_url": "http://127.0.0.1:8081", "api_key_env": "LLAMA_KEY"`, `"managed": "llama"`, 1))
+	if a := c.NodePayload("gpu-1").Adapters[1]; a.GetManaged() != "llama" || a.GetBaseUrl() != ManagedBaseURL {
+		t.Fatalf("payload managed %q, base_url %q", a.GetManaged(), a.GetBaseUrl())
+	}
 	for _, bad := range []struct{ repl, want string }{
 		{`"api_key_env": "LLAMA_KEY", "managed": "../bin/sh"`, `.managed: invalid managed backend name "../bin/sh"`},
 	} {
