@@ -46,6 +46,10 @@ const (
 	RetryProviderError              // the response broke after its head, before any byte reached the client
 	RetryOverCapacity               // the node's capacity gate refused it (SPEC E4)
 	RetryNodeLost                   // the node went away (its drain timeout cut the work)
+	// RetryModelUnavailable: the node's managed backend could not have the
+	// model loaded (SPEC U2, U3): an attempt like any other, so the request
+	// goes to another provider of its group, never back to the same one.
+	RetryModelUnavailable
 )
 
 // Health is what a failure says to passive health (internal/edge/outlier):
@@ -149,8 +153,10 @@ var Failures = [...]Failure{
 	// A managed backend could not get the request's model loaded (SPEC
 	// U2, U3): no room within the request's deadline, a model that never
 	// fits the memory budget, a load that failed, the node closing it.
-	// Another provider may have it loaded or room for it.
-	{Code: CodeModelUnavailable, Emitter: "adapter", Fixed: true, Retry: RetryOverCapacity, Status: http.StatusServiceUnavailable, ClientCode: string(CodeModelUnavailable),
+	// Another provider may have it loaded or room for it; the one that
+	// answered it is not asked again for the request (a model that never
+	// fits or that it does not have would fail the same at once).
+	{Code: CodeModelUnavailable, Emitter: "adapter", Fixed: true, Retry: RetryModelUnavailable, Status: http.StatusServiceUnavailable, ClientCode: string(CodeModelUnavailable),
 		Message: "the model could not be loaded on its provider (no memory for it, or its load failed); retry later", RetryAfter: 1},
 	// A driver panicked.
 	{Code: CodeInternal, Emitter: "adapter", Status: http.StatusBadGateway, ClientCode: "provider_error", Message: "the provider failed to answer"},
@@ -173,7 +179,7 @@ func Lookup(code string) (f Failure, ok bool) {
 	return u, false
 }
 
-var retryNames = [...]string{"never", "connect", "reset", "by status", "stall (validated)", "provider_error", "over_capacity", "node_lost"}
+var retryNames = [...]string{"never", "connect", "reset", "by status", "stall (validated)", "provider_error", "over_capacity", "node_lost", "model_unavailable"}
 
 func (r Retry) String() string {
 	if int(r) < len(retryNames) {

@@ -62,19 +62,20 @@ import (
 type retryReason uint8
 
 const (
-	retryConnect       retryReason = iota // the node could not open a connection to the backend (upstream_connect)
-	retryReset                            // the backend closed or reset it before the response head (upstream_reset)
-	retryStatus                           // the backend answered one of outlier_detection.statuses (502, 503, 504)
-	retryRateLimited                      // the backend answered 429
-	retryStall                            // response_stalled with a confirmed handoff (SPEC H8, H11)
-	retryProviderError                    // the response broke after its head, before any byte reached the client (upstream_error)
-	retryOverCapacity                     // the node's capacity gate refused it (SPEC E4)
-	retryNodeLost                         // the node could not take it, its connection was lost (dispatch error, fence L8), or its drain cut the work (node_shutdown)
+	retryConnect          retryReason = iota // the node could not open a connection to the backend (upstream_connect)
+	retryReset                               // the backend closed or reset it before the response head (upstream_reset)
+	retryStatus                              // the backend answered one of outlier_detection.statuses (502, 503, 504)
+	retryRateLimited                         // the backend answered 429
+	retryStall                               // response_stalled with a confirmed handoff (SPEC H8, H11)
+	retryProviderError                       // the response broke after its head, before any byte reached the client (upstream_error)
+	retryOverCapacity                        // the node's capacity gate refused it (SPEC E4)
+	retryNodeLost                            // the node could not take it, its connection was lost (dispatch error, fence L8), or its drain cut the work (node_shutdown)
+	retryModelUnavailable                    // the node's managed backend could not have the model loaded (SPEC U2, U3)
 	nRetryReasons
 )
 
 var retryNames = [nRetryReasons]string{"connect", "reset", "status", "rate_limited", "stall", "provider_error",
-	"over_capacity", "node_lost"}
+	"over_capacity", "node_lost", "model_unavailable"}
 
 func (r retryReason) String() string { return retryNames[r] }
 

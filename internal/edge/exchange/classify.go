@@ -118,6 +118,8 @@ func (c *class) failureCode(code string, status int, statuses []int, f *iop.Exec
 		c.retry = retryOverCapacity
 	case protocol.RetryNodeLost:
 		c.retry = retryNodeLost // the node went away; nothing reached the client
+	case protocol.RetryModelUnavailable:
+		c.retry = retryModelUnavailable // SPEC U2, U3: another provider, never the same one again
 	case protocol.RetryByStatus:
 		c.retry, c.retryable = statusRetry(status, statuses)
 	case protocol.RetryStall:
