@@ -22,7 +22,7 @@ func openBatches(cfg *config.Config, log *slog.Logger, reg *keys.Registry) (*bat
 		return nil, nil
 	}
 	st, err := batch.Open(b.Dir, batch.Limits{MaxFileBytes: b.MaxFileBytes, MaxLines: b.MaxLines, MaxStorageBytes: b.MaxStorageBytes,
-		MaxKeyStorageBytes: b.MaxStorageBytesPerKey}, nil)
+		MaxKeyStorageBytes: b.MaxStorageBytesPerKey, MaxKeyFiles: b.MaxFilesPerKey}, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,8 @@ import (
 	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -163,6 +165,66 @@ func TestX1PathLikeFilename(t *testing.T) {
 			t.Fatalf("%q: %d Content-Disposition %q", name, w.Code, cd)
 		}
 		t.Logf("%q (file object %q) → %q", name, fo.Filename, cd)
+	}
+}
+
+// TestX4FilesPerKey: the byte bounds count content only, so one key's
+// tiny uploads are bounded by number too (batches.max_files_per_key): its
+// uploads and outputs count; one more upload is refused 507
+// key_storage_full naming the bound and nothing of it kept, another key
+// still uploads, a delete frees a place, and a restart counts the same.
+func TestX4FilesPerKey(t *testing.T) {
+	leakcheck.Check(t)
+	dir := t.TempDir()
+	lim := Limits{MaxFileBytes: 1000, MaxLines: 100, MaxStorageBytes: 1 << 20, MaxKeyStorageBytes: 1 << 20, MaxKeyFiles: 3}
+	st, err := Open(dir, lim, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(st *Store, owner string) (*File, error) {
+		return st.CreateFile(owner, "in.jsonl", "batch", strings.NewReader("{}\n"))
+	}
+	first, err := put(st, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := put(st, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.PutOutput("file-OUT", "a", "out.jsonl", []byte("{}\n"), 1); err != nil {
+		t.Fatal(err) // outputs are never refused; they count
+	}
+	if _, err := put(st, "a"); !errors.Is(err, ErrKeyFiles) || !strings.Contains(err.Error(), "(3: this key has 3 files") {
+		t.Fatalf("a's fourth file: %v", err)
+	}
+	if _, err := put(st, "b"); err != nil {
+		t.Fatalf("another key: %v", err)
+	}
+	if list, _ := st.Files("a", "", "", 10, false); len(list) != 3 {
+		t.Fatalf("a's files %d: the refused upload left something", len(list))
+	}
+	if ents, _ := os.ReadDir(filepath.Join(dir, "files")); len(ents) != 8 {
+		t.Fatalf("%d entries in files/, want 8 (4 files, content and metadata)", len(ents))
+	}
+	st.Close()
+	st, err = Open(dir, lim, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := put(st, "a"); !errors.Is(err, ErrKeyFiles) {
+		t.Fatalf("after a restart: %v", err)
+	}
+	if err := st.DeleteFile("a", first.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := put(st, "a"); err != nil {
+		t.Fatalf("after a delete: %v", err)
+	}
+	w := httptest.NewRecorder()
+	uploadError(w, fmt.Errorf("%w (x)", ErrKeyFiles))
+	if w.Code != http.StatusInsufficientStorage || !strings.Contains(w.Body.String(), `"code":"key_storage_full"`) {
+		t.Fatalf("HTTP: %d %s", w.Code, w.Body)
 	}
 }
 

@@ -217,7 +217,7 @@ func uploadError(w http.ResponseWriter, err error) {
 		writeError(w, http.StatusRequestEntityTooLarge, "file_too_large", "file", err.Error())
 	case errors.Is(err, ErrTooMany):
 		writeError(w, http.StatusBadRequest, "too_many_lines", "file", err.Error())
-	case errors.Is(err, ErrKeyStorage):
+	case errors.Is(err, ErrKeyStorage), errors.Is(err, ErrKeyFiles):
 		writeError(w, http.StatusInsufficientStorage, "key_storage_full", "file", err.Error())
 	case errors.Is(err, ErrStorage):
 		writeError(w, http.StatusInsufficientStorage, "storage_full", "file", err.Error())

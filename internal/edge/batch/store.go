@@ -28,6 +28,7 @@ var (
 	ErrTooMany    = errors.New("file over batches.max_lines")
 	ErrStorage    = errors.New("batches.dir over batches.max_storage_bytes")
 	ErrKeyStorage = errors.New("the key's files over batches.max_storage_bytes_per_key")
+	ErrKeyFiles   = errors.New("the key's files over batches.max_files_per_key")
 	ErrInUse      = errors.New("file is the input of a batch that has not ended")
 	ErrLocked     = errors.New("batches.dir is in use by another edge")
 	ErrEmptyInput = errors.New("file has no line")
@@ -42,6 +43,11 @@ type Limits struct {
 	// its batches' outputs) so that one key cannot fill the directory
 	// every key shares; 0 = no bound of its own.
 	MaxKeyStorageBytes int64
+	// MaxKeyFiles bounds the number of files of one owner (its uploads
+	// and its batches' outputs): the byte bounds count content only, so
+	// without it a key could keep millions of tiny files, each taking a
+	// disk block, an inode and a read at every start; 0 = no bound.
+	MaxKeyFiles int
 }
 
 // File is one stored file's metadata (OpenAI's file object plus its owner
@@ -129,6 +135,7 @@ type Store struct {
 	batches map[string]*Record
 	used    int64            // bytes of every file and journal under dir
 	byOwner map[string]int64 // bytes of each owner's files (uploads and outputs)
+	nOwner  map[string]int   // files of each owner (uploads and outputs)
 }
 
 // Open locks dir (creating it, mode 0700) and loads what it holds. Errors:
@@ -154,7 +161,8 @@ func Open(dir string, lim Limits, now func() time.Time) (*Store, error) {
 		}
 		return nil, fmt.Errorf("batches.dir: lock: %w", err)
 	}
-	s := &Store{dir: dir, lim: lim, lock: lf, now: now, files: map[string]*File{}, batches: map[string]*Record{}, byOwner: map[string]int64{}}
+	s := &Store{dir: dir, lim: lim, lock: lf, now: now, files: map[string]*File{}, batches: map[string]*Record{}, byOwner: map[string]int64{},
+		nOwner: map[string]int{}}
 	if err := s.load(); err != nil {
 		lf.Close()
 		return nil, err
@@ -198,6 +206,7 @@ func (s *Store) load() error {
 			s.files[f.ID] = &f
 			s.used += fi.Size()
 			s.byOwner[f.Owner] += fi.Size()
+			s.nOwner[f.Owner]++
 		}
 	}
 	for _, e := range ents { // content whose metadata never came: an upload cut by a crash
@@ -246,7 +255,8 @@ func NewBatchID() string { return "batch_" + strings.ToLower(rand.Text()) }
 // metadata. It refuses, and keeps nothing of, content over
 // Limits.MaxFileBytes (ErrTooLarge), over Limits.MaxLines lines
 // (ErrTooMany; a last line without a newline counts) or that would take
-// the dir over Limits.MaxStorageBytes (ErrStorage), and empty content
+// the dir over Limits.MaxStorageBytes (ErrStorage), that would give owner
+// more than Limits.MaxKeyFiles files (ErrKeyFiles), and empty content
 // (ErrEmptyInput).
 func (s *Store) CreateFile(owner, filename, purpose string, r io.Reader) (*File, error) {
 	tmp, err := os.CreateTemp(s.filesDir(), ".upload-*.tmp")
@@ -280,6 +290,7 @@ func (s *Store) CreateFile(owner, filename, purpose string, r io.Reader) (*File,
 			s.unreserve(w.n)
 			s.mu.Lock()
 			s.byOwner[owner] -= w.n
+			s.nOwner[owner]--
 			s.mu.Unlock()
 		}
 	}()
@@ -317,9 +328,11 @@ func (s *Store) PutOutput(id, owner, filename string, data []byte, lines int) (*
 	if old := s.files[id]; old != nil {
 		s.used -= old.Bytes
 		s.byOwner[old.Owner] -= old.Bytes
+		s.nOwner[old.Owner]--
 	}
 	s.used += f.Bytes
 	s.byOwner[owner] += f.Bytes
+	s.nOwner[owner]++
 	s.files[id] = f
 	s.mu.Unlock()
 	return f, nil
@@ -334,13 +347,18 @@ func (s *Store) putFileMeta(f *File) error {
 }
 
 // reserve adds n bytes of owner's to the dir's use, or refuses with
+// ErrKeyFiles when owner already has Limits.MaxKeyFiles files,
 // ErrKeyStorage when that would pass Limits.MaxKeyStorageBytes for owner,
 // ErrStorage when it would pass Limits.MaxStorageBytes (n = 0: refuses
-// when already at a bound).
+// when already at a bound). n > 0 also takes one of owner's
+// Limits.MaxKeyFiles places.
 func (s *Store) reserve(owner string, n int64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	over := func(used, most int64) bool { return most > 0 && (used+n > most || n == 0 && used >= most) }
+	if most := s.lim.MaxKeyFiles; most > 0 && s.nOwner[owner] >= most {
+		return fmt.Errorf("%w (%d: this key has %d files; delete files you no longer need)", ErrKeyFiles, most, s.nOwner[owner])
+	}
 	if over(s.byOwner[owner], s.lim.MaxKeyStorageBytes) {
 		return fmt.Errorf("%w (%d bytes of this key's in use of %d; delete files you no longer need)", ErrKeyStorage, s.byOwner[owner], s.lim.MaxKeyStorageBytes)
 	}
@@ -349,6 +367,9 @@ func (s *Store) reserve(owner string, n int64) error {
 	}
 	s.used += n
 	s.byOwner[owner] += n
+	if n > 0 {
+		s.nOwner[owner]++ // the file's place, held from here
+	}
 	return nil
 }
 
@@ -450,6 +471,7 @@ func (s *Store) DeleteFile(owner, id string) error {
 	delete(s.files, id)
 	s.used -= f.Bytes
 	s.byOwner[owner] -= f.Bytes
+	s.nOwner[owner]--
 	s.mu.Unlock()
 	if err := os.Remove(filepath.Join(s.filesDir(), id+".json")); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err

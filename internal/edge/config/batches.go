@@ -25,6 +25,12 @@ const (
 	// DefaultBatchMaxStorageBytesPerKey is batches.max_storage_bytes_per_key
 	// (when batches.max_file_bytes is not larger): a key's files, 1 GiB.
 	DefaultBatchMaxStorageBytesPerKey = 1 << 30
+	// DefaultBatchMaxFilesPerKey is batches.max_files_per_key: the files
+	// of one key (uploads and outputs) however small, which the byte
+	// bounds do not see (each takes a disk block, an inode, a read at
+	// start); OpenAI's file list pages at 10,000.
+	DefaultBatchMaxFilesPerKey = 10000
+	MaxBatchMaxFilesPerKey     = 10_000_000
 )
 
 // Batches configures the OpenAI Batch and Files API the edge runs itself
@@ -54,6 +60,10 @@ type Batches struct {
 	// other; an upload that would pass it is refused; 0 = 1 GiB or
 	// MaxFileBytes if larger, at most MaxStorageBytes.
 	MaxStorageBytesPerKey int64 `json:"max_storage_bytes_per_key"`
+	// MaxFilesPerKey bounds the number of files of one key (its uploads
+	// and its batches' outputs); an upload past it is refused (507);
+	// 0 = 10,000, 1 to 10,000,000.
+	MaxFilesPerKey int `json:"max_files_per_key"`
 }
 
 // Enabled reports whether the Batch and Files API is served.
@@ -75,6 +85,9 @@ func (c *Config) batchesDefaults() {
 	}
 	if b.MaxPerKey == 0 {
 		b.MaxPerKey = DefaultBatchMaxPerKey
+	}
+	if b.MaxFilesPerKey == 0 {
+		b.MaxFilesPerKey = DefaultBatchMaxFilesPerKey
 	}
 	if b.MaxStorageBytesPerKey == 0 {
 		b.MaxStorageBytesPerKey = min(max(DefaultBatchMaxStorageBytesPerKey, b.MaxFileBytes), b.MaxStorageBytes)
@@ -98,6 +111,9 @@ func (c *Config) validateBatches(add func(string, string, ...any)) {
 	}
 	if b.MaxStorageBytesPerKey < b.MaxFileBytes || b.MaxStorageBytesPerKey > b.MaxStorageBytes {
 		add("batches.max_storage_bytes_per_key", "must be between batches.max_file_bytes (%d) and batches.max_storage_bytes (%d), got %d", b.MaxFileBytes, b.MaxStorageBytes, b.MaxStorageBytesPerKey)
+	}
+	if b.MaxFilesPerKey < 1 || b.MaxFilesPerKey > MaxBatchMaxFilesPerKey {
+		add("batches.max_files_per_key", "must be between 1 and %d, got %d", MaxBatchMaxFilesPerKey, b.MaxFilesPerKey)
 	}
 	if b.MaxStorageBytes < b.MaxFileBytes {
 		add("batches.max_storage_bytes", "must be at least batches.max_file_bytes (%d), got %d", b.MaxFileBytes, b.MaxStorageBytes)

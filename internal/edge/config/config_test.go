@@ -64,6 +64,7 @@ func TestDefaults(t *testing.T) {
 		{"issue16 affinity_wait_ms", c.Models[0].AffinityWaitMs, int64(0)},
 		{"X4 batches.max_batches_per_key", c.Batches.MaxPerKey, DefaultBatchMaxPerKey},
 		{"X4 batches.max_storage_bytes_per_key", c.Batches.MaxStorageBytesPerKey, int64(1 << 30)},
+		{"X4 batches.max_files_per_key", c.Batches.MaxFilesPerKey, DefaultBatchMaxFilesPerKey},
 	}
 	for _, ck := range checks {
 		if ck.got != ck.want {
@@ -114,7 +115,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
   "http": {"max_body_bytes": 999999999, "max_inflight_body_bytes": 1000, "max_connections": -1, "unknown_fields": "ignore",
            "max_header_bytes": 100, "max_header_fields": 20000},
   "shutdown": {"drain_timeout_ms": -1},
-  "batches": {"dir": "b", "max_batches_per_key": 10001, "max_storage_bytes_per_key": 10}
+  "batches": {"dir": "b", "max_batches_per_key": 10001, "max_storage_bytes_per_key": 10, "max_files_per_key": -1}
 }`
 	_, err := Parse([]byte(bad))
 	if err == nil {
@@ -155,6 +156,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 		"http.max_header_fields: must be between 16 and 10000, got 20000",
 		"batches.max_batches_per_key: must be between 1 and 10000, got 10001",
 		"batches.max_storage_bytes_per_key: must be between batches.max_file_bytes (104857600) and batches.max_storage_bytes (10737418240), got 10",
+		"batches.max_files_per_key: must be between 1 and 10000000, got -1",
 	}
 	for _, w := range wants {
 		if !strings.Contains(err.Error(), w) {
