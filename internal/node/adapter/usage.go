@@ -2,9 +2,10 @@ package adapter
 
 import (
 	"bytes"
-	"encoding/json"
+	"strconv"
 	"strings"
 
+	"iop/internal/jsonscan"
 	iop "iop/proto/gen/iop"
 )
 
@@ -176,58 +177,170 @@ func skipSpace(b []byte, i int) int {
 	return i
 }
 
+// The counts of a usage object, as bits of usageJSON.has.
+const (
+	hasPrompt        = 1 << iota // prompt_tokens
+	hasCompletion                // completion_tokens
+	hasTotal                     // total_tokens
+	hasInput                     // input_tokens
+	hasOutput                    // output_tokens
+	hasCacheRead                 // cache_read_input_tokens
+	hasCacheCreation             // cache_creation_input_tokens
+)
+
+// usageKeys are the count members of a usage object, in the order of the
+// has bits.
+var usageKeys = [...]string{"prompt_tokens", "completion_tokens", "total_tokens", "input_tokens",
+	"output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"}
+
+// usageJSON is one usage object: n[i] is the count named usageKeys[i]
+// when bit i of has is set (absent or null otherwise). ok says the
+// document had the object.
 type usageJSON struct {
-	PromptTokens     *int64 `json:"prompt_tokens"`
-	CompletionTokens *int64 `json:"completion_tokens"`
-	TotalTokens      *int64 `json:"total_tokens"`
-	InputTokens      *int64 `json:"input_tokens"`
-	OutputTokens     *int64 `json:"output_tokens"`
-	CacheRead        *int64 `json:"cache_read_input_tokens"`
-	CacheCreation    *int64 `json:"cache_creation_input_tokens"`
+	ok  bool
+	has uint8
+	n   [len(usageKeys)]int64
 }
 
-type usageDoc struct {
-	Type    string     `json:"type"`
-	Usage   *usageJSON `json:"usage"`
-	Message *struct {
-		Usage *usageJSON `json:"usage"`
-	} `json:"message"`
-	Response *struct {
-		Usage *usageJSON `json:"usage"`
-	} `json:"response"`
-	Done            bool   `json:"done"`
-	PromptEvalCount *int64 `json:"prompt_eval_count"`
-	EvalCount       *int64 `json:"eval_count"`
-}
-
-// doc observes one JSON document.
+// doc observes one JSON document. Only the members usage needs are read,
+// by jsonscan, and nothing but them is decoded: at the top level type,
+// usage, message, response, done, prompt_eval_count and eval_count, and
+// usage inside message and response; the rest (a non-stream answer's
+// choices and content) is stepped over, not decoded or checked (a whole
+// encoding/json decode of a non-stream answer, most of it validating the
+// body the client gets unchanged, cost several times the walk and 12 more
+// allocations: BenchmarkUsageScanJSON). On invalid JSON the walk still ends, within b, and a usage it reads is
+// whatever the members say. A member of another JSON type than expected,
+// or a count that is not an integer, makes the document show no usage;
+// null is absent; of a key given twice the last counts; keys match
+// exactly (encoding/json matched them case-insensitively).
 func (u *usageScanner) doc(b []byte) *iop.Usage {
-	var d usageDoc
-	if json.Unmarshal(b, &d) != nil {
-		return nil
-	}
+	var (
+		typ            []byte // raw, escapes intact
+		usage, msg, rs usageJSON
+		done           bool
+		pEval, eval    int64
+		hasEval        bool
+	)
+	ok := members(b, jsonscan.All(b), func(k []byte, v jsonscan.Span, kind byte) bool {
+		switch {
+		case jsonscan.KeyIs(k, "type"):
+			typ = nil
+			if kind == '"' {
+				typ = b[v.Start+1 : v.End-1]
+			}
+			return kind == '"' || kind == 'n'
+		case jsonscan.KeyIs(k, "usage"):
+			return readUsage(b, v, kind, &usage)
+		case jsonscan.KeyIs(k, "message"):
+			return memberUsage(b, v, kind, &msg)
+		case jsonscan.KeyIs(k, "response"):
+			return memberUsage(b, v, kind, &rs)
+		case jsonscan.KeyIs(k, "done"):
+			done = kind == 't'
+			return kind == 't' || kind == 'f' || kind == 'n'
+		case jsonscan.KeyIs(k, "prompt_eval_count"):
+			var ok bool
+			pEval, _, ok = intMember(b, v, kind)
+			return ok
+		case jsonscan.KeyIs(k, "eval_count"):
+			var ok bool
+			eval, hasEval, ok = intMember(b, v, kind)
+			return ok
+		}
+		return true
+	})
 	switch {
-	case d.Type == "message_start":
-		if d.Message != nil && d.Message.Usage != nil {
-			if in, ok := anthropicInput(d.Message.Usage); ok {
+	case !ok:
+		return nil
+	case jsonscan.KeyIs(typ, "message_start"):
+		if msg.ok {
+			if in, ok := anthropicInput(&msg); ok {
 				u.inToken, u.haveIn = in, true
 			}
 		}
 		return nil
-	case d.Type == "message_delta" && d.Usage != nil:
-		return normalizeUsage(d.Usage, u.inToken)
-	case d.Response != nil && d.Response.Usage != nil:
-		return normalizeUsage(d.Response.Usage, 0)
-	case d.Usage != nil:
-		return normalizeUsage(d.Usage, 0)
-	case d.Done && d.EvalCount != nil:
-		p := int64(0)
-		if d.PromptEvalCount != nil {
-			p = *d.PromptEvalCount
-		}
-		return &iop.Usage{PromptTokens: p, CompletionTokens: *d.EvalCount, TotalTokens: p + *d.EvalCount}
+	case usage.ok && jsonscan.KeyIs(typ, "message_delta"):
+		return normalizeUsage(&usage, u.inToken)
+	case rs.ok:
+		return normalizeUsage(&rs, 0)
+	case usage.ok:
+		return normalizeUsage(&usage, 0)
+	case done && hasEval:
+		return &iop.Usage{PromptTokens: pEval, CompletionTokens: eval, TotalTokens: pEval + eval}
 	}
 	return nil
+}
+
+// members calls f for each member of the object at v in b (valid JSON)
+// with its raw key, value and jsonscan.Kind; false when v is not an object
+// or f returned false.
+func members(b []byte, v jsonscan.Span, f func(k []byte, v jsonscan.Span, kind byte) bool) bool {
+	m, ok := jsonscan.NewMembers(b, v)
+	if !ok {
+		return false
+	}
+	for {
+		k, v, ok := m.Next()
+		if !ok {
+			return true
+		}
+		if !f(k, v, jsonscan.Kind(b, v)) {
+			return false
+		}
+	}
+}
+
+// readUsage reads the usage object at v into x (null: absent); false when
+// v is neither an object nor null or a count is not an integer.
+func readUsage(b []byte, v jsonscan.Span, kind byte, x *usageJSON) bool {
+	*x = usageJSON{}
+	if kind == 'n' {
+		return true
+	}
+	x.ok = true
+	return members(b, v, func(k []byte, v jsonscan.Span, kind byte) bool {
+		for i, name := range usageKeys {
+			if jsonscan.KeyIs(k, name) {
+				n, set, ok := intMember(b, v, kind)
+				x.n[i] = n
+				if x.has &^= 1 << i; set {
+					x.has |= 1 << i
+				}
+				return ok
+			}
+		}
+		return true
+	})
+}
+
+// memberUsage reads the "usage" member of the object at v (message,
+// response) into x; null or no usage member: absent. False when v is
+// neither an object nor null, or its usage is not a usage object.
+func memberUsage(b []byte, v jsonscan.Span, kind byte, x *usageJSON) bool {
+	*x = usageJSON{}
+	if kind == 'n' {
+		return true
+	}
+	return members(b, v, func(k []byte, v jsonscan.Span, kind byte) bool {
+		if jsonscan.KeyIs(k, "usage") {
+			return readUsage(b, v, kind, x)
+		}
+		return true
+	})
+}
+
+// intMember is a count member's value: set is false for null; ok is false
+// for another JSON type or a number that is not an int64.
+func intMember(b []byte, v jsonscan.Span, kind byte) (n int64, set, ok bool) {
+	switch kind {
+	case 'n':
+		return 0, false, true
+	case '0':
+		n, err := strconv.ParseInt(string(b[v.Start:v.End]), 10, 64)
+		return n, err == nil, err == nil
+	}
+	return 0, false, false
 }
 
 // anthropicInput sums Anthropic's input token fields; ok is false when none
@@ -235,9 +348,9 @@ func (u *usageScanner) doc(b []byte) *iop.Usage {
 func anthropicInput(x *usageJSON) (int64, bool) {
 	var n int64
 	ok := false
-	for _, p := range []*int64{x.InputTokens, x.CacheRead, x.CacheCreation} {
-		if p != nil {
-			n += *p
+	for _, i := range [...]int{3, 5, 6} { // input_tokens, cache_read_input_tokens, cache_creation_input_tokens
+		if x.has&(1<<i) != 0 {
+			n += x.n[i]
 			ok = true
 		}
 	}
@@ -250,22 +363,22 @@ func anthropicInput(x *usageJSON) (int64, bool) {
 func normalizeUsage(x *usageJSON, inFallback int64) *iop.Usage {
 	var u iop.Usage
 	switch in, ok := anthropicInput(x); {
-	case x.PromptTokens != nil:
-		u.PromptTokens = *x.PromptTokens
+	case x.has&hasPrompt != 0:
+		u.PromptTokens = x.n[0]
 	case ok:
 		u.PromptTokens = in
 	default:
 		u.PromptTokens = inFallback
 	}
 	switch {
-	case x.CompletionTokens != nil:
-		u.CompletionTokens = *x.CompletionTokens
-	case x.OutputTokens != nil:
-		u.CompletionTokens = *x.OutputTokens
+	case x.has&hasCompletion != 0:
+		u.CompletionTokens = x.n[1]
+	case x.has&hasOutput != 0:
+		u.CompletionTokens = x.n[4]
 	}
 	u.TotalTokens = u.PromptTokens + u.CompletionTokens
-	if x.TotalTokens != nil {
-		u.TotalTokens = *x.TotalTokens
+	if x.has&hasTotal != 0 {
+		u.TotalTokens = x.n[2]
 	}
 	return &u
 }

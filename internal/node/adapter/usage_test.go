@@ -40,6 +40,9 @@ func TestUsageScannerSamples(t *testing.T) {
 		{"llama_v1_messages_stream.sse", "text/event-stream", &iop.Usage{PromptTokens: 55, CompletionTokens: 8, TotalTokens: 63}},
 		{"ollama_v1_messages_stream.sse", "text/event-stream", &iop.Usage{PromptTokens: 21, CompletionTokens: 8, TotalTokens: 29}},
 		{"llama_v1_chat_tool_nonstream.json", "application/json", &iop.Usage{PromptTokens: 531, CompletionTokens: 4, TotalTokens: 535}},
+		{"llama_v1_chat_nonstream.json", "application/json", &iop.Usage{PromptTokens: 55, CompletionTokens: 8, TotalTokens: 63}},
+		{"ollama_v1_chat_loop_nonstream.json", "application/json", &iop.Usage{PromptTokens: 21, CompletionTokens: 6, TotalTokens: 27}},
+		{"llama_completion.json", "application/json", nil},
 		{"ollama_api_chat_tool_stream.ndjson", "application/x-ndjson", &iop.Usage{PromptTokens: 439, CompletionTokens: 4, TotalTokens: 443}},
 		{"llama_completion_stream.sse", "text/event-stream", nil},
 		{"ollama_v1_models.json", "application/json", nil},
@@ -83,6 +86,36 @@ func TestUsageScannerCases(t *testing.T) {
 		{"T2 last line without newline", "text/event-stream", 200, `data: {"usage":{"prompt_tokens":1,"completion_tokens":1}}`,
 			(&iop.Usage{PromptTokens: 1, CompletionTokens: 1, TotalTokens: 2}).String()},
 		{"T2 malformed usage line ignored", "text/event-stream", 200, "data: {\"usage\":{\"prompt_tokens\":\"x\"\n\n", ""},
+		{"T2 Ollama non-stream /api/chat body", "application/json", 200,
+			`{"model":"tiny","message":{"role":"assistant","content":"hi"},"done":true,"prompt_eval_count":7,"eval_count":3}`,
+			(&iop.Usage{PromptTokens: 7, CompletionTokens: 3, TotalTokens: 10}).String()},
+		{"T2 Ollama body not done yet", "application/json", 200, `{"done":false,"prompt_eval_count":7,"eval_count":3}`, ""},
+		{"T2 Ollama done line with usage null", "application/x-ndjson", 200, "{\"usage\":null,\"done\":true,\"eval_count\":3}\n",
+			(&iop.Usage{PromptTokens: 0, CompletionTokens: 3, TotalTokens: 3}).String()},
+		{"T2 responses API non-stream body", "application/json", 200,
+			`{"id":"resp_1","object":"response","output":[{"type":"message","content":[{"type":"output_text","text":"hi"}]}],"usage":{"input_tokens":5,"output_tokens":2,"total_tokens":7}}`,
+			(&iop.Usage{PromptTokens: 5, CompletionTokens: 2, TotalTokens: 7}).String()},
+		{"T2 usage below the top level is not the answer's", "application/json", 200,
+			`{"choices":[{"index":0,"usage":{"prompt_tokens":9,"completion_tokens":9}}],"meta":{"usage":{"prompt_tokens":9}}}`, ""},
+		{"T2 usage inside a string is not usage", "application/json", 200,
+			`{"choices":[{"message":{"content":"say \"usage\":{\"prompt_tokens\":9}"}}],"x":"\"usage\": {"}`, ""},
+		{"T2 a count that is not an integer shows no usage", "application/json", 200,
+			`{"usage":{"prompt_tokens":1.5,"completion_tokens":1}}`, ""},
+		{"T2 a member of another type shows no usage", "application/json", 200,
+			`{"usage":{"prompt_tokens":1,"completion_tokens":1},"done":"yes"}`, ""},
+		{"T2 a usage count of another type shows no usage", "application/json", 200,
+			`{"usage":{"prompt_tokens":"1","completion_tokens":1}}`, ""},
+		{"T2 of a key given twice the last counts", "application/json", 200,
+			`{"usage":{"prompt_tokens":1,"completion_tokens":1},"usage":{"prompt_tokens":2,"completion_tokens":1}}`,
+			(&iop.Usage{PromptTokens: 2, CompletionTokens: 1, TotalTokens: 3}).String()},
+		{"T2 null counts are absent", "application/json", 200,
+			`{"usage":{"prompt_tokens":4,"completion_tokens":null,"output_tokens":2,"total_tokens":null}}`,
+			(&iop.Usage{PromptTokens: 4, CompletionTokens: 2, TotalTokens: 6}).String()},
+		{"T2 a body that is not an object shows no usage", "application/json", 200, `[{"usage":{"prompt_tokens":1}}]`, ""},
+		{"T2 Anthropic stream: message_delta completes message_start's input", "text/event-stream", 200,
+			"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"usage\":{\"input_tokens\":10,\"cache_creation_input_tokens\":2,\"output_tokens\":1}}}\n\n" +
+				"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":5}}\n\n",
+			(&iop.Usage{PromptTokens: 12, CompletionTokens: 5, TotalTokens: 17}).String()},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -131,6 +164,39 @@ func TestUsageScannerAllocs(t *testing.T) {
 	u.feed(chunk)
 	if a := testing.AllocsPerRun(100, func() { u.feed(chunk[:30]); u.feed(chunk[30:]) }); a != 0 {
 		t.Fatalf("got %.1f allocs per chunk, want 0", a)
+	}
+}
+
+// T2: a non-stream answer's usage costs two allocations (the body's copy
+// and the Usage), not a decode of the whole body (14 with encoding/json).
+func TestUsageScannerJSONAllocs(t *testing.T) {
+	body := samples.Read(t, "llama_v1_chat_nonstream.json")
+	if a := testing.AllocsPerRun(100, func() {
+		u := newUsageScanner(200, "application/json")
+		u.feed(body)
+		if u.finish() == nil {
+			t.Fatal("no usage")
+		}
+	}); a > 2 {
+		t.Fatalf("got %.1f allocs per answer, want at most 2", a)
+	}
+}
+
+// BenchmarkUsageScanJSON: the scan of a ~1 KiB non-stream chat completion
+// (the demo backend's answer of ./run.sh bench), fed in one read.
+func BenchmarkUsageScanJSON(b *testing.B) {
+	body := []byte(`{"choices":[{"finish_reason":"stop","index":0,"message":{"role":"assistant","content":"Hello from tiny-gguf! This reply is deterministic. ` +
+		strings.Repeat("lorem ipsum dolor sit amet, ", 25) + `"}}],"created":1796688203,"model":"tiny","system_fingerprint":"b0-unknown",` +
+		`"object":"chat.completion","usage":{"completion_tokens":8,"prompt_tokens":23,"total_tokens":31,"prompt_tokens_details":{"cached_tokens":0}},` +
+		`"id":"chatcmpl-oxf4SLDbtqotC1FlnOlUFlpOaado6XT2","timings":{"cache_n":0,"prompt_n":23,"prompt_ms":0.001052,"predicted_n":8,"predicted_ms":0.001}}`)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		u := newUsageScanner(200, "application/json")
+		u.feed(body)
+		if u.finish() == nil {
+			b.Fatal("no usage")
+		}
 	}
 }
 
