@@ -215,6 +215,12 @@ func New(cfg Config) (*Backend, error) {
 	if _, err := b.Models(); err != nil {
 		b.log.Warn("managed backend: listing its models failed", "err", err)
 	}
+	for _, r := range b.Residency() {
+		if r.Preload && cfg.BudgetMB > 0 && r.MemoryMB > cfg.BudgetMB { // SPEC U3, U4
+			b.log.Warn("managed backend: a preload model is larger than memory_budget_mb; it stays unloaded",
+				"model", r.Model, "memory_mb", r.MemoryMB, "memory_budget_mb", cfg.BudgetMB)
+		}
+	}
 	return b, nil
 }
 

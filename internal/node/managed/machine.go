@@ -362,6 +362,16 @@ func (m *Machine) schedule(now time.Time) []Effect {
 		}
 		n, mb := m.used()
 		if !m.fits(n, mb, md.memMB) {
+			if why := m.neverFits(p.model); why != "" {
+				// SPEC U3, U4: room that only the preloaded models hold
+				// never comes; waiting for it would hold every later
+				// request (a preload that does not fit stays unloaded).
+				m.pending = slices.Delete(m.pending, i, i+1)
+				if p.waiter != 0 {
+					fx = append(fx, Effect{Kind: FxFail, Waiter: p.waiter, Model: p.model, Reason: why})
+				}
+				continue
+			}
 			fx = append(fx, m.makeRoom(n, mb, md.memMB)...)
 			return fx // strict FIFO: the first that waits for room holds the later ones
 		}
@@ -379,6 +389,31 @@ func (m *Machine) schedule(now time.Time) []Effect {
 		m.pending = kept
 	}
 	return fx
+}
+
+// neverFits says why model can never have room under the memory budget
+// (SPEC U3, U4): its own size beside the memory of the preloaded models
+// that hold theirs (never stopped to make room) passes memory_budget_mb;
+// "" when stopping other models can make room for it.
+func (m *Machine) neverFits(name string) string {
+	md := m.models[name]
+	if m.lim.BudgetMB == 0 || md == nil {
+		return ""
+	}
+	var held int64
+	for other, o := range m.models {
+		if other != name && o.preload && (o.state == Loading || o.state == Loaded) {
+			held += o.memMB
+		}
+	}
+	switch {
+	case md.memMB > m.lim.BudgetMB:
+		return fmt.Sprintf("the model needs %d MiB, more than memory_budget_mb (%d)", md.memMB, m.lim.BudgetMB)
+	case md.memMB+held > m.lim.BudgetMB:
+		return fmt.Sprintf("the model needs %d MiB and the preloaded models hold %d MiB: together more than memory_budget_mb (%d)",
+			md.memMB, held, m.lim.BudgetMB)
+	}
+	return ""
 }
 
 // makeRoom stops least recently used models without a request in flight

@@ -90,6 +90,17 @@ func TestMachine(t *testing.T) {
 			ev(4*s, EvDone, "b", "stop b (evict)"),
 			ev(4*s, EvStopped, "b", "start c"),
 		}},
+		{name: "U4 a preload larger than the budget stays unloaded and holds no request up", lim: mem, preload: []string{"big"}, steps: []step{
+			ev(0, EvTick, ""),
+			req(s, "a", 1, "start a"),
+			ev(2*s, EvReady, "a", "grant 1 a"),
+		}, final: map[string]State{"big": Unloaded, "a": Loaded}},
+		{name: "U3 a request that cannot fit beside the preloaded models fails at once and holds none up", lim: Limits{MaxLoaded: 8, BudgetMB: 1000, IdleUnload: 10 * s},
+			preload: []string{"a", "b"}, steps: []step{
+				ev(0, EvTick, "", "start a", "start b"),
+				ev(s, EvReady, "a"), ev(s, EvReady, "b"),
+				req(2*s, "c", 1, "fail 1 c: the model needs 400 MiB and the preloaded models hold 800 MiB: together more than memory_budget_mb (1000)"),
+			}, final: map[string]State{"a": Loaded, "b": Loaded, "c": Unloaded}},
 		{name: "U4 idle unload after idle_unload_ms without a request", lim: two, steps: []step{
 			req(0, "a", 1, "start a"), ev(s, EvReady, "a", "grant 1 a"), ev(2*s, EvDone, "a"),
 			ev(11*s, EvTick, ""), // 9 s idle
