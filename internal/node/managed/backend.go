@@ -436,6 +436,7 @@ func (b *Backend) run(p *proc) {
 	if err := b.waitReady(p); err != nil {
 		b.kill(p)
 		<-p.exited
+		b.log.Warn("managed model failed to load", "model", p.model, "err", err) // SPEC U5: on the node's own log too
 		b.finish(p, EvLoadFailed, err.Error())
 		return
 	}

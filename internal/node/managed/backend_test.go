@@ -2,11 +2,13 @@ package managed
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -15,6 +17,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -295,10 +298,14 @@ func TestBackendIdleUnload(t *testing.T) {
 func TestBackendLoadFailures(t *testing.T) {
 	leakcheck.Check(t)
 	t.Run("U5 exits before ready", func(t *testing.T) {
-		b, _, _ := newTestBackend(t, nil, "-fail")
+		var logs syncBuffer
+		b, _, _ := newTestBackend(t, func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) }, "-fail")
 		_, _, err := b.Acquire(context.Background(), "m1")
 		if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "bad magic") || !strings.Contains(err.Error(), "exit status 1") {
 			t.Fatalf("err %v", err)
+		}
+		if l := logs.String(); !strings.Contains(l, `msg="managed model failed to load" managed=helper model=m1`) || !strings.Contains(l, "bad magic") {
+			t.Fatalf("the node's log says nothing of the failed load:\n%s", l) // only the edge's request log had it
 		}
 	})
 	t.Run("U5 not ready within ready_timeout_ms", func(t *testing.T) {
@@ -323,6 +330,24 @@ func TestBackendLoadFailures(t *testing.T) {
 			t.Fatalf("%+v", r)
 		}
 	})
+}
+
+// syncBuffer is a bytes.Buffer a logger writes from other goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 // U1: a name that is not one of the backend's models starts nothing,
