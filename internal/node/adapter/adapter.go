@@ -69,6 +69,7 @@ import (
 	"sync"
 	"time"
 
+	"iop/internal/gopool"
 	"iop/internal/lease"
 	"iop/internal/node/adapter/ollama"
 	"iop/internal/node/adapter/openaicompat"
@@ -76,6 +77,10 @@ import (
 	"iop/internal/protocol"
 	iop "iop/proto/gen/iop"
 )
+
+// maxIdleCalls is how many finished provider-call goroutines a Set keeps
+// for the next calls (gopool).
+const maxIdleCalls = 64
 
 // Defaults.
 const (
@@ -220,6 +225,9 @@ type Set struct {
 	// signal is Options.Residency (SPEC U6); psw Options.Ollama (U7).
 	signal *Signal
 	psw    *OllamaWatchers
+	// calls runs supervise's provider calls on kept goroutines whose
+	// stacks already grew (gopool); closed by Close.
+	calls *gopool.Pool
 }
 
 // instance is one adapter instance.
@@ -276,6 +284,7 @@ func NewSet(cfg *iop.NodeConfigPayload, o Options) (*Set, error) {
 		observing: make(chan struct{}, maxStuckObservations),
 		signal:    o.Residency,
 		psw:       o.Ollama,
+		calls:     gopool.New(maxIdleCalls),
 	}
 	if s.psw == nil {
 		s.psw = NewOllamaWatchers()
@@ -508,6 +517,7 @@ func (s *Set) Close() {
 	for _, c := range s.clients {
 		c.CloseIdleConnections()
 	}
+	s.calls.Close() // every run and tunnel has returned: no call is running
 }
 
 // lookup resolves an adapter name (SPEC E1). An empty name is the legacy

@@ -79,7 +79,7 @@ type attemptIO struct {
 // and, after a stall, the probe); both have ended when it returns.
 func (s *Set) supervise(ctx context.Context, a *attempt, runID, adapter, target string, io attemptIO) {
 	returned := make(chan func(), 1)
-	go func() { returned <- io.call() }()
+	s.calls.Go(func() { returned <- io.call() })
 	w, fx := newWatch(a.stall)
 	stallT := time.NewTimer(fx.arm)
 	defer stallT.Stop()

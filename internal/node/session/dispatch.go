@@ -113,7 +113,7 @@ func (s *session) startRun(runID string, req *iop.RunRequest) {
 		s.rejectDuplicate(runID, req, false)
 		return
 	}
-	go func() {
+	s.workers.Go(func() {
 		defer s.finishRun(runID, ex)
 		start := time.Now()
 		var end string // the terminal's type or failure code; emits never overlap
@@ -125,7 +125,7 @@ func (s *session) startRun(runID string, req *iop.RunRequest) {
 			s.sendFromWork(&iop.Envelope{RunId: runID, Kind: &iop.Envelope_RunEvent{RunEvent: ev}}, runEventMode(ev))
 		})
 		s.logDone("run", runID, req.GetRequestId(), req.GetAdapter(), req.GetTarget(), end, start)
-	}()
+	})
 }
 
 // startTunnel starts one provider raw tunnel on its own goroutine (SPEC
@@ -137,7 +137,7 @@ func (s *session) startTunnel(runID string, req *iop.ProviderTunnelRequest) {
 		return
 	}
 	streaming := req.GetStream()
-	go func() {
+	s.workers.Go(func() {
 		defer s.finishRun(runID, ex)
 		start := time.Now()
 		var end string
@@ -159,7 +159,7 @@ func (s *session) startTunnel(runID string, req *iop.ProviderTunnelRequest) {
 				tunnelFrameMode(fr, streaming))
 		})
 		s.logDone("tunnel", runID, req.GetRequestId(), req.GetAdapter(), req.GetTarget(), end, start, slog.Int("upstream_status", int(status)))
-	}()
+	})
 }
 
 // logDone writes the one Info line per run or tunnel ("run done"): kind,

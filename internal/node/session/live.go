@@ -11,10 +11,15 @@ import (
 	"sync/atomic"
 	"time"
 
+	"iop/internal/gopool"
 	"iop/internal/wire"
 	"iop/internal/wire/direct"
 	iop "iop/proto/gen/iop"
 )
+
+// maxIdleWorkers is how many finished run and tunnel goroutines a session
+// keeps for the next ones (gopool).
+const maxIdleWorkers = 64
 
 // maxHeartbeat bounds the heartbeat settings taken from the Edge's payload so
 // that a huge value can't overflow a time.Duration.
@@ -50,6 +55,10 @@ type session struct {
 	readySince                                   time.Time // set before live starts goroutines
 
 	work sync.WaitGroup // run, tunnel and command goroutines
+	// workers runs the runs and tunnels (startRun, startTunnel) on kept
+	// goroutines whose stacks already grew (gopool); closed by live after
+	// work.Wait.
+	workers *gopool.Pool
 
 	mu   sync.Mutex
 	runs map[string]context.CancelCauseFunc // run_id → cancel, runs and tunnels (guarded by mu)
@@ -84,6 +93,7 @@ func newSession(ctx context.Context, cancel context.CancelCauseFunc, conn net.Co
 		hbReset:  make(chan struct{}, 1),
 		flushReq: make(chan chan struct{}),
 		runs:     make(map[string]context.CancelCauseFunc),
+		workers:  gopool.New(maxIdleWorkers),
 		fl:       newFleetState(),
 	}
 	s.hbInterval.Store(int64(DefaultHeartbeatInterval))
@@ -118,6 +128,7 @@ func (s *session) live(ex *execRef, stop <-chan struct{}) error {
 	<-writerDone
 	<-drainDone
 	s.work.Wait() // every run and tunnel saw ctx cancelled (E6)
+	s.workers.Close()
 
 	s.mu.Lock()
 	last := s.exec
