@@ -250,9 +250,18 @@ func roundTrip(b *testing.B, adapter config.Adapter, target string) (*apiClient,
 // benchChat posts body to the Edge b.N times, one at a time, and drains
 // each answer. ns/op is one full round trip (client → Edge HTTP → frames →
 // node → demo backend → back); allocs/op counts every allocation in the
-// process: client, Edge, node and backend.
+// process: client, Edge, node and backend; cpu-µs/op is the process's
+// user+system CPU time per round trip (getrusage), which a loaded machine
+// distorts less than ns/op.
 func benchChat(b *testing.B, c *apiClient, body []byte) {
 	b.ReportAllocs()
+	var ru0, ru1 syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
+	defer func() {
+		syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
+		cpu := time.Duration(ru1.Utime.Nano()-ru0.Utime.Nano()) + time.Duration(ru1.Stime.Nano()-ru0.Stime.Nano())
+		b.ReportMetric(float64(cpu.Nanoseconds())/1e3/float64(b.N), "cpu-µs/op")
+	}()
 	b.ResetTimer()
 	for range b.N {
 		resp, err := c.hc.Post(c.url+"/v1/chat/completions", "application/json", bytes.NewReader(body))
