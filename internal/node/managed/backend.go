@@ -37,6 +37,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -212,8 +213,14 @@ func New(cfg Config) (*Backend, error) {
 	b.wg.Add(2)
 	go b.starter()
 	go b.timerLoop()
-	if _, err := b.Models(); err != nil {
+	names, err := b.Models()
+	if err != nil {
 		b.log.Warn("managed backend: listing its models failed", "err", err)
+	}
+	for _, p := range cfg.Preload { // SPEC U4
+		if !slices.Contains(names, p) {
+			b.log.Warn("managed backend: a preload names no model of models_dir or models; nothing is preloaded for it", "model", p)
+		}
 	}
 	for _, r := range b.Residency() {
 		if r.Preload && cfg.BudgetMB > 0 && r.MemoryMB > cfg.BudgetMB { // SPEC U3, U4

@@ -274,6 +274,30 @@ func waitPending(t *testing.T, b *Backend, changed chan struct{}) {
 	}
 }
 
+// U3, U4: a preload that can never be loaded — a name no model has, a
+// model larger than memory_budget_mb — is said at start (else nothing
+// tells the operator why it is not loaded) and starts nothing.
+func TestBackendWarnsOfUnusablePreloads(t *testing.T) {
+	leakcheck.Check(t)
+	var logs syncBuffer
+	b, dir, _ := newTestBackend(t, func(c *Config) {
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		_ = os.WriteFile(c.Models["m2"], make([]byte, 2<<20), 0o600) // 2 MiB × 1.2: 3 MiB
+		c.BudgetMB, c.Preload = 2, []string{"m9", "m2"}
+	})
+	l := logs.String()
+	for _, want := range []string{`msg="managed backend: a preload names no model of models_dir or models; nothing is preloaded for it" managed=helper model=m9`,
+		`msg="managed backend: a preload model is larger than memory_budget_mb; it stays unloaded" managed=helper model=m2 memory_mb=3 memory_budget_mb=2`} {
+		if !strings.Contains(l, want) {
+			t.Errorf("log lacks %s:\n%s", want, l)
+		}
+	}
+	b.Close()
+	if ents, _ := filepath.Glob(filepath.Join(dir, "pid-*")); len(ents) != 0 {
+		t.Fatalf("started %v", ents)
+	}
+}
+
 // U4: a model idle for idle_unload_ms is stopped, its process gone.
 func TestBackendIdleUnload(t *testing.T) {
 	leakcheck.Check(t)
