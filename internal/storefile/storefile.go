@@ -20,6 +20,7 @@ package storefile
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -145,4 +146,52 @@ func StatStamp(path string) Stamp {
 		return Stamp{}
 	}
 	return StampOf(fi)
+}
+
+// MaxRead bounds a store file Read, in bytes (256 MiB: hundreds of
+// thousands of keys or nodes).
+const MaxRead = 256 << 20
+
+// Errors of Read; test with errors.Is.
+var (
+	// ErrNotRegular: the path (a symlink followed) is a FIFO, a device, a
+	// socket or a directory.
+	ErrNotRegular = errors.New("not a regular file")
+	// ErrTooLarge: the file holds more than the bound.
+	ErrTooLarge = errors.New("file too large")
+)
+
+// Read returns the content of the regular file at path (a symlink
+// followed), at most max bytes, and its FileInfo, so that a store file
+// replaced under a running process by something else cannot hold its
+// reader or its memory: the file is opened without blocking (a FIFO with
+// no writer would hold the open, and a FIFO's or a device's read never
+// ends) and refused with ErrNotRegular unless it is a regular file, and
+// one of more than max bytes is ErrTooLarge naming the bound. Errors name
+// path, never content; the open's error wraps fs.ErrNotExist for a
+// missing file.
+func Read(path string, max int64) ([]byte, fs.FileInfo, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, nil, fmt.Errorf("%s: %w (mode %v)", path, ErrNotRegular, fi.Mode().Type())
+	}
+	if fi.Size() > max {
+		return nil, nil, fmt.Errorf("%s: %w: %d bytes, at most %d", path, ErrTooLarge, fi.Size(), max)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, max+1)) // a file that grows while it is read
+	if err != nil {
+		return nil, nil, err
+	}
+	if int64(len(b)) > max {
+		return nil, nil, fmt.Errorf("%s: %w: more than %d bytes", path, ErrTooLarge, max)
+	}
+	return b, fi, nil
 }

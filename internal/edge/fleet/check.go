@@ -40,6 +40,14 @@ var (
 	ErrRenewTooSoon = errors.New("certificate renewed too recently")
 )
 
+// noToken is the hash a join naming no token is compared to, so that an
+// unknown id and a wrong secret cost the same work (SPEC J1: the time of
+// the refusal says nothing of which token ids exist).
+var noToken = identity.SecretSHA256("no token has this id")
+
+// secretMatches is identity.SecretMatches (a test counts its calls).
+var secretMatches = identity.SecretMatches
+
 // CheckJoin decides whether token id with secret may enroll name at now
 // (SPEC J1): the token exists and the secret matches, it is not revoked,
 // not expired and has uses left, and its scope allows name (the -node name
@@ -47,7 +55,11 @@ var (
 // over a name that is enrolled and not revoked). It changes nothing.
 func (s *Store) CheckJoin(id, secret, name string, now time.Time) (*Token, error) {
 	t := s.Token(id)
-	if t == nil || !identity.SecretMatches(secret, t.SecretSHA256) {
+	want := noToken
+	if t != nil {
+		want = t.SecretSHA256
+	}
+	if !secretMatches(secret, want) || t == nil { // an unknown id costs the hash a wrong secret costs
 		return nil, ErrBadToken
 	}
 	switch {

@@ -5,9 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
-	"os"
 	"sort"
 	"time"
 
@@ -120,19 +118,15 @@ func LoadStore(path string) (*Store, error) {
 	return &s, nil
 }
 
-// readStoreFile reads path and the permission bits of the file it read.
+// readStoreFile reads path and the permission bits of the file it read
+// (storefile.Read: a FIFO, a device or a file over storefile.MaxRead is
+// refused, SPEC J1).
 func readStoreFile(path string) ([]byte, fs.FileMode, error) {
-	f, err := os.Open(path)
+	b, fi, err := storefile.Read(path, storefile.MaxRead)
 	if err != nil {
 		return nil, 0, err
 	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, 0, err
-	}
-	b, err := io.ReadAll(f)
-	return b, fi.Mode().Perm(), err
+	return b, fi.Mode().Perm(), nil
 }
 
 // Save writes s to path atomically, mode 0600, tokens by creation and

@@ -37,7 +37,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"regexp"
 	"sort"
 	"strings"
@@ -185,7 +184,7 @@ func hint(key string) string {
 // Load reads and checks the store file at path. A missing file is an
 // fs.ErrNotExist error; any other problem is ErrBadStore naming it.
 func Load(path string) (*Store, error) {
-	b, err := os.ReadFile(path)
+	b, _, err := storefile.Read(path, storefile.MaxRead) // a FIFO, a device or a huge file refused (K1)
 	if err != nil {
 		return nil, fmt.Errorf("key store: %w", err)
 	}
