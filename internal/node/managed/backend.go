@@ -458,7 +458,7 @@ func (b *Backend) run(p *proc) {
 	if stopping {
 		return // stopProc reports EvStopped
 	}
-	b.log.Warn("managed model exited", "model", p.model, "err", exitText(p.exitErr), "last_log", p.log.LastLine())
+	b.log.Warn("managed model exited", "model", p.model, "err", exitText(p.exitErr), "last_log", p.log.LastLines(lastLines))
 	b.finish(p, EvExited, exitText(p.exitErr)+lastLog(p.log))
 }
 
@@ -729,9 +729,13 @@ func exitText(err error) string {
 	return err.Error()
 }
 
+// lastLines is how many of a failed process's last log lines its error
+// and the node's log quote (SPEC U5).
+const lastLines = 4
+
 func lastLog(r *ring) string {
-	if l := r.LastLine(); l != "" {
-		return "; last log line: " + l
+	if l := r.LastLines(lastLines); l != "" {
+		return "; last log lines: " + l
 	}
 	return ""
 }

@@ -57,6 +57,7 @@ func helperServe(args []string) int {
 	}
 	if *fail {
 		fmt.Fprintln(os.Stderr, "error: failed to load model: bad magic")
+		fmt.Fprintln(os.Stderr, "cleaning up before exit...") // as llama-server ends
 		return 1
 	}
 	if *ignoreTerm {
@@ -318,7 +319,8 @@ func TestBackendIdleUnload(t *testing.T) {
 }
 
 // U2, U5: a process that exits before ready, or never turns healthy,
-// fails the request with ErrUnavailable and the reason (its last log line).
+// fails the request with ErrUnavailable and the reason (its last log
+// lines: the error, not only the cleanup line after it).
 func TestBackendLoadFailures(t *testing.T) {
 	leakcheck.Check(t)
 	t.Run("U5 exits before ready", func(t *testing.T) {

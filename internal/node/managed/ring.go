@@ -2,6 +2,8 @@ package managed
 
 import (
 	"bytes"
+	"slices"
+	"strings"
 	"sync"
 )
 
@@ -43,6 +45,31 @@ func (r *ring) Bytes() []byte {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return bytes.Clone(r.buf)
+}
+
+// LastLines is the last n non-empty lines written, joined by " | ", at
+// most 1024 bytes (the end kept): what a process said as it failed, whose
+// very last line is often a cleanup message (llama-server: "cleaning up
+// before exit..." after the error).
+func (r *ring) LastLines(n int) string {
+	b := bytes.TrimRight(r.Bytes(), "\r\n ")
+	var lines []string
+	for len(b) > 0 && len(lines) < n {
+		i := bytes.LastIndexByte(b, '\n')
+		if l := string(bytes.TrimRight(b[i+1:], "\r ")); l != "" {
+			lines = append(lines, l)
+		}
+		if i < 0 {
+			break
+		}
+		b = b[:i]
+	}
+	slices.Reverse(lines)
+	s := strings.Join(lines, " | ")
+	if len(s) > 1024 {
+		s = s[len(s)-1024:]
+	}
+	return s
 }
 
 // LastLine is the last non-empty line written, at most 512 bytes of it
