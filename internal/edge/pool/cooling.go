@@ -20,7 +20,9 @@ const HealthCooling = "cooling"
 func (p *Pool) Eject(k Key, until time.Time, reason string) bool {
 	p.lock()
 	defer p.mu.Unlock()
-	return p.s.eject(k, until, reason)
+	ok := p.s.eject(k, until, reason)
+	p.apply()
+	return ok
 }
 
 // Readmit makes an ejected provider k a candidate again and pumps waiters
@@ -34,13 +36,15 @@ func (p *Pool) Readmit(k Key) bool {
 }
 
 // eject marks k ejected (no candidate) with its window for snapshots.
-// Nothing becomes servable, so no pump.
+// Nothing becomes servable, so no pump; a waiter that leaves a group
+// with no live provider (leave.go) may leave.
 func (s *state) eject(k Key, until time.Time, reason string) bool {
 	r := s.resources[k]
 	if r == nil {
 		return false
 	}
 	r.ejected, r.ejectedUntil, r.ejectReason = true, until, reason
+	s.leaveUnavailable()
 	return true
 }
 

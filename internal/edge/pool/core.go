@@ -30,6 +30,7 @@ type state struct {
 
 	seq     uint64  // arrival number of the last waiter
 	waiters int     // queued waiters, all groups
+	leavers int     // queued waiters with Request.LeaveUnavailable (leave.go)
 	leases  int     // held leases, all resources
 	all     wlist   // every queued waiter in arrival order
 	fx      effects // effects of the current transition
@@ -320,6 +321,7 @@ type waiter struct {
 	sameSlot     bool        // Request.SameSlot
 	slot         string      // Request.Slot
 	localOnly    bool        // Request.LocalOnly
+	leave        bool        // Request.LeaveUnavailable
 	cls          *class
 	queued       bool
 	timeout      time.Duration
@@ -440,6 +442,9 @@ func (s *state) admit(r Request) (*Lease, *class, error) {
 		s.seq++
 		s.arrival = s.seq
 	}
+	if r.LeaveUnavailable && !c.hasLive() { // SPEC V1: it falls back rather than wait (leave.go)
+		return nil, nil, &UnavailableError{Model: r.Model, Reason: c.why(), Arrival: s.arrival}
+	}
 	if c.n == 0 {
 		if cd, res, holder := s.choose(c, r.Prefix, r.PromptTokens); cd != nil {
 			if holder == nil || g.affinityWait <= 0 || s.waiters >= s.maxWaiters || s.overShare(r.Key) {
@@ -460,7 +465,7 @@ func (s *state) admit(r Request) (*Lease, *class, error) {
 // newWaiter is the queued form of r.
 func newWaiter(r Request) *waiter {
 	return &waiter{model: r.Model, op: r.Operation, promptTokens: r.PromptTokens, prefix: r.Prefix, exclude: r.Exclude,
-		sameSlot: r.SameSlot, slot: r.Slot, localOnly: r.LocalOnly, key: r.Key, weight: weightOf(r.Weight), prio: r.Priority, cost: r.Cost()}
+		sameSlot: r.SameSlot, slot: r.Slot, localOnly: r.LocalOnly, leave: r.LeaveUnavailable, key: r.Key, weight: weightOf(r.Weight), prio: r.Priority, cost: r.Cost()}
 }
 
 // enqueue appends w (with model, op, promptTokens and prefix set) to c,
@@ -485,6 +490,9 @@ func (s *state) enqueue(c *class, w *waiter, timeout time.Duration) (pinned bool
 	}
 	s.all.push(w, true)
 	s.waiters++
+	if w.leave {
+		s.leavers++
+	}
 	s.countKey(w, 1)
 	return w.pin != nil
 }
@@ -502,6 +510,9 @@ func (s *state) dequeue(w *waiter) {
 	s.all.remove(w, true)
 	w.queued = false
 	s.waiters--
+	if w.leave {
+		s.leavers--
+	}
 	s.countKey(w, -1)
 }
 
@@ -708,6 +719,7 @@ func (s *state) fence(id string, gen uint64) int {
 	n.gen, n.ready, n.fenced, n.draining, n.readySince = gen, false, true, false, time.Time{}
 	count := s.fenceLeases(n, gen)
 	s.repin()
+	s.leaveUnavailable()
 	return count
 }
 
@@ -724,6 +736,7 @@ func (s *state) drain(id string, gen uint64) bool {
 	}
 	n.draining = true
 	s.repin() // waiters pinned to its providers may go elsewhere now
+	s.leaveUnavailable()
 	return true
 }
 
@@ -743,6 +756,7 @@ func (s *state) setRuns(id string, gen uint64, runs map[string]Run) bool {
 	}
 	if gen == n.gen && n.ready {
 		s.pump()
+		s.leaveUnavailable()
 	}
 	return true
 }
@@ -783,6 +797,7 @@ func (s *state) setOverlay(k Key, gen, seq uint64) bool {
 	r.seqGen, r.lastSeq = gen, seq
 	r.overlaid, r.overlayGen = true, gen
 	s.repin()
+	s.leaveUnavailable()
 	return true
 }
 

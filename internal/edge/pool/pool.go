@@ -102,7 +102,9 @@ func (p *Pool) Reconfigure(cfg Config) {
 // configured provider of the group supports r.Operation (with long capacity
 // if r is long); *QueueFullError (ErrQueueFull) when MaxWaiters requests
 // already wait; *WaitTimeoutError (ErrWaitTimeout) naming the model and
-// why; ctx.Err().
+// why; *UnavailableError (ErrUnavailable) for a request with
+// LeaveUnavailable when no provider it may use is live, or none is any
+// more while it waits (leave.go); ctx.Err().
 func (p *Pool) Acquire(ctx context.Context, r Request) (*Lease, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err

@@ -76,6 +76,7 @@ func (s *state) reconfigure(cfg Config) {
 		w = next
 	}
 	s.pump()
+	s.leaveUnavailable()
 }
 
 // buildGroup makes a group's classes: one per (operation, long) that some
@@ -163,6 +164,9 @@ func (s *state) rehome(w *waiter) {
 		s.all.remove(w, true)
 		w.queued = false
 		s.waiters--
+		if w.leave {
+			s.leavers--
+		}
 		s.countKey(w, -1)
 		var err error = fmt.Errorf("model %q removed by reconfigure: %w", w.model, ErrUnknownModel)
 		switch {

@@ -159,6 +159,12 @@ type Request struct {
 	// (SPEC V3: a local-only key's data never leaves the site); a group
 	// with none serves it no candidate (NoCandidateError).
 	LocalOnly bool
+	// LeaveUnavailable: the request's group has a fallback on
+	// unavailable (SPEC V1), so it does not wait for a provider to come
+	// back: while none it may use is live, Acquire fails with an
+	// *UnavailableError (ErrUnavailable) at once or, queued, as soon as
+	// the last one stops being live (leave.go).
+	LeaveUnavailable bool
 
 	// Key names who the request is fair-shared as (SPEC G1, G3): the
 	// client key's principal; "" for an unauthenticated request (open
@@ -199,6 +205,9 @@ var (
 	ErrQueueFull = errors.New("pool: queue full")
 	// ErrWaitTimeout: the request waited WaitTimeout without a lease.
 	ErrWaitTimeout = errors.New("pool: wait timeout")
+	// ErrUnavailable (leave.go): Request.LeaveUnavailable and no live
+	// provider the request may use.
+	//
 	// ErrAllTried: Request.Exclude (and Request.SameSlot) leaves no
 	// configured provider for the request: a re-dispatch has no candidate
 	// left to try.
