@@ -1,6 +1,9 @@
 package routing
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // Fallbacks to other model groups (SPEC V1–V3): the pure decision of which
 // group serves a request the group it names cannot serve. The caller
@@ -65,6 +68,13 @@ type FallbackRequest struct {
 	// InScope reports whether the key's model scope admits a group; nil
 	// admits every group.
 	InScope func(group string) bool
+	// Left lists the groups the request was admitted to and can no longer
+	// be served by (SPEC V1: after its admission none of the providers it
+	// may still use is live, or it tried them all): their state is
+	// unavailable whatever state says (state is not asked), so the
+	// decision never takes the request to one of them again but may go
+	// on through its chain. Empty on arrival.
+	Left []string
 }
 
 // FallbackDecision is where a request goes.
@@ -112,13 +122,19 @@ func match(r FallbackRule, g FallbackGroup, s GroupState, promptTokens int) Fall
 // request itself goes on through its own fallbacks, depth first. With no
 // fallback that leads to a group that can take it, the decision is the
 // named group (its normal error or wait). groups lacks a group = no
-// fallbacks; state is asked only about groups the decision visits.
+// fallbacks; state is asked only about groups the decision visits. A
+// request that can no longer be served where it was admitted is decided
+// again from the group it named, with req.Left: the same walk, those
+// groups unavailable and never its end.
 func DecideFallback(groups map[string]FallbackGroup, state func(group string) GroupState, req FallbackRequest) FallbackDecision {
 	visited := map[string]bool{req.Model: true}
 	var walk func(from string, hops int, inherit bool) (FallbackDecision, bool)
 	walk = func(from string, hops int, inherit bool) (FallbackDecision, bool) {
 		g := groups[from]
-		s := state(from)
+		s := GroupState{Unavailable: true}
+		if !slices.Contains(req.Left, from) {
+			s = state(from)
+		}
 		for _, r := range g.Rules {
 			reason := match(r, g, s, req.PromptTokens)
 			if reason == "" || visited[r.Model] || hops+1 > MaxFallbackHops {

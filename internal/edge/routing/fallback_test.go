@@ -11,7 +11,9 @@ import (
 // group twice; a local-only key's state (no live local provider) never
 // reaches a group served only remotely; a key's scope is checked on every
 // group a fallback reaches unless each entry on the way inherits it
-// (SPEC V1, V2, V3).
+// (SPEC V1, V2, V3); decided again after admission (Left), the groups the
+// request left are unavailable and never its end, within the same hops
+// and scope from the group named.
 func TestDecideFallback(t *testing.T) {
 	ms := time.Millisecond
 	groups := map[string]FallbackGroup{
@@ -98,6 +100,25 @@ func TestDecideFallback(t *testing.T) {
 			FallbackDecision{Group: "hosted2", Reason: ReasonUnavailable, ResponseModel: "big2", Hops: 2}},
 		{"V1 a group without fallbacks", FallbackRequest{Model: "other"}, map[string]GroupState{"other": down},
 			FallbackDecision{Group: "other", ResponseModel: "other"}},
+		// After admission (Left): the groups the request could no longer
+		// be served by are unavailable whatever their state, never its end.
+		{"V1 left after admission: down the chain though its state says available", FallbackRequest{Model: "big", Left: []string{"big"}}, nil,
+			FallbackDecision{Group: "small", Reason: ReasonUnavailable, ResponseModel: "big", Hops: 1}},
+		{"V1 left a fallback group too: through its own chain", FallbackRequest{Model: "big", Left: []string{"big", "small"}}, nil,
+			FallbackDecision{Group: "hosted", Reason: ReasonUnavailable, ResponseModel: "gpt", Hops: 2}},
+		{"V1 moved on arrival (big full), left small whose chain is down: big's next entry", FallbackRequest{Model: "big", PromptTokens: 9000, Left: []string{"small"}},
+			map[string]GroupState{"big": full, "hosted": down},
+			FallbackDecision{Group: "long", Reason: ReasonContext, ResponseModel: "big", Hops: 1}},
+		{"V1 left every group of the chain: none", FallbackRequest{Model: "big", Left: []string{"big", "small", "hosted"}}, nil,
+			FallbackDecision{Group: "big", ResponseModel: "big"}},
+		{"V1 left after admission: still at most 3 hops from the group named", FallbackRequest{Model: "c0", Left: []string{"c0", "c1", "c2"}}, nil,
+			FallbackDecision{Group: "c3", Reason: ReasonUnavailable, ResponseModel: "c0", Hops: 3}},
+		{"V1 left c3 too: the fourth hop is never taken", FallbackRequest{Model: "c0", Left: []string{"c0", "c1", "c2", "c3"}}, nil,
+			FallbackDecision{Group: "c0", ResponseModel: "c0"}},
+		{"V2 left after admission: the scope still holds", FallbackRequest{Model: "big2", InScope: only("big2"), Left: []string{"big2", "small2"}}, nil,
+			FallbackDecision{Group: "big2", ResponseModel: "big2"}},
+		{"V2 left after admission: inherit_scope still reaches", FallbackRequest{Model: "big2", InScope: only("big2"), Left: []string{"big2"}}, nil,
+			FallbackDecision{Group: "small2", Reason: ReasonUnavailable, ResponseModel: "big2", Hops: 1}},
 	}
 	for _, r := range rows {
 		t.Run(r.name, func(t *testing.T) {
