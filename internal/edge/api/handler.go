@@ -271,7 +271,7 @@ func (h *Handler) current() *view {
 		v.fallbacks = cfg.FallbackGroups()
 		v.bounds = make(map[string]int, len(cfg.Models))
 		for i := range cfg.Models {
-			v.bounds[cfg.Models[i].Name] = cfg.Models[i].AttemptBound()
+			v.bounds[cfg.Models[i].Name] = cfg.AttemptBound(&cfg.Models[i]) // SPEC V1: its fallbacks' providers too
 		}
 	}
 	h.lim.bodies.SetMax(inflight)

@@ -328,6 +328,35 @@ func (m *Model) AttemptBound() int {
 	return len(m.Providers)
 }
 
+// AttemptBound is how many providers one request naming group m may be
+// sent to, across the groups its fallbacks move it to (SPEC V1, H11):
+// m.MaxAttempts, or (0) every provider once of m and of each group its
+// fallbacks reach (each group once, at most MaxFallbackDepth hops), so a
+// request whose attempts in m all failed may still fall back.
+func (c *Config) AttemptBound(m *Model) int {
+	if m.MaxAttempts > 0 {
+		return m.MaxAttempts
+	}
+	n := 0
+	seen := map[string]bool{}
+	var walk func(g *Model, depth int)
+	walk = func(g *Model, depth int) {
+		if g == nil || seen[g.Name] {
+			return
+		}
+		seen[g.Name] = true
+		n += len(g.Providers)
+		if depth == MaxFallbackDepth {
+			return
+		}
+		for _, f := range g.Fallbacks {
+			walk(c.ModelByName(f.Model), depth+1)
+		}
+	}
+	walk(m, 0)
+	return n
+}
+
 // EffectiveStallTimeoutMs is the stall timeout, in ms, a request
 // dispatched to mp carries (SPEC Q6): the provider entry's value, else its
 // adapter's, else protocol.DefaultStallTimeoutMs; always > 0. It is the one

@@ -35,7 +35,8 @@ func fallbackConfig(extra ...string) string {
 // location and api_keys[].local_only parse, and a bad chain is refused at
 // load naming its key path: an unknown group, the group itself, a bad
 // condition, context without context_tokens, a bad wait_ms, no condition,
-// a cycle, a chain deeper than 3 (SPEC V1, V3).
+// a cycle, a chain deeper than 3 (SPEC V1, V3); the attempt bound of
+// max_attempts 0 counts the providers of every group the chain reaches.
 func TestFallbackConfig(t *testing.T) {
 	c := mustParse(t, fallbackConfig(
 		`"context_tokens": 4096, "fallbacks": [{"model": "b", "on": ["unavailable", "queue_full", "context"], "wait_ms": 200, "rename_model": "b-small", "inherit_scope": true}, {"model": "c", "on": ["unavailable"]}]`,
@@ -60,6 +61,17 @@ func TestFallbackConfig(t *testing.T) {
 	}
 	if got := c.FallbackGroups(); !reflect.DeepEqual(got, want) {
 		t.Errorf("V1 FallbackGroups\n got %+v\nwant %+v", got, want)
+	}
+	// max_attempts 0: every provider once, of the group and of each group
+	// its chain reaches (a → b, c; b → c; c → d), each group once.
+	for i, want := range []int{4, 3, 2, 1, 1} {
+		if got := c.AttemptBound(&c.Models[i]); got != want {
+			t.Errorf("V1 AttemptBound(%s) = %d, want %d", c.Models[i].Name, got, want)
+		}
+	}
+	c.Models[0].MaxAttempts = 2
+	if got := c.AttemptBound(&c.Models[0]); got != 2 {
+		t.Errorf("V1 AttemptBound with max_attempts 2 = %d", got)
 	}
 	rows := []struct {
 		name  string

@@ -1,6 +1,7 @@
 package exchange
 
 import (
+	"errors"
 	"time"
 
 	"iop/internal/edge/health"
@@ -19,12 +20,16 @@ import (
 // passive health (Deps.Outlier), the stall record (Deps.Health), the
 // lease's release and the next Acquire.
 //
+//	queued   ──leased──▶ relaying          queued ──no lease──▶ done (the pool's error answers)
 //	relaying ──envelope, a failure before any byte another provider may not share──▶ failed
 //	relaying ──tunnel RESPONSE_START with a failing status, before any byte──▶ holding
 //	holding  ──its END──▶ failed         holding ──over maxHeldFailure──▶ relaying (flush)
 //	relaying|holding ──stall terminal (Health set)──▶ checking ──evidence──▶ failed | back
 //	relaying|holding ──node lost, before any byte──▶ failed      start failed ──▶ failed
 //	failed ──relay ended──▶ (redispatch) ──leased──▶ relaying    ──no lease──▶ done
+//	queued|failed ──no live provider left, or all tried (a fallback may take it)──▶ (decide)
+//	(decide) ──moved to another group──▶ (acquire there)   ──none, unavailable──▶ (acquire again, waiting)
+//	(decide) ──none, all tried──▶ done
 //	relaying ──relay ended──▶ done
 //
 // An envelope is evidence about the provider only when its typed adapter
@@ -56,6 +61,22 @@ import (
 // provider. Passive health hears each attempt's verdict once,
 // before anything else is decided, so a failed provider is cooling before
 // the pool picks again.
+//
+// A fallback after admission (SPEC V1): a request whose group has a
+// fallback on unavailable (fallback) asks the pool to say so rather than
+// wait while no provider it may use is live (pool.Request.LeaveUnavailable).
+// When the pool says that, or that every provider was tried, while the
+// request waits for its first lease or for a re-dispatch's, the machine
+// asks for the fallback decision (effects.fallback) — only while nothing
+// reached the client, the client is there, the attempt bound is not used
+// up (attempts in the groups it left count: spent) and, but after a stall,
+// before the deadline. Moved (evFallback with moved), the request asks the
+// fallback group's pool for any of its providers (tried starts anew, no
+// credential slot binds it until its first lease there, SPEC C6) within
+// the same bound and deadline; with no group to take it, a request the pool
+// found no live provider for waits in its own group as it would have
+// without a fallback, and one that tried them all is answered with its
+// kept failure.
 
 // retryReason is why an attempt failed before the first byte: the label of
 // iop_edge_request_retries_total.
@@ -97,6 +118,7 @@ const (
 	phaseChecking                     // a stall's evidence is with Deps.Health (evStallChecked answers)
 	phaseFailed                       // the attempt failed before any byte; relay stops, the request is re-dispatched
 	phaseDone                         // the request is answered
+	phaseQueued                       // waiting for its first lease in its group (SPEC Q4, V1)
 )
 
 // attempt is the state of one request across its attempts.
@@ -132,6 +154,41 @@ type attempt struct {
 	// refusals: the over-capacity refusals met (SPEC E4); they are no
 	// attempt: not in tried, not counted against bound.
 	refusals int
+	// spent: the attempts made in the groups a fallback moved the request
+	// away from (SPEC V1); they count against bound with tried.
+	spent int
+	// fallback: a fallback decision may move the request when its group
+	// has no live provider left for it (SPEC V1): it asks the pool with
+	// pool.Request.LeaveUnavailable.
+	fallback bool
+	// unbound: no route binds the request's credential slot yet (waiting
+	// for its first lease, or moved to another group); the next lease binds
+	// it (SPEC C6).
+	unbound bool
+	// asked: the pool's word that made the machine ask for the fallback
+	// decision (effects.fallback), until evFallback answers.
+	asked noLease
+}
+
+// noLease is why the pool gave no lease, as the machine reads it
+// (evNoLease).
+type noLease uint8
+
+const (
+	noLeaseOther       noLease = iota // the wait ended, the queue is full, the client left, …
+	noLeaseTried                      // every provider of the group was tried (pool.ErrAllTried)
+	noLeaseUnavailable                // no provider the request may use is live (pool.ErrUnavailable)
+)
+
+// noLeaseOf reads an Acquire error.
+func noLeaseOf(err error) noLease {
+	switch {
+	case errors.Is(err, pool.ErrUnavailable):
+		return noLeaseUnavailable
+	case errors.Is(err, pool.ErrAllTried):
+		return noLeaseTried
+	}
+	return noLeaseOther
 }
 
 // suspect is one attempt's failure that the request's input may have
@@ -149,8 +206,9 @@ const (
 	evLost                          // the node connection ended before the terminal: fence (L8), session loss, a drained node
 	evStartFailed                   // the request could not be dispatched on the lease
 	evRelayEnded                    // the attempt's relay returned (ok: a success outcome was written)
-	evLeased                        // a re-dispatch got its next lease (lease)
-	evNoLease                       // a re-dispatch got none (no untried candidate, none in time, the client left)
+	evLeased                        // the pool granted the request's next lease (lease): its first, or a re-dispatch's
+	evNoLease                       // the pool granted none (why: no untried candidate, no live one, none in time, the client left)
+	evFallback                      // the fallback decision after effects.fallback answered (moved; fallback)
 )
 
 // event is one input of the machine.
@@ -160,6 +218,10 @@ type event struct {
 	lease *pool.Lease // evLeased: the next lease
 	valid bool        // evStallChecked: the evidence was validated against the lease (SPEC H8)
 	ok    bool        // evRelayEnded
+	why   noLease     // evNoLease
+	// evFallback: moved — the decision took the request to another group;
+	// fallback — that group may move it on (attempt.fallback).
+	moved, fallback bool
 	// wrote: something reached the client or the body was dropped, so
 	// nothing may be resent (SPEC H11); gone: the client's context ended;
 	// now: the clock's reading. gone and now are read only for a failure
@@ -186,6 +248,7 @@ type leaseWait uint8
 const (
 	waitRedispatch leaseWait = iota // Deps.RedispatchWait (after a stall, or with no deadline)
 	waitDeadline                    // until the request's deadline
+	waitQueue                       // as a first Acquire: the request's context and the pool's queue.wait_timeout_ms
 )
 
 // effects is what the caller must do after a step.
@@ -220,6 +283,11 @@ type effects struct {
 	// slot (SPEC C6): release it unused; answer says the kept failure
 	// answers.
 	refuse bool
+	// fallback: decide the fallback from the group the client named, the
+	// groups the request left unavailable (SPEC V1), and step evFallback
+	// with the answer; after it, redispatch asks the pool again (in the
+	// group it moved to, or in its own), waiting wait.
+	fallback bool
 }
 
 type verdictKind uint8
@@ -245,10 +313,18 @@ type verdict struct {
 	accepted bool
 }
 
+// queuedAttempt is the state of a request admitted to its group, before
+// its first lease; fallback: a fallback decision may move it (SPEC V1).
+func queuedAttempt(bound int, deadline time.Time, redispatch, stalls, fallback bool) attempt {
+	return attempt{bound: bound, deadline: deadline, redispatch: redispatch, stalls: stalls, fallback: fallback,
+		phase: phaseQueued, unbound: true}
+}
+
 // newAttempt is the state of a request admitted on its first lease.
 func newAttempt(first *pool.Lease, bound int, deadline time.Time, redispatch, stalls bool) attempt {
-	return attempt{bound: bound, deadline: deadline, redispatch: redispatch, stalls: stalls, tried: []pool.Key{first.Key},
-		target: first.Target, slot: first.Slot}
+	a := queuedAttempt(bound, deadline, redispatch, stalls, false)
+	a.step(&event{kind: evLeased, lease: first})
+	return a
 }
 
 // binds reports whether c's typed adapter and target are the current
@@ -279,12 +355,40 @@ func (a *attempt) hear(c *class, fx *effects) {
 // deadline has not passed.
 func (a *attempt) mayRetry(e *event, stall bool) bool {
 	switch {
-	case !a.redispatch, len(a.tried) >= a.bound, e.wrote, e.gone:
+	case !a.redispatch, a.spent+len(a.tried) >= a.bound, e.wrote, e.gone:
 		return false
 	case !stall && !a.deadline.IsZero() && !e.now.Before(a.deadline):
 		return false
 	}
 	return true
+}
+
+// mayFallBack reports whether a request the pool had no lease for (e) may
+// be decided a fallback (SPEC V1): the pool found no provider it may still
+// use live, or every one tried; a fallback may move it; nothing was
+// written; the client is there; an attempt is left of the bound; and,
+// but after a stall, the deadline has not passed.
+func (a *attempt) mayFallBack(e *event) bool {
+	switch {
+	case e.why == noLeaseOther, !a.fallback, e.wrote, e.gone, a.spent+len(a.tried) >= a.bound:
+		return false
+	case (a.phase == phaseQueued || a.reason != retryStall) && !a.deadline.IsZero() && !e.now.Before(a.deadline):
+		return false
+	}
+	return true
+}
+
+// leaseWait is how long the request's next Acquire waits: after a
+// failure as a re-dispatch; queued (its first lease, in another group or
+// again in its own after a fallback decision) until the deadline.
+func (a *attempt) leaseWait() leaseWait {
+	switch {
+	case a.phase == phaseQueued && a.deadline.IsZero():
+		return waitQueue
+	case a.phase == phaseQueued, a.reason != retryStall && !a.deadline.IsZero():
+		return waitDeadline
+	}
+	return waitRedispatch
 }
 
 // mayRequeue reports whether an over-capacity refusal may go back to the
@@ -346,19 +450,16 @@ func (a *attempt) step(e *event) effects {
 			a.phase, a.suspects = phaseDone, nil // no other provider answered: the suspicions stay unconfirmed
 			return fx
 		}
-		fx.redispatch, fx.reason = true, a.reason
-		if a.reason != retryStall && !a.deadline.IsZero() {
-			fx.wait = waitDeadline
-		}
+		fx.redispatch, fx.reason, fx.wait = true, a.reason, a.leaseWait()
 		if a.reason == retryOverCapacity { // SPEC E4: not an attempt; its provider may take it again
 			a.tried = a.tried[:len(a.tried)-1]
 			a.refusals++
 		}
 	case evLeased:
-		if a.phase != phaseFailed {
+		if a.phase != phaseFailed && a.phase != phaseQueued {
 			return fx
 		}
-		if e.lease.Slot != a.slot { // SPEC C6: never another credential slot after a bound route failed
+		if !a.unbound && e.lease.Slot != a.slot { // SPEC C6: never another credential slot after a bound route failed
 			if a.reason == retryStall {
 				fx.recordRecovery, fx.recovery = true, health.RecoveryNoLease
 			}
@@ -366,20 +467,47 @@ func (a *attempt) step(e *event) effects {
 			fx.refuse, fx.answer = true, !e.gone
 			return fx
 		}
-		a.recovering = a.reason == retryStall
+		a.recovering = a.phase == phaseFailed && a.reason == retryStall
 		a.tried = append(a.tried, e.lease.Key)
-		a.target = e.lease.Target
+		a.target, a.slot, a.unbound = e.lease.Target, e.lease.Slot, false
 		a.phase, a.observed, a.held = phaseRelaying, false, 0
 	case evNoLease:
-		if a.phase != phaseFailed {
+		if a.phase != phaseFailed && a.phase != phaseQueued {
 			return fx
 		}
-		if a.reason == retryStall {
-			fx.recordRecovery, fx.recovery = true, health.RecoveryNoLease
+		if a.mayFallBack(e) { // SPEC V1: its group cannot serve it any more; another may
+			a.asked, fx.fallback = e.why, true
+			return fx
 		}
-		a.phase, a.suspects = phaseDone, nil
-		fx.answer = !e.gone
+		return a.noLease(e, fx)
+	case evFallback:
+		if a.asked == noLeaseOther {
+			return fx
+		}
+		why := a.asked
+		a.asked = noLeaseOther
+		switch {
+		case e.moved: // the fallback group's providers, within the same bound and deadline
+			a.spent += len(a.tried)
+			a.tried, a.target, a.slot, a.unbound, a.fallback = nil, "", "", true, e.fallback
+		case why == noLeaseUnavailable: // no group takes it: it waits in its own as without a fallback
+			a.fallback = false
+		default: // every provider tried and no group takes it: the kept failure answers
+			return a.noLease(e, fx)
+		}
+		fx.redispatch, fx.reason, fx.wait = true, a.reason, a.leaseWait()
 	}
+	return fx
+}
+
+// noLease ends a request the pool had no lease for and no fallback takes:
+// the kept failure answers (the pool's error, for one never leased).
+func (a *attempt) noLease(e *event, fx effects) effects {
+	if a.phase == phaseFailed && a.reason == retryStall {
+		fx.recordRecovery, fx.recovery = true, health.RecoveryNoLease
+	}
+	a.phase, a.suspects = phaseDone, nil
+	fx.answer = !e.gone
 	return fx
 }
 
@@ -394,7 +522,7 @@ func (a *attempt) checked(e *event, valid bool, fx effects) effects {
 		fx.eligibility = health.IneligibleDisabled
 	case !valid:
 		fx.eligibility = health.IneligibleEvidence
-	case len(a.tried) >= a.bound:
+	case a.spent+len(a.tried) >= a.bound:
 		fx.eligibility = health.IneligibleAttempted
 	case e.wrote:
 		fx.eligibility = health.IneligibleStarted

@@ -15,7 +15,7 @@ import (
 )
 
 // The attempt machine, one row per decision it makes (SPEC H8, H11, H12,
-// Q2, L8, E4, T5): a request on its first lease of two (max_attempts
+// Q2, L8, E4, T5, V1): a request on its first lease of two (max_attempts
 // 2, a deadline a second after t0, re-dispatch on, stall evidence
 // validated) meets the events of the row in order; the row checks the
 // effects of the last step and the phase it leaves. No I/O, no clock: time
@@ -70,6 +70,17 @@ func TestAttemptMachine(t *testing.T) {
 	accepted := verdict{kind: verdictSuccess, accepted: true}
 	// p2's answer on the next lease.
 	p2 := func(e *iop.Envelope) *iop.Envelope { return as("p2", "t2", e) }
+	// Fallbacks after admission (SPEC V1): the pool's word (noLeaseEv),
+	// the decision's answer (fellBack), a request a fallback may move
+	// (mayFall) and one still waiting for its first lease (queued).
+	noLeaseEv := func(why noLease) event { return event{kind: evNoLease, why: why, now: t0} }
+	fellBack := func(moved, fallback bool) event {
+		return event{kind: evFallback, moved: moved, fallback: fallback, now: t0}
+	}
+	mayFall := func(a *attempt) { a.fallback = true }
+	queued := func(a *attempt) { *a = queuedAttempt(2, t0.Add(time.Second), true, true, true) }
+	smallLease := event{kind: evLeased, lease: &pool.Lease{Key: pool.Key{Node: "n4", Provider: "p4"}, Target: "t4", Slot: "slot-b", Model: "small"}, now: t0}
+	p4 := func(e *iop.Envelope) *iop.Envelope { return as("p4", "t4", e) }
 
 	rows := []struct {
 		name   string
@@ -240,6 +251,77 @@ func TestAttemptMachine(t *testing.T) {
 		{name: "C6 H12 a stall re-dispatch refused for another slot is recorded as no lease",
 			events: []event{env(stall), checked(true), ended(false), otherSlot},
 			phase:  phaseDone, want: effects{refuse: true, answer: true, recordRecovery: true, recovery: health.RecoveryNoLease}},
+		{name: "V1 queued: the first lease binds the request's route", setup: queued,
+			events: []event{smallLease},
+			phase:  phaseRelaying, want: effects{}},
+		{name: "V1 queued, the pool finds no live provider: the fallback is decided", setup: queued,
+			events: []event{noLeaseEv(noLeaseUnavailable)},
+			phase:  phaseQueued, want: effects{fallback: true}},
+		{name: "V1 queued without a fallback: the pool's error answers",
+			setup:  func(a *attempt) { queued(a); a.fallback = false },
+			events: []event{noLeaseEv(noLeaseUnavailable)},
+			phase:  phaseDone, want: effects{answer: true}},
+		{name: "V1 queued, a wait timeout is no fallback", setup: queued,
+			events: []event{noLeaseEv(noLeaseOther)},
+			phase:  phaseDone, want: effects{answer: true}},
+		{name: "V1 moved while queued: the new group is asked until the deadline", setup: queued,
+			events: []event{noLeaseEv(noLeaseUnavailable), fellBack(true, false)},
+			phase:  phaseQueued, want: effects{redispatch: true, wait: waitDeadline}},
+		{name: "V1 no group takes a queued request: it waits in its own as without a fallback", setup: queued,
+			events: []event{noLeaseEv(noLeaseUnavailable), fellBack(false, false), noLeaseEv(noLeaseUnavailable)},
+			phase:  phaseDone, want: effects{answer: true}},
+		{name: "V1 queued, past the deadline: no fallback", setup: queued,
+			events: []event{late(noLeaseEv(noLeaseUnavailable))},
+			phase:  phaseDone, want: effects{answer: true}},
+		{name: "V1 H11 every provider failed it before any byte: the fallback is decided", setup: mayFall,
+			events: []event{env(runErr(protocol.CodeUpstreamStatus, 503)), ended(false), noLeaseEv(noLeaseTried)},
+			phase:  phaseFailed, want: effects{fallback: true}},
+		{name: "V1 H11 the untried providers are down: the fallback is decided", setup: mayFall,
+			events: []event{env(runErr(protocol.CodeUpstreamStatus, 503)), ended(false), noLeaseEv(noLeaseUnavailable)},
+			phase:  phaseFailed, want: effects{fallback: true}},
+		{name: "V1 L8 the node lost before any byte, nothing left: the fallback is decided", setup: mayFall,
+			events: []event{{kind: evLost, now: t0}, ended(false), noLeaseEv(noLeaseTried)},
+			phase:  phaseFailed, want: effects{fallback: true}},
+		{name: "V1 moved after a failure: the fallback group is asked within the deadline", setup: mayFall,
+			events: []event{env(runErr(protocol.CodeUpstreamStatus, 503)), ended(false), noLeaseEv(noLeaseTried), fellBack(true, false)},
+			phase:  phaseFailed, want: effects{redispatch: true, reason: retryStatus, wait: waitDeadline}},
+		{name: "V1 C6 moved: the fallback group's lease binds its own credential slot", setup: mayFall,
+			events: []event{env(runErr(protocol.CodeUpstreamStatus, 503)), ended(false), noLeaseEv(noLeaseTried), fellBack(true, false), smallLease},
+			phase:  phaseRelaying, want: effects{}},
+		{name: "V1 H11 the attempts in the group left count: none is left for another failure", setup: mayFall,
+			events: []event{env(runErr(protocol.CodeUpstreamStatus, 503)), ended(false), noLeaseEv(noLeaseTried), fellBack(true, false), smallLease,
+				env(p4(runErr(protocol.CodeUpstreamStatus, 503)))},
+			phase: phaseRelaying, want: effects{verdict: verdict{kind: verdictFailure, reason: outlier.ReasonStatus, retryAfter: 3 * time.Second}, env: envPass}},
+		{name: "V1 every provider tried and no group takes it: the kept failure answers", setup: mayFall,
+			events: []event{env(runErr(protocol.CodeUpstreamStatus, 503)), ended(false), noLeaseEv(noLeaseTried), fellBack(false, false)},
+			phase:  phaseDone, want: effects{answer: true}},
+		{name: "V1 the untried providers are down and no group takes it: it waits for them, leaving no more", setup: mayFall,
+			events: []event{env(runErr(protocol.CodeUpstreamStatus, 503)), ended(false), noLeaseEv(noLeaseUnavailable), fellBack(false, false)},
+			phase:  phaseFailed, want: effects{redispatch: true, reason: retryStatus, wait: waitDeadline}},
+		{name: "V1 never without a fallback that may move it",
+			events: []event{env(runErr(protocol.CodeUpstreamStatus, 503)), ended(false), noLeaseEv(noLeaseTried)},
+			phase:  phaseDone, want: effects{answer: true}},
+		{name: "V1 never past the deadline", setup: mayFall,
+			events: []event{env(runErr(protocol.CodeUpstreamStatus, 503)), ended(false), late(noLeaseEv(noLeaseTried))},
+			phase:  phaseDone, want: effects{answer: true}},
+		{name: "V1 never once the client left", setup: mayFall,
+			events: []event{env(runErr(protocol.CodeUpstreamStatus, 503)), ended(false), gone(noLeaseEv(noLeaseTried))},
+			phase:  phaseDone, want: effects{}},
+		{name: "V1 never with the attempt bound used up: the failure goes to the client", setup: func(a *attempt) { a.fallback, a.bound = true, 1 },
+			events: []event{env(runErr(protocol.CodeUpstreamStatus, 503))},
+			phase:  phaseRelaying, want: effects{verdict: verdict{kind: verdictFailure, reason: outlier.ReasonStatus, retryAfter: 3 * time.Second}, env: envPass}},
+		{name: "V1 H11 never after a byte reached the client", setup: mayFall,
+			events: []event{wrote(env(runErr(protocol.CodeUpstreamStatus, 503)))},
+			phase:  phaseRelaying, want: effects{verdict: verdict{kind: verdictFailure, reason: outlier.ReasonStatus, retryAfter: 3 * time.Second}, env: envPass}},
+		{name: "V1 H12 after a stall past the deadline: falls back within RedispatchWait", setup: mayFall,
+			events: []event{env(stall), late(checked(true)), ended(false), late(noLeaseEv(noLeaseTried)), fellBack(true, false)},
+			phase:  phaseFailed, want: effects{redispatch: true, reason: retryStall, wait: waitRedispatch}},
+		{name: "V1 H12 a stall re-dispatch no group takes is recorded as no lease", setup: mayFall,
+			events: []event{env(stall), checked(true), ended(false), noLeaseEv(noLeaseTried), fellBack(false, false)},
+			phase:  phaseDone, want: effects{recordRecovery: true, recovery: health.RecoveryNoLease, answer: true}},
+		{name: "V1 an answer from the decision nobody asked for changes nothing",
+			events: []event{fellBack(true, true)},
+			phase:  phaseRelaying, want: effects{}},
 		{name: "T5 a code no row knows is neither retried nor a verdict",
 			events: []event{env(runErr("from_a_newer_node", 0))},
 			phase:  phaseRelaying, want: effects{env: envPass}},
@@ -303,5 +385,27 @@ func TestAttemptRefusalNotTried(t *testing.T) {
 		if len(a.tried) != 1 || a.tried[0] != p1 {
 			t.Fatalf("refusal %d: tried %v after the next lease", i, a.tried)
 		}
+	}
+}
+
+// V1, H11, C6: a request moved to another group after its attempts failed
+// asks there for any provider (nothing excluded, no slot bound) and the
+// attempts it spent still count against the bound.
+func TestAttemptFallbackTried(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	a := newAttempt(&pool.Lease{Key: pool.Key{Node: "n1", Provider: "p1"}, Slot: "big"}, 3, time.Time{}, true, false)
+	a.fallback = true
+	a.step(&event{kind: evStartFailed, now: t0})
+	a.step(&event{kind: evRelayEnded, now: t0})
+	if fx := a.step(&event{kind: evNoLease, why: noLeaseTried, now: t0}); !fx.fallback {
+		t.Fatalf("all tried: effects %+v, want the fallback decided", fx)
+	}
+	a.step(&event{kind: evFallback, moved: true, fallback: true, now: t0})
+	if len(a.tried) != 0 || a.spent != 1 || !a.unbound || !a.fallback {
+		t.Fatalf("moved: %+v", a)
+	}
+	a.step(&event{kind: evLeased, lease: &pool.Lease{Key: pool.Key{Node: "n1", Provider: "p1"}, Slot: "small"}, now: t0})
+	if len(a.tried) != 1 || a.slot != "small" || a.unbound || a.phase != phaseRelaying {
+		t.Fatalf("leased in the fallback group (the same provider key, another target): %+v", a)
 	}
 }

@@ -3,7 +3,8 @@
 // acquires the lease (waiting in the model group's queue), sends the
 // request to the lease's node as a tunnel or a normalized run, relays the
 // node's stream to the client through the path's sink, and re-dispatches a
-// failure before the first byte to a provider not tried yet. Its caller is
+// failure before the first byte to a provider not tried yet, or to a
+// fallback group when its own cannot serve it any more (V1). Its caller is
 // internal/edge/api, which admits the request (body, head, key scope,
 // schedule, token reservation) and hands over an Exchange with every input
 // set.
@@ -50,9 +51,10 @@
 //   - run.go, tunnel.go: the sinks of the two paths (SPEC T2, T5).
 //   - relay.go: relay, deliver, the attempt machine's effects, the
 //     hand-off, the attempt's span.
+//   - fallback.go: the move to another model group on arrival and after
+//     admission (SPEC V1–V3), its counters, and take: every Acquire,
+//     with the fallbacks the attempt machine asks for on the way.
 //   - redispatch.go: reacquire and the answer when no candidate is left.
-//   - fallback.go: the move to another model group on arrival (SPEC
-//     V1–V3) and its counters.
 //   - start.go: the request on its lease by lease type (SPEC Q3), its
 //     credential lease (C2).
 //   - serve.go: Serve and the first Acquire.

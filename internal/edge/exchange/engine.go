@@ -101,12 +101,14 @@ func (s *Schedule) apply(r *pool.Request) {
 
 // PoolError maps an Acquire error to the client-visible one (SPEC Q4):
 // unknown model 404, no candidate for the operation 400, queue full (the
-// group's or the key's share, G3) 429 with Retry-After, wait timeout 503
+// group's or the key's share, G3) 429 with Retry-After, wait timeout (or
+// no live provider for a request a fallback could have moved, V1) 503
 // naming the model and the reason.
 func PoolError(model string, err error) *reply.Error {
 	var qf *pool.QueueFullError
 	var wt *pool.WaitTimeoutError
 	var nc *pool.NoCandidateError
+	var ue *pool.UnavailableError
 	if e := keyShareError(model, err); e != nil { // G3
 		return e
 	}
@@ -127,7 +129,11 @@ func PoolError(model string, err error) *reply.Error {
 	case errors.As(err, &wt):
 		return &reply.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "no_provider_available",
 			Message: fmt.Sprintf("model %q: no live provider within %s: %s", wt.Model, wt.Waited, wt.Reason)}
-	case errors.Is(err, pool.ErrWaitTimeout):
+	case errors.As(err, &ue):
+		return &reply.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "no_provider_available",
+			Message: fmt.Sprintf("model %q: %s", ue.Model, ue.Reason)}
+	case errors.Is(err, pool.ErrWaitTimeout), errors.Is(err, pool.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
+		// DeadlineExceeded: a wait bounded by the request's deadline after a fallback (SPEC V1)
 		return &reply.Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "no_provider_available",
 			Message: fmt.Sprintf("model %q: no live provider in time", model)}
 	case errors.As(err, &nc):

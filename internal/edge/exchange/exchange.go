@@ -74,8 +74,14 @@ type Exchange struct {
 
 	// requested is the group the client named when a fallback moved the
 	// request to Model (fallback.go), else ""; responseModel the model its
-	// run-path response names (the requested name unless rename_model).
+	// run-path response names (the requested name unless rename_model);
+	// left the groups it was admitted to and could no longer be served by
+	// (SPEC V1), in order.
 	requested, responseModel string
+	left                     []string
+	// arrival is the request's place in the queue once the pool gave it
+	// one (SPEC G5: a lease's, or an UnavailableError's), asked with again.
+	arrival uint64
 
 	out   reply.Output
 	lease *pool.Lease
@@ -120,14 +126,14 @@ type kept struct {
 // was bound to (C6). That holds from the first lease on, an over-capacity
 // re-queue included (E4): its refused route is no attempt, so it leaves
 // tried and may take the request again, but the request stays bound to
-// that route's slot and waits for a route of it.
+// that route's slot and waits for a route of it. A request moved to
+// another group after admission (SPEC V1) starts there unbound, with
+// nothing tried; one a fallback may move asks the pool to say when no
+// provider it may use is live rather than wait (LeaveUnavailable).
 func (x *Exchange) poolRequest() pool.Request {
 	r := pool.Request{Model: x.Model, Operation: x.Endpoint.Operation, PromptTokens: pool.EstimatePromptTokens(len(x.Body)),
-		Prefix: x.Prefix, Exclude: x.att.tried, SameSlot: x.lease != nil, Slot: x.att.slot,
-		MaxTokens: int(min(x.MaxTokens, 1<<30))}
-	if x.lease != nil {
-		r.Arrival = x.lease.Arrival // G5: a re-dispatch keeps its place
-	}
+		Prefix: x.Prefix, Exclude: x.att.tried, SameSlot: x.lease != nil && !x.att.unbound, Slot: x.att.slot,
+		MaxTokens: int(min(x.MaxTokens, 1<<30)), Arrival: x.arrival, LeaveUnavailable: x.att.fallback} // G5: a request asking again keeps its place
 	x.Sched.apply(&r)
 	return r
 }

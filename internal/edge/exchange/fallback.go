@@ -1,10 +1,13 @@
 package exchange
 
 import (
+	"context"
+	"errors"
 	"log/slog"
 	"sync/atomic"
 
 	"iop/internal/edge/access"
+	"iop/internal/edge/pool"
 	"iop/internal/edge/routing"
 )
 
@@ -19,6 +22,18 @@ import (
 // entry's rename_model says otherwise (the tunnel relays the provider's
 // body as it is, SPEC Q3). The fallback is counted (FallbackSamples), in
 // the access record (served_model, fallback) and the request's log line.
+//
+// After admission (SPEC V1), a request whose group can no longer serve it
+// before any byte reached the client — the pool finds no live provider it
+// may still use (it asked with pool.Request.LeaveUnavailable: a fence, a
+// drain, an ejection took the last one while it waited, or the untried
+// ones are down), or every provider failed it (pool.ErrAllTried) — is
+// decided again by the attempt machine's leave (effects.fallback): from
+// the group the client named, the groups it left unavailable and never its
+// end (routing.FallbackRequest.Left), so the chain, its 3 hops, the key's
+// scope and local-only mark hold as on arrival. Moved, it is the new
+// group's within the attempts and deadline left; the reason is
+// unavailable.
 
 // HeaderServedModel names the model group that served a request (SPEC V1):
 // the one the client named, or the fallback that took it.
@@ -32,34 +47,129 @@ type fallbackKey struct {
 
 // decideFallback moves x to the group the fallback decision picks, if
 // another than the one it names (SPEC V1, V2, V3: the key's scope on every
-// group reached, its local-only mark in every state asked).
-func (h *Engine) decideFallback(x *Exchange) {
-	if len(x.Fallbacks[x.Model].Rules) == 0 {
-		return
+// group reached, its local-only mark in every state asked); on arrival
+// (x.left empty) or, after admission, from the group named with the groups
+// x left. It reports whether x moved.
+func (h *Engine) decideFallback(x *Exchange) bool {
+	named := x.named()
+	if len(x.Fallbacks[named].Rules) == 0 {
+		return false
 	}
 	gs, ok := h.o.Pool.(groupStates)
 	if !ok {
-		return
+		return false
 	}
 	r := x.poolRequest()
 	d := routing.DecideFallback(x.Fallbacks, func(g string) routing.GroupState {
 		r.Model = g
 		return gs.GroupState(r)
-	}, routing.FallbackRequest{Model: x.Model, PromptTokens: r.PromptTokens, InScope: x.InScope})
-	if d.Group == x.Model {
-		return
+	}, routing.FallbackRequest{Model: named, PromptTokens: r.PromptTokens, InScope: x.InScope, Left: x.left})
+	if d.Group == named || d.Group == x.Model {
+		return false
 	}
-	x.requested, x.responseModel, x.Model = x.Model, d.ResponseModel, d.Group
-	x.Acc.Rec.ServedModel, x.Acc.Rec.Fallback = d.Group, string(d.Reason)
-	k := fallbackKey{from: x.requested, to: d.Group, reason: d.Reason}
+	reason := d.Reason
+	if len(x.left) > 0 {
+		reason = routing.ReasonUnavailable // SPEC V1: what moved it now is the group it left
+	}
+	from := x.Model
+	x.requested, x.responseModel, x.Model = named, d.ResponseModel, d.Group
+	x.Acc.Rec.ServedModel, x.Acc.Rec.Fallback = d.Group, string(reason)
+	k := fallbackKey{from: from, to: d.Group, reason: reason}
 	c, ok := h.fallbacks.Load(k)
 	if !ok {
 		c, _ = h.fallbacks.LoadOrStore(k, new(atomic.Uint64))
 	}
 	c.(*atomic.Uint64).Add(1)
 	h.log.LogAttrs(x.Ctx, slog.LevelInfo, "request falls back", slog.String("request_id", x.Acc.Rec.RequestID),
-		slog.String("model", x.requested), slog.String("served_model", d.Group), slog.String("reason", string(d.Reason)),
-		slog.Int("hops", d.Hops))
+		slog.String("model", named), slog.String("from", from), slog.String("served_model", d.Group), slog.String("reason", string(reason)),
+		slog.Int("hops", d.Hops), slog.Int("attempts", x.att.spent+len(x.att.tried)))
+	return true
+}
+
+// named is the group x's client named.
+func (x *Exchange) named() string {
+	if x.requested != "" {
+		return x.requested
+	}
+	return x.Model
+}
+
+// mayLeave reports whether a fallback decision may move x off its group
+// when that group has no live provider left for it (SPEC V1): the group
+// has a fallback on unavailable, or x is already a fallback group's (the
+// named group's chain may go on elsewhere).
+func (x *Exchange) mayLeave() bool {
+	if x.requested != "" {
+		return true
+	}
+	for _, r := range x.Fallbacks[x.Model].Rules {
+		if r.Unavailable {
+			return true
+		}
+	}
+	return false
+}
+
+// take asks the pool for x's next lease, waiting as wait says, and steps
+// x's attempt machine with the answer (evLeased, evNoLease); when the
+// machine asks (effects.fallback: its group has no live provider left for
+// x, or x tried them all) it decides the fallback (SPEC V1), steps
+// evFallback and asks again as the machine says: in the group x moved
+// to, or in its own, waiting as without a fallback. It returns the lease,
+// or the pool's last error, with the effects of the last step; a lease
+// sets Iop-Served-Model (unless the machine refuses it, SPEC C6).
+func (h *Engine) take(x *Exchange, wait leaseWait) (*pool.Lease, error, effects) {
+	for {
+		l, err := h.ask(x, wait)
+		if err == nil {
+			e := h.event(x, evLeased, false)
+			e.lease = l
+			fx := h.step(x, &e)
+			if !fx.refuse {
+				x.arrival = l.Arrival
+				x.Acc.Header().Set(HeaderServedModel, l.Model) // SPEC V1: the group that serves it
+			}
+			return l, nil, fx
+		}
+		var ue *pool.UnavailableError
+		if errors.As(err, &ue) {
+			x.arrival = ue.Arrival // G5: its place, should it wait again
+		}
+		e := h.event(x, evNoLease, false)
+		e.why = noLeaseOf(err)
+		fx := h.step(x, &e)
+		if !fx.fallback {
+			return nil, err, fx
+		}
+		x.left = append(x.left, x.Model)
+		e = h.event(x, evFallback, false)
+		if e.moved = h.decideFallback(x); e.moved {
+			e.fallback = x.mayLeave()
+		}
+		if fx = h.step(x, &e); !fx.redispatch {
+			return nil, err, fx
+		}
+		wait = fx.wait
+	}
+}
+
+// ask is one Acquire of x's pool request, waiting as wait says; the wait
+// goes to x's access record and trace.
+func (h *Engine) ask(x *Exchange, wait leaseWait) (*pool.Lease, error) {
+	ctx, cancel := x.Ctx, context.CancelFunc(nil)
+	switch {
+	case wait == waitRedispatch:
+		ctx, cancel = context.WithTimeout(x.Ctx, h.o.RedispatchWait)
+	case wait == waitDeadline && !x.att.deadline.IsZero():
+		ctx, cancel = context.WithDeadline(x.Ctx, x.att.deadline)
+	}
+	queued := h.o.Now()
+	l, err := h.o.Pool.Acquire(ctx, x.poolRequest())
+	x.Acc.SetLease(l, h.o.Now().Sub(queued), err)
+	if cancel != nil {
+		cancel()
+	}
+	return l, err
 }
 
 // FallbackSamples is iop_edge_fallbacks_total{from,to,reason}: requests

@@ -1,7 +1,6 @@
 package exchange
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 
@@ -29,20 +28,8 @@ func (h *Engine) reacquire(x *Exchange, fx effects) bool {
 		rr.ReleaseRefused(x.lease, fairShare(k.envs)) // SPEC E4: the node is full with other edges' work: no cooling, the provider admits less for a while
 	}
 	h.releaseLease(x)
-	var ctx context.Context
-	var cancel context.CancelFunc
-	if fx.wait == waitRedispatch {
-		ctx, cancel = context.WithTimeout(x.Ctx, h.o.RedispatchWait)
-	} else {
-		ctx, cancel = context.WithDeadline(x.Ctx, x.att.deadline)
-	}
-	queued := h.o.Now()
-	l, err := h.o.Pool.Acquire(ctx, x.poolRequest())
-	x.Acc.SetLease(l, h.o.Now().Sub(queued), err)
-	cancel()
+	l, err, lfx := h.take(x, fx.wait) // fallback.go: a fallback after admission on the way (SPEC V1)
 	if err != nil {
-		e := h.event(x, evNoLease, false)
-		h.step(x, &e)
 		if x.Ctx.Err() != nil {
 			if shuttingDown(x.Ctx) {
 				reply.WriteError(x.out.W, x.Endpoint.Surface, shutdownError())
@@ -55,9 +42,7 @@ func (h *Engine) reacquire(x *Exchange, fx effects) bool {
 		h.answerRetry(x, k, fx.reason, first, err)
 		return false
 	}
-	e := h.event(x, evLeased, false)
-	e.lease = l
-	if h.step(x, &e).refuse { // SPEC C6: a lease of another credential slot is never used
+	if lfx.refuse { // SPEC C6: a lease of another credential slot is never used
 		h.o.Pool.Release(l)
 		h.log.Warn("re-dispatch lease refused: another credential slot", "model", x.Model, "request_id", x.Acc.Rec.RequestID,
 			"node", l.Node, "provider", l.Provider)

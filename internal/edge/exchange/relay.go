@@ -171,7 +171,7 @@ func (h *Engine) step(x *Exchange, e *event) effects {
 	}
 	if fx.recordRecovery {
 		second := x.lease
-		if e.kind == evNoLease || fx.refuse {
+		if e.kind == evNoLease || e.kind == evFallback || fx.refuse {
 			second = nil
 		}
 		h.o.Health.RecoveryOutcome(x.stalled, second, x.Model, fx.recovery)

@@ -58,15 +58,16 @@ func (h *Engine) relayEnded(x *Exchange) bool {
 	return fx.redispatch && h.reacquire(x, fx)
 }
 
-// acquire takes x's first lease, waiting in the queue (SPEC Q4). It
-// reports false when it answered the request itself (no admission) or the
-// client left while queued.
+// acquire takes x's first lease, waiting in the queue (SPEC Q4), after
+// the fallback decision on arrival (SPEC V1) and through the fallbacks
+// after admission the attempt machine decides (take). It reports false
+// when it answered the request itself (no admission) or the client left
+// while queued.
 func (h *Engine) acquire(x *Exchange) bool {
 	w := x.Acc
-	queued := h.o.Now()
 	h.decideFallback(x) // fallback.go (SPEC V1)
-	lease, err := h.o.Pool.Acquire(x.Ctx, x.poolRequest())
-	w.SetLease(lease, h.o.Now().Sub(queued), err)
+	x.att = queuedAttempt(max(x.AttemptBound, 1), x.Deadline, h.o.RedispatchWait >= 0, h.o.Health != nil, x.mayLeave())
+	lease, err, _ := h.take(x, waitQueue) // as any first Acquire: the pool's queue.wait_timeout_ms
 	if err != nil {
 		h.dropBody(x)
 		if x.Ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
@@ -93,7 +94,5 @@ func (h *Engine) acquire(x *Exchange) bool {
 		return false
 	}
 	x.lease = lease
-	w.Header().Set(HeaderServedModel, lease.Model) // SPEC V1: the group that serves it
-	x.att = newAttempt(lease, max(x.AttemptBound, 1), x.Deadline, h.o.RedispatchWait >= 0, h.o.Health != nil)
 	return true
 }

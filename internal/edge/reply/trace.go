@@ -114,6 +114,8 @@ func queueResult(err error) string {
 		return "timeout"
 	case errors.Is(err, pool.ErrAllTried):
 		return "all_tried"
+	case errors.Is(err, pool.ErrUnavailable): // SPEC V1: a fallback decision follows
+		return "unavailable"
 	case errors.Is(err, pool.ErrUnknownModel):
 		return "unknown_model"
 	case errors.Is(err, context.Canceled):
