@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -21,6 +22,9 @@ import (
 // siteKey is the local-only key of the fallback stack (SPEC V3).
 const siteKey = "iop-site-key"
 
+// bigNode is the fallback stack's second node, which the test kills.
+const bigNode = "gpu-big"
+
 // fallbackStack is a stack whose edge config adds, beside the demo groups
 // (SPEC V1–V3):
 //   - big-down on node gpu-down, which never connects (a node that is
@@ -31,6 +35,9 @@ const siteKey = "iop-site-key"
 //   - vault on gpu-down, falling back to hosted when unavailable; hosted on
 //     the adapter "hosted", location remote, a second demo backend (the
 //     fake hosted API, whose log counts what reaches it);
+//   - big-k on node gpu-big (adapter "ollama", capacity 1, the loop model;
+//     its node process started by the test, startExtraNode), falling back
+//     to small when unavailable;
 //   - the api_keys principal "site" with local_only.
 //
 // queue.wait_timeout_ms is 10 s.
@@ -52,7 +59,7 @@ func fallbackStack(t *testing.T) (*stack, *proc) {
 		}
 	})
 	(&stack{t: t, hc: &http.Client{}}).waitHTTP("http://"+hostedAddr+"/api/tags", 10*time.Second)
-	s := newStack(t, withConfig(func(ec, _ map[string]any) {
+	s := newStack(t, withNodes(bigNode), withConfig(func(ec, _ map[string]any) {
 		nodes := ec["nodes"].([]any)
 		gpu := nodes[0].(map[string]any)
 		ollama := gpu["adapters"].([]any)[0].(map[string]any)
@@ -61,7 +68,9 @@ func fallbackStack(t *testing.T) (*stack, *proc) {
 			map[string]any{"name": "hosted", "type": "openai_compat", "profile": "llamacpp", "location": "remote", "capacity": 8,
 				"long_capacity": 2, "base_url": "http://" + hostedAddr})
 		ec["nodes"] = append(nodes, map[string]any{"id": "gpu-down", "adapters": []any{
-			map[string]any{"name": "ollama", "type": "ollama", "capacity": 8, "long_capacity": 2, "base_url": ollama["base_url"]}}})
+			map[string]any{"name": "ollama", "type": "ollama", "capacity": 8, "long_capacity": 2, "base_url": ollama["base_url"]}}},
+			map[string]any{"id": bigNode, "adapters": []any{
+				map[string]any{"name": "ollama", "type": "ollama", "capacity": 1, "long_capacity": 1, "base_url": ollama["base_url"]}}})
 		group := func(name, node, provider string, fallbacks ...any) map[string]any {
 			g := map[string]any{"name": name, "providers": []any{map[string]any{"node": node, "provider": provider, "target": env.target}}}
 			if len(fallbacks) > 0 {
@@ -75,7 +84,9 @@ func fallbackStack(t *testing.T) (*stack, *proc) {
 			group("big", nodeID, "big", map[string]any{"model": "small", "wait_ms": 200}),
 			group("big-nofb", nodeID, "big"),
 			group("hosted", nodeID, "hosted"),
-			group("vault", "gpu-down", "ollama", map[string]any{"model": "hosted", "on": []any{"unavailable"}}))
+			group("vault", "gpu-down", "ollama", map[string]any{"model": "hosted", "on": []any{"unavailable"}}),
+			map[string]any{"name": "big-k", "providers": []any{map[string]any{"node": bigNode, "provider": "ollama", "target": env.loopTarget}},
+				"fallbacks": []any{map[string]any{"model": "small", "on": []any{"unavailable"}}}})
 		sum := sha256.Sum256([]byte(siteKey))
 		ec["api_keys"] = append(ec["api_keys"].([]any), map[string]any{"principal": "site", "key_sha256": hex.EncodeToString(sum[:]), "local_only": true})
 		ec["queue"] = map[string]any{"wait_timeout_ms": 10000}
@@ -126,14 +137,16 @@ func hostedRequests(p *proc) int {
 	return n
 }
 
-// TestFallbacks (SPEC V1, V3) through the binaries and the official OpenAI
+// TestFallbacks (SPEC V1, V3, L8) through the binaries and the official OpenAI
 // SDK: a group whose only node is down is answered by its fallback at
 // once, the SDK seeing the model it asked for and Iop-Served-Model the
 // group that served; a group at capacity overflows to its fallback when
 // the predicted wait passes wait_ms; a local-only key never reaches the
 // remote adapter (the fake hosted API counts 0 of its requests) while
-// another key does, through the same chain. It logs the figures
-// (BENCHMARKS.md "Fallbacks").
+// another key does, through the same chain; a group's node killed with
+// a stream started and requests queued: the stream ends with its error,
+// every queued request is answered by the fallback (after admission). It
+// logs the figures (BENCHMARKS.md "Fallbacks").
 func TestFallbacks(t *testing.T) {
 	s, hosted := fallbackStack(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -195,6 +208,66 @@ func TestFallbacks(t *testing.T) {
 				}
 			}
 		}
+	})
+
+	t.Run("V1 L8 big's node killed mid-load: every request not yet started answered by small", func(t *testing.T) {
+		node := s.startExtraNode(bigNode)
+		c0 := s.openai(option.WithMaxRetries(0)) // every answer is the edge's first
+		// One stream holds big-k's only slot and has started on the client.
+		stream := c0.Chat.Completions.NewStreaming(ctx, longLoopParams("big-k"))
+		defer stream.Close()
+		firstContent(t, stream)
+		const n = 8
+		results := make(chan served, n)
+		for range n {
+			go func() { results <- ask(ctx, c0, "big-k") }()
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for waiting := 0.0; waiting != n; {
+			if time.Now().After(deadline) {
+				t.Fatalf("%v requests waiting for big-k, want %d", waiting, n)
+			}
+			time.Sleep(20 * time.Millisecond) // poll interval while the requests queue
+			if f := s.scrape(t)["iop_edge_waiters"]; f != nil && len(f.Metric) == 1 {
+				waiting = f.Metric[0].GetGauge().GetValue()
+			}
+		}
+		if err := node.signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		killed := time.Now()
+		for stream.Next() {
+		}
+		if err := stream.Err(); err == nil {
+			t.Errorf("the started stream ended cleanly after its node died; want the surface's error")
+		}
+		var took []time.Duration
+		bySrv := map[string]int{}
+		for range n {
+			a := <-results
+			if a.status != 200 || a.model != "big-k" {
+				t.Errorf("a queued request for big-k after its node died: %+v, want 200 naming big-k", a)
+			}
+			bySrv[a.servedModel]++
+			took = append(took, time.Since(killed))
+		}
+		if bySrv["small"] != n {
+			t.Errorf("served by %v, want all %d by small", bySrv, n)
+		}
+		if _, err := node.wait(5 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		var moved float64
+		for _, m := range s.scrape(t)["iop_edge_fallbacks_total"].GetMetric() {
+			if l := labels(m); l["from"] == "big-k" && l["to"] == "small" && l["reason"] == "unavailable" {
+				moved = m.GetCounter().GetValue()
+			}
+		}
+		if moved != n {
+			t.Errorf(`iop_edge_fallbacks_total{from="big-k",to="small",reason="unavailable"} = %v, want %d`, moved, n)
+		}
+		t.Logf("FIGURE big-k's node killed (kill -9) with 1 stream started and %d queued: the stream ended with an error; %d/%d queued answered 200 by small; last answer %v after the kill (loaded)",
+			n, bySrv["small"], n, percentile(took, 1))
 	})
 
 	t.Run("V3 a local-only key never reaches the hosted API", func(t *testing.T) {

@@ -135,6 +135,14 @@ type stackOptions struct {
 	credentials bool
 	// configs edit the edge and node configs before they are written.
 	configs []func(edgeCfg, nodeCfg map[string]any)
+	// nodes are more node ids the PKI gets certificates for (a test starts
+	// their processes itself: startExtraNode).
+	nodes []string
+}
+
+// withNodes is the stack option that mints certificates for more nodes.
+func withNodes(ids ...string) func(*stackOptions) {
+	return func(o *stackOptions) { o.nodes = append(o.nodes, ids...) }
 }
 
 // withCredentials is the stack option that turns the credential plane on.
@@ -164,8 +172,11 @@ func newStack(t *testing.T, opts ...func(*stackOptions)) *stack {
 	ports := freePorts(t, 4)
 	s.httpAddr, s.adminAddr, s.nodeAddr = ports[0], ports[1], ports[2]
 
-	if out, err := runOnce(filepath.Join(env.bin, "edge"), "pki", "init", "-dir", filepath.Join(s.dir, "pki"),
-		"-edge", edgeName, "-node", nodeID); err != nil {
+	pkiArgs := []string{"pki", "init", "-dir", filepath.Join(s.dir, "pki"), "-edge", edgeName, "-node", nodeID}
+	for _, id := range o.nodes {
+		pkiArgs = append(pkiArgs, "-node", id)
+	}
+	if out, err := runOnce(filepath.Join(env.bin, "edge"), pkiArgs...); err != nil {
 		t.Fatalf("edge pki init: %v\n%s", err, out)
 	}
 	ollamaURL, profile := env.ollamaURL, env.openaiProfile
@@ -227,6 +238,43 @@ func (s *stack) startNode() {
 		s.t.Fatal(err)
 	}
 	s.node = p
+}
+
+// startExtraNode starts bin/node as node id (minted by withNodes) against
+// the stack's edge, waits until /status shows it connected, and stops it
+// at cleanup unless it already exited.
+func (s *stack) startExtraNode(id string) *proc {
+	s.t.Helper()
+	nc := nodeConfig(s.nodeAddr)
+	nc["node_id"] = id
+	nc["tls"].(map[string]any)["cert_file"] = "pki/" + id + ".crt"
+	nc["tls"].(map[string]any)["key_file"] = "pki/" + id + ".key"
+	path := filepath.Join(s.dir, "node-"+id+".json")
+	writeJSON(s.t, path, nc)
+	p, err := startProc("node-"+id, filepath.Join(s.env.bin, "node"), "-config", path)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Cleanup(func() {
+		if _, err := p.stop(); err != nil {
+			s.t.Errorf("node %s: %v", id, err)
+		}
+		if !p.groupGone(5 * time.Second) {
+			s.t.Errorf("node %s: processes of its group are still running after stop", id)
+		}
+		if s.t.Failed() {
+			s.t.Logf("---- last lines of node %s ----\n%s", id, p.log.tail(40))
+		}
+	})
+	s.waitStatus("node "+id+" connected", readyTimeout, func(doc statusDoc) bool {
+		for _, n := range doc.Nodes {
+			if n.ID == id && n.Connected {
+				return true
+			}
+		}
+		return false
+	})
+	return p
 }
 
 // shutdown stops node, edge and backend with SIGTERM (each must exit 0,
