@@ -307,14 +307,15 @@ func (h *Handler) onUsage(principal, model string, u *iop.Usage) {
 
 // Metrics returns iop_edge_request_retries_total{reason}: requests sent to
 // another provider after a failure before the first byte;
-// iop_edge_fallbacks_total{from,to,reason}: requests a fallback moved from
-// the group they named to another (SPEC V1); and
+// iop_edge_fallbacks_total{from,to,reason}: the moves of requests to
+// another model group (SPEC V1), from the group named on arrival or the
+// group left after admission; and
 // iop_edge_header_refusals_total{bound}: the 431s of SPEC B4.
 func (h *Handler) Metrics() []Metric {
 	return []Metric{{MetricRetries,
 		"Requests re-dispatched to a provider not tried yet after a failure before the first byte, by reason.",
 		h.ex.RetrySamples}, {MetricFallbacks,
-		"Requests sent to another model group than the one they named, by the group named, the group that served them and the condition (unavailable, queue_full, context, wait_ms).",
+		"Requests moved to another model group, by the group they left (the one named, on arrival), the group they went to and the condition (unavailable, queue_full, context, wait_ms; after admission unavailable).",
 		h.ex.FallbackSamples}, h.headers.metric()}
 }
 

@@ -3,8 +3,8 @@ package api
 // MetricRetries is the re-dispatch counter family.
 const MetricRetries = "iop_edge_request_retries_total"
 
-// MetricFallbacks counts the requests a fallback moved to another model
-// group (SPEC V1), by from, to and reason.
+// MetricFallbacks counts the moves of requests to another model group
+// (SPEC V1), by from (the group left), to and reason.
 const MetricFallbacks = "iop_edge_fallbacks_total"
 
 // Metric is one counter family: Samples maps a rendered, bounded label set

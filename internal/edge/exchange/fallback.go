@@ -172,11 +172,13 @@ func (h *Engine) ask(x *Exchange, wait leaseWait) (*pool.Lease, error) {
 	return l, err
 }
 
-// FallbackSamples is iop_edge_fallbacks_total{from,to,reason}: requests
-// that went to another model group than the one they named, by the group
-// named, the group that took them and the condition that moved them
-// (unavailable, queue_full, context, wait_ms). A series appears with its
-// first fallback.
+// FallbackSamples is iop_edge_fallbacks_total{from,to,reason}: moves of
+// requests to another model group, by the group they left (the one named,
+// on arrival; the one they were admitted to, after admission), the group
+// that took them and the condition that moved them (unavailable,
+// queue_full, context, wait_ms; after admission always unavailable). A
+// series appears with its first fallback; at most one move per group a
+// request leaves.
 func (h *Engine) FallbackSamples() map[string]float64 {
 	out := map[string]float64{}
 	h.fallbacks.Range(func(k, v any) bool {
