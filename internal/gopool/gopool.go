@@ -1,7 +1,7 @@
 // Package gopool keeps goroutines that finished a task for the next one,
-// so that a per-request goroutine of the node (a run or tunnel, its
-// provider call) starts on a stack that already grew to what a request
-// needs. A fresh goroutine starts small and grows by copying its stack,
+// so that a per-request goroutine of the node (a run or tunnel, which
+// makes the provider call) starts on a stack that already grew to what a
+// request needs. A fresh goroutine starts small and grows by copying its stack,
 // about twice per request on the node's tunnel path (each growth walks and
 // adjusts every frame); a kept goroutine grows again only after a garbage
 // collection shrank its idle stack.

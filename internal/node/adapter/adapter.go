@@ -78,8 +78,8 @@ import (
 	iop "iop/proto/gen/iop"
 )
 
-// maxIdleCalls is how many finished provider-call goroutines a Set keeps
-// for the next calls (gopool).
+// maxIdleCalls is how many finished watchdog-loop goroutines a Set keeps
+// for the next ones (gopool).
 const maxIdleCalls = 64
 
 // Defaults.
@@ -225,8 +225,9 @@ type Set struct {
 	// signal is Options.Residency (SPEC U6); psw Options.Ollama (U7).
 	signal *Signal
 	psw    *OllamaWatchers
-	// calls runs supervise's provider calls on kept goroutines whose
-	// stacks already grew (gopool); closed by Close.
+	// calls runs the watchdog loops that take over an attempt whose stall
+	// timer fired or whose context ended (supervise) on kept goroutines
+	// (gopool); closed by Close.
 	calls *gopool.Pool
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -26,7 +27,7 @@ type attempt struct {
 	ctx    context.Context // the caller's ctx + timeout_sec + the stall fence
 	cancel context.CancelCauseFunc
 	start  time.Time
-	last   atomic.Int64 // attempt clock (ns) at the last activity; written by the call goroutine
+	last   atomic.Int64 // attempt clock (ns) at the last activity; written by the call
 }
 
 // begin derives the attempt context from ctx: the hard deadline, whose
@@ -54,7 +55,7 @@ func (a *attempt) activity() { a.last.Store(int64(time.Since(a.start))) }
 
 // attemptIO is what supervise needs from one run or tunnel.
 type attemptIO struct {
-	// call makes the provider call (on a goroutine of its own) and returns
+	// call makes the provider call (on supervise's caller's goroutine) and returns
 	// the emitter of the terminal the call itself ended with.
 	call func() (own func())
 	// fenced emits the terminal of a fenced attempt: the stall terminal
@@ -71,17 +72,81 @@ type attemptIO struct {
 	probe func(ctx context.Context) string
 }
 
-// supervise runs io.call on a goroutine of its own under the attempt's
-// stall watchdog and ends the stream with exactly one terminal (SPEC H1,
-// H7). It returns once the terminal is out and the call has returned, so
-// the caller's deferred slot release and the session's run entry outlive a
-// call that ignores its cancel. At most two goroutines of its own (the call
-// and, after a stall, the probe); both have ended when it returns.
+// supervise runs io.call under the attempt's stall watchdog and ends the
+// stream with exactly one terminal (SPEC H1, H7). It returns once the
+// terminal is out and the call has returned, so the caller's deferred slot
+// release and the session's run entry outlive a call that ignores its
+// cancel.
+//
+// The call runs on the caller's goroutine. Until the stall timeout passes
+// or the attempt context ends, the watchdog is two timers (time.AfterFunc,
+// context.AfterFunc) and no goroutine: a call that returns first emits its
+// own terminal right here, with no hand-off (what nearly every request
+// does). When one of them fires first, the watchdog loop (watch) takes over
+// on a goroutine of the Set's pool and gets the call's return like any
+// other event; its timers and probe then act as they did from the start.
+// At most two goroutines of its own (the loop and, after a stall, the
+// probe); both have ended when it returns.
 func (s *Set) supervise(ctx context.Context, a *attempt, runID, adapter, target string, io attemptIO) {
-	returned := make(chan func(), 1)
-	s.calls.Go(func() { returned <- io.call() })
-	w, fx := newWatch(a.stall)
-	stallT := time.NewTimer(fx.arm)
+	t := &takeover{s: s, ctx: ctx, a: a, runID: runID, adapter: adapter, target: target, io: io}
+	fire := t.fire
+	stallT := time.AfterFunc(a.stall, fire)
+	stopCtx := context.AfterFunc(a.ctx, fire)
+	own := io.call()
+	t.mu.Lock()
+	r, d := t.returned, t.loopDone
+	t.finished = r == nil
+	t.mu.Unlock()
+	stallT.Stop()
+	stopCtx()
+	if r == nil {
+		own() // emitOwn with the slot back first, as the machine's evReturned in watchRunning
+		return
+	}
+	r <- own
+	<-d
+}
+
+// takeover is what supervise shares with its two timers: whether the call
+// returned before either fired, or else the watchdog loop that took over.
+type takeover struct {
+	s                      *Set
+	ctx                    context.Context
+	a                      *attempt
+	runID, adapter, target string
+	io                     attemptIO
+	mu                     sync.Mutex
+	finished               bool          // the call returned with nothing fired: its own terminal, in supervise
+	returned               chan func()   // set when the watchdog loop took over
+	loopDone               chan struct{} // closed when it returned
+}
+
+// fire starts the watchdog loop on a goroutine of the Set's pool, once,
+// unless the call already returned.
+func (t *takeover) fire() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.finished || t.returned != nil {
+		return
+	}
+	t.returned, t.loopDone = make(chan func(), 1), make(chan struct{})
+	t.s.calls.Go(func() {
+		defer close(t.loopDone)
+		t.s.watch(t.ctx, t.a, t.runID, t.adapter, t.target, t.io, t.returned)
+	})
+}
+
+// watch is the watchdog loop of an attempt whose stall timer fired or
+// whose context ended while its call ran (supervise): the pure watchState
+// stepped by the stall timer (armed for what is left of the stall
+// timeout, at once when it has passed), the call's return on returned, the
+// attempt context, the close grace and the probe; it carries out each
+// step's effects and returns once the terminal is out and the call has
+// returned.
+func (s *Set) watch(ctx context.Context, a *attempt, runID, adapter, target string, io attemptIO, returned <-chan func()) {
+	w, _ := newWatch(a.stall)
+	var fx watchEffects
+	stallT := time.NewTimer(max(a.stall-time.Since(a.start), 0))
 	defer stallT.Stop()
 	var graceT *time.Timer
 	var graceC <-chan time.Time

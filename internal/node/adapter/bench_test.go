@@ -158,3 +158,22 @@ func TestTunnelRelayAllocs(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkTunnelShort: one whole tunnel of a one-chunk answer from an
+// in-memory transport: the node's per-request cost around the call (the
+// lookup, the capacity gate, supervise and its watchdog, the frames),
+// without sockets (SPEC H1, T2).
+func BenchmarkTunnelShort(b *testing.B) {
+	s := newSet(b, adapter.Options{HTTPClient: &http.Client{Transport: &memTransport{chunk: benchChunk(), chunks: 1}}},
+		compatAdapter("llama", llamaProfile("http://127.0.0.1:1"), 0))
+	req := &iop.ProviderTunnelRequest{Adapter: "llama", Target: "tiny", Operation: protocol.OpChatCompletions, Body: []byte(`{"model":"tiny"}`)}
+	var last iop.TunnelFrameKind
+	emit := func(f *iop.ProviderTunnelFrame) { last = f.GetKind() }
+	b.ReportAllocs()
+	for b.Loop() {
+		s.Tunnel(context.Background(), "bench", req, emit)
+	}
+	if last != iop.TunnelFrameKind_TUNNEL_FRAME_END {
+		b.Fatalf("tunnel ended %v, want END", last)
+	}
+}

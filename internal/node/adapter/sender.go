@@ -51,8 +51,8 @@ type wire[F any] interface {
 // seq rises from 1, adapter and target are on every message sent with
 // send, exactly one terminal goes out (end), nothing after it, and nothing
 // but the terminal once the attempt is fenced. Its methods are safe for
-// concurrent use (the provider call's goroutine sends the non-terminal
-// messages, supervise sends the terminal); emit calls never overlap.
+// concurrent use (the provider call sends the non-terminal messages, and
+// supervise or its watchdog loop the terminal); emit calls never overlap.
 type sender[F any] struct {
 	mu              sync.Mutex
 	w               wire[F]
