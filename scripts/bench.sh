@@ -124,6 +124,7 @@ bench_start_stack() {
   "tls": {"cert_file": "pki/edge-1.crt", "key_file": "pki/edge-1.key", "ca_file": "pki/ca.crt", "trust_domain": "iop.local"},
   "api_keys": [{"principal": "bench", "key_sha256": "$key_sha"}],
   "queue": {"max_waiters": 4096},
+  "http": {"max_connections": 16384},
   "nodes": [{"id": "gpu-1", "adapters": [
     {"name": "ol",      "type": "ollama",        "capacity": 4096,  "base_url": "$fast"},
     {"name": "oa",      "type": "openai_compat", "profile": "llamacpp", "capacity": 4096,  "base_url": "$fast"},
