@@ -22,30 +22,28 @@
 // Goroutines: one timer loop and one starter per Backend, one per process
 // (start, health polling, exit watch) and one per stop; all have ended
 // when Close returns.
+//
+// Files: backend.go, the Backend, its machine's effects and its processes;
+// lifecycle.go, New, Acquire and Close; models.go, the models scanned and
+// what is reported of them; machine.go, the pure machine; ring.go, a
+// process's log.
 package managed
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
-
-	iop "iop/proto/gen/iop"
 )
 
 // Defaults of a Backend (docs/config.md, managed[]).
@@ -160,80 +158,6 @@ type startReq struct {
 	reply chan error
 }
 
-// New starts a Backend: it scans the models, starts its two goroutines and
-// queues the preloads. Errors: a command without an absolute program path,
-// a bad port range.
-func New(cfg Config) (*Backend, error) {
-	if len(cfg.Command) == 0 || !filepath.IsAbs(cfg.Command[0]) {
-		return nil, fmt.Errorf("managed %q: command[0] must be an absolute path", cfg.Name)
-	}
-	if cfg.PortFirst < 1 || cfg.PortLast > 65535 || cfg.PortFirst > cfg.PortLast {
-		return nil, fmt.Errorf("managed %q: bad port range [%d, %d]", cfg.Name, cfg.PortFirst, cfg.PortLast)
-	}
-	if cfg.HealthPoll <= 0 {
-		cfg.HealthPoll = DefaultHealthPoll
-	}
-	if cfg.StopGrace <= 0 {
-		cfg.StopGrace = DefaultStopGrace
-	}
-	if cfg.BackoffMin <= 0 {
-		cfg.BackoffMin = DefaultBackoffMin
-	}
-	if cfg.BackoffMax <= 0 {
-		cfg.BackoffMax = DefaultBackoffMax
-	}
-	if cfg.LogBytes <= 0 {
-		cfg.LogBytes = DefaultLogBytes
-	}
-	if cfg.ReadyTimeout <= 0 {
-		cfg.ReadyTimeout = 2 * time.Minute
-	}
-	if cfg.IdleUnload <= 0 {
-		cfg.IdleUnload = 10 * time.Minute
-	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	b := &Backend{
-		cfg:       cfg,
-		log:       log.With("managed", cfg.Name),
-		hc:        &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}},
-		start:     make(chan startReq),
-		kick:      make(chan struct{}, 1),
-		done:      make(chan struct{}),
-		stopStart: make(chan struct{}),
-		m: NewMachine(Limits{MaxLoaded: cfg.MaxLoaded, BudgetMB: cfg.BudgetMB, IdleUnload: cfg.IdleUnload,
-			BackoffMin: cfg.BackoffMin, BackoffMax: cfg.BackoffMax}),
-		procs:   map[string]*proc{},
-		waiters: map[uint64]chan grant{},
-		ports:   map[int]bool{},
-		logs:    map[string]*ring{},
-	}
-	b.wg.Add(2)
-	go b.starter()
-	go b.timerLoop()
-	names, err := b.Models()
-	if err != nil {
-		b.log.Warn("managed backend: listing its models failed", "err", err)
-	}
-	for _, p := range cfg.Preload { // SPEC U4
-		if !slices.Contains(names, p) {
-			b.log.Warn("managed backend: a preload names no model of models_dir or models; nothing is preloaded for it", "model", p)
-		}
-	}
-	for _, r := range b.Residency() {
-		if r.Preload && cfg.BudgetMB > 0 && r.MemoryMB > cfg.BudgetMB { // SPEC U3, U4
-			b.log.Warn("managed backend: a preload model is larger than memory_budget_mb; it stays unloaded",
-				"model", r.Model, "memory_mb", r.MemoryMB, "memory_budget_mb", cfg.BudgetMB)
-		}
-	}
-	return b, nil
-}
-
-// Name is the backend's managed[].name.
-func (b *Backend) Name() string { return b.cfg.Name }
-
 // starter forks every child from one OS thread that lives as long as the
 // Backend (Pdeathsig is tied to the forking thread, SPEC U5).
 func (b *Backend) starter() {
@@ -328,48 +252,6 @@ func (b *Backend) answer(w uint64, g grant) {
 		delete(b.waiters, w)
 		ch <- g
 	}
-}
-
-// Acquire waits until model's process serves (starting it when needed,
-// SPEC U2) or ctx ends, and returns its base URL and the release the
-// caller must call once when its request ended (a model with a request in
-// flight is never stopped, SPEC U3). Errors: ErrUnavailable (wrapped, with
-// the reason), or ctx's cause.
-func (b *Backend) Acquire(ctx context.Context, model string) (*url.URL, func(), error) {
-	ch := make(chan grant, 1)
-	b.mu.Lock()
-	if b.closed {
-		b.mu.Unlock()
-		return nil, nil, fmt.Errorf("%w: managed %q is shutting down", ErrUnavailable, b.cfg.Name)
-	}
-	b.nextW++
-	w := b.nextW
-	b.waiters[w] = ch
-	b.step(Event{Kind: EvRequest, Model: model, Waiter: w})
-	b.mu.Unlock()
-	var g grant
-	select {
-	case g = <-ch:
-	case <-ctx.Done():
-		b.mu.Lock()
-		if _, waiting := b.waiters[w]; waiting {
-			delete(b.waiters, w)
-			b.step(Event{Kind: EvCancel, Model: model, Waiter: w})
-			b.mu.Unlock()
-			return nil, nil, context.Cause(ctx)
-		}
-		b.mu.Unlock()
-		g = <-ch // answered meanwhile
-		if g.err == nil {
-			b.done1(model)
-		}
-		return nil, nil, context.Cause(ctx)
-	}
-	if g.err != nil {
-		return nil, nil, g.err
-	}
-	u := &url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(g.port))}
-	return u, sync.OnceFunc(func() { b.done1(model) }), nil
 }
 
 func (b *Backend) done1(model string) {
@@ -551,149 +433,6 @@ func (b *Backend) freePort() int {
 		return port
 	}
 	return 0
-}
-
-// Models rescans the backend's models (models_dir's *.gguf files and the
-// models map; SPEC U1, D1) and returns their names, sorted. A file that
-// cannot be read is left out.
-func (b *Backend) Models() ([]string, error) {
-	files := map[string]string{}
-	var scanErr error
-	if dir := b.cfg.ModelsDir; dir != "" {
-		ents, err := os.ReadDir(dir)
-		if err != nil {
-			scanErr = fmt.Errorf("managed %q: models_dir: %w", b.cfg.Name, err)
-		}
-		for _, e := range ents {
-			name, ok := strings.CutSuffix(e.Name(), ".gguf")
-			if ok && e.Type().IsRegular() && nameOK(name) && len(files) < maxModels {
-				files[name] = filepath.Join(dir, e.Name())
-			}
-		}
-	}
-	for name, f := range b.cfg.Models {
-		files[name] = f
-	}
-	mem := map[string]int64{}
-	for name, f := range files {
-		st, err := os.Stat(f)
-		if err != nil || !st.Mode().IsRegular() {
-			delete(files, name)
-			continue
-		}
-		mem[name] = int64(math.Ceil(float64(st.Size()) * MemoryFactor / (1 << 20)))
-	}
-	names := make([]string, 0, len(files))
-	for n := range files {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	b.mu.Lock()
-	b.files = files
-	b.m.SetModels(mem, b.cfg.Preload)
-	b.step(Event{Kind: EvTick})
-	b.mu.Unlock()
-	return names, scanErr
-}
-
-// maxModels bounds one scan (config.MaxManagedModels).
-const maxModels = 4096
-
-// nameOK is config.ModelNameOK (not imported: the config package is the
-// node's file format).
-func nameOK(name string) bool {
-	if name == "" || len(name) > 200 || name[0] == '.' {
-		return false
-	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-' || c == ':') {
-			return false
-		}
-	}
-	return true
-}
-
-// Residency is every model's state, sorted by name (SPEC U2, U3).
-func (b *Backend) Residency() []Residency {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.m.Residency()
-}
-
-// Loaded is model's process's base URL while it is loaded (nil
-// otherwise) and its residency (State.String); "" when model is not one
-// of the backend's. It never starts anything.
-func (b *Backend) Loaded(model string) (*url.URL, string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	md := b.m.models[model]
-	if md == nil || !md.known {
-		return nil, ""
-	}
-	if p := b.procs[model]; md.state == Loaded && p != nil {
-		return &url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port))}, md.state.String()
-	}
-	return nil, md.state.String()
-}
-
-// Report is every model's residency as NodeResidencyReport carries it
-// (SPEC U6), sorted by model.
-func (b *Backend) Report() []*iop.ModelResidency {
-	rs := b.Residency()
-	out := make([]*iop.ModelResidency, 0, len(rs))
-	for _, r := range rs {
-		c := r.Counts
-		out = append(out, &iop.ModelResidency{Model: r.Model, State: r.State.String(), LoadMs: r.LoadTime.Milliseconds(),
-			MemoryMb: r.MemoryMB, InFlight: int32(min(r.InFlight, 1<<30)),
-			Loads: c.Loads, LoadMsTotal: c.LoadTotal.Milliseconds(), LoadFailures: c.LoadFailures, Crashes: c.Crashes,
-			Evictions: c.Evictions, IdleUnloads: c.IdleUnloads})
-	}
-	return out
-}
-
-// Stats are the machine's counters.
-func (b *Backend) Stats() Stats {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.m.Stats()
-}
-
-// Log is the last bytes of model's last process's stdout and stderr.
-func (b *Backend) Log(model string) []byte {
-	b.mu.Lock()
-	r := b.logs[model]
-	b.mu.Unlock()
-	if r == nil {
-		return nil
-	}
-	return r.Bytes()
-}
-
-// Close stops every process (SIGTERM, SIGKILL after the stop grace), fails
-// the requests still waiting and returns when every goroutine of the
-// Backend has ended. Requests in flight lose their process: call Close
-// after they ended (the node's drain).
-func (b *Backend) Close() {
-	b.mu.Lock()
-	if b.closed {
-		b.mu.Unlock()
-		return
-	}
-	b.closed = true
-	close(b.done)
-	for w, ch := range b.waiters {
-		delete(b.waiters, w)
-		ch <- grant{err: fmt.Errorf("%w: managed %q is shutting down", ErrUnavailable, b.cfg.Name)}
-	}
-	for _, p := range b.procs {
-		b.stopProc(p)
-	}
-	b.mu.Unlock()
-	b.procWG.Wait()
-	close(b.stopStart)
-	b.wg.Wait()
-	b.hc.CloseIdleConnections()
 }
 
 // childEnv is what a managed process inherits from the node: PATH, HOME,
