@@ -66,24 +66,43 @@ func cmdFairness(args []string, stdout, stderr io.Writer) error {
 	defer cancel()
 
 	var wg sync.WaitGroup
-	var measuring, start, end time.Time
-	var mu sync.Mutex // guards the results below
+	var mu sync.Mutex // guards res, and the probe's results in runProbe
 	res := make([]floodResult, len(floods))
-	inWindow := func(t time.Time) bool { return !measuring.IsZero() && !t.Before(measuring) && t.Before(end) }
 	t0 := time.Now()
-	measuring, end = t0.Add(*warm), t0.Add(*warm+*dur)
+	measuring, end := t0.Add(*warm), t0.Add(*warm+*dur)
 	if len(floods) == 0 {
 		measuring, end = t0, t0.Add(*dur)
 	}
-	start = measuring
+	start := measuring
+	inWindow := func(t time.Time) bool { return !measuring.IsZero() && !t.Before(measuring) && t.Before(end) }
+	startFloods(ctx, client, *url, *model, floods, end, inWindow, &mu, res, &wg)
+	probe, lat := runProbe(ctx, client, *url, *probeKey, chatRequest(*model, *probeMax), *probeEvery, measuring, end, &mu)
+	cancel() // floods: stop at once (their requests in flight end with the context)
+	wg.Wait()
+
+	rec := fairnessOf(*label, end.Sub(start).Seconds(), probe, lat, floods, res, *jainOf)
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(stdout, "%s\n", b)
+	return err
+}
+
+// startFloods starts each flood's STREAMS closed-loop request loops (wg
+// counts them): each sends its next request when the last one ended,
+// after the Retry-After of a 429, until ctx ends or end passes; what
+// ended inWindow is added to res[i] under mu.
+func startFloods(ctx context.Context, client *http.Client, url, model string, floods []floodSpec, end time.Time,
+	inWindow func(time.Time) bool, mu *sync.Mutex, res []floodResult, wg *sync.WaitGroup) {
 	for i, f := range floods {
-		body := chatRequest(*model, f.maxTokens)
+		body := chatRequest(model, f.maxTokens)
 		for range f.streams {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				for ctx.Err() == nil && time.Now().Before(end) {
-					out := post(ctx, client, *url, f.key, body)
+					out := post(ctx, client, url, f.key, body)
 					done := time.Now()
 					mu.Lock()
 					if inWindow(done) {
@@ -100,19 +119,24 @@ func cmdFairness(args []string, stdout, stderr io.Writer) error {
 			}()
 		}
 	}
-	// The probe: one request every probeEvery from measuring to end.
+}
+
+// runProbe is the probe: one request of body with key every every from
+// measuring to end; it returns once each has ended, with their results
+// and the latencies of those answered 200, sorted (added under mu).
+func runProbe(ctx context.Context, client *http.Client, url, key string, body []byte, every time.Duration,
+	measuring, end time.Time, mu *sync.Mutex) (floodResult, []time.Duration) {
 	var probe floodResult
 	var lat []time.Duration
-	probeBody := chatRequest(*model, *probeMax)
 	time.Sleep(time.Until(measuring))
-	tick := time.NewTicker(*probeEvery)
+	tick := time.NewTicker(every)
 	var pwg sync.WaitGroup
 	for now := time.Now(); now.Before(end); now = <-tick.C {
 		pwg.Add(1)
 		go func() {
 			defer pwg.Done()
 			t := time.Now()
-			out := post(ctx, client, *url, *probeKey, probeBody)
+			out := post(ctx, client, url, key, body)
 			d := time.Since(t)
 			mu.Lock()
 			probe.add(out)
@@ -124,19 +148,24 @@ func cmdFairness(args []string, stdout, stderr io.Writer) error {
 	}
 	tick.Stop()
 	pwg.Wait()
-	cancel() // floods: stop at once (their requests in flight end with the context)
-	wg.Wait()
-
 	slices.Sort(lat)
-	secs := end.Sub(start).Seconds()
-	rec := fairnessRecord{Kind: "fairness", Label: *label, Seconds: secs, Probe: probe.summary(), ProbeSent: probe.sent}
+	return probe, lat
+}
+
+// fairnessOf is the record of a run of secs seconds: the probe's counts
+// and latency quantiles (lat sorted), each flood's counts, the total
+// completion tokens/s, and for the floods jainOf names (comma-separated;
+// "" = every flood) their shares of tokens and weights and Jain's index
+// of tokens/weight.
+func fairnessOf(label string, secs float64, probe floodResult, lat []time.Duration, floods []floodSpec, res []floodResult, jainOf string) fairnessRecord {
+	rec := fairnessRecord{Kind: "fairness", Label: label, Seconds: secs, Probe: probe.summary(), ProbeSent: probe.sent}
 	if len(lat) > 0 {
 		rec.ProbeP50 = fairMs(quantile(lat, 0.5))
 		rec.ProbeP95 = fairMs(quantile(lat, 0.95))
 		rec.ProbeP99 = fairMs(quantile(lat, 0.99))
 		rec.ProbeMax = fairMs(lat[len(lat)-1])
 	}
-	member := func(label string) bool { return *jainOf == "" || slices.Contains(strings.Split(*jainOf, ","), label) }
+	member := func(label string) bool { return jainOf == "" || slices.Contains(strings.Split(jainOf, ","), label) }
 	var tokens, weights float64
 	for i, f := range floods {
 		if member(f.label) {
@@ -160,12 +189,7 @@ func cmdFairness(args []string, stdout, stderr io.Writer) error {
 	}
 	rec.TokensPerS += float64(probe.tokens) / secs
 	rec.Jain = jain(xs)
-	b, err := json.Marshal(rec)
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintf(stdout, "%s\n", b)
-	return err
+	return rec
 }
 
 type floodSpec struct {
