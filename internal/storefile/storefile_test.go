@@ -1,11 +1,16 @@
 package storefile
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"iop/internal/leakcheck"
 )
@@ -109,5 +114,65 @@ func TestWriteAtomicFailureKeepsFile(t *testing.T) {
 	left, _ := filepath.Glob(filepath.Join(dir, ".f-*.tmp"))
 	if len(left) != 0 {
 		t.Fatalf("temporary files left behind: %v", left)
+	}
+}
+
+// SPEC K1, J1, C1: Read, which every store file goes through (the key
+// store, its usage file, the enrollment store, the secret store and its
+// key), returns a regular file's content, follows a symlink to one, and
+// refuses at once — never waiting on it, never reading it whole — a
+// FIFO without a writer, a device, a directory and a file over the
+// bound, naming the path; a missing file wraps fs.ErrNotExist.
+func TestReadRefusesWhatIsNotAStoreFile(t *testing.T) {
+	dir := t.TempDir()
+	reg := filepath.Join(dir, "store.json")
+	if err := os.WriteFile(reg, []byte(`{"version":1}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link")
+	fifo := filepath.Join(dir, "fifo")
+	big := filepath.Join(dir, "big")
+	if err := os.Symlink(reg, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(big, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(big, 101); err != nil {
+		t.Fatal(err)
+	}
+	for _, row := range []struct {
+		path string
+		want error
+	}{
+		{reg, nil}, {link, nil}, {fifo, ErrNotRegular}, {"/dev/null", ErrNotRegular}, {"/dev/zero", ErrNotRegular},
+		{dir, ErrNotRegular}, {big, ErrTooLarge}, {filepath.Join(dir, "missing"), fs.ErrNotExist},
+	} {
+		done := make(chan error, 1)
+		var got []byte
+		go func() {
+			b, _, err := Read(row.path, 100)
+			got = b
+			done <- err
+		}()
+		var err error
+		select {
+		case err = <-done:
+		case <-time.After(10 * time.Second):
+			if w, werr := os.OpenFile(fifo, os.O_WRONLY, 0); werr == nil {
+				w.Close()
+			}
+			<-done
+			t.Fatalf("%s: Read did not return (it waited on the file)", row.path)
+		}
+		switch {
+		case row.want == nil && (err != nil || string(got) != `{"version":1}`):
+			t.Errorf("%s: %q, %v; want the file's content", row.path, got, err)
+		case row.want != nil && (!errors.Is(err, row.want) || !strings.Contains(err.Error(), row.path)):
+			t.Errorf("%s: %v, want %v naming the path", row.path, err, row.want)
+		}
 	}
 }

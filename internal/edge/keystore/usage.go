@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"sort"
 	"time"
 
@@ -57,7 +56,7 @@ type KeyUsage struct {
 // LoadUsage reads the usage file at path; a missing file is an
 // fs.ErrNotExist error, anything malformed ErrBadUsage naming it.
 func LoadUsage(path string) (*Usage, error) {
-	b, err := os.ReadFile(path)
+	b, _, err := storefile.Read(path, storefile.MaxRead)
 	if err != nil {
 		return nil, fmt.Errorf("key usage: %w", err)
 	}

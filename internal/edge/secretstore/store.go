@@ -110,7 +110,7 @@ func LoadKey(path string) (*Key, error) {
 	if fi.Mode().Perm()&0o077 != 0 {
 		return nil, fmt.Errorf("store key %s: %w (mode %v; chmod 600 it)", path, ErrKeyExposed, fi.Mode().Perm())
 	}
-	b, err := os.ReadFile(path)
+	b, _, err := storefile.Read(path, 4096) // a FIFO or a device is never waited on
 	if err != nil {
 		return nil, fmt.Errorf("store key: %w", err)
 	}
@@ -160,7 +160,7 @@ func New() *Store { return &Store{slots: map[string]*entry{}} }
 // Load reads the store file at path. A missing file is an fs.ErrNotExist
 // error; a malformed one is ErrBadStore naming what is wrong.
 func Load(path string) (*Store, error) {
-	b, err := os.ReadFile(path)
+	b, _, err := storefile.Read(path, storefile.MaxRead)
 	if err != nil {
 		return nil, fmt.Errorf("secret store: %w", err)
 	}
