@@ -17,7 +17,13 @@
 // timeout, cancel). They do no I/O and collect their effects — leases handed
 // to waiters, waiters failed, fence channels to close — in state.fx. pool.go is the
 // thin concurrency wrapper: it takes the mutex, runs one transition, carries
-// out its effects and unlocks.
+// out its effects and unlocks. core.go holds the state, its types and the
+// transitions of a request's arrival and wait (admit, enqueue, timeout,
+// cancel, pump); the machine's other transitions are methods of the same
+// value in files of their own, as pure: lease.go (grant, release),
+// nodes.go (a node's generations: ready, fence, drain, runs; the overlay),
+// reconfigure.go. resource.go holds a resource's predicates (live, free,
+// capacities), wlist.go the waiter list.
 //
 // # Scheduling rule (SPEC Q4, Q5, G1–G3, G5)
 //
