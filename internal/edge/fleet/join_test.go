@@ -68,6 +68,13 @@ func writeConfig(t testing.TB, dir string, edit func(map[string]any)) *config.Co
 
 func newEdgeEnv(t testing.TB, edit func(map[string]any)) *edgeEnv {
 	t.Helper()
+	return newEdgeEnvAt(t, edit, nil)
+}
+
+// newEdgeEnvAt is newEdgeEnv with the Fleet's clock (Options.Now; nil =
+// time.Now).
+func newEdgeEnvAt(t testing.TB, edit func(map[string]any), now func() time.Time) *edgeEnv {
+	t.Helper()
 	dir := t.TempDir()
 	if err := identity.InitPKI(filepath.Join(dir, "pki"), identity.PKIOptions{Edge: "edge-1", Nodes: []string{"static-1"}}); err != nil {
 		t.Fatal(err)
@@ -75,7 +82,7 @@ func newEdgeEnv(t testing.TB, edit func(map[string]any)) *edgeEnv {
 	e := &edgeEnv{dir: dir, store: filepath.Join(dir, "enrollment.json"), pki: filepath.Join(dir, "pki"), log: &proctest.Log{},
 		changed: make(chan struct{}, 16)}
 	e.cfg = writeConfig(t, dir, edit)
-	f, err := New(e.cfg, Options{Logger: slog.New(slog.NewTextHandler(e.log, nil)),
+	f, err := New(e.cfg, Options{Logger: slog.New(slog.NewTextHandler(e.log, nil)), Now: now,
 		Changed: func() { e.changed <- struct{}{} }})
 	if err != nil {
 		t.Fatal(err)
@@ -369,7 +376,12 @@ func longCSR(t *testing.T, n int) []byte {
 // (its refusals are rate limited too).
 func TestRefusalsQuoteBoundedInput(t *testing.T) {
 	leakcheck.Check(t)
-	e := newEdgeEnv(t, nil)
+	// The Fleet's clock stands still, so the 50 renewals below fall in
+	// one window of the refusal log's rate limit however slowly a loaded
+	// machine runs them (at load 23 a real clock spread them over windows
+	// enough to log 29 lines).
+	frozen := time.Now()
+	e := newEdgeEnvAt(t, nil, func() time.Time { return frozen })
 	tok := e.token(t, nil)
 	const maxLine = 2048 + 512 // what a refusal may quote plus the line's own fields
 	longest := func(log string) int {
@@ -394,10 +406,8 @@ func TestRefusalsQuoteBoundedInput(t *testing.T) {
 	if n := longest(e.log.String()); n > maxLine {
 		t.Errorf("J4 a refused join logged a line of %d bytes", n)
 	}
-	// One request sent 50 times, made before the first: the refusals come
-	// within the log's one-second window even on a loaded machine under
-	// the race detector (a new 64 KiB CSR each time spread them over
-	// several windows, and each window logs its own burst).
+	// One request sent 50 times, made before the first, on the frozen
+	// clock: the refusals come within the log's one window.
 	huge := &iop.CertificateRenewRequest{Csr: longCSR(t, 1<<16)}
 	before := strings.Count(e.log.String(), "renewal refused")
 	for range 50 {
