@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"iop/internal/protocol"
 )
 
 // The driver: one goroutine per batch that has not ended (launch, Start's
@@ -222,7 +224,9 @@ dispatch:
 // journal entry; ok is false when the line did not end (the batch stopped
 // or the Manager closed): it is not answered and runs again if the batch
 // resumes. A 429 or 503 (a bound of the key, the queue, no provider now)
-// waits its Retry-After and runs again (SPEC X5).
+// waits its Retry-After and runs again (SPEC X5); a 503 model_unavailable
+// (every provider tried said it cannot load the model, SPEC U3) is the
+// line's answer.
 func (m *Manager) runLine(ctx context.Context, a *active, in *os.File, l line) (Entry, bool) {
 	rec := a.snapshot()
 	raw := make([]byte, l.n)
@@ -239,7 +243,7 @@ func (m *Manager) runLine(ctx context.Context, a *active, in *os.File, l line) (
 		if aborted {
 			return Entry{Line: l.no, Record: errorRecord(rec.ID, l, "internal_error", "the request was aborted")}, true
 		}
-		if w.status == http.StatusTooManyRequests || w.status == http.StatusServiceUnavailable {
+		if (w.status == http.StatusTooManyRequests || w.status == http.StatusServiceUnavailable) && !modelUnavailable(w) {
 			m.counts(rec.Owner).retried.Add(1)
 			t := time.NewTimer(retryAfter(w.header.Get("Retry-After")))
 			select {
@@ -271,6 +275,22 @@ func (m *Manager) serve(ctx context.Context, rec Record, body []byte) (w *record
 	}()
 	m.handler.ServeHTTP(w, r)
 	return w, false
+}
+
+// modelUnavailable reports whether w is the edge's 503 model_unavailable:
+// the providers tried cannot load the line's model (it never fits, they
+// have no file for it, its load failed), which running the line again
+// every second until the 24-hour window ends would not change.
+func modelUnavailable(w *recorder) bool {
+	if w.status != http.StatusServiceUnavailable {
+		return false
+	}
+	var e struct {
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	return json.Unmarshal(w.body.Bytes(), &e) == nil && e.Error.Code == string(protocol.CodeModelUnavailable)
 }
 
 func retryAfter(v string) time.Duration {

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"iop/internal/leakcheck"
 )
@@ -71,6 +72,12 @@ func (f *fakeEdge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	f.served[body.User]++
 	f.mu.Unlock()
 	w.Header().Set("X-Request-Id", "req-"+body.User)
+	if body.Model == "unloadable" { // the edge's answer when every provider said model_unavailable (SPEC U3)
+		w.Header().Set("Retry-After", "0")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, `{"error":{"message":"the model could not be loaded on its provider (no memory for it, or its load failed); retry later","type":"server_error","param":null,"code":"model_unavailable"}}`)
+		return
+	}
 	if body.Model == "bad" {
 		w.WriteHeader(http.StatusBadRequest)
 		io.WriteString(w, `{"error":{"message":"no such model","type":"invalid_request_error"}}`)
@@ -136,6 +143,50 @@ func content(t *testing.T, m *Manager, owner, id string) []map[string]any {
 		out = append(out, v)
 	}
 	return out
+}
+
+// X5, U3: a 503 model_unavailable is no "no provider for now": every
+// provider of the group said it cannot load the model, so the line is
+// answered with it (the error file) instead of running again every second
+// until the 24-hour window ends; a 429 still waits and runs again.
+func TestX5ModelUnavailableIsAnswered(t *testing.T) {
+	leakcheck.Check(t)
+	f := &fakeEdge{served: map[string]int{}}
+	f.refuse.Store(1)
+	m := newManager(t, t.TempDir(), f, 1)
+	defer m.Close()
+	in := inputLines(2, map[int]string{
+		1: `{"custom_id":"c1","method":"POST","url":"/v1/chat/completions","body":{"model":"unloadable","user":"c1"}}`})
+	file, err := m.o.Store.CreateFile("team-a", "in.jsonl", "batch", strings.NewReader(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := m.Create("team-a", CreateParams{InputFileID: file.ID, Endpoint: "/v1/chat/completions", CompletionWindow: "24h"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := m.ended(b.ID); c != nil {
+		select {
+		case <-c:
+		case <-time.After(30 * time.Second): // a bound for the failure, not a wait for an event
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			t.Fatalf("the batch has not ended: the model_unavailable line ran %d times", f.served["c1"])
+		}
+	}
+	r := waitEnd(t, m, "team-a", b.ID)
+	if r.Status != Completed || r.Counts != (Counts{Total: 2, Completed: 1, Failed: 1}) {
+		t.Fatalf("batch = %s %+v", r.Status, r.Counts)
+	}
+	errs := content(t, m, "team-a", r.ErrorFileID)
+	if len(errs) != 1 || errs[0]["custom_id"] != "c1" || errs[0]["response"].(map[string]any)["status_code"].(float64) != 503 {
+		t.Fatalf("error file %v", errs)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.served["c1"] != 1 || f.served["c2"] != 1 {
+		t.Fatalf("served %v: the model_unavailable line ran again", f.served)
+	}
 }
 
 // TestX2BatchRuns: every line answered once, in OpenAI's line shapes: a
