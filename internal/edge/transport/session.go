@@ -7,18 +7,14 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"iop/internal/edge/config"
-	"iop/internal/edge/dispatch"
 	"iop/internal/edge/events"
 	"iop/internal/edge/registry"
-	"iop/internal/identity"
 	"iop/internal/wire"
 	"iop/internal/wire/direct"
 	iop "iop/proto/gen/iop"
@@ -138,84 +134,6 @@ func (s *Server) serveConn(raw net.Conn, hs *list.Element) {
 	c.logEnd(node)
 }
 
-// logEnd writes the session's last line. A connection that never owned a
-// node id is a peer's to repeat at will (a registration flood, connect and
-// close): its refused registration was already logged (rate limited), and
-// any other end of it goes through the same peer limiter, so a flood costs
-// a few lines a second (SPEC L1, L4; the ingress bounds).
-func (c *session) logEnd(node string) {
-	err := c.err
-	switch {
-	case c.tc == nil: // the handshake or identity refusal was logged by run
-	case node == "" && errors.Is(err, ErrRefusedRegistration):
-	case node == "":
-		c.s.logLimited(&c.s.peerLog, "unregistered node connection closed", "cert_name", c.peer, "reason", err)
-	case errors.Is(err, io.EOF), errors.Is(err, ErrServerClosed), errors.Is(err, registry.ErrSuperseded),
-		errors.Is(err, ErrRefusedRegistration):
-		c.s.log.Info("node session closed", "node", node, "cert_name", c.peer, "reason", err)
-	case errors.Is(err, wire.ErrEmptyFrame), errors.Is(err, wire.ErrFrameTooLarge),
-		errors.Is(err, wire.ErrTruncated), errors.Is(err, wire.ErrMalformed):
-		c.s.log.Warn("node protocol error; connection closed", "node", node, "cert_name", c.peer, "err", err) // SPEC W5
-	default:
-		c.s.log.Warn("node session ended", "node", node, "cert_name", c.peer, "reason", err)
-	}
-}
-
-type heartbeat struct{ interval, timeout time.Duration }
-
-// heartbeatOf reads heartbeat.interval_ms and heartbeat.timeout_ms (SPEC L7).
-func heartbeatOf(cfg *config.Config) heartbeat {
-	hb := heartbeat{interval: config.DefaultHeartbeatIntervalMs * time.Millisecond,
-		timeout: config.DefaultHeartbeatTimeoutMs * time.Millisecond}
-	if cfg != nil && cfg.Heartbeat.IntervalMs > 0 {
-		hb.interval = time.Duration(cfg.Heartbeat.IntervalMs) * time.Millisecond
-	}
-	if cfg != nil && cfg.Heartbeat.TimeoutMs > 0 {
-		hb.timeout = time.Duration(cfg.Heartbeat.TimeoutMs) * time.Millisecond
-	}
-	return hb
-}
-
-// run does the handshake and the read loop; it returns why the session
-// ended.
-func (c *session) run(hb heartbeat) error {
-	o := &c.s.o
-	c.raw.SetDeadline(time.Now().Add(o.HandshakeTimeout))
-	tc := tls.Server(c.raw, o.TLS)
-	err := tc.Handshake()
-	c.s.handshakes.done(c.hs) // admitted at accept (Serve)
-	if err != nil {
-		// SPEC I2: no certificate, wrong CA, role or name end here. Anyone
-		// who can reach the port can cause this line: it is rate limited.
-		c.s.logLimited(&c.s.handshakeLog, "node TLS handshake refused", "remote", c.raw.RemoteAddr().String(), "err", err)
-		return fmt.Errorf("handshake: %w", err)
-	}
-	if c.s.joinConn(tc) { // SPEC J1: a join, not a session
-		return errJoined
-	}
-	c.raw.SetDeadline(time.Time{})
-	id, err := identity.PeerID(tc.ConnectionState())
-	if err == nil && id.Role != identity.RoleNode {
-		err = fmt.Errorf("%w: %s", ErrNotNodeRole, id)
-	}
-	if err != nil {
-		c.s.log.Warn("node identity refused", "err", err)
-		return err
-	}
-	c.peer = id.Name
-	c.lastSeen.Store(c.s.mono())
-	select {
-	case <-c.done: // failed during the handshake (shutdown)
-		return c.err
-	default:
-	}
-	c.tc = tc
-	c.w = direct.New(tc, direct.Options{Queue: c.s.o.SendQueue, BufferSize: 4 << 10, WriteTimeout: o.WriteTimeout,
-		OnUnencodable: c.refuse})
-	go c.writeLoop(hb)
-	return c.readLoop(bufio.NewReader(tc))
-}
-
 // fail ends the session: the first cause wins; the socket is closed at
 // once, which unblocks the reader and the writer. Safe from any goroutine,
 // never blocks.
@@ -286,30 +204,6 @@ func (c *session) sendMustDirect(env *iop.Envelope) {
 		default:
 			c.fail(fmt.Errorf("%w (%T)", ErrSendOverflow, env.Kind))
 		}
-	}
-}
-
-// lose fails every stream and waiter with ErrSessionLost (ErrNodeDrained
-// after the node's drain notice), once; frames and responses arriving later
-// are dropped (SPEC E6, L9).
-func (c *session) lose() {
-	c.mu.Lock()
-	if c.lost {
-		c.mu.Unlock()
-		return
-	}
-	c.lost = true
-	close(c.lostCh)
-	streams := c.streams
-	c.streams = nil
-	clear(c.waiters)
-	err := dispatch.ErrSessionLost
-	if c.drained {
-		err = dispatch.ErrNodeDrained
-	}
-	c.mu.Unlock()
-	for _, st := range streams {
-		st.end(err)
 	}
 }
 
@@ -498,16 +392,6 @@ func (c *session) configRejected(r *iop.NodeConfigRejected) {
 	}
 }
 
-// activates reports whether fx holds the first ready transition.
-func activates(fx []registry.Effect) bool {
-	for _, e := range fx {
-		if e.Kind == registry.Activate {
-			return true
-		}
-	}
-	return false
-}
-
 // pendingRefresh is a refresh queued by ready for a node that registered
 // before a reload.
 type pendingRefresh struct {
@@ -679,8 +563,4 @@ func (c *session) answer(env *iop.Envelope) bool {
 func (c *session) newIDLocked(prefix byte) string {
 	c.nextID++
 	return string(strconv.AppendUint([]byte{prefix}, c.nextID, 36))
-}
-
-func cancelEnvelope(runID, reason string) *iop.Envelope {
-	return &iop.Envelope{RunId: runID, Kind: &iop.Envelope_CancelRequest{CancelRequest: &iop.CancelRequest{Reason: reason}}}
 }
