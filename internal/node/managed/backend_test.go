@@ -335,9 +335,12 @@ func TestBackendLoadFailures(t *testing.T) {
 		}
 	})
 	t.Run("U5 not ready within ready_timeout_ms", func(t *testing.T) {
-		b, dir, _ := newTestBackend(t, func(c *Config) { c.ReadyTimeout = 200 * time.Millisecond }, "-delay", "1h")
+		// 1 s, not less: the child writes its pidfile once it runs, and
+		// under load (23 on 2 cores) a re-executed test binary took more
+		// than 200 ms to get there, so the check below found no pidfile.
+		b, dir, _ := newTestBackend(t, func(c *Config) { c.ReadyTimeout = time.Second }, "-delay", "1h")
 		_, _, err := b.Acquire(context.Background(), "m1")
-		if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "not ready within ready_timeout_ms (200)") {
+		if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "not ready within ready_timeout_ms (1000)") {
 			t.Fatalf("err %v", err)
 		}
 		if pid := pidOf(t, dir, "m1"); alive(pid) {
