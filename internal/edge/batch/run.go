@@ -27,9 +27,13 @@ const (
 	maxRetry = 30 * time.Second
 )
 
-// Start resumes every batch of the store that has not ended (SPEC X3).
+// Start resumes every batch of the store that has not ended (SPEC X3),
+// logging each one it resumes (batch id, key, status, request counts) so
+// that an operator sees after a restart what goes on running.
 func (m *Manager) Start() {
 	for _, r := range m.o.Store.Live() {
+		m.o.Logger.Info("batch resumed", "batch", r.ID, "principal", r.Owner, "status", string(r.Status),
+			"total", r.Counts.Total, "completed", r.Counts.Completed, "failed", r.Counts.Failed)
 		m.launch(r)
 	}
 }

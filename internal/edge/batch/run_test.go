@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
@@ -291,8 +292,18 @@ func TestX3ResumeAfterStop(t *testing.T) {
 	}
 	m.Close()
 	f2 := &fakeEdge{served: map[string]int{}}
-	m2 := newManager(t, dir, f2, 3)
+	st, err := Open(dir, Limits{MaxFileBytes: 1 << 24, MaxLines: 10000, MaxStorageBytes: 1 << 28}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs lockedBuffer
+	m2 := New(Options{Store: st, MaxInFlight: 3, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	m2.Bind(f2)
+	m2.Start()
 	defer m2.Close()
+	if l := logs.String(); !strings.Contains(l, `msg="batch resumed" batch=`+b.ID+" ") || !strings.Contains(l, "status=in_progress") {
+		t.Fatalf("the restart does not log the batch it resumes:\n%s", l)
+	}
 	r := waitEnd(t, m2, "", b.ID)
 	out := content(t, m2, "", r.OutputFileID)
 	if r.Status != Completed || len(out) != 30 || r.Counts.Completed != 30 {
@@ -477,4 +488,23 @@ func TestX6BatchesInProgress(t *testing.T) {
 	if got := m.InProgress(); len(got) != 0 {
 		t.Fatalf("after cancelling every batch: %+v", got)
 	}
+}
+
+// lockedBuffer is a bytes.Buffer a logger may write from several
+// goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
